@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Install every system dependency of luna on a Debian machine (apt-get).
+# Idempotent: when everything is present it only checks and returns (≈1 s).
+#
+#   tools/install-deps.sh              build, test and run dependencies
+#   tools/install-deps.sh --reference  also python3-torch (regenerating the PyTorch oracle fixtures, benchmarks)
+#   tools/install-deps.sh --mpi        also OpenMPI (the LUNA_MPI build option)
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config           # toolchain (cmake >= 3.25 on Debian 12)
+  libopenblas-dev                            # GEMM
+  check libsubunit-dev                       # unit tests (Check links subunit)
+  libsentencepiece-dev sentencepiece         # BPE (data/)
+  python3 python3-venv                       # sacreBLEU venv for evaluation
+)
+for arg in "$@"; do
+  case "$arg" in
+    --reference) packages+=(python3-torch python3-numpy) ;;
+    --mpi) packages+=(libopenmpi-dev openmpi-bin) ;;
+    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+    *) echo "install-deps.sh: unknown option '$arg' (try --help)" >&2; exit 2 ;;
+  esac
+done
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+echo "install-deps: installing ${missing[*]}"
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "install-deps: done"

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Build luna and run its test suite (CTest + Check), doing its own setup on a fresh machine.
+#
+#   tools/test.sh              install deps, configure build/ with -Werror, build, run all CPU tests
+#   tools/test.sh --sanitize   the same in build-asan/ with AddressSanitizer + UBSan
+#   tools/test.sh --gpu        also run the tests labelled gpu (needs a CUDA build and a GPU)
+#   tools/test.sh --no-deps    skip tools/install-deps.sh
+# Extra arguments after -- go to ctest (e.g. -- -R ops_softmax).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="$root/build"
+cmake_flags=(-DLUNA_WERROR=ON)
+labels=(-L cpu)
+deps=1
+ctest_extra=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --sanitize) build="$root/build-asan"; cmake_flags+=(-DLUNA_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo) ;;
+    --gpu) cmake_flags+=(-DLUNA_CUDA=ON); labels=() ;;
+    --no-deps) deps=0 ;;
+    --) shift; ctest_extra=("$@"); break ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    *) echo "test.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+[ "$deps" -eq 1 ] && "$root/tools/install-deps.sh"
+jobs=$(nproc 2>/dev/null || echo 2)
+cmake -S "$root" -B "$build" "${cmake_flags[@]}" >"$build.configure.log" 2>&1 \
+  || { cat "$build.configure.log"; exit 1; }
+grep -E '^-- (luna|  )' "$build.configure.log" || true
+cmake --build "$build" -j"$jobs"
+# GPU tests carry the label gpu: on a CPU-only run CTest reports them as not run (-L cpu), visibly.
+if [ ${#labels[@]} -gt 0 ] && [ -n "$(cd "$build" && ctest -N -L gpu 2>/dev/null | grep -E '^ +Test +#')" ]; then
+  echo "note: tests labelled gpu are skipped on this CPU-only run (tools/test.sh --gpu runs them)"
+fi
+export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}"
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+ctest --test-dir "$build" --output-on-failure -j"$jobs" "${labels[@]}" "${ctest_extra[@]}"
