@@ -1,0 +1,219 @@
+/* The backend boundary (after ggml): model code calls ops through this table; each backend (CPU
+ * now, CUDA next) implements every op. Ops take device pointers plus the backend (which carries
+ * the thread count or CUDA stream); they never allocate except from `backend->scratch`.
+ *
+ * Conventions for every op below:
+ * - All matrices are row-major and contiguous unless a leading dimension is given.
+ * - Shapes are written next to each pointer: x [rows, d] means rows*d floats.
+ * - Backward ops ACCUMULATE (+=) into parameter gradients (dW, db, dgamma, dtable) — parameters
+ *   are shared (tied embeddings) and gradients are summed over micro-batches — and OVERWRITE the
+ *   gradients of activations (dx) unless a flag says otherwise.
+ * - Dropout never stores a mask: the mask is a function of (luna_rng_key, element index), see
+ *   model/rng.h, and backward regenerates it.
+ * - Reductions accumulate in double in a fixed blocking order, so results are bit-identical for
+ *   any thread count.
+ * - Every op returns LUNA_OK or an error (with message) — e.g. scratch exhausted.
+ * Math for each op is in the CPU implementation (model/kernels/cpu/), which is the specification.
+ */
+#ifndef LUNA_BACKEND_H
+#define LUNA_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/rng.h"
+#include "model/status.h"
+#include "model/tensor.h"
+
+typedef struct luna_ops luna_ops;
+
+struct luna_backend {
+    const char *name;
+    luna_device device;
+    int num_threads;   /* CPU: OpenMP threads for ops (GEMM threads follow it) */
+    void *stream;      /* CUDA: cudaStream_t; NULL on CPU */
+    luna_arena *scratch; /* temporary space for ops; ops release what they take before returning */
+    const luna_ops *ops;
+
+    /* Device memory. Use luna_backend_malloc/free, which keep the byte counters. */
+    void *(*device_malloc)(size_t bytes);
+    void (*device_free)(void *ptr);
+    void (*memset_zero)(void *ptr, size_t bytes);
+    void (*copy_to_host)(void *host, const void *device_src, size_t bytes);
+    void (*copy_from_host)(void *device_dst, const void *host, size_t bytes);
+    void (*copy_device)(void *device_dst, const void *device_src, size_t bytes);
+    luna_status (*synchronize)(struct luna_backend *backend);
+
+    size_t bytes_in_use; /* device bytes allocated through luna_backend_malloc and not yet freed */
+    size_t peak_bytes;   /* high-water mark of bytes_in_use */
+};
+
+/* Counted device allocation (tensors, arena chunks). */
+void *luna_backend_malloc(luna_backend *backend, size_t bytes);
+void luna_backend_free(luna_backend *backend, void *ptr, size_t bytes);
+
+/* The CPU backend with `num_threads` OpenMP threads (0: keep the OpenMP default). Also sets
+ * OpenBLAS's thread count. Owns a scratch arena. */
+luna_status luna_backend_cpu_create(luna_backend **out, int num_threads);
+void luna_backend_free_all(luna_backend *backend); /* frees the backend itself and its scratch */
+void luna_backend_set_threads(luna_backend *backend, int num_threads);
+
+struct luna_ops {
+    /* ---- GEMM -------------------------------------------------------------------------------
+     * Batched strided GEMM: for b in [0, batch):
+     *   C_b = alpha · op(A_b) · op(B_b) + beta · C_b,  op(X) = X or Xᵀ,
+     *   op(A_b) [M, K], op(B_b) [K, N], C_b [M, N]; X_b = X + b·stride_x; ld* are row strides of
+     *   the matrices as stored (A stored [M, K] if !trans_a else [K, M]).
+     * Backward of C = A·B is two more GEMMs: dA = dC·Bᵀ, dB = Aᵀ·dC (callers compose them). */
+    luna_status (*gemm)(luna_backend *be, bool trans_a, bool trans_b, int M, int N, int K,
+                        float alpha, const float *A, int lda, int64_t stride_a, const float *B,
+                        int ldb, int64_t stride_b, float beta, float *C, int ldc, int64_t stride_c,
+                        int batch);
+
+    /* ---- Linear: y = x Wᵀ + b (PyTorch layout W [out, in]) -----------------------------------
+     * x [rows, in], W [out, in], b [out] or NULL, y [rows, out] (overwritten). */
+    luna_status (*linear_forward)(luna_backend *be, float *y, const float *x, const float *W,
+                                  const float *b, int64_t rows, int in, int out);
+    /* dx [rows, in] (= dy W; overwritten, or added when accumulate_dx; NULL to skip),
+     * dW [out, in] += dyᵀ x, db [out] += Σ_rows dy (NULL to skip). */
+    luna_status (*linear_backward)(luna_backend *be, float *dx, float *dW, float *db,
+                                   const float *dy, const float *x, const float *W, int64_t rows,
+                                   int in, int out, bool accumulate_dx);
+
+    /* ---- Bias: y[r, c] += b[c]; backward db[c] += Σ_r dy[r, c] ------------------------------ */
+    luna_status (*bias_add_forward)(luna_backend *be, float *y, const float *b, int64_t rows,
+                                    int cols);
+    luna_status (*bias_add_backward)(luna_backend *be, float *db, const float *dy, int64_t rows,
+                                     int cols);
+
+    /* ---- Embedding: out[i] = scale · table[tokens[i]] (the padding_idx row gives zeros) ------
+     * tokens [n] int32, table [V, d], out [n, d]. Backward: dtable[tokens[i]] += scale · dout[i]
+     * for tokens[i] != padding_idx; deterministic (no atomics: threads own column ranges).
+     * Token ids outside [0, V) are an error. */
+    luna_status (*embedding_forward)(luna_backend *be, float *out, const float *table,
+                                     const int32_t *tokens, int64_t n, int V, int d, float scale,
+                                     int padding_idx);
+    luna_status (*embedding_backward)(luna_backend *be, float *dtable, const float *dout,
+                                      const int32_t *tokens, int64_t n, int V, int d, float scale,
+                                      int padding_idx);
+
+    /* ---- Sinusoidal positions (spec §1, fairseq convention) ----------------------------------
+     * table: out[j] = PE(first_pos + j) for j in [0, npos), out [npos, d]. PE(pos)[i] =
+     * sin(pos·f_i) for i < d/2, cos(pos·f_{i-d/2}) after, f_i = exp(-i·ln(10000)/(d/2 - 1)).
+     * (d odd: the last feature is 0, as fairseq pads.) */
+    luna_status (*sinusoidal_table)(luna_backend *be, float *out, int first_pos, int npos, int d);
+    /* x [B, n, d] += PE(position) for non-pad tokens, where position = padding_idx + number of
+     * non-pad tokens in tokens[b, 0..t] (fairseq's make_positions); pads get nothing added.
+     * (Incremental decoding adds sinusoidal_table rows itself.) No parameters, so backward is the identity on dx: there is no backward op. */
+    luna_status (*positions_add)(luna_backend *be, float *x, const int32_t *tokens, int B, int n,
+                                 int d, int padding_idx);
+
+    /* ---- LayerNorm over the last axis (eps inside the sqrt, biased variance) -----------------
+     * x, y [rows, d]; gamma, beta [d]; mean, rstd [rows] saved for backward. */
+    luna_status (*layer_norm_forward)(luna_backend *be, float *y, float *mean, float *rstd,
+                                      const float *x, const float *gamma, const float *beta,
+                                      int64_t rows, int d, float eps);
+    /* dx [rows, d] overwritten (may alias dy); dgamma, dbeta [d] accumulated. */
+    luna_status (*layer_norm_backward)(luna_backend *be, float *dx, float *dgamma, float *dbeta,
+                                       const float *dy, const float *x, const float *mean,
+                                       const float *rstd, const float *gamma, int64_t rows, int d);
+
+    /* ---- Masked softmax over the last axis ---------------------------------------------------
+     * x, y [rows, cols]. Row r attends to columns c < valid(r), with
+     *   valid(r) = valid_cols ? valid_cols[r / rows_per_group] : cols,
+     *   and if causal_period > 0: valid(r) = min(valid(r), r % causal_period + 1).
+     * Masked entries of y are 0; a row with valid(r) = 0 is all zeros. In place allowed.
+     * Backward: dx = y ⊙ (dy − Σ_c y·dy) (masked entries 0); dx may alias dy. */
+    luna_status (*softmax_forward)(luna_backend *be, float *y, const float *x, int64_t rows,
+                                   int cols, const int32_t *valid_cols, int64_t rows_per_group,
+                                   int causal_period);
+    luna_status (*softmax_backward)(luna_backend *be, float *dx, const float *dy, const float *y,
+                                    int64_t rows, int cols);
+
+    /* ---- Dropout: y = x · keep / (1 − p), keep(i) = luna_rng_dropout_keep(key, i, p) ---------
+     * In place allowed. p = 0 copies. Backward: dx = dy · keep / (1 − p). */
+    luna_status (*dropout_forward)(luna_backend *be, float *y, const float *x, int64_t n, float p,
+                                   luna_rng_key key);
+    luna_status (*dropout_backward)(luna_backend *be, float *dx, const float *dy, int64_t n,
+                                    float p, luna_rng_key key);
+
+    /* ---- Activations (elementwise; in place allowed; backward takes the forward INPUT x) ----
+     * relu: max(x, 0);  softplus_ln2: φ(z) = log2(1 + 2^z) = softplus(z; β = ln 2), linear when
+     * β·z > 20 (PyTorch threshold); elu_plus_one: φ(z) = elu(z) + 1 = z + 1 (z > 0), exp(z) else.
+     * backward: dx = dy · φ'(x); dx may alias dy. */
+    luna_status (*relu_forward)(luna_backend *be, float *y, const float *x, int64_t n);
+    luna_status (*relu_backward)(luna_backend *be, float *dx, const float *dy, const float *x,
+                                 int64_t n);
+    luna_status (*softplus_ln2_forward)(luna_backend *be, float *y, const float *x, int64_t n);
+    luna_status (*softplus_ln2_backward)(luna_backend *be, float *dx, const float *dy,
+                                         const float *x, int64_t n);
+    luna_status (*elu_plus_one_forward)(luna_backend *be, float *y, const float *x, int64_t n);
+    luna_status (*elu_plus_one_backward)(luna_backend *be, float *dx, const float *dy,
+                                         const float *x, int64_t n);
+
+    /* ---- Causal normalised contraction (the two causal Luna products of spec §3) ------------
+     * For each of G independent groups (batch × head) and t = 1..n:
+     *   out_t = (1/t) · Σ_{s≤t} (x_t · a_s) · b_s,
+     * x, a [G, n, p]; b, out [G, n, q]. With (x, a, b) = (Q, K, Φ) this is S_t [l]; with
+     * (A, Φ, V) it is O_t [d_h]. Computed as a scan over t with a running p×q state
+     * (Σ_{s≤t} a_s b_sᵀ), never materialising n×n or n×p×q tensors.
+     * Backward (overwrites dx, da, db): with g_t = dout_t / t,
+     *   dx_t = (Σ_{s≤t} a_s b_sᵀ) g_t,  da_s = R_s b_s,  db_s = R_sᵀ a_s,  R_s = Σ_{t≥s} x_t g_tᵀ. */
+    luna_status (*causal_contraction_forward)(luna_backend *be, float *out, const float *x,
+                                              const float *a, const float *b, int G, int n, int p,
+                                              int q);
+    luna_status (*causal_contraction_backward)(luna_backend *be, float *dx, float *da, float *db,
+                                               const float *dout, const float *x, const float *a,
+                                               const float *b, int G, int n, int p, int q);
+
+    /* ---- Log-softmax + label-smoothed cross entropy (spec §8) --------------------------------
+     * logits [N, V], targets [N]; rows with targets == padding_idx are ignored. Per row (nats):
+     *   nll = −log p_y,  loss = (1−ε)·nll + (ε/V)·Σ_v (−log p_v).
+     * Forward writes loss[N], nll[N] (0 on pad rows) and lse[N] (log-sum-exp, for backward).
+     * Backward: dlogits = grad_scale · (softmax − (1−ε)·onehot(y) − ε/V) on non-pad rows, 0 on
+     * pad rows; dlogits may alias logits (the [N, V] buffer is reused). */
+    luna_status (*cross_entropy_forward)(luna_backend *be, float *loss, float *nll, float *lse,
+                                         const float *logits, const int32_t *targets, int64_t N,
+                                         int V, float epsilon, int padding_idx);
+    luna_status (*cross_entropy_backward)(luna_backend *be, float *dlogits, const float *logits,
+                                          const float *lse, const int32_t *targets, int64_t N,
+                                          int V, float epsilon, int padding_idx,
+                                          float grad_scale);
+
+    /* ---- Reductions (device scalar results, accumulated in double, deterministic) ------------
+     * sum_squares: Σ x² (L2² norm), sum_pow4: Σ x⁴ (L4⁴ norm), dot: Σ x·y, sum: Σ x,
+     * max_abs: max |x|. Backward of the differentiable ones for a scalar upstream gradient g:
+     *   d(Σx²)/dx = 2x·g,  d(Σx⁴)/dx = 4x³·g,  d(Σxy) = (y·g, x·g); added (+=) into dx / dy. */
+    luna_status (*sum_squares)(luna_backend *be, float *result, const float *x, int64_t n);
+    luna_status (*sum_pow4)(luna_backend *be, float *result, const float *x, int64_t n);
+    luna_status (*dot)(luna_backend *be, float *result, const float *x, const float *y, int64_t n);
+    luna_status (*sum)(luna_backend *be, float *result, const float *x, int64_t n);
+    luna_status (*max_abs)(luna_backend *be, float *result, const float *x, int64_t n);
+    luna_status (*sum_squares_backward)(luna_backend *be, float *dx, const float *x, float g,
+                                        int64_t n);
+    luna_status (*sum_pow4_backward)(luna_backend *be, float *dx, const float *x, float g,
+                                     int64_t n);
+    luna_status (*dot_backward)(luna_backend *be, float *dx, float *dy, const float *x,
+                                const float *y, float g, int64_t n);
+
+    /* ---- Elementwise helpers and layout ------------------------------------------------------
+     * add: y = a + b; axpy: y += alpha·x; scale: x *= alpha; fill: x = value.
+     * split_heads: [B, n, H, dh] -> [B, H, n, dh]; merge_heads is its inverse (and its backward).
+     * broadcast_rows: out[b] = x for b in [0, B) (x [rows, d], out [B, rows, d]); its backward
+     * sum_broadcast: dx += Σ_b dout[b]. */
+    luna_status (*add)(luna_backend *be, float *y, const float *a, const float *b, int64_t n);
+    luna_status (*axpy)(luna_backend *be, float *y, float alpha, const float *x, int64_t n);
+    luna_status (*scale)(luna_backend *be, float *x, float alpha, int64_t n);
+    luna_status (*fill)(luna_backend *be, float *x, float value, int64_t n);
+    luna_status (*split_heads)(luna_backend *be, float *out, const float *x, int B, int n, int H,
+                               int dh);
+    luna_status (*merge_heads)(luna_backend *be, float *out, const float *x, int B, int n, int H,
+                               int dh);
+    luna_status (*broadcast_rows)(luna_backend *be, float *out, const float *x, int B,
+                                  int64_t rows, int d);
+    luna_status (*sum_broadcast)(luna_backend *be, float *dx, const float *dout, int B,
+                                 int64_t rows, int d);
+};
+
+#endif

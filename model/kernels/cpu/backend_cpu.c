@@ -1,0 +1,102 @@
+/* The CPU backend: host memory, OpenMP threads, OpenBLAS GEMM. Its kernels are the reference
+ * implementation every other backend is tested against. */
+#include <cblas.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/allocator.h"
+#include "model/backend.h"
+#include "model/kernels/cpu/cpu_ops.h"
+
+static const luna_ops cpu_ops = {
+    .gemm = luna_cpu_gemm,
+    .linear_forward = luna_cpu_linear_forward,
+    .linear_backward = luna_cpu_linear_backward,
+    .bias_add_forward = luna_cpu_bias_add_forward,
+    .bias_add_backward = luna_cpu_bias_add_backward,
+    .embedding_forward = luna_cpu_embedding_forward,
+    .embedding_backward = luna_cpu_embedding_backward,
+    .sinusoidal_table = luna_cpu_sinusoidal_table,
+    .positions_add = luna_cpu_positions_add,
+    .layer_norm_forward = luna_cpu_layer_norm_forward,
+    .layer_norm_backward = luna_cpu_layer_norm_backward,
+    .softmax_forward = luna_cpu_softmax_forward,
+    .softmax_backward = luna_cpu_softmax_backward,
+    .dropout_forward = luna_cpu_dropout_forward,
+    .dropout_backward = luna_cpu_dropout_backward,
+    .relu_forward = luna_cpu_relu_forward,
+    .relu_backward = luna_cpu_relu_backward,
+    .softplus_ln2_forward = luna_cpu_softplus_ln2_forward,
+    .softplus_ln2_backward = luna_cpu_softplus_ln2_backward,
+    .elu_plus_one_forward = luna_cpu_elu_plus_one_forward,
+    .elu_plus_one_backward = luna_cpu_elu_plus_one_backward,
+    .causal_contraction_forward = luna_cpu_causal_contraction_forward,
+    .causal_contraction_backward = luna_cpu_causal_contraction_backward,
+    .cross_entropy_forward = luna_cpu_cross_entropy_forward,
+    .cross_entropy_backward = luna_cpu_cross_entropy_backward,
+    .sum_squares = luna_cpu_sum_squares,
+    .sum_pow4 = luna_cpu_sum_pow4,
+    .dot = luna_cpu_dot,
+    .sum = luna_cpu_sum,
+    .max_abs = luna_cpu_max_abs,
+    .sum_squares_backward = luna_cpu_sum_squares_backward,
+    .sum_pow4_backward = luna_cpu_sum_pow4_backward,
+    .dot_backward = luna_cpu_dot_backward,
+    .add = luna_cpu_add,
+    .axpy = luna_cpu_axpy,
+    .scale = luna_cpu_scale,
+    .fill = luna_cpu_fill,
+    .split_heads = luna_cpu_split_heads,
+    .merge_heads = luna_cpu_merge_heads,
+    .broadcast_rows = luna_cpu_broadcast_rows,
+    .sum_broadcast = luna_cpu_sum_broadcast,
+};
+
+/* 256-byte aligned host memory: the arena's alignment, as cudaMalloc gives on the GPU. */
+static void *cpu_malloc(size_t bytes) {
+    void *p = NULL;
+    size_t rounded = (bytes + 255) & ~(size_t)255;
+    if (posix_memalign(&p, 256, rounded ? rounded : 256) != 0) return NULL;
+    return p;
+}
+static void cpu_free(void *p) { free(p); }
+static void cpu_memset_zero(void *p, size_t bytes) { memset(p, 0, bytes); }
+static void cpu_copy(void *dst, const void *src, size_t bytes) { memmove(dst, src, bytes); }
+static luna_status cpu_synchronize(luna_backend *be) {
+    (void)be;
+    return LUNA_OK;
+}
+
+void luna_backend_set_threads(luna_backend *be, int num_threads) {
+    if (num_threads <= 0) num_threads = omp_get_max_threads();
+    be->num_threads = num_threads;
+    omp_set_num_threads(num_threads);
+    /* GEMM is parallelised by luna itself over fixed tiles of C (gemm.c), each tile a
+     * single-threaded OpenBLAS call, so results do not depend on the thread count. OpenBLAS's own
+     * pthread pool is therefore kept at one thread. */
+    openblas_set_num_threads(1);
+}
+
+luna_status luna_backend_cpu_create(luna_backend **out, int num_threads) {
+    luna_backend *be = calloc(1, sizeof *be);
+    if (!be) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "backend: cannot allocate the CPU backend");
+    be->name = "cpu";
+    be->device = LUNA_DEVICE_CPU;
+    be->ops = &cpu_ops;
+    be->device_malloc = cpu_malloc;
+    be->device_free = cpu_free;
+    be->memset_zero = cpu_memset_zero;
+    be->copy_to_host = cpu_copy;
+    be->copy_from_host = cpu_copy;
+    be->copy_device = cpu_copy;
+    be->synchronize = cpu_synchronize;
+    luna_backend_set_threads(be, num_threads);
+    luna_status st = luna_arena_create(&be->scratch, be, (size_t)16 << 20);
+    if (st != LUNA_OK) {
+        free(be);
+        return st;
+    }
+    *out = be;
+    return LUNA_OK;
+}

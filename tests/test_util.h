@@ -1,0 +1,49 @@
+/* Shared helpers for the Check suites in tests/.
+ *
+ * Each tests/test_<name>.c is one executable registered with CTest (label "cpu"); it builds a
+ * Suite and calls luna_test_run(), which runs it and returns the exit status CTest expects.
+ */
+#ifndef LUNA_TEST_UTIL_H
+#define LUNA_TEST_UTIL_H
+
+#include <check.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Run a suite (CK_NORMAL output), return EXIT_SUCCESS iff no test failed. */
+int luna_test_run(Suite *suite);
+
+/* Deterministic test data (xorshift-based, independent of the library's RNG under test). */
+typedef struct {
+    uint64_t state;
+} luna_test_rng;
+void luna_test_rng_seed(luna_test_rng *rng, uint64_t seed);
+float luna_test_uniform(luna_test_rng *rng, float lo, float hi);
+void luna_test_fill_uniform(luna_test_rng *rng, float *x, size_t n, float lo, float hi);
+
+/* A fresh temporary directory (mkdtemp under $TMPDIR or /tmp); caller frees the string and
+ * removes the directory with luna_test_remove_tree(). */
+char *luna_test_make_temp_dir(void);
+void luna_test_remove_tree(const char *path);
+
+/* Write `text` to `path` (creating/truncating it); ck_assert on failure. */
+void luna_test_write_file(const char *path, const char *text);
+
+/* Largest |a-b| / max(|b|, floor) over n elements (relative error with a floor for tiny values). */
+double luna_test_max_rel_error(const float *a, const float *b, size_t n, double floor);
+
+#endif
+
+/* ---- Finite-difference gradient checking -----------------------------------------------------
+ * `loss(ctx)` runs the op's forward on the current inputs and returns a scalar in double, usually
+ * L = Σ_i w_i · out_i with fixed random weights w (so dL/dout = w is what the backward gets).
+ * luna_test_gradcheck perturbs each x[i] by ±eps·max(1, |x[i]|), forms the central difference,
+ * and compares it with analytic[i]:  |fd − an| ≤ atol + rtol·|an|,  atol = abs_floor·max|an|.
+ * On failure it reports (via ck_assert_msg) the first bad index. Returns the worst error
+ * |fd − an| / (|an| + abs_floor·max|an|) seen, for the test's log.  x is restored. */
+typedef double (*luna_test_loss_fn)(void *ctx);
+double luna_test_gradcheck(const char *what, luna_test_loss_fn loss, void *ctx, float *x, size_t n,
+                           const float *analytic, double eps, double rtol, double abs_floor);
+
+/* Σ w_i · out_i in double. */
+double luna_test_weighted_sum(const float *out, const float *w, size_t n);
