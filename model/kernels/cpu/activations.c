@@ -1,0 +1,90 @@
+/* Elementwise activations, x, y, dx, dy [n]. In place allowed (y == x; dx == dy), so no restrict.
+ * Backward takes the forward INPUT x and overwrites dx = dy · φ'(x).
+ *
+ *   relu:          φ(z) = max(z, 0) (NaN stays NaN),  φ'(z) = 1 if z > 0 else 0 (0 at z = 0, as
+ *                                                    PyTorch's threshold_backward)
+ *   softplus_ln2:  φ(z) = log2(1 + 2^z) = (1/β)·log1p(exp(β z)),  β = ln 2;
+ *                  φ(z) = z when β z > 20 (PyTorch's Softplus threshold);
+ *                  φ'(z) = sigmoid(β z) = e/(1 + e), e = exp(β z)  (1 when β z > 20)
+ *   elu_plus_one:  φ(z) = z + 1 (z > 0), exp(z) (z ≤ 0);  φ'(z) = 1 (z > 0), exp(z) (z ≤ 0)
+ *
+ * softplus for very negative z: exp(β z) underflows to 0 and φ = 0, φ' = 0 (the true values are
+ * below 2^-126). Float math throughout; the inputs are single activations, not sums.
+ */
+#include <math.h>
+
+#include "model/kernels/cpu/cpu_ops.h"
+
+#define LUNA_PARALLEL_MIN 65536
+#define SOFTPLUS_BETA 0.6931471805599453f /* ln 2 */
+#define SOFTPLUS_THRESHOLD 20.0f
+
+#define CHECK_ARGS(what, cond)                                                                     \
+    do {                                                                                           \
+        if (n < 0 || (n > 0 && !(cond)))                                                           \
+            return luna_error(LUNA_ERR_INVALID_ARGUMENT,                                           \
+                              what ": null pointer or negative size (n=%lld)", (long long)n);      \
+    } while (0)
+
+luna_status luna_cpu_relu_forward(luna_backend *be, float *y, const float *x, int64_t n) {
+    CHECK_ARGS("relu_forward", y && x);
+#pragma omp parallel for num_threads(be->num_threads) schedule(static) if (n > LUNA_PARALLEL_MIN)
+    for (int64_t i = 0; i < n; i++)
+        y[i] = x[i] < 0.0f ? 0.0f : x[i] + 0.0f; /* NaN stays NaN */
+    return LUNA_OK;
+}
+
+luna_status luna_cpu_relu_backward(luna_backend *be, float *dx, const float *dy, const float *x,
+                                   int64_t n) {
+    CHECK_ARGS("relu_backward", dx && dy && x);
+#pragma omp parallel for num_threads(be->num_threads) schedule(static) if (n > LUNA_PARALLEL_MIN)
+    for (int64_t i = 0; i < n; i++)
+        dx[i] = x[i] > 0.0f ? dy[i] : 0.0f;
+    return LUNA_OK;
+}
+
+static inline float softplus_ln2(float z) {
+    float bz = SOFTPLUS_BETA * z;
+    return bz > SOFTPLUS_THRESHOLD ? z : log1pf(expf(bz)) / SOFTPLUS_BETA;
+}
+
+static inline float softplus_ln2_grad(float z) {
+    float bz = SOFTPLUS_BETA * z;
+    if (bz > SOFTPLUS_THRESHOLD) return 1.0f;
+    float e = expf(bz);
+    return e / (1.0f + e);
+}
+
+luna_status luna_cpu_softplus_ln2_forward(luna_backend *be, float *y, const float *x, int64_t n) {
+    CHECK_ARGS("softplus_ln2_forward", y && x);
+#pragma omp parallel for num_threads(be->num_threads) schedule(static) if (n > LUNA_PARALLEL_MIN)
+    for (int64_t i = 0; i < n; i++)
+        y[i] = softplus_ln2(x[i]);
+    return LUNA_OK;
+}
+
+luna_status luna_cpu_softplus_ln2_backward(luna_backend *be, float *dx, const float *dy,
+                                           const float *x, int64_t n) {
+    CHECK_ARGS("softplus_ln2_backward", dx && dy && x);
+#pragma omp parallel for num_threads(be->num_threads) schedule(static) if (n > LUNA_PARALLEL_MIN)
+    for (int64_t i = 0; i < n; i++)
+        dx[i] = dy[i] * softplus_ln2_grad(x[i]);
+    return LUNA_OK;
+}
+
+luna_status luna_cpu_elu_plus_one_forward(luna_backend *be, float *y, const float *x, int64_t n) {
+    CHECK_ARGS("elu_plus_one_forward", y && x);
+#pragma omp parallel for num_threads(be->num_threads) schedule(static) if (n > LUNA_PARALLEL_MIN)
+    for (int64_t i = 0; i < n; i++)
+        y[i] = x[i] > 0.0f ? x[i] + 1.0f : expf(x[i]);
+    return LUNA_OK;
+}
+
+luna_status luna_cpu_elu_plus_one_backward(luna_backend *be, float *dx, const float *dy,
+                                           const float *x, int64_t n) {
+    CHECK_ARGS("elu_plus_one_backward", dx && dy && x);
+#pragma omp parallel for num_threads(be->num_threads) schedule(static) if (n > LUNA_PARALLEL_MIN)
+    for (int64_t i = 0; i < n; i++)
+        dx[i] = x[i] > 0.0f ? dy[i] : dy[i] * expf(x[i]);
+    return LUNA_OK;
+}

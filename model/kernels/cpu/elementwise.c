@@ -1,0 +1,198 @@
+/* Elementwise ops and layout changes: dropout, add/axpy/scale/fill, split/merge heads, broadcast.
+ * (The activation functions are in activations.c.)
+ *
+ * All loops are OpenMP-parallel over elements with a static schedule (each element is computed
+ * by exactly one thread from its own inputs, so results never depend on the thread count), and
+ * run on one thread below LUNA_PARALLEL_MIN elements where a parallel region costs more than it
+ * saves.
+ */
+#include <string.h>
+
+#include "model/kernels/cpu/cpu_ops.h"
+
+#define LUNA_PARALLEL_MIN 65536
+
+/* ---- Dropout ------------------------------------------------------------------------------------
+ * y[i] = x[i] · keep(i) / (1 − p),  keep(i) = luna_rng_uniform(key, i) >= p,  x, y [n].
+ *
+ * The mask is never stored: backward regenerates keep(i) from (key, i). Element i's 32 random
+ * bits are word i%4 of the Philox block i/4 (model/rng.c); to draw one block per four elements
+ * instead of one per element, this file forms the block itself with the same counter and key
+ * layout as rng.c's block_for. tests/test_ops_elementwise.c checks that keep(i) here equals
+ * luna_rng_dropout_keep(key, i, p) for every i, so a change of layout in rng.c fails the test. */
+static inline void dropout_block(luna_rng_key key, uint64_t block, uint32_t out[4]) {
+    const uint32_t counter[4] = {(uint32_t)block, (uint32_t)(block >> 32), key.stream_id,
+                                 (uint32_t)key.step};
+    const uint32_t k[2] = {(uint32_t)key.seed,
+                           (uint32_t)(key.seed >> 32) ^ (uint32_t)(key.step >> 32)};
+    luna_philox4x32(counter, k, out);
+}
+
+/* y = x · keep / (1 − p) (dropped elements are x·0: a NaN input stays NaN, as in PyTorch).
+ * Shared by forward (x) and backward (dy): the op is linear with a fixed diagonal mask. */
+static luna_status dropout_apply(luna_backend *be, const char *what, float *y, const float *x,
+                                 int64_t n, float p, luna_rng_key key) {
+    if (!(p >= 0.0f && p < 1.0f))
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "%s: p = %g must be in [0, 1)", what,
+                          (double)p);
+    if (n < 0 || (n > 0 && (!y || !x)))
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "%s: null pointer or negative size", what);
+    if (n == 0) return LUNA_OK;
+    if (p == 0.0f) {
+        if (y != x) memmove(y, x, (size_t)n * sizeof *y);
+        return LUNA_OK;
+    }
+    const float scale = 1.0f / (1.0f - p);
+    const int64_t nblocks = (n + 3) / 4;
+#pragma omp parallel for num_threads(be->num_threads)                                              \
+    schedule(static) if (n > LUNA_PARALLEL_MIN / 4)
+    for (int64_t blk = 0; blk < nblocks; blk++) {
+        uint32_t bits[4];
+        dropout_block(key, (uint64_t)blk, bits);
+        int64_t i0 = 4 * blk;
+        int m = n - i0 < 4 ? (int)(n - i0) : 4;
+        for (int w = 0; w < m; w++) {
+            float u = (float)(bits[w] >> 8) * (1.0f / 16777216.0f); /* = luna_rng_uniform */
+            y[i0 + w] = x[i0 + w] * (u >= p ? scale : 0.0f);
+        }
+    }
+    return LUNA_OK;
+}
+
+luna_status luna_cpu_dropout_forward(luna_backend *be, float *y, const float *x, int64_t n, float p,
+                                     luna_rng_key key) {
+    return dropout_apply(be, "dropout_forward", y, x, n, p, key);
+}
+
+/* dx = dy · keep / (1 − p) with the forward's mask (same key). dx may alias dy. */
+luna_status luna_cpu_dropout_backward(luna_backend *be, float *dx, const float *dy, int64_t n,
+                                      float p, luna_rng_key key) {
+    return dropout_apply(be, "dropout_backward", dx, dy, n, p, key);
+}
+
+/* ---- Arithmetic (in place allowed: y may be a or b, etc.; hence no restrict) ------------------
+ */
+#define CHECK_N(what, cond)                                                                        \
+    do {                                                                                           \
+        if (n < 0 || (n > 0 && !(cond)))                                                           \
+            return luna_error(LUNA_ERR_INVALID_ARGUMENT,                                           \
+                              what ": null pointer or negative size (n=%lld)", (long long)n);      \
+    } while (0)
+
+/* y = a + b, all [n]. */
+luna_status luna_cpu_add(luna_backend *be, float *y, const float *a, const float *b, int64_t n) {
+    CHECK_N("add", y && a && b);
+#pragma omp parallel for num_threads(be->num_threads) schedule(static) if (n > LUNA_PARALLEL_MIN)
+    for (int64_t i = 0; i < n; i++)
+        y[i] = a[i] + b[i];
+    return LUNA_OK;
+}
+
+/* y += alpha · x, both [n]. */
+luna_status luna_cpu_axpy(luna_backend *be, float *y, float alpha, const float *x, int64_t n) {
+    CHECK_N("axpy", y && x);
+#pragma omp parallel for num_threads(be->num_threads) schedule(static) if (n > LUNA_PARALLEL_MIN)
+    for (int64_t i = 0; i < n; i++)
+        y[i] += alpha * x[i];
+    return LUNA_OK;
+}
+
+/* x *= alpha, x [n]. */
+luna_status luna_cpu_scale(luna_backend *be, float *x, float alpha, int64_t n) {
+    CHECK_N("scale", x);
+#pragma omp parallel for num_threads(be->num_threads) schedule(static) if (n > LUNA_PARALLEL_MIN)
+    for (int64_t i = 0; i < n; i++)
+        x[i] *= alpha;
+    return LUNA_OK;
+}
+
+/* x = value, x [n]. */
+luna_status luna_cpu_fill(luna_backend *be, float *x, float value, int64_t n) {
+    CHECK_N("fill", x);
+#pragma omp parallel for num_threads(be->num_threads) schedule(static) if (n > LUNA_PARALLEL_MIN)
+    for (int64_t i = 0; i < n; i++)
+        x[i] = value;
+    return LUNA_OK;
+}
+
+/* ---- Head layout ------------------------------------------------------------------------------
+ * split_heads: out[b, h, t, :] = x[b, t, h, :]   x [B, n, H, dh] -> out [B, H, n, dh]
+ * merge_heads: out[b, t, h, :] = x[b, h, t, :]   x [B, H, n, dh] -> out [B, n, H, dh]
+ * Each is the other's inverse and (being a permutation) its adjoint, hence its backward.
+ * out must not overlap x. */
+static luna_status heads_permute(luna_backend *be, const char *what, float *restrict out,
+                                 const float *restrict x, int B, int n, int H, int dh, bool split) {
+    if (B < 0 || n < 0 || H < 0 || dh < 0)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "%s: negative size (B=%d n=%d H=%d dh=%d)",
+                          what, B, n, H, dh);
+    int64_t total = (int64_t)B * n * H * dh;
+    if (total == 0) return LUNA_OK;
+    if (!out || !x) return luna_error(LUNA_ERR_INVALID_ARGUMENT, "%s: null pointer", what);
+    const size_t row = (size_t)dh * sizeof(float);
+#pragma omp parallel for collapse(2) num_threads(be->num_threads)                                  \
+    schedule(static) if (total > LUNA_PARALLEL_MIN)
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < H; h++) {
+            for (int t = 0; t < n; t++) {
+                int64_t bnh = (((int64_t)b * n + t) * H + h) * dh; /* [b, t, h, :] */
+                int64_t bhn = (((int64_t)b * H + h) * n + t) * dh; /* [b, h, t, :] */
+                if (split)
+                    memcpy(out + bhn, x + bnh, row);
+                else
+                    memcpy(out + bnh, x + bhn, row);
+            }
+        }
+    }
+    return LUNA_OK;
+}
+
+luna_status luna_cpu_split_heads(luna_backend *be, float *out, const float *x, int B, int n, int H,
+                                 int dh) {
+    return heads_permute(be, "split_heads", out, x, B, n, H, dh, true);
+}
+
+luna_status luna_cpu_merge_heads(luna_backend *be, float *out, const float *x, int B, int n, int H,
+                                 int dh) {
+    return heads_permute(be, "merge_heads", out, x, B, n, H, dh, false);
+}
+
+/* ---- Broadcast over a leading batch axis --------------------------------------------------------
+ * broadcast_rows: out[b, r, :] = x[r, :]           x [rows, d] -> out [B, rows, d]
+ * sum_broadcast:  dx[r, :] += Σ_b dout[b, r, :]    (its adjoint), summed in b order per element. */
+luna_status luna_cpu_broadcast_rows(luna_backend *be, float *out, const float *x, int B,
+                                    int64_t rows, int d) {
+    if (B < 0 || rows < 0 || d < 0)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "broadcast_rows: negative size");
+    const int64_t m = rows * d;
+    if ((int64_t)B * m == 0) return LUNA_OK;
+    if (!out || !x) return luna_error(LUNA_ERR_INVALID_ARGUMENT, "broadcast_rows: null pointer");
+#pragma omp parallel for num_threads(be->num_threads)                                              \
+    schedule(static) if ((int64_t)B * m > LUNA_PARALLEL_MIN)
+    for (int b = 0; b < B; b++)
+        memcpy(out + (int64_t)b * m, x, (size_t)m * sizeof *out);
+    return LUNA_OK;
+}
+
+luna_status luna_cpu_sum_broadcast(luna_backend *be, float *dx, const float *dout, int B,
+                                   int64_t rows, int d) {
+    if (B < 0 || rows < 0 || d < 0)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "sum_broadcast: negative size");
+    const int64_t m = rows * d;
+    if ((int64_t)B * m == 0) return LUNA_OK;
+    if (!dx || !dout) return luna_error(LUNA_ERR_INVALID_ARGUMENT, "sum_broadcast: null pointer");
+    float *restrict acc = dx;
+    const float *restrict src = dout;
+    enum { CHUNK = 2048 }; /* elements of dx per task: stays in L1 while the B slices stream by */
+    const int64_t nchunks = (m + CHUNK - 1) / CHUNK;
+#pragma omp parallel for num_threads(be->num_threads)                                              \
+    schedule(static) if ((int64_t)B * m > LUNA_PARALLEL_MIN)
+    for (int64_t c = 0; c < nchunks; c++) {
+        int64_t lo = c * CHUNK, hi = lo + CHUNK < m ? lo + CHUNK : m;
+        for (int b = 0; b < B; b++) {
+            const float *restrict s = src + (int64_t)b * m;
+            for (int64_t i = lo; i < hi; i++)
+                acc[i] += s[i];
+        }
+    }
+    return LUNA_OK;
+}

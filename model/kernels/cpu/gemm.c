@@ -1,0 +1,198 @@
+/* GEMM and the ops built on it: batched GEMM, Linear (y = x Wᵀ + b) and bias add.
+ *
+ * GEMM is OpenBLAS's cblas_sgemm (row-major), single-threaded, on tiles of C spread over OpenMP
+ * threads (a batch of small matrices: one tile per matrix). The tiling depends on the shape only,
+ * so GEMM results are bit-identical for any thread count.
+ *
+ * Column sums (db) are deterministic: each thread owns a range of columns and adds the rows in
+ * order 0..rows-1 in double, so the result does not depend on the thread count or the tiling.
+ */
+#include <cblas.h>
+#include <limits.h>
+#include <omp.h>
+#include <stdint.h>
+
+#include "model/kernels/cpu/cpu_ops.h"
+
+/* Below this many multiply-adds a parallel region costs more than it saves. */
+#define PAR_MIN_WORK 32768
+/* Columns owned by one thread in column sums (≥ 16 floats: a cache line, no false sharing). */
+#define COL_TILE_MAX 64
+#define COL_TILE_MIN 16
+
+static int imax(int a, int b) { return a > b ? a : b; }
+static int imin(int a, int b) { return a < b ? a : b; }
+
+/* Column tile for `cols` columns over `threads` threads: about cols/threads, in [16, 64]. Only
+ * the work split depends on it, never the result. */
+static int col_tile(int cols, int threads) {
+    int t = (cols + threads - 1) / imax(threads, 1);
+    t = (t + 15) / 16 * 16;
+    return t < COL_TILE_MIN ? COL_TILE_MIN : (t > COL_TILE_MAX ? COL_TILE_MAX : t);
+}
+
+/* C [M, N] (row stride ldc) = beta · C; beta = 0 writes zeros (C is not read: NaN-safe). */
+static void scale_c(float *C, int M, int N, int ldc, float beta) {
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++)
+            C[(int64_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(int64_t)i * ldc + j];
+}
+
+/* One GEMM C = alpha·op(A)·op(B) + beta·C with BLAS semantics (beta = 0: C not read). */
+static void sgemm1(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
+                   const float *B, int ldb, float beta, float *C, int ldc) {
+    if (M == 0 || N == 0) return;
+    if (K == 0) {
+        scale_c(C, M, N, ldc, beta);
+        return;
+    }
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
+                K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+/* C is cut into tiles fixed by (M, N) alone — 256×256, or 128×128 when that gives fewer than 16
+ * tiles — and every tile is one single-threaded sgemm, run by whichever OpenMP thread. OpenBLAS's
+ * own threading splits C by the thread count and its edge kernels then round differently, so
+ * its results change with the thread count; these do not. (Measured on 2 cores: as fast as or
+ * faster than OpenBLAS's threading on Linear-sized GEMMs, 1.7× on batches of attention heads.) */
+static int gemm_tile(int M, int N) {
+    int64_t big = (int64_t)((M + 255) / 256) * ((N + 255) / 256);
+    return big < 16 ? 128 : 256;
+}
+
+/* Batched strided GEMM, for b in [0, batch):
+ *   C_b [M, N] = alpha · op(A_b) · op(B_b) + beta · C_b,  op(A_b) [M, K], op(B_b) [K, N],
+ *   A_b = A + b·stride_a (stored [M, K], or [K, M] when trans_a; row stride lda), same for B, C.
+ * Tile (i0, j0) of C_b needs rows i0.. of op(A_b) (A + i0·lda, or column offset A + i0 when
+ * transposed) and columns j0.. of op(B_b) (B + j0, or B + j0·ldb when transposed). */
+luna_status luna_cpu_gemm(luna_backend *be, bool trans_a, bool trans_b, int M, int N, int K,
+                          float alpha, const float *A, int lda, int64_t stride_a, const float *B,
+                          int ldb, int64_t stride_b, float beta, float *C, int ldc,
+                          int64_t stride_c, int batch) {
+    if (M < 0 || N < 0 || K < 0 || batch < 0)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                          "gemm: negative size (M %d, N %d, K %d, batch %d)", M, N, K, batch);
+    /* Row lengths of the matrices as stored. */
+    int a_cols = trans_a ? M : K, b_cols = trans_b ? K : N;
+    if (lda < imax(1, a_cols) || ldb < imax(1, b_cols) || ldc < imax(1, N))
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                          "gemm: leading dimension too small (lda %d < %d, ldb %d < %d or ldc %d < "
+                          "%d; trans_a %d, trans_b %d, M %d, N %d, K %d)",
+                          lda, imax(1, a_cols), ldb, imax(1, b_cols), ldc, imax(1, N), trans_a,
+                          trans_b, M, N, K);
+    if (batch == 0 || M == 0 || N == 0) return LUNA_OK;
+    if (!C || (K > 0 && (!A || !B)))
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "gemm: NULL matrix pointer");
+
+    int tile = gemm_tile(M, N);
+    int tm = (M + tile - 1) / tile, tn = (N + tile - 1) / tile;
+    int64_t tasks = (int64_t)batch * tm * tn;
+    /* The C_b are disjoint when stacked (|stride_c| ≥ extent of one C_b) or side by side within a
+     * row (heads interleaved: N ≤ |stride_c| and all batch entries fit in ldc). Otherwise (e.g.
+     * stride_c = 0, summing into one C) they are updated in batch order, without threads. */
+    int64_t sc = stride_c < 0 ? -stride_c : stride_c;
+    bool disjoint = batch == 1 || sc >= (int64_t)(M - 1) * ldc + N ||
+                    (sc >= N && (int64_t)(batch - 1) * sc + N <= ldc);
+    int64_t work = (int64_t)M * N * (K > 0 ? K : 1) * batch;
+    int threads = !disjoint || work < PAR_MIN_WORK ? 1 : be->num_threads;
+    /* OpenBLAS (pthreads build) must not start its own pool from inside the region: the backend
+     * keeps it at one thread (backend_cpu.c); guard against a caller that changed it. */
+    int blas_threads = openblas_get_num_threads();
+    if (blas_threads != 1) openblas_set_num_threads(1);
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1)
+    for (int64_t t = 0; t < tasks; t++) {
+        int64_t b = t / ((int64_t)tm * tn);
+        int rest = (int)(t % ((int64_t)tm * tn));
+        int i0 = rest / tn * tile, j0 = rest % tn * tile;
+        int m = imin(tile, M - i0), n = imin(tile, N - j0);
+        const float *Ab = A ? A + b * stride_a + (trans_a ? i0 : (int64_t)i0 * lda) : NULL;
+        const float *Bb = B ? B + b * stride_b + (trans_b ? (int64_t)j0 * ldb : j0) : NULL;
+        float *Cb = C + b * stride_c + (int64_t)i0 * ldc + j0;
+        sgemm1(trans_a, trans_b, m, n, K, alpha, Ab, lda, Bb, ldb, beta, Cb, ldc);
+    }
+    if (blas_threads != 1) openblas_set_num_threads(blas_threads);
+    return LUNA_OK;
+}
+
+static luna_status check_linear(const char *op, int64_t rows, int in, int out) {
+    if (rows < 0 || in < 0 || out < 0)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "%s: negative size (rows %lld, in %d, out %d)",
+                          op, (long long)rows, in, out);
+    if (rows > INT_MAX)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                          "%s: %lld rows exceed the BLAS int range; split the batch", op,
+                          (long long)rows);
+    return LUNA_OK;
+}
+
+/* y [rows, out] = x [rows, in] · W [out, in]ᵀ (+ b [out]). */
+luna_status luna_cpu_linear_forward(luna_backend *be, float *y, const float *x, const float *W,
+                                    const float *b, int64_t rows, int in, int out) {
+    LUNA_TRY(check_linear("linear_forward", rows, in, out));
+    LUNA_TRY(luna_cpu_gemm(be, false, true, (int)rows, out, in, 1.0f, x, imax(in, 1), 0, W,
+                           imax(in, 1), 0, 0.0f, y, imax(out, 1), 0, 1));
+    if (b) LUNA_TRY(luna_cpu_bias_add_forward(be, y, b, rows, out));
+    return LUNA_OK;
+}
+
+/* dy [rows, out]:
+ *   dx [rows, in]  = dy · W          (W [out, in]; overwritten, or += when accumulate_dx)
+ *   dW [out, in]  += dyᵀ · x         (x [rows, in]; GEMM with beta = 1)
+ *   db [out]      += Σ_rows dy       (deterministic column sums)
+ * Any of dx, dW, db may be NULL (not wanted). */
+luna_status luna_cpu_linear_backward(luna_backend *be, float *dx, float *dW, float *db,
+                                     const float *dy, const float *x, const float *W, int64_t rows,
+                                     int in, int out, bool accumulate_dx) {
+    LUNA_TRY(check_linear("linear_backward", rows, in, out));
+    if (dx)
+        LUNA_TRY(luna_cpu_gemm(be, false, false, (int)rows, in, out, 1.0f, dy, imax(out, 1), 0, W,
+                               imax(in, 1), 0, accumulate_dx ? 1.0f : 0.0f, dx, imax(in, 1), 0, 1));
+    if (dW)
+        LUNA_TRY(luna_cpu_gemm(be, true, false, out, in, (int)rows, 1.0f, dy, imax(out, 1), 0, x,
+                               imax(in, 1), 0, 1.0f, dW, imax(in, 1), 0, 1));
+    if (db) LUNA_TRY(luna_cpu_bias_add_backward(be, db, dy, rows, out));
+    return LUNA_OK;
+}
+
+/* y [rows, cols] += b [cols] (broadcast over rows). */
+luna_status luna_cpu_bias_add_forward(luna_backend *be, float *y, const float *b, int64_t rows,
+                                      int cols) {
+    if (rows < 0 || cols < 0)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "bias_add_forward: negative size");
+    float *restrict yy = y;
+    const float *restrict bb = b;
+#pragma omp parallel for num_threads(be->num_threads)                                              \
+    schedule(static) if (rows * cols >= PAR_MIN_WORK)
+    for (int64_t r = 0; r < rows; r++) {
+        float *restrict yr = yy + r * cols;
+        for (int c = 0; c < cols; c++)
+            yr[c] += bb[c];
+    }
+    return LUNA_OK;
+}
+
+/* db [cols] += Σ_r dy [r, cols]. Thread t owns columns [c0, c1) and sums rows 0..rows-1 in
+ * order in double: bit-identical for any thread count. */
+luna_status luna_cpu_bias_add_backward(luna_backend *be, float *db, const float *dy, int64_t rows,
+                                       int cols) {
+    if (rows < 0 || cols < 0)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "bias_add_backward: negative size");
+    int threads = be->num_threads;
+    int tile = col_tile(cols, threads);
+    int ntiles = (cols + tile - 1) / tile;
+    const float *restrict g = dy;
+    float *restrict out = db;
+#pragma omp parallel for num_threads(threads) schedule(static) if (rows * cols >= PAR_MIN_WORK)
+    for (int t = 0; t < ntiles; t++) {
+        int c0 = t * tile, w = cols - c0 < tile ? cols - c0 : tile;
+        double acc[COL_TILE_MAX] = {0};
+        for (int64_t r = 0; r < rows; r++) {
+            const float *restrict gr = g + r * cols + c0;
+            for (int j = 0; j < w; j++)
+                acc[j] += (double)gr[j];
+        }
+        for (int j = 0; j < w; j++)
+            out[c0 + j] = (float)((double)out[c0 + j] + acc[j]);
+    }
+    return LUNA_OK;
+}

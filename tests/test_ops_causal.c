@@ -1,0 +1,324 @@
+/* Tests of the causal normalised contraction (model/kernels/cpu/causal_contraction.c):
+ *   out_t = (1/t) Σ_{s≤t} (x_t · a_s) b_s,   x, a [G, n, p], b, out [G, n, q]
+ * against a naive O(n²) double implementation that literally forms the sum, finite-difference
+ * gradients for x, a and b, the backward against the naive double gradient formulas on the Luna
+ * shapes, causality (out_t ignores every position s > t), thread-count independence and scratch
+ * discipline. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/allocator.h"
+#include "model/backend.h"
+#include "tests/test_util.h"
+
+static luna_backend *make_backend(int threads) {
+    luna_backend *be;
+    ck_assert_int_eq(luna_backend_cpu_create(&be, threads), LUNA_OK);
+    return be;
+}
+
+typedef struct {
+    luna_backend *be;
+    int G, n, p, q;
+    float *x, *a, *b, *out, *w; /* w [G, n, q]: the fixed weights of L = Σ w ⊙ out */
+    float *dx, *da, *db;
+} causal_case;
+
+static float *alloc_random(luna_test_rng *rng, size_t count, float lo, float hi) {
+    float *v = malloc((count ? count : 1) * sizeof *v);
+    ck_assert_ptr_nonnull(v);
+    luna_test_fill_uniform(rng, v, count, lo, hi);
+    return v;
+}
+
+static causal_case make_case(luna_backend *be, int G, int n, int p, int q, uint64_t seed) {
+    luna_test_rng rng;
+    luna_test_rng_seed(&rng, seed);
+    size_t np = (size_t)G * n * p, nq = (size_t)G * n * q;
+    causal_case c = {be, G, n, p, q, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    c.x = alloc_random(&rng, np, -1.0f, 1.0f);
+    c.a = alloc_random(&rng, np, -1.0f, 1.0f);
+    c.b = alloc_random(&rng, nq, -1.0f, 1.0f);
+    c.w = alloc_random(&rng, nq, -1.0f, 1.0f);
+    c.out = alloc_random(&rng, nq, 0.0f, 0.0f);
+    c.dx = alloc_random(&rng, np, 9.0f, 9.0f); /* garbage: backward must overwrite */
+    c.da = alloc_random(&rng, np, 9.0f, 9.0f);
+    c.db = alloc_random(&rng, nq, 9.0f, 9.0f);
+    return c;
+}
+
+static void free_case(causal_case *c) {
+    free(c->x);
+    free(c->a);
+    free(c->b);
+    free(c->w);
+    free(c->out);
+    free(c->dx);
+    free(c->da);
+    free(c->db);
+}
+
+static void forward(causal_case *c) {
+    luna_status st = c->be->ops->causal_contraction_forward(c->be, c->out, c->x, c->a, c->b, c->G,
+                                                            c->n, c->p, c->q);
+    ck_assert_msg(st == LUNA_OK, "forward: %s", luna_error_message());
+}
+
+static void backward(causal_case *c) {
+    luna_status st = c->be->ops->causal_contraction_backward(c->be, c->dx, c->da, c->db, c->w, c->x,
+                                                             c->a, c->b, c->G, c->n, c->p, c->q);
+    ck_assert_msg(st == LUNA_OK, "backward: %s", luna_error_message());
+}
+
+/* S_t = (1/t) Σ_{s≤t} (x_t · a_s) b_s formed literally, in double: ref [G, n, q]. */
+static void naive_forward(const causal_case *c, double *ref) {
+    int n = c->n, p = c->p, q = c->q;
+    for (int g = 0; g < c->G; g++)
+        for (int t = 0; t < n; t++) {
+            const float *xt = c->x + ((size_t)g * n + t) * p;
+            double *o = ref + ((size_t)g * n + t) * q;
+            for (int j = 0; j < q; j++)
+                o[j] = 0.0;
+            for (int s = 0; s <= t; s++) {
+                const float *as = c->a + ((size_t)g * n + s) * p;
+                const float *bs = c->b + ((size_t)g * n + s) * q;
+                double xa = 0.0;
+                for (int i = 0; i < p; i++)
+                    xa += (double)xt[i] * as[i];
+                for (int j = 0; j < q; j++)
+                    o[j] += xa * bs[j];
+            }
+            for (int j = 0; j < q; j++)
+                o[j] /= (double)(t + 1);
+        }
+}
+
+/* Naive double gradients of L = Σ w ⊙ out, straight from the sum over pairs s ≤ t:
+ * ∂/∂x_t += (1/t)(b_s·w_t) a_s, ∂/∂a_s += (1/t)(b_s·w_t) x_t, ∂/∂b_s += (1/t)(x_t·a_s) w_t. */
+static void naive_backward(const causal_case *c, double *gx, double *ga, double *gb) {
+    int n = c->n, p = c->p, q = c->q;
+    memset(gx, 0, (size_t)c->G * n * p * sizeof *gx);
+    memset(ga, 0, (size_t)c->G * n * p * sizeof *ga);
+    memset(gb, 0, (size_t)c->G * n * q * sizeof *gb);
+    for (int g = 0; g < c->G; g++)
+        for (int t = 0; t < n; t++)
+            for (int s = 0; s <= t; s++) {
+                size_t rt = (size_t)g * n + t, rs = (size_t)g * n + s;
+                double xa = 0.0, bw = 0.0, inv = 1.0 / (t + 1);
+                for (int i = 0; i < p; i++)
+                    xa += (double)c->x[rt * p + i] * c->a[rs * p + i];
+                for (int j = 0; j < q; j++)
+                    bw += (double)c->b[rs * q + j] * c->w[rt * q + j];
+                for (int i = 0; i < p; i++) {
+                    gx[rt * p + i] += inv * bw * c->a[rs * p + i];
+                    ga[rs * p + i] += inv * bw * c->x[rt * p + i];
+                }
+                for (int j = 0; j < q; j++)
+                    gb[rs * q + j] += inv * xa * c->w[rt * q + j];
+            }
+}
+
+/* max |got − ref| / max |ref| (normwise relative error). */
+static double norm_rel_error(const float *got, const double *ref, size_t count) {
+    double err = 0.0, scale = 0.0;
+    for (size_t i = 0; i < count; i++) {
+        err = fmax(err, fabs((double)got[i] - ref[i]));
+        scale = fmax(scale, fabs(ref[i]));
+    }
+    if (isnan(err)) return INFINITY;
+    return scale > 0.0 ? err / scale : err;
+}
+
+/* (G, n, p, q): tiny, odd, n = 1, p or q = 1, and the two Luna shapes (d_h = 64, l = 32). */
+static const int shapes[][4] = {{1, 1, 1, 1},    {2, 1, 3, 5},    {3, 7, 5, 3},   {2, 17, 13, 11},
+                                {1, 9, 1, 6},    {2, 6, 7, 1},    {5, 33, 9, 4},  {4, 64, 64, 32},
+                                {4, 64, 32, 64}, {3, 47, 64, 32}, {3, 47, 32, 64}};
+#define NSHAPES (int)(sizeof shapes / sizeof shapes[0])
+
+START_TEST(forward_matches_naive) {
+    luna_backend *be = make_backend(2);
+    double worst = 0.0;
+    for (int k = 0; k < NSHAPES; k++) {
+        causal_case c =
+            make_case(be, shapes[k][0], shapes[k][1], shapes[k][2], shapes[k][3], (uint64_t)k + 1);
+        size_t nq = (size_t)c.G * c.n * c.q;
+        double *ref = malloc(nq * sizeof *ref);
+        naive_forward(&c, ref);
+        forward(&c);
+        double e = norm_rel_error(c.out, ref, nq);
+        ck_assert_msg(e <= 1e-5, "forward G=%d n=%d p=%d q=%d: relative error %.3g", c.G, c.n, c.p,
+                      c.q, e);
+        worst = fmax(worst, e);
+        free(ref);
+        free_case(&c);
+    }
+    printf("causal forward: worst relative error vs naive double %.3g\n", worst);
+    luna_backend_free_all(be);
+}
+END_TEST
+
+START_TEST(backward_matches_naive) {
+    luna_backend *be = make_backend(2);
+    double worst = 0.0;
+    for (int k = 0; k < NSHAPES; k++) {
+        causal_case c = make_case(be, shapes[k][0], shapes[k][1], shapes[k][2], shapes[k][3],
+                                  (uint64_t)k + 100);
+        size_t np = (size_t)c.G * c.n * c.p, nq = (size_t)c.G * c.n * c.q;
+        double *gx = malloc(np * sizeof *gx), *ga = malloc(np * sizeof *ga);
+        double *gb = malloc(nq * sizeof *gb);
+        naive_backward(&c, gx, ga, gb);
+        backward(&c);
+        double e[3] = {norm_rel_error(c.dx, gx, np), norm_rel_error(c.da, ga, np),
+                       norm_rel_error(c.db, gb, nq)};
+        for (int v = 0; v < 3; v++) {
+            ck_assert_msg(e[v] <= 1e-5, "backward d%s G=%d n=%d p=%d q=%d: relative error %.3g",
+                          v == 0   ? "x"
+                          : v == 1 ? "a"
+                                   : "b",
+                          c.G, c.n, c.p, c.q, e[v]);
+            worst = fmax(worst, e[v]);
+        }
+        free(gx);
+        free(ga);
+        free(gb);
+        free_case(&c);
+    }
+    printf("causal backward: worst relative error vs naive double %.3g\n", worst);
+    luna_backend_free_all(be);
+}
+END_TEST
+
+static double causal_loss(void *ctx) {
+    causal_case *c = ctx;
+    forward(c);
+    return luna_test_weighted_sum(c->out, c->w, (size_t)c->G * c->n * c->q);
+}
+
+START_TEST(gradcheck_x_a_b) {
+    luna_backend *be = make_backend(2);
+    static const int small[][4] = {{1, 1, 1, 1}, {2, 5, 3, 4}, {1, 9, 7, 5},
+                                   {2, 4, 1, 6}, {1, 6, 5, 1}, {1, 8, 16, 8}};
+    double worst = 0.0;
+    for (size_t k = 0; k < sizeof small / sizeof small[0]; k++) {
+        causal_case c = make_case(be, small[k][0], small[k][1], small[k][2], small[k][3], 50 + k);
+        backward(&c);
+        size_t np = (size_t)c.G * c.n * c.p, nq = (size_t)c.G * c.n * c.q;
+        char what[96];
+        snprintf(what, sizeof what, "causal dx G=%d n=%d p=%d q=%d", c.G, c.n, c.p, c.q);
+        worst = fmax(worst,
+                     luna_test_gradcheck(what, causal_loss, &c, c.x, np, c.dx, 1e-2, 1e-3, 1e-3));
+        what[8] = 'a';
+        worst = fmax(worst,
+                     luna_test_gradcheck(what, causal_loss, &c, c.a, np, c.da, 1e-2, 1e-3, 1e-3));
+        what[8] = 'b';
+        worst = fmax(worst,
+                     luna_test_gradcheck(what, causal_loss, &c, c.b, nq, c.db, 1e-2, 1e-3, 1e-3));
+        free_case(&c);
+    }
+    printf("causal gradcheck: worst error %.3g\n", worst);
+    luna_backend_free_all(be);
+}
+END_TEST
+
+/* out_t depends on nothing at positions s > t: changing every future x_s, a_s, b_s leaves the
+ * outputs up to t bit-identical (and does change later ones). */
+START_TEST(causality) {
+    luna_backend *be = make_backend(2);
+    const int G = 3, n = 20, p = 8, q = 6, t0 = 9;
+    causal_case c = make_case(be, G, n, p, q, 77);
+    forward(&c);
+    size_t nq = (size_t)G * n * q;
+    float *before = malloc(nq * sizeof *before);
+    memcpy(before, c.out, nq * sizeof *before);
+    for (int g = 0; g < G; g++)
+        for (int s = t0 + 1; s < n; s++) {
+            for (int i = 0; i < p; i++) {
+                c.a[((size_t)g * n + s) * p + i] += 0.5f;
+                c.x[((size_t)g * n + s) * p + i] *= -2.0f;
+            }
+            for (int j = 0; j < q; j++)
+                c.b[((size_t)g * n + s) * q + j] -= 0.25f;
+        }
+    forward(&c);
+    for (int g = 0; g < G; g++) {
+        size_t head = ((size_t)g * n) * q, upto = (size_t)(t0 + 1) * q;
+        ck_assert_int_eq(memcmp(before + head, c.out + head, upto * sizeof(float)), 0);
+        ck_assert_int_ne(memcmp(before + head + upto, c.out + head + upto,
+                                (size_t)(n - t0 - 1) * q * sizeof(float)),
+                         0);
+    }
+    free(before);
+    free_case(&c);
+    luna_backend_free_all(be);
+}
+END_TEST
+
+/* Threads take whole groups: outputs and gradients are bit-identical for 1, 2 and 3 threads; the
+ * scratch state is given back. */
+START_TEST(threads_and_scratch) {
+    luna_backend *be = make_backend(1);
+    causal_case c = make_case(be, 16, 64, 64, 32, 5);
+    size_t np = (size_t)c.G * c.n * c.p, nq = (size_t)c.G * c.n * c.q;
+    float *ref = malloc((2 * np + 2 * nq) * sizeof *ref);
+    for (int threads = 1; threads <= 3; threads++) {
+        luna_backend_set_threads(be, threads);
+        size_t used = luna_arena_used_bytes(be->scratch);
+        forward(&c);
+        backward(&c);
+        ck_assert_uint_eq(luna_arena_used_bytes(be->scratch), used);
+        float *got[4] = {c.out, c.dx, c.da, c.db};
+        size_t len[4] = {nq, np, np, nq}, off = 0;
+        for (int v = 0; v < 4; v++) {
+            if (threads == 1)
+                memcpy(ref + off, got[v], len[v] * sizeof(float));
+            else
+                ck_assert_int_eq(memcmp(ref + off, got[v], len[v] * sizeof(float)), 0);
+            off += len[v];
+        }
+    }
+    free(ref);
+    free_case(&c);
+    luna_backend_free_all(be);
+}
+END_TEST
+
+START_TEST(degenerate_shapes) {
+    luna_backend *be = make_backend(2);
+    float dummy[4] = {1, 2, 3, 4};
+    const luna_ops *ops = be->ops;
+    ck_assert_int_eq(ops->causal_contraction_forward(be, dummy, dummy, dummy, dummy, 0, 3, 2, 2),
+                     LUNA_OK);
+    ck_assert_int_eq(ops->causal_contraction_forward(be, dummy, dummy, dummy, dummy, 2, 0, 2, 2),
+                     LUNA_OK);
+    ck_assert_int_eq(ops->causal_contraction_forward(be, dummy, dummy, dummy, dummy, 1, -1, 2, 2),
+                     LUNA_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(ops->causal_contraction_backward(be, dummy, dummy, dummy, dummy, dummy, dummy,
+                                                      dummy, 1, 2, 2, -3),
+                     LUNA_ERR_INVALID_ARGUMENT);
+    /* p = 0: out = 0 (an empty dot product), overwritten. */
+    float out[6] = {7, 7, 7, 7, 7, 7};
+    ck_assert_int_eq(ops->causal_contraction_forward(be, out, dummy, dummy, dummy, 1, 2, 0, 3),
+                     LUNA_OK);
+    for (int i = 0; i < 6; i++)
+        ck_assert_float_eq(out[i], 0.0f);
+    luna_backend_free_all(be);
+}
+END_TEST
+
+static Suite *causal_suite(void) {
+    Suite *s = suite_create("ops_causal");
+    TCase *tc = tcase_create("causal");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, forward_matches_naive);
+    tcase_add_test(tc, backward_matches_naive);
+    tcase_add_test(tc, gradcheck_x_a_b);
+    tcase_add_test(tc, causality);
+    tcase_add_test(tc, threads_and_scratch);
+    tcase_add_test(tc, degenerate_shapes);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) { return luna_test_run(causal_suite()); }

@@ -1,0 +1,264 @@
+/* Tests of the label-smoothed cross entropy (model/kernels/cpu/cross_entropy.c, spec §8):
+ * forward against a naive double implementation (ε = 0 and 0.1, pad rows ignored, huge logits),
+ * finite-difference gradients of grad_scale · Σ loss, exact zeros on pad rows, in-place backward
+ * (dlogits == logits), thread-count independence and argument errors. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/backend.h"
+#include "tests/test_util.h"
+
+#define PAD 1
+
+static luna_backend *make_backend(int threads) {
+    luna_backend *be;
+    ck_assert_int_eq(luna_backend_cpu_create(&be, threads), LUNA_OK);
+    return be;
+}
+
+typedef struct {
+    luna_backend *be;
+    int64_t N;
+    int V;
+    float eps, grad_scale;
+    float *logits, *loss, *nll, *lse;
+    int32_t *targets;
+} ce_case;
+
+/* N rows, every third row (from row 1) a pad row unless V <= PAD; row 2 shifted by `offset`
+ * (huge logits exercise the max subtraction). Targets include 0 and V−1. */
+static ce_case make_case(luna_backend *be, int64_t N, int V, float eps, float offset,
+                         uint64_t seed) {
+    ce_case c = {be, N, V, eps, 0.37f, NULL, NULL, NULL, NULL, NULL};
+    luna_test_rng rng;
+    luna_test_rng_seed(&rng, seed);
+    c.logits = malloc((size_t)(N * V) * sizeof(float));
+    c.loss = malloc((size_t)N * sizeof(float));
+    c.nll = malloc((size_t)N * sizeof(float));
+    c.lse = malloc((size_t)N * sizeof(float));
+    c.targets = malloc((size_t)N * sizeof(int32_t));
+    luna_test_fill_uniform(&rng, c.logits, (size_t)(N * V), -4.0f, 4.0f);
+    for (int64_t r = 0; r < N; r++) {
+        int32_t y = (int32_t)(luna_test_uniform(&rng, 0.0f, (float)V - 0.001f));
+        if (r == 0) y = V - 1;
+        if (r == 3) y = 0;
+        if (V > PAD && r % 3 == 1) y = PAD;
+        if (V > PAD && y == PAD && r % 3 != 1) y = 0;
+        c.targets[r] = y;
+        if (r == 2)
+            for (int v = 0; v < V; v++)
+                c.logits[r * V + v] += offset;
+    }
+    return c;
+}
+
+static void free_case(ce_case *c) {
+    free(c->logits);
+    free(c->loss);
+    free(c->nll);
+    free(c->lse);
+    free(c->targets);
+}
+
+static void forward(ce_case *c) {
+    luna_status st = c->be->ops->cross_entropy_forward(c->be, c->loss, c->nll, c->lse, c->logits,
+                                                       c->targets, c->N, c->V, c->eps, PAD);
+    ck_assert_msg(st == LUNA_OK, "forward: %s", luna_error_message());
+}
+
+static void backward(ce_case *c, float *dlogits, const float *logits) {
+    luna_status st = c->be->ops->cross_entropy_backward(c->be, dlogits, logits, c->lse, c->targets,
+                                                        c->N, c->V, c->eps, PAD, c->grad_scale);
+    ck_assert_msg(st == LUNA_OK, "backward: %s", luna_error_message());
+}
+
+/* Naive double: −log p_v = lse − z_v computed literally. */
+static void naive(const ce_case *c, double *loss, double *nll, double *lse) {
+    for (int64_t r = 0; r < c->N; r++) {
+        loss[r] = nll[r] = lse[r] = 0.0;
+        if (c->targets[r] == PAD && c->V > PAD) continue;
+        const float *z = c->logits + r * c->V;
+        double m = -INFINITY, s = 0.0, smooth = 0.0;
+        for (int v = 0; v < c->V; v++)
+            m = fmax(m, z[v]);
+        for (int v = 0; v < c->V; v++)
+            s += exp((double)z[v] - m);
+        lse[r] = m + log(s);
+        for (int v = 0; v < c->V; v++)
+            smooth += lse[r] - z[v];
+        nll[r] = lse[r] - z[c->targets[r]];
+        loss[r] = (1.0 - c->eps) * nll[r] + (c->eps / c->V) * smooth;
+    }
+}
+
+START_TEST(forward_matches_naive) {
+    luna_backend *be = make_backend(2);
+    const int Vs[] = {1, 2, 37, 1000, 40624};
+    const float offsets[] = {0.0f, 1000.0f, -3000.0f};
+    double worst = 0.0;
+    for (size_t vi = 0; vi < sizeof Vs / sizeof Vs[0]; vi++)
+        for (int e = 0; e < 2; e++)
+            for (int o = 0; o < 3; o++) {
+                int64_t N = Vs[vi] > 1000 ? 5 : 9;
+                ce_case c = make_case(be, N, Vs[vi], e ? 0.1f : 0.0f, offsets[o],
+                                      vi * 10 + (uint64_t)e * 3 + (uint64_t)o);
+                double loss[9], nll[9], lse[9];
+                naive(&c, loss, nll, lse);
+                forward(&c);
+                for (int64_t r = 0; r < N; r++) {
+                    if (c.targets[r] == PAD && c.V > PAD) { /* pad rows: exactly 0 */
+                        ck_assert_float_eq(c.loss[r], 0.0f);
+                        ck_assert_float_eq(c.nll[r], 0.0f);
+                        continue;
+                    }
+                    /* loss and nll are differences of lse and logits: their error scales with
+                     * |lse| (huge logits), not with the (small) result. */
+                    double scale = fmax(1.0, fabs(lse[r]));
+                    double errs[3] = {fabs(c.loss[r] - loss[r]) / fmax(fabs(loss[r]), scale * 1e-3),
+                                      fabs(c.nll[r] - nll[r]) / fmax(fabs(nll[r]), scale * 1e-3),
+                                      fabs(c.lse[r] - lse[r]) / fmax(fabs(lse[r]), 1.0)};
+                    for (int k = 0; k < 3; k++) {
+                        ck_assert_msg(errs[k] <= 2e-6,
+                                      "V=%d eps=%g offset=%g row %lld: %s %.9g vs naive %.12g", c.V,
+                                      (double)c.eps, (double)offsets[o], (long long)r,
+                                      k == 0   ? "loss"
+                                      : k == 1 ? "nll"
+                                               : "lse",
+                                      (double)(k == 0   ? c.loss[r]
+                                               : k == 1 ? c.nll[r]
+                                                        : c.lse[r]),
+                                      k == 0   ? loss[r]
+                                      : k == 1 ? nll[r]
+                                               : lse[r]);
+                        worst = fmax(worst, errs[k]);
+                    }
+                }
+                free_case(&c);
+            }
+    printf("cross_entropy forward: worst relative error vs naive double %.3g\n", worst);
+    luna_backend_free_all(be);
+}
+END_TEST
+
+static double ce_loss(void *ctx) {
+    ce_case *c = ctx;
+    forward(c);
+    double s = 0.0;
+    for (int64_t r = 0; r < c->N; r++)
+        s += c->loss[r];
+    return (double)c->grad_scale * s;
+}
+
+START_TEST(gradcheck_logits) {
+    luna_backend *be = make_backend(2);
+    const int shapes[][2] = {{1, 1}, {1, 2}, {4, 5}, {7, 37}, {3, 64}};
+    double worst = 0.0;
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++)
+        for (int e = 0; e < 2; e++) {
+            ce_case c = make_case(be, shapes[k][0], shapes[k][1], e ? 0.1f : 0.0f, 0.0f, 40 + k);
+            size_t count = (size_t)(c.N * c.V);
+            float *grad = malloc(count * sizeof *grad);
+            forward(&c);
+            backward(&c, grad, c.logits);
+            char what[64];
+            snprintf(what, sizeof what, "cross_entropy N=%lld V=%d eps=%g", (long long)c.N, c.V,
+                     (double)c.eps);
+            worst = fmax(worst, luna_test_gradcheck(what, ce_loss, &c, c.logits, count, grad, 1e-2,
+                                                    2e-3, 1e-3));
+            free(grad);
+            free_case(&c);
+        }
+    printf("cross_entropy gradcheck: worst error %.3g\n", worst);
+    luna_backend_free_all(be);
+}
+END_TEST
+
+/* Pad rows: gradient exactly 0 even when their logits are garbage (NaN); in-place backward
+ * (dlogits == logits) equals the out-of-place one bit for bit; 1, 2, 3 threads agree. */
+START_TEST(pad_rows_in_place_and_threads) {
+    luna_backend *be = make_backend(1);
+    ce_case c = make_case(be, 67, 3001, 0.1f, 0.0f, 9); /* N·V above the threading threshold */
+    for (int64_t r = 0; r < c.N; r++)
+        if (c.targets[r] == PAD) c.logits[r * c.V + 5] = NAN;
+    size_t count = (size_t)(c.N * c.V);
+    float *ref = malloc(count * sizeof *ref), *inplace = malloc(count * sizeof *inplace);
+    float ref_loss[67];
+    for (int threads = 1; threads <= 3; threads++) {
+        luna_backend_set_threads(be, threads);
+        forward(&c);
+        if (threads == 1) {
+            memcpy(ref_loss, c.loss, sizeof ref_loss);
+            backward(&c, ref, c.logits);
+        } else {
+            ck_assert_int_eq(memcmp(ref_loss, c.loss, sizeof ref_loss), 0);
+        }
+        memcpy(inplace, c.logits, count * sizeof *inplace);
+        backward(&c, inplace, inplace);
+        ck_assert_int_eq(memcmp(ref, inplace, count * sizeof *ref), 0);
+    }
+    int pads = 0, nonzero = 0;
+    for (int64_t r = 0; r < c.N; r++) {
+        ck_assert(isfinite(c.loss[r]));
+        if (c.targets[r] != PAD) continue;
+        pads++;
+        for (int v = 0; v < c.V; v++)
+            nonzero += ref[r * c.V + v] != 0.0f || signbit(ref[r * c.V + v]);
+    }
+    ck_assert_int_gt(pads, 0);
+    ck_assert_int_eq(nonzero, 0);
+    /* Each non-pad row's gradient sums to grad_scale·(1 − (1−ε) − ε) = 0. */
+    for (int64_t r = 0; r < c.N; r++) {
+        double s = 0.0;
+        for (int v = 0; v < c.V; v++)
+            s += ref[r * c.V + v];
+        ck_assert_msg(fabs(s) < 1e-5, "row %lld gradient sums to %g", (long long)r, s);
+    }
+    free(ref);
+    free(inplace);
+    free_case(&c);
+    luna_backend_free_all(be);
+}
+END_TEST
+
+START_TEST(argument_errors) {
+    luna_backend *be = make_backend(1);
+    ce_case c = make_case(be, 3, 10, 0.1f, 0.0f, 1);
+    c.targets[0] = 10; /* outside [0, V) */
+    ck_assert_int_eq(be->ops->cross_entropy_forward(be, c.loss, c.nll, c.lse, c.logits, c.targets,
+                                                    c.N, c.V, 0.1f, PAD),
+                     LUNA_ERR_INVALID_ARGUMENT);
+    ck_assert_ptr_nonnull(strstr(luna_error_message(), "outside the vocabulary"));
+    c.targets[0] = -2;
+    ck_assert_int_eq(be->ops->cross_entropy_backward(be, c.logits, c.logits, c.lse, c.targets, c.N,
+                                                     c.V, 0.1f, PAD, 1.0f),
+                     LUNA_ERR_INVALID_ARGUMENT);
+    c.targets[0] = 3;
+    ck_assert_int_eq(be->ops->cross_entropy_forward(be, c.loss, c.nll, c.lse, c.logits, c.targets,
+                                                    c.N, 0, 0.1f, PAD),
+                     LUNA_ERR_INVALID_ARGUMENT);
+    /* padding_idx outside the vocabulary (PyTorch's ignore_index = −100 style) is fine. */
+    c.targets[1] = -100;
+    ck_assert_int_eq(be->ops->cross_entropy_forward(be, c.loss, c.nll, c.lse, c.logits, c.targets,
+                                                    c.N, c.V, 0.1f, -100),
+                     LUNA_OK);
+    ck_assert_float_eq(c.loss[1], 0.0f);
+    free_case(&c);
+    luna_backend_free_all(be);
+}
+END_TEST
+
+static Suite *ce_suite(void) {
+    Suite *s = suite_create("ops_cross_entropy");
+    TCase *tc = tcase_create("cross_entropy");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, forward_matches_naive);
+    tcase_add_test(tc, gradcheck_logits);
+    tcase_add_test(tc, pad_rows_in_place_and_threads);
+    tcase_add_test(tc, argument_errors);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) { return luna_test_run(ce_suite()); }

@@ -1,0 +1,226 @@
+/* Tests of LayerNorm: forward against a naive double implementation, finite-difference gradients
+ * for dx, dgamma and dbeta, dx aliasing dy, accumulation, and thread-count determinism. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/backend.h"
+#include "tests/test_util.h"
+
+#ifndef GC_EPS
+#define GC_EPS 3e-3
+#endif
+#ifndef GC_RTOL
+#define GC_RTOL 2e-3
+#endif
+#ifndef GC_FLOOR
+#define GC_FLOOR 1e-3
+#endif
+#define LN_EPS 1e-5f
+
+#define EXPECT(cond, ...)                                                                          \
+    do {                                                                                           \
+        if (!(cond)) ck_abort_msg(__VA_ARGS__);                                                    \
+    } while (0)
+
+static luna_backend *make_backend(int threads) {
+    luna_backend *be;
+    ck_assert_int_eq(luna_backend_cpu_create(&be, threads), LUNA_OK);
+    return be;
+}
+
+static float *rand_vec(luna_test_rng *rng, size_t n, float lo, float hi) {
+    float *v = malloc((n ? n : 1) * sizeof *v);
+    ck_assert_ptr_nonnull(v);
+    luna_test_fill_uniform(rng, v, n, lo, hi);
+    return v;
+}
+
+static float *zeros(size_t n) {
+    float *v = calloc(n ? n : 1, sizeof *v);
+    ck_assert_ptr_nonnull(v);
+    return v;
+}
+
+START_TEST(layer_norm_forward_matches_naive_double) {
+    luna_backend *be = make_backend(2);
+    static const int shapes[][2] = {{1, 1}, {3, 5}, {7, 33}, {64, 512}, {1, 2}, {200, 257}};
+    static const float offsets[] = {0.0f, 10.0f}; /* a large mean tests the accumulation */
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int o = 0; o < 2; o++) {
+            int rows = shapes[s][0], d = shapes[s][1];
+            luna_test_rng rng;
+            luna_test_rng_seed(&rng, 1 + s);
+            float *x = rand_vec(&rng, (size_t)rows * d, offsets[o] - 1, offsets[o] + 1);
+            float *g = rand_vec(&rng, d, 0.5f, 1.5f), *b = rand_vec(&rng, d, -1, 1);
+            float *y = zeros((size_t)rows * d), *mean = zeros(rows), *rstd = zeros(rows);
+            ck_assert_int_eq(
+                be->ops->layer_norm_forward(be, y, mean, rstd, x, g, b, rows, d, LN_EPS), LUNA_OK);
+            for (int r = 0; r < rows; r++) {
+                const float *xr = x + (size_t)r * d;
+                double m = 0, v = 0;
+                for (int c = 0; c < d; c++)
+                    m += xr[c];
+                m /= d;
+                for (int c = 0; c < d; c++)
+                    v += (xr[c] - m) * (xr[c] - m);
+                v /= d;
+                double rs = 1.0 / sqrt(v + LN_EPS);
+                EXPECT(fabs(mean[r] - m) <= 1e-6 * fmax(1, fabs(m)), "mean[%d] %.9g vs %.9g", r,
+                       mean[r], m);
+                EXPECT(fabs(rstd[r] - rs) <= 1e-6 * rs, "rstd[%d] %.9g vs %.9g", r, rstd[r], rs);
+                for (int c = 0; c < d; c++) {
+                    double want = (xr[c] - m) * rs * g[c] + b[c];
+                    EXPECT(fabs(y[(size_t)r * d + c] - want) <= 1e-5 * fmax(1, fabs(want)),
+                           "rows %d d %d offset %g: y[%d][%d] = %.9g, want %.9g", rows, d,
+                           offsets[o], r, c, y[(size_t)r * d + c], want);
+                }
+            }
+            free(x);
+            free(g);
+            free(b);
+            free(y);
+            free(mean);
+            free(rstd);
+        }
+    luna_backend_free_all(be);
+}
+END_TEST
+
+typedef struct {
+    luna_backend *be;
+    float *x, *gamma, *beta, *y, *mean, *rstd, *w;
+    int rows, d;
+} ln_ctx;
+
+static double ln_loss(void *p) {
+    ln_ctx *c = p;
+    luna_status st = c->be->ops->layer_norm_forward(c->be, c->y, c->mean, c->rstd, c->x, c->gamma,
+                                                    c->beta, c->rows, c->d, LN_EPS);
+    EXPECT(st == LUNA_OK, "%s", luna_error_message());
+    return luna_test_weighted_sum(c->y, c->w, (size_t)c->rows * c->d);
+}
+
+START_TEST(layer_norm_gradients_match_finite_differences) {
+    luna_backend *be = make_backend(2);
+    static const int shapes[][2] = {{1, 1}, {3, 5}, {7, 33}, {1, 3}, {5, 64}, {3, 1}};
+    double worst[3] = {0, 0, 0};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int rows = shapes[s][0], d = shapes[s][1];
+        size_t n = (size_t)rows * d;
+        luna_test_rng rng;
+        luna_test_rng_seed(&rng, 20 + s);
+        ln_ctx c = {be,
+                    rand_vec(&rng, n, -1, 1),
+                    rand_vec(&rng, d, 0.5f, 1.5f),
+                    rand_vec(&rng, d, -1, 1),
+                    zeros(n),
+                    zeros(rows),
+                    zeros(rows),
+                    rand_vec(&rng, n, -1, 1),
+                    rows,
+                    d};
+        ln_loss(&c); /* mean, rstd for the backward */
+        float *dx = zeros(n), *dg = zeros(d), *db = zeros(d);
+        ck_assert_int_eq(be->ops->layer_norm_backward(be, dx, dg, db, c.w, c.x, c.mean, c.rstd,
+                                                      c.gamma, rows, d),
+                         LUNA_OK);
+        worst[0] = fmax(worst[0], luna_test_gradcheck("layer_norm dx", ln_loss, &c, c.x, n, dx,
+                                                      GC_EPS, GC_RTOL, GC_FLOOR));
+        worst[1] = fmax(worst[1], luna_test_gradcheck("layer_norm dgamma", ln_loss, &c, c.gamma, d,
+                                                      dg, GC_EPS, GC_RTOL, GC_FLOOR));
+        worst[2] = fmax(worst[2], luna_test_gradcheck("layer_norm dbeta", ln_loss, &c, c.beta, d,
+                                                      db, GC_EPS, GC_RTOL, GC_FLOOR));
+        free(c.x);
+        free(c.gamma);
+        free(c.beta);
+        free(c.y);
+        free(c.mean);
+        free(c.rstd);
+        free(c.w);
+        free(dx);
+        free(dg);
+        free(db);
+    }
+    printf("layer_norm: worst gradcheck error dx %.3g, dgamma %.3g, dbeta %.3g\n", worst[0],
+           worst[1], worst[2]);
+    luna_backend_free_all(be);
+}
+END_TEST
+
+/* dx may alias dy; dgamma/dbeta accumulate; 1 and 2 threads give bit-identical results. */
+START_TEST(layer_norm_backward_alias_accumulate_deterministic) {
+    luna_backend *be = make_backend(2);
+    luna_test_rng rng;
+    luna_test_rng_seed(&rng, 9);
+    const int rows = 1001, d = 257;
+    size_t n = (size_t)rows * d;
+    float *x = rand_vec(&rng, n, -2, 2), *g = rand_vec(&rng, d, 0.5f, 1.5f);
+    float *b = rand_vec(&rng, d, -1, 1), *dy = rand_vec(&rng, n, -1, 1);
+    float *y = zeros(n), *mean = zeros(rows), *rstd = zeros(rows);
+    float *dg0 = rand_vec(&rng, d, -1, 1), *db0 = rand_vec(&rng, d, -1, 1);
+    ck_assert_int_eq(be->ops->layer_norm_forward(be, y, mean, rstd, x, g, b, rows, d, LN_EPS),
+                     LUNA_OK);
+    float *dx[3], *dg[3], *db[3];
+    for (int t = 0; t < 3; t++) {
+        dx[t] = malloc(sizeof(float) * n);
+        dg[t] = zeros(d);
+        db[t] = zeros(d);
+    }
+    /* 0: 2 threads, separate dx; 1: 1 thread, separate; 2: 2 threads, dx aliasing dy. */
+    luna_backend_set_threads(be, 2);
+    ck_assert_int_eq(
+        be->ops->layer_norm_backward(be, dx[0], dg[0], db[0], dy, x, mean, rstd, g, rows, d),
+        LUNA_OK);
+    luna_backend_set_threads(be, 1);
+    ck_assert_int_eq(
+        be->ops->layer_norm_backward(be, dx[1], dg[1], db[1], dy, x, mean, rstd, g, rows, d),
+        LUNA_OK);
+    luna_backend_set_threads(be, 2);
+    memcpy(dx[2], dy, sizeof(float) * n);
+    memcpy(dg[2], dg0, sizeof(float) * d);
+    memcpy(db[2], db0, sizeof(float) * d);
+    ck_assert_int_eq(
+        be->ops->layer_norm_backward(be, dx[2], dg[2], db[2], dx[2], x, mean, rstd, g, rows, d),
+        LUNA_OK);
+    ck_assert_int_eq(memcmp(dx[0], dx[1], sizeof(float) * n), 0);
+    ck_assert_int_eq(memcmp(dg[0], dg[1], sizeof(float) * d), 0);
+    ck_assert_int_eq(memcmp(db[0], db[1], sizeof(float) * d), 0);
+    ck_assert_int_eq(memcmp(dx[0], dx[2], sizeof(float) * n), 0);
+    for (int c = 0; c < d; c++) {
+        EXPECT(fabs(dg[2][c] - (dg0[c] + dg[0][c])) <= 1e-5 * (1 + fabs(dg[0][c])),
+               "dgamma[%d] did not accumulate", c);
+        EXPECT(fabs(db[2][c] - (db0[c] + db[0][c])) <= 1e-5 * (1 + fabs(db[0][c])),
+               "dbeta[%d] did not accumulate", c);
+    }
+    for (int t = 0; t < 3; t++) {
+        free(dx[t]);
+        free(dg[t]);
+        free(db[t]);
+    }
+    free(x);
+    free(g);
+    free(b);
+    free(dy);
+    free(y);
+    free(mean);
+    free(rstd);
+    free(dg0);
+    free(db0);
+    luna_backend_free_all(be);
+}
+END_TEST
+
+static Suite *layer_norm_suite(void) {
+    Suite *s = suite_create("ops_layer_norm");
+    TCase *tc = tcase_create("layer_norm");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, layer_norm_forward_matches_naive_double);
+    tcase_add_test(tc, layer_norm_gradients_match_finite_differences);
+    tcase_add_test(tc, layer_norm_backward_alias_accumulate_deterministic);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) { return luna_test_run(layer_norm_suite()); }

@@ -1,0 +1,461 @@
+/* Tests of the GEMM group: batched GEMM against a naive triple loop (all transposes, strides,
+ * alpha/beta), Linear and bias add (forward vs naive, finite-difference gradients, accumulation
+ * semantics) and bit-identical backward results for 1 and 2 threads. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/backend.h"
+#include "tests/test_util.h"
+
+/* fp32 tolerances for the gradient checks (see the perturbation notes in the report). */
+#ifndef GC_RTOL
+#define GC_RTOL 2e-3
+#endif
+#ifndef GC_FLOOR
+#define GC_FLOOR 1e-3
+#endif
+
+/* Check records every ck_assert (a write per call): inner loops only call it on failure. */
+#define EXPECT(cond, ...)                                                                          \
+    do {                                                                                           \
+        if (!(cond)) ck_abort_msg(__VA_ARGS__);                                                    \
+    } while (0)
+#define EXPECT_CLOSE(got, want, tol)                                                               \
+    EXPECT(fabs((double)(got) - (double)(want)) <= (tol), "%s = %.8g, want %.8g (line %d)", #got,  \
+           (double)(got), (double)(want), __LINE__)
+
+static luna_backend *make_backend(int threads) {
+    luna_backend *be;
+    ck_assert_int_eq(luna_backend_cpu_create(&be, threads), LUNA_OK);
+    return be;
+}
+
+static float *rand_vec(luna_test_rng *rng, size_t n, float lo, float hi) {
+    float *v = malloc((n ? n : 1) * sizeof *v);
+    ck_assert_ptr_nonnull(v);
+    luna_test_fill_uniform(rng, v, n, lo, hi);
+    return v;
+}
+
+static float *zeros(size_t n) {
+    float *v = calloc(n ? n : 1, sizeof *v);
+    ck_assert_ptr_nonnull(v);
+    return v;
+}
+
+/* ---- GEMM vs naive --------------------------------------------------------------------------- */
+
+/* Element (i, k) of op(X) for X stored with row stride ld. */
+static double at(const float *X, int ld, bool trans, int i, int k) {
+    return trans ? (double)X[(size_t)k * ld + i] : (double)X[(size_t)i * ld + k];
+}
+
+static int imax1(int v) { return v > 1 ? v : 1; }
+
+static void check_gemm_case(luna_backend *be, bool ta, bool tb, int M, int N, int K, float alpha,
+                            float beta, int batch, int pad) {
+    luna_test_rng rng;
+    luna_test_rng_seed(&rng, (uint64_t)(M * 131 + N * 17 + K * 7 + batch + ta * 2 + tb));
+    int lda = imax1(ta ? M : K) + pad, ldb = imax1(tb ? K : N) + pad, ldc = imax1(N) + pad;
+    int64_t sa = (int64_t)(ta ? K : M) * lda + 3, sb = (int64_t)(tb ? N : K) * ldb + 5;
+    int64_t sc = (int64_t)M * ldc + 7;
+    size_t na = (size_t)(sa * batch), nb = (size_t)(sb * batch), nc = (size_t)(sc * batch);
+    float *A = rand_vec(&rng, na, -1, 1), *B = rand_vec(&rng, nb, -1, 1);
+    float *C = rand_vec(&rng, nc, -1, 1);
+    float *C0 = malloc(nc * sizeof *C0);
+    memcpy(C0, C, nc * sizeof *C);
+    /* beta = 0 must not read C: poison the matrix entries with NaN. */
+    if (beta == 0.0f)
+        for (int b = 0; b < batch; b++)
+            for (int i = 0; i < M; i++)
+                for (int j = 0; j < N; j++)
+                    C[b * sc + (int64_t)i * ldc + j] = NAN;
+    ck_assert_int_eq(
+        be->ops->gemm(be, ta, tb, M, N, K, alpha, A, lda, sa, B, ldb, sb, beta, C, ldc, sc, batch),
+        LUNA_OK);
+    for (int b = 0; b < batch; b++) {
+        const float *Ab = A + b * sa, *Bb = B + b * sb;
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) {
+                double s = 0, mag = 0;
+                for (int k = 0; k < K; k++) {
+                    double t = at(Ab, lda, ta, i, k) * at(Bb, ldb, tb, k, j);
+                    s += t;
+                    mag += fabs(t);
+                }
+                double c0 = C0[b * sc + (int64_t)i * ldc + j];
+                double want = alpha * s + (beta == 0.0f ? 0.0 : beta * c0);
+                double tol = 1e-5 * (fabs(alpha) * mag + fabs(beta * c0)) + 1e-6;
+                double got = C[b * sc + (int64_t)i * ldc + j];
+                EXPECT(fabs(got - want) <= tol,
+                       "gemm ta %d tb %d M %d N %d K %d batch %d: C[%d][%d,%d] = %.8g, want "
+                       "%.8g",
+                       ta, tb, M, N, K, batch, b, i, j, got, want);
+            }
+    }
+    /* Everything outside the C matrices (row padding, gaps between batch entries) untouched. */
+    for (int b = 0; b < batch; b++)
+        for (int64_t e = 0; e < sc; e++) {
+            int64_t i = e / ldc, j = e % ldc;
+            if (i < M && j < N) continue;
+            EXPECT(C[b * sc + e] == C0[b * sc + e], "gemm wrote outside C at %lld", (long long)e);
+        }
+    free(A);
+    free(B);
+    free(C);
+    free(C0);
+}
+
+START_TEST(gemm_matches_naive_all_transposes) {
+    luna_backend *be = make_backend(2);
+    static const int shapes[][3] = {{1, 1, 1},   {3, 5, 7},    {7, 33, 5},
+                                    {33, 1, 17}, {16, 16, 64}, {5, 7, 0}};
+    static const float betas[] = {0.0f, 1.0f, -0.5f};
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++)
+            for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+                for (int bi = 0; bi < 3; bi++) {
+                    const int *sh = shapes[s];
+                    check_gemm_case(be, ta, tb, sh[0], sh[1], sh[2], 0.75f, betas[bi], 1, 0);
+                    check_gemm_case(be, ta, tb, sh[0], sh[1], sh[2], 0.75f, betas[bi], 3, 2);
+                }
+    /* Larger than one 128×128 tile of C: edge tiles in both directions. */
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++)
+            check_gemm_case(be, ta, tb, 300, 270, 7, 1.25f, 0.5f, 2, 1);
+    /* Many small matrices: the OpenMP-over-batch path, against the same naive loop. */
+    check_gemm_case(be, false, true, 30, 32, 64, 1.0f, 0.0f, 40, 1);
+    check_gemm_case(be, true, false, 9, 13, 11, -1.5f, 1.0f, 33, 3);
+    luna_backend_free_all(be);
+}
+END_TEST
+
+/* The batch-parallel path and the serial path give bit-identical results. */
+START_TEST(gemm_batch_threads_bit_identical) {
+    luna_backend *be = make_backend(2);
+    luna_test_rng rng;
+    luna_test_rng_seed(&rng, 99);
+    const int M = 30, N = 32, K = 64, batch = 24;
+    float *A = rand_vec(&rng, (size_t)M * K * batch, -1, 1);
+    float *B = rand_vec(&rng, (size_t)K * N * batch, -1, 1);
+    float *C1 = zeros((size_t)M * N * batch), *C2 = zeros((size_t)M * N * batch);
+    ck_assert_int_eq(be->ops->gemm(be, false, false, M, N, K, 1.0f, A, K, (int64_t)M * K, B, N,
+                                   (int64_t)K * N, 0.0f, C2, N, (int64_t)M * N, batch),
+                     LUNA_OK);
+    luna_backend_set_threads(be, 1);
+    ck_assert_int_eq(be->ops->gemm(be, false, false, M, N, K, 1.0f, A, K, (int64_t)M * K, B, N,
+                                   (int64_t)K * N, 0.0f, C1, N, (int64_t)M * N, batch),
+                     LUNA_OK);
+    ck_assert_int_eq(memcmp(C1, C2, sizeof(float) * M * N * batch), 0);
+    free(A);
+    free(B);
+    free(C1);
+    free(C2);
+    luna_backend_free_all(be);
+}
+END_TEST
+
+/* C layouts other than stacked matrices: heads interleaved in a row ([M, batch, N], stride_c = N,
+ * ldc = batch·N; parallel), and stride_c = 0 with beta = 1 (every product summed into one C, in
+ * batch order). */
+START_TEST(gemm_interleaved_and_shared_outputs) {
+    luna_backend *be = make_backend(2);
+    luna_test_rng rng;
+    luna_test_rng_seed(&rng, 12);
+    const int M = 37, N = 19, K = 23, batch = 6;
+    float *A = rand_vec(&rng, (size_t)batch * M * K, -1, 1);
+    float *B = rand_vec(&rng, (size_t)batch * K * N, -1, 1);
+    float *C = rand_vec(&rng, (size_t)M * batch * N, -1, 1);
+    float *C0 = malloc(sizeof(float) * M * batch * N);
+    memcpy(C0, C, sizeof(float) * M * batch * N);
+    for (int shared = 0; shared < 2; shared++) {
+        memcpy(C, C0, sizeof(float) * M * batch * N);
+        int ldc = shared ? N : batch * N;
+        ck_assert_int_eq(be->ops->gemm(be, false, false, M, N, K, 1.0f, A, K, (int64_t)M * K, B, N,
+                                       (int64_t)K * N, shared ? 1.0f : 0.0f, C, ldc, shared ? 0 : N,
+                                       batch),
+                         LUNA_OK);
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) {
+                double total = C0[i * ldc + j];
+                for (int b = 0; b < batch; b++) {
+                    double s = 0;
+                    for (int k = 0; k < K; k++)
+                        s +=
+                            (double)A[((size_t)b * M + i) * K + k] * B[((size_t)b * K + k) * N + j];
+                    if (!shared) EXPECT_CLOSE(C[i * ldc + b * N + j], s, 1e-5);
+                    total += s;
+                }
+                if (shared) EXPECT_CLOSE(C[i * ldc + j], total, 1e-4);
+            }
+    }
+    free(A);
+    free(B);
+    free(C);
+    free(C0);
+    luna_backend_free_all(be);
+}
+END_TEST
+
+START_TEST(gemm_rejects_bad_arguments) {
+    luna_backend *be = make_backend(1);
+    float A[16] = {0}, B[16] = {0}, C[16] = {0};
+    ck_assert_int_eq(be->ops->gemm(be, false, false, 2, 2, 3, 1, A, 2, 0, B, 2, 0, 0, C, 2, 0, 1),
+                     LUNA_ERR_INVALID_ARGUMENT);
+    ck_assert_ptr_nonnull(strstr(luna_error_message(), "lda 2 < 3"));
+    ck_assert_int_eq(be->ops->gemm(be, false, true, 2, 2, 3, 1, A, 3, 0, B, 2, 0, 0, C, 2, 0, 1),
+                     LUNA_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(be->ops->gemm(be, false, false, -1, 2, 3, 1, A, 3, 0, B, 2, 0, 0, C, 2, 0, 1),
+                     LUNA_ERR_INVALID_ARGUMENT);
+    luna_backend_free_all(be);
+}
+END_TEST
+
+/* ---- Linear ---------------------------------------------------------------------------------- */
+
+typedef struct {
+    luna_backend *be;
+    float *x, *W, *b, *y, *w; /* x [rows, in], W [out, in], b [out], y and weights w [rows, out] */
+    int rows, in, out;
+} linear_ctx;
+
+static double linear_loss(void *p) {
+    linear_ctx *c = p;
+    luna_status st =
+        c->be->ops->linear_forward(c->be, c->y, c->x, c->W, c->b, c->rows, c->in, c->out);
+    EXPECT(st == LUNA_OK, "%s", luna_error_message());
+    return luna_test_weighted_sum(c->y, c->w, (size_t)c->rows * c->out);
+}
+
+START_TEST(linear_forward_matches_naive) {
+    luna_backend *be = make_backend(2);
+    luna_test_rng rng;
+    luna_test_rng_seed(&rng, 5);
+    const int rows = 7, in = 33, out = 5;
+    float *x = rand_vec(&rng, rows * in, -1, 1), *W = rand_vec(&rng, out * in, -1, 1);
+    float *b = rand_vec(&rng, out, -1, 1), *y = zeros(rows * out);
+    for (int with_bias = 0; with_bias < 2; with_bias++) {
+        ck_assert_int_eq(be->ops->linear_forward(be, y, x, W, with_bias ? b : NULL, rows, in, out),
+                         LUNA_OK);
+        for (int r = 0; r < rows; r++)
+            for (int o = 0; o < out; o++) {
+                double s = with_bias ? b[o] : 0.0;
+                for (int k = 0; k < in; k++)
+                    s += (double)x[r * in + k] * W[o * in + k];
+                EXPECT_CLOSE(y[r * out + o], s, 1e-5);
+            }
+    }
+    free(x);
+    free(W);
+    free(b);
+    free(y);
+    luna_backend_free_all(be);
+}
+END_TEST
+
+START_TEST(linear_gradients_match_finite_differences) {
+    luna_backend *be = make_backend(2);
+    static const int shapes[][3] = {{1, 1, 1}, {3, 5, 7}, {7, 33, 5}, {1, 5, 33}, {7, 1, 3}};
+    double worst = 0;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int rows = shapes[s][0], in = shapes[s][1], out = shapes[s][2];
+        luna_test_rng rng;
+        luna_test_rng_seed(&rng, 100 + s);
+        linear_ctx c = {be,
+                        rand_vec(&rng, rows * in, -1, 1),
+                        rand_vec(&rng, out * in, -1, 1),
+                        rand_vec(&rng, out, -1, 1),
+                        zeros(rows * out),
+                        rand_vec(&rng, rows * out, -1, 1),
+                        rows,
+                        in,
+                        out};
+        float *dx = zeros(rows * in), *dW = zeros(out * in), *db = zeros(out);
+        ck_assert_int_eq(
+            be->ops->linear_backward(be, dx, dW, db, c.w, c.x, c.W, rows, in, out, false), LUNA_OK);
+        worst = fmax(worst, luna_test_gradcheck("linear dx", linear_loss, &c, c.x, rows * in, dx,
+                                                1e-2, GC_RTOL, GC_FLOOR));
+        worst = fmax(worst, luna_test_gradcheck("linear dW", linear_loss, &c, c.W, out * in, dW,
+                                                1e-2, GC_RTOL, GC_FLOOR));
+        worst = fmax(worst, luna_test_gradcheck("linear db", linear_loss, &c, c.b, out, db, 1e-2,
+                                                GC_RTOL, GC_FLOOR));
+        free(c.x);
+        free(c.W);
+        free(c.b);
+        free(c.y);
+        free(c.w);
+        free(dx);
+        free(dW);
+        free(db);
+    }
+    printf("linear: worst gradcheck error %.3g\n", worst);
+    luna_backend_free_all(be);
+}
+END_TEST
+
+/* dW and db accumulate; dx is overwritten (NaN-safe) unless accumulate_dx; NULL skips. */
+START_TEST(linear_backward_accumulation_semantics) {
+    luna_backend *be = make_backend(2);
+    luna_test_rng rng;
+    luna_test_rng_seed(&rng, 8);
+    const int rows = 6, in = 9, out = 4;
+    float *x = rand_vec(&rng, rows * in, -1, 1), *W = rand_vec(&rng, out * in, -1, 1);
+    float *dy = rand_vec(&rng, rows * out, -1, 1);
+    float *dx0 = rand_vec(&rng, rows * in, -1, 1), *dW0 = rand_vec(&rng, out * in, -1, 1);
+    float *db0 = rand_vec(&rng, out, -1, 1);
+    float *dx = malloc(sizeof(float) * rows * in), *dW = malloc(sizeof(float) * out * in);
+    float *db = malloc(sizeof(float) * out);
+    for (int acc = 0; acc < 2; acc++) {
+        for (int i = 0; i < rows * in; i++)
+            dx[i] = acc ? dx0[i] : NAN;
+        memcpy(dW, dW0, sizeof(float) * out * in);
+        memcpy(db, db0, sizeof(float) * out);
+        ck_assert_int_eq(be->ops->linear_backward(be, dx, dW, db, dy, x, W, rows, in, out, acc),
+                         LUNA_OK);
+        for (int r = 0; r < rows; r++)
+            for (int k = 0; k < in; k++) {
+                double s = acc ? dx0[r * in + k] : 0.0;
+                for (int o = 0; o < out; o++)
+                    s += (double)dy[r * out + o] * W[o * in + k];
+                EXPECT_CLOSE(dx[r * in + k], s, 1e-5);
+            }
+        for (int o = 0; o < out; o++) {
+            double sb = db0[o];
+            for (int r = 0; r < rows; r++)
+                sb += dy[r * out + o];
+            EXPECT_CLOSE(db[o], sb, 1e-5);
+            for (int k = 0; k < in; k++) {
+                double s = dW0[o * in + k];
+                for (int r = 0; r < rows; r++)
+                    s += (double)dy[r * out + o] * x[r * in + k];
+                EXPECT_CLOSE(dW[o * in + k], s, 1e-5);
+            }
+        }
+    }
+    /* NULL dx and db: only dW moves. */
+    memcpy(dW, dW0, sizeof(float) * out * in);
+    ck_assert_int_eq(be->ops->linear_backward(be, NULL, dW, NULL, dy, x, W, rows, in, out, false),
+                     LUNA_OK);
+    ck_assert_int_ne(memcmp(dW, dW0, sizeof(float) * out * in), 0);
+    free(x);
+    free(W);
+    free(dy);
+    free(dx0);
+    free(dW0);
+    free(db0);
+    free(dx);
+    free(dW);
+    free(db);
+    luna_backend_free_all(be);
+}
+END_TEST
+
+/* ---- Bias add -------------------------------------------------------------------------------- */
+
+typedef struct {
+    luna_backend *be;
+    float *y0, *y, *b, *w;
+    int rows, cols;
+} bias_ctx;
+
+static double bias_loss(void *p) {
+    bias_ctx *c = p;
+    memcpy(c->y, c->y0, sizeof(float) * c->rows * c->cols);
+    EXPECT(c->be->ops->bias_add_forward(c->be, c->y, c->b, c->rows, c->cols) == LUNA_OK, "%s",
+           luna_error_message());
+    return luna_test_weighted_sum(c->y, c->w, (size_t)c->rows * c->cols);
+}
+
+START_TEST(bias_add_gradient_and_accumulation) {
+    luna_backend *be = make_backend(2);
+    static const int shapes[][2] = {{1, 1}, {3, 5}, {7, 33}, {1, 5}, {7, 1}, {700, 70}};
+    double worst = 0;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int rows = shapes[s][0], cols = shapes[s][1];
+        luna_test_rng rng;
+        luna_test_rng_seed(&rng, 200 + s);
+        bias_ctx c = {be,
+                      rand_vec(&rng, rows * cols, -1, 1),
+                      zeros(rows * cols),
+                      rand_vec(&rng, cols, -1, 1),
+                      rand_vec(&rng, rows * cols, -1, 1),
+                      rows,
+                      cols};
+        float *db0 = rand_vec(&rng, cols, -1, 1), *db = malloc(sizeof(float) * cols);
+        memcpy(db, db0, sizeof(float) * cols);
+        ck_assert_int_eq(be->ops->bias_add_backward(be, db, c.w, rows, cols), LUNA_OK);
+        for (int j = 0; j < cols; j++)
+            db[j] -= db0[j]; /* the increment */
+        worst = fmax(worst, luna_test_gradcheck("bias_add db", bias_loss, &c, c.b, cols, db, 1e-2,
+                                                GC_RTOL, GC_FLOOR));
+        free(c.y0);
+        free(c.y);
+        free(c.b);
+        free(c.w);
+        free(db0);
+        free(db);
+    }
+    printf("bias_add: worst gradcheck error %.3g\n", worst);
+    luna_backend_free_all(be);
+}
+END_TEST
+
+/* Backward results with 1 and 2 threads are bit-identical (shapes large enough that both the
+ * OpenMP regions and OpenBLAS actually use 2 threads). */
+START_TEST(backward_bit_identical_across_thread_counts) {
+    luna_backend *be = make_backend(2);
+    luna_test_rng rng;
+    luna_test_rng_seed(&rng, 77);
+    const int rows = 515, in = 257, out = 259;
+    float *x = rand_vec(&rng, (size_t)rows * in, -1, 1),
+          *W = rand_vec(&rng, (size_t)out * in, -1, 1);
+    float *dy = rand_vec(&rng, (size_t)rows * out, -1, 1);
+    float *dx[2], *dW[2], *db[2], *db2[2];
+    for (int t = 0; t < 2; t++) {
+        luna_backend_set_threads(be, 2 - t);
+        dx[t] = zeros((size_t)rows * in);
+        dW[t] = zeros((size_t)out * in);
+        db[t] = zeros(out);
+        db2[t] = zeros(out);
+        ck_assert_int_eq(
+            be->ops->linear_backward(be, dx[t], dW[t], db[t], dy, x, W, rows, in, out, false),
+            LUNA_OK);
+        ck_assert_int_eq(be->ops->bias_add_backward(be, db2[t], dy, rows, out), LUNA_OK);
+    }
+    ck_assert_int_eq(memcmp(dx[0], dx[1], sizeof(float) * rows * in), 0);
+    ck_assert_int_eq(memcmp(dW[0], dW[1], sizeof(float) * out * in), 0);
+    ck_assert_int_eq(memcmp(db[0], db[1], sizeof(float) * out), 0);
+    ck_assert_int_eq(memcmp(db2[0], db2[1], sizeof(float) * out), 0);
+    for (int t = 0; t < 2; t++) {
+        free(dx[t]);
+        free(dW[t]);
+        free(db[t]);
+        free(db2[t]);
+    }
+    free(x);
+    free(W);
+    free(dy);
+    luna_backend_free_all(be);
+}
+END_TEST
+
+static Suite *linear_suite(void) {
+    Suite *s = suite_create("ops_linear");
+    TCase *tc = tcase_create("gemm_linear_bias");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, gemm_matches_naive_all_transposes);
+    tcase_add_test(tc, gemm_batch_threads_bit_identical);
+    tcase_add_test(tc, gemm_interleaved_and_shared_outputs);
+    tcase_add_test(tc, gemm_rejects_bad_arguments);
+    tcase_add_test(tc, linear_forward_matches_naive);
+    tcase_add_test(tc, linear_gradients_match_finite_differences);
+    tcase_add_test(tc, linear_backward_accumulation_semantics);
+    tcase_add_test(tc, bias_add_gradient_and_accumulation);
+    tcase_add_test(tc, backward_bit_identical_across_thread_counts);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) { return luna_test_run(linear_suite()); }
