@@ -1,0 +1,451 @@
+/* luna-preprocess: raw parallel text -> data-bin (fairseq's binarized format + spm.model).
+ *
+ *   luna-preprocess --source-lang en --target-lang de --trainpref P --validpref P --testpref P \
+ *                   --destdir DIR --joined-dictionary --workers N
+ *
+ * Steps: check every input (UTF-8, empty lines, line lengths, aligned line counts) before doing
+ * any work; train a joint SentencePiece BPE model on the training text (or reuse --spm-model, or
+ * take already-tokenized text with --no-spm); build the fairseq dictionary from the training
+ * split; encode + binarize every split in parallel. Everything is written to a staging directory
+ * next to --destdir and moved into place only when complete.
+ *
+ * Exit status: 0 success, 1 bad input or failure (one line on stderr), 2 usage error.
+ */
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "data/binarizer.h"
+#include "data/dictionary.h"
+#include "data/sentencepiece.h"
+#include "data/staged_dir.h"
+#include "data/text_lines.h"
+#include "model/file_util.h"
+
+#define PROG "luna-preprocess"
+
+/* ---- options: one table drives parsing and --help ---------------------------------------------- */
+
+typedef enum { OPT_STRING, OPT_INT, OPT_DOUBLE, OPT_FLAG } opt_type;
+
+typedef struct {
+    const char *source_lang, *target_lang, *trainpref, *validpref, *testpref, *destdir, *spm_model;
+    const char *srcdict, *tgtdict;
+    bool joined, no_spm, skip_empty;
+    long workers, bpe_vocab_size, max_line_bytes, thresholdsrc, thresholdtgt, nwordssrc, nwordstgt, padding_factor;
+    double character_coverage;
+} options;
+
+static options opt = {
+    .destdir = "data-bin", .workers = 1, .bpe_vocab_size = 32000, .max_line_bytes = 1 << 20,
+    .nwordssrc = -1, .nwordstgt = -1, .padding_factor = 8, .character_coverage = 1.0,
+};
+
+typedef struct {
+    const char *name, *meta;
+    opt_type type;
+    void *dest;
+    const char *help;
+} option_spec;
+
+static const option_spec OPTIONS[] = {
+    {"--source-lang", "SRC", OPT_STRING, &opt.source_lang, "source language suffix of the text files (required)"},
+    {"--target-lang", "TGT", OPT_STRING, &opt.target_lang, "target language suffix (required)"},
+    {"--trainpref", "P", OPT_STRING, &opt.trainpref, "training text: P.SRC and P.TGT (required unless --srcdict)"},
+    {"--validpref", "P", OPT_STRING, &opt.validpref, "validation text; comma-separated prefixes become valid, valid1, ..."},
+    {"--testpref", "P", OPT_STRING, &opt.testpref, "test text; comma-separated prefixes become test, test1, ..."},
+    {"--destdir", "DIR", OPT_STRING, &opt.destdir, "output data-bin directory (default: data-bin)"},
+    {"--joined-dictionary", NULL, OPT_FLAG, &opt.joined, "one dictionary for both languages (dict.SRC.txt = dict.TGT.txt)"},
+    {"--workers", "N", OPT_INT, &opt.workers, "threads for SentencePiece training and encoding (default: 1)"},
+    {"--bpe-vocab-size", "N", OPT_INT, &opt.bpe_vocab_size, "SentencePiece BPE vocabulary size (default: 32000)"},
+    {"--spm-model", "FILE", OPT_STRING, &opt.spm_model, "reuse this SentencePiece model instead of training one"},
+    {"--no-spm", NULL, OPT_FLAG, &opt.no_spm, "the text is already tokenized/BPE'd: split on whitespace only"},
+    {"--srcdict", "FILE", OPT_STRING, &opt.srcdict, "reuse this source (or joined) dictionary instead of building one"},
+    {"--tgtdict", "FILE", OPT_STRING, &opt.tgtdict, "reuse this target dictionary instead of building one"},
+    {"--character-coverage", "F", OPT_DOUBLE, &opt.character_coverage, "SentencePiece character coverage (default: 1.0)"},
+    {"--max-line-bytes", "N", OPT_INT, &opt.max_line_bytes, "reject lines longer than N bytes (default: 1048576)"},
+    {"--skip-empty", NULL, OPT_FLAG, &opt.skip_empty,
+     "drop sentence pairs where either side is empty or blank, in every split\n"
+     "                           (counted in the summary); without it an empty line is an error,\n"
+     "                           since it usually means misaligned or damaged data (fairseq would\n"
+     "                           silently keep it as a bare </s>)"},
+    {"--thresholdsrc", "N", OPT_INT, &opt.thresholdsrc, "drop source (or joined) words seen fewer than N times (default: 0)"},
+    {"--thresholdtgt", "N", OPT_INT, &opt.thresholdtgt, "drop target words seen fewer than N times (default: 0)"},
+    {"--nwordssrc", "N", OPT_INT, &opt.nwordssrc, "cap the source (or joined) dictionary at N symbols (default: no cap)"},
+    {"--nwordstgt", "N", OPT_INT, &opt.nwordstgt, "cap the target dictionary at N symbols (default: no cap)"},
+    {"--padding-factor", "N", OPT_INT, &opt.padding_factor, "pad dictionary sizes to a multiple of N (default: 8)"},
+};
+#define NUM_OPTIONS (sizeof OPTIONS / sizeof OPTIONS[0])
+
+static void print_help(void) {
+    printf("usage: " PROG " --source-lang SRC --target-lang TGT --trainpref P [--validpref P] [--testpref P]\n"
+           "                       [--destdir DIR] [--joined-dictionary] [--workers N] [options]\n\n"
+           "Raw parallel text -> fairseq data-bin: trains a joint SentencePiece BPE model on the training\n"
+           "text, builds the dictionary from the training split, and writes dict.SRC.txt, dict.TGT.txt,\n"
+           "spm.model, spm.vocab and {split}.SRC-TGT.{lang}.{bin,idx} into DIR. Inputs are checked first\n"
+           "(UTF-8, empty lines, line lengths, line counts); DIR is only changed when everything succeeded.\n\n");
+    for (size_t i = 0; i < NUM_OPTIONS; i++) {
+        char left[64];
+        snprintf(left, sizeof left, "%s%s%s", OPTIONS[i].name, OPTIONS[i].meta ? " " : "",
+                 OPTIONS[i].meta ? OPTIONS[i].meta : "");
+        printf("  %-25s%s\n", left, OPTIONS[i].help);
+    }
+    printf("  %-25s%s\n  %-25s%s\n", "--help", "show this help", "--version", "show the version");
+}
+
+static int usage_error(const char *fmt, const char *arg) {
+    fprintf(stderr, PROG ": ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, " (see " PROG " --help)\n");
+    return 2;
+}
+
+/* Returns -1 to go on, else the exit status. */
+static int parse_args(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) return print_help(), 0;
+        if (!strcmp(arg, "--version")) return printf(PROG " (luna) %s\n", LUNA_VERSION), 0;
+        const char *eq = strchr(arg, '=');
+        size_t name_len = eq ? (size_t)(eq - arg) : strlen(arg);
+        const option_spec *o = NULL;
+        for (size_t k = 0; k < NUM_OPTIONS; k++)
+            if (strlen(OPTIONS[k].name) == name_len && !strncmp(OPTIONS[k].name, arg, name_len)) o = &OPTIONS[k];
+        if (!o) return usage_error("unknown option '%s'", arg);
+        if (o->type == OPT_FLAG) {
+            if (eq) return usage_error("option '%s' takes no value", arg);
+            *(bool *)o->dest = true;
+            continue;
+        }
+        const char *value = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+        if (!value) return usage_error("option '%s' needs a value", arg);
+        char *end = NULL;
+        if (o->type == OPT_STRING) {
+            *(const char **)o->dest = value;
+        } else if (o->type == OPT_INT) {
+            long v = strtol(value, &end, 10);
+            if (!*value || *end) return usage_error("'%s' is not an integer", value);
+            *(long *)o->dest = v;
+        } else {
+            double v = strtod(value, &end);
+            if (!*value || *end) return usage_error("'%s' is not a number", value);
+            *(double *)o->dest = v;
+        }
+    }
+    if (!opt.source_lang || !opt.target_lang) return usage_error("%s", "--source-lang and --target-lang are required");
+    bool have_dicts = opt.srcdict && (opt.tgtdict || opt.joined);
+    if (!opt.trainpref && !have_dicts)
+        return usage_error("%s", "--trainpref is required (the dictionary is built from it) unless --srcdict and "
+                                 "--tgtdict (or --joined-dictionary) are given");
+    if (!opt.trainpref && !opt.no_spm && !opt.spm_model)
+        return usage_error("%s", "without --trainpref there is nothing to train SentencePiece on: give --spm-model");
+    if (!strcmp(opt.source_lang, opt.target_lang)) return usage_error("%s", "source and target languages must differ");
+    if (opt.no_spm && opt.spm_model) return usage_error("%s", "--no-spm and --spm-model exclude each other");
+    if (opt.workers < 1 || opt.workers > 1024) return usage_error("%s", "--workers must be between 1 and 1024");
+    if (opt.bpe_vocab_size < 8) return usage_error("%s", "--bpe-vocab-size must be at least 8");
+    if (opt.max_line_bytes < 1) return usage_error("%s", "--max-line-bytes must be positive");
+    if (!(opt.character_coverage > 0.0 && opt.character_coverage <= 1.0))
+        return usage_error("%s", "--character-coverage must be in (0, 1]");
+    return -1;
+}
+
+/* ---- the corpus: every split's text, checked ---------------------------------------------------- */
+
+#define MAX_SPLITS 32
+
+typedef struct {
+    char name[32];          /* train, valid, valid1, test, ... */
+    char *path[2];          /* prefix.SRC, prefix.TGT */
+    luna_text_lines *text[2];
+    uint8_t *skip;          /* pairs dropped by --skip-empty (NULL: none) */
+    size_t skipped;
+} split;
+
+static split splits[MAX_SPLITS];
+static int num_splits;
+static const split *train_split; /* NULL without --trainpref */
+
+static char *str_printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static char *str_printf(const char *fmt, ...) {
+    va_list args;
+    va_start(args, fmt);
+    int n = vsnprintf(NULL, 0, fmt, args);
+    va_end(args);
+    char *s = malloc((size_t)n + 1);
+    if (!s) return NULL;
+    va_start(args, fmt);
+    vsnprintf(s, (size_t)n + 1, fmt, args);
+    va_end(args);
+    return s;
+}
+
+static luna_status add_splits(const char *base, const char *prefixes) {
+    if (!prefixes) return LUNA_OK;
+    char *copy = strdup(prefixes);
+    if (!copy) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
+    int k = 0;
+    luna_status st = LUNA_OK;
+    for (char *save = NULL, *p = strtok_r(copy, ",", &save); p && st == LUNA_OK; p = strtok_r(NULL, ",", &save), k++) {
+        if (num_splits == MAX_SPLITS) {
+            st = luna_error(LUNA_ERR_INVALID_ARGUMENT, "too many splits (at most %d)", MAX_SPLITS);
+            break;
+        }
+        split *s = &splits[num_splits++];
+        if (k == 0) snprintf(s->name, sizeof s->name, "%s", base);
+        else snprintf(s->name, sizeof s->name, "%s%d", base, k);
+        s->path[0] = str_printf("%s.%s", p, opt.source_lang);
+        s->path[1] = str_printf("%s.%s", p, opt.target_lang);
+        if (!s->path[0] || !s->path[1]) st = luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
+    }
+    free(copy);
+    return st;
+}
+
+/* Open and check every file before any work, so that a bad test set fails in seconds and not
+ * after an hour of BPE training. */
+static luna_status check_inputs(void) {
+    luna_text_check check = {(size_t)opt.max_line_bytes, opt.skip_empty};
+    for (int i = 0; i < num_splits; i++) {
+        split *s = &splits[i];
+        for (int side = 0; side < 2; side++) LUNA_TRY(luna_text_lines_open(&s->text[side], s->path[side], &check));
+        size_t n0 = s->text[0]->count, n1 = s->text[1]->count;
+        if (n0 != n1) {
+            int longer = n1 > n0;
+            size_t lo = longer ? n0 : n1, hi = longer ? n1 : n0;
+            return luna_error(LUNA_ERR_MISMATCH, "%s:%zu: line count differs: %s has %zu lines but %s has %zu "
+                              "(the source and target files must be aligned line by line)",
+                              s->path[longer], lo + 1, s->path[longer], hi, s->path[!longer], lo);
+        }
+        if (n0 == 0)
+            return luna_error(LUNA_ERR_FORMAT, "%s:1: the file is empty (give a corpus with at least one "
+                              "sentence pair)", s->path[0]);
+        if (opt.skip_empty && (s->text[0]->num_empty || s->text[1]->num_empty)) {
+            s->skip = calloc(n0, 1);
+            if (!s->skip) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
+            for (size_t k = 0; k < n0; k++) {
+                size_t l0, l1;
+                const char *a = luna_text_line(s->text[0], k, &l0), *b = luna_text_line(s->text[1], k, &l1);
+                s->skip[k] = luna_text_is_blank(a, l0) || luna_text_is_blank(b, l1);
+                s->skipped += s->skip[k];
+            }
+            if (s->skipped == n0)
+                return luna_error(LUNA_ERR_FORMAT, "%s:1: every sentence pair has an empty side (check the files)",
+                                  s->path[0]);
+        }
+    }
+    return LUNA_OK;
+}
+
+/* ---- SentencePiece ------------------------------------------------------------------------------ */
+
+typedef struct {
+    const split *train;
+    int side;
+    size_t line;
+} train_lines;
+
+/* Feeds the trainer both sides of the training split, minus pairs skipped as empty. */
+static int next_train_line(void *ctx, const char **line, size_t *len) {
+    train_lines *t = ctx;
+    while (t->side < 2) {
+        const luna_text_lines *text = t->train->text[t->side];
+        if (t->line >= text->count) {
+            t->side++;
+            t->line = 0;
+            continue;
+        }
+        size_t i = t->line++;
+        if (t->train->skip && t->train->skip[i]) continue;
+        *line = luna_text_line(text, i, len);
+        return 1;
+    }
+    return 0;
+}
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static luna_status prepare_spm(const char *stage, luna_spm **spm) {
+    *spm = NULL;
+    char *prefix = luna_path_join(stage, "spm");
+    char *model = luna_path_join(stage, "spm.model"), *vocab = luna_path_join(stage, "spm.vocab");
+    luna_status st = prefix && model && vocab ? LUNA_OK : luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
+    if (st == LUNA_OK && opt.spm_model) {
+        st = luna_spm_load(spm, opt.spm_model);
+        const void *bytes;
+        size_t size;
+        if (st == LUNA_OK) st = luna_spm_serialized(*spm, &bytes, &size);
+        if (st == LUNA_OK) st = luna_write_file_atomic(model, bytes, size);
+        if (st == LUNA_OK) st = luna_spm_save_vocab(*spm, vocab);
+        if (st == LUNA_OK) printf(PROG ": using SentencePiece model %s (%d pieces)\n", opt.spm_model, luna_spm_vocab_size(*spm));
+    } else if (st == LUNA_OK) {
+        double t0 = now_seconds();
+        train_lines ctx = {train_split, 0, 0};
+        luna_spm_train_options o;
+        luna_spm_train_options_init(&o);
+        o.next = next_train_line;
+        o.next_ctx = &ctx;
+        o.model_prefix = prefix;
+        o.vocab_size = (int)opt.bpe_vocab_size;
+        o.character_coverage = opt.character_coverage;
+        o.num_threads = (int)opt.workers;
+        o.input_sentence_size = 10000000; /* beyond 10M sentences, a random sample is plenty for BPE */
+        o.max_sentence_length = (size_t)opt.max_line_bytes; /* no checked line is silently dropped */
+        st = luna_spm_train(&o);
+        if (st == LUNA_OK) st = luna_spm_load(spm, model);
+        if (st == LUNA_OK)
+            printf(PROG ": trained SentencePiece BPE (%d pieces, character coverage %g) in %.1f s\n",
+                   luna_spm_vocab_size(*spm), opt.character_coverage, now_seconds() - t0);
+    }
+    free(prefix);
+    free(model);
+    free(vocab);
+    return st;
+}
+
+/* ---- dictionaries --------------------------------------------------------------------------------- */
+
+/* The dictionary from --srcdict/--tgtdict (`given`), or counted on the training split. */
+static luna_status build_dict(const luna_tokenizer *tok, const char *given, const int *sides, int nsides, long threshold,
+                              long nwords, luna_dictionary **out) {
+    if (given) return luna_dictionary_load(out, given);
+    if (!train_split)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "no dictionary for %s (give --trainpref or --tgtdict)",
+                          opt.target_lang);
+    LUNA_TRY(luna_dictionary_create(out));
+    luna_status st = LUNA_OK;
+    for (int k = 0; k < nsides && st == LUNA_OK; k++)
+        st = luna_count_tokens(tok, train_split->text[sides[k]], train_split->skip, *out);
+    if (st == LUNA_OK) st = luna_dictionary_finalize(*out, threshold, nwords, (int)opt.padding_factor);
+    return st;
+}
+
+/* A --destdir that already holds a dictionary must get the same one: its existing splits were
+ * binarized with it, and silently renumbering the tokens would corrupt them. */
+static luna_status check_existing_dict(const luna_dictionary *dict, const char *lang) {
+    char *name = str_printf("dict.%s.txt", lang);
+    char *path = name ? luna_path_join(opt.destdir, name) : NULL;
+    free(name);
+    if (!path) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
+    luna_status st = LUNA_OK;
+    if (luna_path_exists(path)) {
+        luna_dictionary *old = NULL;
+        st = luna_dictionary_load(&old, path);
+        int32_t diff;
+        if (st == LUNA_OK && !luna_dictionary_same_symbols(old, dict, &diff)) {
+            const char *a = luna_dictionary_symbol(old, diff), *b = luna_dictionary_symbol(dict, diff);
+            st = luna_error(LUNA_ERR_MISMATCH, "%s:%d: the existing dictionary differs from the one built from "
+                            "the training data ('%s' here, '%s' now) (choose a new --destdir or remove the old "
+                            "one)", path, diff - LUNA_DICT_NSPECIAL + 1, a ? a : "<end of file>",
+                            b ? b : "<end of dictionary>");
+        }
+        luna_dictionary_free(old);
+    }
+    free(path);
+    return st;
+}
+
+/* ---- main ----------------------------------------------------------------------------------------- */
+
+static luna_status run(void) {
+    LUNA_TRY(add_splits("train", opt.trainpref));
+    train_split = opt.trainpref ? &splits[0] : NULL;
+    LUNA_TRY(add_splits("valid", opt.validpref));
+    LUNA_TRY(add_splits("test", opt.testpref));
+    LUNA_TRY(check_inputs());
+    for (int i = 0; i < num_splits; i++)
+        if (splits[i].skipped)
+            printf(PROG ": %s: skipping %zu of %zu sentence pairs with an empty side (--skip-empty)\n",
+                   splits[i].name, splits[i].skipped, splits[i].text[0]->count);
+
+    luna_staged_dir *stage = NULL;
+    LUNA_TRY(luna_staged_dir_create(&stage, opt.destdir));
+    const char *dir = luna_staged_dir_path(stage);
+    luna_spm *spm = NULL;
+    luna_dictionary *dicts[2] = {NULL, NULL};
+    luna_status st = opt.no_spm ? LUNA_OK : prepare_spm(dir, &spm);
+    luna_tokenizer tok = {spm, (int)opt.workers};
+
+    const char *langs[2] = {opt.source_lang, opt.target_lang};
+    if (st == LUNA_OK) {
+        double t0 = now_seconds();
+        if (opt.joined) {
+            st = build_dict(&tok, opt.srcdict, (const int[]){0, 1}, 2, opt.thresholdsrc, opt.nwordssrc, &dicts[0]);
+            int32_t diff;
+            if (st == LUNA_OK && opt.tgtdict) st = luna_dictionary_load(&dicts[1], opt.tgtdict);
+            if (st == LUNA_OK && opt.tgtdict && !luna_dictionary_same_symbols(dicts[0], dicts[1], &diff))
+                st = luna_error(LUNA_ERR_MISMATCH, "%s:%d: differs from --srcdict %s, but --joined-dictionary needs "
+                                "one dictionary (give the same file twice, or drop --joined-dictionary)",
+                                opt.tgtdict, diff - LUNA_DICT_NSPECIAL + 1, opt.srcdict);
+        } else {
+            st = build_dict(&tok, opt.srcdict, (const int[]){0}, 1, opt.thresholdsrc, opt.nwordssrc, &dicts[0]);
+            if (st == LUNA_OK)
+                st = build_dict(&tok, opt.tgtdict, (const int[]){1}, 1, opt.thresholdtgt, opt.nwordstgt, &dicts[1]);
+        }
+        if (st == LUNA_OK && opt.joined)
+            printf(PROG ": joined dictionary: %d symbols in %.1f s\n", luna_dictionary_size(dicts[0]), now_seconds() - t0);
+        else if (st == LUNA_OK)
+            printf(PROG ": dictionaries: %d symbols (%s), %d symbols (%s) in %.1f s\n", luna_dictionary_size(dicts[0]),
+                   opt.source_lang, luna_dictionary_size(dicts[1]), opt.target_lang, now_seconds() - t0);
+    }
+    for (int side = 0; side < 2 && st == LUNA_OK; side++) {
+        const luna_dictionary *d = dicts[opt.joined ? 0 : side];
+        char *name = str_printf("dict.%s.txt", langs[side]);
+        char *path = name ? luna_path_join(dir, name) : NULL;
+        st = path ? check_existing_dict(d, langs[side]) : luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
+        if (st == LUNA_OK) st = luna_dictionary_save(d, path);
+        free(name);
+        free(path);
+    }
+    for (int i = 0; i < num_splits && st == LUNA_OK; i++) {
+        for (int side = 0; side < 2 && st == LUNA_OK; side++) {
+            split *s = &splits[i];
+            char *prefix = str_printf("%s/%s.%s-%s.%s", dir, s->name, opt.source_lang, opt.target_lang, langs[side]);
+            luna_binarize_stats stats;
+            st = prefix ? luna_binarize(&tok, s->text[side], s->skip, dicts[opt.joined ? 0 : side], prefix, &stats)
+                        : luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
+            free(prefix);
+            if (st == LUNA_OK)
+                printf(PROG ": [%s] %s %s: %lld sentences, %lld tokens, %.3f%% <unk>, %.2f s, %.0f sentences/s\n",
+                       langs[side], s->name, s->path[side], (long long)stats.sentences, (long long)stats.tokens,
+                       stats.tokens ? 100.0 * (double)stats.unknown / (double)stats.tokens : 0.0, stats.seconds,
+                       stats.seconds > 0 ? (double)stats.sentences / stats.seconds : 0.0);
+        }
+    }
+    luna_spm_free(spm);
+    luna_dictionary_free(dicts[0]);
+    luna_dictionary_free(dicts[1]);
+    if (st != LUNA_OK) {
+        luna_staged_dir_free(stage); /* --destdir untouched */
+        return st;
+    }
+    st = luna_staged_dir_commit(stage);
+    if (st == LUNA_OK) printf(PROG ": wrote %s\n", opt.destdir);
+    return st;
+}
+
+int main(int argc, char **argv) {
+    int rc = parse_args(argc, argv);
+    if (rc >= 0) return rc;
+    luna_status st = run();
+    for (int i = 0; i < num_splits; i++) {
+        for (int side = 0; side < 2; side++) {
+            luna_text_lines_free(splits[i].text[side]);
+            free(splits[i].path[side]);
+        }
+        free(splits[i].skip);
+    }
+    if (st != LUNA_OK) {
+        fflush(stdout);
+        fprintf(stderr, PROG ": %s\n", luna_error_message());
+        return 1;
+    }
+    return 0;
+}
