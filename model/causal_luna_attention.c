@@ -1,0 +1,226 @@
+#include "model/causal_luna_attention.h"
+
+#include <math.h>
+
+#include "model/luna_attention.h"
+
+static luna_status phi_forward(luna_backend *be, luna_causal_activation a, float *y, const float *z,
+                               int64_t n) {
+    return a == LUNA_CAUSAL_ELU ? be->ops->elu_plus_one_forward(be, y, z, n)
+                                : be->ops->softplus_ln2_forward(be, y, z, n);
+}
+
+static luna_status phi_backward(luna_backend *be, luna_causal_activation a, float *dz,
+                                const float *dphi, const float *z, int64_t n) {
+    return a == LUNA_CAUSAL_ELU ? be->ops->elu_plus_one_backward(be, dz, dphi, z, n)
+                                : be->ops->softplus_ln2_backward(be, dz, dphi, z, n);
+}
+
+/* ---- training form --------------------------------------------------------------------------- */
+
+luna_status luna_causal_attention_forward(const luna_pass *ps, const luna_attn_w *w,
+                                          luna_causal_act *act, const float *x, const float *p,
+                                          const int32_t *p_valid, int B, int n, int L, int d, int H,
+                                          bool tied, luna_causal_activation activation,
+                                          uint32_t site) {
+    luna_backend *be = ps->be;
+    const luna_ops *op = be->ops;
+    const int dh = d / H, G = B * H;
+    const float scale = 1.0f / sqrtf((float)dh);
+    *act = (luna_causal_act){.B = B,
+                             .n = n,
+                             .L = L,
+                             .d = d,
+                             .H = H,
+                             .tied = tied,
+                             .activation = activation,
+                             .site = site,
+                             .x = x,
+                             .p = p,
+                             .p_valid = p_valid};
+    const int64_t nL = (int64_t)G * n * L, nd = (int64_t)B * n * d;
+
+    /* 1-2. P̃ [B,H,L,dh]; Φ = φ(pc_proj(X) P̃ᵀ) [B,H,n,L], dropped */
+    LUNA_TRY(luna_project_heads(ps, &act->pt, p, &w->pq_proj, B, L, d, H, scale));
+    LUNA_TRY(luna_project_heads(ps, &act->pc, x, &w->pc_proj, B, n, d, H, 1.0f));
+    LUNA_TRY(luna_pass_alloc(ps, &act->z, nL, "causal projection scores"));
+    LUNA_TRY(luna_bgemm(be, false, true, n, L, dh, 1.0f, act->pc, act->pt, 0.0f, act->z, G));
+    LUNA_TRY(luna_pass_alloc(ps, &act->phi_d, nL, "causal projection weights"));
+    LUNA_TRY(phi_forward(be, activation, act->phi_d, act->z, nL));
+    LUNA_TRY(luna_pass_dropout(ps, act->phi_d, act->phi_d, nL, ps->attention_dropout, site + 2));
+
+    /* 3. Q (scaled), K = V = c_proj(X) (untied: k_proj, v_proj) [B,H,n,dh] */
+    LUNA_TRY(luna_project_heads(ps, &act->q, x, &w->q_proj, B, n, d, H, scale));
+    if (tied) {
+        LUNA_TRY(luna_project_heads(ps, &act->k, x, &w->c_proj, B, n, d, H, 1.0f));
+        act->v = act->k;
+    } else {
+        LUNA_TRY(luna_project_heads(ps, &act->k, x, &w->k_proj, B, n, d, H, 1.0f));
+        LUNA_TRY(luna_project_heads(ps, &act->v, x, &w->v_proj, B, n, d, H, 1.0f));
+    }
+
+    /* 4-5. S_t = (1/t) Σ_{s≤t} (Q_t·K_s) Φ_s; A = softmax_L(S) with the P mask, dropped */
+    LUNA_TRY(luna_pass_alloc(ps, &act->a, nL, "causal attention"));
+    LUNA_TRY(op->causal_contraction_forward(be, act->a, act->q, act->k, act->phi_d, G, n, dh, L));
+    LUNA_TRY(
+        op->softmax_forward(be, act->a, act->a, (int64_t)G * n, L, p_valid, (int64_t)H * n, 0));
+    act->a_d = act->a;
+    if (luna_pass_drops(ps, ps->attention_dropout)) {
+        LUNA_TRY(luna_pass_alloc(ps, &act->a_d, nL, "causal attention dropout"));
+        LUNA_TRY(luna_pass_dropout(ps, act->a_d, act->a, nL, ps->attention_dropout, site + 3));
+    }
+
+    /* 6-7. O_t = (1/t) Σ_{s≤t} (A_t·Φ_s) V_s; Y = out_proj(merge O) */
+    LUNA_TRY(luna_pass_alloc(ps, &act->o, nd, "causal attention output"));
+    {
+        luna_arena_mark mark = luna_arena_get_mark(ps->arena);
+        float *oh; /* [B,H,n,dh] */
+        LUNA_TRY(luna_pass_alloc(ps, &oh, nd, "causal attention output heads"));
+        luna_status st =
+            op->causal_contraction_forward(be, oh, act->a_d, act->phi_d, act->v, G, n, L, dh);
+        if (st == LUNA_OK) st = op->merge_heads(be, act->o, oh, B, n, H, dh);
+        luna_arena_release(ps->arena, mark);
+        LUNA_TRY(st);
+    }
+    LUNA_TRY(luna_pass_alloc(ps, &act->y, nd, "causal attention result"));
+    return op->linear_forward(be, act->y, act->o, w->out_proj.weight, w->out_proj.bias,
+                              (int64_t)B * n, d, d);
+}
+
+static luna_status backward(const luna_pass *ps, const luna_attn_w *w, luna_attn_w *g,
+                            const luna_causal_act *act, const float *dy, float *dx, float *dp) {
+    luna_backend *be = ps->be;
+    const luna_ops *op = be->ops;
+    const int B = act->B, n = act->n, L = act->L, d = act->d, H = act->H;
+    const int dh = d / H, G = B * H;
+    const float scale = 1.0f / sqrtf((float)dh);
+    const int64_t nL = (int64_t)G * n * L, nd = (int64_t)B * n * d, Ld = (int64_t)B * L * d;
+
+    /* 7. out_proj: dO [B,n,d] -> dOh [B,H,n,dh] */
+    float *d_o, *doh;
+    LUNA_TRY(luna_pass_alloc(ps, &d_o, nd, "causal attention gradient"));
+    LUNA_TRY(luna_pass_alloc(ps, &doh, nd, "causal attention gradient heads"));
+    LUNA_TRY(op->linear_backward(be, d_o, g->out_proj.weight, g->out_proj.bias, dy, act->o,
+                                 w->out_proj.weight, (int64_t)B * n, d, d, false));
+    LUNA_TRY(op->split_heads(be, doh, d_o, B, n, H, dh));
+
+    /* 6. O = contraction(A_d, Φ_d, V): dA_d, dΦ (first part), dV */
+    float *da, *dphi, *dphi2, *dk, *dv;
+    LUNA_TRY(luna_pass_alloc(ps, &da, nL, "causal attention probability gradient"));
+    LUNA_TRY(luna_pass_alloc(ps, &dphi, nL, "causal projection weight gradient"));
+    LUNA_TRY(luna_pass_alloc(ps, &dphi2, nL, "causal projection weight gradient"));
+    LUNA_TRY(luna_pass_alloc(ps, &dk, nd, "causal key gradient"));
+    LUNA_TRY(luna_pass_alloc(ps, &dv, nd, "causal value gradient"));
+    LUNA_TRY(op->causal_contraction_backward(be, da, dphi, dv, doh, act->a_d, act->phi_d, act->v, G,
+                                             n, L, dh));
+    /* 5. dropout and softmax */
+    LUNA_TRY(luna_pass_dropout_backward(ps, da, da, nL, ps->attention_dropout, act->site + 3));
+    LUNA_TRY(op->softmax_backward(be, da, da, act->a, (int64_t)G * n, L));
+    /* 4. S = contraction(Q, K, Φ_d): dQ (into doh), dK, dΦ (second part) */
+    LUNA_TRY(op->causal_contraction_backward(be, doh, dk, dphi2, da, act->q, act->k, act->phi_d, G,
+                                             n, dh, L));
+    LUNA_TRY(op->axpy(be, dphi, 1.0f, dphi2, nL));
+    if (act->tied) LUNA_TRY(op->axpy(be, dk, 1.0f, dv, nd));
+
+    /* 2. Φ = dropout(φ(Z)), Z = pc P̃ᵀ: dZ (into dphi); dpc = dZ P̃; dP̃ = dZᵀ pc */
+    LUNA_TRY(luna_pass_dropout_backward(ps, dphi, dphi, nL, ps->attention_dropout, act->site + 2));
+    LUNA_TRY(phi_backward(be, act->activation, dphi, dphi, act->z, nL));
+    float *dpc, *dpt;
+    LUNA_TRY(luna_pass_alloc(ps, &dpc, nd, "causal projection gradient"));
+    LUNA_TRY(luna_pass_alloc(ps, &dpt, Ld, "causal P gradient"));
+    LUNA_TRY(luna_bgemm(be, false, false, n, dh, L, 1.0f, dphi, act->pt, 0.0f, dpc, G));
+    LUNA_TRY(luna_bgemm(be, true, false, L, dh, n, 1.0f, dphi, act->pc, 0.0f, dpt, G));
+
+    /* 1 and 3: the projections */
+    LUNA_TRY(luna_project_heads_backward(ps, dpt, act->p, &w->pq_proj, &g->pq_proj, dp, B, L, d, H,
+                                         scale));
+    LUNA_TRY(luna_project_heads_backward(ps, dpc, act->x, &w->pc_proj, &g->pc_proj, dx, B, n, d, H,
+                                         1.0f));
+    LUNA_TRY(luna_project_heads_backward(ps, doh, act->x, &w->q_proj, &g->q_proj, dx, B, n, d, H,
+                                         scale));
+    if (act->tied) {
+        LUNA_TRY(luna_project_heads_backward(ps, dk, act->x, &w->c_proj, &g->c_proj, dx, B, n, d, H,
+                                             1.0f));
+    } else {
+        LUNA_TRY(luna_project_heads_backward(ps, dk, act->x, &w->k_proj, &g->k_proj, dx, B, n, d, H,
+                                             1.0f));
+        LUNA_TRY(luna_project_heads_backward(ps, dv, act->x, &w->v_proj, &g->v_proj, dx, B, n, d, H,
+                                             1.0f));
+    }
+    return LUNA_OK;
+}
+
+luna_status luna_causal_attention_backward(const luna_pass *ps, const luna_attn_w *w,
+                                           luna_attn_w *g, const luna_causal_act *act,
+                                           const float *dy, float *dx, float *dp) {
+    luna_arena_mark mark = luna_arena_get_mark(ps->arena);
+    luna_status st = backward(ps, w, g, act, dy, dx, dp);
+    luna_arena_release(ps->arena, mark);
+    return st;
+}
+
+/* ---- incremental decoding -------------------------------------------------------------------- */
+
+size_t luna_causal_state_bytes(int L, int d) { return (size_t)3 * L * d * sizeof(float); }
+
+luna_status luna_causal_state_init(luna_backend *be, luna_arena *arena, const luna_attn_w *w,
+                                   luna_causal_state *st, const float *p, const int32_t *p_valid,
+                                   int B, int L, int d, int H, bool tied,
+                                   luna_causal_activation activation) {
+    luna_pass ps = {.be = be, .arena = arena};
+    const int64_t Ld = (int64_t)B * L * d;
+    *st = (luna_causal_state){
+        .B = B, .L = L, .d = d, .H = H, .tied = tied, .activation = activation, .p_valid = p_valid};
+    LUNA_TRY(
+        luna_project_heads(&ps, &st->pt, p, &w->pq_proj, B, L, d, H, 1.0f / sqrtf((float)(d / H))));
+    LUNA_TRY(luna_pass_alloc(&ps, &st->ksum, Ld, "causal decoding state"));
+    LUNA_TRY(luna_pass_alloc(&ps, &st->vsum, Ld, "causal decoding state"));
+    be->memset_zero(st->ksum, (size_t)Ld * sizeof(float));
+    be->memset_zero(st->vsum, (size_t)Ld * sizeof(float));
+    return LUNA_OK;
+}
+
+static luna_status step(luna_pass *ps, const luna_attn_w *w, luna_causal_state *st, const float *x,
+                        float *y) {
+    luna_backend *be = ps->be;
+    const luna_ops *op = be->ops;
+    const int B = st->B, L = st->L, d = st->d, H = st->H, dh = d / H, G = B * H;
+    const float scale = 1.0f / sqrtf((float)dh);
+    /* Φ_t = φ(pc_proj(x) P̃ᵀ) [G, 1, L] */
+    float *pc, *phi, *q, *k, *v, *s, *oh, *o;
+    LUNA_TRY(luna_project_heads(ps, &pc, x, &w->pc_proj, B, 1, d, H, 1.0f));
+    LUNA_TRY(luna_pass_alloc(ps, &phi, (int64_t)G * L, "causal step"));
+    LUNA_TRY(luna_bgemm(be, false, true, 1, L, dh, 1.0f, pc, st->pt, 0.0f, phi, G));
+    LUNA_TRY(phi_forward(be, st->activation, phi, phi, (int64_t)G * L));
+    LUNA_TRY(luna_project_heads(ps, &q, x, &w->q_proj, B, 1, d, H, scale));
+    if (st->tied) {
+        LUNA_TRY(luna_project_heads(ps, &k, x, &w->c_proj, B, 1, d, H, 1.0f));
+        v = k;
+    } else {
+        LUNA_TRY(luna_project_heads(ps, &k, x, &w->k_proj, B, 1, d, H, 1.0f));
+        LUNA_TRY(luna_project_heads(ps, &v, x, &w->v_proj, B, 1, d, H, 1.0f));
+    }
+    st->t++;
+    const float inv_t = 1.0f / (float)st->t;
+    /* Σ K Φᵀ += k_tᵀ φ_t [dh, L]; S_t = q_t Σ K Φᵀ / t; A_t = softmax with the P mask */
+    LUNA_TRY(luna_bgemm(be, true, false, dh, L, 1, 1.0f, k, phi, 1.0f, st->ksum, G));
+    LUNA_TRY(luna_pass_alloc(ps, &s, (int64_t)G * L, "causal step"));
+    LUNA_TRY(luna_bgemm(be, false, false, 1, L, dh, inv_t, q, st->ksum, 0.0f, s, G));
+    LUNA_TRY(op->softmax_forward(be, s, s, G, L, st->p_valid, H, 0));
+    /* Σ Φᵀ V += φ_tᵀ v_t [L, dh]; O_t = A_t Σ Φᵀ V / t */
+    LUNA_TRY(luna_bgemm(be, true, false, L, dh, 1, 1.0f, phi, v, 1.0f, st->vsum, G));
+    LUNA_TRY(luna_pass_alloc(ps, &oh, (int64_t)B * d, "causal step"));
+    LUNA_TRY(luna_bgemm(be, false, false, 1, dh, L, inv_t, s, st->vsum, 0.0f, oh, G));
+    LUNA_TRY(luna_pass_alloc(ps, &o, (int64_t)B * d, "causal step"));
+    LUNA_TRY(op->merge_heads(be, o, oh, B, 1, H, dh));
+    return op->linear_forward(be, y, o, w->out_proj.weight, w->out_proj.bias, B, d, d);
+}
+
+luna_status luna_causal_attention_step(luna_backend *be, luna_arena *scratch, const luna_attn_w *w,
+                                       luna_causal_state *st, const float *x, float *y) {
+    luna_pass ps = {.be = be, .arena = scratch};
+    luna_arena_mark mark = luna_arena_get_mark(scratch);
+    luna_status s = step(&ps, w, st, x, y);
+    luna_arena_release(scratch, mark);
+    return s;
+}

@@ -1,0 +1,279 @@
+#include "model/config.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static luna_config base(luna_arch arch) {
+    luna_config c = {
+        .arch = arch,
+        .vocab_size = 0,
+        .padding_idx = 1,
+        .encoder_embed_dim = 512,
+        .encoder_ffn_embed_dim = 2048,
+        .encoder_layers = 6,
+        .encoder_attention_heads = 8,
+        .decoder_embed_dim = 512,
+        .decoder_ffn_embed_dim = 2048,
+        .decoder_layers = 6,
+        .decoder_attention_heads = 8,
+        .projection_length = arch == LUNA_ARCH_LUNA ? 32 : 0,
+        .untie_luna_kv = false,
+        .fix_projection_length = false,
+        .causal_activation = LUNA_CAUSAL_SOFTPLUS,
+        .dropout = 0.1,
+        .attention_dropout = 0.0,
+        .activation_dropout = 0.0,
+        .label_smoothing = 0.1,
+    };
+    return c;
+}
+
+static void make_tiny(luna_config *c) {
+    c->encoder_embed_dim = c->decoder_embed_dim = 32;
+    c->encoder_ffn_embed_dim = c->decoder_ffn_embed_dim = 64;
+    c->encoder_layers = c->decoder_layers = 2;
+    c->encoder_attention_heads = c->decoder_attention_heads = 4;
+    if (c->arch == LUNA_ARCH_LUNA) c->projection_length = 8;
+}
+
+static const char *const preset_names[] = {"luna_base_tied", "luna_base_untied", "transformer_base",
+                                           "luna_tiny",      "transformer_tiny", NULL};
+
+const char *const *luna_config_preset_names(void) { return preset_names; }
+
+luna_status luna_config_preset(luna_config *out, const char *name) {
+    if (strcmp(name, "luna_base_tied") == 0 || strcmp(name, "luna_base") == 0) {
+        *out = base(LUNA_ARCH_LUNA);
+    } else if (strcmp(name, "luna_base_untied") == 0) {
+        *out = base(LUNA_ARCH_LUNA);
+        out->untie_luna_kv = true;
+    } else if (strcmp(name, "transformer_base") == 0) {
+        *out = base(LUNA_ARCH_TRANSFORMER);
+    } else if (strcmp(name, "luna_tiny") == 0) {
+        *out = base(LUNA_ARCH_LUNA);
+        make_tiny(out);
+    } else if (strcmp(name, "transformer_tiny") == 0) {
+        *out = base(LUNA_ARCH_TRANSFORMER);
+        make_tiny(out);
+    } else {
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                          "unknown architecture '%s' (known: luna_base_tied, luna_base_untied, "
+                          "transformer_base, luna_tiny, transformer_tiny)",
+                          name);
+    }
+    return LUNA_OK;
+}
+
+static luna_status check_positive(const char *what, int v) {
+    if (v <= 0)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "config: %s = %d must be > 0", what, v);
+    return LUNA_OK;
+}
+
+static luna_status check_probability(const char *what, double p) {
+    if (!(p >= 0.0 && p < 1.0))
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "config: %s = %g must be in [0, 1)", what, p);
+    return LUNA_OK;
+}
+
+luna_status luna_config_validate(const luna_config *c) {
+    if (c->arch != LUNA_ARCH_LUNA && c->arch != LUNA_ARCH_TRANSFORMER)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "config: invalid arch %d", (int)c->arch);
+    if (c->vocab_size <= 4)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                          "config: vocab_size = %d (must be set from the dictionary, > 4)",
+                          c->vocab_size);
+    if (c->padding_idx < 0 || c->padding_idx >= c->vocab_size)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "config: padding_idx = %d out of [0, %d)",
+                          c->padding_idx, c->vocab_size);
+    LUNA_TRY(check_positive("encoder_embed_dim", c->encoder_embed_dim));
+    LUNA_TRY(check_positive("encoder_ffn_embed_dim", c->encoder_ffn_embed_dim));
+    LUNA_TRY(check_positive("encoder_layers", c->encoder_layers));
+    LUNA_TRY(check_positive("encoder_attention_heads", c->encoder_attention_heads));
+    LUNA_TRY(check_positive("decoder_embed_dim", c->decoder_embed_dim));
+    LUNA_TRY(check_positive("decoder_ffn_embed_dim", c->decoder_ffn_embed_dim));
+    LUNA_TRY(check_positive("decoder_layers", c->decoder_layers));
+    LUNA_TRY(check_positive("decoder_attention_heads", c->decoder_attention_heads));
+    if (c->encoder_embed_dim != c->decoder_embed_dim)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                          "config: shared embeddings need encoder_embed_dim (%d) == "
+                          "decoder_embed_dim (%d)",
+                          c->encoder_embed_dim, c->decoder_embed_dim);
+    if (c->encoder_embed_dim % c->encoder_attention_heads != 0)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                          "config: encoder_embed_dim %d is not divisible by "
+                          "encoder_attention_heads %d",
+                          c->encoder_embed_dim, c->encoder_attention_heads);
+    if (c->decoder_embed_dim % c->decoder_attention_heads != 0)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                          "config: decoder_embed_dim %d is not divisible by "
+                          "decoder_attention_heads %d",
+                          c->decoder_embed_dim, c->decoder_attention_heads);
+    if (c->encoder_embed_dim < 4)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                          "config: embed_dim %d too small for sinusoidal positions (>= 4)",
+                          c->encoder_embed_dim);
+    if (c->arch == LUNA_ARCH_LUNA)
+        LUNA_TRY(check_positive("projection_length", c->projection_length));
+    if (c->causal_activation != LUNA_CAUSAL_SOFTPLUS && c->causal_activation != LUNA_CAUSAL_ELU)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "config: invalid causal_activation %d",
+                          (int)c->causal_activation);
+    LUNA_TRY(check_probability("dropout", c->dropout));
+    LUNA_TRY(check_probability("attention_dropout", c->attention_dropout));
+    LUNA_TRY(check_probability("activation_dropout", c->activation_dropout));
+    if (!(c->label_smoothing >= 0.0 && c->label_smoothing <= 1.0))
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                          "config: label_smoothing = %g must be in [0, 1]", c->label_smoothing);
+    return LUNA_OK;
+}
+
+luna_status luna_config_to_json(const luna_config *c, char **json) {
+    luna_json_writer w;
+    luna_json_writer_init(&w);
+    luna_json_begin_object(&w);
+    luna_json_key(&w, "arch");
+    luna_json_string(&w, c->arch == LUNA_ARCH_LUNA ? "luna" : "transformer");
+#define INT_KEY(field)                                                                             \
+    luna_json_key(&w, #field);                                                                     \
+    luna_json_int(&w, c->field)
+    INT_KEY(vocab_size);
+    INT_KEY(padding_idx);
+    INT_KEY(encoder_embed_dim);
+    INT_KEY(encoder_ffn_embed_dim);
+    INT_KEY(encoder_layers);
+    INT_KEY(encoder_attention_heads);
+    INT_KEY(decoder_embed_dim);
+    INT_KEY(decoder_ffn_embed_dim);
+    INT_KEY(decoder_layers);
+    INT_KEY(decoder_attention_heads);
+    INT_KEY(projection_length);
+#undef INT_KEY
+    luna_json_key(&w, "untie_luna_kv");
+    luna_json_bool(&w, c->untie_luna_kv);
+    luna_json_key(&w, "causal_activation");
+    luna_json_string(&w, c->causal_activation == LUNA_CAUSAL_ELU ? "elu" : "softplus");
+    luna_json_key(&w, "fix_projection_length");
+    luna_json_bool(&w, c->fix_projection_length);
+    luna_json_key(&w, "label_smoothing");
+    luna_json_double(&w, c->label_smoothing);
+    luna_json_key(&w, "dropout");
+    luna_json_double(&w, c->dropout);
+    luna_json_key(&w, "attention_dropout");
+    luna_json_double(&w, c->attention_dropout);
+    luna_json_key(&w, "activation_dropout");
+    luna_json_double(&w, c->activation_dropout);
+    luna_json_end_object(&w);
+    return luna_json_writer_finish(&w, json, NULL);
+}
+
+static luna_status get_int(const luna_json *obj, const char *key, int *out) {
+    const luna_json *v = luna_json_get(obj, key);
+    if (!v) return LUNA_OK;
+    if (v->type != LUNA_JSON_NUMBER || !v->is_int || v->int_value < -2147483647 ||
+        v->int_value > 2147483647)
+        return luna_error(LUNA_ERR_FORMAT, "config: '%s' must be an integer (byte %zu)", key,
+                          v->offset);
+    *out = (int)v->int_value;
+    return LUNA_OK;
+}
+
+static luna_status get_double(const luna_json *obj, const char *key, double *out) {
+    const luna_json *v = luna_json_get(obj, key);
+    if (!v) return LUNA_OK;
+    if (v->type != LUNA_JSON_NUMBER)
+        return luna_error(LUNA_ERR_FORMAT, "config: '%s' must be a number (byte %zu)", key,
+                          v->offset);
+    *out = v->number;
+    return LUNA_OK;
+}
+
+static luna_status get_bool(const luna_json *obj, const char *key, bool *out) {
+    const luna_json *v = luna_json_get(obj, key);
+    if (!v) return LUNA_OK;
+    if (v->type != LUNA_JSON_BOOL)
+        return luna_error(LUNA_ERR_FORMAT, "config: '%s' must be true or false (byte %zu)", key,
+                          v->offset);
+    *out = v->boolean;
+    return LUNA_OK;
+}
+
+luna_status luna_config_from_json_value(luna_config *out, const luna_json *obj) {
+    if (!obj || obj->type != LUNA_JSON_OBJECT)
+        return luna_error(LUNA_ERR_FORMAT, "config: expected a JSON object");
+    luna_config c = base(LUNA_ARCH_LUNA);
+    const luna_json *arch = luna_json_get(obj, "arch");
+    if (arch) {
+        if (arch->type == LUNA_JSON_STRING && strcmp(arch->string, "luna") == 0) {
+            c.arch = LUNA_ARCH_LUNA;
+        } else if (arch->type == LUNA_JSON_STRING && strcmp(arch->string, "transformer") == 0) {
+            c.arch = LUNA_ARCH_TRANSFORMER;
+            c.projection_length = 0;
+        } else {
+            return luna_error(LUNA_ERR_FORMAT,
+                              "config: 'arch' must be \"luna\" or \"transformer\" (byte %zu)",
+                              arch->offset);
+        }
+    }
+    LUNA_TRY(get_int(obj, "vocab_size", &c.vocab_size));
+    LUNA_TRY(get_int(obj, "padding_idx", &c.padding_idx));
+    LUNA_TRY(get_int(obj, "encoder_embed_dim", &c.encoder_embed_dim));
+    LUNA_TRY(get_int(obj, "encoder_ffn_embed_dim", &c.encoder_ffn_embed_dim));
+    LUNA_TRY(get_int(obj, "encoder_layers", &c.encoder_layers));
+    LUNA_TRY(get_int(obj, "encoder_attention_heads", &c.encoder_attention_heads));
+    LUNA_TRY(get_int(obj, "decoder_embed_dim", &c.decoder_embed_dim));
+    LUNA_TRY(get_int(obj, "decoder_ffn_embed_dim", &c.decoder_ffn_embed_dim));
+    LUNA_TRY(get_int(obj, "decoder_layers", &c.decoder_layers));
+    LUNA_TRY(get_int(obj, "decoder_attention_heads", &c.decoder_attention_heads));
+    LUNA_TRY(get_int(obj, "projection_length", &c.projection_length));
+    LUNA_TRY(get_bool(obj, "untie_luna_kv", &c.untie_luna_kv));
+    LUNA_TRY(get_bool(obj, "fix_projection_length", &c.fix_projection_length));
+    const luna_json *act = luna_json_get(obj, "causal_activation");
+    if (act) {
+        if (act->type == LUNA_JSON_STRING && strcmp(act->string, "softplus") == 0)
+            c.causal_activation = LUNA_CAUSAL_SOFTPLUS;
+        else if (act->type == LUNA_JSON_STRING && strcmp(act->string, "elu") == 0)
+            c.causal_activation = LUNA_CAUSAL_ELU;
+        else
+            return luna_error(LUNA_ERR_FORMAT,
+                              "config: 'causal_activation' must be \"softplus\" or \"elu\" "
+                              "(byte %zu)",
+                              act->offset);
+    }
+    LUNA_TRY(get_double(obj, "label_smoothing", &c.label_smoothing));
+    LUNA_TRY(get_double(obj, "dropout", &c.dropout));
+    LUNA_TRY(get_double(obj, "attention_dropout", &c.attention_dropout));
+    LUNA_TRY(get_double(obj, "activation_dropout", &c.activation_dropout));
+    LUNA_TRY(luna_config_validate(&c));
+    *out = c;
+    return LUNA_OK;
+}
+
+luna_status luna_config_from_json(luna_config *out, const char *json, size_t len) {
+    luna_json *root;
+    LUNA_TRY(luna_json_parse(&root, json, len, NULL));
+    luna_status st = luna_config_from_json_value(out, root);
+    luna_json_free(root);
+    return st;
+}
+
+void luna_config_describe(const luna_config *c, char *buf, size_t size) {
+    if (c->arch == LUNA_ARCH_LUNA) {
+        snprintf(buf, size,
+                 "arch=luna d=%d ffn=%d/%d layers=%d+%d heads=%d+%d l=%d%s kv=%s phi=%s V=%d "
+                 "dropout=%g attention_dropout=%g activation_dropout=%g label_smoothing=%g",
+                 c->encoder_embed_dim, c->encoder_ffn_embed_dim, c->decoder_ffn_embed_dim,
+                 c->encoder_layers, c->decoder_layers, c->encoder_attention_heads,
+                 c->decoder_attention_heads, c->projection_length,
+                 c->fix_projection_length ? " (fixed)" : "", c->untie_luna_kv ? "untied" : "tied",
+                 c->causal_activation == LUNA_CAUSAL_ELU ? "elu" : "softplus", c->vocab_size,
+                 c->dropout, c->attention_dropout, c->activation_dropout, c->label_smoothing);
+    } else {
+        snprintf(buf, size,
+                 "arch=transformer d=%d ffn=%d/%d layers=%d+%d heads=%d+%d V=%d dropout=%g "
+                 "attention_dropout=%g activation_dropout=%g label_smoothing=%g",
+                 c->encoder_embed_dim, c->encoder_ffn_embed_dim, c->decoder_ffn_embed_dim,
+                 c->encoder_layers, c->decoder_layers, c->encoder_attention_heads,
+                 c->decoder_attention_heads, c->vocab_size, c->dropout, c->attention_dropout,
+                 c->activation_dropout, c->label_smoothing);
+    }
+}

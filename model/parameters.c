@@ -1,0 +1,379 @@
+#include "model/parameters.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the layout walker ------------------------------------------------------------------------
+ * walk() visits every tensor in state_dict order. The same walk counts tensors, fills the table
+ * and binds the typed views (weights) to a buffer, so the three can never disagree. */
+
+typedef struct {
+    luna_param_info *tensors; /* NULL: only count */
+    int count;
+    size_t offset;
+    float *base; /* NULL: do not bind */
+} walker;
+
+static void visit(walker *wk, float **slot, const char *name, int ndim, int64_t rows, int64_t cols,
+                  luna_init_kind init, double a, int fan_in, int fan_out) {
+    size_t numel = (size_t)rows * (size_t)(ndim == 2 ? cols : 1);
+    if (wk->tensors) {
+        luna_param_info *t = &wk->tensors[wk->count];
+        memset(t, 0, sizeof *t);
+        size_t len = strlen(name);
+        if (len >= sizeof t->name) len = sizeof t->name - 1;
+        memcpy(t->name, name, len);
+        t->name[len] = '\0';
+        t->ndim = ndim;
+        t->shape[0] = rows;
+        t->shape[1] = ndim == 2 ? cols : 0;
+        t->offset = wk->offset;
+        t->numel = numel;
+        t->init = init;
+        t->init_a = a;
+        t->fan_in = fan_in;
+        t->fan_out = fan_out;
+        t->has_grad = true;
+    }
+    if (wk->base && slot) *slot = wk->base + wk->offset;
+    wk->count++;
+    wk->offset += numel;
+}
+
+typedef enum { LIN_QKV, LIN_OUT, LIN_FFN } linear_kind;
+
+static void linear(walker *wk, luna_linear_w *w, const char *prefix, const char *name, int in,
+                   int out, linear_kind kind) {
+    char full[128];
+    snprintf(full, sizeof full, "%s.%s.weight", prefix, name);
+    if (kind == LIN_FFN)
+        visit(wk, &w->weight, full, 2, out, in, LUNA_INIT_UNIFORM_FAN_IN, 0, in, out);
+    else
+        visit(wk, &w->weight, full, 2, out, in, LUNA_INIT_XAVIER,
+              kind == LIN_QKV ? 1.0 / sqrt(2.0) : 1.0, in, out);
+    snprintf(full, sizeof full, "%s.%s.bias", prefix, name);
+    visit(wk, &w->bias, full, 1, out, 0,
+          kind == LIN_OUT ? LUNA_INIT_ZERO : LUNA_INIT_UNIFORM_FAN_IN, 0, in, out);
+}
+
+static void norm(walker *wk, luna_norm_w *w, const char *prefix, const char *name, int d) {
+    char full[128];
+    snprintf(full, sizeof full, "%s.%s.weight", prefix, name);
+    visit(wk, &w->weight, full, 1, d, 0, LUNA_INIT_ONE, 0, d, d);
+    snprintf(full, sizeof full, "%s.%s.bias", prefix, name);
+    visit(wk, &w->bias, full, 1, d, 0, LUNA_INIT_ZERO, 0, d, d);
+}
+
+/* Attention module `prefix` ("encoder.layers.0.self_attn"). causal: the decoder's causal Luna
+ * attention (untied keeps pc_proj). */
+static void attention(walker *wk, const luna_config *c, luna_attn_w *a, const char *prefix, int d,
+                      bool causal) {
+    if (c->arch == LUNA_ARCH_TRANSFORMER) {
+        linear(wk, &a->k_proj, prefix, "k_proj", d, d, LIN_QKV);
+        linear(wk, &a->v_proj, prefix, "v_proj", d, d, LIN_QKV);
+        linear(wk, &a->q_proj, prefix, "q_proj", d, d, LIN_QKV);
+    } else {
+        linear(wk, &a->pq_proj, prefix, "pq_proj", d, d, LIN_QKV);
+        linear(wk, &a->q_proj, prefix, "q_proj", d, d, LIN_QKV);
+        if (!c->untie_luna_kv) {
+            linear(wk, &a->pc_proj, prefix, "pc_proj", d, d, LIN_QKV);
+            linear(wk, &a->c_proj, prefix, "c_proj", d, d, LIN_QKV);
+        } else if (causal) {
+            linear(wk, &a->pc_proj, prefix, "pc_proj", d, d, LIN_QKV);
+            linear(wk, &a->k_proj, prefix, "k_proj", d, d, LIN_QKV);
+            linear(wk, &a->v_proj, prefix, "v_proj", d, d, LIN_QKV);
+        } else {
+            linear(wk, &a->pk_proj, prefix, "pk_proj", d, d, LIN_QKV);
+            linear(wk, &a->pv_proj, prefix, "pv_proj", d, d, LIN_QKV);
+            linear(wk, &a->k_proj, prefix, "k_proj", d, d, LIN_QKV);
+            linear(wk, &a->v_proj, prefix, "v_proj", d, d, LIN_QKV);
+        }
+    }
+    linear(wk, &a->out_proj, prefix, "out_proj", d, d, LIN_OUT);
+}
+
+static void walk(walker *wk, const luna_config *c, luna_weights *w) {
+    const bool luna = c->arch == LUNA_ARCH_LUNA;
+    const int d = c->encoder_embed_dim;
+    float *dummy;
+    visit(wk, w ? &w->embed_tokens : &dummy, "encoder.embed_tokens.weight", 2, c->vocab_size, d,
+          LUNA_INIT_NORMAL, 1.0 / sqrt((double)d), d, c->vocab_size);
+    if (luna)
+        visit(wk, w ? &w->projected_embeddings : &dummy, "encoder.projected_embeddings", 2,
+              c->projection_length, d, LUNA_INIT_NORMAL, 1.0 / sqrt((double)d), d,
+              c->projection_length);
+    luna_encoder_layer_w scratch_e;
+    luna_decoder_layer_w scratch_d;
+    for (int i = 0; i < c->encoder_layers; i++) {
+        luna_encoder_layer_w *l = w ? &w->encoder[i] : &scratch_e;
+        char prefix[96], attn[112];
+        snprintf(prefix, sizeof prefix, "encoder.layers.%d", i);
+        snprintf(attn, sizeof attn, "%s.self_attn", prefix);
+        attention(wk, c, &l->self_attn, attn, d, false);
+        norm(wk, &l->self_attn_layer_norm, prefix, "self_attn_layer_norm", d);
+        if (luna) norm(wk, &l->self_atten_proj_layer_norm, prefix, "self_atten_proj_layer_norm", d);
+        linear(wk, &l->fc1, prefix, "fc1", d, c->encoder_ffn_embed_dim, LIN_FFN);
+        linear(wk, &l->fc2, prefix, "fc2", c->encoder_ffn_embed_dim, d, LIN_FFN);
+        norm(wk, &l->final_layer_norm, prefix, "final_layer_norm", d);
+    }
+    const int dd = c->decoder_embed_dim;
+    for (int i = 0; i < c->decoder_layers; i++) {
+        luna_decoder_layer_w *l = w ? &w->decoder[i] : &scratch_d;
+        char prefix[96], attn[112];
+        snprintf(prefix, sizeof prefix, "decoder.layers.%d", i);
+        snprintf(attn, sizeof attn, "%s.self_attn", prefix);
+        attention(wk, c, &l->self_attn, attn, dd, true);
+        norm(wk, &l->self_attn_layer_norm, prefix, "self_attn_layer_norm", dd);
+        snprintf(attn, sizeof attn, "%s.encoder_attn", prefix);
+        attention(wk, c, &l->encoder_attn, attn, dd, false);
+        norm(wk, &l->encoder_attn_layer_norm, prefix, "encoder_attn_layer_norm", dd);
+        if (luna) {
+            norm(wk, &l->encoder_atten_proj_layer_norm, prefix, "encoder_atten_proj_layer_norm",
+                 dd);
+            /* The last layer's P output is unused: its LayerNorm never gets a gradient (§7). */
+            if (wk->tensors && i == c->decoder_layers - 1) {
+                wk->tensors[wk->count - 1].has_grad = false;
+                wk->tensors[wk->count - 2].has_grad = false;
+            }
+        }
+        linear(wk, &l->fc1, prefix, "fc1", dd, c->decoder_ffn_embed_dim, LIN_FFN);
+        linear(wk, &l->fc2, prefix, "fc2", c->decoder_ffn_embed_dim, dd, LIN_FFN);
+        norm(wk, &l->final_layer_norm, prefix, "final_layer_norm", dd);
+    }
+}
+
+size_t luna_params_count(const luna_config *config, int *num_tensors) {
+    walker wk = {0};
+    walk(&wk, config, NULL);
+    if (num_tensors) *num_tensors = wk.count;
+    return wk.offset;
+}
+
+size_t luna_config_num_parameters(const luna_config *c) { return luna_params_count(c, NULL); }
+
+/* ---- create / free / init -------------------------------------------------------------------- */
+
+static luna_status alloc_views(luna_weights *w, const luna_config *c) {
+    w->encoder = calloc((size_t)c->encoder_layers, sizeof *w->encoder);
+    w->decoder = calloc((size_t)c->decoder_layers, sizeof *w->decoder);
+    if (!w->encoder || !w->decoder)
+        return luna_error(LUNA_ERR_OUT_OF_MEMORY, "parameters: out of memory for the views");
+    return LUNA_OK;
+}
+
+luna_status luna_params_create(luna_params **out, luna_backend *be, const luna_config *config) {
+    *out = NULL;
+    LUNA_TRY(luna_config_validate(config));
+    luna_params *p = calloc(1, sizeof *p);
+    if (!p) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "parameters: out of memory");
+    p->config = *config;
+    p->be = be;
+    luna_status st = LUNA_OK;
+    size_t n = luna_params_count(config, &p->num_tensors);
+    p->num_params = n;
+    p->tensors = calloc((size_t)p->num_tensors, sizeof *p->tensors);
+    if (!p->tensors) st = luna_error(LUNA_ERR_OUT_OF_MEMORY, "parameters: out of memory");
+    if (st == LUNA_OK) st = alloc_views(&p->w, config);
+    if (st == LUNA_OK) st = alloc_views(&p->g, config);
+    if (st == LUNA_OK) {
+        p->data = luna_backend_malloc(be, n * sizeof(float));
+        p->grad = luna_backend_malloc(be, n * sizeof(float));
+        if (!p->data || !p->grad)
+            st = luna_error(LUNA_ERR_OUT_OF_MEMORY,
+                            "parameters: cannot allocate 2 x %zu bytes on the %s device",
+                            n * sizeof(float), be->name);
+    }
+    if (st == LUNA_OK) {
+        walker wk = {.tensors = p->tensors, .base = p->data};
+        walk(&wk, config, &p->w);
+        walker wg = {.base = p->grad};
+        walk(&wg, config, &p->g);
+        luna_params_zero_grad(p);
+        st = luna_params_init(p, 1);
+    }
+    if (st != LUNA_OK) {
+        luna_params_free(p);
+        return st;
+    }
+    *out = p;
+    return LUNA_OK;
+}
+
+void luna_params_free(luna_params *p) {
+    if (!p) return;
+    luna_backend_free(p->be, p->data, p->num_params * sizeof(float));
+    luna_backend_free(p->be, p->grad, p->num_params * sizeof(float));
+    free(p->w.encoder);
+    free(p->w.decoder);
+    free(p->g.encoder);
+    free(p->g.decoder);
+    free(p->tensors);
+    free(p);
+}
+
+luna_status luna_params_init(luna_params *p, uint64_t seed) {
+    float *host = malloc(p->num_params * sizeof(float));
+    if (!host) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "parameters: out of host memory");
+    for (int i = 0; i < p->num_tensors; i++) {
+        const luna_param_info *t = &p->tensors[i];
+        float *x = host + t->offset;
+        luna_rng_key key = {.seed = seed, .step = 0, .stream_id = LUNA_INIT_STREAM | (uint32_t)i};
+        double bound = 0;
+        if (t->init == LUNA_INIT_XAVIER)
+            bound = t->init_a * sqrt(6.0 / (double)(t->fan_in + t->fan_out));
+        if (t->init == LUNA_INIT_UNIFORM_FAN_IN) bound = 1.0 / sqrt((double)t->fan_in);
+        for (size_t j = 0; j < t->numel; j++) {
+            switch (t->init) {
+            case LUNA_INIT_ZERO: x[j] = 0.0f; break;
+            case LUNA_INIT_ONE: x[j] = 1.0f; break;
+            case LUNA_INIT_NORMAL: x[j] = (float)(t->init_a * luna_rng_normal(key, j)); break;
+            case LUNA_INIT_XAVIER:
+            case LUNA_INIT_UNIFORM_FAN_IN:
+                x[j] = (float)((2.0 * luna_rng_uniform(key, j) - 1.0) * bound);
+                break;
+            }
+        }
+    }
+    /* fairseq's Embedding(): the padding row is zero. */
+    int d = p->config.encoder_embed_dim;
+    memset(host + (size_t)p->config.padding_idx * (size_t)d, 0, (size_t)d * sizeof(float));
+    p->be->copy_from_host(p->data, host, p->num_params * sizeof(float));
+    free(host);
+    return LUNA_OK;
+}
+
+void luna_params_zero_grad(luna_params *p) {
+    p->be->memset_zero(p->grad, p->num_params * sizeof(float));
+}
+
+const luna_param_info *luna_params_find(const luna_params *p, const char *name) {
+    for (int i = 0; i < p->num_tensors; i++)
+        if (strcmp(p->tensors[i].name, name) == 0) return &p->tensors[i];
+    return NULL;
+}
+
+/* ---- checkpoint I/O -------------------------------------------------------------------------- */
+
+luna_status luna_params_save(const luna_params *p, const char *path, const luna_st_metadata *extra,
+                             int num_extra) {
+    float *host = malloc(p->num_params * sizeof(float));
+    luna_st_tensor *list = calloc((size_t)p->num_tensors, sizeof *list);
+    luna_st_metadata *meta = calloc((size_t)num_extra + 1, sizeof *meta);
+    char *config_json = NULL;
+    luna_status st = LUNA_OK;
+    if (!host || !list || !meta)
+        st = luna_error(LUNA_ERR_OUT_OF_MEMORY, "%s: out of host memory for saving", path);
+    if (st == LUNA_OK) st = luna_config_to_json(&p->config, &config_json);
+    if (st == LUNA_OK) {
+        p->be->copy_to_host(host, p->data, p->num_params * sizeof(float));
+        for (int i = 0; i < p->num_tensors; i++) {
+            const luna_param_info *t = &p->tensors[i];
+            list[i].name = t->name;
+            list[i].dtype = LUNA_F32;
+            list[i].ndim = t->ndim;
+            list[i].shape[0] = t->shape[0];
+            list[i].shape[1] = t->shape[1];
+            list[i].data = host + t->offset;
+        }
+        meta[0].key = "config";
+        meta[0].value = config_json;
+        for (int i = 0; i < num_extra; i++)
+            meta[i + 1] = extra[i];
+        st = luna_safetensors_write(path, list, p->num_tensors, meta, num_extra + 1);
+    }
+    free(config_json);
+    free(meta);
+    free(list);
+    free(host);
+    return st;
+}
+
+/* fairseq buffers and tied aliases that a converted official checkpoint may carry. */
+static bool ignorable_name(const char *name) {
+    static const char *const suffixes[] = {".version", "._float_tensor", ".projected_positions"};
+    for (size_t i = 0; i < sizeof suffixes / sizeof suffixes[0]; i++) {
+        size_t n = strlen(name), k = strlen(suffixes[i]);
+        if (n >= k && strcmp(name + n - k, suffixes[i]) == 0) return true;
+    }
+    return strcmp(name, "decoder.embed_tokens.weight") == 0 ||
+           strcmp(name, "decoder.output_projection.weight") == 0;
+}
+
+luna_status luna_params_load(luna_params *p, const luna_safetensors *st) {
+    const char *path = luna_safetensors_path(st);
+    for (int i = 0; i < luna_safetensors_count(st); i++) {
+        const char *name = luna_safetensors_at(st, i)->name;
+        bool param_like = strncmp(name, "encoder.", 8) == 0 || strncmp(name, "decoder.", 8) == 0;
+        if (param_like && !luna_params_find(p, name) && !ignorable_name(name))
+            return luna_error(LUNA_ERR_MISMATCH,
+                              "%s: tensor '%s' is not a parameter of this model (architecture "
+                              "mismatch: check arch, untie_luna_kv and layer counts)",
+                              path, name);
+    }
+    float *host = malloc(p->num_params * sizeof(float));
+    if (!host) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "%s: out of host memory", path);
+    for (int i = 0; i < p->num_tensors; i++) {
+        const luna_param_info *t = &p->tensors[i];
+        const luna_st_tensor *found;
+        luna_status s = luna_safetensors_expect(st, t->name, LUNA_F32, t->ndim, t->shape, &found);
+        if (s != LUNA_OK) {
+            free(host);
+            return s;
+        }
+        memcpy(host + t->offset, found->data, t->numel * sizeof(float));
+    }
+    p->be->copy_from_host(p->data, host, p->num_params * sizeof(float));
+    free(host);
+    return LUNA_OK;
+}
+
+luna_status luna_config_from_safetensors(luna_config *out, const luna_safetensors *st) {
+    const char *json = luna_safetensors_metadata(st, "config");
+    if (!json)
+        return luna_error(LUNA_ERR_FORMAT,
+                          "%s: no \"config\" in __metadata__ (not a luna checkpoint?)",
+                          luna_safetensors_path(st));
+    luna_status s = luna_config_from_json(out, json, strlen(json));
+    if (s != LUNA_OK) luna_error_prefix("%s: __metadata__.config", luna_safetensors_path(st));
+    return s;
+}
+
+/* ---- pass helpers ---------------------------------------------------------------------------- */
+
+luna_status luna_pass_dropout(const luna_pass *ps, float *y, const float *x, int64_t n, float p,
+                              uint32_t site) {
+    if (!luna_pass_drops(ps, p)) {
+        if (y != x) ps->be->copy_device(y, x, (size_t)n * sizeof(float));
+        return LUNA_OK;
+    }
+    return ps->be->ops->dropout_forward(ps->be, y, x, n, p, luna_pass_key(ps, site));
+}
+
+luna_status luna_pass_dropout_backward(const luna_pass *ps, float *dx, const float *dy, int64_t n,
+                                       float p, uint32_t site) {
+    if (!luna_pass_drops(ps, p)) {
+        if (dx != dy) ps->be->copy_device(dx, dy, (size_t)n * sizeof(float));
+        return LUNA_OK;
+    }
+    return ps->be->ops->dropout_backward(ps->be, dx, dy, n, p, luna_pass_key(ps, site));
+}
+
+luna_status luna_pass_alloc(const luna_pass *ps, float **out, int64_t count, const char *what) {
+    *out = luna_arena_alloc(ps->arena, (size_t)count * sizeof(float));
+    if (!*out)
+        return luna_error(LUNA_ERR_OUT_OF_MEMORY,
+                          "out of %s memory for %s (%lld floats; %zu bytes of activations in use)",
+                          ps->be->name, what, (long long)count, luna_arena_used_bytes(ps->arena));
+    return LUNA_OK;
+}
+
+luna_status luna_pass_alloc_i32(const luna_pass *ps, int32_t **out, int64_t count,
+                                const char *what) {
+    *out = luna_arena_alloc(ps->arena, (size_t)count * sizeof(int32_t));
+    if (!*out)
+        return luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of %s memory for %s (%lld ints)",
+                          ps->be->name, what, (long long)count);
+    return LUNA_OK;
+}

@@ -1,0 +1,368 @@
+#include "model/seq2seq.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+luna_status luna_seq2seq_create(luna_seq2seq **out, luna_backend *be, const luna_config *config) {
+    *out = NULL;
+    LUNA_TRY(luna_config_validate(config));
+    luna_seq2seq *m = calloc(1, sizeof *m);
+    if (!m) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "model: out of memory");
+    m->config = *config;
+    m->be = be;
+    m->seed = 1;
+    luna_status st = luna_params_create(&m->params, be, config);
+    if (st == LUNA_OK) st = luna_arena_create(&m->arena, be, (size_t)64 << 20);
+    if (st == LUNA_OK) {
+        m->enc_act = calloc((size_t)config->encoder_layers, sizeof *m->enc_act);
+        m->dec_act = calloc((size_t)config->decoder_layers, sizeof *m->dec_act);
+        m->enc_mark = calloc((size_t)config->encoder_layers, sizeof *m->enc_mark);
+        m->dec_mark = calloc((size_t)config->decoder_layers, sizeof *m->dec_mark);
+        if (!m->enc_act || !m->dec_act || !m->enc_mark || !m->dec_mark)
+            st = luna_error(LUNA_ERR_OUT_OF_MEMORY, "model: out of memory");
+    }
+    if (st != LUNA_OK) {
+        luna_seq2seq_free(m);
+        return st;
+    }
+    *out = m;
+    return LUNA_OK;
+}
+
+void luna_seq2seq_free(luna_seq2seq *m) {
+    if (!m) return;
+    luna_params_free(m->params);
+    luna_arena_free(m->arena);
+    free(m->enc_act);
+    free(m->dec_act);
+    free(m->enc_mark);
+    free(m->dec_mark);
+    free(m);
+}
+
+luna_status luna_seq2seq_init(luna_seq2seq *m, uint64_t seed) {
+    m->seed = seed;
+    return luna_params_init(m->params, seed);
+}
+
+void luna_seq2seq_zero_grad(luna_seq2seq *m) { luna_params_zero_grad(m->params); }
+size_t luna_seq2seq_activation_peak(const luna_seq2seq *m) {
+    return luna_arena_peak_bytes(m->arena);
+}
+void luna_seq2seq_reset_activation_peak(luna_seq2seq *m) { luna_arena_reset_peak(m->arena); }
+
+int64_t luna_batch_target_tokens(const luna_batch *b, int padding_idx) {
+    int64_t n = 0;
+    for (int64_t i = 0; i < (int64_t)b->B * b->tgt_len; i++)
+        n += b->target[i] != padding_idx;
+    return n;
+}
+
+/* ---- one pass -------------------------------------------------------------------------------- */
+
+typedef struct {
+    luna_pass ps;
+    luna_layer_dims dims;
+    int d, V;
+    int32_t *src, *prev, *tgt; /* device tokens */
+    float *x_src, *p0, *x_tgt; /* [B,m,d], [B,L,d], [B,n,d] */
+    float *enc_out, *enc_p;    /* final encoder x and p */
+    float *dec_out;            /* final decoder x [B,n,d] */
+    luna_arena_mark logits_mark;
+    float *logits, *loss, *nll, *lse; /* [N,V], [N], [N], [N] */
+    /* gradient buffers (training only), allocated before the activations */
+    float *gx_dec[2], *gx_enc[2], *gp[2], *ge;
+} pass_state;
+
+/* Host-side checks and the per-sentence counts. Returns the lengths via the out arrays. */
+static luna_status check_batch(const luna_config *c, const luna_batch *b, int32_t *src_valid,
+                               int32_t *tgt_valid, int32_t *p_valid, int *L) {
+    if (b->B <= 0 || b->src_len <= 0 || b->tgt_len <= 0)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "batch: empty (B=%d, m=%d, n=%d)", b->B,
+                          b->src_len, b->tgt_len);
+    const int pad = c->padding_idx;
+    int longest = 0;
+    for (int i = 0; i < b->B; i++) {
+        int len = b->src_lengths[i];
+        if (len < 1 || len > b->src_len)
+            return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                              "batch: sentence %d: source length %d out of [1, %d]", i, len,
+                              b->src_len);
+        for (int t = 0; t < b->src_len; t++) {
+            int32_t tok = b->src_tokens[(int64_t)i * b->src_len + t];
+            if (tok < 0 || tok >= c->vocab_size)
+                return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                                  "batch: sentence %d: source token %d out of [0, %d)", i, tok,
+                                  c->vocab_size);
+            if ((tok == pad) != (t >= len))
+                return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                                  "batch: sentence %d: source is not right-padded to length %d "
+                                  "(position %d)",
+                                  i, len, t);
+        }
+        int tlen = 0;
+        while (tlen < b->tgt_len && b->prev_output_tokens[(int64_t)i * b->tgt_len + tlen] != pad)
+            tlen++;
+        for (int t = 0; t < b->tgt_len; t++) {
+            int32_t p = b->prev_output_tokens[(int64_t)i * b->tgt_len + t];
+            int32_t y = b->target[(int64_t)i * b->tgt_len + t];
+            if (p < 0 || p >= c->vocab_size || y < 0 || y >= c->vocab_size)
+                return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                                  "batch: sentence %d: target token out of [0, %d)", i,
+                                  c->vocab_size);
+            if (t >= tlen && p != pad)
+                return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                                  "batch: sentence %d: prev_output_tokens is not right-padded", i);
+        }
+        src_valid[i] = len;
+        tgt_valid[i] = tlen;
+        if (len > longest) longest = len;
+    }
+    *L = 0;
+    if (c->arch == LUNA_ARCH_LUNA) {
+        *L = c->fix_projection_length || longest > c->projection_length ? c->projection_length
+                                                                        : longest;
+        for (int i = 0; i < b->B; i++)
+            p_valid[i] = src_valid[i] < *L ? src_valid[i] : *L;
+    }
+    return LUNA_OK;
+}
+
+static luna_status upload_i32(pass_state *s, int32_t **dev, const int32_t *host, int64_t n) {
+    LUNA_TRY(luna_pass_alloc_i32(&s->ps, dev, n, "batch"));
+    s->ps.be->copy_from_host(*dev, host, (size_t)n * sizeof(int32_t));
+    return LUNA_OK;
+}
+
+static luna_status forward(luna_seq2seq *m, pass_state *s, const luna_batch *b, bool training,
+                           bool grads, uint64_t step) {
+    const luna_config *c = &m->config;
+    luna_backend *be = m->be;
+    const luna_ops *op = be->ops;
+    const luna_weights *w = &m->params->w;
+    s->ps = (luna_pass){.be = be,
+                        .arena = m->arena,
+                        .training = training,
+                        .seed = m->seed,
+                        .step = step,
+                        .dropout = (float)c->dropout,
+                        .attention_dropout = (float)c->attention_dropout,
+                        .activation_dropout = (float)c->activation_dropout};
+    s->d = c->encoder_embed_dim;
+    s->V = c->vocab_size;
+    const int B = b->B, mlen = b->src_len, n = b->tgt_len, d = s->d, pad = c->padding_idx;
+    const float emb_scale = sqrtf((float)d);
+
+    int32_t *host = malloc((size_t)3 * B * sizeof(int32_t));
+    if (!host) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "model: out of host memory");
+    int L = 0;
+    luna_status st = check_batch(c, b, host, host + B, host + 2 * B, &L);
+    int32_t *src_valid = NULL, *tgt_valid = NULL, *p_valid = NULL;
+    if (st == LUNA_OK) st = upload_i32(s, &src_valid, host, B);
+    if (st == LUNA_OK) st = upload_i32(s, &tgt_valid, host + B, B);
+    if (st == LUNA_OK && c->arch == LUNA_ARCH_LUNA && !c->fix_projection_length)
+        st = upload_i32(s, &p_valid, host + 2 * B, B);
+    free(host);
+    LUNA_TRY(st);
+    s->dims = (luna_layer_dims){.B = B,
+                                .n = n,
+                                .m = mlen,
+                                .L = L,
+                                .src_valid = src_valid,
+                                .tgt_valid = tgt_valid,
+                                .p_valid = p_valid};
+    LUNA_TRY(upload_i32(s, &s->src, b->src_tokens, (int64_t)B * mlen));
+    LUNA_TRY(upload_i32(s, &s->prev, b->prev_output_tokens, (int64_t)B * n));
+    LUNA_TRY(upload_i32(s, &s->tgt, b->target, (int64_t)B * n));
+
+    if (grads) {
+        for (int k = 0; k < 2; k++) {
+            LUNA_TRY(luna_pass_alloc(&s->ps, &s->gx_dec[k], (int64_t)B * n * d, "gradients"));
+            LUNA_TRY(luna_pass_alloc(&s->ps, &s->gx_enc[k], (int64_t)B * mlen * d, "gradients"));
+            if (L > 0)
+                LUNA_TRY(luna_pass_alloc(&s->ps, &s->gp[k], (int64_t)B * L * d, "gradients"));
+        }
+        LUNA_TRY(luna_pass_alloc(&s->ps, &s->ge, (int64_t)B * mlen * d, "gradients"));
+    }
+
+    /* encoder input and P0 */
+    LUNA_TRY(luna_pass_alloc(&s->ps, &s->x_src, (int64_t)B * mlen * d, "source embeddings"));
+    LUNA_TRY(op->embedding_forward(be, s->x_src, w->embed_tokens, s->src, (int64_t)B * mlen, s->V,
+                                   d, emb_scale, pad));
+    LUNA_TRY(op->positions_add(be, s->x_src, s->src, B, mlen, d, pad));
+    LUNA_TRY(luna_pass_dropout(&s->ps, s->x_src, s->x_src, (int64_t)B * mlen * d, s->ps.dropout,
+                               LUNA_SITE(LUNA_SITE_ENCODER_EMBED, 0, 0)));
+    s->p0 = NULL;
+    if (L > 0) {
+        LUNA_TRY(luna_pass_alloc(&s->ps, &s->p0, (int64_t)B * L * d, "projected embeddings"));
+        luna_arena_mark mark = luna_arena_get_mark(m->arena);
+        float *p1; /* [L, d] */
+        LUNA_TRY(luna_pass_alloc(&s->ps, &p1, (int64_t)L * d, "projected embeddings"));
+        st = op->sinusoidal_table(be, p1, 0, L, d);
+        if (st == LUNA_OK)
+            st = op->axpy(be, p1, emb_scale, w->projected_embeddings, (int64_t)L * d);
+        if (st == LUNA_OK) st = op->broadcast_rows(be, s->p0, p1, B, L, d);
+        luna_arena_release(m->arena, mark);
+        LUNA_TRY(st);
+        LUNA_TRY(luna_pass_dropout(&s->ps, s->p0, s->p0, (int64_t)B * L * d, s->ps.dropout,
+                                   LUNA_SITE(LUNA_SITE_PROJECTED_EMBED, 0, 0)));
+    }
+
+    /* encoder */
+    const float *x = s->x_src, *p = s->p0;
+    for (int i = 0; i < c->encoder_layers; i++) {
+        m->enc_mark[i] = luna_arena_get_mark(m->arena);
+        LUNA_TRY(luna_encoder_layer_forward(&s->ps, c, &w->encoder[i], &m->enc_act[i], x, p,
+                                            &s->dims, i));
+        x = m->enc_act[i].x_out;
+        p = m->enc_act[i].p_out;
+    }
+    s->enc_out = (float *)x;
+    s->enc_p = (float *)p;
+
+    /* decoder */
+    LUNA_TRY(luna_pass_alloc(&s->ps, &s->x_tgt, (int64_t)B * n * d, "target embeddings"));
+    LUNA_TRY(op->embedding_forward(be, s->x_tgt, w->embed_tokens, s->prev, (int64_t)B * n, s->V, d,
+                                   emb_scale, pad));
+    LUNA_TRY(op->positions_add(be, s->x_tgt, s->prev, B, n, d, pad));
+    LUNA_TRY(luna_pass_dropout(&s->ps, s->x_tgt, s->x_tgt, (int64_t)B * n * d, s->ps.dropout,
+                               LUNA_SITE(LUNA_SITE_DECODER_EMBED, 0, 0)));
+    x = s->x_tgt;
+    for (int i = 0; i < c->decoder_layers; i++) {
+        m->dec_mark[i] = luna_arena_get_mark(m->arena);
+        LUNA_TRY(luna_decoder_layer_forward(&s->ps, c, &w->decoder[i], &m->dec_act[i], x, p,
+                                            s->enc_out, &s->dims, i));
+        x = m->dec_act[i].x_out;
+        p = m->dec_act[i].p_out;
+    }
+    s->dec_out = (float *)x;
+
+    /* output projection and loss */
+    const int64_t N = (int64_t)B * n;
+    s->logits_mark = luna_arena_get_mark(m->arena);
+    LUNA_TRY(luna_pass_alloc(&s->ps, &s->logits, N * s->V, "logits"));
+    LUNA_TRY(luna_pass_alloc(&s->ps, &s->loss, N, "loss"));
+    LUNA_TRY(luna_pass_alloc(&s->ps, &s->nll, N, "loss"));
+    LUNA_TRY(luna_pass_alloc(&s->ps, &s->lse, N, "loss"));
+    LUNA_TRY(op->linear_forward(be, s->logits, s->dec_out, w->embed_tokens, NULL, N, d, s->V));
+    return op->cross_entropy_forward(be, s->loss, s->nll, s->lse, s->logits, s->tgt, N, s->V,
+                                     (float)c->label_smoothing, pad);
+}
+
+static luna_status sum_losses(luna_seq2seq *m, pass_state *s, int64_t N, double *loss_sum,
+                              double *nll_sum) {
+    float *host = malloc((size_t)N * 2 * sizeof(float));
+    if (!host) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "model: out of host memory");
+    m->be->copy_to_host(host, s->loss, (size_t)N * sizeof(float));
+    m->be->copy_to_host(host + N, s->nll, (size_t)N * sizeof(float));
+    double a = 0, b = 0;
+    for (int64_t i = 0; i < N; i++) {
+        a += host[i];
+        b += host[N + i];
+    }
+    free(host);
+    if (!isfinite(a) || !isfinite(b))
+        return luna_error(LUNA_ERR_NUMERIC, "model: non-finite loss (%g, nll %g)", a, b);
+    if (loss_sum) *loss_sum = a;
+    if (nll_sum) *nll_sum = b;
+    return LUNA_OK;
+}
+
+static luna_status backward(luna_seq2seq *m, pass_state *s) {
+    const luna_config *c = &m->config;
+    luna_backend *be = m->be;
+    const luna_ops *op = be->ops;
+    const luna_weights *w = &m->params->w;
+    luna_weights *g = &m->params->g;
+    const int B = s->dims.B, n = s->dims.n, mlen = s->dims.m, L = s->dims.L, d = s->d;
+    const int pad = c->padding_idx;
+    const int64_t N = (int64_t)B * n;
+    const float emb_scale = sqrtf((float)d);
+    const luna_pass *ps = &s->ps;
+
+    /* loss and output projection (dlogits overwrite the logits) */
+    LUNA_TRY(op->cross_entropy_backward(be, s->logits, s->logits, s->lse, s->tgt, N, s->V,
+                                        (float)c->label_smoothing, pad, 1.0f));
+    float *dx = s->gx_dec[0], *dx_other = s->gx_dec[1];
+    LUNA_TRY(op->linear_backward(be, dx, g->embed_tokens, NULL, s->logits, s->dec_out,
+                                 w->embed_tokens, N, d, s->V, false));
+    luna_arena_release(m->arena, s->logits_mark);
+
+    /* decoder */
+    be->memset_zero(s->ge, (size_t)B * mlen * d * sizeof(float));
+    float *dp = NULL, *dp_other = L > 0 ? s->gp[0] : NULL;
+    for (int i = c->decoder_layers - 1; i >= 0; i--) {
+        LUNA_TRY(luna_decoder_layer_backward(ps, c, &w->decoder[i], &g->decoder[i], &m->dec_act[i],
+                                             dx, dp, dx_other, dp_other, s->ge));
+        float *t = dx;
+        dx = dx_other;
+        dx_other = t;
+        if (L > 0) {
+            dp = dp_other;
+            dp_other = dp == s->gp[0] ? s->gp[1] : s->gp[0];
+        }
+        luna_arena_release(m->arena, m->dec_mark[i]);
+    }
+    LUNA_TRY(luna_pass_dropout_backward(ps, dx, dx, N * d, ps->dropout,
+                                        LUNA_SITE(LUNA_SITE_DECODER_EMBED, 0, 0)));
+    LUNA_TRY(op->embedding_backward(be, g->embed_tokens, dx, s->prev, N, s->V, d, emb_scale, pad));
+
+    /* encoder: dx starts as the gradient of the encoder output, dp as that of the final p */
+    float *ex = s->ge, *ex_other = s->gx_enc[0];
+    for (int i = c->encoder_layers - 1; i >= 0; i--) {
+        LUNA_TRY(luna_encoder_layer_backward(ps, c, &w->encoder[i], &g->encoder[i], &m->enc_act[i],
+                                             ex, dp, ex_other, dp_other));
+        float *t = ex;
+        ex = ex_other;
+        ex_other = t == s->ge ? s->gx_enc[1] : t;
+        if (L > 0) {
+            float *tp = dp;
+            dp = dp_other;
+            dp_other = tp;
+        }
+        luna_arena_release(m->arena, m->enc_mark[i]);
+    }
+    const int64_t Nm = (int64_t)B * mlen;
+    LUNA_TRY(luna_pass_dropout_backward(ps, ex, ex, Nm * d, ps->dropout,
+                                        LUNA_SITE(LUNA_SITE_ENCODER_EMBED, 0, 0)));
+    LUNA_TRY(op->embedding_backward(be, g->embed_tokens, ex, s->src, Nm, s->V, d, emb_scale, pad));
+    if (L > 0) {
+        /* P0 = drop(broadcast(√d·P[:L] + sinusoid)): dP[:L] += √d Σ_b drop'(dp_b) */
+        LUNA_TRY(luna_pass_dropout_backward(ps, dp, dp, (int64_t)B * L * d, ps->dropout,
+                                            LUNA_SITE(LUNA_SITE_PROJECTED_EMBED, 0, 0)));
+        LUNA_TRY(op->scale(be, dp, emb_scale, (int64_t)B * L * d));
+        LUNA_TRY(op->sum_broadcast(be, g->projected_embeddings, dp, B, L, d));
+    }
+    return LUNA_OK;
+}
+
+static luna_status run(luna_seq2seq *m, const luna_batch *b, bool training, bool grads,
+                       uint64_t step, double *loss_sum, double *nll_sum, float *logits) {
+    luna_arena_reset(m->arena);
+    pass_state s;
+    memset(&s, 0, sizeof s);
+    luna_status st = forward(m, &s, b, training, grads, step);
+    if (st == LUNA_OK && logits)
+        m->be->copy_to_host(logits, s.logits,
+                            (size_t)b->B * b->tgt_len * m->config.vocab_size * sizeof(float));
+    if (st == LUNA_OK) st = sum_losses(m, &s, (int64_t)b->B * b->tgt_len, loss_sum, nll_sum);
+    if (st == LUNA_OK && grads) st = backward(m, &s);
+    luna_arena_reset(m->arena);
+    return st;
+}
+
+luna_status luna_seq2seq_forward_backward(luna_seq2seq *m, const luna_batch *b, uint64_t step,
+                                          double *loss_sum, double *nll_sum) {
+    return run(m, b, true, true, step, loss_sum, nll_sum, NULL);
+}
+
+luna_status luna_seq2seq_forward_backward_eval(luna_seq2seq *m, const luna_batch *b,
+                                               double *loss_sum, double *nll_sum) {
+    return run(m, b, false, true, 0, loss_sum, nll_sum, NULL);
+}
+
+luna_status luna_seq2seq_forward(luna_seq2seq *m, const luna_batch *b, double *loss_sum,
+                                 double *nll_sum, float *logits) {
+    return run(m, b, false, false, 0, loss_sum, nll_sum, logits);
+}

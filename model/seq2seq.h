@@ -1,0 +1,84 @@
+/* The full sequence-to-sequence model (spec §1, §4, §8): shared embeddings, the encoder (which
+ * also packs P), the decoder, tied output projection and the label-smoothed cross entropy.
+ *
+ * Forward (Luna):
+ *   x_src = drop(√d·E[src] + pos(src))                                 [B, m, d]
+ *   P0    = drop(broadcast_B(√d·P[:L] + sinusoid(0..L-1)))              [B, L, d]
+ *           L = min(l, longest source) (dynamic projection; P mask j ≥ src_len_b) or l (fixed)
+ *   (e, p) = encoder layers (x_src, P0)
+ *   x_tgt = drop(√d·E[prev] + pos(prev))                                [B, n, d]
+ *   x     = decoder layers (x_tgt, p, e)        (each decoder layer updates p by packing e)
+ *   logits = x·Eᵀ                                                       [B, n, V]
+ *   loss  = Σ_{non-pad targets} (1−ε)(−log p_y) + (ε/V) Σ_v (−log p_v)   (nats)
+ * The transformer baseline is the same without P and with softmax attention.
+ *
+ * Backward accumulates the gradient of the SUMMED loss into the model's gradient buffer (the
+ * trainer normalises by the number of target tokens of the whole update). The shared embedding's
+ * gradient sums the encoder input, decoder input and output projection contributions.
+ *
+ * Dropout uses keys (seed, step, site): the same (seed, step) reproduces the same masks on any
+ * backend or thread count; callers should give every micro-batch its own `step` value.
+ */
+#ifndef LUNA_SEQ2SEQ_H
+#define LUNA_SEQ2SEQ_H
+
+#include <stdint.h>
+
+#include "model/config.h"
+#include "model/layers.h"
+#include "model/parameters.h"
+
+/* A batch of right-padded sentences (host memory). Sources end with </s>; prev_output_tokens is
+ * the target shifted right (starting with </s>), right-padded like the target. */
+typedef struct {
+    int B, src_len, tgt_len;           /* sentences, m, n */
+    const int32_t *src_tokens;         /* [B, m] */
+    const int32_t *src_lengths;        /* [B] non-pad tokens of each source (incl. </s>) */
+    const int32_t *prev_output_tokens; /* [B, n] */
+    const int32_t *target;             /* [B, n] */
+} luna_batch;
+
+typedef struct luna_seq2seq luna_seq2seq;
+struct luna_seq2seq {
+    luna_config config;
+    luna_backend *be;
+    luna_params *params; /* params->data / params->grad: the two flat buffers */
+    luna_arena *arena;   /* activations of one forward/backward */
+    uint64_t seed;       /* dropout seed */
+    /* per-pass bookkeeping (valid during a call) */
+    luna_encoder_layer_act *enc_act;
+    luna_decoder_layer_act *dec_act;
+    luna_arena_mark *enc_mark, *dec_mark;
+};
+
+/* Build the model: parameters initialised per spec §5 with seed 1 (see luna_seq2seq_init),
+ * gradients zero, an activation arena on the backend's device. */
+luna_status luna_seq2seq_create(luna_seq2seq **out, luna_backend *be, const luna_config *config);
+void luna_seq2seq_free(luna_seq2seq *model);
+
+/* Re-initialise all parameters from `seed` and use it for dropout (the trainer's --seed). */
+luna_status luna_seq2seq_init(luna_seq2seq *model, uint64_t seed);
+
+/* Training step on one batch: forward with dropout, backward, gradients ADDED to
+ * model->params->grad. *loss_sum / *nll_sum: summed over non-pad target tokens, in nats. */
+luna_status luna_seq2seq_forward_backward(luna_seq2seq *model, const luna_batch *batch,
+                                          uint64_t step, double *loss_sum, double *nll_sum);
+
+/* Same without dropout (for gradient checks and reference comparisons). */
+luna_status luna_seq2seq_forward_backward_eval(luna_seq2seq *model, const luna_batch *batch,
+                                               double *loss_sum, double *nll_sum);
+
+/* Validation: forward only, no dropout. logits (host [B, n, V]) may be NULL. */
+luna_status luna_seq2seq_forward(luna_seq2seq *model, const luna_batch *batch, double *loss_sum,
+                                 double *nll_sum, float *logits);
+
+void luna_seq2seq_zero_grad(luna_seq2seq *model);
+
+/* Activation arena high-water mark (bytes) since creation or the last reset. */
+size_t luna_seq2seq_activation_peak(const luna_seq2seq *model);
+void luna_seq2seq_reset_activation_peak(luna_seq2seq *model);
+
+/* Number of non-pad target tokens of a batch. */
+int64_t luna_batch_target_tokens(const luna_batch *batch, int padding_idx);
+
+#endif

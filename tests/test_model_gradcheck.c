@@ -1,0 +1,338 @@
+/* Whole-model finite-difference gradient checks on tiny configurations (independent of the
+ * PyTorch fixtures): every parameter tensor gets a few sampled entries checked against central
+ * differences of the summed label-smoothed loss. Also: dropout reproducibility and thread-count
+ * independence of a training step. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/seq2seq.h"
+#include "tests/test_util.h"
+
+enum { B = 3, M = 6, N = 6, V = 23 };
+
+typedef struct {
+    int32_t src[B * M], src_len[B], prev[B * N], tgt[B * N];
+    luna_batch batch;
+} test_batch;
+
+/* Right-padded sentences of different lengths, sources ending with </s> (2). */
+static void make_batch(test_batch *t, const int *src_lens, const int *tgt_lens, uint64_t seed) {
+    luna_test_rng rng;
+    luna_test_rng_seed(&rng, seed);
+    for (int b = 0; b < B; b++) {
+        for (int i = 0; i < M; i++) {
+            int tok = 4 + (int)luna_test_uniform(&rng, 0, V - 4 - 1e-3f);
+            t->src[b * M + i] = i < src_lens[b] - 1 ? tok : i == src_lens[b] - 1 ? 2 : 1;
+        }
+        t->src_len[b] = src_lens[b];
+        int y[N];
+        for (int i = 0; i < N; i++)
+            y[i] = 4 + (int)luna_test_uniform(&rng, 0, V - 4 - 1e-3f);
+        int len = tgt_lens[b];
+        y[len - 1] = 2;
+        for (int i = 0; i < N; i++) {
+            t->tgt[b * N + i] = i < len ? y[i] : 1;
+            t->prev[b * N + i] = i == 0 ? 2 : i < len ? y[i - 1] : 1;
+        }
+    }
+    t->batch = (luna_batch){.B = B,
+                            .src_len = M,
+                            .tgt_len = N,
+                            .src_tokens = t->src,
+                            .src_lengths = t->src_len,
+                            .prev_output_tokens = t->prev,
+                            .target = t->tgt};
+}
+
+static luna_config tiny(const char *arch) {
+    luna_config c;
+    ck_assert_int_eq(luna_config_preset(&c, arch), LUNA_OK);
+    c.vocab_size = V;
+    c.encoder_embed_dim = c.decoder_embed_dim = 16;
+    c.encoder_ffn_embed_dim = c.decoder_ffn_embed_dim = 24;
+    c.encoder_attention_heads = c.decoder_attention_heads = 2;
+    c.dropout = c.attention_dropout = c.activation_dropout = 0.0;
+    return c;
+}
+
+typedef struct {
+    luna_seq2seq *model;
+    const luna_batch *batch;
+    bool training;
+    uint64_t step;
+} loss_ctx;
+
+static double eval_loss(loss_ctx *ctx) {
+    double loss;
+    if (ctx->training) {
+        /* The same dropout masks as the analytic pass: same (seed, step). */
+        ck_assert_int_eq(
+            luna_seq2seq_forward_backward(ctx->model, ctx->batch, ctx->step, &loss, NULL), LUNA_OK);
+    } else {
+        ck_assert_int_eq(luna_seq2seq_forward(ctx->model, ctx->batch, &loss, NULL, NULL), LUNA_OK);
+    }
+    return loss;
+}
+
+/* Check `samples` entries of every tensor. Returns the worst scaled error. */
+static double check_model(const char *what, luna_config c, const test_batch *tb, bool training,
+                          int samples) {
+    luna_backend *be;
+    ck_assert_int_eq(luna_backend_cpu_create(&be, 2), LUNA_OK);
+    luna_seq2seq *m;
+    ck_assert_int_eq(luna_seq2seq_create(&m, be, &c), LUNA_OK);
+    ck_assert_int_eq(luna_seq2seq_init(m, 11), LUNA_OK);
+    /* Make LayerNorm and P gains non-trivial so their gradients are exercised generically. */
+    luna_test_rng rng;
+    luna_test_rng_seed(&rng, 5);
+    luna_params *p = m->params;
+    for (int i = 0; i < p->num_tensors; i++) {
+        const luna_param_info *t = &p->tensors[i];
+        if (strstr(t->name, "layer_norm"))
+            for (size_t j = 0; j < t->numel; j++)
+                p->data[t->offset + j] += luna_test_uniform(&rng, -0.3f, 0.3f);
+        /* ReLU units decisively on or off (fc1 biases ±2): finite differences then rarely cross
+         * a kink, where the loss has no derivative. Both branches are still exercised. */
+        if (strstr(t->name, "fc1.bias"))
+            for (size_t j = 0; j < t->numel; j++)
+                p->data[t->offset + j] = j % 2 ? -2.0f : 2.0f;
+    }
+    loss_ctx ctx = {.model = m, .batch = &tb->batch, .training = training, .step = 3};
+    luna_seq2seq_zero_grad(m);
+    double loss;
+    if (training)
+        ck_assert_int_eq(luna_seq2seq_forward_backward(m, &tb->batch, ctx.step, &loss, NULL),
+                         LUNA_OK);
+    else
+        ck_assert_int_eq(luna_seq2seq_forward_backward_eval(m, &tb->batch, &loss, NULL), LUNA_OK);
+    float *grad = malloc(p->num_params * sizeof(float));
+    memcpy(grad, p->grad, p->num_params * sizeof(float));
+    double worst = 0;
+    const char *worst_name = "";
+    for (int i = 0; i < p->num_tensors; i++) {
+        const luna_param_info *t = &p->tensors[i];
+        double gmax = 0;
+        for (size_t j = 0; j < t->numel; j++)
+            gmax = fmax(gmax, fabs(grad[t->offset + j]));
+        if (!t->has_grad) {
+            ck_assert_msg(gmax == 0.0, "%s: %s should get no gradient", what, t->name);
+            continue;
+        }
+        /* (1) Directional derivative along a random ±1 direction: the whole tensor at once,
+         * far above the fp32 noise of the loss (~1e-6 absolute, ~1e-3 in fd at these steps).
+         * Embedding and P enter scaled by √d: smaller steps there. The loss is not smooth (ReLU
+         * kinks); a kink crossed by a perturbation spoils that (direction, step), so up to two
+         * directions x three steps are tried and the best is judged — a wrong gradient is wrong
+         * along every direction. */
+        float *x0 = p->data + t->offset;
+        float *saved = malloc(t->numel * sizeof(float));
+        signed char *dir = malloc(t->numel);
+        memcpy(saved, x0, t->numel * sizeof(float));
+        double fd = 0, an = 0, l1 = 0, err = INFINITY;
+        for (size_t j = 0; j < t->numel; j++)
+            l1 += fabs(grad[t->offset + j]);
+        for (int attempt = 0; attempt < 2 && err >= 0.01; attempt++) {
+            double an_k = 0;
+            for (size_t j = 0; j < t->numel; j++) {
+                dir[j] = luna_test_uniform(&rng, 0, 1) < 0.5f ? -1 : 1;
+                an_k += dir[j] * (double)grad[t->offset + j];
+            }
+            for (int k = 0; k < 3; k++) {
+                const float h = (i < 2 ? 1e-4f : 2.5e-4f) * (float)(1 << k);
+                for (size_t j = 0; j < t->numel; j++)
+                    x0[j] = saved[j] + h * dir[j];
+                double up = eval_loss(&ctx);
+                for (size_t j = 0; j < t->numel; j++)
+                    x0[j] = saved[j] - h * dir[j];
+                double down = eval_loss(&ctx);
+                memcpy(x0, saved, t->numel * sizeof(float));
+                double fdk = (up - down) / (2.0 * h);
+                double e = fabs(fdk - an_k) / (fabs(an_k) + 0.005 * l1 + 0.25);
+                if (e < err) {
+                    err = e;
+                    fd = fdk;
+                    an = an_k;
+                }
+            }
+        }
+        if (err > worst) {
+            worst = err;
+            worst_name = t->name;
+        }
+        ck_assert_msg(err < 0.01,
+                      "%s: %s: directional derivative: finite difference %.7g vs analytic %.7g "
+                      "(sum |g| %.3g)",
+                      what, t->name, fd, an, l1);
+        free(dir);
+        free(saved);
+        /* (2) A few single entries, with a tolerance for fp32 noise and ReLU kinks. */
+        for (int s = 0; s < samples; s++) {
+            size_t j = (size_t)luna_test_uniform(&rng, 0, (float)t->numel - 1e-3f);
+            if (i == 0) { /* embedding: a row that is used (tokens 2, 4.., not padding row 1) */
+                int row = 4 + (int)luna_test_uniform(&rng, 0, V - 4 - 1e-3f);
+                j = (size_t)row * (size_t)t->shape[1] + j % (size_t)t->shape[1];
+            }
+            float *x = p->data + t->offset + j;
+            float keep = *x;
+            const float he = i < 2 ? 2.5e-3f : 1e-2f;
+            *x = keep + he;
+            double u = eval_loss(&ctx);
+            *x = keep - he;
+            double dn = eval_loss(&ctx);
+            *x = keep;
+            double fde = (u - dn) / ((double)(keep + he) - (double)(keep - he));
+            double ane = grad[t->offset + j];
+            ck_assert_msg(fabs(fde - ane) <= 0.1 * fabs(ane) + 0.05 * gmax + 2e-4,
+                          "%s: %s[%zu]: finite difference %.6g vs analytic %.6g (tensor max "
+                          "|g| %.3g)",
+                          what, t->name, j, fde, ane, gmax);
+        }
+    }
+    printf("gradcheck %-28s loss %.5f, %d tensors (+%d entries each), worst directional error %.2e "
+           "(%s)\n",
+           what, loss, p->num_tensors, samples, worst, worst_name);
+    free(grad);
+    luna_seq2seq_free(m);
+    luna_backend_free_all(be);
+    return worst;
+}
+
+static const int src_lens[B] = {5, 3, 6}, tgt_lens[B] = {4, 6, 2};
+
+START_TEST(gradcheck_luna_tied_softplus_dynamic) {
+    test_batch tb;
+    make_batch(&tb, src_lens, tgt_lens, 1);
+    luna_config c = tiny("luna_tiny"); /* l = 8 > longest source: L = 6 with P masks */
+    check_model("luna tied softplus l=8", c, &tb, false, 3);
+}
+END_TEST
+
+START_TEST(gradcheck_luna_untied_elu_fixed) {
+    test_batch tb;
+    make_batch(&tb, src_lens, tgt_lens, 2);
+    luna_config c = tiny("luna_tiny");
+    c.untie_luna_kv = true;
+    c.causal_activation = LUNA_CAUSAL_ELU;
+    c.fix_projection_length = true;
+    check_model("luna untied elu fixed l=8", c, &tb, false, 3);
+}
+END_TEST
+
+START_TEST(gradcheck_luna_short_projection) {
+    test_batch tb;
+    make_batch(&tb, src_lens, tgt_lens, 3);
+    luna_config c = tiny("luna_tiny");
+    c.projection_length = 4; /* l < longest source; sentence 1 (length 3) masks slot 3 */
+    check_model("luna tied l=4", c, &tb, false, 3);
+}
+END_TEST
+
+START_TEST(gradcheck_transformer) {
+    test_batch tb;
+    make_batch(&tb, src_lens, tgt_lens, 4);
+    check_model("transformer", tiny("transformer_tiny"), &tb, false, 3);
+}
+END_TEST
+
+/* With all dropouts on: the backward regenerates exactly the forward's masks at every site. */
+START_TEST(gradcheck_with_dropout) {
+    test_batch tb;
+    make_batch(&tb, src_lens, tgt_lens, 5);
+    luna_config c = tiny("luna_tiny");
+    c.dropout = 0.2;
+    c.attention_dropout = 0.15;
+    c.activation_dropout = 0.1;
+    check_model("luna dropout", c, &tb, true, 2);
+    luna_config t = tiny("transformer_tiny");
+    t.dropout = 0.2;
+    t.attention_dropout = 0.15;
+    t.activation_dropout = 0.1;
+    check_model("transformer dropout", t, &tb, true, 2);
+}
+END_TEST
+
+/* Same (seed, step): bit-identical loss and gradients, for 1 and 2 threads; another step or seed
+ * gives other masks. */
+START_TEST(dropout_reproducible) {
+    test_batch tb;
+    make_batch(&tb, src_lens, tgt_lens, 6);
+    luna_config c = tiny("luna_tiny");
+    c.dropout = c.attention_dropout = c.activation_dropout = 0.1;
+    luna_backend *be;
+    ck_assert_int_eq(luna_backend_cpu_create(&be, 1), LUNA_OK);
+    luna_seq2seq *m;
+    ck_assert_int_eq(luna_seq2seq_create(&m, be, &c), LUNA_OK);
+    size_t n = m->params->num_params;
+    float *g1 = malloc(n * sizeof(float));
+    double l1, l2, l3, l4, nll;
+    ck_assert_int_eq(luna_seq2seq_forward_backward(m, &tb.batch, 10, &l1, &nll), LUNA_OK);
+    ck_assert(nll < l1 + 10 && nll > 0);
+    memcpy(g1, m->params->grad, n * sizeof(float));
+    luna_seq2seq_zero_grad(m);
+    luna_backend_set_threads(be, 2);
+    ck_assert_int_eq(luna_seq2seq_forward_backward(m, &tb.batch, 10, &l2, NULL), LUNA_OK);
+    ck_assert(l1 == l2);
+    ck_assert_int_eq(memcmp(g1, m->params->grad, n * sizeof(float)), 0);
+    /* Gradients accumulate: a second call doubles them. */
+    ck_assert_int_eq(luna_seq2seq_forward_backward(m, &tb.batch, 10, &l2, NULL), LUNA_OK);
+    for (size_t i = 0; i < n; i++)
+        ck_assert_msg(fabsf(m->params->grad[i] - 2 * g1[i]) <= 1e-5f * fabsf(2 * g1[i]) + 1e-12f,
+                      "accumulated gradient %g != 2 x %g", m->params->grad[i], g1[i]);
+    ck_assert_int_eq(luna_seq2seq_forward_backward(m, &tb.batch, 11, &l3, NULL), LUNA_OK);
+    ck_assert(l3 != l1);
+    m->seed = 99;
+    ck_assert_int_eq(luna_seq2seq_forward_backward(m, &tb.batch, 10, &l4, NULL), LUNA_OK);
+    ck_assert(l4 != l1);
+    /* Evaluation has no dropout: differs from training, and is deterministic. */
+    double e1, e2;
+    ck_assert_int_eq(luna_seq2seq_forward(m, &tb.batch, &e1, NULL, NULL), LUNA_OK);
+    ck_assert_int_eq(luna_seq2seq_forward(m, &tb.batch, &e2, NULL, NULL), LUNA_OK);
+    ck_assert(e1 == e2 && e1 != l1);
+    free(g1);
+    luna_seq2seq_free(m);
+    luna_backend_free_all(be);
+}
+END_TEST
+
+/* Malformed batches are rejected with a clear message, not computed on. */
+START_TEST(batch_validation) {
+    test_batch tb;
+    make_batch(&tb, src_lens, tgt_lens, 7);
+    luna_backend *be;
+    ck_assert_int_eq(luna_backend_cpu_create(&be, 1), LUNA_OK);
+    luna_seq2seq *m;
+    luna_config c = tiny("luna_tiny");
+    ck_assert_int_eq(luna_seq2seq_create(&m, be, &c), LUNA_OK);
+    double loss;
+    tb.src_len[1] = 4; /* disagrees with the padding */
+    ck_assert_int_eq(luna_seq2seq_forward(m, &tb.batch, &loss, NULL, NULL),
+                     LUNA_ERR_INVALID_ARGUMENT);
+    ck_assert_ptr_nonnull(strstr(luna_error_message(), "right-padded"));
+    tb.src_len[1] = 3;
+    tb.prev[2] = V; /* out of the vocabulary */
+    ck_assert_int_eq(luna_seq2seq_forward(m, &tb.batch, &loss, NULL, NULL),
+                     LUNA_ERR_INVALID_ARGUMENT);
+    ck_assert_ptr_nonnull(strstr(luna_error_message(), "out of"));
+    luna_seq2seq_free(m);
+    luna_backend_free_all(be);
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("model_gradcheck");
+    TCase *tc = tcase_create("gradcheck");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, gradcheck_luna_tied_softplus_dynamic);
+    tcase_add_test(tc, gradcheck_luna_untied_elu_fixed);
+    tcase_add_test(tc, gradcheck_luna_short_projection);
+    tcase_add_test(tc, gradcheck_transformer);
+    tcase_add_test(tc, gradcheck_with_dropout);
+    tcase_add_test(tc, dropout_reproducible);
+    tcase_add_test(tc, batch_validation);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) { return luna_test_run(suite()); }
