@@ -214,6 +214,36 @@ struct luna_ops {
                                   int64_t rows, int d);
     luna_status (*sum_broadcast)(luna_backend *be, float *dx, const float *dout, int B,
                                  int64_t rows, int d);
+
+    /* ---- Optimizer updates (one parameter tensor of n elements; optim/optimizer.c) ----------
+     * g [n] is the (clipped) gradient and is only read; theta and the state [n] are updated in
+     * place. Hyperparameters are doubles; every element is computed in double from the stored
+     * fp32 values and each stored quantity is rounded to fp32 when written (later sub-steps read
+     * the rounded value). `step` is t, already incremented (t ≥ 1).
+     *
+     * apollo_update (spec apollo.md steps 1–11): m = exp_avg, B = approx_hessian, d = update.
+     *   rebound: 0 constant, 1 belief; wd_type: 0 L2, 1 decoupled, 2 stable (= the enums of
+     *   optim/optimizer.h). With g' = g + wd·θ (L2) else g, α = (1−β)/(1−β^t), Δg = g' − m:
+     *     S4 = Σ d⁴, S_gd = Σ Δg·d, S_Bd = Σ B·d², r = max|Δg|   (old m, B, d; one fused pass)
+     *     ε' = ε/σ (constant) or ε (belief);  den = S4^(1/4) + ε';  v = d/den
+     *     δ = −α·S_gd/den² − S_Bd/den²     (= −α·Σ Δg·v / den − Σ B·v², the spec's scalar)
+     *     m ← m + α·Δg;  B ← B + δ·v²;  D = max(|B|, σ)  (belief: max(|B|, r) + ε/α)
+     *     d ← m / D;  decoupled: d ← d + wd·θ;  stable: d ← d + (wd / mean(D))·θ
+     *     θ ← θ − lr·d
+     *   The sums are accumulated in double with reduce.c's fixed blocking (4096-element blocks,
+     *   8 lanes, blocks combined in order), mean(D) likewise: bit-identical for any thread
+     *   count. On a GPU: a (multi-tensor) reduction kernel, then the elementwise kernel.
+     * adam_update (fairseq's FairseqAdam, AdamW-style decoupled decay): m = exp_avg,
+     *   v = exp_avg_sq;  m ← β1·m + (1−β1)·g;  v ← β2·v + (1−β2)·g²;
+     *   step_size = lr·sqrt(1−β2^t)/(1−β1^t);  θ ← θ − lr·wd·θ;  θ ← θ − step_size·m/(sqrt(v)+ε).
+     *   (ε is added to sqrt(v) before bias correction, as fairseq, not torch.optim.AdamW.) */
+    luna_status (*apollo_update)(luna_backend *be, float *theta, const float *g, float *exp_avg,
+                                 float *approx_hessian, float *update, int64_t n, int64_t step,
+                                 double lr, double beta, double eps, double sigma, int rebound,
+                                 double weight_decay, int wd_type);
+    luna_status (*adam_update)(luna_backend *be, float *theta, const float *g, float *exp_avg,
+                               float *exp_avg_sq, int64_t n, int64_t step, double lr, double beta1,
+                               double beta2, double eps, double weight_decay);
 };
 
 #endif

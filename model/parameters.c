@@ -46,7 +46,7 @@ typedef enum { LIN_QKV, LIN_OUT, LIN_FFN } linear_kind;
 
 static void linear(walker *wk, luna_linear_w *w, const char *prefix, const char *name, int in,
                    int out, linear_kind kind) {
-    char full[128];
+    char full[256]; /* prefix (< 112) + name + suffix always fits */
     snprintf(full, sizeof full, "%s.%s.weight", prefix, name);
     if (kind == LIN_FFN)
         visit(wk, &w->weight, full, 2, out, in, LUNA_INIT_UNIFORM_FAN_IN, 0, in, out);
@@ -59,7 +59,7 @@ static void linear(walker *wk, luna_linear_w *w, const char *prefix, const char 
 }
 
 static void norm(walker *wk, luna_norm_w *w, const char *prefix, const char *name, int d) {
-    char full[128];
+    char full[256];
     snprintf(full, sizeof full, "%s.%s.weight", prefix, name);
     visit(wk, &w->weight, full, 1, d, 0, LUNA_INIT_ONE, 0, d, d);
     snprintf(full, sizeof full, "%s.%s.bias", prefix, name);

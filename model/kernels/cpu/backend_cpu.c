@@ -51,6 +51,8 @@ static const luna_ops cpu_ops = {
     .merge_heads = luna_cpu_merge_heads,
     .broadcast_rows = luna_cpu_broadcast_rows,
     .sum_broadcast = luna_cpu_sum_broadcast,
+    .apollo_update = luna_cpu_apollo_update,
+    .adam_update = luna_cpu_adam_update,
 };
 
 /* 256-byte aligned host memory: the arena's alignment, as cudaMalloc gives on the GPU. */

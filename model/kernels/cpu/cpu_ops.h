@@ -90,4 +90,12 @@ luna_status luna_cpu_broadcast_rows(luna_backend *be, float *out, const float *x
 luna_status luna_cpu_sum_broadcast(luna_backend *be, float *dx, const float *dout, int B,
                                    int64_t rows, int d);
 
+luna_status luna_cpu_apollo_update(luna_backend *be, float *theta, const float *g, float *exp_avg,
+                                   float *approx_hessian, float *update, int64_t n, int64_t step,
+                                   double lr, double beta, double eps, double sigma, int rebound,
+                                   double weight_decay, int wd_type);
+luna_status luna_cpu_adam_update(luna_backend *be, float *theta, const float *g, float *exp_avg,
+                                 float *exp_avg_sq, int64_t n, int64_t step, double lr,
+                                 double beta1, double beta2, double eps, double weight_decay);
+
 #endif

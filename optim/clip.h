@@ -1,0 +1,36 @@
+/* Gradient clipping and the non-finite check (spec apollo.md "One update", step 3 and 5).
+ *
+ * Over every parameter tensor with has_grad (params->grad):
+ *   LUNA_CLIP_EACH (Luna recipe): each tensor's gradient g is scaled by
+ *       min(1, clip_norm / (‖g‖₂ + 1e-6)); *grad_norm = max over tensors of ‖g‖₂.
+ *   LUNA_CLIP_TOTAL (fairseq): one global norm N = sqrt(Σ_tensors ‖g‖₂²), every gradient scaled by
+ *       min(1, clip_norm / (N + 1e-6)); *grad_norm = N.
+ * clip_norm = 0: no clipping, the norms are still computed (*clipped = false).
+ * *clipped: some gradient was scaled (coefficient < 1). Norms are measured before clipping.
+ * Non-finite: if any gradient element is NaN or ±Inf (or a tensor's Σg² overflows fp32, which
+ * fairseq's finiteness check on the norm also treats as overflow), *all_finite = false, NOTHING is
+ * modified, *clipped = false and *grad_norm is the non-finite norm; the trainer skips the update.
+ * Σg² per tensor comes from the backend's deterministic sum_squares op (double accumulation, fixed
+ * blocking), combined on the host in double in parameter order: bit-identical for any thread
+ * count. Any output pointer may be NULL.
+ */
+#ifndef LUNA_OPTIM_CLIP_H
+#define LUNA_OPTIM_CLIP_H
+
+#include <stdbool.h>
+
+#include "model/backend.h"
+#include "model/parameters.h"
+#include "model/status.h"
+
+typedef enum { LUNA_CLIP_EACH, LUNA_CLIP_TOTAL } luna_clip_mode;
+
+luna_status luna_clip_gradients(luna_backend *be, luna_params *p, double clip_norm,
+                                luna_clip_mode mode, double *grad_norm, bool *clipped,
+                                bool *all_finite);
+
+/* "each" | "total" <-> mode. */
+luna_status luna_clip_mode_parse(const char *name, luna_clip_mode *out);
+const char *luna_clip_mode_name(luna_clip_mode mode);
+
+#endif

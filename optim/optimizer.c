@@ -1,0 +1,417 @@
+/* Apollo and Adam over the parameter table (see optim/optimizer.h). The math lives in the backend
+ * ops apollo_update / adam_update (model/kernels/cpu/optimizer_kernels.c is the specification);
+ * this file owns the state blocks, the per-tensor step counters and the checkpoint description. */
+#include "optim/optimizer.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/json.h"
+
+#define MAX_STATE_KINDS 3
+
+_Static_assert(LUNA_REBOUND_CONSTANT == 0 && LUNA_REBOUND_BELIEF == 1,
+               "rebound codes of model/backend.h apollo_update");
+_Static_assert(LUNA_WEIGHT_DECAY_L2 == 0 && LUNA_WEIGHT_DECAY_DECOUPLED == 1 &&
+                   LUNA_WEIGHT_DECAY_STABLE == 2,
+               "weight decay codes of model/backend.h apollo_update");
+
+struct luna_optimizer {
+    luna_backend *be;
+    luna_optimizer_config cfg;
+    luna_params *params;
+    int num_kinds;                 /* state blocks: Apollo 3, Adam 2 */
+    float *state[MAX_STATE_KINDS]; /* device [params->num_params] each, params->data's layout */
+    const char *kind_names[MAX_STATE_KINDS];
+    int64_t *steps;    /* [params->num_tensors] */
+    int num_trainable; /* tensors with has_grad */
+    int *trainable;    /* [num_trainable] indices into params->tensors */
+    char **names;      /* [num_kinds * num_trainable] state tensor names */
+};
+
+void luna_optimizer_config_defaults(luna_optimizer_config *c, luna_optimizer_kind kind) {
+    memset(c, 0, sizeof *c);
+    c->kind = kind;
+    c->apollo_beta = 0.9;
+    c->apollo_eps = 1e-4;
+    c->rebound = LUNA_REBOUND_CONSTANT;
+    c->weight_decay = 0.0;
+    c->weight_decay_type = LUNA_WEIGHT_DECAY_L2;
+    c->adam_beta1 = 0.9;
+    c->adam_beta2 = 0.98;
+    c->adam_eps = 1e-8;
+}
+
+const char *luna_optimizer_kind_name(luna_optimizer_kind kind) {
+    return kind == LUNA_OPTIMIZER_APOLLO ? "apollo" : kind == LUNA_OPTIMIZER_ADAM ? "adam" : "?";
+}
+const char *luna_rebound_name(luna_rebound rebound) {
+    return rebound == LUNA_REBOUND_CONSTANT ? "constant"
+           : rebound == LUNA_REBOUND_BELIEF ? "belief"
+                                            : "?";
+}
+const char *luna_weight_decay_type_name(luna_weight_decay_type type) {
+    switch (type) {
+    case LUNA_WEIGHT_DECAY_L2: return "L2";
+    case LUNA_WEIGHT_DECAY_DECOUPLED: return "decoupled";
+    case LUNA_WEIGHT_DECAY_STABLE: return "stable";
+    }
+    return "?";
+}
+
+luna_status luna_optimizer_config_parse_names(luna_optimizer_config *c, const char *optimizer,
+                                              const char *rebound, const char *weight_decay_type) {
+    if (!c) return luna_error(LUNA_ERR_INVALID_ARGUMENT, "optimizer config: NULL");
+    luna_optimizer_config out = *c;
+    if (optimizer) {
+        if (strcmp(optimizer, "apollo") == 0)
+            out.kind = LUNA_OPTIMIZER_APOLLO;
+        else if (strcmp(optimizer, "adam") == 0)
+            out.kind = LUNA_OPTIMIZER_ADAM;
+        else
+            return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                              "--optimizer: unknown optimizer '%s' (use apollo or adam)",
+                              optimizer);
+    }
+    if (rebound) {
+        if (strcmp(rebound, "constant") == 0)
+            out.rebound = LUNA_REBOUND_CONSTANT;
+        else if (strcmp(rebound, "belief") == 0)
+            out.rebound = LUNA_REBOUND_BELIEF;
+        else
+            return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                              "--apollo-rebound: unknown rebound '%s' (use constant or belief)",
+                              rebound);
+    }
+    if (weight_decay_type) {
+        if (strcmp(weight_decay_type, "L2") == 0 || strcmp(weight_decay_type, "l2") == 0)
+            out.weight_decay_type = LUNA_WEIGHT_DECAY_L2;
+        else if (strcmp(weight_decay_type, "decoupled") == 0)
+            out.weight_decay_type = LUNA_WEIGHT_DECAY_DECOUPLED;
+        else if (strcmp(weight_decay_type, "stable") == 0)
+            out.weight_decay_type = LUNA_WEIGHT_DECAY_STABLE;
+        else
+            return luna_error(
+                LUNA_ERR_INVALID_ARGUMENT,
+                "--weight-decay-type: unknown type '%s' (use L2, decoupled or stable)",
+                weight_decay_type);
+    }
+    *c = out;
+    return LUNA_OK;
+}
+
+static luna_status check_config(const luna_optimizer_config *c) {
+    if (c->kind != LUNA_OPTIMIZER_APOLLO && c->kind != LUNA_OPTIMIZER_ADAM)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "optimizer: unknown kind %d", (int)c->kind);
+    if (!(c->weight_decay >= 0.0))
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "--weight-decay %g: must be >= 0",
+                          c->weight_decay);
+    if (c->kind == LUNA_OPTIMIZER_APOLLO) {
+        if (!(c->apollo_beta >= 0.0 && c->apollo_beta < 1.0))
+            return luna_error(LUNA_ERR_INVALID_ARGUMENT, "--apollo-beta %g: must be in [0, 1)",
+                              c->apollo_beta);
+        if (!(c->apollo_eps > 0.0))
+            return luna_error(LUNA_ERR_INVALID_ARGUMENT, "--apollo-eps %g: must be > 0",
+                              c->apollo_eps);
+        if (c->rebound != LUNA_REBOUND_CONSTANT && c->rebound != LUNA_REBOUND_BELIEF)
+            return luna_error(LUNA_ERR_INVALID_ARGUMENT, "optimizer: unknown rebound %d",
+                              (int)c->rebound);
+        if (c->weight_decay_type < LUNA_WEIGHT_DECAY_L2 ||
+            c->weight_decay_type > LUNA_WEIGHT_DECAY_STABLE)
+            return luna_error(LUNA_ERR_INVALID_ARGUMENT, "optimizer: unknown weight decay type %d",
+                              (int)c->weight_decay_type);
+    } else {
+        if (!(c->adam_beta1 >= 0.0 && c->adam_beta1 < 1.0) ||
+            !(c->adam_beta2 >= 0.0 && c->adam_beta2 < 1.0))
+            return luna_error(LUNA_ERR_INVALID_ARGUMENT, "--adam-betas (%g, %g): must be in [0, 1)",
+                              c->adam_beta1, c->adam_beta2);
+        if (!(c->adam_eps > 0.0))
+            return luna_error(LUNA_ERR_INVALID_ARGUMENT, "--adam-eps %g: must be > 0", c->adam_eps);
+    }
+    return LUNA_OK;
+}
+
+void luna_optimizer_free(luna_optimizer *opt) {
+    if (!opt) return;
+    size_t bytes = opt->params ? opt->params->num_params * sizeof(float) : 0;
+    for (int k = 0; k < MAX_STATE_KINDS; k++)
+        if (opt->state[k]) luna_backend_free(opt->be, opt->state[k], bytes);
+    if (opt->names)
+        for (int i = 0; i < opt->num_kinds * opt->num_trainable; i++)
+            free(opt->names[i]);
+    free(opt->names);
+    free(opt->steps);
+    free(opt->trainable);
+    free(opt);
+}
+
+luna_status luna_optimizer_create(luna_optimizer **out, luna_backend *be,
+                                  const luna_optimizer_config *cfg, luna_params *params) {
+    if (!out || !be || !cfg || !params)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "optimizer_create: NULL argument");
+    *out = NULL;
+    LUNA_TRY(check_config(cfg));
+    luna_optimizer *opt = calloc(1, sizeof *opt);
+    if (!opt) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "optimizer: out of host memory");
+    opt->be = be;
+    opt->cfg = *cfg;
+    opt->params = params;
+    if (cfg->kind == LUNA_OPTIMIZER_APOLLO) {
+        opt->num_kinds = 3;
+        opt->kind_names[0] = "exp_avg";
+        opt->kind_names[1] = "approx_hessian";
+        opt->kind_names[2] = "update";
+    } else {
+        opt->num_kinds = 2;
+        opt->kind_names[0] = "exp_avg";
+        opt->kind_names[1] = "exp_avg_sq";
+    }
+    int nt = params->num_tensors;
+    opt->steps = calloc((size_t)(nt > 0 ? nt : 1), sizeof *opt->steps);
+    opt->trainable = calloc((size_t)(nt > 0 ? nt : 1), sizeof *opt->trainable);
+    if (!opt->steps || !opt->trainable) goto oom;
+    for (int i = 0; i < nt; i++)
+        if (params->tensors[i].has_grad) opt->trainable[opt->num_trainable++] = i;
+    opt->names = calloc((size_t)(opt->num_kinds * opt->num_trainable + 1), sizeof *opt->names);
+    if (!opt->names) goto oom;
+    for (int k = 0; k < opt->num_kinds; k++)
+        for (int j = 0; j < opt->num_trainable; j++) {
+            const char *pname = params->tensors[opt->trainable[j]].name;
+            size_t len = strlen("optimizer.") + strlen(opt->kind_names[k]) + 1 + strlen(pname) + 1;
+            char *s = malloc(len);
+            if (!s) goto oom;
+            snprintf(s, len, "optimizer.%s.%s", opt->kind_names[k], pname);
+            opt->names[k * opt->num_trainable + j] = s;
+        }
+    size_t bytes = params->num_params * sizeof(float);
+    for (int k = 0; k < opt->num_kinds; k++) {
+        opt->state[k] = luna_backend_malloc(be, bytes ? bytes : sizeof(float));
+        if (!opt->state[k]) {
+            luna_optimizer_free(opt);
+            return luna_error(LUNA_ERR_OUT_OF_MEMORY,
+                              "optimizer: cannot allocate %zu bytes of %s state on %s", bytes,
+                              luna_optimizer_kind_name(cfg->kind), be->name);
+        }
+        if (bytes) be->memset_zero(opt->state[k], bytes);
+    }
+    *out = opt;
+    return LUNA_OK;
+oom:
+    luna_optimizer_free(opt);
+    return luna_error(LUNA_ERR_OUT_OF_MEMORY, "optimizer: out of host memory");
+}
+
+luna_status luna_optimizer_step(luna_optimizer *opt, double lr) {
+    if (!opt) return luna_error(LUNA_ERR_INVALID_ARGUMENT, "optimizer_step: NULL optimizer");
+    if (!(lr >= 0.0) || lr > 1e300)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "optimizer_step: bad learning rate %g", lr);
+    luna_params *p = opt->params;
+    luna_backend *be = opt->be;
+    const luna_optimizer_config *c = &opt->cfg;
+    for (int j = 0; j < opt->num_trainable; j++) {
+        int i = opt->trainable[j];
+        const luna_param_info *info = &p->tensors[i];
+        int64_t n = (int64_t)info->numel, t = opt->steps[i] + 1;
+        float *theta = p->data + info->offset;
+        const float *g = p->grad + info->offset;
+        luna_status st;
+        if (c->kind == LUNA_OPTIMIZER_APOLLO)
+            st = be->ops->apollo_update(
+                be, theta, g, opt->state[0] + info->offset, opt->state[1] + info->offset,
+                opt->state[2] + info->offset, n, t, lr, c->apollo_beta, c->apollo_eps,
+                LUNA_APOLLO_SIGMA, (int)c->rebound, c->weight_decay, (int)c->weight_decay_type);
+        else
+            st = be->ops->adam_update(be, theta, g, opt->state[0] + info->offset,
+                                      opt->state[1] + info->offset, n, t, lr, c->adam_beta1,
+                                      c->adam_beta2, c->adam_eps, c->weight_decay);
+        if (st != LUNA_OK) {
+            luna_error_prefix("optimizer step, tensor %s", info->name);
+            return st;
+        }
+        opt->steps[i] = t;
+    }
+    return LUNA_OK;
+}
+
+const luna_optimizer_config *luna_optimizer_get_config(const luna_optimizer *opt) {
+    return &opt->cfg;
+}
+
+int64_t luna_optimizer_tensor_step(const luna_optimizer *opt, int param_index) {
+    if (!opt || param_index < 0 || param_index >= opt->params->num_tensors) return -1;
+    return opt->steps[param_index];
+}
+
+int luna_optimizer_num_state_tensors(const luna_optimizer *opt) {
+    return opt ? opt->num_kinds * opt->num_trainable : 0;
+}
+
+luna_status luna_optimizer_state_tensor(const luna_optimizer *opt, int i, const char **name,
+                                        luna_tensor *view) {
+    if (!opt || i < 0 || i >= luna_optimizer_num_state_tensors(opt))
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "optimizer state tensor %d: out of range", i);
+    int k = i / opt->num_trainable, j = i % opt->num_trainable;
+    const luna_param_info *info = &opt->params->tensors[opt->trainable[j]];
+    if (name) *name = opt->names[i];
+    if (view) {
+        int64_t shape[2] = {info->shape[0], info->shape[1]};
+        int ndim = info->ndim;
+        if (ndim < 1) {
+            ndim = 1;
+            shape[0] = (int64_t)info->numel;
+        }
+        *view =
+            luna_tensor_view(opt->state[k] + info->offset, opt->be->device, LUNA_F32, ndim, shape);
+    }
+    return LUNA_OK;
+}
+
+/* ---- JSON ------------------------------------------------------------------------------------ */
+
+luna_status luna_optimizer_state_to_json(const luna_optimizer *opt, char **json_out) {
+    if (!opt || !json_out)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "optimizer_state_to_json: NULL argument");
+    const luna_optimizer_config *c = &opt->cfg;
+    luna_json_writer w;
+    luna_json_writer_init(&w);
+    luna_json_begin_object(&w);
+    luna_json_key(&w, "kind");
+    luna_json_string(&w, luna_optimizer_kind_name(c->kind));
+    luna_json_key(&w, "config");
+    luna_json_begin_object(&w);
+    luna_json_key(&w, "apollo_beta");
+    luna_json_double(&w, c->apollo_beta);
+    luna_json_key(&w, "apollo_eps");
+    luna_json_double(&w, c->apollo_eps);
+    luna_json_key(&w, "apollo_sigma");
+    luna_json_double(&w, LUNA_APOLLO_SIGMA);
+    luna_json_key(&w, "rebound");
+    luna_json_string(&w, luna_rebound_name(c->rebound));
+    luna_json_key(&w, "weight_decay");
+    luna_json_double(&w, c->weight_decay);
+    luna_json_key(&w, "weight_decay_type");
+    luna_json_string(&w, luna_weight_decay_type_name(c->weight_decay_type));
+    luna_json_key(&w, "adam_beta1");
+    luna_json_double(&w, c->adam_beta1);
+    luna_json_key(&w, "adam_beta2");
+    luna_json_double(&w, c->adam_beta2);
+    luna_json_key(&w, "adam_eps");
+    luna_json_double(&w, c->adam_eps);
+    luna_json_end_object(&w);
+    luna_json_key(&w, "steps");
+    luna_json_begin_object(&w);
+    for (int j = 0; j < opt->num_trainable; j++) {
+        int i = opt->trainable[j];
+        luna_json_key(&w, opt->params->tensors[i].name);
+        luna_json_int(&w, opt->steps[i]);
+    }
+    luna_json_end_object(&w);
+    luna_json_end_object(&w);
+    return luna_json_writer_finish(&w, json_out, NULL);
+}
+
+static const char *HINT = "use --reset-optimizer to start a fresh optimizer";
+
+static luna_status expect_string(const luna_json *cfg, const char *key, const char *want) {
+    const luna_json *v = luna_json_get(cfg, key);
+    if (!v || v->type != LUNA_JSON_STRING)
+        return luna_error(LUNA_ERR_FORMAT, "optimizer state: config.%s missing or not a string",
+                          key);
+    if (strcmp(v->string, want) != 0)
+        return luna_error(LUNA_ERR_MISMATCH,
+                          "optimizer state: %s is '%s' in the checkpoint but '%s' here (%s)", key,
+                          v->string, want, HINT);
+    return LUNA_OK;
+}
+
+static luna_status expect_number(const luna_json *cfg, const char *key, double want) {
+    const luna_json *v = luna_json_get(cfg, key);
+    if (!v || v->type != LUNA_JSON_NUMBER)
+        return luna_error(LUNA_ERR_FORMAT, "optimizer state: config.%s missing or not a number",
+                          key);
+    if (v->number != want)
+        return luna_error(LUNA_ERR_MISMATCH,
+                          "optimizer state: %s is %.17g in the checkpoint but %.17g here (%s)", key,
+                          v->number, want, HINT);
+    return LUNA_OK;
+}
+
+static luna_status check_json(const luna_optimizer *opt, const luna_json *root, int64_t *steps) {
+    const luna_optimizer_config *c = &opt->cfg;
+    if (!root || root->type != LUNA_JSON_OBJECT)
+        return luna_error(LUNA_ERR_FORMAT, "optimizer state: not a JSON object");
+    const luna_json *kind = luna_json_get(root, "kind");
+    if (!kind || kind->type != LUNA_JSON_STRING)
+        return luna_error(LUNA_ERR_FORMAT, "optimizer state: \"kind\" missing or not a string");
+    if (strcmp(kind->string, luna_optimizer_kind_name(c->kind)) != 0)
+        return luna_error(LUNA_ERR_MISMATCH,
+                          "optimizer state: the checkpoint has %s state but the optimizer is %s "
+                          "(%s)",
+                          kind->string, luna_optimizer_kind_name(c->kind), HINT);
+    const luna_json *cfg = luna_json_get(root, "config");
+    if (!cfg || cfg->type != LUNA_JSON_OBJECT)
+        return luna_error(LUNA_ERR_FORMAT, "optimizer state: \"config\" missing");
+    if (c->kind == LUNA_OPTIMIZER_APOLLO) {
+        LUNA_TRY(expect_number(cfg, "apollo_beta", c->apollo_beta));
+        LUNA_TRY(expect_number(cfg, "apollo_eps", c->apollo_eps));
+        LUNA_TRY(expect_number(cfg, "apollo_sigma", LUNA_APOLLO_SIGMA));
+        LUNA_TRY(expect_string(cfg, "rebound", luna_rebound_name(c->rebound)));
+        LUNA_TRY(expect_number(cfg, "weight_decay", c->weight_decay));
+        LUNA_TRY(expect_string(cfg, "weight_decay_type",
+                               luna_weight_decay_type_name(c->weight_decay_type)));
+    } else {
+        LUNA_TRY(expect_number(cfg, "adam_beta1", c->adam_beta1));
+        LUNA_TRY(expect_number(cfg, "adam_beta2", c->adam_beta2));
+        LUNA_TRY(expect_number(cfg, "adam_eps", c->adam_eps));
+        LUNA_TRY(expect_number(cfg, "weight_decay", c->weight_decay));
+    }
+    const luna_json *st = luna_json_get(root, "steps");
+    if (!st || st->type != LUNA_JSON_OBJECT)
+        return luna_error(LUNA_ERR_FORMAT, "optimizer state: \"steps\" missing");
+    for (size_t k = 0; k < st->length; k++) {
+        const luna_param_info *info = luna_params_find(opt->params, st->keys[k]);
+        if (!info || !info->has_grad)
+            return luna_error(LUNA_ERR_MISMATCH,
+                              "optimizer state: step count for '%s', which is not a trainable "
+                              "parameter of this model (%s)",
+                              st->keys[k], HINT);
+        const luna_json *v = &st->items[k];
+        if (v->type != LUNA_JSON_NUMBER || !v->is_int || v->is_negative)
+            return luna_error(LUNA_ERR_FORMAT,
+                              "optimizer state: step count of '%s' is not a non-negative integer",
+                              st->keys[k]);
+        steps[info - opt->params->tensors] = (int64_t)v->uint_value;
+    }
+    for (int j = 0; j < opt->num_trainable; j++) {
+        int i = opt->trainable[j];
+        if (steps[i] < 0)
+            return luna_error(LUNA_ERR_MISMATCH, "optimizer state: no step count for '%s' (%s)",
+                              opt->params->tensors[i].name, HINT);
+    }
+    return LUNA_OK;
+}
+
+luna_status luna_optimizer_state_from_json(luna_optimizer *opt, const char *json) {
+    if (!opt || !json)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "optimizer_state_from_json: NULL argument");
+    luna_json *root = NULL;
+    luna_status s = luna_json_parse(&root, json, strlen(json), NULL);
+    if (s != LUNA_OK) {
+        luna_error_prefix("optimizer state");
+        return s;
+    }
+    int nt = opt->params->num_tensors;
+    int64_t *steps = malloc((size_t)(nt > 0 ? nt : 1) * sizeof *steps);
+    if (!steps) {
+        luna_json_free(root);
+        return luna_error(LUNA_ERR_OUT_OF_MEMORY, "optimizer state: out of host memory");
+    }
+    for (int i = 0; i < nt; i++)
+        steps[i] = opt->params->tensors[i].has_grad ? -1 : 0;
+    s = check_json(opt, root, steps);
+    if (s == LUNA_OK) memcpy(opt->steps, steps, (size_t)nt * sizeof *steps);
+    free(steps);
+    luna_json_free(root);
+    return s;
+}

@@ -1,0 +1,100 @@
+/* Optimizers: Apollo (spec apollo.md, the Luna recipe) and Adam/AdamW (fairseq's FairseqAdam).
+ *
+ * The optimizer owns its state on the backend's device, one block per state kind laid out exactly
+ * like params->data (the same offsets), so sharding or saving the state is a matter of offsets:
+ *   Apollo: exp_avg (m), approx_hessian (B), update (d)     Adam: exp_avg (m), exp_avg_sq (v)
+ * plus a host-side step counter t per parameter tensor. All state starts at zero.
+ *
+ * luna_optimizer_step() updates every tensor with has_grad, reading params->grad (the already
+ * clipped gradient; it is never modified) and writing params->data and the state through the
+ * backend ops apollo_update / adam_update (model/backend.h), so the same code runs on the GPU.
+ * Tensors without has_grad are neither updated nor decayed, and their state stays zero.
+ *
+ * Precision: state and parameters are stored in fp32; each step computes every element in double
+ * from the stored values and rounds what it stores (see model/kernels/cpu/optimizer_kernels.c).
+ */
+#ifndef LUNA_OPTIM_OPTIMIZER_H
+#define LUNA_OPTIM_OPTIMIZER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "model/backend.h"
+#include "model/parameters.h"
+#include "model/status.h"
+#include "model/tensor.h"
+
+/* σ of the constant rebound (apollo.md; older releases used σ = 1 with lr ×100, equivalent). */
+#define LUNA_APOLLO_SIGMA 0.01
+
+typedef enum { LUNA_OPTIMIZER_APOLLO, LUNA_OPTIMIZER_ADAM } luna_optimizer_kind;
+/* The values of these two enums are the codes the backend ops take (model/backend.h). */
+typedef enum { LUNA_REBOUND_CONSTANT, LUNA_REBOUND_BELIEF } luna_rebound;
+typedef enum {
+    LUNA_WEIGHT_DECAY_L2,
+    LUNA_WEIGHT_DECAY_DECOUPLED,
+    LUNA_WEIGHT_DECAY_STABLE
+} luna_weight_decay_type;
+
+typedef struct {
+    luna_optimizer_kind kind;
+    double apollo_beta, apollo_eps; /* 0.9, 1e-4; sigma = 0.01 (constant rebound) per apollo.md */
+    luna_rebound rebound;
+    double weight_decay;                      /* 0 default; WMT recipe 1e-8 */
+    luna_weight_decay_type weight_decay_type; /* Apollo only; Adam's decay is always decoupled */
+    double adam_beta1, adam_beta2, adam_eps;  /* 0.9, 0.98, 1e-8 */
+} luna_optimizer_config;
+
+/* Defaults for `kind`: Apollo β 0.9, ε 1e-4, constant rebound, L2; Adam β (0.9, 0.98), ε 1e-8;
+ * weight_decay 0. (All fields are set whatever the kind.) */
+void luna_optimizer_config_defaults(luna_optimizer_config *c, luna_optimizer_kind kind);
+
+/* Flag values <-> enums. Each name argument may be NULL (field left unchanged):
+ *   optimizer "apollo" | "adam";  rebound "constant" | "belief";
+ *   weight_decay_type "L2" (also "l2") | "decoupled" | "stable".
+ * Unknown names: LUNA_ERR_INVALID_ARGUMENT naming the flag and the accepted values. */
+luna_status luna_optimizer_config_parse_names(luna_optimizer_config *c, const char *optimizer,
+                                              const char *rebound, const char *weight_decay_type);
+const char *luna_optimizer_kind_name(luna_optimizer_kind kind); /* "apollo" / "adam" */
+const char *luna_rebound_name(luna_rebound rebound);            /* "constant" / "belief" */
+const char *
+luna_weight_decay_type_name(luna_weight_decay_type type); /* "L2"/"decoupled"/"stable" */
+
+typedef struct luna_optimizer luna_optimizer;
+
+/* State zero, one block per state kind laid out like params->data. `params` (and `be`) must
+ * outlive the optimizer. Checks the configuration (β in [0, 1), ε > 0, weight_decay ≥ 0). */
+luna_status luna_optimizer_create(luna_optimizer **out, luna_backend *be,
+                                  const luna_optimizer_config *cfg, luna_params *params);
+void luna_optimizer_free(luna_optimizer *opt);
+
+/* One update of every tensor with has_grad, using params->grad, with learning rate `lr` (the
+ * scheduler's value for this update, see optim/lr_scheduler.h). Increments each tensor's t. */
+luna_status luna_optimizer_step(luna_optimizer *opt, double lr);
+
+const luna_optimizer_config *luna_optimizer_get_config(const luna_optimizer *opt);
+/* The step count t of parameter tensor `param_index` (index into params->tensors). */
+int64_t luna_optimizer_tensor_step(const luna_optimizer *opt, int param_index);
+
+/* Checkpointing: the state as named tensors (device pointers into the state blocks) and the
+ * per-tensor step counters. Only tensors with has_grad have state tensors. Order: state kind
+ * major (all exp_avg, then approx_hessian, then update; Adam: exp_avg, exp_avg_sq), parameter
+ * order within a kind. Names: "optimizer.exp_avg.<param name>", "optimizer.approx_hessian.<..>",
+ * "optimizer.update.<..>" (Apollo), "optimizer.exp_avg_sq.<..>" (Adam). `view` is a non-owning
+ * F32 tensor with the parameter's shape on the backend's device; write into it to restore. */
+int luna_optimizer_num_state_tensors(const luna_optimizer *opt);
+luna_status luna_optimizer_state_tensor(const luna_optimizer *opt, int i, const char **name,
+                                        luna_tensor *view);
+
+/* JSON with the kind, the configuration and the per-tensor step counts:
+ *   {"kind":"apollo","config":{"apollo_beta":0.9,...},"steps":{"<param name>":t,...}}
+ * (*json_out malloc'd, caller frees). */
+luna_status luna_optimizer_state_to_json(const luna_optimizer *opt, char **json_out);
+/* Restores the step counts. The kind and every configuration value must equal this optimizer's
+ * (LUNA_ERR_MISMATCH naming the first difference, e.g. "optimizer state: rebound is 'belief' in
+ * the checkpoint but 'constant' here (use --reset-optimizer to start a fresh optimizer)"), and
+ * every has_grad tensor must have a step count (LUNA_ERR_MISMATCH otherwise). Nothing is changed
+ * on error. The tensors themselves are restored through luna_optimizer_state_tensor views. */
+luna_status luna_optimizer_state_from_json(luna_optimizer *opt, const char *json);
+
+#endif
