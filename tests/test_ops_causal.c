@@ -13,12 +13,6 @@
 #include "model/backend.h"
 #include "tests/test_util.h"
 
-static luna_backend *make_backend(int threads) {
-    luna_backend *be;
-    ck_assert_int_eq(luna_backend_cpu_create(&be, threads), LUNA_OK);
-    return be;
-}
-
 typedef struct {
     luna_backend *be;
     int G, n, p, q;
@@ -138,7 +132,7 @@ static const int shapes[][4] = {{1, 1, 1, 1},    {2, 1, 3, 5},    {3, 7, 5, 3}, 
 #define NSHAPES (int)(sizeof shapes / sizeof shapes[0])
 
 START_TEST(forward_matches_naive) {
-    luna_backend *be = make_backend(2);
+    luna_backend *be = luna_test_backend(2);
     double worst = 0.0;
     for (int k = 0; k < NSHAPES; k++) {
         causal_case c =
@@ -160,7 +154,7 @@ START_TEST(forward_matches_naive) {
 END_TEST
 
 START_TEST(backward_matches_naive) {
-    luna_backend *be = make_backend(2);
+    luna_backend *be = luna_test_backend(2);
     double worst = 0.0;
     for (int k = 0; k < NSHAPES; k++) {
         causal_case c = make_case(be, shapes[k][0], shapes[k][1], shapes[k][2], shapes[k][3],
@@ -197,7 +191,7 @@ static double causal_loss(void *ctx) {
 }
 
 START_TEST(gradcheck_x_a_b) {
-    luna_backend *be = make_backend(2);
+    luna_backend *be = luna_test_backend(2);
     static const int small[][4] = {{1, 1, 1, 1}, {2, 5, 3, 4}, {1, 9, 7, 5},
                                    {2, 4, 1, 6}, {1, 6, 5, 1}, {1, 8, 16, 8}};
     double worst = 0.0;
@@ -225,7 +219,7 @@ END_TEST
 /* out_t depends on nothing at positions s > t: changing every future x_s, a_s, b_s leaves the
  * outputs up to t bit-identical (and does change later ones). */
 START_TEST(causality) {
-    luna_backend *be = make_backend(2);
+    luna_backend *be = luna_test_backend(2);
     const int G = 3, n = 20, p = 8, q = 6, t0 = 9;
     causal_case c = make_case(be, G, n, p, q, 77);
     forward(&c);
@@ -258,7 +252,7 @@ END_TEST
 /* Threads take whole groups: outputs and gradients are bit-identical for 1, 2 and 3 threads; the
  * scratch state is given back. */
 START_TEST(threads_and_scratch) {
-    luna_backend *be = make_backend(1);
+    luna_backend *be = luna_test_backend(1);
     causal_case c = make_case(be, 16, 64, 64, 32, 5);
     size_t np = (size_t)c.G * c.n * c.p, nq = (size_t)c.G * c.n * c.q;
     float *ref = malloc((2 * np + 2 * nq) * sizeof *ref);
@@ -285,7 +279,7 @@ START_TEST(threads_and_scratch) {
 END_TEST
 
 START_TEST(degenerate_shapes) {
-    luna_backend *be = make_backend(2);
+    luna_backend *be = luna_test_backend(2);
     float dummy[4] = {1, 2, 3, 4};
     const luna_ops *ops = be->ops;
     ck_assert_int_eq(ops->causal_contraction_forward(be, dummy, dummy, dummy, dummy, 0, 3, 2, 2),

@@ -12,12 +12,6 @@
 
 #define PAD 1
 
-static luna_backend *make_backend(int threads) {
-    luna_backend *be;
-    ck_assert_int_eq(luna_backend_cpu_create(&be, threads), LUNA_OK);
-    return be;
-}
-
 typedef struct {
     luna_backend *be;
     int64_t N;
@@ -94,7 +88,7 @@ static void naive(const ce_case *c, double *loss, double *nll, double *lse) {
 }
 
 START_TEST(forward_matches_naive) {
-    luna_backend *be = make_backend(2);
+    luna_backend *be = luna_test_backend(2);
     const int Vs[] = {1, 2, 37, 1000, 40624};
     const float offsets[] = {0.0f, 1000.0f, -3000.0f};
     double worst = 0.0;
@@ -152,7 +146,7 @@ static double ce_loss(void *ctx) {
 }
 
 START_TEST(gradcheck_logits) {
-    luna_backend *be = make_backend(2);
+    luna_backend *be = luna_test_backend(2);
     const int shapes[][2] = {{1, 1}, {1, 2}, {4, 5}, {7, 37}, {3, 64}};
     double worst = 0.0;
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++)
@@ -178,7 +172,7 @@ END_TEST
 /* Pad rows: gradient exactly 0 even when their logits are garbage (NaN); in-place backward
  * (dlogits == logits) equals the out-of-place one bit for bit; 1, 2, 3 threads agree. */
 START_TEST(pad_rows_in_place_and_threads) {
-    luna_backend *be = make_backend(1);
+    luna_backend *be = luna_test_backend(1);
     ce_case c = make_case(be, 67, 3001, 0.1f, 0.0f, 9); /* N·V above the threading threshold */
     for (int64_t r = 0; r < c.N; r++)
         if (c.targets[r] == PAD) c.logits[r * c.V + 5] = NAN;
@@ -223,7 +217,7 @@ START_TEST(pad_rows_in_place_and_threads) {
 END_TEST
 
 START_TEST(argument_errors) {
-    luna_backend *be = make_backend(1);
+    luna_backend *be = luna_test_backend(1);
     ce_case c = make_case(be, 3, 10, 0.1f, 0.0f, 1);
     c.targets[0] = 10; /* outside [0, V) */
     ck_assert_int_eq(be->ops->cross_entropy_forward(be, c.loss, c.nll, c.lse, c.logits, c.targets,

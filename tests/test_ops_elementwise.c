@@ -15,12 +15,6 @@
 #define FD_RTOL 2e-3
 #define FD_FLOOR 1e-3
 
-static luna_backend *make_backend(int threads) {
-    luna_backend *be;
-    ck_assert_int_eq(luna_backend_cpu_create(&be, threads), LUNA_OK);
-    return be;
-}
-
 static float *random_vector(uint64_t seed, int64_t n, float lo, float hi) {
     float *x = malloc((size_t)(n ? n : 1) * sizeof *x);
     ck_assert_ptr_nonnull(x);
@@ -109,7 +103,7 @@ static double check_unary(luna_backend *be, int op, int64_t n, float lo, float h
 
 /* ---- Dropout ------------------------------------------------------------------------------- */
 START_TEST(dropout_mask_is_the_rng_mask) {
-    luna_backend *be = make_backend(2);
+    luna_backend *be = luna_test_backend(2);
     const luna_rng_key keys[] = {
         {.seed = 1, .step = 0, .stream_id = 0},
         {.seed = 0x123456789abcull, .step = 0x5000000007ull, .stream_id = 77}};
@@ -137,7 +131,7 @@ START_TEST(dropout_mask_is_the_rng_mask) {
 END_TEST
 
 START_TEST(dropout_gradcheck_threads_and_identity) {
-    luna_backend *be = make_backend(2);
+    luna_backend *be = luna_test_backend(2);
     double worst = 0.0;
     const int64_t ns[] = {1, 3, 7, 33, 130};
     for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++)
@@ -233,7 +227,7 @@ static double check_activation_values(luna_backend *be, int op, double (*f)(doub
 }
 
 START_TEST(activations_values_and_gradcheck) {
-    luna_backend *be = make_backend(2);
+    luna_backend *be = luna_test_backend(2);
     double vs = check_activation_values(be, U_SOFTPLUS, softplus_ref, softplus_grad_ref);
     double ve = check_activation_values(be, U_ELU, elu1_ref, elu1_grad_ref);
     printf("softplus_ln2 values: worst relative error %.3g; elu_plus_one: %.3g\n", vs, ve);
@@ -291,7 +285,7 @@ END_TEST
 
 /* ---- Arithmetic ------------------------------------------------------------------------------ */
 START_TEST(add_axpy_scale_fill) {
-    luna_backend *be = make_backend(2);
+    luna_backend *be = luna_test_backend(2);
     const int64_t ns[] = {0, 1, 5, 100003};
     for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
         int64_t n = ns[k];
@@ -334,7 +328,7 @@ END_TEST
 
 /* ---- Layout ---------------------------------------------------------------------------------- */
 START_TEST(split_merge_heads) {
-    luna_backend *be = make_backend(2);
+    luna_backend *be = luna_test_backend(2);
     const int shapes[][4] = {{1, 1, 1, 1}, {2, 3, 5, 7}, {1, 4, 8, 64}, {3, 65, 8, 64}};
     double worst = 0.0;
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
@@ -372,7 +366,7 @@ END_TEST
 
 /* ⟨broadcast(x), y⟩ = ⟨x, sum_broadcast(y)⟩; sum_broadcast accumulates; FD of broadcast_rows. */
 START_TEST(broadcast_adjoint) {
-    luna_backend *be = make_backend(2);
+    luna_backend *be = luna_test_backend(2);
     const int shapes[][3] = {{1, 1, 1}, {3, 5, 7}, {2, 1, 9}, {40, 32, 512}};
     double worst = 0.0;
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {

@@ -17,40 +17,24 @@
 #endif
 #define PAD 1 /* fairseq's padding_idx */
 
-#define EXPECT(cond, ...)                                                                          \
-    do {                                                                                           \
-        if (!(cond)) ck_abort_msg(__VA_ARGS__);                                                    \
-    } while (0)
-
-static luna_backend *make_backend(int threads) {
-    luna_backend *be;
-    ck_assert_int_eq(luna_backend_cpu_create(&be, threads), LUNA_OK);
-    return be;
-}
-
-static float *rand_vec(luna_test_rng *rng, size_t n, float lo, float hi) {
-    float *v = malloc((n ? n : 1) * sizeof *v);
-    ck_assert_ptr_nonnull(v);
-    luna_test_fill_uniform(rng, v, n, lo, hi);
-    return v;
-}
-
 /* ---- Token embedding ------------------------------------------------------------------------- */
 
 START_TEST(embedding_forward_scales_rows_and_zeroes_pads) {
-    luna_backend *be = make_backend(2);
+    luna_backend *be = luna_test_backend(2);
     luna_test_rng rng;
     luna_test_rng_seed(&rng, 1);
     const int V = 6, d = 5, n = 7;
     const int32_t tokens[7] = {3, PAD, 0, 5, 3, PAD, 2};
-    float *table = rand_vec(&rng, V * d, -1, 1), *out = rand_vec(&rng, n * d, -1, 1);
+    float *table = luna_test_random_vector(&rng, V * d, -1, 1),
+          *out = luna_test_random_vector(&rng, n * d, -1, 1);
     const float scale = 2.2360679f; /* √5 */
     ck_assert_int_eq(be->ops->embedding_forward(be, out, table, tokens, n, V, d, scale, PAD),
                      LUNA_OK);
     for (int i = 0; i < n; i++)
         for (int c = 0; c < d; c++) {
             float want = tokens[i] == PAD ? 0.0f : scale * table[tokens[i] * d + c];
-            EXPECT(out[i * d + c] == want, "out[%d][%d] = %g, want %g", i, c, out[i * d + c], want);
+            LUNA_EXPECT(out[i * d + c] == want, "out[%d][%d] = %g, want %g", i, c, out[i * d + c],
+                        want);
         }
     free(table);
     free(out);
@@ -70,12 +54,12 @@ static double emb_loss(void *p) {
     emb_ctx *c = p;
     luna_status st = c->be->ops->embedding_forward(c->be, c->out, c->table, c->tokens, c->n, c->V,
                                                    c->d, c->scale, PAD);
-    EXPECT(st == LUNA_OK, "%s", luna_error_message());
+    LUNA_EXPECT(st == LUNA_OK, "%s", luna_error_message());
     return luna_test_weighted_sum(c->out, c->w, (size_t)c->n * c->d);
 }
 
 START_TEST(embedding_gradient_matches_finite_differences) {
-    luna_backend *be = make_backend(2);
+    luna_backend *be = luna_test_backend(2);
     /* Repeated tokens (4 three times), padding tokens, V = 1 and d = 1 edge cases. */
     static const int32_t tok_a[] = {4, PAD, 0, 4, 2, 4, PAD, 5};
     static const int32_t tok_b[] = {0};
@@ -90,9 +74,9 @@ START_TEST(embedding_gradient_matches_finite_differences) {
         luna_test_rng rng;
         luna_test_rng_seed(&rng, 10 + k);
         emb_ctx c = {be,
-                     rand_vec(&rng, V * d, -1, 1),
-                     rand_vec(&rng, n * d, 0, 0),
-                     rand_vec(&rng, n * d, -1, 1),
+                     luna_test_random_vector(&rng, V * d, -1, 1),
+                     luna_test_random_vector(&rng, n * d, 0, 0),
+                     luna_test_random_vector(&rng, n * d, -1, 1),
                      cases[k].tokens,
                      n,
                      V,
@@ -119,14 +103,15 @@ END_TEST
 /* dtable accumulates (+=) and the result does not depend on the thread count (heavily repeated
  * tokens, more columns than one tile). */
 START_TEST(embedding_backward_accumulates_deterministically) {
-    luna_backend *be = make_backend(2);
+    luna_backend *be = luna_test_backend(2);
     luna_test_rng rng;
     luna_test_rng_seed(&rng, 3);
     const int V = 7, d = 100, n = 5000;
     int32_t *tokens = malloc(n * sizeof *tokens);
     for (int i = 0; i < n; i++)
         tokens[i] = (int32_t)(luna_test_uniform(&rng, 0, 1) * V) % V;
-    float *dout = rand_vec(&rng, (size_t)n * d, -1, 1), *d0 = rand_vec(&rng, V * d, -1, 1);
+    float *dout = luna_test_random_vector(&rng, (size_t)n * d, -1, 1),
+          *d0 = luna_test_random_vector(&rng, V * d, -1, 1);
     float *dt[2];
     for (int t = 0; t < 2; t++) {
         luna_backend_set_threads(be, 2 - t);
@@ -142,8 +127,8 @@ START_TEST(embedding_backward_accumulates_deterministically) {
             if (v != PAD)
                 for (int i = 0; i < n; i++)
                     if (tokens[i] == v) s += 0.5 * dout[(size_t)i * d + c];
-            EXPECT(fabs(dt[0][v * d + c] - s) <= 1e-4, "dtable[%d][%d] = %g, want %g", v, c,
-                   dt[0][v * d + c], s);
+            LUNA_EXPECT(fabs(dt[0][v * d + c] - s) <= 1e-4, "dtable[%d][%d] = %g, want %g", v, c,
+                        dt[0][v * d + c], s);
         }
     free(tokens);
     free(dout);
@@ -155,7 +140,7 @@ START_TEST(embedding_backward_accumulates_deterministically) {
 END_TEST
 
 START_TEST(embedding_rejects_out_of_range_ids) {
-    luna_backend *be = make_backend(1);
+    luna_backend *be = luna_test_backend(1);
     float table[4 * 3] = {0}, out[4 * 3], dtable[4 * 3] = {0}, dout[4 * 3] = {1, 1, 1, 1, 1, 1};
     const int32_t big[4] = {0, 3, 4, 1}, neg[4] = {2, -1, 0, 0};
     ck_assert_int_eq(be->ops->embedding_forward(be, out, table, big, 4, 4, 3, 1.0f, PAD),
@@ -182,7 +167,7 @@ static double pe_ref(int pos, int i, int d) {
 }
 
 START_TEST(sinusoidal_table_matches_formula) {
-    luna_backend *be = make_backend(2);
+    luna_backend *be = luna_test_backend(2);
     static const int dims[] = {1, 2, 3, 4, 7, 8, 33, 512};
     static const int firsts[] = {0, 2, 1000};
     for (size_t a = 0; a < sizeof dims / sizeof dims[0]; a++)
@@ -195,8 +180,9 @@ START_TEST(sinusoidal_table_matches_formula) {
                     double want = pe_ref(first + j, i, d);
                     /* Rounded once from double (pow vs exp: ~1e-13 apart in the angle). */
                     double tol = 1e-7;
-                    EXPECT(fabs(out[j * d + i] - want) <= tol, "d %d PE(%d)[%d] = %.9g, want %.9g",
-                           d, first + j, i, out[j * d + i], want);
+                    LUNA_EXPECT(fabs(out[j * d + i] - want) <= tol,
+                                "d %d PE(%d)[%d] = %.9g, want %.9g", d, first + j, i,
+                                out[j * d + i], want);
                 }
             free(out);
         }
@@ -214,7 +200,7 @@ START_TEST(sinusoidal_table_matches_formula) {
 END_TEST
 
 START_TEST(positions_add_follows_make_positions) {
-    luna_backend *be = make_backend(2);
+    luna_backend *be = luna_test_backend(2);
     enum { B = 5, N = 7 };
     const int32_t tokens[B * N] = {
         8,   9,   10,  4,   2,   PAD, PAD, /* right padding */
@@ -228,7 +214,7 @@ START_TEST(positions_add_follows_make_positions) {
         int d = dims[a];
         luna_test_rng rng;
         luna_test_rng_seed(&rng, 50 + a);
-        float *x0 = rand_vec(&rng, (size_t)B * N * d, -1, 1);
+        float *x0 = luna_test_random_vector(&rng, (size_t)B * N * d, -1, 1);
         float *x = malloc(sizeof(float) * B * N * d);
         memcpy(x, x0, sizeof(float) * B * N * d);
         ck_assert_int_eq(be->ops->positions_add(be, x, tokens, B, N, d, PAD), LUNA_OK);
@@ -237,15 +223,17 @@ START_TEST(positions_add_follows_make_positions) {
             for (int t = 0; t < N; t++) {
                 const float *xi = x + ((size_t)b * N + t) * d, *x0i = x0 + ((size_t)b * N + t) * d;
                 if (tokens[b * N + t] == PAD) { /* pads: bit-identical, nothing added */
-                    EXPECT(memcmp(xi, x0i, sizeof(float) * d) == 0, "pad (%d, %d) changed", b, t);
+                    LUNA_EXPECT(memcmp(xi, x0i, sizeof(float) * d) == 0, "pad (%d, %d) changed", b,
+                                t);
                     continue;
                 }
                 int pos = PAD + ++count;
                 if (first_pos < 0) first_pos = pos;
                 for (int i = 0; i < d; i++) {
                     double want = (double)x0i[i] + pe_ref(pos, i, d);
-                    EXPECT(fabs(xi[i] - want) <= 3e-7, "x(%d, %d)[%d] = %.9g, want %.9g (pos %d)",
-                           b, t, i, xi[i], want, pos);
+                    LUNA_EXPECT(fabs(xi[i] - want) <= 3e-7,
+                                "x(%d, %d)[%d] = %.9g, want %.9g (pos %d)", b, t, i, xi[i], want,
+                                pos);
                 }
             }
             if (b != 3) ck_assert_int_eq(first_pos, 2);

@@ -19,32 +19,8 @@
 #endif
 #define LN_EPS 1e-5f
 
-#define EXPECT(cond, ...)                                                                          \
-    do {                                                                                           \
-        if (!(cond)) ck_abort_msg(__VA_ARGS__);                                                    \
-    } while (0)
-
-static luna_backend *make_backend(int threads) {
-    luna_backend *be;
-    ck_assert_int_eq(luna_backend_cpu_create(&be, threads), LUNA_OK);
-    return be;
-}
-
-static float *rand_vec(luna_test_rng *rng, size_t n, float lo, float hi) {
-    float *v = malloc((n ? n : 1) * sizeof *v);
-    ck_assert_ptr_nonnull(v);
-    luna_test_fill_uniform(rng, v, n, lo, hi);
-    return v;
-}
-
-static float *zeros(size_t n) {
-    float *v = calloc(n ? n : 1, sizeof *v);
-    ck_assert_ptr_nonnull(v);
-    return v;
-}
-
 START_TEST(layer_norm_forward_matches_naive_double) {
-    luna_backend *be = make_backend(2);
+    luna_backend *be = luna_test_backend(2);
     static const int shapes[][2] = {{1, 1}, {3, 5}, {7, 33}, {64, 512}, {1, 2}, {200, 257}};
     static const float offsets[] = {0.0f, 10.0f}; /* a large mean tests the accumulation */
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
@@ -52,9 +28,12 @@ START_TEST(layer_norm_forward_matches_naive_double) {
             int rows = shapes[s][0], d = shapes[s][1];
             luna_test_rng rng;
             luna_test_rng_seed(&rng, 1 + s);
-            float *x = rand_vec(&rng, (size_t)rows * d, offsets[o] - 1, offsets[o] + 1);
-            float *g = rand_vec(&rng, d, 0.5f, 1.5f), *b = rand_vec(&rng, d, -1, 1);
-            float *y = zeros((size_t)rows * d), *mean = zeros(rows), *rstd = zeros(rows);
+            float *x =
+                luna_test_random_vector(&rng, (size_t)rows * d, offsets[o] - 1, offsets[o] + 1);
+            float *g = luna_test_random_vector(&rng, d, 0.5f, 1.5f),
+                  *b = luna_test_random_vector(&rng, d, -1, 1);
+            float *y = luna_test_zeros((size_t)rows * d), *mean = luna_test_zeros(rows),
+                  *rstd = luna_test_zeros(rows);
             ck_assert_int_eq(
                 be->ops->layer_norm_forward(be, y, mean, rstd, x, g, b, rows, d, LN_EPS), LUNA_OK);
             for (int r = 0; r < rows; r++) {
@@ -67,14 +46,15 @@ START_TEST(layer_norm_forward_matches_naive_double) {
                     v += (xr[c] - m) * (xr[c] - m);
                 v /= d;
                 double rs = 1.0 / sqrt(v + LN_EPS);
-                EXPECT(fabs(mean[r] - m) <= 1e-6 * fmax(1, fabs(m)), "mean[%d] %.9g vs %.9g", r,
-                       mean[r], m);
-                EXPECT(fabs(rstd[r] - rs) <= 1e-6 * rs, "rstd[%d] %.9g vs %.9g", r, rstd[r], rs);
+                LUNA_EXPECT(fabs(mean[r] - m) <= 1e-6 * fmax(1, fabs(m)), "mean[%d] %.9g vs %.9g",
+                            r, mean[r], m);
+                LUNA_EXPECT(fabs(rstd[r] - rs) <= 1e-6 * rs, "rstd[%d] %.9g vs %.9g", r, rstd[r],
+                            rs);
                 for (int c = 0; c < d; c++) {
                     double want = (xr[c] - m) * rs * g[c] + b[c];
-                    EXPECT(fabs(y[(size_t)r * d + c] - want) <= 1e-5 * fmax(1, fabs(want)),
-                           "rows %d d %d offset %g: y[%d][%d] = %.9g, want %.9g", rows, d,
-                           offsets[o], r, c, y[(size_t)r * d + c], want);
+                    LUNA_EXPECT(fabs(y[(size_t)r * d + c] - want) <= 1e-5 * fmax(1, fabs(want)),
+                                "rows %d d %d offset %g: y[%d][%d] = %.9g, want %.9g", rows, d,
+                                offsets[o], r, c, y[(size_t)r * d + c], want);
                 }
             }
             free(x);
@@ -98,12 +78,12 @@ static double ln_loss(void *p) {
     ln_ctx *c = p;
     luna_status st = c->be->ops->layer_norm_forward(c->be, c->y, c->mean, c->rstd, c->x, c->gamma,
                                                     c->beta, c->rows, c->d, LN_EPS);
-    EXPECT(st == LUNA_OK, "%s", luna_error_message());
+    LUNA_EXPECT(st == LUNA_OK, "%s", luna_error_message());
     return luna_test_weighted_sum(c->y, c->w, (size_t)c->rows * c->d);
 }
 
 START_TEST(layer_norm_gradients_match_finite_differences) {
-    luna_backend *be = make_backend(2);
+    luna_backend *be = luna_test_backend(2);
     static const int shapes[][2] = {{1, 1}, {3, 5}, {7, 33}, {1, 3}, {5, 64}, {3, 1}};
     double worst[3] = {0, 0, 0};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
@@ -112,17 +92,17 @@ START_TEST(layer_norm_gradients_match_finite_differences) {
         luna_test_rng rng;
         luna_test_rng_seed(&rng, 20 + s);
         ln_ctx c = {be,
-                    rand_vec(&rng, n, -1, 1),
-                    rand_vec(&rng, d, 0.5f, 1.5f),
-                    rand_vec(&rng, d, -1, 1),
-                    zeros(n),
-                    zeros(rows),
-                    zeros(rows),
-                    rand_vec(&rng, n, -1, 1),
+                    luna_test_random_vector(&rng, n, -1, 1),
+                    luna_test_random_vector(&rng, d, 0.5f, 1.5f),
+                    luna_test_random_vector(&rng, d, -1, 1),
+                    luna_test_zeros(n),
+                    luna_test_zeros(rows),
+                    luna_test_zeros(rows),
+                    luna_test_random_vector(&rng, n, -1, 1),
                     rows,
                     d};
         ln_loss(&c); /* mean, rstd for the backward */
-        float *dx = zeros(n), *dg = zeros(d), *db = zeros(d);
+        float *dx = luna_test_zeros(n), *dg = luna_test_zeros(d), *db = luna_test_zeros(d);
         ck_assert_int_eq(be->ops->layer_norm_backward(be, dx, dg, db, c.w, c.x, c.mean, c.rstd,
                                                       c.gamma, rows, d),
                          LUNA_OK);
@@ -151,22 +131,25 @@ END_TEST
 
 /* dx may alias dy; dgamma/dbeta accumulate; 1 and 2 threads give bit-identical results. */
 START_TEST(layer_norm_backward_alias_accumulate_deterministic) {
-    luna_backend *be = make_backend(2);
+    luna_backend *be = luna_test_backend(2);
     luna_test_rng rng;
     luna_test_rng_seed(&rng, 9);
     const int rows = 1001, d = 257;
     size_t n = (size_t)rows * d;
-    float *x = rand_vec(&rng, n, -2, 2), *g = rand_vec(&rng, d, 0.5f, 1.5f);
-    float *b = rand_vec(&rng, d, -1, 1), *dy = rand_vec(&rng, n, -1, 1);
-    float *y = zeros(n), *mean = zeros(rows), *rstd = zeros(rows);
-    float *dg0 = rand_vec(&rng, d, -1, 1), *db0 = rand_vec(&rng, d, -1, 1);
+    float *x = luna_test_random_vector(&rng, n, -2, 2),
+          *g = luna_test_random_vector(&rng, d, 0.5f, 1.5f);
+    float *b = luna_test_random_vector(&rng, d, -1, 1),
+          *dy = luna_test_random_vector(&rng, n, -1, 1);
+    float *y = luna_test_zeros(n), *mean = luna_test_zeros(rows), *rstd = luna_test_zeros(rows);
+    float *dg0 = luna_test_random_vector(&rng, d, -1, 1),
+          *db0 = luna_test_random_vector(&rng, d, -1, 1);
     ck_assert_int_eq(be->ops->layer_norm_forward(be, y, mean, rstd, x, g, b, rows, d, LN_EPS),
                      LUNA_OK);
     float *dx[3], *dg[3], *db[3];
     for (int t = 0; t < 3; t++) {
         dx[t] = malloc(sizeof(float) * n);
-        dg[t] = zeros(d);
-        db[t] = zeros(d);
+        dg[t] = luna_test_zeros(d);
+        db[t] = luna_test_zeros(d);
     }
     /* 0: 2 threads, separate dx; 1: 1 thread, separate; 2: 2 threads, dx aliasing dy. */
     luna_backend_set_threads(be, 2);
@@ -189,10 +172,10 @@ START_TEST(layer_norm_backward_alias_accumulate_deterministic) {
     ck_assert_int_eq(memcmp(db[0], db[1], sizeof(float) * d), 0);
     ck_assert_int_eq(memcmp(dx[0], dx[2], sizeof(float) * n), 0);
     for (int c = 0; c < d; c++) {
-        EXPECT(fabs(dg[2][c] - (dg0[c] + dg[0][c])) <= 1e-5 * (1 + fabs(dg[0][c])),
-               "dgamma[%d] did not accumulate", c);
-        EXPECT(fabs(db[2][c] - (db0[c] + db[0][c])) <= 1e-5 * (1 + fabs(db[0][c])),
-               "dbeta[%d] did not accumulate", c);
+        LUNA_EXPECT(fabs(dg[2][c] - (dg0[c] + dg[0][c])) <= 1e-5 * (1 + fabs(dg[0][c])),
+                    "dgamma[%d] did not accumulate", c);
+        LUNA_EXPECT(fabs(db[2][c] - (db0[c] + db[0][c])) <= 1e-5 * (1 + fabs(db[0][c])),
+                    "dbeta[%d] did not accumulate", c);
     }
     for (int t = 0; t < 3; t++) {
         free(dx[t]);

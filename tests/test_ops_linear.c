@@ -18,32 +18,9 @@
 #endif
 
 /* Check records every ck_assert (a write per call): inner loops only call it on failure. */
-#define EXPECT(cond, ...)                                                                          \
-    do {                                                                                           \
-        if (!(cond)) ck_abort_msg(__VA_ARGS__);                                                    \
-    } while (0)
 #define EXPECT_CLOSE(got, want, tol)                                                               \
-    EXPECT(fabs((double)(got) - (double)(want)) <= (tol), "%s = %.8g, want %.8g (line %d)", #got,  \
-           (double)(got), (double)(want), __LINE__)
-
-static luna_backend *make_backend(int threads) {
-    luna_backend *be;
-    ck_assert_int_eq(luna_backend_cpu_create(&be, threads), LUNA_OK);
-    return be;
-}
-
-static float *rand_vec(luna_test_rng *rng, size_t n, float lo, float hi) {
-    float *v = malloc((n ? n : 1) * sizeof *v);
-    ck_assert_ptr_nonnull(v);
-    luna_test_fill_uniform(rng, v, n, lo, hi);
-    return v;
-}
-
-static float *zeros(size_t n) {
-    float *v = calloc(n ? n : 1, sizeof *v);
-    ck_assert_ptr_nonnull(v);
-    return v;
-}
+    LUNA_EXPECT(fabs((double)(got) - (double)(want)) <= (tol), "%s = %.8g, want %.8g (line %d)",   \
+                #got, (double)(got), (double)(want), __LINE__)
 
 /* ---- GEMM vs naive --------------------------------------------------------------------------- */
 
@@ -62,8 +39,9 @@ static void check_gemm_case(luna_backend *be, bool ta, bool tb, int M, int N, in
     int64_t sa = (int64_t)(ta ? K : M) * lda + 3, sb = (int64_t)(tb ? N : K) * ldb + 5;
     int64_t sc = (int64_t)M * ldc + 7;
     size_t na = (size_t)(sa * batch), nb = (size_t)(sb * batch), nc = (size_t)(sc * batch);
-    float *A = rand_vec(&rng, na, -1, 1), *B = rand_vec(&rng, nb, -1, 1);
-    float *C = rand_vec(&rng, nc, -1, 1);
+    float *A = luna_test_random_vector(&rng, na, -1, 1),
+          *B = luna_test_random_vector(&rng, nb, -1, 1);
+    float *C = luna_test_random_vector(&rng, nc, -1, 1);
     float *C0 = malloc(nc * sizeof *C0);
     memcpy(C0, C, nc * sizeof *C);
     /* beta = 0 must not read C: poison the matrix entries with NaN. */
@@ -89,10 +67,10 @@ static void check_gemm_case(luna_backend *be, bool ta, bool tb, int M, int N, in
                 double want = alpha * s + (beta == 0.0f ? 0.0 : beta * c0);
                 double tol = 1e-5 * (fabs(alpha) * mag + fabs(beta * c0)) + 1e-6;
                 double got = C[b * sc + (int64_t)i * ldc + j];
-                EXPECT(fabs(got - want) <= tol,
-                       "gemm ta %d tb %d M %d N %d K %d batch %d: C[%d][%d,%d] = %.8g, want "
-                       "%.8g",
-                       ta, tb, M, N, K, batch, b, i, j, got, want);
+                LUNA_EXPECT(fabs(got - want) <= tol,
+                            "gemm ta %d tb %d M %d N %d K %d batch %d: C[%d][%d,%d] = %.8g, want "
+                            "%.8g",
+                            ta, tb, M, N, K, batch, b, i, j, got, want);
             }
     }
     /* Everything outside the C matrices (row padding, gaps between batch entries) untouched. */
@@ -100,7 +78,8 @@ static void check_gemm_case(luna_backend *be, bool ta, bool tb, int M, int N, in
         for (int64_t e = 0; e < sc; e++) {
             int64_t i = e / ldc, j = e % ldc;
             if (i < M && j < N) continue;
-            EXPECT(C[b * sc + e] == C0[b * sc + e], "gemm wrote outside C at %lld", (long long)e);
+            LUNA_EXPECT(C[b * sc + e] == C0[b * sc + e], "gemm wrote outside C at %lld",
+                        (long long)e);
         }
     free(A);
     free(B);
@@ -109,7 +88,7 @@ static void check_gemm_case(luna_backend *be, bool ta, bool tb, int M, int N, in
 }
 
 START_TEST(gemm_matches_naive_all_transposes) {
-    luna_backend *be = make_backend(2);
+    luna_backend *be = luna_test_backend(2);
     static const int shapes[][3] = {{1, 1, 1},   {3, 5, 7},    {7, 33, 5},
                                     {33, 1, 17}, {16, 16, 64}, {5, 7, 0}};
     static const float betas[] = {0.0f, 1.0f, -0.5f};
@@ -134,13 +113,14 @@ END_TEST
 
 /* The batch-parallel path and the serial path give bit-identical results. */
 START_TEST(gemm_batch_threads_bit_identical) {
-    luna_backend *be = make_backend(2);
+    luna_backend *be = luna_test_backend(2);
     luna_test_rng rng;
     luna_test_rng_seed(&rng, 99);
     const int M = 30, N = 32, K = 64, batch = 24;
-    float *A = rand_vec(&rng, (size_t)M * K * batch, -1, 1);
-    float *B = rand_vec(&rng, (size_t)K * N * batch, -1, 1);
-    float *C1 = zeros((size_t)M * N * batch), *C2 = zeros((size_t)M * N * batch);
+    float *A = luna_test_random_vector(&rng, (size_t)M * K * batch, -1, 1);
+    float *B = luna_test_random_vector(&rng, (size_t)K * N * batch, -1, 1);
+    float *C1 = luna_test_zeros((size_t)M * N * batch),
+          *C2 = luna_test_zeros((size_t)M * N * batch);
     ck_assert_int_eq(be->ops->gemm(be, false, false, M, N, K, 1.0f, A, K, (int64_t)M * K, B, N,
                                    (int64_t)K * N, 0.0f, C2, N, (int64_t)M * N, batch),
                      LUNA_OK);
@@ -161,13 +141,13 @@ END_TEST
  * ldc = batch·N; parallel), and stride_c = 0 with beta = 1 (every product summed into one C, in
  * batch order). */
 START_TEST(gemm_interleaved_and_shared_outputs) {
-    luna_backend *be = make_backend(2);
+    luna_backend *be = luna_test_backend(2);
     luna_test_rng rng;
     luna_test_rng_seed(&rng, 12);
     const int M = 37, N = 19, K = 23, batch = 6;
-    float *A = rand_vec(&rng, (size_t)batch * M * K, -1, 1);
-    float *B = rand_vec(&rng, (size_t)batch * K * N, -1, 1);
-    float *C = rand_vec(&rng, (size_t)M * batch * N, -1, 1);
+    float *A = luna_test_random_vector(&rng, (size_t)batch * M * K, -1, 1);
+    float *B = luna_test_random_vector(&rng, (size_t)batch * K * N, -1, 1);
+    float *C = luna_test_random_vector(&rng, (size_t)M * batch * N, -1, 1);
     float *C0 = malloc(sizeof(float) * M * batch * N);
     memcpy(C0, C, sizeof(float) * M * batch * N);
     for (int shared = 0; shared < 2; shared++) {
@@ -200,7 +180,7 @@ START_TEST(gemm_interleaved_and_shared_outputs) {
 END_TEST
 
 START_TEST(gemm_rejects_bad_arguments) {
-    luna_backend *be = make_backend(1);
+    luna_backend *be = luna_test_backend(1);
     float A[16] = {0}, B[16] = {0}, C[16] = {0};
     ck_assert_int_eq(be->ops->gemm(be, false, false, 2, 2, 3, 1, A, 2, 0, B, 2, 0, 0, C, 2, 0, 1),
                      LUNA_ERR_INVALID_ARGUMENT);
@@ -225,17 +205,18 @@ static double linear_loss(void *p) {
     linear_ctx *c = p;
     luna_status st =
         c->be->ops->linear_forward(c->be, c->y, c->x, c->W, c->b, c->rows, c->in, c->out);
-    EXPECT(st == LUNA_OK, "%s", luna_error_message());
+    LUNA_EXPECT(st == LUNA_OK, "%s", luna_error_message());
     return luna_test_weighted_sum(c->y, c->w, (size_t)c->rows * c->out);
 }
 
 START_TEST(linear_forward_matches_naive) {
-    luna_backend *be = make_backend(2);
+    luna_backend *be = luna_test_backend(2);
     luna_test_rng rng;
     luna_test_rng_seed(&rng, 5);
     const int rows = 7, in = 33, out = 5;
-    float *x = rand_vec(&rng, rows * in, -1, 1), *W = rand_vec(&rng, out * in, -1, 1);
-    float *b = rand_vec(&rng, out, -1, 1), *y = zeros(rows * out);
+    float *x = luna_test_random_vector(&rng, rows * in, -1, 1),
+          *W = luna_test_random_vector(&rng, out * in, -1, 1);
+    float *b = luna_test_random_vector(&rng, out, -1, 1), *y = luna_test_zeros(rows * out);
     for (int with_bias = 0; with_bias < 2; with_bias++) {
         ck_assert_int_eq(be->ops->linear_forward(be, y, x, W, with_bias ? b : NULL, rows, in, out),
                          LUNA_OK);
@@ -256,7 +237,7 @@ START_TEST(linear_forward_matches_naive) {
 END_TEST
 
 START_TEST(linear_gradients_match_finite_differences) {
-    luna_backend *be = make_backend(2);
+    luna_backend *be = luna_test_backend(2);
     static const int shapes[][3] = {{1, 1, 1}, {3, 5, 7}, {7, 33, 5}, {1, 5, 33}, {7, 1, 3}};
     double worst = 0;
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
@@ -264,15 +245,16 @@ START_TEST(linear_gradients_match_finite_differences) {
         luna_test_rng rng;
         luna_test_rng_seed(&rng, 100 + s);
         linear_ctx c = {be,
-                        rand_vec(&rng, rows * in, -1, 1),
-                        rand_vec(&rng, out * in, -1, 1),
-                        rand_vec(&rng, out, -1, 1),
-                        zeros(rows * out),
-                        rand_vec(&rng, rows * out, -1, 1),
+                        luna_test_random_vector(&rng, rows * in, -1, 1),
+                        luna_test_random_vector(&rng, out * in, -1, 1),
+                        luna_test_random_vector(&rng, out, -1, 1),
+                        luna_test_zeros(rows * out),
+                        luna_test_random_vector(&rng, rows * out, -1, 1),
                         rows,
                         in,
                         out};
-        float *dx = zeros(rows * in), *dW = zeros(out * in), *db = zeros(out);
+        float *dx = luna_test_zeros(rows * in), *dW = luna_test_zeros(out * in),
+              *db = luna_test_zeros(out);
         ck_assert_int_eq(
             be->ops->linear_backward(be, dx, dW, db, c.w, c.x, c.W, rows, in, out, false), LUNA_OK);
         worst = fmax(worst, luna_test_gradcheck("linear dx", linear_loss, &c, c.x, rows * in, dx,
@@ -297,14 +279,16 @@ END_TEST
 
 /* dW and db accumulate; dx is overwritten (NaN-safe) unless accumulate_dx; NULL skips. */
 START_TEST(linear_backward_accumulation_semantics) {
-    luna_backend *be = make_backend(2);
+    luna_backend *be = luna_test_backend(2);
     luna_test_rng rng;
     luna_test_rng_seed(&rng, 8);
     const int rows = 6, in = 9, out = 4;
-    float *x = rand_vec(&rng, rows * in, -1, 1), *W = rand_vec(&rng, out * in, -1, 1);
-    float *dy = rand_vec(&rng, rows * out, -1, 1);
-    float *dx0 = rand_vec(&rng, rows * in, -1, 1), *dW0 = rand_vec(&rng, out * in, -1, 1);
-    float *db0 = rand_vec(&rng, out, -1, 1);
+    float *x = luna_test_random_vector(&rng, rows * in, -1, 1),
+          *W = luna_test_random_vector(&rng, out * in, -1, 1);
+    float *dy = luna_test_random_vector(&rng, rows * out, -1, 1);
+    float *dx0 = luna_test_random_vector(&rng, rows * in, -1, 1),
+          *dW0 = luna_test_random_vector(&rng, out * in, -1, 1);
+    float *db0 = luna_test_random_vector(&rng, out, -1, 1);
     float *dx = malloc(sizeof(float) * rows * in), *dW = malloc(sizeof(float) * out * in);
     float *db = malloc(sizeof(float) * out);
     for (int acc = 0; acc < 2; acc++) {
@@ -363,13 +347,13 @@ typedef struct {
 static double bias_loss(void *p) {
     bias_ctx *c = p;
     memcpy(c->y, c->y0, sizeof(float) * c->rows * c->cols);
-    EXPECT(c->be->ops->bias_add_forward(c->be, c->y, c->b, c->rows, c->cols) == LUNA_OK, "%s",
-           luna_error_message());
+    LUNA_EXPECT(c->be->ops->bias_add_forward(c->be, c->y, c->b, c->rows, c->cols) == LUNA_OK, "%s",
+                luna_error_message());
     return luna_test_weighted_sum(c->y, c->w, (size_t)c->rows * c->cols);
 }
 
 START_TEST(bias_add_gradient_and_accumulation) {
-    luna_backend *be = make_backend(2);
+    luna_backend *be = luna_test_backend(2);
     static const int shapes[][2] = {{1, 1}, {3, 5}, {7, 33}, {1, 5}, {7, 1}, {700, 70}};
     double worst = 0;
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
@@ -377,13 +361,13 @@ START_TEST(bias_add_gradient_and_accumulation) {
         luna_test_rng rng;
         luna_test_rng_seed(&rng, 200 + s);
         bias_ctx c = {be,
-                      rand_vec(&rng, rows * cols, -1, 1),
-                      zeros(rows * cols),
-                      rand_vec(&rng, cols, -1, 1),
-                      rand_vec(&rng, rows * cols, -1, 1),
+                      luna_test_random_vector(&rng, rows * cols, -1, 1),
+                      luna_test_zeros(rows * cols),
+                      luna_test_random_vector(&rng, cols, -1, 1),
+                      luna_test_random_vector(&rng, rows * cols, -1, 1),
                       rows,
                       cols};
-        float *db0 = rand_vec(&rng, cols, -1, 1), *db = malloc(sizeof(float) * cols);
+        float *db0 = luna_test_random_vector(&rng, cols, -1, 1), *db = malloc(sizeof(float) * cols);
         memcpy(db, db0, sizeof(float) * cols);
         ck_assert_int_eq(be->ops->bias_add_backward(be, db, c.w, rows, cols), LUNA_OK);
         for (int j = 0; j < cols; j++)
@@ -405,20 +389,20 @@ END_TEST
 /* Backward results with 1 and 2 threads are bit-identical (shapes large enough that both the
  * OpenMP regions and OpenBLAS actually use 2 threads). */
 START_TEST(backward_bit_identical_across_thread_counts) {
-    luna_backend *be = make_backend(2);
+    luna_backend *be = luna_test_backend(2);
     luna_test_rng rng;
     luna_test_rng_seed(&rng, 77);
     const int rows = 515, in = 257, out = 259;
-    float *x = rand_vec(&rng, (size_t)rows * in, -1, 1),
-          *W = rand_vec(&rng, (size_t)out * in, -1, 1);
-    float *dy = rand_vec(&rng, (size_t)rows * out, -1, 1);
+    float *x = luna_test_random_vector(&rng, (size_t)rows * in, -1, 1),
+          *W = luna_test_random_vector(&rng, (size_t)out * in, -1, 1);
+    float *dy = luna_test_random_vector(&rng, (size_t)rows * out, -1, 1);
     float *dx[2], *dW[2], *db[2], *db2[2];
     for (int t = 0; t < 2; t++) {
         luna_backend_set_threads(be, 2 - t);
-        dx[t] = zeros((size_t)rows * in);
-        dW[t] = zeros((size_t)out * in);
-        db[t] = zeros(out);
-        db2[t] = zeros(out);
+        dx[t] = luna_test_zeros((size_t)rows * in);
+        dW[t] = luna_test_zeros((size_t)out * in);
+        db[t] = luna_test_zeros(out);
+        db2[t] = luna_test_zeros(out);
         ck_assert_int_eq(
             be->ops->linear_backward(be, dx[t], dW[t], db[t], dy, x, W, rows, in, out, false),
             LUNA_OK);

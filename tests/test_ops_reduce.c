@@ -10,12 +10,6 @@
 #include "model/backend.h"
 #include "tests/test_util.h"
 
-static luna_backend *make_backend(int threads) {
-    luna_backend *be;
-    ck_assert_int_eq(luna_backend_cpu_create(&be, threads), LUNA_OK);
-    return be;
-}
-
 static float *random_vector(uint64_t seed, int64_t n, float lo, float hi) {
     float *x = malloc((size_t)(n ? n : 1) * sizeof *x);
     ck_assert_ptr_nonnull(x);
@@ -65,7 +59,7 @@ static const int64_t sizes[] = {0, 1, 7, 4095, 4096, 4097, 1000003, 3000001};
 #define NSIZES (int)(sizeof sizes / sizeof sizes[0])
 
 START_TEST(reductions_match_naive_double) {
-    luna_backend *be = make_backend(2);
+    luna_backend *be = luna_test_backend(2);
     double worst[OP_COUNT] = {0};
     for (int si = 0; si < NSIZES; si++) {
         int64_t n = sizes[si];
@@ -93,7 +87,7 @@ END_TEST
 
 /* The fixed blocking makes every result bit-identical whatever the thread count. */
 START_TEST(reductions_bit_identical_across_threads) {
-    luna_backend *be = make_backend(1);
+    luna_backend *be = luna_test_backend(1);
     for (int si = 0; si < NSIZES; si++) {
         int64_t n = sizes[si];
         float *x = random_vector(300 + (uint64_t)si, n, -1.0f, 1.0f);
@@ -117,7 +111,7 @@ START_TEST(reductions_bit_identical_across_threads) {
 END_TEST
 
 START_TEST(reductions_special_values_and_scratch) {
-    luna_backend *be = make_backend(2);
+    luna_backend *be = luna_test_backend(2);
     float x[5] = {1.0f, -3.0f, 2.0f, -0.5f, 0.25f};
     ck_assert_float_eq(run_op(be, OP_MAX_ABS, x, NULL, 5), 3.0f);
     ck_assert_float_eq(run_op(be, OP_MAX_ABS, x, NULL, 0), 0.0f);
@@ -168,7 +162,7 @@ static void reduce_grad(reduce_ctx *c, int which, float *grad) {
 }
 
 START_TEST(reduction_backward_gradcheck) {
-    luna_backend *be = make_backend(2);
+    luna_backend *be = luna_test_backend(2);
     const int64_t ns[] = {1, 2, 7, 33, 130};
     const int ops[] = {OP_SUM_SQUARES, OP_SUM_POW4, OP_DOT};
     double worst[3] = {0};
@@ -209,7 +203,7 @@ END_TEST
 
 /* Backward ops accumulate (+=); dot_backward with dx == dy (the gradient of Σ x·x) adds both. */
 START_TEST(reduction_backward_accumulates) {
-    luna_backend *be = make_backend(2);
+    luna_backend *be = luna_test_backend(2);
     const int64_t n = 100003; /* above the threading threshold */
     float *x = random_vector(1, n, -1.0f, 1.0f), *y = random_vector(2, n, -1.0f, 1.0f);
     float *d = random_vector(3, n, -1.0f, 1.0f), *d0 = malloc((size_t)n * sizeof *d0);

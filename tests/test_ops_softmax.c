@@ -19,24 +19,6 @@
 #define GC_FLOOR 1e-3
 #endif
 
-#define EXPECT(cond, ...)                                                                          \
-    do {                                                                                           \
-        if (!(cond)) ck_abort_msg(__VA_ARGS__);                                                    \
-    } while (0)
-
-static luna_backend *make_backend(int threads) {
-    luna_backend *be;
-    ck_assert_int_eq(luna_backend_cpu_create(&be, threads), LUNA_OK);
-    return be;
-}
-
-static float *rand_vec(luna_test_rng *rng, size_t n, float lo, float hi) {
-    float *v = malloc((n ? n : 1) * sizeof *v);
-    ck_assert_ptr_nonnull(v);
-    luna_test_fill_uniform(rng, v, n, lo, hi);
-    return v;
-}
-
 /* One masking configuration. */
 typedef struct {
     int rows, cols;
@@ -70,7 +52,7 @@ static luna_status run_forward(luna_backend *be, const mask_case *m, float *y, c
 }
 
 START_TEST(softmax_forward_matches_naive_with_masks) {
-    luna_backend *be = make_backend(2);
+    luna_backend *be = luna_test_backend(2);
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
         for (int big = 0; big < 2; big++) {
             const mask_case *m = &cases[k];
@@ -78,8 +60,8 @@ START_TEST(softmax_forward_matches_naive_with_masks) {
             luna_test_rng rng;
             luna_test_rng_seed(&rng, 30 + k);
             /* big: logits around 1000 (exp would overflow without the max subtraction). */
-            float *x = rand_vec(&rng, n, big ? 990 : -4, big ? 1010 : 4);
-            float *y = rand_vec(&rng, n, 5, 6), *yi = malloc(n * sizeof *yi);
+            float *x = luna_test_random_vector(&rng, n, big ? 990 : -4, big ? 1010 : 4);
+            float *y = luna_test_random_vector(&rng, n, 5, 6), *yi = malloc(n * sizeof *yi);
             ck_assert_int_eq(run_forward(be, m, y, x), LUNA_OK);
             memcpy(yi, x, n * sizeof *yi);
             ck_assert_int_eq(run_forward(be, m, yi, yi), LUNA_OK); /* in place */
@@ -94,13 +76,14 @@ START_TEST(softmax_forward_matches_naive_with_masks) {
                     s += exp((double)xr[c] - mx);
                 for (int c = 0; c < m->cols; c++) {
                     if (c >= v) {
-                        EXPECT(yr[c] == 0.0f, "case %zu: masked y[%d][%d] = %g", k, r, c, yr[c]);
+                        LUNA_EXPECT(yr[c] == 0.0f, "case %zu: masked y[%d][%d] = %g", k, r, c,
+                                    yr[c]);
                         continue;
                     }
                     double want = exp((double)xr[c] - mx) / s;
-                    EXPECT(fabs(yr[c] - want) <= 1e-6 * want + 1e-9,
-                           "case %zu big %d: y[%d][%d] = %.9g, want %.9g", k, big, r, c, yr[c],
-                           want);
+                    LUNA_EXPECT(fabs(yr[c] - want) <= 1e-6 * want + 1e-9,
+                                "case %zu big %d: y[%d][%d] = %.9g, want %.9g", k, big, r, c, yr[c],
+                                want);
                 }
             }
             free(x);
@@ -112,7 +95,7 @@ START_TEST(softmax_forward_matches_naive_with_masks) {
 END_TEST
 
 START_TEST(softmax_rejects_bad_group_size) {
-    luna_backend *be = make_backend(1);
+    luna_backend *be = luna_test_backend(1);
     float x[4] = {0};
     const int32_t valid[1] = {2};
     ck_assert_int_eq(be->ops->softmax_forward(be, x, x, 2, 2, valid, 0, 0),
@@ -130,27 +113,29 @@ typedef struct {
 static double sm_loss(void *p) {
     sm_ctx *c = p;
     luna_status st = run_forward(c->be, c->m, c->y, c->x);
-    EXPECT(st == LUNA_OK, "%s", luna_error_message());
+    LUNA_EXPECT(st == LUNA_OK, "%s", luna_error_message());
     return luna_test_weighted_sum(c->y, c->w, (size_t)c->m->rows * c->m->cols);
 }
 
 START_TEST(softmax_gradient_matches_finite_differences) {
-    luna_backend *be = make_backend(2);
+    luna_backend *be = luna_test_backend(2);
     double worst = 0;
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         const mask_case *m = &cases[k];
         size_t n = (size_t)m->rows * m->cols;
         luna_test_rng rng;
         luna_test_rng_seed(&rng, 40 + k);
-        sm_ctx c = {be, m, rand_vec(&rng, n, -2, 2), rand_vec(&rng, n, 0, 0),
-                    rand_vec(&rng, n, -1, 1)};
+        sm_ctx c = {be, m, luna_test_random_vector(&rng, n, -2, 2),
+                    luna_test_random_vector(&rng, n, 0, 0),
+                    luna_test_random_vector(&rng, n, -1, 1)};
         sm_loss(&c);
-        float *dx = rand_vec(&rng, n, 7, 8); /* overwritten */
+        float *dx = luna_test_random_vector(&rng, n, 7, 8); /* overwritten */
         ck_assert_int_eq(be->ops->softmax_backward(be, dx, c.w, c.y, m->rows, m->cols), LUNA_OK);
         for (int r = 0; r < m->rows; r++)
             for (int c2 = ref_valid(m, r); c2 < m->cols; c2++)
-                EXPECT(dx[(size_t)r * m->cols + c2] == 0.0f, "case %zu: masked dx[%d][%d] = %g", k,
-                       r, c2, dx[(size_t)r * m->cols + c2]);
+                LUNA_EXPECT(dx[(size_t)r * m->cols + c2] == 0.0f,
+                            "case %zu: masked dx[%d][%d] = %g", k, r, c2,
+                            dx[(size_t)r * m->cols + c2]);
         worst = fmax(worst, luna_test_gradcheck("softmax dx", sm_loss, &c, c.x, n, dx, GC_EPS,
                                                 GC_RTOL, GC_FLOOR));
         free(c.x);
@@ -165,13 +150,14 @@ END_TEST
 
 /* dx may alias dy; 1 and 2 threads give bit-identical forward and backward results. */
 START_TEST(softmax_alias_and_thread_determinism) {
-    luna_backend *be = make_backend(2);
+    luna_backend *be = luna_test_backend(2);
     luna_test_rng rng;
     luna_test_rng_seed(&rng, 50);
     const int rows = 600, cols = 97;
     size_t n = (size_t)rows * cols;
     int32_t valid[6] = {97, 50, 0, 1, 96, 200};
-    float *x = rand_vec(&rng, n, -5, 5), *dy = rand_vec(&rng, n, -1, 1);
+    float *x = luna_test_random_vector(&rng, n, -5, 5),
+          *dy = luna_test_random_vector(&rng, n, -1, 1);
     float *y[2], *dx[3];
     for (int t = 0; t < 2; t++) {
         luna_backend_set_threads(be, 2 - t);

@@ -1,6 +1,8 @@
 #define _XOPEN_SOURCE 700
 #include "tests/test_util.h"
 
+#include "model/backend.h"
+
 #include <ftw.h>
 #include <math.h>
 #include <stdio.h>
@@ -36,7 +38,8 @@ float luna_test_uniform(luna_test_rng *rng, float lo, float hi) {
 }
 
 void luna_test_fill_uniform(luna_test_rng *rng, float *x, size_t n, float lo, float hi) {
-    for (size_t i = 0; i < n; i++) x[i] = luna_test_uniform(rng, lo, hi);
+    for (size_t i = 0; i < n; i++)
+        x[i] = luna_test_uniform(rng, lo, hi);
 }
 
 char *luna_test_make_temp_dir(void) {
@@ -82,14 +85,16 @@ double luna_test_max_rel_error(const float *a, const float *b, size_t n, double 
 
 double luna_test_weighted_sum(const float *out, const float *w, size_t n) {
     double s = 0.0;
-    for (size_t i = 0; i < n; i++) s += (double)out[i] * (double)w[i];
+    for (size_t i = 0; i < n; i++)
+        s += (double)out[i] * (double)w[i];
     return s;
 }
 
 double luna_test_gradcheck(const char *what, luna_test_loss_fn loss, void *ctx, float *x, size_t n,
                            const float *analytic, double eps, double rtol, double abs_floor) {
     double max_an = 0.0;
-    for (size_t i = 0; i < n; i++) max_an = fmax(max_an, fabs((double)analytic[i]));
+    for (size_t i = 0; i < n; i++)
+        max_an = fmax(max_an, fabs((double)analytic[i]));
     double atol = abs_floor * fmax(max_an, 1e-30);
     double worst = 0.0;
     for (size_t i = 0; i < n; i++) {
@@ -113,4 +118,23 @@ double luna_test_gradcheck(const char *what, luna_test_loss_fn loss, void *ctx, 
                       what, i, fd, an, err, atol + rtol * fabs(an));
     }
     return worst;
+}
+
+luna_backend *luna_test_backend(int threads) {
+    luna_backend *be = NULL;
+    ck_assert_msg(luna_backend_cpu_create(&be, threads) == LUNA_OK, "%s", luna_error_message());
+    return be;
+}
+
+float *luna_test_random_vector(luna_test_rng *rng, size_t n, float lo, float hi) {
+    float *v = malloc((n ? n : 1) * sizeof *v);
+    ck_assert_ptr_nonnull(v);
+    luna_test_fill_uniform(rng, v, n, lo, hi);
+    return v;
+}
+
+float *luna_test_zeros(size_t n) {
+    float *v = calloc(n ? n : 1, sizeof *v);
+    ck_assert_ptr_nonnull(v);
+    return v;
 }

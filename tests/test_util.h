@@ -47,3 +47,17 @@ double luna_test_gradcheck(const char *what, luna_test_loss_fn loss, void *ctx, 
 
 /* Σ w_i · out_i in double. */
 double luna_test_weighted_sum(const float *out, const float *w, size_t n);
+
+/* ---- Small conveniences shared by the op suites -----------------------------------------------
+ */
+struct luna_backend;
+/* A CPU backend with `threads` threads (ck_assert on failure); free with luna_backend_free_all. */
+struct luna_backend *luna_test_backend(int threads);
+/* malloc'd vectors (at least one element, so n = 0 is fine): uniform in [lo, hi), or zeros. */
+float *luna_test_random_vector(luna_test_rng *rng, size_t n, float lo, float hi);
+float *luna_test_zeros(size_t n);
+/* ck_assert with a printf-style message, evaluated only on failure (cheap in tight loops). */
+#define LUNA_EXPECT(cond, ...)                                                                     \
+    do {                                                                                           \
+        if (!(cond)) ck_abort_msg(__VA_ARGS__);                                                    \
+    } while (0)
