@@ -33,19 +33,22 @@ luna_status luna_pair_dataset_open(luna_pair_dataset **out, const char *dir, con
                                    const char *src_lang, const char *tgt_lang);
 
 /* Open from explicit prefixes and dictionary files. */
-luna_status luna_pair_dataset_open_files(luna_pair_dataset **out, const char *src_prefix, const char *tgt_prefix,
-                                         const char *src_dict_path, const char *tgt_dict_path);
+luna_status luna_pair_dataset_open_files(luna_pair_dataset **out, const char *src_prefix,
+                                         const char *tgt_prefix, const char *src_dict_path,
+                                         const char *tgt_dict_path);
 void luna_pair_dataset_free(luna_pair_dataset *ds);
 
 size_t luna_pair_dataset_count(const luna_pair_dataset *ds);
-const int32_t *luna_pair_dataset_src_sizes(const luna_pair_dataset *ds); /* (count), including </s> */
+const int32_t *
+luna_pair_dataset_src_sizes(const luna_pair_dataset *ds); /* (count), including </s> */
 const int32_t *luna_pair_dataset_tgt_sizes(const luna_pair_dataset *ds);
 const luna_dictionary *luna_pair_dataset_src_dict(const luna_pair_dataset *ds);
 const luna_dictionary *luna_pair_dataset_tgt_dict(const luna_pair_dataset *ds);
 
 /* Find the language pair of a data-bin from its "<split>.<src>-<tgt>.<src>.idx" file names
  * (fairseq's infer_language_pair). *src and *tgt are malloc'ed. */
-luna_status luna_data_infer_language_pair(const char *dir, const char *split, char **src, char **tgt);
+luna_status luna_data_infer_language_pair(const char *dir, const char *split, char **src,
+                                          char **tgt);
 
 typedef struct {
     int32_t batch_size, src_len, tgt_len;
@@ -53,14 +56,16 @@ typedef struct {
     int32_t *target, *prev_output_tokens, *tgt_lengths;
     int64_t *ids;
     int64_t ntokens;
-    bool repeated; /* a padding batch repeated so that every data-parallel rank has the same count */
+    bool
+        repeated; /* a padding batch repeated so that every data-parallel rank has the same count */
     size_t capacity_b_, capacity_src_, capacity_tgt_; /* internal */
-} luna_batch;
+} luna_data_batch;
 
-luna_status luna_batch_create(luna_batch **out);
-void luna_batch_free(luna_batch *b);
+luna_status luna_data_batch_create(luna_data_batch **out);
+void luna_data_batch_free(luna_data_batch *b);
 
 /* Collate sentences ids[0..n) into b (reusing its buffers). */
-luna_status luna_batch_fill(luna_batch *b, const luna_pair_dataset *ds, const uint32_t *ids, size_t n);
+luna_status luna_data_batch_fill(luna_data_batch *b, const luna_pair_dataset *ds,
+                                 const uint32_t *ids, size_t n);
 
 #endif

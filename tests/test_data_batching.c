@@ -9,11 +9,13 @@
 #include "model/file_util.h"
 #include "tests/test_util.h"
 
-/* ---- helpers ------------------------------------------------------------------------------------ */
+/* ---- helpers ------------------------------------------------------------------------------------
+ */
 
 static int32_t max_i32(int32_t a, int32_t b) { return a > b ? a : b; }
 
-static void random_sizes(uint64_t seed, size_t n, int32_t lo, int32_t hi, int32_t *src, int32_t *tgt) {
+static void random_sizes(uint64_t seed, size_t n, int32_t lo, int32_t hi, int32_t *src,
+                         int32_t *tgt) {
     luna_test_rng rng;
     luna_test_rng_seed(&rng, seed);
     for (size_t i = 0; i < n; i++) {
@@ -22,7 +24,8 @@ static void random_sizes(uint64_t seed, size_t n, int32_t lo, int32_t hi, int32_
     }
 }
 
-static luna_batch_plan *plan_of(const int32_t *src, const int32_t *tgt, size_t n, const luna_batching_options *o) {
+static luna_batch_plan *plan_of(const int32_t *src, const int32_t *tgt, size_t n,
+                                const luna_batching_options *o) {
     luna_batch_plan *p = NULL;
     luna_status st = luna_batch_plan_create_from_sizes(&p, src, tgt, n, o, "test");
     ck_assert_msg(st == LUNA_OK, "%s", luna_error_message());
@@ -31,13 +34,15 @@ static luna_batch_plan *plan_of(const int32_t *src, const int32_t *tgt, size_t n
 
 /* All batches of one epoch of one shard, as batch indices into the plan (-1 terminated is not
  * needed: *count is set). Batches are identified by their first index pointer. */
-static size_t epoch_batches(luna_batch_iterator *it, const luna_batch_plan *p, size_t *out, bool *repeated) {
+static size_t epoch_batches(luna_batch_iterator *it, const luna_batch_plan *p, size_t *out,
+                            bool *repeated) {
     const uint32_t *ids;
     size_t n, k = 0;
     bool rep;
     while (luna_batch_iterator_next(it, &ids, &n, &rep)) {
         size_t b = 0;
-        while (p->indices + p->offsets[b] != ids) b++;
+        while (p->indices + p->offsets[b] != ids)
+            b++;
         ck_assert_uint_eq(n, p->offsets[b + 1] - p->offsets[b]);
         if (repeated) repeated[k] = rep;
         out[k++] = b;
@@ -45,7 +50,8 @@ static size_t epoch_batches(luna_batch_iterator *it, const luna_batch_plan *p, s
     return k;
 }
 
-/* ---- plan properties ---------------------------------------------------------------------------- */
+/* ---- plan properties ----------------------------------------------------------------------------
+ */
 
 START_TEST(token_budget_and_greedy_cut) {
     enum { N = 5000 };
@@ -84,7 +90,8 @@ END_TEST
  * remainder plus a much longer sentence no longer fits. Luna re-checks and cuts again. */
 START_TEST(no_overshoot_after_multiple_cut) {
     int32_t src[14], tgt[14];
-    for (int i = 0; i < 13; i++) src[i] = tgt[i] = 10;
+    for (int i = 0; i < 13; i++)
+        src[i] = tgt[i] = 10;
     src[13] = tgt[13] = 190;
     luna_batching_options o;
     luna_batching_options_init(&o);
@@ -108,11 +115,13 @@ START_TEST(max_sentences_and_sorted_order) {
     o.max_sentences = 24;
     o.shuffle = false;
     luna_batch_plan *p = plan_of(src, tgt, N, &o);
-    for (size_t b = 0; b < p->num_batches; b++) ck_assert_uint_le(p->offsets[b + 1] - p->offsets[b], 24);
+    for (size_t b = 0; b < p->num_batches; b++)
+        ck_assert_uint_le(p->offsets[b + 1] - p->offsets[b], 24);
     /* Without shuffling: sorted by (src, tgt, index). */
     for (size_t k = 1; k < p->num_sentences; k++) {
         uint32_t a = p->indices[k - 1], b = p->indices[k];
-        ck_assert(src[a] < src[b] || (src[a] == src[b] && (tgt[a] < tgt[b] || (tgt[a] == tgt[b] && a < b))));
+        ck_assert(src[a] < src[b] ||
+                  (src[a] == src[b] && (tgt[a] < tgt[b] || (tgt[a] == tgt[b] && a < b))));
     }
     luna_batch_plan_free(p);
     /* With shuffling: still sorted by (src, tgt), ties in a seeded random order. */
@@ -135,7 +144,8 @@ END_TEST
 START_TEST(filtering_counts_and_rejects) {
     enum { N = 100 };
     int32_t src[N], tgt[N];
-    for (int i = 0; i < N; i++) src[i] = tgt[i] = 5;
+    for (int i = 0; i < N; i++)
+        src[i] = tgt[i] = 5;
     src[10] = 300; /* > max_source_positions */
     tgt[20] = 260; /* > max_target_positions */
     src[30] = 120; /* fits positions but not max_tokens */
@@ -152,13 +162,16 @@ START_TEST(filtering_counts_and_rejects) {
         ck_assert(p->indices[k] != 10 && p->indices[k] != 20 && p->indices[k] != 30);
     luna_batch_plan_free(p);
     o.skip_invalid = false;
-    ck_assert_int_eq(luna_batch_plan_create_from_sizes(&p, src, tgt, N, &o, "train"), LUNA_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(luna_batch_plan_create_from_sizes(&p, src, tgt, N, &o, "train"),
+                     LUNA_ERR_INVALID_ARGUMENT);
     ck_assert_msg(strstr(luna_error_message(), "train: sentence 10: source 300 / target 5") &&
-                      strstr(luna_error_message(), "3 pairs in all"), "%s", luna_error_message());
+                      strstr(luna_error_message(), "3 pairs in all"),
+                  "%s", luna_error_message());
 }
 END_TEST
 
-/* ---- epochs, shuffling, sharding, resumption ---------------------------------------------------- */
+/* ---- epochs, shuffling, sharding, resumption ----------------------------------------------------
+ */
 
 START_TEST(every_sentence_once_and_shuffled_per_epoch) {
     enum { N = 4000 };
@@ -172,14 +185,17 @@ START_TEST(every_sentence_once_and_shuffled_per_epoch) {
     ck_assert_int_eq(luna_batch_iterator_create(&it, p, &o), LUNA_OK);
     ck_assert_int_eq(luna_batch_iterator_create(&twin, p, &o), LUNA_OK);
     size_t nb = p->num_batches;
-    size_t *e1 = malloc(nb * sizeof *e1), *e2 = malloc(nb * sizeof *e2), *t2 = malloc(nb * sizeof *t2);
+    size_t *e1 = malloc(nb * sizeof *e1), *e2 = malloc(nb * sizeof *e2),
+           *t2 = malloc(nb * sizeof *t2);
     ck_assert_uint_eq(luna_batch_iterator_epoch_length(it), nb);
     ck_assert_uint_eq(epoch_batches(it, p, e1, NULL), nb);
     /* Every sentence exactly once in the epoch. */
     int *seen = calloc(N, sizeof *seen);
     for (size_t k = 0; k < nb; k++)
-        for (size_t j = p->offsets[e1[k]]; j < p->offsets[e1[k] + 1]; j++) seen[p->indices[j]]++;
-    for (int i = 0; i < N; i++) ck_assert_int_eq(seen[i], 1);
+        for (size_t j = p->offsets[e1[k]]; j < p->offsets[e1[k] + 1]; j++)
+            seen[p->indices[j]]++;
+    for (int i = 0; i < N; i++)
+        ck_assert_int_eq(seen[i], 1);
     free(seen);
     ck_assert_int_eq(luna_batch_iterator_seek(it, 2, 0), LUNA_OK);
     ck_assert_uint_eq(epoch_batches(it, p, e2, NULL), nb);
@@ -200,7 +216,8 @@ START_TEST(every_sentence_once_and_shuffled_per_epoch) {
     luna_batch_iterator_free(other);
     ck_assert_int_eq(luna_batch_iterator_create(&other, p, &o2), LUNA_OK);
     ck_assert_uint_eq(epoch_batches(other, p, t2, NULL), nb);
-    for (size_t k = 0; k < nb; k++) ck_assert_uint_eq(t2[k], k);
+    for (size_t k = 0; k < nb; k++)
+        ck_assert_uint_eq(t2[k], k);
     luna_batch_iterator_free(other);
     free(e1);
     free(e2);
@@ -240,12 +257,15 @@ START_TEST(sharding_disjoint_and_complete) {
         ck_assert_uint_eq(luna_batch_iterator_epoch_length(it), per_rank);
         ck_assert_uint_eq(epoch_batches(it, p, got, rep), per_rank); /* same count on every rank */
         for (size_t k = 0; k < per_rank; k++) {
-            if (rep[k]) repeats++;
-            else count[got[k]]++;
+            if (rep[k])
+                repeats++;
+            else
+                count[got[k]]++;
         }
         luna_batch_iterator_free(it);
     }
-    for (size_t b = 0; b < nb; b++) ck_assert_int_eq(count[b], 1); /* disjoint and complete */
+    for (size_t b = 0; b < nb; b++)
+        ck_assert_int_eq(count[b], 1); /* disjoint and complete */
     ck_assert_uint_eq(repeats, W * per_rank - nb);
     free(count);
     free(got);
@@ -275,11 +295,13 @@ START_TEST(save_and_restore_position) {
     ck_assert_int_eq(luna_batch_iterator_seek(a, 3, 0), LUNA_OK);
     size_t nb = p->num_batches, *ref = malloc(nb * sizeof *ref), *rest = malloc(nb * sizeof *rest);
     ck_assert_uint_eq(epoch_batches(a, p, ref, NULL), nb);
-    /* Interrupted after 17 batches; the position goes into a "checkpoint"; a new iterator resumes. */
+    /* Interrupted after 17 batches; the position goes into a "checkpoint"; a new iterator resumes.
+     */
     ck_assert_int_eq(luna_batch_iterator_seek(a, 3, 0), LUNA_OK);
     const uint32_t *ids;
     size_t n;
-    for (int k = 0; k < 17; k++) ck_assert(luna_batch_iterator_next(a, &ids, &n, NULL));
+    for (int k = 0; k < 17; k++)
+        ck_assert(luna_batch_iterator_next(a, &ids, &n, NULL));
     uint64_t epoch, offset;
     luna_batch_iterator_position(a, &epoch, &offset);
     ck_assert_uint_eq(epoch, 3);
@@ -301,15 +323,17 @@ START_TEST(save_and_restore_position) {
 }
 END_TEST
 
-/* ---- on-disk pair datasets and collation -------------------------------------------------------- */
+/* ---- on-disk pair datasets and collation --------------------------------------------------------
+ */
 
-static void write_split(const char *dir, const char *lang, const int32_t *const *sents, const int32_t *lens, size_t n,
-                        const char *dict_text) {
+static void write_split(const char *dir, const char *lang, const int32_t *const *sents,
+                        const int32_t *lens, size_t n, const char *dict_text) {
     char path[1024];
     snprintf(path, sizeof path, "%s/train.xx-yy.%s", dir, lang);
     luna_indexed_builder *b;
     ck_assert_int_eq(luna_indexed_builder_create(&b, path, LUNA_DTYPE_UINT16), LUNA_OK);
-    for (size_t i = 0; i < n; i++) ck_assert_int_eq(luna_indexed_builder_add(b, sents[i], (size_t)lens[i]), LUNA_OK);
+    for (size_t i = 0; i < n; i++)
+        ck_assert_int_eq(luna_indexed_builder_add(b, sents[i], (size_t)lens[i]), LUNA_OK);
     ck_assert_int_eq(luna_indexed_builder_finish(b), LUNA_OK);
     snprintf(path, sizeof path, "%s/dict.%s.txt", dir, lang);
     luna_test_write_file(path, dict_text);
@@ -330,15 +354,16 @@ START_TEST(collate_right_padded_batch) {
     ck_assert_str_eq(a, "xx");
     ck_assert_str_eq(b, "yy");
     luna_pair_dataset *ds;
-    ck_assert_msg(luna_pair_dataset_open(&ds, dir, "train", a, b) == LUNA_OK, "%s", luna_error_message());
+    ck_assert_msg(luna_pair_dataset_open(&ds, dir, "train", a, b) == LUNA_OK, "%s",
+                  luna_error_message());
     free(a);
     free(b);
     ck_assert_uint_eq(luna_pair_dataset_count(ds), 3);
     ck_assert_int_eq(luna_dictionary_size(luna_pair_dataset_tgt_dict(ds)), 8);
-    luna_batch *batch;
-    ck_assert_int_eq(luna_batch_create(&batch), LUNA_OK);
+    luna_data_batch *batch;
+    ck_assert_int_eq(luna_data_batch_create(&batch), LUNA_OK);
     const uint32_t ids[3] = {1, 0, 2};
-    ck_assert_int_eq(luna_batch_fill(batch, ds, ids, 3), LUNA_OK);
+    ck_assert_int_eq(luna_data_batch_fill(batch, ds, ids, 3), LUNA_OK);
     ck_assert_int_eq(batch->batch_size, 3);
     ck_assert_int_eq(batch->src_len, 5);
     ck_assert_int_eq(batch->tgt_len, 4);
@@ -354,12 +379,12 @@ START_TEST(collate_right_padded_batch) {
     ck_assert_int_eq(batch->ids[0], 1);
     ck_assert_int_eq(batch->ntokens, 7);
     /* Refill smaller, then larger: buffers are reused and grown. */
-    ck_assert_int_eq(luna_batch_fill(batch, ds, ids + 2, 1), LUNA_OK);
+    ck_assert_int_eq(luna_data_batch_fill(batch, ds, ids + 2, 1), LUNA_OK);
     ck_assert_int_eq(batch->src_len, 5);
     ck_assert_int_eq(batch->ntokens, 1);
     const uint32_t bad[1] = {3};
-    ck_assert_int_eq(luna_batch_fill(batch, ds, bad, 1), LUNA_ERR_INVALID_ARGUMENT);
-    luna_batch_free(batch);
+    ck_assert_int_eq(luna_data_batch_fill(batch, ds, bad, 1), LUNA_ERR_INVALID_ARGUMENT);
+    luna_data_batch_free(batch);
     /* The plan over the real dataset. */
     luna_batching_options o;
     luna_batching_options_init(&o);
@@ -382,13 +407,15 @@ START_TEST(dictionary_data_mismatch_and_count_mismatch) {
     write_split(dir, "yy", src, sl, 1, "a 1\nb 1\nc 1\nd 1\ne 1\nf 1\n");
     luna_pair_dataset *ds = NULL;
     ck_assert_int_eq(luna_pair_dataset_open(&ds, dir, "train", "xx", "yy"), LUNA_ERR_MISMATCH);
-    ck_assert_msg(strstr(luna_error_message(), "train.xx-yy.yy.idx") && strstr(luna_error_message(), "1 sentences"),
+    ck_assert_msg(strstr(luna_error_message(), "train.xx-yy.yy.idx") &&
+                      strstr(luna_error_message(), "1 sentences"),
                   "%s", luna_error_message());
     write_split(dir, "yy", src, sl, 2, "a 1\nb 1\nc 1\nd 1\ne 1\nf 1\n");
     ck_assert_int_eq(luna_pair_dataset_open(&ds, dir, "train", "xx", "yy"), LUNA_ERR_MISMATCH);
     const char *msg = luna_error_message();
-    ck_assert_msg(strstr(msg, "train.xx-yy.xx.bin") && strstr(msg, "sentence 1, token 1: id 9") && strstr(msg, "dict.xx.txt") &&
-                      strstr(msg, "byte offset 6"), "%s", msg);
+    ck_assert_msg(strstr(msg, "train.xx-yy.xx.bin") && strstr(msg, "sentence 1, token 1: id 9") &&
+                      strstr(msg, "dict.xx.txt") && strstr(msg, "byte offset 6"),
+                  "%s", msg);
     ck_assert_ptr_null(ds);
     /* The reversed file naming (<tgt>-<src>) is found like fairseq does; missing dict is named. */
     char path[1024];

@@ -60,12 +60,14 @@ static result run(const char *tmp, const char *const *args) {
     snprintf(err_path, sizeof err_path, "%s/logs/stderr.txt", tmp);
     const char *argv[64] = {program};
     int argc = 1;
-    for (; args[argc - 1]; argc++) argv[argc] = args[argc - 1];
+    for (; args[argc - 1]; argc++)
+        argv[argc] = args[argc - 1];
     argv[argc] = NULL;
     pid_t pid = fork();
     ck_assert_int_ge(pid, 0);
     if (pid == 0) {
-        int o = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644), e = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        int o = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644),
+            e = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         if (o < 0 || e < 0 || dup2(o, 1) < 0 || dup2(e, 2) < 0) _exit(127);
         execv(program, (char *const *)argv);
         _exit(127);
@@ -74,16 +76,19 @@ static result run(const char *tmp, const char *const *args) {
     ck_assert_int_eq(waitpid(pid, &ws, 0), pid);
     result r;
     r.status = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128;
-    ck_assert_msg(r.status != 127, "cannot run %s (build it first, or set LUNA_PREPROCESS)", program);
+    ck_assert_msg(r.status != 127, "cannot run %s (build it first, or set LUNA_PREPROCESS)",
+                  program);
     read_into(out_path, r.out, sizeof r.out);
     read_into(err_path, r.err, sizeof r.err);
     return r;
 }
 
-static const char *EN[] = {"the", "house", "is", "small", "green", "tree", "river", "city", "we", "walk", "home",
-                           "children", "play", "in", "garden", "summer", "bright", "old", "bridge", "night"};
-static const char *DE[] = {"das", "Haus", "ist", "klein", "grün", "Baum", "Fluss", "Stadt", "wir", "gehen", "nach",
-                           "Kinder", "spielen", "im", "Garten", "Sommer", "hell", "alte", "Brücke", "Nacht"};
+static const char *EN[] = {"the",    "house",  "is",     "small", "green",    "tree", "river",
+                           "city",   "we",     "walk",   "home",  "children", "play", "in",
+                           "garden", "summer", "bright", "old",   "bridge",   "night"};
+static const char *DE[] = {"das",    "Haus",   "ist",   "klein", "grün",   "Baum",    "Fluss",
+                           "Stadt",  "wir",    "gehen", "nach",  "Kinder", "spielen", "im",
+                           "Garten", "Sommer", "hell",  "alte",  "Brücke", "Nacht"};
 
 /* Write <dir>/<name>.en/.de with n aligned generated sentences. */
 static void write_corpus(const char *dir, const char *name, int n, uint64_t seed) {
@@ -138,7 +143,8 @@ static int count_entries(const char *dir) {
     ck_assert_ptr_nonnull(d);
     int n = 0;
     struct dirent *e;
-    while ((e = readdir(d)) != NULL) n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    while ((e = readdir(d)) != NULL)
+        n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
     closedir(d);
     return n;
 }
@@ -161,17 +167,33 @@ START_TEST(end_to_end_with_sentencepiece) {
     snprintf(test, sizeof test, "%s", p("test"));
     snprintf(out1, sizeof out1, "%s", p("bin1"));
     snprintf(out2, sizeof out2, "%s", p("nested/bin2"));
-    const char *args[] = {"--source-lang", "en", "--target-lang", "de", "--trainpref", train, "--validpref", valid,
-                          "--testpref", test, "--destdir", out1, "--joined-dictionary", "--workers", "2",
-                          "--bpe-vocab-size", "120", NULL};
+    const char *args[] = {"--source-lang",
+                          "en",
+                          "--target-lang",
+                          "de",
+                          "--trainpref",
+                          train,
+                          "--validpref",
+                          valid,
+                          "--testpref",
+                          test,
+                          "--destdir",
+                          out1,
+                          "--joined-dictionary",
+                          "--workers",
+                          "2",
+                          "--bpe-vocab-size",
+                          "120",
+                          NULL};
     result r = run(tmp, args);
     ck_assert_msg(r.status == 0, "status %d: %s", r.status, r.err);
     ck_assert_ptr_nonnull(strstr(r.out, "[en] train"));
     ck_assert_ptr_nonnull(strstr(r.out, "400 sentences"));
     ck_assert_ptr_nonnull(strstr(r.out, "sentences/s"));
-    const char *files[] = {"dict.en.txt", "dict.de.txt", "spm.model", "spm.vocab", "train.en-de.en.bin",
-                           "train.en-de.en.idx", "train.en-de.de.bin", "train.en-de.de.idx", "valid.en-de.en.idx",
-                           "valid.en-de.de.bin", "test.en-de.en.bin", "test.en-de.de.idx"};
+    const char *files[] = {"dict.en.txt",        "dict.de.txt",        "spm.model",
+                           "spm.vocab",          "train.en-de.en.bin", "train.en-de.en.idx",
+                           "train.en-de.de.bin", "train.en-de.de.idx", "valid.en-de.en.idx",
+                           "valid.en-de.de.bin", "test.en-de.en.bin",  "test.en-de.de.idx"};
     char a[2048], b[2048];
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         snprintf(a, sizeof a, "%s/%s", out1, files[i]);
@@ -187,15 +209,16 @@ START_TEST(end_to_end_with_sentencepiece) {
 
     /* The data decodes back to the input text. */
     luna_pair_dataset *ds;
-    ck_assert_msg(luna_pair_dataset_open(&ds, out1, "valid", "en", "de") == LUNA_OK, "%s", luna_error_message());
+    ck_assert_msg(luna_pair_dataset_open(&ds, out1, "valid", "en", "de") == LUNA_OK, "%s",
+                  luna_error_message());
     ck_assert_uint_eq(luna_pair_dataset_count(ds), 40);
     snprintf(a, sizeof a, "%s/spm.model", out1);
     luna_spm *spm;
     ck_assert_int_eq(luna_spm_load(&spm, a), LUNA_OK);
-    luna_batch *batch;
-    ck_assert_int_eq(luna_batch_create(&batch), LUNA_OK);
+    luna_data_batch *batch;
+    ck_assert_int_eq(luna_data_batch_create(&batch), LUNA_OK);
     const uint32_t ids[2] = {0, 39};
-    ck_assert_int_eq(luna_batch_fill(batch, ds, ids, 2), LUNA_OK);
+    ck_assert_int_eq(luna_data_batch_fill(batch, ds, ids, 2), LUNA_OK);
     char *valid_de;
     size_t nvalid;
     snprintf(a, sizeof a, "%s.de", valid);
@@ -211,19 +234,35 @@ START_TEST(end_to_end_with_sentencepiece) {
     ck_assert(strncmp(valid_de, text, strlen(text)) == 0);
     free(text);
     free(valid_de);
-    luna_batch_free(batch);
+    luna_data_batch_free(batch);
     luna_spm_free(spm);
     luna_pair_dataset_free(ds);
     luna_dictionary_free(dict);
 
     /* One worker, another (nested, not yet existing) directory: byte-identical output. */
-    const char *args1[] = {"--source-lang", "en", "--target-lang", "de", "--trainpref", train, "--validpref", valid,
-                           "--testpref", test, "--destdir", out2, "--joined-dictionary", "--workers", "1",
-                           "--bpe-vocab-size", "120", NULL};
+    const char *args1[] = {"--source-lang",
+                           "en",
+                           "--target-lang",
+                           "de",
+                           "--trainpref",
+                           train,
+                           "--validpref",
+                           valid,
+                           "--testpref",
+                           test,
+                           "--destdir",
+                           out2,
+                           "--joined-dictionary",
+                           "--workers",
+                           "1",
+                           "--bpe-vocab-size",
+                           "120",
+                           NULL};
     r = run(tmp, args1);
     ck_assert_msg(r.status == 0, "%s", r.err);
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
-        if (!strcmp(files[i], "spm.model")) continue; /* the model records its trainer's thread count */
+        if (!strcmp(files[i], "spm.model"))
+            continue; /* the model records its trainer's thread count */
         snprintf(a, sizeof a, "%s/%s", out1, files[i]);
         snprintf(b, sizeof b, "%s/%s", out2, files[i]);
         ck_assert_msg(same_file(a, b), "%s differs between --workers 2 and 1", files[i]);
@@ -246,8 +285,8 @@ START_TEST(no_spm_separate_dictionaries_and_reused_model) {
     f = fopen(p("train.de"), "ab");
     fputs("eins zwei\n", f);
     fclose(f);
-    const char *args[] = {"--source-lang", "en", "--target-lang", "de", "--trainpref", train, "--destdir", out,
-                          "--no-spm", NULL};
+    const char *args[] = {"--source-lang", "en", "--target-lang", "de", "--trainpref", train,
+                          "--destdir",     out,  "--no-spm",      NULL};
     result r = run(tmp, args);
     ck_assert_msg(r.status == 0, "%s", r.err);
     char a[2048];
@@ -272,8 +311,10 @@ START_TEST(no_spm_separate_dictionaries_and_reused_model) {
     snprintf(tgtdict, sizeof tgtdict, "%s/dict.de.txt", out);
     snprintf(valid, sizeof valid, "%s", p("valid"));
     snprintf(more, sizeof more, "%s", p("more"));
-    const char *dict_args[] = {"--source-lang", "en", "--target-lang", "de", "--validpref", valid, "--destdir", more,
-                               "--no-spm", "--srcdict", srcdict, "--tgtdict", tgtdict, NULL};
+    const char *dict_args[] = {"--source-lang", "en",        "--target-lang", "de",
+                               "--validpref",   valid,       "--destdir",     more,
+                               "--no-spm",      "--srcdict", srcdict,         "--tgtdict",
+                               tgtdict,         NULL};
     r = run(tmp, dict_args);
     ck_assert_msg(r.status == 0, "%s", r.err);
     snprintf(b, sizeof b, "%s/dict.de.txt", more);
@@ -285,13 +326,33 @@ START_TEST(no_spm_separate_dictionaries_and_reused_model) {
 
     /* --spm-model: train once, reuse the model. */
     snprintf(model, sizeof model, "%s", p("bin-model"));
-    const char *train_args[] = {"--source-lang", "en", "--target-lang", "de", "--trainpref", train, "--destdir", model,
-                                "--joined-dictionary", "--bpe-vocab-size", "110", NULL};
+    const char *train_args[] = {"--source-lang",
+                                "en",
+                                "--target-lang",
+                                "de",
+                                "--trainpref",
+                                train,
+                                "--destdir",
+                                model,
+                                "--joined-dictionary",
+                                "--bpe-vocab-size",
+                                "110",
+                                NULL};
     r = run(tmp, train_args);
     ck_assert_msg(r.status == 0, "%s", r.err);
     snprintf(a, sizeof a, "%s/spm.model", model);
-    const char *reuse_args[] = {"--source-lang", "en", "--target-lang", "de", "--trainpref", train, "--destdir", spm_out,
-                                "--joined-dictionary", "--spm-model", a, NULL};
+    const char *reuse_args[] = {"--source-lang",
+                                "en",
+                                "--target-lang",
+                                "de",
+                                "--trainpref",
+                                train,
+                                "--destdir",
+                                spm_out,
+                                "--joined-dictionary",
+                                "--spm-model",
+                                a,
+                                NULL};
     r = run(tmp, reuse_args);
     ck_assert_msg(r.status == 0, "%s", r.err);
     snprintf(b, sizeof b, "%s/spm.model", spm_out);
@@ -303,7 +364,8 @@ START_TEST(no_spm_separate_dictionaries_and_reused_model) {
 END_TEST
 
 /* Assert a failure: status, one line naming `where`, and no trace in the parent directory. */
-static void expect_failure(const char *const *args, int status, const char *where, const char *dest) {
+static void expect_failure(const char *const *args, int status, const char *where,
+                           const char *dest) {
     int before = count_entries(tmp);
     result r = run(tmp, args);
     ck_assert_msg(r.status == status, "expected status %d, got %d: %s", status, r.status, r.err);
@@ -320,8 +382,9 @@ START_TEST(bad_inputs_fail_cleanly) {
     snprintf(train, sizeof train, "%s", p("train"));
     snprintf(valid, sizeof valid, "%s", p("valid"));
     snprintf(dest, sizeof dest, "%s", p("out"));
-    const char *args[] = {"--source-lang", "en", "--target-lang", "de", "--trainpref", train, "--validpref", valid,
-                          "--destdir", dest, "--no-spm", NULL, NULL, NULL};
+    const char *args[] = {
+        "--source-lang", "en", "--target-lang", "de", "--trainpref", train, "--validpref", valid,
+        "--destdir",     dest, "--no-spm",      NULL, NULL,          NULL};
 
     /* Missing file. */
     write_corpus(tmp, "lonely", 10, 5);
@@ -345,11 +408,17 @@ START_TEST(bad_inputs_fail_cleanly) {
     expect_failure(args, 1, where, dest);
 
     /* Invalid UTF-8 (line 3), empty line (line 2), too long line (line 4). */
-    struct { const char *lang, *text, *problem; int line; const char *extra; } cases[] = {
+    struct {
+        const char *lang, *text, *problem;
+        int line;
+        const char *extra;
+    } cases[] = {
         {"en", "one .\ntwo .\nbad \xC3\x28 .\nfour .\n", "invalid UTF-8", 3, NULL},
         {"de", "eins .\n\ndrei .\nvier .\n", "empty line", 2, NULL},
-        {"de", "eins .\nzwei .\ndrei .\nthis line is far too long for the limit given on the command line, "
-               "much longer than any generated sentence, so it is the one that fails .\n",
+        {"de",
+         "eins .\nzwei .\ndrei .\nthis line is far too long for the limit given on the command "
+         "line, "
+         "much longer than any generated sentence, so it is the one that fails .\n",
          "line is 137 bytes", 4, "--max-line-bytes"},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
@@ -405,9 +474,11 @@ START_TEST(usage_errors) {
     expect_failure(missing_value, 2, "needs a value", NULL);
     const char *no_train[] = {"--source-lang", "en", "--target-lang", "de", NULL};
     expect_failure(no_train, 2, "--trainpref is required", NULL);
-    const char *dict_without_spm[] = {"--source-lang", "en", "--target-lang", "de", "--srcdict", "d", "--tgtdict", "d", NULL};
+    const char *dict_without_spm[] = {
+        "--source-lang", "en", "--target-lang", "de", "--srcdict", "d", "--tgtdict", "d", NULL};
     expect_failure(dict_without_spm, 2, "give --spm-model", NULL);
-    const char *bad_number[] = {"--source-lang", "en", "--target-lang", "de", "--trainpref", "x", "--workers", "two", NULL};
+    const char *bad_number[] = {
+        "--source-lang", "en", "--target-lang", "de", "--trainpref", "x", "--workers", "two", NULL};
     expect_failure(bad_number, 2, "'two' is not an integer", NULL);
     const char *help[] = {"--help", NULL};
     result r = run(tmp, help);

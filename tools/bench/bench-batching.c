@@ -23,7 +23,8 @@ static double now_seconds(void) {
 static void usage(void) {
     printf("usage: bench-batching DATA-BIN [--split train] [--source-lang L --target-lang L]\n"
            "                      [--max-tokens 4096] [--max-sentences N] [--epochs 1] [--seed 1]\n"
-           "  iterate every batch of an epoch (collating padded token matrices) and report batches/s\n");
+           "  iterate every batch of an epoch (collating padded token matrices) and report "
+           "batches/s\n");
 }
 
 int main(int argc, char **argv) {
@@ -43,13 +44,20 @@ int main(int argc, char **argv) {
             return 2;
         }
         const char *v = argv[++i];
-        if (!strcmp(argv[i - 1], "--split")) split = v;
-        else if (!strcmp(argv[i - 1], "--source-lang")) src = v;
-        else if (!strcmp(argv[i - 1], "--target-lang")) tgt = v;
-        else if (!strcmp(argv[i - 1], "--max-tokens")) max_tokens = atol(v);
-        else if (!strcmp(argv[i - 1], "--max-sentences")) max_sentences = atol(v);
-        else if (!strcmp(argv[i - 1], "--epochs")) epochs = atol(v);
-        else if (!strcmp(argv[i - 1], "--seed")) seed = atol(v);
+        if (!strcmp(argv[i - 1], "--split"))
+            split = v;
+        else if (!strcmp(argv[i - 1], "--source-lang"))
+            src = v;
+        else if (!strcmp(argv[i - 1], "--target-lang"))
+            tgt = v;
+        else if (!strcmp(argv[i - 1], "--max-tokens"))
+            max_tokens = atol(v);
+        else if (!strcmp(argv[i - 1], "--max-sentences"))
+            max_sentences = atol(v);
+        else if (!strcmp(argv[i - 1], "--epochs"))
+            epochs = atol(v);
+        else if (!strcmp(argv[i - 1], "--seed"))
+            seed = atol(v);
         else {
             fprintf(stderr, "bench-batching: unknown option %s (see --help)\n", argv[i - 1]);
             return 2;
@@ -63,7 +71,7 @@ int main(int argc, char **argv) {
     luna_pair_dataset *ds = NULL;
     luna_batch_plan *plan = NULL;
     luna_batch_iterator *it = NULL;
-    luna_batch *batch = NULL;
+    luna_data_batch *batch = NULL;
     luna_status st = LUNA_OK;
     if (!src || !tgt) {
         st = luna_data_infer_language_pair(dir, split, &inferred_src, &inferred_tgt);
@@ -81,14 +89,16 @@ int main(int argc, char **argv) {
     if (st == LUNA_OK) st = luna_batch_plan_create(&plan, ds, &o);
     double t2 = now_seconds();
     if (st == LUNA_OK) st = luna_batch_iterator_create(&it, plan, &o);
-    if (st == LUNA_OK) st = luna_batch_create(&batch);
+    if (st == LUNA_OK) st = luna_data_batch_create(&batch);
     if (st != LUNA_OK) {
         fprintf(stderr, "bench-batching: %s\n", luna_error_message());
         return 1;
     }
-    printf("data-bin %s, split %s, %s-%s: %zu sentence pairs\n", dir, split, src, tgt, luna_pair_dataset_count(ds));
+    printf("data-bin %s, split %s, %s-%s: %zu sentence pairs\n", dir, split, src, tgt,
+           luna_pair_dataset_count(ds));
     printf("open + validate: %.3f s; plan (sort, filter, %ld-token batches): %.3f s, %zu batches "
-           "(%zu pairs filtered)\n", t1 - t0, max_tokens, t2 - t1, plan->num_batches,
+           "(%zu pairs filtered)\n",
+           t1 - t0, max_tokens, t2 - t1, plan->num_batches,
            plan->num_filtered_positions + plan->num_filtered_tokens);
     for (long e = 1; e <= epochs && st == LUNA_OK; e++) {
         st = luna_batch_iterator_seek(it, (uint64_t)e, 0);
@@ -98,10 +108,11 @@ int main(int argc, char **argv) {
         const uint32_t *ids;
         size_t n;
         while (st == LUNA_OK && luna_batch_iterator_next(it, &ids, &n, NULL)) {
-            st = luna_batch_fill(batch, ds, ids, n);
+            st = luna_data_batch_fill(batch, ds, ids, n);
             batches++;
             sentences += n;
-            for (int32_t k = 0; k < batch->batch_size; k++) real += batch->src_lengths[k] + batch->tgt_lengths[k];
+            for (int32_t k = 0; k < batch->batch_size; k++)
+                real += batch->src_lengths[k] + batch->tgt_lengths[k];
             int64_t area = (int64_t)batch->batch_size * (batch->src_len + batch->tgt_len);
             padded += area;
             int64_t longest = batch->src_len > batch->tgt_len ? batch->src_len : batch->tgt_len;
@@ -109,13 +120,14 @@ int main(int argc, char **argv) {
         }
         double secs = now_seconds() - start;
         if (st == LUNA_OK)
-            printf("epoch %ld: %zu batches, %zu sentences in %.4f s: %.0f batches/s, %.0f sentences/s; "
+            printf("epoch %ld: %zu batches, %zu sentences in %.4f s: %.0f batches/s, %.0f "
+                   "sentences/s; "
                    "real tokens %.1f%% of the padded area; largest batch %lld padded tokens\n",
                    e, batches, sentences, secs, (double)batches / secs, (double)sentences / secs,
                    padded ? 100.0 * (double)real / (double)padded : 0.0, (long long)worst);
     }
     if (st != LUNA_OK) fprintf(stderr, "bench-batching: %s\n", luna_error_message());
-    luna_batch_free(batch);
+    luna_data_batch_free(batch);
     luna_batch_iterator_free(it);
     luna_batch_plan_free(plan);
     luna_pair_dataset_free(ds);
