@@ -1,0 +1,391 @@
+/* luna-train as a program: option errors, bad inputs (another language pair, another
+ * architecture, a truncated checkpoint, an unwritable --save-dir, a full disk while saving), the
+ * SIGTERM save-and-exit, --max-update 0, --help and the JSON log. Each failure must be one line
+ * on stderr naming the file, with the documented exit status. */
+#include <fcntl.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "model/backend.h"
+#include "model/file_util.h"
+#include "model/json.h"
+#include "model/seq2seq.h"
+#include "tests/test_util.h"
+#include "trainer/checkpoint.h"
+#include "trainer/synthetic.h"
+
+static char program[4096];
+static char *tmp;
+static char bin[1024], bin_ende[1024];
+
+static void find_program(void) {
+    const char *env = getenv("LUNA_TRAIN");
+    if (env && *env) {
+        snprintf(program, sizeof program, "%s", env);
+        return;
+    }
+    char self[4000];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) {
+        fprintf(stderr, "test_trainer_errors: cannot read /proc/self/exe\n");
+        exit(EXIT_FAILURE);
+    }
+    self[n] = '\0';
+    *strrchr(self, '/') = '\0';
+    snprintf(program, sizeof program, "%s/luna-train", self);
+}
+
+typedef struct {
+    int status;
+    char out[65536], err[8192];
+} result;
+
+static void read_into(const char *path, char *buf, size_t cap) {
+    FILE *f = fopen(path, "rb");
+    ck_assert_ptr_nonnull(f);
+    size_t n = fread(buf, 1, cap - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+}
+
+/* Start luna-train with NULL-terminated args (stdout/stderr to files in tmp/logs); `fsize` > 0
+ * limits the size of files it may write (a full disk). */
+static pid_t start(const char *const *args, long fsize) {
+    char out_path[1100], err_path[1100];
+    snprintf(out_path, sizeof out_path, "%s/logs/stdout.txt", tmp);
+    snprintf(err_path, sizeof err_path, "%s/logs/stderr.txt", tmp);
+    const char *argv[96] = {program};
+    int argc = 1;
+    for (; args[argc - 1]; argc++)
+        argv[argc] = args[argc - 1];
+    argv[argc] = NULL;
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        int o = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        int e = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (o < 0 || e < 0 || dup2(o, 1) < 0 || dup2(e, 2) < 0) _exit(127);
+        if (fsize > 0) {
+            struct rlimit rl = {(rlim_t)fsize, (rlim_t)fsize};
+            signal(SIGXFSZ, SIG_IGN); /* writes past the limit fail with EFBIG instead */
+            setrlimit(RLIMIT_FSIZE, &rl);
+        }
+        execv(program, (char *const *)argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+static result finish(pid_t pid) {
+    int ws;
+    ck_assert_int_eq(waitpid(pid, &ws, 0), pid);
+    result *r = malloc(sizeof *r);
+    ck_assert_ptr_nonnull(r);
+    r->status = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
+    ck_assert_msg(r->status != 127, "cannot run %s (build it first, or set LUNA_TRAIN)", program);
+    char path[1100];
+    snprintf(path, sizeof path, "%s/logs/stdout.txt", tmp);
+    read_into(path, r->out, sizeof r->out);
+    snprintf(path, sizeof path, "%s/logs/stderr.txt", tmp);
+    read_into(path, r->err, sizeof r->err);
+    result copy = *r;
+    free(r);
+    return copy;
+}
+
+static result run_limited(const char *const *args, long fsize) {
+    return finish(start(args, fsize));
+}
+static result run(const char *const *args) { return run_limited(args, 0); }
+
+/* A failure: the exit status, exactly one line on stderr, containing every `needles` string. */
+static void expect_error(const result *r, int status, const char *const *needles) {
+    ck_assert_msg(r->status == status, "exit status %d, expected %d; stderr: %s", r->status, status,
+                  r->err);
+    size_t len = strlen(r->err);
+    ck_assert_msg(len > 0 && r->err[len - 1] == '\n' && strchr(r->err, '\n') == r->err + len - 1,
+                  "expected one line on stderr, got: %s", r->err);
+    ck_assert_msg(strncmp(r->err, "luna-train: ", 12) == 0, "stderr: %s", r->err);
+    for (; *needles; needles++)
+        ck_assert_msg(strstr(r->err, *needles), "'%s' not in: %s", *needles, r->err);
+}
+
+static void setup(void) {
+    find_program();
+    tmp = luna_test_make_temp_dir();
+    char path[1100];
+    snprintf(path, sizeof path, "%s/logs", tmp);
+    ck_assert_int_eq(mkdir(path, 0755), 0);
+    luna_synthetic_options so;
+    luna_synthetic_options_init(&so);
+    so.num_train = 200;
+    so.num_valid = 20;
+    snprintf(bin, sizeof bin, "%s/bin", tmp);
+    ck_assert_int_eq(luna_synthetic_data_bin(bin, &so), LUNA_OK);
+    so.source_lang = "en";
+    so.target_lang = "de";
+    snprintf(bin_ende, sizeof bin_ende, "%s/bin-ende", tmp);
+    ck_assert_int_eq(luna_synthetic_data_bin(bin_ende, &so), LUNA_OK);
+}
+
+static void teardown(void) {
+    luna_test_remove_tree(tmp);
+    free(tmp);
+}
+
+#define ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
+#define TINY "--arch", "luna_tiny", "--max-tokens", "128", "--threads", "1", "--no-progress-bar"
+
+START_TEST(test_option_errors) {
+    result r = run(ARGS(bin, "--foo"));
+    ck_assert_str_eq(r.err, "luna-train: unknown option '--foo' (see --help)\n");
+    ck_assert_int_eq(r.status, 2);
+    r = run(ARGS(bin, "--update-freq", "0"));
+    expect_error(&r, 2, ARGS("--update-freq", "got 0"));
+    r = run(ARGS(bin, "--warmup-init-lr", "0.5", "--lr", "0.1"));
+    expect_error(&r, 2, ARGS("--warmup-init-lr", "--lr"));
+    r = run(ARGS(bin, "--clip-mode", "bogus"));
+    expect_error(&r, 2, ARGS("--clip-mode", "bogus", "each|total"));
+    r = run(ARGS(bin, "--device", "cuda"));
+    expect_error(&r, 2, ARGS("not built with CUDA"));
+    r = run(ARGS(bin, "--lr", "abc"));
+    expect_error(&r, 2, ARGS("--lr", "abc"));
+    r = run(ARGS(bin, "--arch", "luna_huge"));
+    expect_error(&r, 2, ARGS("--arch", "luna_huge"));
+    r = run(ARGS(bin, "--arch", "transformer_tiny", "--projection-length", "4"));
+    expect_error(&r, 2, ARGS("--projection-length", "Luna"));
+    r = run(ARGS(bin, "--encoder-embed-dim", "30")); /* 30 not divisible by 8 heads */
+    expect_error(&r, 2, ARGS("encoder"));
+    r = run(ARGS("--max-update", "0"));
+    expect_error(&r, 2, ARGS("DATA-BIN"));
+    r = run(ARGS(bin, bin));
+    expect_error(&r, 2, ARGS("unexpected argument"));
+    r = run(ARGS(bin, "--dropout", "1.5"));
+    expect_error(&r, 2, ARGS("--dropout"));
+    r = run(ARGS(bin, "--lr-scheduler", "cosine"));
+    expect_error(&r, 2, ARGS("--lr-scheduler", "cosine"));
+    r = run(ARGS(bin, "--milestones", "500", "100"));
+    expect_error(&r, 2, ARGS("--milestones"));
+    r = run(ARGS("--help"));
+    ck_assert_int_eq(r.status, 0);
+    ck_assert_ptr_nonnull(strstr(r.out, "optimization:"));
+    ck_assert_ptr_nonnull(strstr(r.out, "--clip-mode each|total"));
+    ck_assert_ptr_nonnull(strstr(r.out, "--encoder-layers"));
+}
+END_TEST
+
+START_TEST(test_max_update_zero) {
+    char save[1100];
+    snprintf(save, sizeof save, "%s/never-created", tmp);
+    result r =
+        run(ARGS(bin, TINY, "--max-update", "0", "--save-dir", save, "--encoder-layers", "3"));
+    ck_assert_msg(r.status == 0, "%s", r.err);
+    luna_config c;
+    ck_assert_int_eq(luna_config_preset(&c, "luna_tiny"), LUNA_OK);
+    c.vocab_size = 12;
+    c.encoder_layers = 3;
+    char expect[128];
+    snprintf(expect, sizeof expect, "num. model params: %zu ", luna_config_num_parameters(&c));
+    ck_assert_msg(strstr(r.out, expect), "'%s' not in: %s", expect, r.out);
+    ck_assert_ptr_nonnull(strstr(r.out, "--encoder-layers 3"));
+    ck_assert_ptr_null(strstr(r.out, "update 1"));
+    ck_assert(!luna_path_exists(save));
+}
+END_TEST
+
+static void train_ok(const char *data, const char *save, const char *max_update) {
+    result r = run(ARGS(data, TINY, "--max-update", max_update, "--save-dir", save));
+    ck_assert_msg(r.status == 0, "%s", r.err);
+}
+
+START_TEST(test_bad_inputs) {
+    char save[1100], ckpt[1200], path[1200];
+    snprintf(save, sizeof save, "%s/ck", tmp);
+    snprintf(ckpt, sizeof ckpt, "%s/checkpoint_last.safetensors", save);
+    train_ok(bin, save, "3");
+    ck_assert(luna_path_exists(ckpt));
+
+    /* A data-bin of another language pair. */
+    result r = run(ARGS(bin_ende, TINY, "--max-update", "6", "--save-dir", save));
+    expect_error(&r, 1, ARGS(ckpt, "src-tgt", "en-de"));
+    /* Another architecture. */
+    r = run(ARGS(bin, TINY, "--max-update", "6", "--save-dir", save, "--encoder-layers", "3"));
+    expect_error(&r, 1, ARGS(ckpt, "architecture", "encoder_layers"));
+    /* Another optimizer: the state does not fit; --reset-optimizer starts a fresh one. */
+    r = run(ARGS(bin, TINY, "--max-update", "5", "--save-dir", save, "--optimizer", "adam"));
+    expect_error(&r, 1, ARGS(ckpt, "--reset-optimizer"));
+    r = run(ARGS(bin, TINY, "--max-update", "5", "--save-dir", save, "--optimizer", "adam",
+                 "--reset-optimizer"));
+    ck_assert_msg(r.status == 0, "%s", r.err);
+    ck_assert_ptr_nonnull(strstr(r.out, "optimizer reset"));
+    /* A truncated checkpoint. */
+    char save2[1100], ckpt2[1200];
+    snprintf(save2, sizeof save2, "%s/ck-truncated", tmp);
+    ck_assert_int_eq(mkdir(save2, 0755), 0);
+    snprintf(ckpt2, sizeof ckpt2, "%s/checkpoint_last.safetensors", save2);
+    char *bytes;
+    size_t size;
+    ck_assert_int_eq(luna_read_file(ckpt, &bytes, &size), LUNA_OK);
+    ck_assert_int_eq(luna_write_file_atomic(ckpt2, bytes, size / 2), LUNA_OK);
+    free(bytes);
+    r = run(ARGS(bin, TINY, "--max-update", "6", "--save-dir", save2));
+    expect_error(&r, 1, ARGS(ckpt2));
+    /* An explicit --restore-file that does not exist. */
+    snprintf(path, sizeof path, "%s/nope.safetensors", tmp);
+    r = run(ARGS(bin, TINY, "--max-update", "6", "--save-dir", save2, "--restore-file", path));
+    expect_error(&r, 1, ARGS(path, "does not exist"));
+    /* An unwritable --save-dir (below a regular file: fails even for root), checked first. */
+    snprintf(path, sizeof path, "%s/logs/stdout.txt/sub", tmp);
+    r = run(ARGS(bin, TINY, "--max-update", "6", "--save-dir", path));
+    expect_error(&r, 1, ARGS("--save-dir", path));
+    ck_assert_ptr_null(strstr(r.out, "update"));
+    /* A data-bin that is not there. */
+    snprintf(path, sizeof path, "%s/missing-bin", tmp);
+    r = run(ARGS(path, TINY, "--max-update", "6", "--save-dir", save2));
+    expect_error(&r, 1, ARGS(path));
+}
+END_TEST
+
+START_TEST(test_divergence) {
+    /* An absurd learning rate: the weights overflow, gradients become non-finite; each such
+     * update is skipped and reported, and a run of them ends training with exit status 1. */
+    char save[1100];
+    snprintf(save, sizeof save, "%s/ck-diverge", tmp);
+    result r = run(ARGS(bin, TINY, "--max-update", "200", "--save-dir", save, "--optimizer", "adam",
+                        "--lr", "1e30", "--lr-scheduler", "fixed", "--dropout", "0"));
+    expect_error(&r, 1, ARGS("non-finite", "diverged"));
+    ck_assert_ptr_nonnull(strstr(r.out, "update skipped"));
+}
+END_TEST
+
+START_TEST(test_disk_full) {
+    char save[1100], ckpt[1200];
+    snprintf(save, sizeof save, "%s/ck-full", tmp);
+    snprintf(ckpt, sizeof ckpt, "%s/checkpoint_last.safetensors", save);
+    train_ok(bin, save, "2");
+    char *before;
+    size_t before_size;
+    ck_assert_int_eq(luna_read_file(ckpt, &before, &before_size), LUNA_OK);
+    /* Resume and try to save with room for half a checkpoint. */
+    result r = run_limited(ARGS(bin, TINY, "--max-update", "4", "--save-dir", save),
+                           (long)before_size / 2);
+    expect_error(&r, 1, ARGS(save, ".safetensors", "write failed", "previous one is intact"));
+    char *after;
+    size_t after_size;
+    ck_assert_int_eq(luna_read_file(ckpt, &after, &after_size), LUNA_OK);
+    ck_assert_uint_eq(after_size, before_size);
+    ck_assert(memcmp(before, after, before_size) == 0);
+    free(before);
+    free(after);
+    /* No temporary left behind: only checkpoint1? and checkpoint_last/best. */
+    char cmd[1300];
+    snprintf(cmd, sizeof cmd, "ls -a %s | grep -q tmp", save);
+    ck_assert_int_ne(system(cmd), 0);
+}
+END_TEST
+
+START_TEST(test_sigterm) {
+    char save[1100], ckpt[1200], out_path[1100];
+    snprintf(save, sizeof save, "%s/ck-term", tmp);
+    snprintf(ckpt, sizeof ckpt, "%s/checkpoint_last.safetensors", save);
+    snprintf(out_path, sizeof out_path, "%s/logs/stdout.txt", tmp);
+    pid_t pid = start(ARGS(bin, TINY, "--max-update", "1000000", "--save-dir", save,
+                           "--log-interval", "1", "--disable-validation"),
+                      0);
+    /* Wait until it has made a few updates. */
+    bool started = false;
+    for (int i = 0; i < 600 && !started; i++) {
+        struct timespec ts = {0, 50 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        char *text;
+        size_t n;
+        if (luna_read_file(out_path, &text, &n) == LUNA_OK) {
+            started = strstr(text, "update 3 ") != NULL;
+            free(text);
+        }
+    }
+    ck_assert_msg(started, "luna-train did not start training");
+    ck_assert_int_eq(kill(pid, SIGTERM), 0);
+    result r = finish(pid);
+    ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+    ck_assert_ptr_nonnull(strstr(r.out, "interrupted"));
+    luna_backend *be;
+    ck_assert_int_eq(luna_backend_cpu_create(&be, 1), LUNA_OK);
+    luna_seq2seq *model;
+    luna_checkpoint_meta meta;
+    ck_assert_msg(luna_checkpoint_load_model(ckpt, be, &model, NULL, NULL, NULL, &meta) == LUNA_OK,
+                  "%s", luna_error_message());
+    luna_json *state;
+    ck_assert_int_eq(
+        luna_json_parse(&state, meta.training_state, strlen(meta.training_state), NULL), LUNA_OK);
+    ck_assert_uint_ge(luna_json_get(state, "num_updates")->uint_value, 3);
+    luna_json_free(state);
+    luna_checkpoint_meta_release(&meta);
+    luna_seq2seq_free(model);
+    luna_backend_free_all(be);
+}
+END_TEST
+
+START_TEST(test_json_log_and_retention) {
+    char save[1100], path[1300];
+    snprintf(save, sizeof save, "%s/ck-json", tmp);
+    result r = run(ARGS(bin, TINY, "--max-update", "12", "--save-dir", save, "--log-format", "json",
+                        "--log-interval", "2", "--save-interval-updates", "3",
+                        "--keep-interval-updates", "2", "--validate-interval-updates", "4"));
+    ck_assert_msg(r.status == 0, "%s", r.err);
+    int lines = 0, valid = 0;
+    for (char *line = strtok(r.out, "\n"); line; line = strtok(NULL, "\n"), lines++) {
+        luna_json *j;
+        ck_assert_msg(luna_json_parse(&j, line, strlen(line), NULL) == LUNA_OK, "not JSON: %s",
+                      line);
+        ck_assert_int_eq(j->type, LUNA_JSON_OBJECT);
+        if (luna_json_get(j, "valid_loss"))
+            valid++;
+        else
+            ck_assert_ptr_nonnull(luna_json_get(j, "epoch"));
+        luna_json_free(j);
+    }
+    ck_assert_int_ge(lines, 6);
+    ck_assert_int_ge(valid, 3);
+    ck_assert_ptr_nonnull(strstr(r.err, "num. model params"));
+    /* checkpoint_<epoch>_<update> every 3 updates, only the last 2 kept. */
+    int kept = 0;
+    for (int u = 3; u <= 12; u += 3)
+        for (int e = 1; e <= 3; e++) {
+            snprintf(path, sizeof path, "%s/checkpoint_%d_%d.safetensors", save, e, u);
+            if (luna_path_exists(path)) {
+                kept++;
+                ck_assert_int_ge(u, 9);
+            }
+        }
+    ck_assert_int_eq(kept, 2);
+    snprintf(path, sizeof path, "%s/checkpoint_best.safetensors", save);
+    ck_assert(luna_path_exists(path));
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("trainer_errors");
+    TCase *tc = tcase_create("errors");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_option_errors);
+    tcase_add_test(tc, test_max_update_zero);
+    tcase_add_test(tc, test_bad_inputs);
+    tcase_add_test(tc, test_divergence);
+    tcase_add_test(tc, test_disk_full);
+    tcase_add_test(tc, test_sigterm);
+    tcase_add_test(tc, test_json_log_and_retention);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) { return luna_test_run(suite()); }

@@ -1,0 +1,449 @@
+/* The training loop (see trainer.h). */
+#include "trainer/trainer_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "model/file_util.h"
+#include "optim/clip.h"
+#include "optim/lr_scheduler.h"
+
+double luna_trainer_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- setup ----------------------------------------------------------------------------------- */
+
+static bool split_exists(const char *dir, const char *split, const char *src, const char *tgt) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s.%s-%s.%s.idx", dir, split, src, tgt, src);
+    if (luna_path_exists(path)) return true;
+    snprintf(path, sizeof path, "%s/%s.%s-%s.%s.idx", dir, split, tgt, src, src);
+    return luna_path_exists(path);
+}
+
+static luna_status open_data(luna_trainer *t) {
+    luna_train_options *o = t->o;
+    const char *dir = o->data_bin;
+    if (o->source_lang && o->target_lang) {
+        t->src_lang = strdup(o->source_lang);
+        t->tgt_lang = strdup(o->target_lang);
+        if (!t->src_lang || !t->tgt_lang)
+            return luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
+    } else {
+        LUNA_TRY(luna_data_infer_language_pair(dir, o->train_subset, &t->src_lang, &t->tgt_lang));
+        if (o->source_lang && strcmp(o->source_lang, t->src_lang) != 0)
+            return luna_error(LUNA_ERR_MISMATCH, "%s: --source-lang %s, but the data-bin is %s-%s",
+                              dir, o->source_lang, t->src_lang, t->tgt_lang);
+        if (o->target_lang && strcmp(o->target_lang, t->tgt_lang) != 0)
+            return luna_error(LUNA_ERR_MISMATCH, "%s: --target-lang %s, but the data-bin is %s-%s",
+                              dir, o->target_lang, t->src_lang, t->tgt_lang);
+    }
+    o->source_lang = t->src_lang;
+    o->target_lang = t->tgt_lang;
+    LUNA_TRY(luna_pair_dataset_open(&t->train, dir, o->train_subset, t->src_lang, t->tgt_lang));
+    const luna_dictionary *sd = luna_pair_dataset_src_dict(t->train);
+    const luna_dictionary *td = luna_pair_dataset_tgt_dict(t->train);
+    int32_t diff;
+    if (!luna_dictionary_same_symbols(sd, td, &diff))
+        return luna_error(LUNA_ERR_MISMATCH,
+                          "%s: dict.%s.txt and dict.%s.txt differ (first at id %d); the models "
+                          "here share one embedding table: preprocess with --joined-dictionary",
+                          dir, t->src_lang, t->tgt_lang, (int)diff);
+    if (!o->disable_validation && split_exists(dir, o->valid_subset, t->src_lang, t->tgt_lang))
+        LUNA_TRY(luna_pair_dataset_open(&t->valid, dir, o->valid_subset, t->src_lang, t->tgt_lang));
+    char *spm_path = luna_path_join(dir, "spm.model");
+    if (!spm_path) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
+    luna_status s = LUNA_OK;
+    if (luna_path_exists(spm_path)) s = luna_read_file(spm_path, &t->spm_bytes, &t->spm_size);
+    free(spm_path);
+    return s;
+}
+
+static luna_status make_batches(luna_trainer *t) {
+    const luna_train_options *o = t->o;
+    luna_batching_options b;
+    luna_batching_options_init(&b);
+    b.max_tokens = o->max_tokens;
+    b.max_sentences = (int32_t)o->max_sentences;
+    b.required_batch_size_multiple = (int32_t)o->required_batch_size_multiple;
+    b.max_source_positions = (int32_t)o->max_source_positions;
+    b.max_target_positions = (int32_t)o->max_target_positions;
+    b.skip_invalid = true;
+    b.shuffle = true;
+    b.seed = (uint64_t)o->seed;
+    b.num_shards = t->comm->world_size;
+    b.shard_id = t->comm->rank;
+    LUNA_TRY(luna_batch_plan_create(&t->train_plan, t->train, &b));
+    LUNA_TRY(luna_batch_iterator_create(&t->it, t->train_plan, &b));
+    if (t->train_plan->num_batches == 0)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                          "%s: no training batches: all %zu pairs are longer than "
+                          "--max-source/target-positions or --max-tokens",
+                          o->data_bin, luna_pair_dataset_count(t->train));
+    size_t skipped = t->train_plan->num_filtered_positions + t->train_plan->num_filtered_tokens;
+    if (skipped)
+        luna_log_message(t,
+                         "skipped %zu training pairs that do not fit --max-source/target-"
+                         "positions or --max-tokens",
+                         skipped);
+    if (t->valid) {
+        b.shuffle = false;
+        LUNA_TRY(luna_batch_plan_create(&t->valid_plan, t->valid, &b));
+        LUNA_TRY(luna_batch_iterator_create(&t->valid_it, t->valid_plan, &b));
+    }
+    return luna_data_batch_create(&t->batch);
+}
+
+luna_status luna_trainer_create(luna_trainer **out, luna_train_options *o, luna_communicator *comm,
+                                FILE *log) {
+    *out = NULL;
+    luna_trainer *t = calloc(1, sizeof *t);
+    if (!t) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
+    t->o = o;
+    t->comm = comm;
+    t->log = log;
+    t->progress = !o->no_progress_bar && isatty(STDERR_FILENO) && comm->rank == 0;
+    t->epoch = 1;
+    t->best_loss = INFINITY;
+    t->last_valid_loss = t->last_epoch_loss = NAN;
+    t->last_saved_update = -1;
+    luna_status s = LUNA_OK;
+    /* --save-dir first: an unwritable one must fail before any expensive work. */
+    if (o->max_update != 0 && !o->no_save && comm->rank == 0)
+        s = luna_trainer_check_save_dir(o->save_dir);
+    if (s == LUNA_OK) s = luna_backend_cpu_create(&t->be, (int)o->threads);
+    if (s == LUNA_OK) s = open_data(t);
+    if (s == LUNA_OK) s = make_batches(t);
+    if (s == LUNA_OK) {
+        o->model.vocab_size = luna_dictionary_size(luna_pair_dataset_tgt_dict(t->train));
+        s = luna_config_validate(&o->model);
+    }
+    if (s == LUNA_OK) s = luna_seq2seq_create(&t->model, t->be, &o->model);
+    if (s == LUNA_OK) s = luna_seq2seq_init(t->model, (uint64_t)o->seed);
+    if (s == LUNA_OK) s = luna_optimizer_create(&t->opt, t->be, &o->optim, t->model->params);
+    if (s == LUNA_OK && o->max_update != 0) {
+        bool explicit_ = false;
+        char *path = luna_trainer_restore_path(t, &explicit_);
+        if (!path)
+            s = luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
+        else if (luna_path_exists(path))
+            s = luna_trainer_restore(t, path);
+        else if (explicit_)
+            s = luna_error(LUNA_ERR_IO, "%s: --restore-file does not exist", path);
+        free(path);
+    }
+    if (s != LUNA_OK) {
+        luna_trainer_free(t);
+        return s;
+    }
+    *out = t;
+    return LUNA_OK;
+}
+
+void luna_trainer_free(luna_trainer *t) {
+    if (!t) return;
+    luna_optimizer_free(t->opt);
+    luna_seq2seq_free(t->model);
+    luna_data_batch_free(t->batch);
+    luna_batch_iterator_free(t->it);
+    luna_batch_iterator_free(t->valid_it);
+    luna_batch_plan_free(t->train_plan);
+    luna_batch_plan_free(t->valid_plan);
+    luna_pair_dataset_free(t->train);
+    luna_pair_dataset_free(t->valid);
+    if (t->be) luna_backend_free_all(t->be);
+    free(t->spm_bytes);
+    free(t->src_lang);
+    free(t->tgt_lang);
+    free(t);
+}
+
+void luna_trainer_print_summary(const luna_trainer *t) {
+    if (t->comm->rank != 0) return;
+    /* With --log-format json stdout carries only the JSON log objects. */
+    FILE *f = strcmp(t->o->log_format, "json") == 0 ? stderr : t->log;
+    fprintf(f, "luna-train %s\n", LUNA_VERSION);
+    luna_train_options_print(t->o, f);
+    char desc[512];
+    luna_config_describe(&t->o->model, desc, sizeof desc);
+    const luna_params *p = t->model->params;
+    size_t trained = 0;
+    for (int i = 0; i < p->num_tensors; i++)
+        if (p->tensors[i].has_grad) trained += p->tensors[i].numel;
+    fprintf(f, "model: %s\n", desc);
+    fprintf(f, "data: %s %s-%s: train %zu pairs in %zu batches (%zu per epoch on this rank)",
+            t->o->data_bin, t->src_lang, t->tgt_lang, luna_pair_dataset_count(t->train),
+            t->train_plan->num_batches, luna_batch_iterator_epoch_length(t->it));
+    if (t->valid)
+        fprintf(f, ", %s %zu pairs", t->o->valid_subset, luna_pair_dataset_count(t->valid));
+    else
+        fprintf(f, ", no validation");
+    fprintf(f, "%s\n", t->spm_bytes ? ", with spm.model" : "");
+    fprintf(f, "training on %s with %d thread(s), %d rank(s) (%s communicator)\n", t->be->name,
+            t->be->num_threads, t->comm->world_size, t->comm->name);
+    fprintf(f, "num. model params: %zu (num. trained: %zu)\n", p->num_params, trained);
+    fflush(f);
+}
+
+/* ---- one update ------------------------------------------------------------------------------ */
+
+static luna_batch model_batch(const luna_data_batch *b) {
+    return (luna_batch){.B = b->batch_size,
+                        .src_len = b->src_len,
+                        .tgt_len = b->tgt_len,
+                        .src_tokens = b->src_tokens,
+                        .src_lengths = b->src_lengths,
+                        .prev_output_tokens = b->prev_output_tokens,
+                        .target = b->target};
+}
+
+/* Runs update_freq micro-batches (fewer at the end of an epoch). *got: micro-batches taken
+ * (0: the epoch was already exhausted, nothing done); *stepped: the optimizer stepped. */
+static luna_status train_update(luna_trainer *t, int *got, bool *stepped) {
+    const luna_train_options *o = t->o;
+    luna_params *p = t->model->params;
+    *got = 0;
+    *stepped = false;
+    double t0 = luna_trainer_now();
+    /* loss, nll (nats), target tokens, sentences, micro-batches with a non-finite loss */
+    double stats[5] = {0, 0, 0, 0, 0};
+    luna_seq2seq_zero_grad(t->model);
+    for (int k = 0; k < (int)o->update_freq; k++) {
+        const uint32_t *ids;
+        size_t n;
+        bool repeated;
+        if (!luna_batch_iterator_next(t->it, &ids, &n, &repeated)) break;
+        ++*got;
+        if (repeated) continue; /* zero weight: keeps the ranks in step, adds nothing */
+        LUNA_TRY(luna_data_batch_fill(t->batch, t->train, ids, n));
+        luna_batch mb = model_batch(t->batch);
+        uint64_t step = (uint64_t)t->num_updates * (uint64_t)o->update_freq + (uint64_t)k;
+        double loss, nll;
+        luna_status st = luna_seq2seq_forward_backward(t->model, &mb, step, &loss, &nll);
+        if (st == LUNA_ERR_NUMERIC) { /* non-finite loss: no backward; the update is skipped */
+            luna_error_clear();
+            stats[4] += 1;
+            continue;
+        }
+        LUNA_TRY(st);
+        stats[0] += loss;
+        stats[1] += nll;
+        stats[2] += (double)t->batch->ntokens;
+        stats[3] += (double)t->batch->batch_size;
+    }
+    luna_batch_iterator_position(t->it, &t->epoch, &t->offset);
+    if (*got == 0) return LUNA_OK;
+    LUNA_TRY(t->comm->all_reduce_sum_host(t->comm, stats, 5));
+    LUNA_TRY(t->comm->all_reduce_sum_device(t->comm, t->be, p->grad, p->num_params));
+    if (stats[2] <= 0 && stats[4] == 0) {
+        t->skipped_updates++;
+        luna_log_message(t, "update %lld had no target tokens: skipped",
+                         (long long)t->num_updates + 1);
+        return LUNA_OK;
+    }
+    double gnorm = NAN;
+    bool clipped = false, finite = stats[4] == 0;
+    if (finite) {
+        LUNA_TRY(
+            t->be->ops->scale(t->be, p->grad, (float)(1.0 / stats[2]), (int64_t)p->num_params));
+        LUNA_TRY(luna_clip_gradients(t->be, p, o->clip_norm, t->o->clip_mode, &gnorm, &clipped,
+                                     &finite));
+    }
+    if (!finite) {
+        t->skipped_updates++;
+        t->consecutive_skips++;
+        luna_log_message(
+            t,
+            "update %lld: non-finite loss or gradients (gnorm %g): update skipped, weights "
+            "and optimizer state unchanged (%lld skipped so far)",
+            (long long)t->num_updates + 1, gnorm, (long long)t->skipped_updates);
+        if (t->consecutive_skips >= LUNA_MAX_CONSECUTIVE_SKIPS)
+            return luna_error(LUNA_ERR_NUMERIC,
+                              "update %lld: non-finite gradients in %d consecutive updates: "
+                              "training diverged (lower --lr, raise --warmup-updates or use "
+                              "--clip-norm); the last checkpoint in %s is from before",
+                              (long long)t->num_updates + 1, LUNA_MAX_CONSECUTIVE_SKIPS,
+                              o->save_dir);
+        return LUNA_OK;
+    }
+    LUNA_TRY(luna_optimizer_step(t->opt, luna_lr_at(&o->lr_config, t->num_updates)));
+    t->num_updates++;
+    t->consecutive_skips = 0;
+    t->lr = luna_lr_at(&o->lr_config, t->num_updates);
+    *stepped = true;
+    double dt = luna_trainer_now() - t0;
+    t->train_wall += dt;
+    luna_meters m = {.loss = stats[0],
+                     .nll = stats[1],
+                     .ntokens = stats[2],
+                     .nsentences = stats[3],
+                     .gnorm_sum = gnorm,
+                     .updates = 1,
+                     .clipped = clipped ? 1 : 0,
+                     .train_seconds = dt};
+    luna_meters_add(&t->interval, &m);
+    luna_meters_add(&t->epoch_meters, &m);
+    return LUNA_OK;
+}
+
+/* ---- validation ------------------------------------------------------------------------------ */
+
+static luna_status validate(luna_trainer *t) {
+    double t0 = luna_trainer_now();
+    double stats[4] = {0, 0, 0, 0};
+    LUNA_TRY(luna_batch_iterator_seek(t->valid_it, 1, 0));
+    const uint32_t *ids;
+    size_t n;
+    bool repeated;
+    while (luna_batch_iterator_next(t->valid_it, &ids, &n, &repeated)) {
+        if (repeated) continue;
+        LUNA_TRY(luna_data_batch_fill(t->batch, t->valid, ids, n));
+        luna_batch mb = model_batch(t->batch);
+        double loss, nll;
+        luna_status st = luna_seq2seq_forward(t->model, &mb, &loss, &nll, NULL);
+        if (st == LUNA_ERR_NUMERIC) { /* reported as a NaN validation loss */
+            luna_error_clear();
+            loss = nll = NAN;
+        } else if (st != LUNA_OK) {
+            return st;
+        }
+        stats[0] += loss;
+        stats[1] += nll;
+        stats[2] += (double)t->batch->ntokens;
+        stats[3] += (double)t->batch->batch_size;
+    }
+    LUNA_TRY(t->comm->all_reduce_sum_host(t->comm, stats, 4));
+    luna_meters m = {
+        .loss = stats[0], .nll = stats[1], .ntokens = stats[2], .nsentences = stats[3]};
+    t->last_valid_loss = stats[2] > 0 ? stats[0] / stats[2] / log(2.0) : NAN;
+    bool improved = t->last_valid_loss < t->best_loss;
+    if (improved) {
+        t->best_loss = t->last_valid_loss;
+        t->patience_counter = 0;
+    } else {
+        t->patience_counter++;
+    }
+    luna_log_valid(t, &m, luna_trainer_now() - t0);
+    return LUNA_OK;
+}
+
+/* ---- the loop -------------------------------------------------------------------------------- */
+
+typedef enum { GO_ON, STOP_SIGNAL, STOP_DONE } stop_reason;
+
+/* After an update (or at an epoch end): log, validate and save as the options ask; decide whether
+ * to stop. `stepped`: an optimizer step just happened. */
+static luna_status after_update(luna_trainer *t, bool stepped, bool end_of_epoch,
+                                volatile sig_atomic_t *stop, stop_reason *reason) {
+    const luna_train_options *o = t->o;
+    int64_t u = t->num_updates;
+    uint64_t epoch = t->epoch; /* the epoch these updates belong to */
+    bool signalled = stop && *stop;
+    bool max_update = o->max_update > 0 && u >= o->max_update;
+    bool max_epoch = end_of_epoch && o->max_epoch > 0 && epoch >= (uint64_t)o->max_epoch;
+    if (stepped && u % o->log_interval == 0) {
+        luna_log_train(t, &t->interval, NULL);
+        luna_meters_reset(&t->interval);
+    }
+    if (end_of_epoch) {
+        t->last_epoch_loss = t->epoch_meters.ntokens > 0
+                                 ? t->epoch_meters.loss / t->epoch_meters.ntokens / log(2.0)
+                                 : NAN;
+        luna_log_train(t, &t->epoch_meters, "end of epoch");
+        luna_meters_reset(&t->epoch_meters);
+    }
+    bool at_valid_interval =
+        stepped && o->validate_interval_updates > 0 && u % o->validate_interval_updates == 0;
+    bool at_save_interval =
+        stepped && o->save_interval_updates > 0 && u % o->save_interval_updates == 0;
+    bool epoch_validate = end_of_epoch && epoch % (uint64_t)o->validate_interval == 0;
+    bool epoch_save = end_of_epoch && epoch % (uint64_t)o->save_interval == 0;
+    double best_before = t->best_loss;
+    if (t->valid && !signalled && (at_valid_interval || epoch_validate || max_update || max_epoch))
+        LUNA_TRY(validate(t));
+    bool improved = t->best_loss < best_before;
+    bool patience_out = o->patience > 0 && t->patience_counter >= o->patience && !improved;
+    if (end_of_epoch) { /* a checkpoint written now continues with the next epoch */
+        t->epoch = epoch + 1;
+        t->offset = 0;
+        LUNA_TRY(luna_batch_iterator_seek(t->it, t->epoch, 0));
+    }
+    bool stopping = signalled || max_update || max_epoch || patience_out;
+    const char *names[4];
+    char epoch_name[64], update_name[96];
+    int count = 0;
+    if (epoch_save && !o->no_epoch_checkpoints) {
+        snprintf(epoch_name, sizeof epoch_name, "checkpoint%llu.safetensors",
+                 (unsigned long long)epoch);
+        names[count++] = epoch_name;
+    }
+    if (at_save_interval) {
+        snprintf(update_name, sizeof update_name, "checkpoint_%llu_%lld.safetensors",
+                 (unsigned long long)epoch, (long long)u);
+        names[count++] = update_name;
+    }
+    if (improved) names[count++] = "checkpoint_best.safetensors";
+    if (count > 0 || epoch_save || (stopping && t->last_saved_update != u))
+        names[count++] = "checkpoint_last.safetensors";
+    if (count > 0 && !o->no_save) LUNA_TRY(luna_trainer_save(t, names, count));
+    if (patience_out)
+        luna_log_message(t,
+                         "early stop: the validation loss has not improved for %lld validations "
+                         "(--patience %lld)",
+                         (long long)t->patience_counter, (long long)o->patience);
+    *reason = signalled ? STOP_SIGNAL : stopping ? STOP_DONE : GO_ON;
+    return LUNA_OK;
+}
+
+luna_status luna_trainer_run(luna_trainer *t, volatile sig_atomic_t *stop) {
+    const luna_train_options *o = t->o;
+    if (o->max_update == 0) return LUNA_OK;
+    t->lr = luna_lr_at(&o->lr_config, t->num_updates);
+    t->run_start = luna_trainer_now();
+    t->run_start_updates = t->num_updates;
+    luna_meters_reset(&t->interval);
+    luna_meters_reset(&t->epoch_meters);
+    if ((o->max_update > 0 && t->num_updates >= o->max_update) ||
+        (o->max_epoch > 0 && t->epoch > (uint64_t)o->max_epoch)) {
+        luna_log_message(t, "nothing to do: already at update %lld, epoch %llu",
+                         (long long)t->num_updates, (unsigned long long)t->epoch);
+        return LUNA_OK;
+    }
+    LUNA_TRY(luna_batch_iterator_seek(t->it, t->epoch, t->offset));
+    size_t epoch_length = luna_batch_iterator_epoch_length(t->it);
+    stop_reason reason = GO_ON;
+    while (reason == GO_ON) {
+        int got;
+        bool stepped;
+        LUNA_TRY(train_update(t, &got, &stepped));
+        bool end_of_epoch = t->offset >= epoch_length;
+        if (got == 0 && !end_of_epoch) return luna_error(LUNA_ERR_INTERNAL, "iterator stalled");
+        luna_progress_update(t);
+        LUNA_TRY(after_update(t, stepped, end_of_epoch, stop, &reason));
+    }
+    luna_progress_clear(t);
+    if (reason == STOP_SIGNAL)
+        luna_log_message(t,
+                         "interrupted: checkpoint_last saved at update %lld; run the same "
+                         "command again to continue",
+                         (long long)t->num_updates);
+    else
+        luna_log_message(t, "done training at update %lld, epoch %llu (%.0f s in updates)",
+                         (long long)t->num_updates, (unsigned long long)t->epoch, t->train_wall);
+    return LUNA_OK;
+}
+
+/* ---- accessors ------------------------------------------------------------------------------- */
+
+const luna_params *luna_trainer_params(const luna_trainer *t) { return t->model->params; }
+int64_t luna_trainer_num_updates(const luna_trainer *t) { return t->num_updates; }
+double luna_trainer_last_valid_loss(const luna_trainer *t) { return t->last_valid_loss; }
+double luna_trainer_best_valid_loss(const luna_trainer *t) { return t->best_loss; }
+double luna_trainer_last_epoch_loss(const luna_trainer *t) { return t->last_epoch_loss; }
+int64_t luna_trainer_skipped_updates(const luna_trainer *t) { return t->skipped_updates; }
