@@ -1,0 +1,412 @@
+#include "decoding/beam_search.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "data/dictionary.h"
+
+void luna_beam_options_init(luna_beam_options *o) {
+    *o = (luna_beam_options){.beam = 5,
+                             .lenpen = 1.0,
+                             .max_len_a = 0.0,
+                             .max_len_b = 200,
+                             .max_len_cap = 1023,
+                             .min_len = 1,
+                             .nbest = 1,
+                             .unkpen = 0.0};
+}
+
+static void hyp_release(luna_hypothesis *h) {
+    free(h->tokens);
+    free(h->positional_scores);
+    memset(h, 0, sizeof *h);
+}
+
+void luna_nbest_release(luna_nbest *n) {
+    if (!n) return;
+    for (int i = 0; i < n->count; i++)
+        hyp_release(&n->hyps[i]);
+    free(n->hyps);
+    memset(n, 0, sizeof *n);
+}
+
+static luna_status check_options(const luna_beam_options *o) {
+    if (o->beam < 1 || o->nbest < 1 || o->nbest > o->beam || o->min_len < 0 || o->max_len_b < 0 ||
+        o->max_len_a < 0 || o->max_len_cap < 1 || !isfinite(o->lenpen) || isnan(o->unkpen))
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                          "beam search: bad options (beam %d, nbest %d (1..beam), min-len %d, "
+                          "max-len-a %g, max-len-b %d, lenpen %g, unkpen %g)",
+                          o->beam, o->nbest, o->min_len, o->max_len_a, o->max_len_b, o->lenpen,
+                          o->unkpen);
+    return LUNA_OK;
+}
+
+/* ---- one batch ------------------------------------------------------------------------------- */
+
+typedef struct {
+    double score;
+    int beam, token;
+} cand;
+
+/* Insert c into top[0..*n) (sorted by score descending, then (beam, token) ascending; candidates
+ * arrive in increasing (beam, token) order, so equal scores go after). Keeps at most k. */
+static void topk_insert(cand *top, int *n, int k, cand c) {
+    if (*n == k && !(c.score > top[k - 1].score)) return;
+    int i = *n < k ? (*n)++ : k - 1;
+    while (i > 0 && top[i - 1].score < c.score) {
+        top[i] = top[i - 1];
+        i--;
+    }
+    top[i] = c;
+}
+
+typedef struct {
+    int S, beam, K, V, cap, eos, pad, unk;
+    int *max_len;            /* [S] per sentence of the batch */
+    int *active;             /* [S] current sentence -> batch sentence */
+    int32_t *tok, *tok2;     /* [S·beam, cap] */
+    double *sc, *sc2;        /* [S·beam, cap] cumulative scores */
+    bool *ignore, *ignore2;  /* [S·beam] fairseq's cands_to_ignore */
+    cand *cands;             /* [S, K] */
+    bool *is_eos;            /* [S, K] */
+    int32_t *rows, *row_tok; /* [S·beam] */
+    float *lp;               /* [S·beam, V] */
+} search;
+
+static luna_status finalize(search *z, const luna_beam_options *o, luna_nbest *out, int r, int step,
+                            double eos_score) {
+    if (out->count >= z->beam) return LUNA_OK;
+    const int len = step + 1;
+    luna_hypothesis h = {.len = len};
+    h.tokens = malloc(sizeof(int32_t) * (size_t)len);
+    h.positional_scores = malloc(sizeof(float) * (size_t)len);
+    if (!h.tokens || !h.positional_scores) {
+        hyp_release(&h);
+        return luna_error(LUNA_ERR_OUT_OF_MEMORY, "beam search: out of host memory");
+    }
+    const int32_t *t = z->tok + (size_t)r * z->cap;
+    const double *s = z->sc + (size_t)r * z->cap;
+    for (int i = 0; i < step; i++) {
+        h.tokens[i] = t[i + 1];
+        h.positional_scores[i] = (float)(s[i] - (i ? s[i - 1] : 0.0));
+    }
+    h.tokens[step] = z->eos;
+    h.positional_scores[step] = (float)(eos_score - (step ? s[step - 1] : 0.0));
+    h.score = eos_score / pow((double)len, o->lenpen);
+    out->hyps[out->count++] = h;
+    return LUNA_OK;
+}
+
+static luna_status run_batch(luna_incremental *inc, const luna_beam_options *o, search *z,
+                             luna_nbest *out) {
+    const int beam = z->beam, K = z->K, V = z->V, cap = z->cap;
+    int S = z->S;
+    for (int s = 0; s < S; s++)
+        z->active[s] = s;
+    for (int r = 0; r < S * beam; r++) {
+        z->tok[(size_t)r * cap] = z->eos;
+        z->ignore[r] = false;
+    }
+    for (int step = 0;; step++) {
+        const int R = S * beam;
+        for (int r = 0; r < R; r++)
+            z->row_tok[r] = z->tok[(size_t)r * cap + step];
+        LUNA_TRY(luna_incremental_step(inc, z->row_tok, z->lp));
+        for (int r = 0; r < R; r++) {
+            float *row = z->lp + (size_t)r * V;
+            const int b = z->active[r / beam];
+            for (int j = 0; j < V; j++)
+                if (isnan(row[j])) row[j] = -INFINITY;
+            row[z->pad] = -INFINITY;
+            row[z->unk] -= (float)o->unkpen;
+            if (step >= z->max_len[b]) {
+                for (int j = 0; j < V; j++)
+                    if (j != z->eos) row[j] = -INFINITY;
+            } else if (step < o->min_len) {
+                row[z->eos] = -INFINITY;
+            }
+        }
+        /* candidates and finalization, per sentence */
+        int remaining = 0;
+        for (int s = 0; s < S; s++) {
+            cand *top = z->cands + (size_t)s * K;
+            int n = 0;
+            for (int k = 0; k < (step == 0 ? 1 : beam); k++) {
+                const int r = s * beam + k;
+                const double base = step ? z->sc[(size_t)r * cap + step - 1] : 0.0;
+                const float *row = z->lp + (size_t)r * V;
+                for (int j = 0; j < V; j++)
+                    topk_insert(top, &n, K, (cand){base + row[j], k, j});
+            }
+            for (; n < K; n++)
+                top[n] = (cand){-INFINITY, 0, z->unk}; /* dead fillers */
+            const int b = z->active[s];
+            bool *eos = z->is_eos + (size_t)s * K;
+            bool any = false;
+            for (int j = 0; j < K; j++) {
+                eos[j] = top[j].token == z->eos && top[j].score != -INFINITY;
+                if (j < beam && eos[j] && !z->ignore[s * beam + j]) {
+                    LUNA_TRY(finalize(z, o, &out[b], s * beam + top[j].beam, step, top[j].score));
+                    any = true;
+                }
+                if (j < beam) eos[j] = eos[j] || z->ignore[s * beam + j];
+            }
+            bool done = step >= z->max_len[b] || (any && out[b].count == beam);
+            z->rows[s] = done ? -1 : remaining;    /* new index of sentence s, or -1 */
+            if (!done) z->active[remaining++] = b; /* active[s'] for s' > s not yet read */
+        }
+        if (remaining == 0) break;
+        /* next beam: the first `beam` non-</s> candidates of each remaining sentence */
+        for (int s = 0; s < S; s++) {
+            const int s2 = z->rows[s];
+            if (s2 < 0) continue;
+            const cand *top = z->cands + (size_t)s * K;
+            const bool *eos = z->is_eos + (size_t)s * K;
+            int picked = 0;
+            for (int pass = 0; pass < 2 && picked < beam; pass++)
+                for (int j = 0; j < K && picked < beam; j++) {
+                    if (eos[j] != (pass == 1)) continue;
+                    const int nr = s2 * beam + picked++, parent = s * beam + top[j].beam;
+                    z->ignore2[nr] = pass == 1;
+                    memcpy(z->tok2 + (size_t)nr * cap, z->tok + (size_t)parent * cap,
+                           sizeof(int32_t) * (size_t)(step + 1));
+                    z->tok2[(size_t)nr * cap + step + 1] = top[j].token;
+                    memcpy(z->sc2 + (size_t)nr * cap, z->sc + (size_t)parent * cap,
+                           sizeof(double) * (size_t)step);
+                    z->sc2[(size_t)nr * cap + step] = top[j].score;
+                    z->row_tok[nr] = parent; /* the reorder index */
+                }
+        }
+        LUNA_TRY(luna_incremental_reorder(inc, z->row_tok, remaining * beam));
+        int32_t *ti = z->tok;
+        z->tok = z->tok2, z->tok2 = ti;
+        double *si = z->sc;
+        z->sc = z->sc2, z->sc2 = si;
+        bool *ii = z->ignore;
+        z->ignore = z->ignore2, z->ignore2 = ii;
+        S = remaining;
+    }
+    return LUNA_OK;
+}
+
+/* Stable sort by score, best first; keep nbest. */
+static void sort_nbest(luna_nbest *n, int nbest) {
+    for (int i = 1; i < n->count; i++) {
+        luna_hypothesis h = n->hyps[i];
+        int j = i;
+        while (j > 0 && n->hyps[j - 1].score < h.score) {
+            n->hyps[j] = n->hyps[j - 1];
+            j--;
+        }
+        n->hyps[j] = h;
+    }
+    while (n->count > nbest)
+        hyp_release(&n->hyps[--n->count]);
+}
+
+luna_status luna_beam_search(luna_incremental *inc, const luna_beam_options *o,
+                             const luna_token_seq *src, int S, luna_nbest *out) {
+    LUNA_TRY(check_options(o));
+    if (S <= 0) return luna_error(LUNA_ERR_INVALID_ARGUMENT, "beam search: no sentences");
+    const luna_config *c = luna_incremental_config(inc);
+    search z = {.S = S,
+                .beam = o->beam,
+                .K = 2 * o->beam,
+                .V = c->vocab_size,
+                .eos = LUNA_DICT_EOS,
+                .pad = c->padding_idx,
+                .unk = LUNA_DICT_UNK};
+    int m = 0, max_steps = 0;
+    for (int s = 0; s < S; s++)
+        m = src[s].len > m ? src[s].len : m;
+    const size_t R = (size_t)S * o->beam;
+    z.max_len = malloc(sizeof(int) * (size_t)S);
+    int32_t *padded = malloc(sizeof(int32_t) * ((size_t)S * m + S));
+    for (int s = 0; z.max_len && s < S; s++) {
+        double ml = o->max_len_a * src[s].len + o->max_len_b;
+        z.max_len[s] = ml < o->max_len_cap ? (int)ml : o->max_len_cap;
+        max_steps = z.max_len[s] + 1 > max_steps ? z.max_len[s] + 1 : max_steps;
+    }
+    z.cap = max_steps + 1;
+    z.active = malloc(sizeof(int) * (size_t)S);
+    z.tok = malloc(sizeof(int32_t) * R * z.cap);
+    z.tok2 = malloc(sizeof(int32_t) * R * z.cap);
+    z.sc = malloc(sizeof(double) * R * z.cap);
+    z.sc2 = malloc(sizeof(double) * R * z.cap);
+    z.ignore = malloc(sizeof(bool) * R);
+    z.ignore2 = malloc(sizeof(bool) * R);
+    z.cands = malloc(sizeof(cand) * (size_t)S * z.K);
+    z.is_eos = malloc(sizeof(bool) * (size_t)S * z.K);
+    z.rows = malloc(sizeof(int32_t) * R);
+    z.row_tok = malloc(sizeof(int32_t) * R);
+    z.lp = malloc(sizeof(float) * R * z.V);
+    luna_status st = LUNA_OK;
+    if (!z.max_len || !padded || !z.active || !z.tok || !z.tok2 || !z.sc || !z.sc2 || !z.ignore ||
+        !z.ignore2 || !z.cands || !z.is_eos || !z.rows || !z.row_tok || !z.lp)
+        st =
+            luna_error(LUNA_ERR_OUT_OF_MEMORY, "beam search: out of host memory (%d sentences)", S);
+    for (int s = 0; s < S && st == LUNA_OK; s++) {
+        out[s] = (luna_nbest){.hyps = calloc((size_t)o->beam, sizeof(luna_hypothesis))};
+        if (!out[s].hyps) st = luna_error(LUNA_ERR_OUT_OF_MEMORY, "beam search: out of memory");
+        if (src[s].len < 1 || src[s].tokens[src[s].len - 1] != LUNA_DICT_EOS)
+            st = luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                            "beam search: sentence %d does not end with </s>", s);
+        int32_t *p = padded + (size_t)s * m;
+        for (int t = 0; t < m && st == LUNA_OK; t++)
+            p[t] = t < src[s].len ? src[s].tokens[t] : z.pad;
+        padded[(size_t)S * m + s] = src[s].len;
+    }
+    if (st == LUNA_OK)
+        st = luna_incremental_begin(inc, padded, padded + (size_t)S * m, S, m, o->beam, max_steps);
+    if (st == LUNA_OK) st = run_batch(inc, o, &z, out);
+    for (int s = 0; s < S && st == LUNA_OK; s++)
+        sort_nbest(&out[s], o->nbest);
+    if (st != LUNA_OK)
+        for (int s = 0; s < S; s++)
+            luna_nbest_release(&out[s]);
+    free(padded);
+    free(z.max_len);
+    free(z.active);
+    free(z.tok);
+    free(z.tok2);
+    free(z.sc);
+    free(z.sc2);
+    free(z.ignore);
+    free(z.ignore2);
+    free(z.cands);
+    free(z.is_eos);
+    free(z.rows);
+    free(z.row_tok);
+    free(z.lp);
+    return st;
+}
+
+/* ---- many sentences -------------------------------------------------------------------------- */
+
+static const luna_token_seq *sort_src;
+static int by_length(const void *a, const void *b) {
+    int i = *(const int *)a, j = *(const int *)b;
+    int d = sort_src[i].len - sort_src[j].len;
+    return d ? d : i - j;
+}
+
+/* order[n]: indices sorted by source length; *next = end of the batch starting at `start`. */
+static int batch_end(const luna_token_seq *src, const int *order, int n, int start, int max_tokens,
+                     int batch_size) {
+    int end = start + 1;
+    while (end < n && (batch_size <= 0 || end - start < batch_size) &&
+           (max_tokens <= 0 || (int64_t)(end - start + 1) * src[order[end]].len <= max_tokens))
+        end++;
+    return end;
+}
+
+static luna_status sorted_order(const luna_token_seq *src, int n, int **order) {
+    *order = malloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
+    if (!*order) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "decoding: out of host memory");
+    for (int i = 0; i < n; i++)
+        (*order)[i] = i;
+    sort_src = src; /* qsort has no context argument in C11; calls are not concurrent */
+    qsort(*order, (size_t)n, sizeof(int), by_length);
+    return LUNA_OK;
+}
+
+luna_status luna_generate(luna_incremental *inc, const luna_beam_options *opt,
+                          const luna_token_seq *src, int n, int max_tokens, int batch_size,
+                          luna_nbest *out, void (*progress)(void *ctx, int done, int total),
+                          void *ctx) {
+    for (int i = 0; i < n; i++)
+        out[i] = (luna_nbest){0};
+    int *order;
+    LUNA_TRY(sorted_order(src, n, &order));
+    luna_token_seq *bs = malloc(sizeof(luna_token_seq) * (size_t)(n > 0 ? n : 1));
+    luna_nbest *bo = malloc(sizeof(luna_nbest) * (size_t)(n > 0 ? n : 1));
+    luna_status st =
+        bs && bo ? LUNA_OK : luna_error(LUNA_ERR_OUT_OF_MEMORY, "decoding: out of memory");
+    for (int start = 0; start < n && st == LUNA_OK;) {
+        int end = batch_end(src, order, n, start, max_tokens, batch_size);
+        for (int i = start; i < end; i++)
+            bs[i - start] = src[order[i]];
+        st = luna_beam_search(inc, opt, bs, end - start, bo);
+        if (st != LUNA_OK) luna_error_prefix("sentence %d", order[start]);
+        for (int i = start; i < end && st == LUNA_OK; i++)
+            out[order[i]] = bo[i - start];
+        start = end;
+        if (progress && st == LUNA_OK) progress(ctx, start, n);
+    }
+    if (st != LUNA_OK)
+        for (int i = 0; i < n; i++)
+            luna_nbest_release(&out[i]);
+    free(order);
+    free(bs);
+    free(bo);
+    return st;
+}
+
+static luna_status score_batch(luna_incremental *inc, const luna_token_seq *src,
+                               const luna_token_seq *tgt, const int *idx, int S,
+                               float **positional) {
+    const luna_config *c = luna_incremental_config(inc);
+    const int V = c->vocab_size;
+    int m = 0, n = 0;
+    for (int s = 0; s < S; s++) {
+        m = src[idx[s]].len > m ? src[idx[s]].len : m;
+        n = tgt[idx[s]].len > n ? tgt[idx[s]].len : n;
+        if (tgt[idx[s]].len < 1)
+            return luna_error(LUNA_ERR_INVALID_ARGUMENT, "score: target %d is empty", idx[s]);
+    }
+    int32_t *buf = malloc(sizeof(int32_t) * ((size_t)S * m + 2 * (size_t)S));
+    float *lp = malloc(sizeof(float) * (size_t)S * V);
+    luna_status st =
+        buf && lp ? LUNA_OK : luna_error(LUNA_ERR_OUT_OF_MEMORY, "score: out of memory");
+    int32_t *lens = buf ? buf + (size_t)S * m : NULL, *tok = lens ? lens + S : NULL;
+    for (int s = 0; s < S && st == LUNA_OK; s++) {
+        const luna_token_seq *x = &src[idx[s]];
+        for (int t = 0; t < m; t++)
+            buf[(size_t)s * m + t] = t < x->len ? x->tokens[t] : c->padding_idx;
+        lens[s] = x->len;
+        positional[idx[s]] = malloc(sizeof(float) * (size_t)tgt[idx[s]].len);
+        if (!positional[idx[s]]) st = luna_error(LUNA_ERR_OUT_OF_MEMORY, "score: out of memory");
+    }
+    if (st == LUNA_OK) st = luna_incremental_begin(inc, buf, lens, S, m, 1, n);
+    for (int t = 0; t < n && st == LUNA_OK; t++) {
+        for (int s = 0; s < S; s++) {
+            const luna_token_seq *y = &tgt[idx[s]];
+            tok[s] = t == 0 ? LUNA_DICT_EOS : (t <= y->len ? y->tokens[t - 1] : c->padding_idx);
+            if (tok[s] < 0 || tok[s] >= V) tok[s] = c->padding_idx; /* reported below */
+        }
+        st = luna_incremental_step(inc, tok, lp);
+        for (int s = 0; s < S && st == LUNA_OK; s++) {
+            const luna_token_seq *y = &tgt[idx[s]];
+            if (t >= y->len) continue;
+            if (y->tokens[t] < 0 || y->tokens[t] >= V)
+                st = luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                                "score: target %d: token %d out of range", idx[s], y->tokens[t]);
+            else
+                positional[idx[s]][t] = lp[(size_t)s * V + y->tokens[t]];
+        }
+    }
+    free(buf);
+    free(lp);
+    return st;
+}
+
+luna_status luna_score_targets(luna_incremental *inc, const luna_token_seq *src,
+                               const luna_token_seq *tgt, int n, int max_tokens, int batch_size,
+                               float **positional) {
+    for (int i = 0; i < n; i++)
+        positional[i] = NULL;
+    int *order;
+    LUNA_TRY(sorted_order(src, n, &order));
+    luna_status st = LUNA_OK;
+    for (int start = 0; start < n && st == LUNA_OK;) {
+        int end = batch_end(src, order, n, start, max_tokens, batch_size);
+        st = score_batch(inc, src, tgt, order + start, end - start, positional);
+        start = end;
+    }
+    if (st != LUNA_OK)
+        for (int i = 0; i < n; i++)
+            free(positional[i]), positional[i] = NULL;
+    free(order);
+    return st;
+}

@@ -1,0 +1,280 @@
+/* luna-average: element-wise mean of the parameters of N checkpoints (fairseq's
+ * scripts/average_checkpoints.py), written as an inference checkpoint.
+ *
+ *   luna-average --inputs A B C --output OUT
+ *   luna-average --save-dir DIR --num-update-checkpoints N --output OUT   (last N checkpoint_E_U)
+ *   luna-average --save-dir DIR --num-epoch-checkpoints N --output OUT    (last N checkpointE)
+ *
+ * Every input must describe the same model (architecture fields of the configuration) and carry
+ * the same dictionaries; the output keeps the first input's metadata (configuration, languages,
+ * dictionaries, SentencePiece model) without training state or optimizer tensors, so it is
+ * ready for luna-translate. The mean is accumulated in double. The output is written atomically.
+ *
+ * Exit status: 0 success, 1 bad input or failure (one line on stderr), 2 usage error.
+ */
+#include <dirent.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "data/dictionary.h"
+#include "data/sentencepiece.h"
+#include "model/file_util.h"
+#include "model/seq2seq.h"
+#include "trainer/checkpoint.h"
+
+#define PROG "luna-average"
+#define MAX_INPUTS 1024
+
+static const char *inputs[MAX_INPUTS];
+static int num_inputs;
+static const char *save_dir, *output;
+static long num_update = 0, num_epoch = 0;
+
+static void print_help(void) {
+    printf("usage: " PROG " (--inputs CKPT... | --save-dir DIR --num-update-checkpoints N |\n"
+           "                     --save-dir DIR --num-epoch-checkpoints N) --output FILE\n\n"
+           "Averages the parameters of checkpoints (element-wise mean) into an inference\n"
+           "checkpoint with the first input's metadata. All inputs must have the same\n"
+           "architecture and dictionaries.\n\n"
+           "  --inputs CKPT...             checkpoints to average\n"
+           "  --save-dir DIR               directory holding checkpoint_<epoch>_<update> files\n"
+           "  --num-update-checkpoints N   the last N checkpoint_<epoch>_<update> (by update)\n"
+           "  --num-epoch-checkpoints N    the last N checkpoint<epoch> (by epoch)\n"
+           "  --output FILE                the averaged checkpoint (written atomically)\n"
+           "  --help, --version\n");
+}
+
+static int usage_error(const char *msg, const char *arg) {
+    fprintf(stderr, PROG ": ");
+    fprintf(stderr, msg, arg);
+    fprintf(stderr, " (see " PROG " --help)\n");
+    return 2;
+}
+
+static int parse_args(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return print_help(), 0;
+        if (!strcmp(a, "--version")) return printf(PROG " (luna) %s\n", LUNA_VERSION), 0;
+        if (!strcmp(a, "--inputs")) {
+            while (i + 1 < argc && strncmp(argv[i + 1], "--", 2)) {
+                if (num_inputs == MAX_INPUTS) return usage_error("%s", "too many --inputs");
+                inputs[num_inputs++] = argv[++i];
+            }
+            continue;
+        }
+        const char **str = !strcmp(a, "--save-dir") ? &save_dir
+                           : !strcmp(a, "--output") ? &output
+                                                    : NULL;
+        long *num = !strcmp(a, "--num-update-checkpoints")  ? &num_update
+                    : !strcmp(a, "--num-epoch-checkpoints") ? &num_epoch
+                                                            : NULL;
+        if (!str && !num) return usage_error("unknown option '%s'", a);
+        if (i + 1 >= argc) return usage_error("option '%s' needs a value", a);
+        if (str) {
+            *str = argv[++i];
+        } else {
+            char *end;
+            *num = strtol(argv[++i], &end, 10);
+            if (!*argv[i] || *end || *num < 1)
+                return usage_error("'%s' is not a positive integer", argv[i]);
+        }
+    }
+    if (!output) return usage_error("%s", "--output FILE is required");
+    int modes = (num_inputs > 0) + (num_update > 0) + (num_epoch > 0);
+    if (modes != 1)
+        return usage_error("%s", "give exactly one of --inputs, --num-update-checkpoints, "
+                                 "--num-epoch-checkpoints");
+    if (!num_inputs && !save_dir)
+        return usage_error("%s", "--save-dir DIR is required with --num-*");
+    return -1;
+}
+
+typedef struct {
+    long long key;
+    char *path;
+} found;
+
+static int by_key_desc(const void *a, const void *b) {
+    long long x = ((const found *)a)->key, y = ((const found *)b)->key;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* The last n checkpoints of save_dir, oldest first (fairseq's order: the mean is the same). */
+static luna_status pick_last(bool updates, long n, char ***paths, int *count) {
+    DIR *d = opendir(save_dir);
+    if (!d)
+        return luna_error(LUNA_ERR_IO, "%s: cannot open the directory (check --save-dir)",
+                          save_dir);
+    found *f = NULL;
+    size_t k = 0, cap = 0;
+    luna_status st = LUNA_OK;
+    for (struct dirent *e; st == LUNA_OK && (e = readdir(d));) {
+        unsigned long long ep = 0;
+        long long up = 0;
+        int end = -1;
+        if (updates)
+            sscanf(e->d_name, "checkpoint_%llu_%lld.safetensors%n", &ep, &up, &end);
+        else
+            sscanf(e->d_name, "checkpoint%llu.safetensors%n", &ep, &end);
+        if (end < 0 || e->d_name[end]) continue;
+        if (k == cap) {
+            found *g = realloc(f, (cap = cap ? 2 * cap : 16) * sizeof *g);
+            if (!g)
+                st = luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
+            else
+                f = g;
+        }
+        if (st == LUNA_OK) {
+            f[k].key = updates ? up : (long long)ep;
+            f[k].path = luna_path_join(save_dir, e->d_name);
+            if (!f[k++].path) st = luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
+        }
+    }
+    closedir(d);
+    if (st == LUNA_OK && (long)k < n)
+        st = luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                        "%s: found %zu %s checkpoints, fewer than the %ld asked for", save_dir, k,
+                        updates ? "checkpoint_<epoch>_<update>" : "checkpoint<epoch>", n);
+    if (st == LUNA_OK) {
+        qsort(f, k, sizeof *f, by_key_desc);
+        *paths = malloc(sizeof(char *) * (size_t)n);
+        if (!*paths) st = luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
+        for (long i = 0; st == LUNA_OK && i < n; i++)
+            (*paths)[i] = f[n - 1 - i].path, f[n - 1 - i].path = NULL;
+        *count = (int)n;
+    }
+    for (size_t i = 0; i < k; i++)
+        free(f[i].path);
+    free(f);
+    return st;
+}
+
+static bool same_architecture(const luna_config *a, const luna_config *b) {
+    return a->arch == b->arch && a->vocab_size == b->vocab_size &&
+           a->padding_idx == b->padding_idx && a->encoder_embed_dim == b->encoder_embed_dim &&
+           a->encoder_ffn_embed_dim == b->encoder_ffn_embed_dim &&
+           a->encoder_layers == b->encoder_layers &&
+           a->encoder_attention_heads == b->encoder_attention_heads &&
+           a->decoder_embed_dim == b->decoder_embed_dim &&
+           a->decoder_ffn_embed_dim == b->decoder_ffn_embed_dim &&
+           a->decoder_layers == b->decoder_layers &&
+           a->decoder_attention_heads == b->decoder_attention_heads &&
+           a->projection_length == b->projection_length && a->untie_luna_kv == b->untie_luna_kv &&
+           a->fix_projection_length == b->fix_projection_length &&
+           a->causal_activation == b->causal_activation;
+}
+
+static luna_status average(char **paths, int n) {
+    luna_backend *be = NULL;
+    luna_seq2seq *model = NULL;
+    luna_dictionary *src = NULL, *tgt = NULL;
+    luna_spm *spm = NULL;
+    luna_checkpoint_meta meta;
+    memset(&meta, 0, sizeof meta);
+    double *sum = NULL;
+    float *host = NULL;
+    luna_params *p = NULL;
+    luna_status st = luna_backend_cpu_create(&be, 2);
+    if (st == LUNA_OK)
+        st = luna_checkpoint_load_model(paths[0], be, &model, &src, &tgt, &spm, &meta);
+    const size_t np = model ? model->params->num_params : 0;
+    if (st == LUNA_OK) {
+        sum = calloc(np ? np : 1, sizeof *sum);
+        host = malloc(sizeof(float) * (np ? np : 1));
+        if (!sum || !host)
+            st = luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory (%zu parameters)", np);
+    }
+    if (st == LUNA_OK) st = luna_params_create(&p, be, &model->config);
+    for (int i = 0; i < n && st == LUNA_OK; i++) {
+        luna_safetensors *f = NULL;
+        luna_checkpoint_meta m;
+        memset(&m, 0, sizeof m);
+        luna_dictionary *s2 = NULL, *t2 = NULL;
+        st = luna_checkpoint_open(&f, paths[i]);
+        if (st == LUNA_OK) st = luna_checkpoint_read_meta(f, &m);
+        if (st == LUNA_OK && !same_architecture(&m.config, &model->config)) {
+            char a[512], b[512];
+            luna_config_describe(&m.config, a, sizeof a);
+            luna_config_describe(&model->config, b, sizeof b);
+            st = luna_error(LUNA_ERR_MISMATCH,
+                            "%s: model '%s' differs from %s's '%s' (average "
+                            "checkpoints of one training run)",
+                            paths[i], a, paths[0], b);
+        }
+        if (st == LUNA_OK) st = luna_checkpoint_read_dicts(f, &s2, &t2);
+        if (st == LUNA_OK && (!luna_dictionary_same_symbols(src, s2, NULL) ||
+                              !luna_dictionary_same_symbols(tgt, t2, NULL)))
+            st = luna_error(LUNA_ERR_MISMATCH, "%s: dictionaries differ from %s's", paths[i],
+                            paths[0]);
+        if (st == LUNA_OK) st = luna_params_load(p, f);
+        if (st == LUNA_OK) {
+            be->copy_to_host(host, p->data, np * sizeof(float));
+            for (size_t j = 0; j < np; j++)
+                sum[j] += host[j];
+        }
+        luna_dictionary_free(s2);
+        luna_dictionary_free(t2);
+        luna_checkpoint_meta_release(&m);
+        if (f) luna_safetensors_close(f);
+    }
+    if (st == LUNA_OK) {
+        for (size_t j = 0; j < np; j++)
+            host[j] = (float)(sum[j] / n);
+        be->copy_from_host(model->params->data, host, np * sizeof(float));
+        const void *spm_bytes = NULL;
+        size_t spm_size = 0;
+        if (spm) st = luna_spm_serialized(spm, &spm_bytes, &spm_size);
+        luna_checkpoint_contents c = {.source_lang = meta.source_lang,
+                                      .target_lang = meta.target_lang,
+                                      .src_dict = src,
+                                      .tgt_dict = tgt,
+                                      .spm_model = spm_bytes,
+                                      .spm_model_size = spm_size};
+        if (st == LUNA_OK) st = luna_checkpoint_save(output, model->params, &c);
+    }
+    if (st == LUNA_OK) {
+        printf(PROG ": averaged %d checkpoints (%zu parameters) into %s\n", n, np, output);
+        for (int i = 0; i < n; i++)
+            printf("  %s\n", paths[i]);
+    }
+    free(sum);
+    free(host);
+    luna_params_free(p);
+    luna_seq2seq_free(model);
+    luna_dictionary_free(src);
+    luna_dictionary_free(tgt);
+    luna_spm_free(spm);
+    luna_checkpoint_meta_release(&meta);
+    if (be) luna_backend_free_all(be);
+    return st;
+}
+
+int main(int argc, char **argv) {
+    int rc = parse_args(argc, argv);
+    if (rc >= 0) return rc;
+    char **paths = NULL;
+    int n = 0;
+    luna_status st = LUNA_OK;
+    if (num_inputs) {
+        paths = (char **)inputs;
+        n = num_inputs;
+    } else {
+        st = pick_last(num_update > 0, num_update > 0 ? num_update : num_epoch, &paths, &n);
+    }
+    if (st == LUNA_OK) st = average(paths, n);
+    if (!num_inputs && paths) {
+        for (int i = 0; i < n; i++)
+            free(paths[i]);
+        free(paths);
+    }
+    if (st != LUNA_OK) {
+        fflush(stdout);
+        fprintf(stderr, PROG ": %s\n", luna_error_message());
+        return 1;
+    }
+    return 0;
+}

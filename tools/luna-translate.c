@@ -1,0 +1,558 @@
+/* luna-translate: translate raw text with a checkpoint (which carries its SentencePiece model and
+ * dictionaries), like fairseq-interactive/-generate.
+ *
+ *   luna-translate CHECKPOINT [--input FILE] [--beam 4] [--lenpen 0.6] [--nbest 1] ...
+ *
+ * Input: one sentence per line (stdin when there is no --input). The whole input is read and
+ * checked before anything is translated: invalid UTF-8 (or a NUL byte) is an error naming the
+ * line and byte (nothing is written); an empty or blank line gives an empty translation; a line
+ * longer than --max-input-tokens subword tokens (</s> included) is truncated with a warning on
+ * stderr. Sentences are translated in batches sorted by length and printed in input order.
+ *
+ * Output: --output-format plain: the detokenized best translation per line; fairseq: for each
+ * input i (with --nbest hypotheses) the tab-separated lines of fairseq-generate
+ *   S-i <source pieces>;  H-i <score> <pieces>;  D-i <score> <detokenized>;  P-i <per-token scores>
+ * with scores in base 2 (score = Σ log2 p / len^lenpen; len counts </s>).
+ * --score-reference --reference FILE: instead of searching, score the given translations
+ * (plain: one base-2 per-token average score per line; fairseq: S/T/H/P lines).
+ *
+ * Exit status: 0 success, 1 bad input or failure (one line on stderr), 2 usage error.
+ */
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "data/dictionary.h"
+#include "data/sentencepiece.h"
+#include "decoding/beam_search.h"
+#include "model/file_util.h"
+#include "trainer/checkpoint.h"
+
+#define PROG "luna-translate"
+
+typedef enum { OPT_STRING, OPT_INT, OPT_DOUBLE, OPT_FLAG } opt_type;
+
+typedef struct {
+    const char *checkpoint, *input, *output_format, *device, *reference;
+    long beam, max_len_b, min_len, nbest, max_tokens, batch_size, threads, max_input_tokens;
+    double lenpen, max_len_a, unkpen;
+    bool score_reference, quiet;
+} options;
+
+static options opt = {.output_format = "plain",
+                      .device = "cpu",
+                      .beam = 4,
+                      .max_len_b = 200,
+                      .min_len = 1,
+                      .nbest = 1,
+                      .max_tokens = 6000,
+                      .batch_size = 128,
+                      .threads = 2,
+                      .max_input_tokens = 1024,
+                      .lenpen = 0.6};
+
+typedef struct {
+    const char *name, *meta;
+    opt_type type;
+    void *dest;
+    const char *help;
+} option_spec;
+
+static const option_spec OPTIONS[] = {
+    {"--input", "FILE", OPT_STRING, &opt.input, "source sentences, one per line (default: stdin)"},
+    {"--beam", "N", OPT_INT, &opt.beam, "beam size (default 4; 1 = greedy)"},
+    {"--lenpen", "F", OPT_DOUBLE, &opt.lenpen, "length penalty: score / len^F (default 0.6)"},
+    {"--max-len-a", "F", OPT_DOUBLE, &opt.max_len_a,
+     "max length = F·source length + B (default 0)"},
+    {"--max-len-b", "B", OPT_INT, &opt.max_len_b, "(default 200)"},
+    {"--min-len", "N", OPT_INT, &opt.min_len, "minimum target length, </s> excluded (default 1)"},
+    {"--nbest", "N", OPT_INT, &opt.nbest, "hypotheses per sentence (fairseq format; default 1)"},
+    {"--unkpen", "F", OPT_DOUBLE, &opt.unkpen, "subtracted from <unk>'s log-prob (default 0)"},
+    {"--max-tokens", "N", OPT_INT, &opt.max_tokens,
+     "padded source tokens per batch (default 6000)"},
+    {"--batch-size", "N", OPT_INT, &opt.batch_size, "sentences per batch (default 128)"},
+    {"--device", "DEV", OPT_STRING, &opt.device, "cpu (default; this build has no other)"},
+    {"--threads", "N", OPT_INT, &opt.threads, "CPU threads (default 2)"},
+    {"--output-format", "FMT", OPT_STRING, &opt.output_format,
+     "plain (detokenized best translation per line, default) or fairseq (S/H/D/P lines)"},
+    {"--score-reference", NULL, OPT_FLAG, &opt.score_reference,
+     "score the --reference translations instead of searching"},
+    {"--reference", "FILE", OPT_STRING, &opt.reference, "reference translations, one per line"},
+    {"--max-input-tokens", "N", OPT_INT, &opt.max_input_tokens,
+     "truncate longer inputs (subword tokens incl. </s>) with a warning (default 1024)"},
+    {"--quiet", NULL, OPT_FLAG, &opt.quiet, "no summary line on stderr"},
+};
+#define NUM_OPTIONS (sizeof OPTIONS / sizeof OPTIONS[0])
+
+static void print_help(void) {
+    printf("usage: " PROG " CHECKPOINT [--input FILE] [--beam N] [--lenpen F] [options]\n\n"
+           "Translates raw text (stdin or --input) with a checkpoint written by luna-train or\n"
+           "luna-average; the checkpoint's SentencePiece model and dictionaries are used.\n"
+           "Translations are written to stdout in input order.\n\n");
+    for (size_t i = 0; i < NUM_OPTIONS; i++) {
+        char left[64];
+        snprintf(left, sizeof left, "%s%s%s", OPTIONS[i].name, OPTIONS[i].meta ? " " : "",
+                 OPTIONS[i].meta ? OPTIONS[i].meta : "");
+        printf("  %-22s%s\n", left, OPTIONS[i].help);
+    }
+    printf("  %-22s%s\n  %-22s%s\n", "--help", "show this help", "--version", "show the version");
+}
+
+static int usage_error(const char *fmt, const char *arg) {
+    fprintf(stderr, PROG ": ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, " (see " PROG " --help)\n");
+    return 2;
+}
+
+static int parse_args(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) return print_help(), 0;
+        if (!strcmp(arg, "--version")) return printf(PROG " (luna) %s\n", LUNA_VERSION), 0;
+        if (arg[0] != '-' || !arg[1]) {
+            if (opt.checkpoint) return usage_error("unexpected argument '%s'", arg);
+            opt.checkpoint = arg;
+            continue;
+        }
+        const char *eq = strchr(arg, '=');
+        size_t name_len = eq ? (size_t)(eq - arg) : strlen(arg);
+        const option_spec *o = NULL;
+        for (size_t k = 0; k < NUM_OPTIONS; k++)
+            if (strlen(OPTIONS[k].name) == name_len && !strncmp(OPTIONS[k].name, arg, name_len))
+                o = &OPTIONS[k];
+        if (!o) return usage_error("unknown option '%s'", arg);
+        if (o->type == OPT_FLAG) {
+            if (eq) return usage_error("option '%s' takes no value", arg);
+            *(bool *)o->dest = true;
+            continue;
+        }
+        const char *value = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+        if (!value) return usage_error("option '%s' needs a value", arg);
+        char *end = NULL;
+        if (o->type == OPT_STRING) {
+            *(const char **)o->dest = value;
+        } else if (o->type == OPT_INT) {
+            long v = strtol(value, &end, 10);
+            if (!*value || *end) return usage_error("'%s' is not an integer", value);
+            *(long *)o->dest = v;
+        } else {
+            double v = strtod(value, &end);
+            if (!*value || *end || !isfinite(v)) return usage_error("'%s' is not a number", value);
+            *(double *)o->dest = v;
+        }
+    }
+    if (!opt.checkpoint) return usage_error("%s", "a CHECKPOINT argument is required");
+    if (strcmp(opt.output_format, "plain") && strcmp(opt.output_format, "fairseq"))
+        return usage_error("--output-format must be plain or fairseq, not '%s'", opt.output_format);
+    if (strcmp(opt.device, "cpu"))
+        return usage_error("--device '%s' is not available in this build (use cpu)", opt.device);
+    if (opt.beam < 1 || opt.beam > 1024) return usage_error("%s", "--beam must be in 1..1024");
+    if (opt.nbest < 1 || opt.nbest > opt.beam)
+        return usage_error("%s", "--nbest must be between 1 and --beam");
+    if (opt.min_len < 0 || opt.max_len_b < 0 || opt.max_len_a < 0)
+        return usage_error("%s", "--min-len, --max-len-a and --max-len-b must not be negative");
+    if (opt.max_tokens < 0 || opt.batch_size < 0)
+        return usage_error("%s",
+                           "--max-tokens and --batch-size must not be negative (0: no limit)");
+    if (opt.threads < 1 || opt.threads > 1024)
+        return usage_error("%s", "--threads must be in 1..1024");
+    if (opt.max_input_tokens < 2) return usage_error("%s", "--max-input-tokens must be at least 2");
+    if (opt.score_reference != (opt.reference != NULL))
+        return usage_error("%s", "--score-reference and --reference FILE go together");
+    return -1;
+}
+
+/* ---- input ----------------------------------------------------------------------------------- */
+
+typedef struct {
+    char *data;
+    size_t count;
+    char **line;
+    size_t *len;
+} text;
+
+static void text_free(text *t) {
+    free(t->data);
+    free(t->line);
+    free(t->len);
+    memset(t, 0, sizeof *t);
+}
+
+/* Read a whole file (or stdin: path NULL) as checked UTF-8 lines. */
+static luna_status read_text(const char *path, text *t) {
+    const char *name = path ? path : "<stdin>";
+    FILE *f = path ? fopen(path, "rb") : stdin;
+    if (!f) return luna_error(LUNA_ERR_IO, "%s: cannot open (check the path)", name);
+    size_t cap = 1 << 16, n = 0;
+    t->data = malloc(cap);
+    for (size_t got; t->data && (got = fread(t->data + n, 1, cap - n - 1, f)) > 0;) {
+        n += got;
+        if (n + 1 == cap) {
+            char *g = realloc(t->data, cap *= 2);
+            if (!g) free(t->data);
+            t->data = g;
+        }
+    }
+    bool err = ferror(f);
+    if (path) fclose(f);
+    if (!t->data) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "%s: out of memory reading", name);
+    if (err) return luna_error(LUNA_ERR_IO, "%s: read error", name);
+    t->data[n] = 0;
+    size_t lines = 0;
+    for (size_t i = 0; i < n; i++)
+        lines += t->data[i] == '\n';
+    lines += n > 0 && t->data[n - 1] != '\n';
+    t->line = malloc(sizeof(char *) * (lines + 1));
+    t->len = malloc(sizeof(size_t) * (lines + 1));
+    if (!t->line || !t->len) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "%s: out of memory", name);
+    for (size_t i = 0, start = 0; i < lines; i++) {
+        size_t end = start;
+        while (end < n && t->data[end] != '\n')
+            end++;
+        size_t len = end - start;
+        if (len > 0 && t->data[start + len - 1] == '\r') len--;
+        t->data[start + len] = 0;
+        size_t bad = 0;
+        if (memchr(t->data + start, 0, len))
+            return luna_error(LUNA_ERR_FORMAT, "%s:%zu: NUL byte in the line (give plain text)",
+                              name, i + 1);
+        if (!luna_utf8_valid(t->data + start, len, &bad))
+            return luna_error(LUNA_ERR_FORMAT,
+                              "%s:%zu: invalid UTF-8 at byte %zu of the line (convert the input "
+                              "to UTF-8, e.g. with iconv)",
+                              name, i + 1, bad + 1);
+        t->line[i] = t->data + start;
+        t->len[i] = len;
+        start = end + 1;
+    }
+    t->count = lines;
+    return LUNA_OK;
+}
+
+static bool blank(const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (s[i] != ' ' && s[i] != '\t' && s[i] != '\r' && s[i] != '\v' && s[i] != '\f')
+            return false;
+    return true;
+}
+
+/* Text -> dictionary ids + </s> (SentencePiece, or whitespace tokens without a model). */
+typedef struct {
+    const luna_spm *spm;
+    const luna_dictionary *dict;
+    luna_spm_pieces pieces;
+} encoder;
+
+static luna_status encode(encoder *e, const char *s, size_t n, int32_t **ids, int *len) {
+    *ids = NULL;
+    *len = 0;
+    size_t count = 0;
+    char *copy = NULL;
+    char **words = NULL;
+    if (e->spm) {
+        LUNA_TRY(luna_spm_encode_pieces(e->spm, s, n, &e->pieces));
+        count = e->pieces.count;
+        words = e->pieces.pieces;
+    } else {
+        copy = malloc(n + 1);
+        words = malloc(sizeof(char *) * (n / 2 + 2));
+        if (!copy || !words) {
+            free(copy), free(words);
+            return luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
+        }
+        memcpy(copy, s, n);
+        copy[n] = 0;
+        for (char *tok = strtok(copy, " \t"); tok; tok = strtok(NULL, " \t"))
+            words[count++] = tok;
+    }
+    int32_t *out = malloc(sizeof(int32_t) * (count + 1));
+    if (out) {
+        for (size_t i = 0; i < count; i++)
+            out[i] = luna_dictionary_index(e->dict, words[i], strlen(words[i]));
+        out[count] = LUNA_DICT_EOS;
+    }
+    if (!e->spm) free(copy), free(words);
+    if (!out) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
+    *ids = out;
+    *len = (int)count + 1;
+    return LUNA_OK;
+}
+
+/* ---- output ---------------------------------------------------------------------------------- */
+
+/* Python's repr of a float: the shortest digits that read back as the same double. */
+static void print_float(FILE *f, double x) {
+    char buf[40];
+    for (int p = 1; p <= 17; p++) {
+        snprintf(buf, sizeof buf, "%.*g", p, x);
+        if (strtod(buf, NULL) == x) break;
+    }
+    if (!strpbrk(buf, ".eni")) strcat(buf, ".0");
+    fputs(buf, f);
+}
+
+static void print_pieces(const luna_dictionary *d, const int32_t *t, int n) {
+    for (int i = 0; i < n; i++) {
+        if (i) putchar(' ');
+        fputs(luna_dictionary_symbol(d, t[i]), stdout);
+    }
+}
+
+/* Detokenize (tokens without </s>) into a malloc'ed string. */
+static luna_status detok(const luna_spm *spm, const luna_dictionary *d, const int32_t *t, int n,
+                         char **out) {
+    const char **p = malloc(sizeof(char *) * (size_t)(n + 1));
+    if (!p) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
+    size_t total = 1;
+    for (int i = 0; i < n; i++)
+        total += strlen(p[i] = luna_dictionary_symbol(d, t[i])) + 1;
+    luna_status st = LUNA_OK;
+    if (spm) {
+        st = luna_spm_decode_pieces(spm, p, (size_t)n, out);
+    } else if ((*out = malloc(total))) {
+        (*out)[0] = 0;
+        for (int i = 0; i < n; i++)
+            strcat(strcat(*out, i ? " " : ""), p[i]);
+    } else {
+        st = luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
+    }
+    free(p);
+    return st;
+}
+
+/* Hypothesis tokens without the final </s>. */
+static int body_len(const int32_t *t, int n) {
+    return n > 0 && t[n - 1] == LUNA_DICT_EOS ? n - 1 : n;
+}
+
+/* ---- main ------------------------------------------------------------------------------------ */
+
+typedef struct {
+    luna_backend *be;
+    luna_seq2seq *model;
+    luna_dictionary *src_dict, *tgt_dict;
+    luna_spm *spm;
+    luna_checkpoint_meta meta;
+    luna_incremental *inc;
+    text in, ref;
+    int32_t **src_ids, **ref_ids;
+    int *src_len, *ref_len;
+    luna_nbest *out;
+    float **pos;
+} program;
+
+static luna_status encode_all(program *p, const text *t, const luna_dictionary *d, bool truncate,
+                              const char *name, int32_t ***ids, int **lens) {
+    *ids = calloc(t->count + 1, sizeof(int32_t *));
+    *lens = calloc(t->count + 1, sizeof(int));
+    if (!*ids || !*lens) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
+    encoder e = {.spm = p->spm, .dict = d};
+    luna_spm_pieces_init(&e.pieces);
+    luna_status st = LUNA_OK;
+    for (size_t i = 0; i < t->count && st == LUNA_OK; i++) {
+        if (blank(t->line[i], t->len[i])) continue; /* empty translation */
+        st = encode(&e, t->line[i], t->len[i], &(*ids)[i], &(*lens)[i]);
+        if (st != LUNA_OK) luna_error_prefix("%s:%zu", name, i + 1);
+        if (st == LUNA_OK && truncate && (*lens)[i] > opt.max_input_tokens) {
+            fprintf(stderr,
+                    PROG ": warning: %s:%zu: %d subword tokens exceed --max-input-tokens %ld; "
+                         "truncated to %ld\n",
+                    name, i + 1, (*lens)[i], opt.max_input_tokens, opt.max_input_tokens);
+            (*lens)[i] = (int)opt.max_input_tokens;
+            (*ids)[i][opt.max_input_tokens - 1] = LUNA_DICT_EOS;
+        }
+    }
+    luna_spm_pieces_release(&e.pieces);
+    return st;
+}
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+static luna_status write_translations(program *p, size_t n) {
+    const bool fs = !strcmp(opt.output_format, "fairseq");
+    for (size_t i = 0; i < n; i++) {
+        const luna_nbest *nb = &p->out[i];
+        if (fs) {
+            printf("S-%zu\t", i);
+            if (p->src_ids[i]) print_pieces(p->src_dict, p->src_ids[i], p->src_len[i] - 1);
+            putchar('\n');
+        }
+        if (nb->count == 0 && !fs) putchar('\n');
+        if (nb->count == 0 && fs) printf("H-%zu\t-inf\t\nD-%zu\t-inf\t\nP-%zu\t\n", i, i, i);
+        for (int k = 0; k < (fs ? nb->count : (nb->count ? 1 : 0)); k++) {
+            const luna_hypothesis *h = &nb->hyps[k];
+            const int body = body_len(h->tokens, h->len);
+            char *d;
+            LUNA_TRY(detok(p->spm, p->tgt_dict, h->tokens, body, &d));
+            if (!fs) {
+                printf("%s\n", d);
+            } else {
+                const double s2 = (float)(h->score / M_LN2);
+                printf("H-%zu\t", i), print_float(stdout, s2), putchar('\t');
+                print_pieces(p->tgt_dict, h->tokens, body);
+                printf("\nD-%zu\t", i), print_float(stdout, s2), printf("\t%s\nP-%zu\t", d, i);
+                for (int t = 0; t < h->len; t++)
+                    printf("%s%.4f", t ? " " : "", h->positional_scores[t] / M_LN2);
+                putchar('\n');
+            }
+            free(d);
+        }
+    }
+    return fflush(stdout) ? luna_error(LUNA_ERR_IO, "stdout: write error") : LUNA_OK;
+}
+
+static luna_status write_scores(program *p, size_t n) {
+    const bool fs = !strcmp(opt.output_format, "fairseq");
+    for (size_t i = 0; i < n; i++) {
+        double sum = 0;
+        const int len = p->ref_ids[i] ? p->ref_len[i] : 0;
+        for (int t = 0; t < len; t++)
+            sum += p->pos[i] ? p->pos[i][t] : 0;
+        const double avg2 = len ? (float)(sum / len / M_LN2) : 0.0;
+        if (!fs) {
+            print_float(stdout, avg2), putchar('\n');
+            continue;
+        }
+        printf("S-%zu\t", i);
+        if (p->src_ids[i]) print_pieces(p->src_dict, p->src_ids[i], p->src_len[i] - 1);
+        printf("\nT-%zu\t", i);
+        if (len) print_pieces(p->tgt_dict, p->ref_ids[i], len - 1);
+        printf("\nH-%zu\t", i), print_float(stdout, avg2), putchar('\t');
+        if (len) print_pieces(p->tgt_dict, p->ref_ids[i], len - 1);
+        printf("\nP-%zu\t", i);
+        for (int t = 0; t < len; t++)
+            printf("%s%.4f", t ? " " : "", p->pos[i][t] / M_LN2);
+        putchar('\n');
+    }
+    return fflush(stdout) ? luna_error(LUNA_ERR_IO, "stdout: write error") : LUNA_OK;
+}
+
+static luna_status run(program *p) {
+    LUNA_TRY(luna_backend_cpu_create(&p->be, (int)opt.threads));
+    LUNA_TRY(luna_checkpoint_load_model(opt.checkpoint, p->be, &p->model, &p->src_dict,
+                                        &p->tgt_dict, &p->spm, &p->meta));
+    if (!p->src_dict || !p->tgt_dict ||
+        luna_dictionary_size(p->tgt_dict) != p->model->config.vocab_size)
+        return luna_error(LUNA_ERR_FORMAT,
+                          "%s: the checkpoint carries no usable vocabulary (src_dict/tgt_dict); "
+                          "use a checkpoint written by luna-train or luna-average",
+                          opt.checkpoint);
+    if (!p->spm && !opt.quiet)
+        fprintf(stderr,
+                PROG ": note: %s has no SentencePiece model (trained with --no-spm): the "
+                     "input must already be tokenized; tokens are split on spaces\n",
+                opt.checkpoint);
+    LUNA_TRY(read_text(opt.input, &p->in));
+    const size_t n = p->in.count;
+    if (opt.score_reference) {
+        LUNA_TRY(read_text(opt.reference, &p->ref));
+        if (p->ref.count != n)
+            return luna_error(LUNA_ERR_MISMATCH, "%s: %zu lines, but the input has %zu",
+                              opt.reference, p->ref.count, n);
+    }
+    const char *in_name = opt.input ? opt.input : "<stdin>";
+    LUNA_TRY(encode_all(p, &p->in, p->src_dict, true, in_name, &p->src_ids, &p->src_len));
+    if (opt.score_reference)
+        LUNA_TRY(
+            encode_all(p, &p->ref, p->tgt_dict, false, opt.reference, &p->ref_ids, &p->ref_len));
+    /* the non-empty sentences */
+    luna_token_seq *src = malloc(sizeof *src * (n + 1)), *tgt = malloc(sizeof *tgt * (n + 1));
+    size_t *idx = malloc(sizeof *idx * (n + 1));
+    p->out = calloc(n + 1, sizeof *p->out);
+    p->pos = calloc(n + 1, sizeof *p->pos);
+    if (!src || !tgt || !idx || !p->out || !p->pos) {
+        free(src), free(tgt), free(idx);
+        return luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!p->src_ids[i] || (opt.score_reference && !p->ref_ids[i])) continue;
+        src[k] = (luna_token_seq){p->src_ids[i], p->src_len[i]};
+        if (opt.score_reference) tgt[k] = (luna_token_seq){p->ref_ids[i], p->ref_len[i]};
+        idx[k++] = i;
+    }
+    luna_status st = luna_incremental_create(&p->inc, p->model);
+    double t0 = now();
+    luna_nbest *res = calloc(k + 1, sizeof *res);
+    float **pos = calloc(k + 1, sizeof *pos);
+    if (st == LUNA_OK && (!res || !pos)) st = luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
+    if (st == LUNA_OK && opt.score_reference) {
+        st = luna_score_targets(p->inc, src, tgt, (int)k, (int)opt.max_tokens, (int)opt.batch_size,
+                                pos);
+    } else if (st == LUNA_OK) {
+        luna_beam_options o;
+        luna_beam_options_init(&o);
+        o.beam = (int)opt.beam;
+        o.lenpen = opt.lenpen;
+        o.max_len_a = opt.max_len_a;
+        o.max_len_b = (int)opt.max_len_b;
+        o.min_len = (int)opt.min_len;
+        o.nbest = (int)opt.nbest;
+        o.unkpen = opt.unkpen;
+        st = luna_generate(p->inc, &o, src, (int)k, (int)opt.max_tokens, (int)opt.batch_size, res,
+                           NULL, NULL);
+    }
+    const double secs = now() - t0;
+    long long tokens = 0;
+    for (size_t j = 0; j < k && st == LUNA_OK; j++) {
+        p->out[idx[j]] = res[j];
+        p->pos[idx[j]] = pos[j];
+        tokens += res[j].count ? res[j].hyps[0].len : (opt.score_reference ? tgt[j].len : 0);
+    }
+    free(src), free(tgt), free(idx), free(res), free(pos);
+    if (st == LUNA_OK && !opt.quiet && opt.nbest > 1 && !strcmp(opt.output_format, "plain"))
+        fprintf(stderr, PROG ": note: plain output shows the best hypothesis only; use "
+                             "--output-format fairseq for the n-best list\n");
+    if (st == LUNA_OK) st = opt.score_reference ? write_scores(p, n) : write_translations(p, n);
+    if (st == LUNA_OK && !opt.quiet)
+        fprintf(stderr,
+                PROG ": %s %zu sentences (%zu empty) in %.2f s: %.2f sentences/s, %.1f target "
+                     "tokens/s (beam %ld, %ld threads)\n",
+                opt.score_reference ? "scored" : "translated", n, n - k, secs,
+                secs > 0 ? k / secs : 0.0, secs > 0 ? tokens / secs : 0.0, opt.beam, opt.threads);
+    return st;
+}
+
+static void program_free(program *p) {
+    for (size_t i = 0; i < p->in.count; i++) {
+        if (p->src_ids) free(p->src_ids[i]);
+        if (p->ref_ids) free(p->ref_ids[i]);
+        if (p->out) luna_nbest_release(&p->out[i]);
+        if (p->pos) free(p->pos[i]);
+    }
+    free(p->src_ids), free(p->ref_ids), free(p->src_len), free(p->ref_len), free(p->out),
+        free(p->pos);
+    text_free(&p->in);
+    text_free(&p->ref);
+    luna_incremental_free(p->inc);
+    luna_seq2seq_free(p->model);
+    luna_dictionary_free(p->src_dict);
+    luna_dictionary_free(p->tgt_dict);
+    luna_spm_free(p->spm);
+    luna_checkpoint_meta_release(&p->meta);
+    if (p->be) luna_backend_free_all(p->be);
+}
+
+int main(int argc, char **argv) {
+    int rc = parse_args(argc, argv);
+    if (rc >= 0) return rc;
+    program p;
+    memset(&p, 0, sizeof p);
+    luna_status st = run(&p);
+    program_free(&p);
+    if (st != LUNA_OK) {
+        fflush(stdout);
+        fprintf(stderr, PROG ": %s\n", luna_error_message());
+        return 1;
+    }
+    return 0;
+}
