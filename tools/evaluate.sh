@@ -19,7 +19,7 @@ set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 die() { echo "evaluate.sh: $*" >&2; exit 1; }
-usage() { sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 ckpt="" src="" ref="" out="" lang="de" tokenized=0 translate="" venv="${LUNA_EVAL_VENV:-$repo/build-eval/.venv-eval}"
 extra=()
