@@ -36,8 +36,19 @@ static void make_tiny(luna_config *c) {
     if (c->arch == LUNA_ARCH_LUNA) c->projection_length = 8;
 }
 
+/* luna_demo: sized for the 2-core CPU demo (tools/demo.sh, Multi30k): d 256, FFN 1024, 3+3 layers,
+ * 4 heads, l 16, tied kv, softplus; about 8.1M parameters with an 8k joint vocabulary. */
+static void make_demo(luna_config *c) {
+    c->encoder_embed_dim = c->decoder_embed_dim = 256;
+    c->encoder_ffn_embed_dim = c->decoder_ffn_embed_dim = 1024;
+    c->encoder_layers = c->decoder_layers = 3;
+    c->encoder_attention_heads = c->decoder_attention_heads = 4;
+    c->projection_length = 16;
+}
+
 static const char *const preset_names[] = {"luna_base_tied", "luna_base_untied", "transformer_base",
-                                           "luna_tiny",      "transformer_tiny", NULL};
+                                           "luna_tiny",      "transformer_tiny", "luna_demo",
+                                           NULL};
 
 const char *const *luna_config_preset_names(void) { return preset_names; }
 
@@ -55,10 +66,13 @@ luna_status luna_config_preset(luna_config *out, const char *name) {
     } else if (strcmp(name, "transformer_tiny") == 0) {
         *out = base(LUNA_ARCH_TRANSFORMER);
         make_tiny(out);
+    } else if (strcmp(name, "luna_demo") == 0) {
+        *out = base(LUNA_ARCH_LUNA);
+        make_demo(out);
     } else {
         return luna_error(LUNA_ERR_INVALID_ARGUMENT,
                           "unknown architecture '%s' (known: luna_base_tied, luna_base_untied, "
-                          "transformer_base, luna_tiny, transformer_tiny)",
+                          "transformer_base, luna_tiny, transformer_tiny, luna_demo)",
                           name);
     }
     return LUNA_OK;
