@@ -7,10 +7,12 @@
 # in build/ (cmake, -Werror), and a Python venv with sacreBLEU and matplotlib (PyPI; shared with
 # tools/evaluate.sh: build-eval/.venv-eval, or $LUNA_EVAL_VENV). Then:
 #   1. preprocess Multi30k (29k short caption pairs) with a joint 8000-piece SentencePiece BPE;
-#   2. train the luna_demo model (Luna, d 256, FFN 1024, 3+3 layers, 4 heads, l 16; Apollo) for
+#   2. train the luna_demo model (Luna, d 256, FFN 1024, 3+3 layers, 4 heads, l 16, 8.1M
+#      parameters; Adam lr 1e-3, inverse_sqrt, 200 warmup updates, ~1500-token batches) for
 #      --minutes of wall time (luna-train is stopped with SIGTERM: it finishes the update, writes
-#      checkpoint_last and exits 0), validating and saving a checkpoint every 200 updates;
-#   3. average the last 5 of those checkpoints (luna-average);
+#      checkpoint_last and exits 0), saving a checkpoint every 100 updates, validating every 200;
+#   3. average checkpoint_last with the two newest of those checkpoints (luna-average): the
+#      model still improves quickly at the end of a short run, so only the last ~250 updates;
 #   4. translate test_2016_flickr.en (beam 5) and score it against test_2016_flickr.de with
 #      sacreBLEU (printed with its signature), show a few examples;
 #   5. plot the learning curve (train and valid loss vs updates) to OUT/learning_curve.png.
@@ -123,7 +125,7 @@ train_args=(
     --optimizer adam --adam-betas '(0.9, 0.98)' --lr 1e-3
     --lr-scheduler inverse_sqrt --warmup-updates 200 --warmup-init-lr 1e-7
     --max-tokens 1500 --dropout 0.1 --label-smoothing 0.1
-    --save-dir "$ckpts" --save-interval-updates 100 --keep-interval-updates 5 --no-epoch-checkpoints
+    --save-dir "$ckpts" --save-interval-updates 100 --keep-interval-updates 3 --no-epoch-checkpoints
     --validate-interval-updates 200
     --threads "$threads" --seed 1 --log-interval 25 --log-format json --no-progress-bar
 )
@@ -166,9 +168,9 @@ while kill -0 $train_pid 2>/dev/null; do
     sleep 5
     n=$(grep -c '"valid_loss"' "$log" || true)
     if [[ $n -gt $last_shown ]]; then
-        grep '"valid_loss"' "$log" | tail -n $(( n - last_shown )) |
-            sed -E 's/.*"valid_loss":([0-9.]+).*"valid_ppl":([0-9.]+).*"valid_num_updates":([0-9]+).*/  update \3: valid loss \1, ppl \2/' |
-            awk -v t="$(( $(date +%s) - stage_t ))" '{printf "%s  (%d s into training)\n", $0, t}'
+        grep '"valid_loss"' "$log" | tail -n $(( n - last_shown )) | awk -v t="$(( $(date +%s) - stage_t ))" '
+            function field(k) { return match($0, "\"" k "\":[-0-9.eE+]+") ? substr($0, RSTART + length(k) + 3, RLENGTH - length(k) - 3) : "?" }
+            { printf "  update %d: valid loss %.3f, ppl %.1f  (%d s into training)\n", field("valid_num_updates"), field("valid_loss"), field("valid_ppl"), t }'
         last_shown=$n
     fi
 done
@@ -183,15 +185,23 @@ updates=$(grep -oE '@ [0-9]+ updates' "$log" | tail -1 | grep -oE '[0-9]+' || tr
 [[ -f "$ckpts/checkpoint_last.safetensors" ]] || die "no $ckpts/checkpoint_last.safetensors after training (log: $log)"
 
 # ---- 3. checkpoint ----------------------------------------------------------------------------
-mapfile -t interval_ckpts < <(ls "$ckpts" | grep -E '^checkpoint_[0-9]+_[0-9]+\.safetensors$' || true)
-if [[ ${#interval_ckpts[@]} -ge 2 ]]; then
-    navg=$(( ${#interval_ckpts[@]} < 5 ? ${#interval_ckpts[@]} : 5 ))
-    stage "average: the last $navg update checkpoints -> $out/checkpoint_avg.safetensors"
-    "$build/luna-average" --save-dir "$ckpts" --num-update-checkpoints "$navg" \
-        --output "$out/checkpoint_avg.safetensors" 2>&1 | sed 's/^/  /'
+# checkpoint_<epoch>_<update>, newest first; checkpoint_last joins them unless it is the newest one
+mapfile -t interval_ckpts < <(ls "$ckpts" | grep -E '^checkpoint_[0-9]+_[0-9]+\.safetensors$' |
+                              sort -t_ -k3,3nr || true)
+avg_inputs=()
+newest_update=""
+[[ ${#interval_ckpts[@]} -gt 0 ]] && newest_update=$(echo "${interval_ckpts[0]}" | grep -oE '[0-9]+\.safetensors$' | grep -oE '^[0-9]+')
+[[ "$newest_update" == "$updates" ]] || avg_inputs+=("$ckpts/checkpoint_last.safetensors")
+for c in "${interval_ckpts[@]}"; do
+    if [[ ${#avg_inputs[@]} -lt 3 ]]; then avg_inputs+=("$ckpts/$c"); fi
+done
+if [[ ${#avg_inputs[@]} -ge 2 ]]; then
+    stage "average: ${#avg_inputs[@]} checkpoints (checkpoint_last and the newest update checkpoints) -> $out/checkpoint_avg.safetensors"
+    "$build/luna-average" --inputs "${avg_inputs[@]}" --output "$out/checkpoint_avg.safetensors" 2>&1 | sed 's/^/  /' ||
+        die "luna-average failed"
     final="$out/checkpoint_avg.safetensors"
 else
-    stage "average: fewer than 2 update checkpoints (short run): using checkpoint_last"
+    stage "average: too few checkpoints (short run): using checkpoint_last"
     final="$ckpts/checkpoint_last.safetensors"
 fi
 

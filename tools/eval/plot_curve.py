@@ -81,7 +81,7 @@ def main():
     fig.tight_layout()
     fig.savefig(a.output)
     last_t = f"train {tkey} {train[-1][tkey]:.3f} @ {train[-1]['num_updates']}" if train else "no train lines"
-    last_v = (f"valid {vkey} {valid[-1][vkey]:.3f} @ {valid[-1]['valid_num_updates']} "
+    last_v = (f"{vkey} {valid[-1][vkey]:.3f} @ {valid[-1]['valid_num_updates']} "
               f"(best {min(r[vkey] for r in valid):.3f})") if valid else "no valid lines"
     print(f"plot_curve.py: wrote {a.output} ({len(train)} train / {len(valid)} valid points; {last_t}; {last_v})")
 
