@@ -16,7 +16,7 @@
 #   4. translate test_2016_flickr.en (beam 5) and score it against test_2016_flickr.de with
 #      sacreBLEU (printed with its signature), show a few examples;
 #   5. plot the learning curve (train and valid loss vs updates) to OUT/learning_curve.png.
-# Takes about --minutes + 3 minutes on 2 cores (+ the build and pip installs on a fresh machine).
+# Takes about --minutes + 1 minute on 2 cores (+ the build and pip installs on a fresh machine).
 # Running it again with the same --out resumes training from OUT/checkpoints/checkpoint_last
 # for another --minutes; rm -rf OUT to start over.
 #
@@ -37,7 +37,7 @@ set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 die() { echo "demo.sh: error: $*" >&2; exit 1; }
 say() { echo "demo.sh: $*"; }
-usage() { sed -n '2,32p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; }
 
 data="$(dirname "$repo")/shared/data/multi30k"
 minutes=15 threads=2 out="$repo/build-demo" build="$repo/build" max_update="" beam=5 lenpen=1.0 deps=1
@@ -59,8 +59,9 @@ while [[ $# -gt 0 ]]; do
         *) die "unknown option '$1' (see --help)" ;;
     esac
 done
-[[ "$minutes" =~ ^[0-9]+([.][0-9]+)?$ ]] && awk "BEGIN{exit !($minutes > 0)}" ||
+if ! [[ "$minutes" =~ ^[0-9]+([.][0-9]+)?$ ]] || ! awk "BEGIN{exit !($minutes > 0)}"; then
     die "--minutes must be a positive number, got '$minutes'"
+fi
 [[ "$threads" =~ ^[1-9][0-9]*$ ]] || die "--threads must be a positive integer, got '$threads'"
 [[ -z "$max_update" || "$max_update" =~ ^[1-9][0-9]*$ ]] || die "--max-update must be a positive integer, got '$max_update'"
 [[ "$beam" =~ ^[1-9][0-9]*$ ]] || die "--beam must be a positive integer, got '$beam'"
@@ -142,9 +143,9 @@ echo "# $(date -u +%FT%TZ) $build/luna-train ${train_args[*]}" >>"$log"
 # when other programs want the cores: spin only when the CPUs are idle now (busy < 15% over 2 s).
 cpu_busy_percent() {
     local a b
-    a=($(head -1 /proc/stat 2>/dev/null)) || { echo 100; return; }
+    read -r -a a < /proc/stat 2>/dev/null || { echo 100; return; }
     sleep 2
-    b=($(head -1 /proc/stat)) || { echo 100; return; }
+    read -r -a b < /proc/stat || { echo 100; return; }
     awk -v u=$(( b[1] + b[2] + b[3] + b[6] + b[7] - a[1] - a[2] - a[3] - a[6] - a[7] )) \
         -v i=$(( b[4] + b[5] - a[4] - a[5] )) 'BEGIN{printf "%d", (u + i > 0 ? 100 * u / (u + i) : 100)}'
 }
@@ -186,8 +187,8 @@ updates=$(grep -oE '@ [0-9]+ updates' "$log" | tail -1 | grep -oE '[0-9]+' || tr
 
 # ---- 3. checkpoint ----------------------------------------------------------------------------
 # checkpoint_<epoch>_<update>, newest first; checkpoint_last joins them unless it is the newest one
-mapfile -t interval_ckpts < <(ls "$ckpts" | grep -E '^checkpoint_[0-9]+_[0-9]+\.safetensors$' |
-                              sort -t_ -k3,3nr || true)
+mapfile -t interval_ckpts < <(find "$ckpts" -maxdepth 1 -regextype posix-extended \
+                              -regex '.*/checkpoint_[0-9]+_[0-9]+\.safetensors' -printf '%f\n' | sort -t_ -k3,3nr)
 avg_inputs=()
 newest_update=""
 [[ ${#interval_ckpts[@]} -gt 0 ]] && newest_update=$(echo "${interval_ckpts[0]}" | grep -oE '[0-9]+\.safetensors$' | grep -oE '^[0-9]+')

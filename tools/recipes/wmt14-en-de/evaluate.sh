@@ -26,7 +26,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../../.." && pwd)"
 die() { echo "evaluate.sh: error: $*" >&2; exit 1; }
 say() { echo "evaluate.sh: $*"; }
-usage() { sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; }
 
 work="" ckpt="" navg=5 threads="$(nproc 2>/dev/null || echo 2)" build="$repo/build" smoke=0
 extra=()
@@ -60,7 +60,7 @@ src="$work/raw/test.en" ref="$work/raw/test.de"
 if [[ -z "$ckpt" ]]; then
     ckdir="$work/checkpoints"
     [[ -d "$ckdir" ]] || die "$ckdir not found: run train.sh first (or give --checkpoint FILE)"
-    n=$(ls "$ckdir" | grep -cE '^checkpoint_[0-9]+_[0-9]+\.safetensors$' || true)
+    n=$(find "$ckdir" -maxdepth 1 -regextype posix-extended -regex '.*/checkpoint_[0-9]+_[0-9]+\.safetensors' | wc -l)
     if [[ $n -eq 0 ]]; then
         [[ -f "$ckdir/checkpoint_last.safetensors" ]] || die "no checkpoints in $ckdir: run train.sh first"
         say "no update checkpoints in $ckdir: scoring checkpoint_last without averaging"

@@ -29,7 +29,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../../.." && pwd)"
 die() { echo "prepare.sh: error: $*" >&2; exit 1; }
 say() { echo "prepare.sh: $*"; }
-usage() { sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; }
 
 work="" shared="$(dirname "$repo")/shared/data/wmt14-en-de" vocab="" offline=0 smoke=0 build="$repo/build"
 workers="$(nproc 2>/dev/null || echo 2)"
