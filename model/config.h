@@ -7,6 +7,7 @@
  *   transformer_base  the softmax baseline: d 512, FFN 2048, 6+6 layers, 8 heads
  *   luna_tiny         d 32, FFN 64, 2+2 layers, 4 heads, l 8      (tests)
  *   transformer_tiny  d 32, FFN 64, 2+2 layers, 4 heads           (tests)
+ *   luna_demo         d 256, FFN 1024, 3+3 layers, 4 heads, l 16  (the CPU demo, tools/demo.sh)
  * All use ReLU FFNs, shared embeddings (encoder input, decoder input, output projection),
  * dropout 0.1, attention/activation dropout 0, label smoothing 0.1, padding_idx 1. The vocabulary
  * size comes from the dictionary (presets leave it 0; it must be set before building a model).

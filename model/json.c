@@ -517,6 +517,11 @@ void luna_json_double(luna_json_writer *w, double v) {
         return;
     }
     char buf[40];
+    if (v == floor(v) && fabs(v) < 1e15) { /* integral: 900, not the shortest form 9e+02 */
+        snprintf(buf, sizeof buf, "%.0f", v);
+        append_str(w, buf);
+        return;
+    }
     for (int precision = 1; precision <= 17; precision++) {
         snprintf(buf, sizeof buf, "%.*g", precision, v);
         if (strtod(buf, NULL) == v) break;
