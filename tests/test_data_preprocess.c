@@ -5,12 +5,9 @@
  * The program is found next to this test executable (both are built into CMAKE_BINARY_DIR), or
  * at $LUNA_PREPROCESS. */
 #include <dirent.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "data/dictionary.h"
 #include "data/pair_dataset.h"
@@ -21,67 +18,11 @@
 
 static char program[4096];
 
-static void find_program(void) {
-    const char *env = getenv("LUNA_PREPROCESS");
-    if (env && *env) {
-        snprintf(program, sizeof program, "%s", env);
-        return;
-    }
-    char self[4000];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0) {
-        fprintf(stderr, "test_data_preprocess: cannot read /proc/self/exe\n");
-        exit(EXIT_FAILURE);
-    }
-    self[n] = '\0';
-    *strrchr(self, '/') = '\0';
-    snprintf(program, sizeof program, "%s/luna-preprocess", self);
-}
+typedef luna_test_result result;
 
-typedef struct {
-    int status;
-    char out[8192], err[4096];
-} result;
-
-static void read_into(const char *path, char *buf, size_t cap) {
-    FILE *f = fopen(path, "rb");
-    ck_assert_ptr_nonnull(f);
-    size_t n = fread(buf, 1, cap - 1, f);
-    buf[n] = '\0';
-    fclose(f);
-}
-
-/* Run luna-preprocess with NULL-terminated args; capture stdout/stderr. */
-static result run(const char *tmp, const char *const *args) {
-    char out_path[1024], err_path[1024];
-    /* In logs/, created by setup(), so that tmp's entry count only changes if the program leaves
-     * something behind. */
-    snprintf(out_path, sizeof out_path, "%s/logs/stdout.txt", tmp);
-    snprintf(err_path, sizeof err_path, "%s/logs/stderr.txt", tmp);
-    const char *argv[64] = {program};
-    int argc = 1;
-    for (; args[argc - 1]; argc++)
-        argv[argc] = args[argc - 1];
-    argv[argc] = NULL;
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        int o = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644),
-            e = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (o < 0 || e < 0 || dup2(o, 1) < 0 || dup2(e, 2) < 0) _exit(127);
-        execv(program, (char *const *)argv);
-        _exit(127);
-    }
-    int ws;
-    ck_assert_int_eq(waitpid(pid, &ws, 0), pid);
-    result r;
-    r.status = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128;
-    ck_assert_msg(r.status != 127, "cannot run %s (build it first, or set LUNA_PREPROCESS)",
-                  program);
-    read_into(out_path, r.out, sizeof r.out);
-    read_into(err_path, r.err, sizeof r.err);
-    return r;
-}
+/* Run luna-preprocess with NULL-terminated args; capture stdout/stderr (in anonymous files, so
+ * that tmp's entry count only changes if the program leaves something behind). */
+static result run(const char *const *args) { return luna_test_exec(program, args, NULL); }
 
 static const char *EN[] = {"the",    "house",  "is",     "small", "green",    "tree", "river",
                            "city",   "we",     "walk",   "home",  "children", "play", "in",
@@ -117,9 +58,6 @@ static char *tmp;
 
 static void setup(void) {
     tmp = luna_test_make_temp_dir();
-    char logs[1024];
-    snprintf(logs, sizeof logs, "%s/logs", tmp);
-    ck_assert_int_eq(luna_make_dirs(logs), LUNA_OK);
     write_corpus(tmp, "train", 400, 1);
     write_corpus(tmp, "valid", 40, 2);
     write_corpus(tmp, "test", 30, 3);
@@ -185,7 +123,7 @@ START_TEST(end_to_end_with_sentencepiece) {
                           "--bpe-vocab-size",
                           "120",
                           NULL};
-    result r = run(tmp, args);
+    result r = run(args);
     ck_assert_msg(r.status == 0, "status %d: %s", r.status, r.err);
     ck_assert_ptr_nonnull(strstr(r.out, "[en] train"));
     ck_assert_ptr_nonnull(strstr(r.out, "400 sentences"));
@@ -258,7 +196,7 @@ START_TEST(end_to_end_with_sentencepiece) {
                            "--bpe-vocab-size",
                            "120",
                            NULL};
-    r = run(tmp, args1);
+    r = run(args1);
     ck_assert_msg(r.status == 0, "%s", r.err);
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         if (!strcmp(files[i], "spm.model"))
@@ -268,7 +206,7 @@ START_TEST(end_to_end_with_sentencepiece) {
         ck_assert_msg(same_file(a, b), "%s differs between --workers 2 and 1", files[i]);
     }
     /* Re-running into an existing data-bin with the same dictionary is allowed. */
-    r = run(tmp, args);
+    r = run(args);
     ck_assert_msg(r.status == 0, "%s", r.err);
 }
 END_TEST
@@ -287,7 +225,7 @@ START_TEST(no_spm_separate_dictionaries_and_reused_model) {
     fclose(f);
     const char *args[] = {"--source-lang", "en", "--target-lang", "de", "--trainpref", train,
                           "--destdir",     out,  "--no-spm",      NULL};
-    result r = run(tmp, args);
+    result r = run(args);
     ck_assert_msg(r.status == 0, "%s", r.err);
     char a[2048];
     snprintf(a, sizeof a, "%s/dict.en.txt", out);
@@ -315,7 +253,7 @@ START_TEST(no_spm_separate_dictionaries_and_reused_model) {
                                "--validpref",   valid,       "--destdir",     more,
                                "--no-spm",      "--srcdict", srcdict,         "--tgtdict",
                                tgtdict,         NULL};
-    r = run(tmp, dict_args);
+    r = run(dict_args);
     ck_assert_msg(r.status == 0, "%s", r.err);
     snprintf(b, sizeof b, "%s/dict.de.txt", more);
     ck_assert(same_file(tgtdict, b));
@@ -338,7 +276,7 @@ START_TEST(no_spm_separate_dictionaries_and_reused_model) {
                                 "--bpe-vocab-size",
                                 "110",
                                 NULL};
-    r = run(tmp, train_args);
+    r = run(train_args);
     ck_assert_msg(r.status == 0, "%s", r.err);
     snprintf(a, sizeof a, "%s/spm.model", model);
     const char *reuse_args[] = {"--source-lang",
@@ -353,7 +291,7 @@ START_TEST(no_spm_separate_dictionaries_and_reused_model) {
                                 "--spm-model",
                                 a,
                                 NULL};
-    r = run(tmp, reuse_args);
+    r = run(reuse_args);
     ck_assert_msg(r.status == 0, "%s", r.err);
     snprintf(b, sizeof b, "%s/spm.model", spm_out);
     ck_assert(same_file(a, b));
@@ -367,7 +305,7 @@ END_TEST
 static void expect_failure(const char *const *args, int status, const char *where,
                            const char *dest) {
     int before = count_entries(tmp);
-    result r = run(tmp, args);
+    result r = run(args);
     ck_assert_msg(r.status == status, "expected status %d, got %d: %s", status, r.status, r.err);
     ck_assert_msg(strncmp(r.err, "luna-preprocess: ", 17) == 0, "%s", r.err);
     char *nl = strchr(r.err, '\n');
@@ -443,7 +381,7 @@ START_TEST(bad_inputs_fail_cleanly) {
     snprintf(holes, sizeof holes, "%s", p("holes"));
     args[7] = holes;
     args[11] = "--skip-empty";
-    result r = run(tmp, args);
+    result r = run(args);
     ck_assert_msg(r.status == 0, "%s", r.err);
     ck_assert_ptr_nonnull(strstr(r.out, "valid: skipping 1 of 5 sentence pairs"));
     luna_pair_dataset *ds;
@@ -479,21 +417,51 @@ START_TEST(usage_errors) {
     expect_failure(dict_without_spm, 2, "give --spm-model", NULL);
     const char *bad_number[] = {
         "--source-lang", "en", "--target-lang", "de", "--trainpref", "x", "--workers", "two", NULL};
-    expect_failure(bad_number, 2, "'two' is not an integer", NULL);
+    expect_failure(bad_number, 2, "--workers: 'two' is not an integer", NULL);
+    const char *flag_value[] = {"--source-lang", "en", "--no-spm=yes", NULL};
+    expect_failure(flag_value, 2, "option '--no-spm' takes no value", NULL);
+    const char *positional[] = {"--source-lang", "en", "corpus.txt", NULL};
+    expect_failure(positional, 2, "unexpected argument 'corpus.txt'", NULL);
+    const char *range[] = {
+        "--source-lang", "en", "--target-lang", "de", "--trainpref", "x", "--workers", "0", NULL};
+    expect_failure(range, 2, "--workers must be between 1 and 1024", NULL);
     const char *help[] = {"--help", NULL};
-    result r = run(tmp, help);
+    result r = run(help);
     ck_assert_int_eq(r.status, 0);
-    ck_assert_ptr_nonnull(strstr(r.out, "--skip-empty"));
-    ck_assert_ptr_nonnull(strstr(r.out, "--bpe-vocab-size"));
+    const char *flags[] = {"--source-lang SRC",
+                           "--target-lang TGT",
+                           "--trainpref P",
+                           "--validpref P",
+                           "--testpref P",
+                           "--destdir DIR",
+                           "--bpe-vocab-size N",
+                           "--spm-model FILE",
+                           "--no-spm",
+                           "--character-coverage F",
+                           "--joined-dictionary",
+                           "--srcdict FILE",
+                           "--tgtdict FILE",
+                           "--thresholdsrc N",
+                           "--thresholdtgt N",
+                           "--nwordssrc N",
+                           "--nwordstgt N",
+                           "--padding-factor N",
+                           "--max-line-bytes N",
+                           "--skip-empty",
+                           "--workers N",
+                           "dictionary:",
+                           "(default: 32000)"};
+    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
+        ck_assert_msg(strstr(r.out, flags[i]), "'%s' not in --help: %s", flags[i], r.out);
     const char *version[] = {"--version", NULL};
-    r = run(tmp, version);
+    r = run(version);
     ck_assert_int_eq(r.status, 0);
     ck_assert_ptr_nonnull(strstr(r.out, "luna-preprocess (luna) "));
 }
 END_TEST
 
 int main(void) {
-    find_program();
+    luna_test_find_program(program, sizeof program, "luna-preprocess", "LUNA_PREPROCESS");
     Suite *s = suite_create("data_preprocess");
     TCase *tc = tcase_create("preprocess");
     tcase_set_timeout(tc, 120);

@@ -1,21 +1,19 @@
 /* End to end: luna-translate and luna-average on a tiny checkpoint (luna_tiny with a character
  * SentencePiece model): plain and fairseq output, stdin, empty lines, an overlong line, invalid
  * UTF-8, a checkpoint without its vocabulary, batch-independence, --score-reference, averaging. */
-#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "data/dictionary.h"
 #include "data/sentencepiece.h"
+#include "data/staged_dir.h"
 #include "model/file_util.h"
 #include "model/seq2seq.h"
 #include "tests/test_util.h"
 #include "trainer/checkpoint.h"
 
-static char *dir, bin[4096];
+static char *dir, translate[4096], average[4096];
 
 static int next_line(void *ctx, const char **line, size_t *len) {
     static const char *const lines[] = {"the cat sat on the mat", "a dog ran in the park",
@@ -71,11 +69,8 @@ static void save_checkpoint(const char *name, uint64_t seed, bool with_vocab) {
 
 static void setup(void) {
     dir = luna_test_make_temp_dir();
-    char self[4096];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    ck_assert(n > 0);
-    self[n] = 0;
-    snprintf(bin, sizeof bin, "%s", dirname(self));
+    luna_test_find_program(translate, sizeof translate, "luna-translate", "LUNA_TRANSLATE");
+    luna_test_find_program(average, sizeof average, "luna-average", "LUNA_AVERAGE");
     char path[4096];
     int counter = 0;
     luna_spm_train_options o;
@@ -99,22 +94,33 @@ static void teardown(void) {
     free(dir);
 }
 
-/* Run a shell command in `dir`; returns the exit status; stdout/stderr in out.txt/err.txt. */
-static int sh(const char *fmt, const char *arg) {
-    char cmd[16384], inner[4096];
-    snprintf(inner, sizeof inner, fmt, arg ? arg : "");
-    snprintf(cmd, sizeof cmd, "cd '%s' && export PATH='%s':$PATH && (%s) > out.txt 2> err.txt", dir,
-             bin, inner);
-    int rc = system(cmd);
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+/* The last program run: exit status, stdout, stderr. */
+static luna_test_result last;
+
+/* Run `program` in `dir` with stdin from `input` (NULL: none); returns the exit status. */
+static int run_in_dir(const char *program, const char *input, const char *const *args) {
+    luna_test_exec_options o = {.dir = dir, .input = input};
+    last = luna_test_exec(program, args, &o);
+    return last.status;
+}
+#define ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
+#define TRANSLATE(...) run_in_dir(translate, NULL, ARGS(__VA_ARGS__))
+#define AVERAGE(...) run_in_dir(average, NULL, ARGS(__VA_ARGS__))
+
+static char *copy_text(const char *text) {
+    char *s = strdup(text);
+    ck_assert_ptr_nonnull(s);
+    return s;
 }
 
-static char *slurp(const char *name) {
-    char path[4096], *data;
+static void copy_file(const char *from, const char *to) {
+    char a[4096], b[4096], *data;
     size_t size;
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    ck_assert_int_eq(luna_read_file(path, &data, &size), LUNA_OK);
-    return data;
+    snprintf(a, sizeof a, "%s/%s", dir, from);
+    snprintf(b, sizeof b, "%s/%s", dir, to);
+    ck_assert_int_eq(luna_read_file(a, &data, &size), LUNA_OK);
+    ck_assert_int_eq(luna_write_file_atomic(b, data, size), LUNA_OK);
+    free(data);
 }
 
 static int count_lines(const char *s, const char *prefix) {
@@ -125,9 +131,9 @@ static int count_lines(const char *s, const char *prefix) {
 }
 
 START_TEST(translate_plain_and_fairseq) {
-    ck_assert_int_eq(sh("luna-translate a.safetensors --input in.txt --max-len-b 12 --quiet", 0),
-                     0);
-    char *plain = slurp("out.txt");
+    ck_assert_int_eq(
+        TRANSLATE("a.safetensors", "--input", "in.txt", "--max-len-b", "12", "--quiet"), 0);
+    char *plain = copy_text(last.out);
     int lines = 0;
     for (const char *p = plain; *p; p++)
         lines += *p == '\n';
@@ -135,15 +141,15 @@ START_TEST(translate_plain_and_fairseq) {
     ck_assert_msg(strstr(plain, "\n\n") != NULL, "the empty input line must give an empty line");
     /* stdin, one sentence per batch: identical */
     ck_assert_int_eq(
-        sh("cat in.txt | luna-translate a.safetensors --batch-size 1 --max-len-b 12 --quiet", 0),
+        run_in_dir(translate, "in.txt",
+                   ARGS("a.safetensors", "--batch-size", "1", "--max-len-b", "12", "--quiet")),
         0);
-    char *plain2 = slurp("out.txt");
+    char *plain2 = copy_text(last.out);
     ck_assert_str_eq(plain, plain2);
-    ck_assert_int_eq(sh("luna-translate a.safetensors --input in.txt --max-len-b 12 --nbest 2 "
-                        "--output-format fairseq",
-                        0),
+    ck_assert_int_eq(TRANSLATE("a.safetensors", "--input", "in.txt", "--max-len-b", "12", "--nbest",
+                               "2", "--output-format", "fairseq"),
                      0);
-    char *fs = slurp("out.txt"), *err = slurp("err.txt");
+    char *fs = copy_text(last.out), *err = copy_text(last.err);
     ck_assert_int_eq(count_lines(fs, "S-"), 4);
     ck_assert_int_eq(count_lines(fs, "H-"), 7); /* 3 × 2 hypotheses + the empty line's */
     ck_assert_int_eq(count_lines(fs, "D-"), 7);
@@ -159,75 +165,110 @@ START_TEST(bad_inputs) {
     char path[4096];
     snprintf(path, sizeof path, "%s/bad.txt", dir);
     luna_test_write_file(path, "fine\nbad \xff\xfe byte\n");
-    ck_assert_int_eq(sh("luna-translate a.safetensors --input bad.txt", 0), 1);
-    char *out = slurp("out.txt"), *err = slurp("err.txt");
+    ck_assert_int_eq(TRANSLATE("a.safetensors", "--input", "bad.txt"), 1);
+    char *out = copy_text(last.out), *err = copy_text(last.err);
     ck_assert_str_eq(out, "");
     ck_assert_msg(strstr(err, "bad.txt:2: invalid UTF-8 at byte 5") != NULL, "%s", err);
     free(out), free(err);
     /* overlong: truncated with a warning */
-    ck_assert_int_eq(sh("luna-translate a.safetensors --input in.txt --max-input-tokens 8 "
-                        "--max-len-b 4 --quiet",
-                        0),
+    ck_assert_int_eq(TRANSLATE("a.safetensors", "--input", "in.txt", "--max-input-tokens", "8",
+                               "--max-len-b", "4", "--quiet"),
                      0);
-    err = slurp("err.txt");
+    err = copy_text(last.err);
     ck_assert_msg(strstr(err, "in.txt:4:") && strstr(err, "exceed --max-input-tokens 8"), "%s",
                   err);
     free(err);
     /* a checkpoint without dictionaries / SentencePiece model */
-    ck_assert_int_eq(sh("luna-translate novocab.safetensors --input in.txt", 0), 1);
-    err = slurp("err.txt");
+    ck_assert_int_eq(TRANSLATE("novocab.safetensors", "--input", "in.txt"), 1);
+    err = copy_text(last.err);
     ck_assert_msg(strstr(err, "novocab.safetensors") != NULL, "%s", err);
     printf("no vocabulary: %s", err);
     free(err);
-    ck_assert_int_eq(sh("luna-translate missing.safetensors --input in.txt", 0), 1);
-    ck_assert_int_eq(sh("luna-translate a.safetensors --beam 0", 0), 2);
-    ck_assert_int_eq(sh("luna-translate a.safetensors --output-format xml", 0), 2);
+    ck_assert_int_eq(TRANSLATE("missing.safetensors", "--input", "in.txt"), 1);
+    ck_assert_int_eq(TRANSLATE("a.safetensors", "--beam", "0"), 2);
+    ck_assert_int_eq(TRANSLATE("a.safetensors", "--output-format", "xml"), 2);
+    ck_assert_int_eq(TRANSLATE("a.safetensors", "--beam", "x"), 2);
+    ck_assert_str_eq(last.err, "luna-translate: --beam: 'x' is not an integer\n");
+    ck_assert_int_eq(TRANSLATE("a.safetensors", "--bogus"), 2);
+    ck_assert_str_eq(last.err, "luna-translate: unknown option '--bogus' (see --help)\n");
+    ck_assert_int_eq(TRANSLATE("a.safetensors", "b.safetensors"), 2);
+    ck_assert_ptr_nonnull(strstr(last.err, "unexpected argument 'b.safetensors'"));
 }
 END_TEST
 
 START_TEST(score_reference_and_average) {
-    ck_assert_int_eq(sh("luna-translate a.safetensors --input in.txt --score-reference --reference "
-                        "in.txt --quiet",
-                        0),
+    ck_assert_int_eq(TRANSLATE("a.safetensors", "--input", "in.txt", "--score-reference",
+                               "--reference", "in.txt", "--quiet"),
                      0);
-    char *out = slurp("out.txt");
+    char *out = copy_text(last.out);
     ck_assert_int_eq(count_lines(out, "-"), 3); /* 3 negative scores + the empty line's 0 */
     free(out);
     ck_assert_int_eq(
-        sh("luna-average --inputs a.safetensors b.safetensors --output avg.safetensors", 0), 0);
-    ck_assert_int_eq(sh("luna-translate avg.safetensors --input in.txt --max-len-b 5 --quiet", 0),
-                     0);
+        AVERAGE("--inputs", "a.safetensors", "b.safetensors", "--output", "avg.safetensors"), 0);
+    ck_assert_int_eq(
+        TRANSLATE("avg.safetensors", "--input", "in.txt", "--max-len-b", "5", "--quiet"), 0);
     /* averaging a checkpoint with itself gives the same translations */
     ck_assert_int_eq(
-        sh("luna-average --inputs a.safetensors a.safetensors --output aa.safetensors", 0), 0);
-    ck_assert_int_eq(sh("luna-translate aa.safetensors --input in.txt --max-len-b 5 --quiet", 0),
+        AVERAGE("--inputs", "a.safetensors", "a.safetensors", "--output", "aa.safetensors"), 0);
+    ck_assert_int_eq(
+        TRANSLATE("aa.safetensors", "--input", "in.txt", "--max-len-b", "5", "--quiet"), 0);
+    char *x = copy_text(last.out);
+    ck_assert_int_eq(TRANSLATE("a.safetensors", "--input", "in.txt", "--max-len-b", "5", "--quiet"),
                      0);
-    char *x = slurp("out.txt");
-    ck_assert_int_eq(sh("luna-translate a.safetensors --input in.txt --max-len-b 5 --quiet", 0), 0);
-    char *y = slurp("out.txt");
+    char *y = copy_text(last.out);
     ck_assert_str_eq(x, y);
     free(x), free(y);
     /* --save-dir selection */
     char path[4096];
     snprintf(path, sizeof path, "%s/ckpts", dir);
-    ck_assert_int_eq(sh("mkdir ckpts && cp a.safetensors ckpts/checkpoint_1_100.safetensors && cp "
-                        "b.safetensors ckpts/checkpoint_2_200.safetensors && cp a.safetensors "
-                        "ckpts/checkpoint_1_50.safetensors",
-                        0),
+    ck_assert_int_eq(luna_make_dirs(path), LUNA_OK);
+    copy_file("a.safetensors", "ckpts/checkpoint_1_100.safetensors");
+    copy_file("b.safetensors", "ckpts/checkpoint_2_200.safetensors");
+    copy_file("a.safetensors", "ckpts/checkpoint_1_50.safetensors");
+    ck_assert_int_eq(AVERAGE("--save-dir", "ckpts", "--num-update-checkpoints", "2", "--output",
+                             "last2.safetensors"),
                      0);
-    ck_assert_int_eq(sh("luna-average --save-dir ckpts --num-update-checkpoints 2 --output "
-                        "last2.safetensors",
-                        0),
-                     0);
-    out = slurp("out.txt");
+    out = copy_text(last.out);
     ck_assert_ptr_nonnull(strstr(out, "checkpoint_1_100"));
     ck_assert_ptr_nonnull(strstr(out, "checkpoint_2_200"));
     ck_assert_ptr_null(strstr(out, "checkpoint_1_50"));
     free(out);
-    ck_assert_int_eq(sh("luna-average --save-dir ckpts --num-update-checkpoints 5 --output x", 0),
+    ck_assert_int_eq(
+        AVERAGE("--save-dir", "ckpts", "--num-update-checkpoints", "5", "--output", "x"), 1);
+    ck_assert_int_eq(AVERAGE("--inputs", "a.safetensors", "novocab.safetensors", "--output", "y"),
                      1);
-    ck_assert_int_eq(sh("luna-average --inputs a.safetensors novocab.safetensors --output y", 0),
-                     1);
+    /* usage errors */
+    ck_assert_int_eq(
+        AVERAGE("--num-update-checkpoints", "0", "--save-dir", "ckpts", "--output", "x"), 2);
+    ck_assert_ptr_nonnull(strstr(last.err, "--num-update-checkpoints must be a positive integer"));
+    ck_assert_int_eq(AVERAGE("--inputs", "--output", "x"), 2);
+    ck_assert_ptr_nonnull(strstr(last.err, "'--inputs' needs a value"));
+    ck_assert_int_eq(AVERAGE("--inputs", "a.safetensors"), 2);
+    ck_assert_ptr_nonnull(strstr(last.err, "--output FILE is required"));
+}
+END_TEST
+
+/* --help lists every option, by group. */
+START_TEST(help_lists_every_option) {
+    const char *translate_flags[] = {
+        "--input",     "--output-format", "--max-input-tokens", "--quiet",
+        "--beam",      "--lenpen",        "--max-len-a",        "--max-len-b",
+        "--min-len",   "--nbest",         "--unkpen",           "--score-reference",
+        "--reference", "--max-tokens",    "--batch-size",       "--device",
+        "--threads",   "--help",          "--version",          "search:"};
+    ck_assert_int_eq(TRANSLATE("--help"), 0);
+    for (size_t i = 0; i < sizeof translate_flags / sizeof translate_flags[0]; i++)
+        ck_assert_msg(strstr(last.out, translate_flags[i]), "%s not in: %s", translate_flags[i],
+                      last.out);
+    const char *average_flags[] = {
+        "--inputs CKPT...",          "--save-dir DIR", "--num-update-checkpoints N",
+        "--num-epoch-checkpoints N", "--output FILE",  "--version"};
+    ck_assert_int_eq(AVERAGE("--help"), 0);
+    for (size_t i = 0; i < sizeof average_flags / sizeof average_flags[0]; i++)
+        ck_assert_msg(strstr(last.out, average_flags[i]), "%s not in: %s", average_flags[i],
+                      last.out);
+    ck_assert_int_eq(AVERAGE("--version"), 0);
+    ck_assert_ptr_nonnull(strstr(last.out, "luna-average (luna) "));
 }
 END_TEST
 
@@ -239,6 +280,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, translate_plain_and_fairseq);
     tcase_add_test(tc, bad_inputs);
     tcase_add_test(tc, score_reference_and_average);
+    tcase_add_test(tc, help_lists_every_option);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -2,15 +2,12 @@
  * architecture, a truncated checkpoint, an unwritable --save-dir, a full disk while saving), the
  * SIGTERM save-and-exit, --max-update 0, --help and the JSON log. Each failure must be one line
  * on stderr naming the file, with the documented exit status. */
-#include <fcntl.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -26,83 +23,23 @@ static char program[4096];
 static char *tmp;
 static char bin[1024], bin_ende[1024];
 
-static void find_program(void) {
-    const char *env = getenv("LUNA_TRAIN");
-    if (env && *env) {
-        snprintf(program, sizeof program, "%s", env);
-        return;
-    }
-    char self[4000];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0) {
-        fprintf(stderr, "test_trainer_errors: cannot read /proc/self/exe\n");
-        exit(EXIT_FAILURE);
-    }
-    self[n] = '\0';
-    *strrchr(self, '/') = '\0';
-    snprintf(program, sizeof program, "%s/luna-train", self);
-}
-
-typedef struct {
-    int status;
-    char out[65536], err[8192];
-} result;
-
-static void read_into(const char *path, char *buf, size_t cap) {
-    FILE *f = fopen(path, "rb");
-    ck_assert_ptr_nonnull(f);
-    size_t n = fread(buf, 1, cap - 1, f);
-    buf[n] = '\0';
-    fclose(f);
-}
+typedef luna_test_result result;
 
 /* Start luna-train with NULL-terminated args (stdout/stderr to files in tmp/logs); `fsize` > 0
  * limits the size of files it may write (a full disk). */
-static pid_t start(const char *const *args, long fsize) {
+static void start(luna_test_process *p, const char *const *args, long fsize) {
     char out_path[1100], err_path[1100];
     snprintf(out_path, sizeof out_path, "%s/logs/stdout.txt", tmp);
     snprintf(err_path, sizeof err_path, "%s/logs/stderr.txt", tmp);
-    const char *argv[96] = {program};
-    int argc = 1;
-    for (; args[argc - 1]; argc++)
-        argv[argc] = args[argc - 1];
-    argv[argc] = NULL;
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        int o = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        int e = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (o < 0 || e < 0 || dup2(o, 1) < 0 || dup2(e, 2) < 0) _exit(127);
-        if (fsize > 0) {
-            struct rlimit rl = {(rlim_t)fsize, (rlim_t)fsize};
-            signal(SIGXFSZ, SIG_IGN); /* writes past the limit fail with EFBIG instead */
-            setrlimit(RLIMIT_FSIZE, &rl);
-        }
-        execv(program, (char *const *)argv);
-        _exit(127);
-    }
-    return pid;
-}
-
-static result finish(pid_t pid) {
-    int ws;
-    ck_assert_int_eq(waitpid(pid, &ws, 0), pid);
-    result *r = malloc(sizeof *r);
-    ck_assert_ptr_nonnull(r);
-    r->status = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
-    ck_assert_msg(r->status != 127, "cannot run %s (build it first, or set LUNA_TRAIN)", program);
-    char path[1100];
-    snprintf(path, sizeof path, "%s/logs/stdout.txt", tmp);
-    read_into(path, r->out, sizeof r->out);
-    snprintf(path, sizeof path, "%s/logs/stderr.txt", tmp);
-    read_into(path, r->err, sizeof r->err);
-    result copy = *r;
-    free(r);
-    return copy;
+    luna_test_exec_options o = {
+        .stdout_path = out_path, .stderr_path = err_path, .max_file_size = fsize};
+    luna_test_start(p, program, args, &o);
 }
 
 static result run_limited(const char *const *args, long fsize) {
-    return finish(start(args, fsize));
+    luna_test_process p;
+    start(&p, args, fsize);
+    return luna_test_finish(&p);
 }
 static result run(const char *const *args) { return run_limited(args, 0); }
 
@@ -119,7 +56,7 @@ static void expect_error(const result *r, int status, const char *const *needles
 }
 
 static void setup(void) {
-    find_program();
+    luna_test_find_program(program, sizeof program, "luna-train", "LUNA_TRAIN");
     tmp = luna_test_make_temp_dir();
     char path[1100];
     snprintf(path, sizeof path, "%s/logs", tmp);
@@ -297,9 +234,11 @@ START_TEST(test_sigterm) {
     snprintf(save, sizeof save, "%s/ck-term", tmp);
     snprintf(ckpt, sizeof ckpt, "%s/checkpoint_last.safetensors", save);
     snprintf(out_path, sizeof out_path, "%s/logs/stdout.txt", tmp);
-    pid_t pid = start(ARGS(bin, TINY, "--max-update", "1000000", "--save-dir", save,
-                           "--log-interval", "1", "--disable-validation"),
-                      0);
+    luna_test_process proc;
+    start(&proc,
+          ARGS(bin, TINY, "--max-update", "1000000", "--save-dir", save, "--log-interval", "1",
+               "--disable-validation"),
+          0);
     /* Wait until it has made a few updates. */
     bool started = false;
     for (int i = 0; i < 600 && !started; i++) {
@@ -313,8 +252,8 @@ START_TEST(test_sigterm) {
         }
     }
     ck_assert_msg(started, "luna-train did not start training");
-    ck_assert_int_eq(kill(pid, SIGTERM), 0);
-    result r = finish(pid);
+    ck_assert_int_eq(kill(proc.pid, SIGTERM), 0);
+    result r = luna_test_finish(&proc);
     ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
     ck_assert_ptr_nonnull(strstr(r.out, "interrupted"));
     luna_backend *be;

@@ -3,11 +3,15 @@
 
 #include "model/backend.h"
 
+#include <fcntl.h>
 #include <ftw.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 int luna_test_run(Suite *suite) {
@@ -137,4 +141,101 @@ float *luna_test_zeros(size_t n) {
     float *v = calloc(n ? n : 1, sizeof *v);
     ck_assert_ptr_nonnull(v);
     return v;
+}
+
+/* ---- Running the programs ----------------------------------------------------------------- */
+
+void luna_test_find_program(char *path, size_t size, const char *name, const char *env_var) {
+    const char *env = env_var ? getenv(env_var) : NULL;
+    if (env && *env) {
+        snprintf(path, size, "%s", env);
+        return;
+    }
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) {
+        fprintf(stderr, "cannot read /proc/self/exe to find %s\n", name);
+        exit(EXIT_FAILURE);
+    }
+    self[n] = '\0';
+    *strrchr(self, '/') = '\0';
+    snprintf(path, size, "%s/%s", self, name);
+}
+
+/* A file for the program's output: `path` (created or truncated), or an anonymous one. */
+static int open_capture(const char *path) {
+    int fd;
+    if (path) {
+        fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0644);
+        ck_assert_msg(fd >= 0, "cannot create %s", path);
+        return fd;
+    }
+    const char *base = getenv("TMPDIR");
+    if (!base || !*base) base = "/tmp";
+    char name[4096];
+    snprintf(name, sizeof name, "%s/luna-test-output-XXXXXX", base);
+    fd = mkstemp(name);
+    ck_assert_msg(fd >= 0, "mkstemp failed for %s", name);
+    unlink(name);
+    return fd;
+}
+
+void luna_test_start(luna_test_process *p, const char *program, const char *const *args,
+                     const luna_test_exec_options *o) {
+    static const luna_test_exec_options none = {0};
+    if (!o) o = &none;
+    snprintf(p->program, sizeof p->program, "%s", program);
+    const char *argv[256] = {program};
+    int argc = 1;
+    for (; args[argc - 1]; argc++) {
+        ck_assert_int_lt(argc, 255);
+        argv[argc] = args[argc - 1];
+    }
+    argv[argc] = NULL;
+    p->out_fd = open_capture(o->stdout_path);
+    p->err_fd = open_capture(o->stderr_path);
+    fflush(stdout);
+    fflush(stderr);
+    p->pid = fork();
+    ck_assert_int_ge(p->pid, 0);
+    if (p->pid == 0) {
+        if (o->dir && chdir(o->dir) != 0) _exit(127);
+        int in = open(o->input ? o->input : "/dev/null", O_RDONLY);
+        if (in < 0 || dup2(in, 0) < 0 || dup2(p->out_fd, 1) < 0 || dup2(p->err_fd, 2) < 0)
+            _exit(127);
+        if (o->max_file_size > 0) {
+            struct rlimit rl = {(rlim_t)o->max_file_size, (rlim_t)o->max_file_size};
+            signal(SIGXFSZ, SIG_IGN); /* writes past the limit fail with EFBIG instead */
+            setrlimit(RLIMIT_FSIZE, &rl);
+        }
+        execv(program, (char *const *)argv);
+        _exit(127);
+    }
+}
+
+static void read_capture(int fd, char *buf, size_t cap) {
+    size_t n = 0;
+    ck_assert_int_eq(lseek(fd, 0, SEEK_SET), 0);
+    for (ssize_t got; n + 1 < cap && (got = read(fd, buf + n, cap - 1 - n)) > 0;)
+        n += (size_t)got;
+    buf[n] = '\0';
+    close(fd);
+}
+
+luna_test_result luna_test_finish(luna_test_process *p) {
+    int ws;
+    ck_assert_int_eq(waitpid(p->pid, &ws, 0), p->pid);
+    luna_test_result r;
+    r.status = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
+    ck_assert_msg(r.status != 127, "cannot run %s (build it first)", p->program);
+    read_capture(p->out_fd, r.out, sizeof r.out);
+    read_capture(p->err_fd, r.err, sizeof r.err);
+    return r;
+}
+
+luna_test_result luna_test_exec(const char *program, const char *const *args,
+                                const luna_test_exec_options *o) {
+    luna_test_process p;
+    luna_test_start(&p, program, args, o);
+    return luna_test_finish(&p);
 }

@@ -9,6 +9,7 @@
 #include <check.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 /* Run a suite (CK_NORMAL output), return EXIT_SUCCESS iff no test failed. */
 int luna_test_run(Suite *suite);
@@ -31,8 +32,6 @@ void luna_test_write_file(const char *path, const char *text);
 
 /* Largest |a-b| / max(|b|, floor) over n elements (relative error with a floor for tiny values). */
 double luna_test_max_rel_error(const float *a, const float *b, size_t n, double floor);
-
-#endif
 
 /* ---- Finite-difference gradient checking -----------------------------------------------------
  * `loss(ctx)` runs the op's forward on the current inputs and returns a scalar in double, usually
@@ -61,3 +60,40 @@ float *luna_test_zeros(size_t n);
     do {                                                                                           \
         if (!(cond)) ck_abort_msg(__VA_ARGS__);                                                    \
     } while (0)
+
+/* ---- Running the programs (end-to-end suites) -------------------------------------------------
+ * The programs (luna-train, luna-translate, ...) are built next to the test executables. */
+
+/* `path` = $env_var when that is set and not empty, else <directory of this executable>/name.
+ * Prints a message and exits when /proc/self/exe cannot be read (call it from main or setup). */
+void luna_test_find_program(char *path, size_t size, const char *name, const char *env_var);
+
+typedef struct {
+    const char *dir;         /* working directory of the program (NULL: the test's) */
+    const char *input;       /* file read as stdin, relative to `dir` (NULL: /dev/null) */
+    const char *stdout_path; /* where stdout/stderr go (NULL: an anonymous temporary file) */
+    const char *stderr_path;
+    long max_file_size; /* > 0: RLIMIT_FSIZE, writes beyond fail with EFBIG (a full disk) */
+} luna_test_exec_options;
+
+typedef struct {
+    int status;                 /* exit status; 128 + N when killed by signal N */
+    char out[65536], err[8192]; /* stdout and stderr, NUL-terminated (cut to fit) */
+} luna_test_result;
+
+typedef struct {
+    pid_t pid;
+    int out_fd, err_fd;
+    char program[4096];
+} luna_test_process;
+
+/* Start `program` with the NULL-terminated `args` (argv[1..]); `o` may be NULL. */
+void luna_test_start(luna_test_process *p, const char *program, const char *const *args,
+                     const luna_test_exec_options *o);
+/* Wait for it and collect its exit status and output; ck_assert that it could be run. */
+luna_test_result luna_test_finish(luna_test_process *p);
+/* luna_test_start + luna_test_finish. */
+luna_test_result luna_test_exec(const char *program, const char *const *args,
+                                const luna_test_exec_options *o);
+
+#endif

@@ -14,6 +14,7 @@
  */
 #include <dirent.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,27 +25,44 @@
 #include "model/file_util.h"
 #include "model/seq2seq.h"
 #include "trainer/checkpoint.h"
+#include "trainer/options_registry.h"
 
 #define PROG "luna-average"
-#define MAX_INPUTS 1024
 
-static const char *inputs[MAX_INPUTS];
-static int num_inputs;
-static const char *save_dir, *output;
-static long num_update = 0, num_epoch = 0;
+/* ---- options: one registry table drives parsing and --help (trainer/options_registry.h) ---- */
+
+typedef struct {
+    luna_option_words inputs;
+    const char *save_dir, *output;
+    int64_t num_update, num_epoch;
+} options;
+
+static options opt;
+
+#define F(field) offsetof(options, field)
+#define G_IN "checkpoints to average"
+#define G_OUT "output"
+
+/* clang-format off */
+static const luna_option_spec OPTIONS[] = {
+    {"--inputs", LUNA_OPT_WORDS, NULL, G_IN, "CKPT...", NULL, F(inputs), "checkpoints to average"},
+    {"--save-dir", LUNA_OPT_STRING, NULL, G_IN, "DIR", NULL, F(save_dir), "directory holding checkpoint_<epoch>_<update> and checkpoint<epoch> files"},
+    {"--num-update-checkpoints", LUNA_OPT_INT, NULL, G_IN, "N", NULL, F(num_update), "the last N checkpoint_<epoch>_<update> of --save-dir (by update)"},
+    {"--num-epoch-checkpoints", LUNA_OPT_INT, NULL, G_IN, "N", NULL, F(num_epoch), "the last N checkpoint<epoch> of --save-dir (by epoch)"},
+    {"--output", LUNA_OPT_STRING, NULL, G_OUT, "FILE", NULL, F(output), "the averaged checkpoint (written atomically; required)"},
+};
+/* clang-format on */
+#define NUM_OPTIONS ((int)(sizeof OPTIONS / sizeof OPTIONS[0]))
+
+static const luna_option_table TABLE = {.specs = OPTIONS, .count = NUM_OPTIONS};
 
 static void print_help(void) {
     printf("usage: " PROG " (--inputs CKPT... | --save-dir DIR --num-update-checkpoints N |\n"
            "                     --save-dir DIR --num-epoch-checkpoints N) --output FILE\n\n"
            "Averages the parameters of checkpoints (element-wise mean) into an inference\n"
            "checkpoint with the first input's metadata. All inputs must have the same\n"
-           "architecture and dictionaries.\n\n"
-           "  --inputs CKPT...             checkpoints to average\n"
-           "  --save-dir DIR               directory holding checkpoint_<epoch>_<update> files\n"
-           "  --num-update-checkpoints N   the last N checkpoint_<epoch>_<update> (by update)\n"
-           "  --num-epoch-checkpoints N    the last N checkpoint<epoch> (by epoch)\n"
-           "  --output FILE                the averaged checkpoint (written atomically)\n"
-           "  --help, --version\n");
+           "architecture and dictionaries.\n");
+    luna_options_print_help(&TABLE, stdout);
 }
 
 static int usage_error(const char *msg, const char *arg) {
@@ -54,41 +72,27 @@ static int usage_error(const char *msg, const char *arg) {
     return 2;
 }
 
+/* Returns -1 to go on, else the exit status. */
 static int parse_args(int argc, char **argv) {
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return print_help(), 0;
-        if (!strcmp(a, "--version")) return printf(PROG " (luna) %s\n", LUNA_VERSION), 0;
-        if (!strcmp(a, "--inputs")) {
-            while (i + 1 < argc && strncmp(argv[i + 1], "--", 2)) {
-                if (num_inputs == MAX_INPUTS) return usage_error("%s", "too many --inputs");
-                inputs[num_inputs++] = argv[++i];
-            }
-            continue;
-        }
-        const char **str = !strcmp(a, "--save-dir") ? &save_dir
-                           : !strcmp(a, "--output") ? &output
-                                                    : NULL;
-        long *num = !strcmp(a, "--num-update-checkpoints")  ? &num_update
-                    : !strcmp(a, "--num-epoch-checkpoints") ? &num_epoch
-                                                            : NULL;
-        if (!str && !num) return usage_error("unknown option '%s'", a);
-        if (i + 1 >= argc) return usage_error("option '%s' needs a value", a);
-        if (str) {
-            *str = argv[++i];
-        } else {
-            char *end;
-            *num = strtol(argv[++i], &end, 10);
-            if (!*argv[i] || *end || *num < 1)
-                return usage_error("'%s' is not a positive integer", argv[i]);
-        }
+    luna_options_action action;
+    bool given[NUM_OPTIONS];
+    if (luna_options_parse(&TABLE, &opt, argc, argv, given, &action) != LUNA_OK) {
+        fprintf(stderr, PROG ": %s\n", luna_error_message());
+        return 2;
     }
-    if (!output) return usage_error("%s", "--output FILE is required");
-    int modes = (num_inputs > 0) + (num_update > 0) + (num_epoch > 0);
+    if (action == LUNA_OPTIONS_HELP) return print_help(), 0;
+    if (action == LUNA_OPTIONS_VERSION) return printf(PROG " (luna) %s\n", LUNA_VERSION), 0;
+    const char *counts[] = {"--num-update-checkpoints", "--num-epoch-checkpoints"};
+    const int64_t values[] = {opt.num_update, opt.num_epoch};
+    for (int k = 0; k < 2; k++)
+        if (given[luna_options_find(&TABLE, counts[k])] && values[k] < 1)
+            return usage_error("%s must be a positive integer", counts[k]);
+    if (!opt.output) return usage_error("%s", "--output FILE is required");
+    int modes = (opt.inputs.count > 0) + (opt.num_update > 0) + (opt.num_epoch > 0);
     if (modes != 1)
         return usage_error("%s", "give exactly one of --inputs, --num-update-checkpoints, "
                                  "--num-epoch-checkpoints");
-    if (!num_inputs && !save_dir)
+    if (!opt.inputs.count && !opt.save_dir)
         return usage_error("%s", "--save-dir DIR is required with --num-*");
     return -1;
 }
@@ -103,12 +107,12 @@ static int by_key_desc(const void *a, const void *b) {
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
-/* The last n checkpoints of save_dir, oldest first (fairseq's order: the mean is the same). */
+/* The last n checkpoints of --save-dir, oldest first (fairseq's order: the mean is the same). */
 static luna_status pick_last(bool updates, long n, char ***paths, int *count) {
-    DIR *d = opendir(save_dir);
+    DIR *d = opendir(opt.save_dir);
     if (!d)
         return luna_error(LUNA_ERR_IO, "%s: cannot open the directory (check --save-dir)",
-                          save_dir);
+                          opt.save_dir);
     found *f = NULL;
     size_t k = 0, cap = 0;
     luna_status st = LUNA_OK;
@@ -130,15 +134,15 @@ static luna_status pick_last(bool updates, long n, char ***paths, int *count) {
         }
         if (st == LUNA_OK) {
             f[k].key = updates ? up : (long long)ep;
-            f[k].path = luna_path_join(save_dir, e->d_name);
+            f[k].path = luna_path_join(opt.save_dir, e->d_name);
             if (!f[k++].path) st = luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
         }
     }
     closedir(d);
     if (st == LUNA_OK && (long)k < n)
         st = luna_error(LUNA_ERR_INVALID_ARGUMENT,
-                        "%s: found %zu %s checkpoints, fewer than the %ld asked for", save_dir, k,
-                        updates ? "checkpoint_<epoch>_<update>" : "checkpoint<epoch>", n);
+                        "%s: found %zu %s checkpoints, fewer than the %ld asked for", opt.save_dir,
+                        k, updates ? "checkpoint_<epoch>_<update>" : "checkpoint<epoch>", n);
     if (st == LUNA_OK) {
         qsort(f, k, sizeof *f, by_key_desc);
         *paths = malloc(sizeof(char *) * (size_t)n);
@@ -234,10 +238,10 @@ static luna_status average(char **paths, int n) {
                                       .tgt_dict = tgt,
                                       .spm_model = spm_bytes,
                                       .spm_model_size = spm_size};
-        if (st == LUNA_OK) st = luna_checkpoint_save(output, model->params, &c);
+        if (st == LUNA_OK) st = luna_checkpoint_save(opt.output, model->params, &c);
     }
     if (st == LUNA_OK) {
-        printf(PROG ": averaged %d checkpoints (%zu parameters) into %s\n", n, np, output);
+        printf(PROG ": averaged %d checkpoints (%zu parameters) into %s\n", n, np, opt.output);
         for (int i = 0; i < n; i++)
             printf("  %s\n", paths[i]);
     }
@@ -259,14 +263,15 @@ int main(int argc, char **argv) {
     char **paths = NULL;
     int n = 0;
     luna_status st = LUNA_OK;
-    if (num_inputs) {
-        paths = (char **)inputs;
-        n = num_inputs;
+    if (opt.inputs.count) {
+        paths = opt.inputs.words;
+        n = opt.inputs.count;
     } else {
-        st = pick_last(num_update > 0, num_update > 0 ? num_update : num_epoch, &paths, &n);
+        st = pick_last(opt.num_update > 0, opt.num_update > 0 ? opt.num_update : opt.num_epoch,
+                       &paths, &n);
     }
     if (st == LUNA_OK) st = average(paths, n);
-    if (!num_inputs && paths) {
+    if (!opt.inputs.count && paths) {
         for (int i = 0; i < n; i++)
             free(paths[i]);
         free(paths);

@@ -13,6 +13,7 @@
  */
 #include <stdarg.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,61 +26,59 @@
 #include "data/staged_dir.h"
 #include "data/text_lines.h"
 #include "model/file_util.h"
+#include "trainer/options_registry.h"
 
 #define PROG "luna-preprocess"
 
-/* ---- options: one table drives parsing and --help ---------------------------------------------- */
-
-typedef enum { OPT_STRING, OPT_INT, OPT_DOUBLE, OPT_FLAG } opt_type;
+/* ---- options: one registry table drives parsing and --help (trainer/options_registry.h) ------ */
 
 typedef struct {
     const char *source_lang, *target_lang, *trainpref, *validpref, *testpref, *destdir, *spm_model;
     const char *srcdict, *tgtdict;
     bool joined, no_spm, skip_empty;
-    long workers, bpe_vocab_size, max_line_bytes, thresholdsrc, thresholdtgt, nwordssrc, nwordstgt, padding_factor;
+    int64_t workers, bpe_vocab_size, max_line_bytes, thresholdsrc, thresholdtgt, nwordssrc, nwordstgt, padding_factor;
     double character_coverage;
 } options;
 
-static options opt = {
-    .destdir = "data-bin", .workers = 1, .bpe_vocab_size = 32000, .max_line_bytes = 1 << 20,
-    .nwordssrc = -1, .nwordstgt = -1, .padding_factor = 8, .character_coverage = 1.0,
-};
+static options opt;
 
-typedef struct {
-    const char *name, *meta;
-    opt_type type;
-    void *dest;
-    const char *help;
-} option_spec;
+#define F(field) offsetof(options, field)
+#define G_IO "input and output"
+#define G_SPM "SentencePiece"
+#define G_DICT "dictionary"
+#define G_CHECK "input checks"
+#define G_RUN "runtime"
 
-static const option_spec OPTIONS[] = {
-    {"--source-lang", "SRC", OPT_STRING, &opt.source_lang, "source language suffix of the text files (required)"},
-    {"--target-lang", "TGT", OPT_STRING, &opt.target_lang, "target language suffix (required)"},
-    {"--trainpref", "P", OPT_STRING, &opt.trainpref, "training text: P.SRC and P.TGT (required unless --srcdict)"},
-    {"--validpref", "P", OPT_STRING, &opt.validpref, "validation text; comma-separated prefixes become valid, valid1, ..."},
-    {"--testpref", "P", OPT_STRING, &opt.testpref, "test text; comma-separated prefixes become test, test1, ..."},
-    {"--destdir", "DIR", OPT_STRING, &opt.destdir, "output data-bin directory (default: data-bin)"},
-    {"--joined-dictionary", NULL, OPT_FLAG, &opt.joined, "one dictionary for both languages (dict.SRC.txt = dict.TGT.txt)"},
-    {"--workers", "N", OPT_INT, &opt.workers, "threads for SentencePiece training and encoding (default: 1)"},
-    {"--bpe-vocab-size", "N", OPT_INT, &opt.bpe_vocab_size, "SentencePiece BPE vocabulary size (default: 32000)"},
-    {"--spm-model", "FILE", OPT_STRING, &opt.spm_model, "reuse this SentencePiece model instead of training one"},
-    {"--no-spm", NULL, OPT_FLAG, &opt.no_spm, "the text is already tokenized/BPE'd: split on whitespace only"},
-    {"--srcdict", "FILE", OPT_STRING, &opt.srcdict, "reuse this source (or joined) dictionary instead of building one"},
-    {"--tgtdict", "FILE", OPT_STRING, &opt.tgtdict, "reuse this target dictionary instead of building one"},
-    {"--character-coverage", "F", OPT_DOUBLE, &opt.character_coverage, "SentencePiece character coverage (default: 1.0)"},
-    {"--max-line-bytes", "N", OPT_INT, &opt.max_line_bytes, "reject lines longer than N bytes (default: 1048576)"},
-    {"--skip-empty", NULL, OPT_FLAG, &opt.skip_empty,
+/* clang-format off */
+static const luna_option_spec OPTIONS[] = {
+    {"--source-lang", LUNA_OPT_STRING, NULL, G_IO, "SRC", NULL, F(source_lang), "source language suffix of the text files (required)"},
+    {"--target-lang", LUNA_OPT_STRING, NULL, G_IO, "TGT", NULL, F(target_lang), "target language suffix (required)"},
+    {"--trainpref", LUNA_OPT_STRING, NULL, G_IO, "P", NULL, F(trainpref), "training text: P.SRC and P.TGT (required unless --srcdict)"},
+    {"--validpref", LUNA_OPT_STRING, NULL, G_IO, "P", NULL, F(validpref), "validation text; comma-separated prefixes become valid, valid1, ..."},
+    {"--testpref", LUNA_OPT_STRING, NULL, G_IO, "P", NULL, F(testpref), "test text; comma-separated prefixes become test, test1, ..."},
+    {"--destdir", LUNA_OPT_STRING, "data-bin", G_IO, "DIR", NULL, F(destdir), "output data-bin directory"},
+    {"--bpe-vocab-size", LUNA_OPT_INT, "32000", G_SPM, "N", NULL, F(bpe_vocab_size), "SentencePiece BPE vocabulary size"},
+    {"--spm-model", LUNA_OPT_STRING, NULL, G_SPM, "FILE", NULL, F(spm_model), "reuse this SentencePiece model instead of training one"},
+    {"--no-spm", LUNA_OPT_FLAG, NULL, G_SPM, NULL, NULL, F(no_spm), "the text is already tokenized/BPE'd: split on whitespace only"},
+    {"--character-coverage", LUNA_OPT_DOUBLE, "1.0", G_SPM, "F", NULL, F(character_coverage), "SentencePiece character coverage"},
+    {"--joined-dictionary", LUNA_OPT_FLAG, NULL, G_DICT, NULL, NULL, F(joined), "one dictionary for both languages (dict.SRC.txt = dict.TGT.txt)"},
+    {"--srcdict", LUNA_OPT_STRING, NULL, G_DICT, "FILE", NULL, F(srcdict), "reuse this source (or joined) dictionary instead of building one"},
+    {"--tgtdict", LUNA_OPT_STRING, NULL, G_DICT, "FILE", NULL, F(tgtdict), "reuse this target dictionary instead of building one"},
+    {"--thresholdsrc", LUNA_OPT_INT, "0", G_DICT, "N", NULL, F(thresholdsrc), "drop source (or joined) words seen fewer than N times"},
+    {"--thresholdtgt", LUNA_OPT_INT, "0", G_DICT, "N", NULL, F(thresholdtgt), "drop target words seen fewer than N times"},
+    {"--nwordssrc", LUNA_OPT_INT, "-1", G_DICT, "N", NULL, F(nwordssrc), "cap the source (or joined) dictionary at N symbols (-1: no cap)"},
+    {"--nwordstgt", LUNA_OPT_INT, "-1", G_DICT, "N", NULL, F(nwordstgt), "cap the target dictionary at N symbols (-1: no cap)"},
+    {"--padding-factor", LUNA_OPT_INT, "8", G_DICT, "N", NULL, F(padding_factor), "pad dictionary sizes to a multiple of N"},
+    {"--max-line-bytes", LUNA_OPT_INT, "1048576", G_CHECK, "N", NULL, F(max_line_bytes), "reject lines longer than N bytes"},
+    {"--skip-empty", LUNA_OPT_FLAG, NULL, G_CHECK, NULL, NULL, F(skip_empty),
      "drop sentence pairs where either side is empty or blank, in every split\n"
-     "                           (counted in the summary); without it an empty line is an error,\n"
-     "                           since it usually means misaligned or damaged data (fairseq would\n"
-     "                           silently keep it as a bare </s>)"},
-    {"--thresholdsrc", "N", OPT_INT, &opt.thresholdsrc, "drop source (or joined) words seen fewer than N times (default: 0)"},
-    {"--thresholdtgt", "N", OPT_INT, &opt.thresholdtgt, "drop target words seen fewer than N times (default: 0)"},
-    {"--nwordssrc", "N", OPT_INT, &opt.nwordssrc, "cap the source (or joined) dictionary at N symbols (default: no cap)"},
-    {"--nwordstgt", "N", OPT_INT, &opt.nwordstgt, "cap the target dictionary at N symbols (default: no cap)"},
-    {"--padding-factor", "N", OPT_INT, &opt.padding_factor, "pad dictionary sizes to a multiple of N (default: 8)"},
+     "(counted in the summary); without it an empty line is an error, since it usually\n"
+     "means misaligned or damaged data (fairseq would silently keep it as a bare </s>)"},
+    {"--workers", LUNA_OPT_INT, "1", G_RUN, "N", NULL, F(workers), "threads for SentencePiece training and encoding"},
 };
-#define NUM_OPTIONS (sizeof OPTIONS / sizeof OPTIONS[0])
+/* clang-format on */
+
+static const luna_option_table TABLE = {.specs = OPTIONS, .count = (int)(sizeof OPTIONS / sizeof OPTIONS[0])};
 
 static void print_help(void) {
     printf("usage: " PROG " --source-lang SRC --target-lang TGT --trainpref P [--validpref P] [--testpref P]\n"
@@ -87,14 +86,8 @@ static void print_help(void) {
            "Raw parallel text -> fairseq data-bin: trains a joint SentencePiece BPE model on the training\n"
            "text, builds the dictionary from the training split, and writes dict.SRC.txt, dict.TGT.txt,\n"
            "spm.model, spm.vocab and {split}.SRC-TGT.{lang}.{bin,idx} into DIR. Inputs are checked first\n"
-           "(UTF-8, empty lines, line lengths, line counts); DIR is only changed when everything succeeded.\n\n");
-    for (size_t i = 0; i < NUM_OPTIONS; i++) {
-        char left[64];
-        snprintf(left, sizeof left, "%s%s%s", OPTIONS[i].name, OPTIONS[i].meta ? " " : "",
-                 OPTIONS[i].meta ? OPTIONS[i].meta : "");
-        printf("  %-25s%s\n", left, OPTIONS[i].help);
-    }
-    printf("  %-25s%s\n  %-25s%s\n", "--help", "show this help", "--version", "show the version");
+           "(UTF-8, empty lines, line lengths, line counts); DIR is only changed when everything succeeded.\n");
+    luna_options_print_help(&TABLE, stdout);
 }
 
 static int usage_error(const char *fmt, const char *arg) {
@@ -106,36 +99,13 @@ static int usage_error(const char *fmt, const char *arg) {
 
 /* Returns -1 to go on, else the exit status. */
 static int parse_args(int argc, char **argv) {
-    for (int i = 1; i < argc; i++) {
-        const char *arg = argv[i];
-        if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) return print_help(), 0;
-        if (!strcmp(arg, "--version")) return printf(PROG " (luna) %s\n", LUNA_VERSION), 0;
-        const char *eq = strchr(arg, '=');
-        size_t name_len = eq ? (size_t)(eq - arg) : strlen(arg);
-        const option_spec *o = NULL;
-        for (size_t k = 0; k < NUM_OPTIONS; k++)
-            if (strlen(OPTIONS[k].name) == name_len && !strncmp(OPTIONS[k].name, arg, name_len)) o = &OPTIONS[k];
-        if (!o) return usage_error("unknown option '%s'", arg);
-        if (o->type == OPT_FLAG) {
-            if (eq) return usage_error("option '%s' takes no value", arg);
-            *(bool *)o->dest = true;
-            continue;
-        }
-        const char *value = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
-        if (!value) return usage_error("option '%s' needs a value", arg);
-        char *end = NULL;
-        if (o->type == OPT_STRING) {
-            *(const char **)o->dest = value;
-        } else if (o->type == OPT_INT) {
-            long v = strtol(value, &end, 10);
-            if (!*value || *end) return usage_error("'%s' is not an integer", value);
-            *(long *)o->dest = v;
-        } else {
-            double v = strtod(value, &end);
-            if (!*value || *end) return usage_error("'%s' is not a number", value);
-            *(double *)o->dest = v;
-        }
+    luna_options_action action;
+    if (luna_options_parse(&TABLE, &opt, argc, argv, NULL, &action) != LUNA_OK) {
+        fprintf(stderr, PROG ": %s\n", luna_error_message());
+        return 2;
     }
+    if (action == LUNA_OPTIONS_HELP) return print_help(), 0;
+    if (action == LUNA_OPTIONS_VERSION) return printf(PROG " (luna) %s\n", LUNA_VERSION), 0;
     if (!opt.source_lang || !opt.target_lang) return usage_error("%s", "--source-lang and --target-lang are required");
     bool have_dicts = opt.srcdict && (opt.tgtdict || opt.joined);
     if (!opt.trainpref && !have_dicts)

@@ -20,6 +20,7 @@
  */
 #include <math.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,75 +32,62 @@
 #include "decoding/beam_search.h"
 #include "model/file_util.h"
 #include "trainer/checkpoint.h"
+#include "trainer/options_registry.h"
 
 #define PROG "luna-translate"
 
-typedef enum { OPT_STRING, OPT_INT, OPT_DOUBLE, OPT_FLAG } opt_type;
+/* ---- options: one registry table drives parsing and --help (trainer/options_registry.h) ---- */
 
 typedef struct {
     const char *checkpoint, *input, *output_format, *device, *reference;
-    long beam, max_len_b, min_len, nbest, max_tokens, batch_size, threads, max_input_tokens;
+    int64_t beam, max_len_b, min_len, nbest, max_tokens, batch_size, threads, max_input_tokens;
     double lenpen, max_len_a, unkpen;
     bool score_reference, quiet;
 } options;
 
-static options opt = {.output_format = "plain",
-                      .device = "cpu",
-                      .beam = 4,
-                      .max_len_b = 200,
-                      .min_len = 1,
-                      .nbest = 1,
-                      .max_tokens = 6000,
-                      .batch_size = 128,
-                      .threads = 2,
-                      .max_input_tokens = 1024,
-                      .lenpen = 0.6};
+static options opt;
 
-typedef struct {
-    const char *name, *meta;
-    opt_type type;
-    void *dest;
-    const char *help;
-} option_spec;
+#define F(field) offsetof(options, field)
+#define G_IO "input and output"
+#define G_SEARCH "search"
+#define G_SCORE "scoring given translations"
+#define G_RUN "batching and runtime"
 
-static const option_spec OPTIONS[] = {
-    {"--input", "FILE", OPT_STRING, &opt.input, "source sentences, one per line (default: stdin)"},
-    {"--beam", "N", OPT_INT, &opt.beam, "beam size (default 4; 1 = greedy)"},
-    {"--lenpen", "F", OPT_DOUBLE, &opt.lenpen, "length penalty: score / len^F (default 0.6)"},
-    {"--max-len-a", "F", OPT_DOUBLE, &opt.max_len_a,
-     "max length = F·source length + B (default 0)"},
-    {"--max-len-b", "B", OPT_INT, &opt.max_len_b, "(default 200)"},
-    {"--min-len", "N", OPT_INT, &opt.min_len, "minimum target length, </s> excluded (default 1)"},
-    {"--nbest", "N", OPT_INT, &opt.nbest, "hypotheses per sentence (fairseq format; default 1)"},
-    {"--unkpen", "F", OPT_DOUBLE, &opt.unkpen, "subtracted from <unk>'s log-prob (default 0)"},
-    {"--max-tokens", "N", OPT_INT, &opt.max_tokens,
-     "padded source tokens per batch (default 6000)"},
-    {"--batch-size", "N", OPT_INT, &opt.batch_size, "sentences per batch (default 128)"},
-    {"--device", "DEV", OPT_STRING, &opt.device, "cpu (default; this build has no other)"},
-    {"--threads", "N", OPT_INT, &opt.threads, "CPU threads (default 2)"},
-    {"--output-format", "FMT", OPT_STRING, &opt.output_format,
-     "plain (detokenized best translation per line, default) or fairseq (S/H/D/P lines)"},
-    {"--score-reference", NULL, OPT_FLAG, &opt.score_reference,
-     "score the --reference translations instead of searching"},
-    {"--reference", "FILE", OPT_STRING, &opt.reference, "reference translations, one per line"},
-    {"--max-input-tokens", "N", OPT_INT, &opt.max_input_tokens,
-     "truncate longer inputs (subword tokens incl. </s>) with a warning (default 1024)"},
-    {"--quiet", NULL, OPT_FLAG, &opt.quiet, "no summary line on stderr"},
+/* clang-format off */
+static const luna_option_spec OPTIONS[] = {
+    {"--input", LUNA_OPT_STRING, NULL, G_IO, "FILE", NULL, F(input), "source sentences, one per line (default: stdin)"},
+    {"--output-format", LUNA_OPT_STRING, "plain", G_IO, "FMT", NULL, F(output_format), "plain (detokenized best translation per line) or fairseq (S/H/D/P lines)"},
+    {"--max-input-tokens", LUNA_OPT_INT, "1024", G_IO, "N", NULL, F(max_input_tokens), "truncate longer inputs (subword tokens incl. </s>) with a warning"},
+    {"--quiet", LUNA_OPT_FLAG, NULL, G_IO, NULL, NULL, F(quiet), "no summary line on stderr"},
+    {"--beam", LUNA_OPT_INT, "4", G_SEARCH, "N", NULL, F(beam), "beam size (1 = greedy)"},
+    {"--lenpen", LUNA_OPT_DOUBLE, "0.6", G_SEARCH, "F", NULL, F(lenpen), "length penalty: score / len^F"},
+    {"--max-len-a", LUNA_OPT_DOUBLE, "0", G_SEARCH, "F", NULL, F(max_len_a), "max length = F·source length + B"},
+    {"--max-len-b", LUNA_OPT_INT, "200", G_SEARCH, "B", NULL, F(max_len_b), "see --max-len-a"},
+    {"--min-len", LUNA_OPT_INT, "1", G_SEARCH, "N", NULL, F(min_len), "minimum target length, </s> excluded"},
+    {"--nbest", LUNA_OPT_INT, "1", G_SEARCH, "N", NULL, F(nbest), "hypotheses per sentence (fairseq format)"},
+    {"--unkpen", LUNA_OPT_DOUBLE, "0", G_SEARCH, "F", NULL, F(unkpen), "subtracted from <unk>'s log-prob"},
+    {"--score-reference", LUNA_OPT_FLAG, NULL, G_SCORE, NULL, NULL, F(score_reference), "score the --reference translations instead of searching"},
+    {"--reference", LUNA_OPT_STRING, NULL, G_SCORE, "FILE", NULL, F(reference), "reference translations, one per line"},
+    {"--max-tokens", LUNA_OPT_INT, "6000", G_RUN, "N", NULL, F(max_tokens), "padded source tokens per batch (0: no limit)"},
+    {"--batch-size", LUNA_OPT_INT, "128", G_RUN, "N", NULL, F(batch_size), "sentences per batch (0: no limit)"},
+    {"--device", LUNA_OPT_STRING, "cpu", G_RUN, "DEV", NULL, F(device), "cpu (this build has no other)"},
+    {"--threads", LUNA_OPT_INT, "2", G_RUN, "N", NULL, F(threads), "CPU threads"},
 };
-#define NUM_OPTIONS (sizeof OPTIONS / sizeof OPTIONS[0])
+/* clang-format on */
+
+static const luna_option_table TABLE = {
+    .specs = OPTIONS,
+    .count = (int)(sizeof OPTIONS / sizeof OPTIONS[0]),
+    .positional = "CHECKPOINT",
+    .positional_offset = F(checkpoint),
+};
 
 static void print_help(void) {
     printf("usage: " PROG " CHECKPOINT [--input FILE] [--beam N] [--lenpen F] [options]\n\n"
            "Translates raw text (stdin or --input) with a checkpoint written by luna-train or\n"
            "luna-average; the checkpoint's SentencePiece model and dictionaries are used.\n"
-           "Translations are written to stdout in input order.\n\n");
-    for (size_t i = 0; i < NUM_OPTIONS; i++) {
-        char left[64];
-        snprintf(left, sizeof left, "%s%s%s", OPTIONS[i].name, OPTIONS[i].meta ? " " : "",
-                 OPTIONS[i].meta ? OPTIONS[i].meta : "");
-        printf("  %-22s%s\n", left, OPTIONS[i].help);
-    }
-    printf("  %-22s%s\n  %-22s%s\n", "--help", "show this help", "--version", "show the version");
+           "Translations are written to stdout in input order.\n");
+    luna_options_print_help(&TABLE, stdout);
 }
 
 static int usage_error(const char *fmt, const char *arg) {
@@ -109,43 +97,15 @@ static int usage_error(const char *fmt, const char *arg) {
     return 2;
 }
 
+/* Returns -1 to go on, else the exit status. */
 static int parse_args(int argc, char **argv) {
-    for (int i = 1; i < argc; i++) {
-        const char *arg = argv[i];
-        if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) return print_help(), 0;
-        if (!strcmp(arg, "--version")) return printf(PROG " (luna) %s\n", LUNA_VERSION), 0;
-        if (arg[0] != '-' || !arg[1]) {
-            if (opt.checkpoint) return usage_error("unexpected argument '%s'", arg);
-            opt.checkpoint = arg;
-            continue;
-        }
-        const char *eq = strchr(arg, '=');
-        size_t name_len = eq ? (size_t)(eq - arg) : strlen(arg);
-        const option_spec *o = NULL;
-        for (size_t k = 0; k < NUM_OPTIONS; k++)
-            if (strlen(OPTIONS[k].name) == name_len && !strncmp(OPTIONS[k].name, arg, name_len))
-                o = &OPTIONS[k];
-        if (!o) return usage_error("unknown option '%s'", arg);
-        if (o->type == OPT_FLAG) {
-            if (eq) return usage_error("option '%s' takes no value", arg);
-            *(bool *)o->dest = true;
-            continue;
-        }
-        const char *value = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
-        if (!value) return usage_error("option '%s' needs a value", arg);
-        char *end = NULL;
-        if (o->type == OPT_STRING) {
-            *(const char **)o->dest = value;
-        } else if (o->type == OPT_INT) {
-            long v = strtol(value, &end, 10);
-            if (!*value || *end) return usage_error("'%s' is not an integer", value);
-            *(long *)o->dest = v;
-        } else {
-            double v = strtod(value, &end);
-            if (!*value || *end || !isfinite(v)) return usage_error("'%s' is not a number", value);
-            *(double *)o->dest = v;
-        }
+    luna_options_action action;
+    if (luna_options_parse(&TABLE, &opt, argc, argv, NULL, &action) != LUNA_OK) {
+        fprintf(stderr, PROG ": %s\n", luna_error_message());
+        return 2;
     }
+    if (action == LUNA_OPTIONS_HELP) return print_help(), 0;
+    if (action == LUNA_OPTIONS_VERSION) return printf(PROG " (luna) %s\n", LUNA_VERSION), 0;
     if (!opt.checkpoint) return usage_error("%s", "a CHECKPOINT argument is required");
     if (strcmp(opt.output_format, "plain") && strcmp(opt.output_format, "fairseq"))
         return usage_error("--output-format must be plain or fairseq, not '%s'", opt.output_format);
@@ -360,9 +320,10 @@ static luna_status encode_all(program *p, const text *t, const luna_dictionary *
         if (st != LUNA_OK) luna_error_prefix("%s:%zu", name, i + 1);
         if (st == LUNA_OK && truncate && (*lens)[i] > opt.max_input_tokens) {
             fprintf(stderr,
-                    PROG ": warning: %s:%zu: %d subword tokens exceed --max-input-tokens %ld; "
-                         "truncated to %ld\n",
-                    name, i + 1, (*lens)[i], opt.max_input_tokens, opt.max_input_tokens);
+                    PROG ": warning: %s:%zu: %d subword tokens exceed --max-input-tokens %lld; "
+                         "truncated to %lld\n",
+                    name, i + 1, (*lens)[i], (long long)opt.max_input_tokens,
+                    (long long)opt.max_input_tokens);
             (*lens)[i] = (int)opt.max_input_tokens;
             (*ids)[i][opt.max_input_tokens - 1] = LUNA_DICT_EOS;
         }
@@ -516,9 +477,10 @@ static luna_status run(program *p) {
     if (st == LUNA_OK && !opt.quiet)
         fprintf(stderr,
                 PROG ": %s %zu sentences (%zu empty) in %.2f s: %.2f sentences/s, %.1f target "
-                     "tokens/s (beam %ld, %ld threads)\n",
+                     "tokens/s (beam %lld, %lld threads)\n",
                 opt.score_reference ? "scored" : "translated", n, n - k, secs,
-                secs > 0 ? k / secs : 0.0, secs > 0 ? tokens / secs : 0.0, opt.beam, opt.threads);
+                secs > 0 ? k / secs : 0.0, secs > 0 ? tokens / secs : 0.0, (long long)opt.beam,
+                (long long)opt.threads);
     return st;
 }
 

@@ -1,7 +1,6 @@
 /* luna-train's options registry (see options.h). */
 #include "trainer/options.h"
 
-#include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,7 +18,7 @@
 
 /* clang-format off */
 static const luna_option_spec SPECS[] = {
-    {"--arch", LUNA_OPT_STRING, "luna_base_tied", G_MODEL, "ARCH", NULL, F(arch), "model architecture preset: luna_base_tied, luna_base_untied, transformer_base, luna_tiny, transformer_tiny; the options below default to its values"},
+    {"--arch", LUNA_OPT_STRING, "luna_base_tied", G_MODEL, "ARCH", NULL, F(arch), "model architecture preset: luna_base_tied, luna_base_untied, transformer_base, luna_tiny, transformer_tiny, luna_demo; the options below default to its values"},
     {"--encoder-layers", LUNA_OPT_INT, NULL, G_MODEL, "N", NULL, F(encoder_layers), "encoder layers (default: from --arch)"},
     {"--decoder-layers", LUNA_OPT_INT, NULL, G_MODEL, "N", NULL, F(decoder_layers), "decoder layers (default: from --arch)"},
     {"--encoder-embed-dim", LUNA_OPT_INT, NULL, G_MODEL, "D", NULL, F(encoder_embed_dim), "encoder embedding dimension (default: from --arch)"},
@@ -90,82 +89,34 @@ static const luna_option_spec SPECS[] = {
 #define NUM_SPECS ((int)(sizeof SPECS / sizeof SPECS[0]))
 _Static_assert(sizeof SPECS / sizeof SPECS[0] <= LUNA_TRAIN_MAX_OPTIONS, "too many options");
 
-static const struct { const char *alias, *name; } ALIASES[] = {{"--batch-size", "--max-sentences"}};
+static const luna_option_alias ALIASES[] = {{"--batch-size", "--max-sentences"}};
+
+static const luna_option_table TABLE = {
+    .specs = SPECS,
+    .count = NUM_SPECS,
+    .aliases = ALIASES,
+    .num_aliases = (int)(sizeof ALIASES / sizeof ALIASES[0]),
+    .positional = "DATA-BIN",
+    .positional_offset = F(data_bin),
+    .list_buffer_offset = F(milestones_buf),
+    .list_buffer_size = sizeof(((luna_train_options *)0)->milestones_buf),
+    .help_width = 34,
+};
 
 const luna_option_spec *luna_train_option_specs(int *count) {
     *count = NUM_SPECS;
     return SPECS;
 }
 
-static void *field(luna_train_options *o, const luna_option_spec *s) {
-    return (char *)o + s->offset;
-}
-static const void *cfield(const luna_train_options *o, const luna_option_spec *s) {
-    return (const char *)o + s->offset;
-}
-
-static bool in_choices(const char *choices, const char *v) {
-    size_t n = strlen(v);
-    for (const char *p = choices; p;) {
-        const char *bar = strchr(p, '|');
-        size_t len = bar ? (size_t)(bar - p) : strlen(p);
-        if (len == n && strncmp(p, v, n) == 0) return true;
-        p = bar ? bar + 1 : NULL;
-    }
-    return false;
-}
-
-static luna_status set_value(luna_train_options *o, const luna_option_spec *s, const char *v) {
-    char *end = NULL;
-    switch (s->type) {
-    case LUNA_OPT_STRING:
-    case LUNA_OPT_LIST: *(const char **)field(o, s) = v; break;
-    case LUNA_OPT_FLAG: *(bool *)field(o, s) = true; break;
-    case LUNA_OPT_CHOICE:
-        if (!in_choices(s->choices, v))
-            return luna_error(LUNA_ERR_INVALID_ARGUMENT, "%s: '%s' is not one of %s", s->name, v,
-                              s->choices);
-        *(const char **)field(o, s) = v;
-        break;
-    case LUNA_OPT_INT: {
-        long long x = strtoll(v, &end, 10);
-        if (!*v || *end)
-            return luna_error(LUNA_ERR_INVALID_ARGUMENT, "%s: '%s' is not an integer", s->name, v);
-        *(int64_t *)field(o, s) = x;
-        break;
-    }
-    case LUNA_OPT_DOUBLE: {
-        double x = strtod(v, &end);
-        if (!*v || *end || !isfinite(x))
-            return luna_error(LUNA_ERR_INVALID_ARGUMENT, "%s: '%s' is not a finite number", s->name,
-                              v);
-        *(double *)field(o, s) = x;
-        break;
-    }
-    }
-    return LUNA_OK;
-}
+const luna_option_table *luna_train_option_table(void) { return &TABLE; }
 
 void luna_train_options_init(luna_train_options *o) {
     memset(o, 0, sizeof *o);
-    for (int i = 0; i < NUM_SPECS; i++)
-        if (SPECS[i].def && SPECS[i].type != LUNA_OPT_FLAG) set_value(o, &SPECS[i], SPECS[i].def);
+    (void)luna_options_set_defaults(&TABLE, o); /* the table's defaults are tested */
 }
 
-static int find_spec(const char *name, size_t len) {
-    for (size_t a = 0; a < sizeof ALIASES / sizeof ALIASES[0]; a++)
-        if (strlen(ALIASES[a].alias) == len && strncmp(ALIASES[a].alias, name, len) == 0) {
-            name = ALIASES[a].name;
-            len = strlen(name);
-        }
-    for (int i = 0; i < NUM_SPECS; i++)
-        if (strlen(SPECS[i].name) == len && strncmp(SPECS[i].name, name, len) == 0) return i;
-    return -1;
-}
-
-static int spec_index(const char *name) { return find_spec(name, strlen(name)); }
 static bool given(const luna_train_options *o, const char *name) {
-    return o->set[spec_index(name)];
+    return o->set[luna_options_find(&TABLE, name)];
 }
 
 static luna_status bad(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -366,47 +317,12 @@ luna_status luna_train_options_parse(luna_train_options *o, int argc, char **arg
     luna_train_options_init(o);
     o->argc = argc > 0 ? argc - 1 : 0;
     o->argv = argc > 0 ? argv + 1 : argv;
-    for (int i = 1; i < argc; i++) {
-        const char *arg = argv[i];
-        if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) return o->help = true, LUNA_OK;
-        if (!strcmp(arg, "--version")) return o->version = true, LUNA_OK;
-    }
-    for (int i = 1; i < argc; i++) {
-        const char *arg = argv[i];
-        if (strncmp(arg, "--", 2) != 0) {
-            if (arg[0] == '-' && arg[1]) return bad("unknown option '%s' (see --help)", arg);
-            if (o->data_bin)
-                return bad("unexpected argument '%s' (DATA-BIN is already '%s'; see --help)", arg,
-                           o->data_bin);
-            o->data_bin = arg;
-            continue;
-        }
-        const char *eq = strchr(arg, '=');
-        size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
-        int k = find_spec(arg, len);
-        if (k < 0) return bad("unknown option '%.*s' (see --help)", (int)len, arg);
-        const luna_option_spec *s = &SPECS[k];
-        o->set[k] = true;
-        if (s->type == LUNA_OPT_FLAG) {
-            if (eq) return bad("option '%s' takes no value", s->name);
-            *(bool *)field(o, s) = true;
-            continue;
-        }
-        if (s->type == LUNA_OPT_LIST && !eq) {
-            /* The following words up to the next option, joined with spaces. */
-            size_t n = 0;
-            o->milestones_buf[0] = '\0';
-            while (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0 &&
-                   n + strlen(argv[i + 1]) + 2 < sizeof o->milestones_buf)
-                n += (size_t)snprintf(o->milestones_buf + n, sizeof o->milestones_buf - n, "%s%s",
-                                      n ? " " : "", argv[++i]);
-            if (n == 0) return bad("option '%s' needs a value", s->name);
-            *(const char **)field(o, s) = o->milestones_buf;
-            continue;
-        }
-        const char *v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
-        if (!v) return bad("option '%s' needs a value", s->name);
-        LUNA_TRY(set_value(o, s, v));
+    luna_options_action action;
+    LUNA_TRY(luna_options_parse(&TABLE, o, argc, argv, o->set, &action));
+    if (action != LUNA_OPTIONS_RUN) {
+        o->help = action == LUNA_OPTIONS_HELP;
+        o->version = action == LUNA_OPTIONS_VERSION;
+        return LUNA_OK;
     }
     if (!o->data_bin)
         return bad("missing DATA-BIN directory (usage: luna-train DATA-BIN [options])");
@@ -423,53 +339,12 @@ void luna_train_options_print_help(FILE *f, const char *prog) {
             "--save-dir; running the same command again resumes from checkpoint_last exactly.\n"
             "SIGINT/SIGTERM: the current update finishes, checkpoint_last is written, exit 0.\n",
             prog);
-    const char *group = NULL;
-    for (int i = 0; i < NUM_SPECS; i++) {
-        const luna_option_spec *s = &SPECS[i];
-        if (!group || strcmp(group, s->group) != 0) {
-            group = s->group;
-            fprintf(f, "\n%s:\n", group);
-        }
-        char left[80];
-        const char *meta = s->type == LUNA_OPT_CHOICE ? s->choices : s->meta;
-        snprintf(left, sizeof left, "%s%s%s", s->name, meta ? " " : "", meta ? meta : "");
-        fprintf(f, "  %-34s %s", left, s->help);
-        if (s->def && s->type != LUNA_OPT_FLAG) fprintf(f, " (default: %s)", s->def);
-        fputc('\n', f);
-    }
-    fprintf(f, "\nother:\n  %-34s show this help\n  %-34s show the version\n", "--help",
-            "--version");
-}
-
-static void print_value(FILE *f, const luna_train_options *o, const luna_option_spec *s) {
-    const void *p = cfield(o, s);
-    switch (s->type) {
-    case LUNA_OPT_INT: fprintf(f, " %lld", (long long)*(const int64_t *)p); break;
-    case LUNA_OPT_DOUBLE: fprintf(f, " %g", *(const double *)p); break;
-    case LUNA_OPT_FLAG: break;
-    default: fprintf(f, " %s", *(const char *const *)p); break;
-    }
+    luna_options_print_help(&TABLE, f);
 }
 
 void luna_train_options_print(const luna_train_options *o, FILE *f) {
-    const char *group = NULL;
     fprintf(f, "data-bin: %s", o->data_bin);
-    for (int i = 0; i < NUM_SPECS; i++) {
-        const luna_option_spec *s = &SPECS[i];
-        const void *p = cfield(o, s);
-        if (!group || strcmp(group, s->group) != 0) {
-            group = s->group;
-            fprintf(f, "\n%s:", group);
-        }
-        if (s->type == LUNA_OPT_FLAG && !*(const bool *)p) continue;
-        if ((s->type == LUNA_OPT_STRING || s->type == LUNA_OPT_CHOICE ||
-             s->type == LUNA_OPT_LIST) &&
-            !*(const char *const *)p)
-            continue;
-        fprintf(f, " %s", s->name);
-        print_value(f, o, s);
-    }
-    fputc('\n', f);
+    luna_options_print_config(&TABLE, o, f);
 }
 
 luna_status luna_train_options_to_json(const luna_train_options *o, char **json) {
@@ -478,25 +353,7 @@ luna_status luna_train_options_to_json(const luna_train_options *o, char **json)
     luna_json_begin_object(&w);
     luna_json_key(&w, "data_bin");
     luna_json_string(&w, o->data_bin);
-    for (int i = 0; i < NUM_SPECS; i++) {
-        const luna_option_spec *s = &SPECS[i];
-        char key[64];
-        snprintf(key, sizeof key, "%s", s->name + 2);
-        for (char *c = key; *c; c++)
-            if (*c == '-') *c = '_';
-        luna_json_key(&w, key);
-        const void *p = cfield(o, s);
-        switch (s->type) {
-        case LUNA_OPT_INT: luna_json_int(&w, *(const int64_t *)p); break;
-        case LUNA_OPT_DOUBLE: luna_json_double(&w, *(const double *)p); break;
-        case LUNA_OPT_FLAG: luna_json_bool(&w, *(const bool *)p); break;
-        default:
-            if (*(const char *const *)p)
-                luna_json_string(&w, *(const char *const *)p);
-            else
-                luna_json_null(&w);
-        }
-    }
+    luna_options_write_json(&TABLE, o, &w);
     luna_json_key(&w, "argv");
     luna_json_begin_array(&w);
     for (int i = 0; i < o->argc; i++)

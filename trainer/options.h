@@ -1,6 +1,7 @@
 /* luna-train's options: ONE registry (name, type, default, group, help) that drives command-line
  * parsing, --help (grouped), validation, the printed configuration and the "args" JSON stored in
- * checkpoints (Marian's options registry, with fairseq's flag names).
+ * checkpoints (Marian's options registry, with fairseq's flag names). The table is parsed by the
+ * generic trainer/options_registry.h, as are the tables of the other programs.
  *
  * Derived defaults: options whose registry default is NULL take their value from a preset:
  *   architecture options (--encoder-layers, --dropout, --label-smoothing, ...) from --arch,
@@ -22,26 +23,7 @@
 #include "optim/clip.h"
 #include "optim/lr_scheduler.h"
 #include "optim/optimizer.h"
-
-typedef enum {
-    LUNA_OPT_STRING,
-    LUNA_OPT_INT,    /* int64_t */
-    LUNA_OPT_DOUBLE, /* double */
-    LUNA_OPT_FLAG,   /* bool, takes no value */
-    LUNA_OPT_CHOICE, /* const char *, one of `choices` ("a|b|c") */
-    LUNA_OPT_LIST,   /* const char *: one or more following words, joined by spaces */
-} luna_opt_type;
-
-typedef struct {
-    const char *name; /* "--lr" */
-    luna_opt_type type;
-    const char *def; /* default as text; NULL: derived (see file comment) or none */
-    const char *group;
-    const char *meta;    /* value placeholder in --help ("N", "LR", ...) */
-    const char *choices; /* CHOICE: "apollo|adam" */
-    size_t offset;       /* of the value in luna_train_options */
-    const char *help;
-} luna_option_spec;
+#include "trainer/options_registry.h"
 
 #define LUNA_TRAIN_MAX_OPTIONS 96
 
@@ -95,6 +77,7 @@ typedef struct {
 
 /* The registry. */
 const luna_option_spec *luna_train_option_specs(int *count);
+const luna_option_table *luna_train_option_table(void);
 
 /* Defaults of every option. */
 void luna_train_options_init(luna_train_options *o);
