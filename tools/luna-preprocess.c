@@ -36,7 +36,8 @@ typedef struct {
     const char *source_lang, *target_lang, *trainpref, *validpref, *testpref, *destdir, *spm_model;
     const char *srcdict, *tgtdict;
     bool joined, no_spm, skip_empty;
-    int64_t workers, bpe_vocab_size, max_line_bytes, thresholdsrc, thresholdtgt, nwordssrc, nwordstgt, padding_factor;
+    int64_t workers, bpe_vocab_size, max_line_bytes, thresholdsrc, thresholdtgt, nwordssrc,
+        nwordstgt, padding_factor;
     double character_coverage;
 } options;
 
@@ -78,15 +79,22 @@ static const luna_option_spec OPTIONS[] = {
 };
 /* clang-format on */
 
-static const luna_option_table TABLE = {.specs = OPTIONS, .count = (int)(sizeof OPTIONS / sizeof OPTIONS[0])};
+static const luna_option_table TABLE = {.specs = OPTIONS,
+                                        .count = (int)(sizeof OPTIONS / sizeof OPTIONS[0])};
 
 static void print_help(void) {
-    printf("usage: " PROG " --source-lang SRC --target-lang TGT --trainpref P [--validpref P] [--testpref P]\n"
-           "                       [--destdir DIR] [--joined-dictionary] [--workers N] [options]\n\n"
-           "Raw parallel text -> fairseq data-bin: trains a joint SentencePiece BPE model on the training\n"
-           "text, builds the dictionary from the training split, and writes dict.SRC.txt, dict.TGT.txt,\n"
-           "spm.model, spm.vocab and {split}.SRC-TGT.{lang}.{bin,idx} into DIR. Inputs are checked first\n"
-           "(UTF-8, empty lines, line lengths, line counts); DIR is only changed when everything succeeded.\n");
+    printf(
+        "usage: " PROG
+        " --source-lang SRC --target-lang TGT --trainpref P [--validpref P] [--testpref P]\n"
+        "                       [--destdir DIR] [--joined-dictionary] [--workers N] [options]\n\n"
+        "Raw parallel text -> fairseq data-bin: trains a joint SentencePiece BPE model on the "
+        "training\n"
+        "text, builds the dictionary from the training split, and writes dict.SRC.txt, "
+        "dict.TGT.txt,\n"
+        "spm.model, spm.vocab and {split}.SRC-TGT.{lang}.{bin,idx} into DIR. Inputs are checked "
+        "first\n"
+        "(UTF-8, empty lines, line lengths, line counts); DIR is only changed when everything "
+        "succeeded.\n");
     luna_options_print_help(&TABLE, stdout);
 }
 
@@ -106,16 +114,23 @@ static int parse_args(int argc, char **argv) {
     }
     if (action == LUNA_OPTIONS_HELP) return print_help(), 0;
     if (action == LUNA_OPTIONS_VERSION) return printf(PROG " (luna) %s\n", LUNA_VERSION), 0;
-    if (!opt.source_lang || !opt.target_lang) return usage_error("%s", "--source-lang and --target-lang are required");
+    if (!opt.source_lang || !opt.target_lang)
+        return usage_error("%s", "--source-lang and --target-lang are required");
     bool have_dicts = opt.srcdict && (opt.tgtdict || opt.joined);
     if (!opt.trainpref && !have_dicts)
-        return usage_error("%s", "--trainpref is required (the dictionary is built from it) unless --srcdict and "
-                                 "--tgtdict (or --joined-dictionary) are given");
+        return usage_error(
+            "%s", "--trainpref is required (the dictionary is built from it) unless --srcdict and "
+                  "--tgtdict (or --joined-dictionary) are given");
     if (!opt.trainpref && !opt.no_spm && !opt.spm_model)
-        return usage_error("%s", "without --trainpref there is nothing to train SentencePiece on: give --spm-model");
-    if (!strcmp(opt.source_lang, opt.target_lang)) return usage_error("%s", "source and target languages must differ");
-    if (opt.no_spm && opt.spm_model) return usage_error("%s", "--no-spm and --spm-model exclude each other");
-    if (opt.workers < 1 || opt.workers > 1024) return usage_error("%s", "--workers must be between 1 and 1024");
+        return usage_error(
+            "%s",
+            "without --trainpref there is nothing to train SentencePiece on: give --spm-model");
+    if (!strcmp(opt.source_lang, opt.target_lang))
+        return usage_error("%s", "source and target languages must differ");
+    if (opt.no_spm && opt.spm_model)
+        return usage_error("%s", "--no-spm and --spm-model exclude each other");
+    if (opt.workers < 1 || opt.workers > 1024)
+        return usage_error("%s", "--workers must be between 1 and 1024");
     if (opt.bpe_vocab_size < 8) return usage_error("%s", "--bpe-vocab-size must be at least 8");
     if (opt.max_line_bytes < 1) return usage_error("%s", "--max-line-bytes must be positive");
     if (!(opt.character_coverage > 0.0 && opt.character_coverage <= 1.0))
@@ -123,15 +138,16 @@ static int parse_args(int argc, char **argv) {
     return -1;
 }
 
-/* ---- the corpus: every split's text, checked ---------------------------------------------------- */
+/* ---- the corpus: every split's text, checked ----------------------------------------------------
+ */
 
 #define MAX_SPLITS 32
 
 typedef struct {
-    char name[32];          /* train, valid, valid1, test, ... */
-    char *path[2];          /* prefix.SRC, prefix.TGT */
+    char name[32]; /* train, valid, valid1, test, ... */
+    char *path[2]; /* prefix.SRC, prefix.TGT */
     luna_text_lines *text[2];
-    uint8_t *skip;          /* pairs dropped by --skip-empty (NULL: none) */
+    uint8_t *skip; /* pairs dropped by --skip-empty (NULL: none) */
     size_t skipped;
 } split;
 
@@ -159,14 +175,17 @@ static luna_status add_splits(const char *base, const char *prefixes) {
     if (!copy) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
     int k = 0;
     luna_status st = LUNA_OK;
-    for (char *save = NULL, *p = strtok_r(copy, ",", &save); p && st == LUNA_OK; p = strtok_r(NULL, ",", &save), k++) {
+    for (char *save = NULL, *p = strtok_r(copy, ",", &save); p && st == LUNA_OK;
+         p = strtok_r(NULL, ",", &save), k++) {
         if (num_splits == MAX_SPLITS) {
             st = luna_error(LUNA_ERR_INVALID_ARGUMENT, "too many splits (at most %d)", MAX_SPLITS);
             break;
         }
         split *s = &splits[num_splits++];
-        if (k == 0) snprintf(s->name, sizeof s->name, "%s", base);
-        else snprintf(s->name, sizeof s->name, "%s%d", base, k);
+        if (k == 0)
+            snprintf(s->name, sizeof s->name, "%s", base);
+        else
+            snprintf(s->name, sizeof s->name, "%s%d", base, k);
         s->path[0] = str_printf("%s.%s", p, opt.source_lang);
         s->path[1] = str_printf("%s.%s", p, opt.target_lang);
         if (!s->path[0] || !s->path[1]) st = luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
@@ -181,36 +200,43 @@ static luna_status check_inputs(void) {
     luna_text_check check = {(size_t)opt.max_line_bytes, opt.skip_empty};
     for (int i = 0; i < num_splits; i++) {
         split *s = &splits[i];
-        for (int side = 0; side < 2; side++) LUNA_TRY(luna_text_lines_open(&s->text[side], s->path[side], &check));
+        for (int side = 0; side < 2; side++)
+            LUNA_TRY(luna_text_lines_open(&s->text[side], s->path[side], &check));
         size_t n0 = s->text[0]->count, n1 = s->text[1]->count;
         if (n0 != n1) {
             int longer = n1 > n0;
             size_t lo = longer ? n0 : n1, hi = longer ? n1 : n0;
-            return luna_error(LUNA_ERR_MISMATCH, "%s:%zu: line count differs: %s has %zu lines but %s has %zu "
+            return luna_error(LUNA_ERR_MISMATCH,
+                              "%s:%zu: line count differs: %s has %zu lines but %s has %zu "
                               "(the source and target files must be aligned line by line)",
                               s->path[longer], lo + 1, s->path[longer], hi, s->path[!longer], lo);
         }
         if (n0 == 0)
-            return luna_error(LUNA_ERR_FORMAT, "%s:1: the file is empty (give a corpus with at least one "
-                              "sentence pair)", s->path[0]);
+            return luna_error(LUNA_ERR_FORMAT,
+                              "%s:1: the file is empty (give a corpus with at least one "
+                              "sentence pair)",
+                              s->path[0]);
         if (opt.skip_empty && (s->text[0]->num_empty || s->text[1]->num_empty)) {
             s->skip = calloc(n0, 1);
             if (!s->skip) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
             for (size_t k = 0; k < n0; k++) {
                 size_t l0, l1;
-                const char *a = luna_text_line(s->text[0], k, &l0), *b = luna_text_line(s->text[1], k, &l1);
+                const char *a = luna_text_line(s->text[0], k, &l0),
+                           *b = luna_text_line(s->text[1], k, &l1);
                 s->skip[k] = luna_text_is_blank(a, l0) || luna_text_is_blank(b, l1);
                 s->skipped += s->skip[k];
             }
             if (s->skipped == n0)
-                return luna_error(LUNA_ERR_FORMAT, "%s:1: every sentence pair has an empty side (check the files)",
+                return luna_error(LUNA_ERR_FORMAT,
+                                  "%s:1: every sentence pair has an empty side (check the files)",
                                   s->path[0]);
         }
     }
     return LUNA_OK;
 }
 
-/* ---- SentencePiece ------------------------------------------------------------------------------ */
+/* ---- SentencePiece ------------------------------------------------------------------------------
+ */
 
 typedef struct {
     const split *train;
@@ -246,7 +272,8 @@ static luna_status prepare_spm(const char *stage, luna_spm **spm) {
     *spm = NULL;
     char *prefix = luna_path_join(stage, "spm");
     char *model = luna_path_join(stage, "spm.model"), *vocab = luna_path_join(stage, "spm.vocab");
-    luna_status st = prefix && model && vocab ? LUNA_OK : luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
+    luna_status st =
+        prefix && model && vocab ? LUNA_OK : luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
     if (st == LUNA_OK && opt.spm_model) {
         st = luna_spm_load(spm, opt.spm_model);
         const void *bytes;
@@ -254,7 +281,9 @@ static luna_status prepare_spm(const char *stage, luna_spm **spm) {
         if (st == LUNA_OK) st = luna_spm_serialized(*spm, &bytes, &size);
         if (st == LUNA_OK) st = luna_write_file_atomic(model, bytes, size);
         if (st == LUNA_OK) st = luna_spm_save_vocab(*spm, vocab);
-        if (st == LUNA_OK) printf(PROG ": using SentencePiece model %s (%d pieces)\n", opt.spm_model, luna_spm_vocab_size(*spm));
+        if (st == LUNA_OK)
+            printf(PROG ": using SentencePiece model %s (%d pieces)\n", opt.spm_model,
+                   luna_spm_vocab_size(*spm));
     } else if (st == LUNA_OK) {
         double t0 = now_seconds();
         train_lines ctx = {train_split, 0, 0};
@@ -266,12 +295,15 @@ static luna_status prepare_spm(const char *stage, luna_spm **spm) {
         o.vocab_size = (int)opt.bpe_vocab_size;
         o.character_coverage = opt.character_coverage;
         o.num_threads = (int)opt.workers;
-        o.input_sentence_size = 10000000; /* beyond 10M sentences, a random sample is plenty for BPE */
-        o.max_sentence_length = (size_t)opt.max_line_bytes; /* no checked line is silently dropped */
+        o.input_sentence_size =
+            10000000; /* beyond 10M sentences, a random sample is plenty for BPE */
+        o.max_sentence_length =
+            (size_t)opt.max_line_bytes; /* no checked line is silently dropped */
         st = luna_spm_train(&o);
         if (st == LUNA_OK) st = luna_spm_load(spm, model);
         if (st == LUNA_OK)
-            printf(PROG ": trained SentencePiece BPE (%d pieces, character coverage %g) in %.1f s\n",
+            printf(PROG
+                   ": trained SentencePiece BPE (%d pieces, character coverage %g) in %.1f s\n",
                    luna_spm_vocab_size(*spm), opt.character_coverage, now_seconds() - t0);
     }
     free(prefix);
@@ -280,20 +312,22 @@ static luna_status prepare_spm(const char *stage, luna_spm **spm) {
     return st;
 }
 
-/* ---- dictionaries --------------------------------------------------------------------------------- */
+/* ---- dictionaries
+ * --------------------------------------------------------------------------------- */
 
 /* The dictionary from --srcdict/--tgtdict (`given`), or counted on the training split. */
-static luna_status build_dict(const luna_tokenizer *tok, const char *given, const int *sides, int nsides, long threshold,
-                              long nwords, luna_dictionary **out) {
+static luna_status build_dict(const luna_tokenizer *tok, const char *given, const int *sides,
+                              int nsides, long threshold, long nwords, luna_dictionary **out) {
     if (given) return luna_dictionary_load(out, given);
     if (!train_split)
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "no dictionary for %s (give --trainpref or --tgtdict)",
-                          opt.target_lang);
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                          "no dictionary for %s (give --trainpref or --tgtdict)", opt.target_lang);
     LUNA_TRY(luna_dictionary_create(out));
     luna_status st = LUNA_OK;
     for (int k = 0; k < nsides && st == LUNA_OK; k++)
         st = luna_count_tokens(tok, train_split->text[sides[k]], train_split->skip, *out);
-    if (st == LUNA_OK) st = luna_dictionary_finalize(*out, threshold, nwords, (int)opt.padding_factor);
+    if (st == LUNA_OK)
+        st = luna_dictionary_finalize(*out, threshold, nwords, (int)opt.padding_factor);
     return st;
 }
 
@@ -310,11 +344,15 @@ static luna_status check_existing_dict(const luna_dictionary *dict, const char *
         st = luna_dictionary_load(&old, path);
         int32_t diff;
         if (st == LUNA_OK && !luna_dictionary_same_symbols(old, dict, &diff)) {
-            const char *a = luna_dictionary_symbol(old, diff), *b = luna_dictionary_symbol(dict, diff);
-            st = luna_error(LUNA_ERR_MISMATCH, "%s:%d: the existing dictionary differs from the one built from "
-                            "the training data ('%s' here, '%s' now) (choose a new --destdir or remove the old "
-                            "one)", path, diff - LUNA_DICT_NSPECIAL + 1, a ? a : "<end of file>",
-                            b ? b : "<end of dictionary>");
+            const char *a = luna_dictionary_symbol(old, diff),
+                       *b = luna_dictionary_symbol(dict, diff);
+            st = luna_error(
+                LUNA_ERR_MISMATCH,
+                "%s:%d: the existing dictionary differs from the one built from "
+                "the training data ('%s' here, '%s' now) (choose a new --destdir or remove the old "
+                "one)",
+                path, diff - LUNA_DICT_NSPECIAL + 1, a ? a : "<end of file>",
+                b ? b : "<end of dictionary>");
         }
         luna_dictionary_free(old);
     }
@@ -322,7 +360,8 @@ static luna_status check_existing_dict(const luna_dictionary *dict, const char *
     return st;
 }
 
-/* ---- main ----------------------------------------------------------------------------------------- */
+/* ---- main
+ * ----------------------------------------------------------------------------------------- */
 
 static luna_status run(void) {
     LUNA_TRY(add_splits("train", opt.trainpref));
@@ -332,7 +371,8 @@ static luna_status run(void) {
     LUNA_TRY(check_inputs());
     for (int i = 0; i < num_splits; i++)
         if (splits[i].skipped)
-            printf(PROG ": %s: skipping %zu of %zu sentence pairs with an empty side (--skip-empty)\n",
+            printf(PROG
+                   ": %s: skipping %zu of %zu sentence pairs with an empty side (--skip-empty)\n",
                    splits[i].name, splits[i].skipped, splits[i].text[0]->count);
 
     luna_staged_dir *stage = NULL;
@@ -347,29 +387,38 @@ static luna_status run(void) {
     if (st == LUNA_OK) {
         double t0 = now_seconds();
         if (opt.joined) {
-            st = build_dict(&tok, opt.srcdict, (const int[]){0, 1}, 2, opt.thresholdsrc, opt.nwordssrc, &dicts[0]);
+            st = build_dict(&tok, opt.srcdict, (const int[]){0, 1}, 2, opt.thresholdsrc,
+                            opt.nwordssrc, &dicts[0]);
             int32_t diff;
             if (st == LUNA_OK && opt.tgtdict) st = luna_dictionary_load(&dicts[1], opt.tgtdict);
-            if (st == LUNA_OK && opt.tgtdict && !luna_dictionary_same_symbols(dicts[0], dicts[1], &diff))
-                st = luna_error(LUNA_ERR_MISMATCH, "%s:%d: differs from --srcdict %s, but --joined-dictionary needs "
-                                "one dictionary (give the same file twice, or drop --joined-dictionary)",
-                                opt.tgtdict, diff - LUNA_DICT_NSPECIAL + 1, opt.srcdict);
+            if (st == LUNA_OK && opt.tgtdict &&
+                !luna_dictionary_same_symbols(dicts[0], dicts[1], &diff))
+                st = luna_error(
+                    LUNA_ERR_MISMATCH,
+                    "%s:%d: differs from --srcdict %s, but --joined-dictionary needs "
+                    "one dictionary (give the same file twice, or drop --joined-dictionary)",
+                    opt.tgtdict, diff - LUNA_DICT_NSPECIAL + 1, opt.srcdict);
         } else {
-            st = build_dict(&tok, opt.srcdict, (const int[]){0}, 1, opt.thresholdsrc, opt.nwordssrc, &dicts[0]);
+            st = build_dict(&tok, opt.srcdict, (const int[]){0}, 1, opt.thresholdsrc, opt.nwordssrc,
+                            &dicts[0]);
             if (st == LUNA_OK)
-                st = build_dict(&tok, opt.tgtdict, (const int[]){1}, 1, opt.thresholdtgt, opt.nwordstgt, &dicts[1]);
+                st = build_dict(&tok, opt.tgtdict, (const int[]){1}, 1, opt.thresholdtgt,
+                                opt.nwordstgt, &dicts[1]);
         }
         if (st == LUNA_OK && opt.joined)
-            printf(PROG ": joined dictionary: %d symbols in %.1f s\n", luna_dictionary_size(dicts[0]), now_seconds() - t0);
+            printf(PROG ": joined dictionary: %d symbols in %.1f s\n",
+                   luna_dictionary_size(dicts[0]), now_seconds() - t0);
         else if (st == LUNA_OK)
-            printf(PROG ": dictionaries: %d symbols (%s), %d symbols (%s) in %.1f s\n", luna_dictionary_size(dicts[0]),
-                   opt.source_lang, luna_dictionary_size(dicts[1]), opt.target_lang, now_seconds() - t0);
+            printf(PROG ": dictionaries: %d symbols (%s), %d symbols (%s) in %.1f s\n",
+                   luna_dictionary_size(dicts[0]), opt.source_lang, luna_dictionary_size(dicts[1]),
+                   opt.target_lang, now_seconds() - t0);
     }
     for (int side = 0; side < 2 && st == LUNA_OK; side++) {
         const luna_dictionary *d = dicts[opt.joined ? 0 : side];
         char *name = str_printf("dict.%s.txt", langs[side]);
         char *path = name ? luna_path_join(dir, name) : NULL;
-        st = path ? check_existing_dict(d, langs[side]) : luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
+        st = path ? check_existing_dict(d, langs[side])
+                  : luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
         if (st == LUNA_OK) st = luna_dictionary_save(d, path);
         free(name);
         free(path);
@@ -377,15 +426,20 @@ static luna_status run(void) {
     for (int i = 0; i < num_splits && st == LUNA_OK; i++) {
         for (int side = 0; side < 2 && st == LUNA_OK; side++) {
             split *s = &splits[i];
-            char *prefix = str_printf("%s/%s.%s-%s.%s", dir, s->name, opt.source_lang, opt.target_lang, langs[side]);
+            char *prefix = str_printf("%s/%s.%s-%s.%s", dir, s->name, opt.source_lang,
+                                      opt.target_lang, langs[side]);
             luna_binarize_stats stats;
-            st = prefix ? luna_binarize(&tok, s->text[side], s->skip, dicts[opt.joined ? 0 : side], prefix, &stats)
+            st = prefix ? luna_binarize(&tok, s->text[side], s->skip, dicts[opt.joined ? 0 : side],
+                                        prefix, &stats)
                         : luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
             free(prefix);
             if (st == LUNA_OK)
-                printf(PROG ": [%s] %s %s: %lld sentences, %lld tokens, %.3f%% <unk>, %.2f s, %.0f sentences/s\n",
-                       langs[side], s->name, s->path[side], (long long)stats.sentences, (long long)stats.tokens,
-                       stats.tokens ? 100.0 * (double)stats.unknown / (double)stats.tokens : 0.0, stats.seconds,
+                printf(PROG ": [%s] %s %s: %lld sentences, %lld tokens, %.3f%% <unk>, %.2f s, %.0f "
+                            "sentences/s\n",
+                       langs[side], s->name, s->path[side], (long long)stats.sentences,
+                       (long long)stats.tokens,
+                       stats.tokens ? 100.0 * (double)stats.unknown / (double)stats.tokens : 0.0,
+                       stats.seconds,
                        stats.seconds > 0 ? (double)stats.sentences / stats.seconds : 0.0);
         }
     }

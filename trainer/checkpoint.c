@@ -88,8 +88,10 @@ luna_status luna_checkpoint_open(luna_safetensors **out, const char *path) {
         if (!luna_safetensors_metadata(st, REQUIRED_KEYS[i])) {
             luna_safetensors_close(st);
             return luna_error(LUNA_ERR_FORMAT,
-                              "%s: __metadata__ has no \"%s\" (damaged checkpoint)", path,
-                              REQUIRED_KEYS[i]);
+                              "%s: __metadata__ has no \"%s\": the checkpoint lacks its "
+                              "vocabulary or configuration (damaged, or written by another "
+                              "tool; use one written by luna-train or luna-average)",
+                              path, REQUIRED_KEYS[i]);
         }
     *out = st;
     return LUNA_OK;

@@ -40,7 +40,8 @@ static void write_matrix(FILE *f, const char *name, const int32_t *m, int32_t ro
     fprintf(f, "\"%s\": [", name);
     for (int32_t r = 0; r < rows; r++) {
         fputs(r ? ", [" : "[", f);
-        for (int32_t c = 0; c < cols; c++) fprintf(f, c ? ", %d" : "%d", m[(size_t)r * cols + c]);
+        for (int32_t c = 0; c < cols; c++)
+            fprintf(f, c ? ", %d" : "%d", m[(size_t)r * cols + c]);
         fputc(']', f);
     }
     fputc(']', f);
