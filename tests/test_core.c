@@ -20,7 +20,7 @@ START_TEST(arena_counts_used_and_peak) {
     ck_assert_uint_eq((uintptr_t)a % LUNA_ARENA_ALIGNMENT, 0);
     ck_assert_uint_eq(luna_arena_used_bytes(arena), 256);
     luna_arena_mark mark = luna_arena_get_mark(arena);
-    void *b = luna_arena_alloc(arena, 1000); /* 1024 */
+    void *b = luna_arena_alloc(arena, 1000);    /* 1024 */
     void *big = luna_arena_alloc(arena, 10000); /* larger than a chunk: own chunk, 10240 */
     ck_assert_ptr_nonnull(b);
     ck_assert_ptr_nonnull(big);
@@ -53,11 +53,13 @@ START_TEST(arena_many_chunks_stack_discipline) {
     for (int i = 0; i < 50; i++) {
         blocks[i] = luna_arena_alloc(arena, 200 * sizeof(float));
         ck_assert_ptr_nonnull(blocks[i]);
-        for (int j = 0; j < 200; j++) blocks[i][j] = (float)(i * 1000 + j);
+        for (int j = 0; j < 200; j++)
+            blocks[i][j] = (float)(i * 1000 + j);
     }
     /* No block overlaps another: every value is still intact. */
     for (int i = 0; i < 50; i++)
-        for (int j = 0; j < 200; j++) ck_assert_float_eq(blocks[i][j], (float)(i * 1000 + j));
+        for (int j = 0; j < 200; j++)
+            ck_assert_float_eq(blocks[i][j], (float)(i * 1000 + j));
     ck_assert_uint_eq(luna_arena_used_bytes(arena), 50 * 1024);
     luna_arena_reset(arena);
     ck_assert_uint_eq(luna_arena_used_bytes(arena), 0);
@@ -77,7 +79,8 @@ START_TEST(tensor_create_counts_bytes) {
     ck_assert_int_eq(luna_tensor_numel(&t), 30);
     ck_assert_uint_eq(luna_tensor_bytes(&t), 120);
     ck_assert_uint_eq(be->bytes_in_use - before, 120);
-    for (int i = 0; i < 30; i++) ck_assert_float_eq(((float *)t.data)[i], 0.0f);
+    for (int i = 0; i < 30; i++)
+        ck_assert_float_eq(((float *)t.data)[i], 0.0f);
     char buf[64];
     ck_assert_str_eq(luna_tensor_describe(&t, buf, sizeof buf), "F32[2,3,5]");
     luna_tensor_free(&t);
@@ -122,15 +125,40 @@ START_TEST(rng_reproducible_across_thread_counts) {
     const int n = 100003;
     luna_rng_key key = {.seed = 1234, .step = 77, .stream_id = 5};
     float *ref = malloc(n * sizeof *ref), *got = malloc(n * sizeof *got);
-    for (int i = 0; i < n; i++) ref[i] = luna_rng_uniform(key, (uint64_t)i);
+    for (int i = 0; i < n; i++)
+        ref[i] = luna_rng_uniform(key, (uint64_t)i);
     for (int threads = 1; threads <= 3; threads++) {
         memset(got, 0, n * sizeof *got);
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 97)
-        for (int i = n - 1; i >= 0; i--) got[i] = luna_rng_uniform(key, (uint64_t)i);
+        for (int i = n - 1; i >= 0; i--)
+            got[i] = luna_rng_uniform(key, (uint64_t)i);
         ck_assert_int_eq(memcmp(ref, got, n * sizeof *got), 0);
     }
     free(ref);
     free(got);
+}
+END_TEST
+
+/* The eight-lane block generator gives exactly luna_rng_bits' words, for block counts that are
+ * and are not multiples of eight, offsets past 2^32 blocks, and 64-bit steps and seeds. */
+START_TEST(rng_bits_blocks_equal_scalar) {
+    const luna_rng_key keys[] = {
+        {.seed = 1, .step = 0, .stream_id = 0},
+        {.seed = 0x123456789abcdefull, .step = 0xfedcba9876ull, .stream_id = 77}};
+    const uint64_t starts[] = {0, 5, 0xfffffffcull};
+    const int64_t counts[] = {1, 7, 8, 9, 64, 131};
+    uint32_t got[4 * 131];
+    for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
+        for (size_t s = 0; s < sizeof starts / sizeof starts[0]; s++)
+            for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++) {
+                memset(got, 0, sizeof got);
+                luna_rng_bits_blocks(keys[k], starts[s], counts[c], got);
+                for (int64_t i = 0; i < 4 * counts[c]; i++)
+                    ck_assert_msg(got[i] == luna_rng_bits(keys[k], 4 * starts[s] + (uint64_t)i),
+                                  "key %zu start %llu count %lld: word %lld differs", k,
+                                  (unsigned long long)starts[s], (long long)counts[c],
+                                  (long long)i);
+            }
 }
 END_TEST
 
@@ -189,6 +217,7 @@ static Suite *core_suite(void) {
     tcase_add_test(tc, tensor_create_counts_bytes);
     tcase_add_test(tc, philox_known_answers);
     tcase_add_test(tc, rng_reproducible_across_thread_counts);
+    tcase_add_test(tc, rng_bits_blocks_equal_scalar);
     tcase_add_test(tc, rng_streams_differ_and_are_uniform);
     tcase_add_test(tc, rng_normal_moments);
     suite_add_tcase(s, tc);

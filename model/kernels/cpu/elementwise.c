@@ -16,17 +16,9 @@
  * y[i] = x[i] · keep(i) / (1 − p),  keep(i) = luna_rng_uniform(key, i) >= p,  x, y [n].
  *
  * The mask is never stored: backward regenerates keep(i) from (key, i). Element i's 32 random
- * bits are word i%4 of the Philox block i/4 (model/rng.c); to draw one block per four elements
- * instead of one per element, this file forms the block itself with the same counter and key
- * layout as rng.c's block_for. tests/test_ops_elementwise.c checks that keep(i) here equals
- * luna_rng_dropout_keep(key, i, p) for every i, so a change of layout in rng.c fails the test. */
-static inline void dropout_block(luna_rng_key key, uint64_t block, uint32_t out[4]) {
-    const uint32_t counter[4] = {(uint32_t)block, (uint32_t)(block >> 32), key.stream_id,
-                                 (uint32_t)key.step};
-    const uint32_t k[2] = {(uint32_t)key.seed,
-                           (uint32_t)(key.seed >> 32) ^ (uint32_t)(key.step >> 32)};
-    luna_philox4x32(counter, k, out);
-}
+ * bits are word i%4 of the Philox block i/4, drawn eight blocks at a time by
+ * luna_rng_bits_blocks (model/rng.c). tests/test_ops_elementwise.c checks that keep(i) here
+ * equals luna_rng_dropout_keep(key, i, p) for every i. */
 
 /* y = x · keep / (1 − p) (dropped elements are x·0: a NaN input stays NaN, as in PyTorch).
  * Shared by forward (x) and backward (dy): the op is linear with a fixed diagonal mask. */
@@ -43,14 +35,17 @@ static luna_status dropout_apply(luna_backend *be, const char *what, float *y, c
         return LUNA_OK;
     }
     const float scale = 1.0f / (1.0f - p);
-    const int64_t nblocks = (n + 3) / 4;
+    /* Chunks of DROPOUT_CHUNK elements (a multiple of 4: whole Philox blocks), bits generated
+     * eight blocks at a time (luna_rng_bits_blocks), then applied. */
+    enum { DROPOUT_CHUNK = 512 };
+    const int64_t nchunks = (n + DROPOUT_CHUNK - 1) / DROPOUT_CHUNK;
 #pragma omp parallel for num_threads(be->num_threads)                                              \
     schedule(static) if (n > LUNA_PARALLEL_MIN / 4)
-    for (int64_t blk = 0; blk < nblocks; blk++) {
-        uint32_t bits[4];
-        dropout_block(key, (uint64_t)blk, bits);
-        int64_t i0 = 4 * blk;
-        int m = n - i0 < 4 ? (int)(n - i0) : 4;
+    for (int64_t c = 0; c < nchunks; c++) {
+        uint32_t bits[DROPOUT_CHUNK];
+        const int64_t i0 = c * DROPOUT_CHUNK;
+        const int m = n - i0 < DROPOUT_CHUNK ? (int)(n - i0) : DROPOUT_CHUNK;
+        luna_rng_bits_blocks(key, (uint64_t)(i0 / 4), (m + 3) / 4, bits);
         for (int w = 0; w < m; w++) {
             float u = (float)(bits[w] >> 8) * (1.0f / 16777216.0f); /* = luna_rng_uniform */
             y[i0 + w] = x[i0 + w] * (u >= p ? scale : 0.0f);
