@@ -43,7 +43,11 @@ void luna_arena_free(luna_arena *arena) {
 
 /* Move to the next chunk that can hold `bytes`, taking a new one from the device if needed.
  * Chunks after `current` that are too small for this request are skipped (their space is simply
- * not used until the arena is released below them). */
+ * not used until the arena is released below them). When none of them fits, they are all empty
+ * (stack discipline: nothing lives above `current`), so they are given back and replaced by ONE
+ * chunk at least as large as all of them together: otherwise a workload whose requests keep
+ * growing a little (translation batches sorted by length) would add a chunk per new size and the
+ * arena would grow without bound; this way it converges to a few chunks within ~2x its peak. */
 static int advance_chunk(luna_arena *a, size_t bytes) {
     for (int i = a->current + 1; i < a->num_chunks; i++) {
         if (a->chunks[i].size >= bytes) {
@@ -52,7 +56,14 @@ static int advance_chunk(luna_arena *a, size_t bytes) {
             return 1;
         }
     }
+    size_t spare = 0;
+    for (int i = a->current + 1; i < a->num_chunks; i++) {
+        spare += a->chunks[i].size;
+        luna_backend_free(a->backend, a->chunks[i].base, a->chunks[i].size);
+    }
+    a->num_chunks = a->current + 1;
     size_t size = bytes > a->chunk_bytes ? bytes : a->chunk_bytes;
+    if (spare > size) size = spare;
     char *base = luna_backend_malloc(a->backend, size);
     if (!base) return 0;
     if (a->num_chunks == a->chunk_capacity) {
@@ -65,9 +76,8 @@ static int advance_chunk(luna_arena *a, size_t bytes) {
         a->chunks = grown;
         a->chunk_capacity = cap;
     }
-    /* Keep chunk order = allocation order of the stack: insert right after `current`. */
+    /* Chunk order = allocation order of the stack: the new chunk follows `current`. */
     int at = a->current + 1;
-    for (int i = a->num_chunks; i > at; i--) a->chunks[i] = a->chunks[i - 1];
     a->chunks[at] = (arena_chunk){base, size};
     a->num_chunks++;
     a->current = at;
@@ -79,8 +89,9 @@ void *luna_arena_alloc(luna_arena *a, size_t bytes) {
     size_t size = align_up(bytes ? bytes : 1);
     if (a->current < 0 || a->chunk_offset + size > a->chunks[a->current].size) {
         if (!advance_chunk(a, size)) {
-            luna_error(LUNA_ERR_OUT_OF_MEMORY, "arena: cannot allocate %zu bytes on %s (%zu in use)",
-                       size, a->backend->name, a->used);
+            luna_error(LUNA_ERR_OUT_OF_MEMORY,
+                       "arena: cannot allocate %zu bytes on %s (%zu in use)", size,
+                       a->backend->name, a->used);
             return NULL;
         }
     }
@@ -115,7 +126,8 @@ void luna_arena_reset_peak(luna_arena *a) { a->peak = a->used; }
 
 size_t luna_arena_reserved_bytes(const luna_arena *a) {
     size_t total = 0;
-    for (int i = 0; i < a->num_chunks; i++) total += a->chunks[i].size;
+    for (int i = 0; i < a->num_chunks; i++)
+        total += a->chunks[i].size;
     return total;
 }
 

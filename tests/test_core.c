@@ -44,6 +44,34 @@ START_TEST(arena_counts_used_and_peak) {
 }
 END_TEST
 
+/* Requests that keep growing a little after each reset (translation batches sorted by length)
+ * must not add a chunk per new size: reserved memory stays within a small factor of the peak. */
+START_TEST(arena_growing_requests_stay_bounded) {
+    luna_backend *be;
+    ck_assert_int_eq(luna_backend_cpu_create(&be, 1), LUNA_OK);
+    luna_arena *arena;
+    ck_assert_int_eq(luna_arena_create(&arena, be, 1 << 16), LUNA_OK);
+    size_t largest = 0;
+    for (int round = 0; round < 200; round++) {
+        luna_arena_reset(arena);
+        size_t total = 0;
+        for (int k = 0; k < 3; k++) { /* three tensors per "batch", each larger than a chunk */
+            size_t bytes = (size_t)(100000 + 1000 * round + 37 * k);
+            ck_assert_ptr_nonnull(luna_arena_alloc(arena, bytes));
+            total += bytes;
+        }
+        largest = total > largest ? total : largest;
+        ck_assert_msg(luna_arena_reserved_bytes(arena) <= 3 * largest + (1 << 16),
+                      "round %d: %zu bytes reserved for a peak of %zu", round,
+                      luna_arena_reserved_bytes(arena), largest);
+    }
+    ck_assert_uint_eq(be->bytes_in_use, luna_arena_reserved_bytes(arena));
+    luna_arena_free(arena);
+    ck_assert_uint_eq(be->bytes_in_use, 0);
+    luna_backend_free_all(be);
+}
+END_TEST
+
 START_TEST(arena_many_chunks_stack_discipline) {
     luna_backend *be;
     ck_assert_int_eq(luna_backend_cpu_create(&be, 1), LUNA_OK);
@@ -214,6 +242,7 @@ static Suite *core_suite(void) {
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, arena_counts_used_and_peak);
     tcase_add_test(tc, arena_many_chunks_stack_discipline);
+    tcase_add_test(tc, arena_growing_requests_stay_bounded);
     tcase_add_test(tc, tensor_create_counts_bytes);
     tcase_add_test(tc, philox_known_answers);
     tcase_add_test(tc, rng_reproducible_across_thread_counts);
