@@ -4,6 +4,8 @@
 #   tools/test.sh              install deps, configure build/ with -Werror, build, run all CPU tests
 #   tools/test.sh --sanitize   the same in build-asan/ with AddressSanitizer + UBSan
 #   tools/test.sh --gpu        also run the tests labelled gpu (needs a CUDA build and a GPU)
+#   tools/test.sh --mpi        build with -DLUNA_MPI=ON in build-mpi/ (OpenMPI from install-deps.sh
+#                              --mpi) and also run the tests labelled mpi (mpiexec -n 2 luna-train)
 #   tools/test.sh --no-deps    skip tools/install-deps.sh
 # Extra arguments after -- go to ctest (e.g. -- -R ops_softmax).
 set -euo pipefail
@@ -12,19 +14,32 @@ build="$root/build"
 cmake_flags=(-DLUNA_WERROR=ON)
 labels=(-L cpu)
 deps=1
+mpi=0
+gpu=0
 ctest_extra=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --sanitize) build="$root/build-asan"; cmake_flags+=(-DLUNA_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo) ;;
-    --gpu) cmake_flags+=(-DLUNA_CUDA=ON); labels=() ;;
+    --gpu) cmake_flags+=(-DLUNA_CUDA=ON); gpu=1 ;;
+    --mpi) cmake_flags+=(-DLUNA_MPI=ON); mpi=1 ;;
     --no-deps) deps=0 ;;
     --) shift; ctest_extra=("$@"); break ;;
-    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
     *) echo "test.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
   esac
   shift
 done
-[ "$deps" -eq 1 ] && "$root/tools/install-deps.sh"
+if [ "$gpu" -eq 1 ]; then
+  labels=() # every label
+elif [ "$mpi" -eq 1 ]; then
+  labels=(-L '^(cpu|mpi)$')
+fi
+# Its own build folder (--sanitize --mpi: build-asan-mpi/). The mpi test sets Open MPI's variables
+# for running as root and with more ranks than cores itself (CMakeLists.txt).
+[ "$mpi" -eq 1 ] && build="$build-mpi"
+if [ "$deps" -eq 1 ]; then
+  if [ "$mpi" -eq 1 ]; then "$root/tools/install-deps.sh" --mpi; else "$root/tools/install-deps.sh"; fi
+fi
 jobs=$(nproc 2>/dev/null || echo 2)
 cmake -S "$root" -B "$build" "${cmake_flags[@]}" >"$build.configure.log" 2>&1 \
   || { cat "$build.configure.log"; exit 1; }

@@ -58,6 +58,7 @@ static luna_status mpi_check(int rc, const char *what) {
 static luna_status mpi_all_reduce_device(luna_communicator *c, luna_backend *be, float *data,
                                          size_t n) {
     mpi_impl *m = c->impl;
+    if (n == 0) return LUNA_OK;
     if (m->capacity < n) {
         float *h = realloc(m->host, n * sizeof(float));
         if (!h)
@@ -140,4 +141,18 @@ luna_status luna_communicator_create_default(luna_communicator **out, int *argc,
 
 void luna_communicator_free(luna_communicator *c) {
     if (c) c->destroy(c);
+}
+
+luna_status luna_communicator_agree(luna_communicator *c, luna_status local, const char *what) {
+    if (c->world_size <= 1) return local;
+    double failed = local != LUNA_OK ? 1.0 : 0.0;
+    luna_status s = c->all_reduce_sum_host(c, &failed, 1);
+    if (local != LUNA_OK) return local;
+    if (s != LUNA_OK) return s;
+    if (failed > 0)
+        return luna_error(LUNA_ERR_INTERNAL,
+                          "%s failed on %.0f other rank(s) (see the message of that rank); rank %d "
+                          "stops too",
+                          what, failed, c->rank);
+    return LUNA_OK;
 }

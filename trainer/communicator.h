@@ -43,4 +43,11 @@ luna_status luna_communicator_create_default(luna_communicator **out, int *argc,
 
 void luna_communicator_free(luna_communicator *c);
 
+/* Makes a step that may fail on some ranks only collective: every rank passes its own status
+ * and all learn whether any failed, so that all stop together instead of the others waiting
+ * forever in the next collective. Returns `local` on a rank where it failed (its message kept),
+ * an error naming the step on the others, LUNA_OK when every rank succeeded. World size 1: returns
+ * `local` without communicating. */
+luna_status luna_communicator_agree(luna_communicator *c, luna_status local, const char *what);
+
 #endif

@@ -433,8 +433,27 @@ static luna_status restore_from(luna_trainer *t, const luna_safetensors *st,
     if (s == LUNA_OK) s = get_int(path, state, "skipped_updates", &sk);
     const luna_json *best = luna_json_get(state, "best_loss");
     const luna_json *wall = luna_json_get(state, "train_wall");
-    if (s == LUNA_OK && (nu < 0 || ep < 1 || off < 0))
+    int64_t ws = 1; /* world_size: absent in checkpoints not written by luna-train */
+    if (s == LUNA_OK && luna_json_get(state, "world_size"))
+        s = get_int(path, state, "world_size", &ws);
+    if (s == LUNA_OK && (nu < 0 || ep < 1 || off < 0 || ws < 1))
         s = luna_error(LUNA_ERR_FORMAT, "%s: training_state has invalid counters", path);
+    int world = t->comm->world_size;
+    if (s == LUNA_OK && !t->o->reset_dataloader && ws != world && off > 0) {
+        /* The offset counts this rank's batches: with W ranks, offset k means that the epoch's
+         * batches 0 .. k·W - 1 are done (rank r took r, r + W, ...). Another rank count continues
+         * exactly where that is a whole number of its own steps. */
+        uint64_t done = (uint64_t)off * (uint64_t)ws;
+        if (done % (uint64_t)world != 0)
+            s = luna_error(LUNA_ERR_MISMATCH,
+                           "%s: written by %lld rank(s) %llu batches into epoch %lld, a point "
+                           "%d rank(s) cannot continue from exactly (resume with %lld ranks, a "
+                           "number of ranks dividing %llu, or --reset-dataloader)",
+                           path, (long long)ws, (unsigned long long)done, (long long)ep, world,
+                           (long long)ws, (unsigned long long)done);
+        else
+            off = (int64_t)(done / (uint64_t)world);
+    }
     if (s == LUNA_OK && !t->o->reset_optimizer) s = restore_optimizer(t, st, state);
     if (s == LUNA_OK && !t->o->reset_dataloader) {
         s = luna_batch_iterator_seek(t->it, (uint64_t)ep, (uint64_t)off);

@@ -138,6 +138,8 @@ luna_status luna_trainer_create(luna_trainer **out, luna_train_options *o, luna_
             s = luna_error(LUNA_ERR_IO, "%s: --restore-file does not exist", path);
         free(path);
     }
+    /* Setup can fail on one rank only (--save-dir is checked on rank 0): all ranks stop then. */
+    s = luna_communicator_agree(comm, s, "setup");
     if (s != LUNA_OK) {
         luna_trainer_free(t);
         return s;
@@ -211,8 +213,10 @@ static luna_status train_update(luna_trainer *t, int *got, bool *stepped) {
     *got = 0;
     *stepped = false;
     double t0 = luna_trainer_now();
-    /* loss, nll (nats), target tokens, sentences, micro-batches with a non-finite loss */
-    double stats[5] = {0, 0, 0, 0, 0};
+    /* loss, nll (nats), target tokens, sentences, micro-batches with a non-finite loss, ranks
+     * that failed (summed across ranks with the rest, so that all ranks stop together) */
+    double stats[6] = {0, 0, 0, 0, 0, 0};
+    luna_status failed = LUNA_OK;
     luna_seq2seq_zero_grad(t->model);
     for (int k = 0; k < (int)o->update_freq; k++) {
         const uint32_t *ids;
@@ -221,9 +225,15 @@ static luna_status train_update(luna_trainer *t, int *got, bool *stepped) {
         if (!luna_batch_iterator_next(t->it, &ids, &n, &repeated)) break;
         ++*got;
         if (repeated) continue; /* zero weight: keeps the ranks in step, adds nothing */
-        LUNA_TRY(luna_data_batch_fill(t->batch, t->train, ids, n));
+        failed = luna_data_batch_fill(t->batch, t->train, ids, n);
+        if (failed != LUNA_OK) break;
         luna_batch mb = model_batch(t->batch);
-        uint64_t step = (uint64_t)t->num_updates * (uint64_t)o->update_freq + (uint64_t)k;
+        /* Dropout masks are keyed by the micro-batch's place in the update across all ranks
+         * (rank r's k-th micro-batch is the epoch's batch (u·F + k)·W + r, see batching.h), so W
+         * ranks with --update-freq F draw the masks of one process with --update-freq F·W. */
+        uint64_t step = ((uint64_t)t->num_updates * (uint64_t)o->update_freq + (uint64_t)k) *
+                            (uint64_t)t->comm->world_size +
+                        (uint64_t)t->comm->rank;
         double loss, nll;
         luna_status st = luna_seq2seq_forward_backward(t->model, &mb, step, &loss, &nll);
         if (st == LUNA_ERR_NUMERIC) { /* non-finite loss: no backward; the update is skipped */
@@ -231,15 +241,26 @@ static luna_status train_update(luna_trainer *t, int *got, bool *stepped) {
             stats[4] += 1;
             continue;
         }
-        LUNA_TRY(st);
+        if (st != LUNA_OK) {
+            failed = st;
+            break;
+        }
         stats[0] += loss;
         stats[1] += nll;
         stats[2] += (double)t->batch->ntokens;
         stats[3] += (double)t->batch->batch_size;
     }
     luna_batch_iterator_position(t->it, &t->epoch, &t->offset);
-    if (*got == 0) return LUNA_OK;
-    LUNA_TRY(t->comm->all_reduce_sum_host(t->comm, stats, 5));
+    if (*got == 0) return LUNA_OK; /* at the same point on every rank (same epoch length) */
+    stats[5] = failed != LUNA_OK ? 1 : 0;
+    luna_status rs = t->comm->all_reduce_sum_host(t->comm, stats, 6);
+    if (failed != LUNA_OK) return failed;
+    LUNA_TRY(rs);
+    if (stats[5] > 0)
+        return luna_error(LUNA_ERR_INTERNAL,
+                          "update %lld failed on %.0f other rank(s) (see the message of that "
+                          "rank); rank %d stops too",
+                          (long long)t->num_updates + 1, stats[5], t->comm->rank);
     LUNA_TRY(t->comm->all_reduce_sum_device(t->comm, t->be, p->grad, p->num_params));
     if (stats[2] <= 0 && stats[4] == 0) {
         t->skipped_updates++;
@@ -296,14 +317,16 @@ static luna_status train_update(luna_trainer *t, int *got, bool *stepped) {
 
 static luna_status validate(luna_trainer *t) {
     double t0 = luna_trainer_now();
-    double stats[4] = {0, 0, 0, 0};
-    LUNA_TRY(luna_batch_iterator_seek(t->valid_it, 1, 0));
+    /* loss, nll, target tokens, sentences, ranks that failed */
+    double stats[5] = {0, 0, 0, 0, 0};
+    luna_status failed = luna_batch_iterator_seek(t->valid_it, 1, 0);
     const uint32_t *ids;
     size_t n;
     bool repeated;
-    while (luna_batch_iterator_next(t->valid_it, &ids, &n, &repeated)) {
+    while (failed == LUNA_OK && luna_batch_iterator_next(t->valid_it, &ids, &n, &repeated)) {
         if (repeated) continue;
-        LUNA_TRY(luna_data_batch_fill(t->batch, t->valid, ids, n));
+        failed = luna_data_batch_fill(t->batch, t->valid, ids, n);
+        if (failed != LUNA_OK) break;
         luna_batch mb = model_batch(t->batch);
         double loss, nll;
         luna_status st = luna_seq2seq_forward(t->model, &mb, &loss, &nll, NULL);
@@ -311,14 +334,23 @@ static luna_status validate(luna_trainer *t) {
             luna_error_clear();
             loss = nll = NAN;
         } else if (st != LUNA_OK) {
-            return st;
+            failed = st;
+            break;
         }
         stats[0] += loss;
         stats[1] += nll;
         stats[2] += (double)t->batch->ntokens;
         stats[3] += (double)t->batch->batch_size;
     }
-    LUNA_TRY(t->comm->all_reduce_sum_host(t->comm, stats, 4));
+    stats[4] = failed != LUNA_OK ? 1 : 0;
+    luna_status rs = t->comm->all_reduce_sum_host(t->comm, stats, 5);
+    if (failed != LUNA_OK) return failed;
+    LUNA_TRY(rs);
+    if (stats[4] > 0)
+        return luna_error(LUNA_ERR_INTERNAL,
+                          "validation failed on %.0f other rank(s) (see the message of that "
+                          "rank); rank %d stops too",
+                          stats[4], t->comm->rank);
     luna_meters m = {
         .loss = stats[0], .nll = stats[1], .ntokens = stats[2], .nsentences = stats[3]};
     t->last_valid_loss = stats[2] > 0 ? stats[0] / stats[2] / log(2.0) : NAN;
@@ -345,6 +377,14 @@ static luna_status after_update(luna_trainer *t, bool stepped, bool end_of_epoch
     int64_t u = t->num_updates;
     uint64_t epoch = t->epoch; /* the epoch these updates belong to */
     bool signalled = stop && *stop;
+    if (t->comm->world_size > 1) {
+        /* A signal reaches the ranks at different moments (or only one of them): stop when any
+         * rank got one, all after the same update, so that no rank waits alone in the next
+         * update's all-reduce. */
+        double flag = signalled ? 1 : 0;
+        LUNA_TRY(t->comm->all_reduce_sum_host(t->comm, &flag, 1));
+        signalled = flag > 0;
+    }
     bool max_update = o->max_update > 0 && u >= o->max_update;
     bool max_epoch = end_of_epoch && o->max_epoch > 0 && epoch >= (uint64_t)o->max_epoch;
     if (stepped && u % o->log_interval == 0) {
@@ -391,7 +431,9 @@ static luna_status after_update(luna_trainer *t, bool stepped, bool end_of_epoch
     if (improved) names[count++] = "checkpoint_best.safetensors";
     if (count > 0 || epoch_save || (stopping && t->last_saved_update != u))
         names[count++] = "checkpoint_last.safetensors";
-    if (count > 0 && !o->no_save) LUNA_TRY(luna_trainer_save(t, names, count));
+    if (count > 0 && !o->no_save) /* rank 0 writes; a failure there stops every rank */
+        LUNA_TRY(luna_communicator_agree(t->comm, luna_trainer_save(t, names, count),
+                                         "saving a checkpoint"));
     if (patience_out)
         luna_log_message(t,
                          "early stop: the validation loss has not improved for %lld validations "

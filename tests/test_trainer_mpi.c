@@ -1,0 +1,284 @@
+/* Multi-process data parallelism (MPI builds only, label mpi): `mpiexec -n 2 luna-train` with
+ * --update-freq 1 sees, in every update, the batches one process sees with --update-freq 2 (rank r
+ * takes batches r, r + 2, ... of the epoch's order; dropout masks are keyed by the batch's place in
+ * the update, not by the rank), so both must end with the same parameters and optimizer state up
+ * to the order of float summation. Also: a checkpoint of 2 ranks resumes in one process, only
+ * rank 0 logs, and a failure on one rank stops all of them instead of leaving the others waiting.
+ *
+ * mpiexec is LUNA_MPIEXEC (CMake's MPIEXEC_EXECUTABLE) unless $LUNA_MPIEXEC names another;
+ * CTest sets Open MPI's variables for running as root and with more ranks than cores. */
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/json.h"
+#include "model/safetensors.h"
+#include "tests/test_util.h"
+#include "trainer/checkpoint.h"
+#include "trainer/synthetic.h"
+
+#ifndef LUNA_MPIEXEC
+#define LUNA_MPIEXEC "mpiexec"
+#endif
+#ifndef LUNA_MPIEXEC_NUMPROC_FLAG
+#define LUNA_MPIEXEC_NUMPROC_FLAG "-n"
+#endif
+
+/* Float summation order differs (each rank sums its own micro-batches, then the ranks are summed):
+ * parameters agree to ~1e-6 after 24 updates. Adam's and Apollo's moments of gradients that are
+ * nearly zero amplify that rounding, hence the looser bound for the optimizer state. A wrong
+ * reduction or wrong dropout masks give differences of 1e-2 and more. */
+#define PARAM_TOLERANCE 1e-5
+#define STATE_TOLERANCE 1e-4
+#define UPDATES "24"
+#define HALF_UPDATES "12"
+
+static char program[4096];
+static const char *mpiexec;
+static char *tmp;
+static char bin[1024];
+
+static void setup(void) {
+    luna_test_find_program(program, sizeof program, "luna-train", "LUNA_TRAIN");
+    mpiexec =
+        getenv("LUNA_MPIEXEC") && *getenv("LUNA_MPIEXEC") ? getenv("LUNA_MPIEXEC") : LUNA_MPIEXEC;
+    tmp = luna_test_make_temp_dir();
+    snprintf(bin, sizeof bin, "%s/bin", tmp);
+    luna_synthetic_options so;
+    luna_synthetic_options_init(&so);
+    so.num_train = 500; /* 33 batches of --max-tokens 128: rank 1 repeats one per epoch */
+    so.num_valid = 40;
+    ck_assert_int_eq(luna_synthetic_data_bin(bin, &so), LUNA_OK);
+}
+
+static void teardown(void) {
+    luna_test_remove_tree(tmp);
+    free(tmp);
+}
+
+/* Run luna-train with `ranks` MPI ranks (0: as a plain process, no mpiexec) into `save_dir`. */
+static luna_test_result train(int ranks, const char *optimizer, const char *update_freq,
+                              const char *max_update, const char *save_dir) {
+    char np[16];
+    snprintf(np, sizeof np, "%d", ranks);
+    const char *args[64];
+    int n = 0;
+    if (ranks > 0) {
+        args[n++] = LUNA_MPIEXEC_NUMPROC_FLAG;
+        args[n++] = np;
+        args[n++] = program;
+    }
+    const char *common[] = {bin,
+                            "--arch",
+                            "luna_tiny",
+                            "--optimizer",
+                            optimizer,
+                            "--lr",
+                            strcmp(optimizer, "apollo") == 0 ? "0.01" : "0.001",
+                            "--warmup-updates",
+                            "5",
+                            "--clip-norm",
+                            "0.1",
+                            "--clip-mode",
+                            "each",
+                            "--label-smoothing",
+                            "0.1",
+                            "--dropout",
+                            "0.1",
+                            "--attention-dropout",
+                            "0.1",
+                            "--activation-dropout",
+                            "0.1",
+                            "--max-tokens",
+                            "128",
+                            "--update-freq",
+                            update_freq,
+                            "--max-update",
+                            max_update,
+                            "--validate-interval-updates",
+                            "10",
+                            "--save-dir",
+                            save_dir,
+                            "--threads",
+                            "1",
+                            "--no-progress-bar",
+                            "--seed",
+                            "5",
+                            "--log-interval",
+                            "4",
+                            NULL};
+    for (const char *const *a = common; *a; a++)
+        args[n++] = *a;
+    args[n] = NULL;
+    luna_test_result r = luna_test_exec(ranks > 0 ? mpiexec : program, args, NULL);
+    return r;
+}
+
+static void expect_success(const luna_test_result *r, const char *what) {
+    ck_assert_msg(r->status == 0, "%s: exit status %d\nstdout:\n%s\nstderr:\n%s", what, r->status,
+                  r->out, r->err);
+}
+
+static size_t count_of(const char *haystack, const char *needle) {
+    size_t n = 0;
+    for (const char *p = strstr(haystack, needle); p; p = strstr(p + 1, needle))
+        n++;
+    return n;
+}
+
+static uint64_t state_uint(const luna_safetensors *st, const char *key) {
+    const char *text = luna_safetensors_metadata(st, "training_state");
+    ck_assert_ptr_nonnull(text);
+    luna_json *j;
+    ck_assert_int_eq(luna_json_parse(&j, text, strlen(text), NULL), LUNA_OK);
+    const luna_json *v = luna_json_get(j, key);
+    ck_assert_msg(v && v->type == LUNA_JSON_NUMBER && v->is_int, "training_state.%s", key);
+    uint64_t x = v->uint_value;
+    luna_json_free(j);
+    return x;
+}
+
+/* The largest max|a - b| / max|b| over the tensors of two checkpoints, parameters and optimizer
+ * state apart; both must hold the same tensors at the same update. */
+static void compare(const char *dir_a, const char *dir_b, bool same_position, double *param_diff,
+                    double *state_diff, char *worst, size_t worst_size) {
+    char pa[1200], pb[1200];
+    snprintf(pa, sizeof pa, "%s/checkpoint_last.safetensors", dir_a);
+    snprintf(pb, sizeof pb, "%s/checkpoint_last.safetensors", dir_b);
+    luna_safetensors *a, *b;
+    ck_assert_msg(luna_checkpoint_open(&a, pa) == LUNA_OK, "%s", luna_error_message());
+    ck_assert_msg(luna_checkpoint_open(&b, pb) == LUNA_OK, "%s", luna_error_message());
+    ck_assert_int_eq(luna_safetensors_count(a), luna_safetensors_count(b));
+    ck_assert_uint_eq(state_uint(a, "num_updates"), state_uint(b, "num_updates"));
+    if (same_position) { /* the same epoch, the same batch: rank offsets count every 2nd */
+        ck_assert_uint_eq(state_uint(a, "epoch"), state_uint(b, "epoch"));
+        uint64_t wa = state_uint(a, "world_size"), wb = state_uint(b, "world_size");
+        ck_assert_uint_eq(state_uint(a, "iterator_offset") * wa,
+                          state_uint(b, "iterator_offset") * wb);
+    }
+    *param_diff = *state_diff = 0;
+    int optimizer_tensors = 0;
+    double worst_diff = -1;
+    for (int i = 0; i < luna_safetensors_count(a); i++) {
+        const luna_st_tensor *ta = luna_safetensors_at(a, i);
+        const luna_st_tensor *tb = luna_safetensors_find(b, ta->name);
+        ck_assert_msg(tb != NULL, "tensor %s missing in %s", ta->name, pb);
+        ck_assert_uint_eq(ta->nbytes, tb->nbytes);
+        if (ta->dtype != LUNA_F32) {
+            ck_assert_msg(memcmp(ta->data, tb->data, ta->nbytes) == 0, "%s differs", ta->name);
+            continue;
+        }
+        const float *x = ta->data, *y = tb->data;
+        double diff = 0, scale = 0;
+        for (size_t k = 0; k < ta->nbytes / sizeof(float); k++) {
+            diff = fmax(diff, fabs((double)x[k] - (double)y[k]));
+            scale = fmax(scale, fabs((double)y[k]));
+        }
+        double rel = scale > 0 ? diff / scale : diff;
+        bool state = strncmp(ta->name, "optimizer.", 10) == 0;
+        optimizer_tensors += state;
+        double *slot = state ? state_diff : param_diff;
+        *slot = fmax(*slot, rel);
+        if (rel > worst_diff) {
+            worst_diff = rel;
+            snprintf(worst, worst_size, "%s (%.3g)", ta->name, rel);
+        }
+    }
+    ck_assert_int_gt(optimizer_tensors, 0);
+    luna_safetensors_close(a);
+    luna_safetensors_close(b);
+}
+
+static void expect_match(const char *mpi_dir, const char *single_dir, const char *what) {
+    double param_diff, state_diff;
+    char worst[512];
+    compare(mpi_dir, single_dir, true, &param_diff, &state_diff, worst, sizeof worst);
+    printf("%s: max relative difference: parameters %.3g, optimizer state %.3g; worst %s\n", what,
+           param_diff, state_diff, worst);
+    ck_assert_msg(param_diff <= PARAM_TOLERANCE && state_diff <= STATE_TOLERANCE,
+                  "%s: parameters differ by %.3g (tolerance %g), optimizer state by %.3g "
+                  "(tolerance %g); worst %s",
+                  what, param_diff, PARAM_TOLERANCE, state_diff, STATE_TOLERANCE, worst);
+}
+
+static void check_two_ranks(const char *optimizer) {
+    char mpi[1100], single[1100], other[1100], resumed[1100];
+    snprintf(mpi, sizeof mpi, "%s/%s-2ranks", tmp, optimizer);
+    snprintf(single, sizeof single, "%s/%s-update-freq-2", tmp, optimizer);
+    snprintf(other, sizeof other, "%s/%s-update-freq-1", tmp, optimizer);
+    snprintf(resumed, sizeof resumed, "%s/%s-2ranks-then-1", tmp, optimizer);
+
+    luna_test_result r = train(2, optimizer, "1", UPDATES, mpi);
+    expect_success(&r, "mpiexec -n 2 luna-train");
+    ck_assert_msg(strstr(r.out, "2 rank(s) (mpi communicator)"), "not 2 MPI ranks:\n%s", r.out);
+    /* Only rank 0 prints: one configuration, one end message. */
+    ck_assert_uint_eq(count_of(r.out, "num. model params"), 1);
+    ck_assert_uint_eq(count_of(r.out, "| done training"), 1);
+    size_t validations = count_of(r.out, "valid on 'valid' subset");
+    size_t saves = count_of(r.out, "| saved ");
+
+    r = train(0, optimizer, "2", UPDATES, single);
+    expect_success(&r, "luna-train --update-freq 2");
+    /* The same schedule: validations (interval, epoch end, last update) and checkpoints. */
+    ck_assert_uint_eq(count_of(r.out, "valid on 'valid' subset"), validations);
+    ck_assert_uint_eq(count_of(r.out, "| saved "), saves);
+    ck_assert_uint_ge(validations, 3);
+    expect_match(mpi, single, "2 ranks x --update-freq 1 vs 1 process x --update-freq 2");
+
+    /* The comparison can tell runs apart: other batches per update give another model. */
+    r = train(0, optimizer, "1", UPDATES, other);
+    expect_success(&r, "luna-train --update-freq 1");
+    double param_diff, state_diff;
+    char worst[512];
+    compare(mpi, other, false, &param_diff, &state_diff, worst, sizeof worst);
+    printf("2 ranks x --update-freq 1 vs 1 process x --update-freq 1 (other batches): parameters "
+           "differ by %.3g\n",
+           param_diff);
+    ck_assert_msg(param_diff > 100 * PARAM_TOLERANCE,
+                  "2 ranks and one process with --update-freq 1 should differ, but only by %.3g",
+                  param_diff);
+
+    /* A checkpoint of 2 ranks resumes in one process with --update-freq 2 at the same batch. */
+    r = train(2, optimizer, "1", HALF_UPDATES, resumed);
+    expect_success(&r, "mpiexec -n 2 luna-train (first half)");
+    r = train(0, optimizer, "2", UPDATES, resumed);
+    expect_success(&r, "luna-train --update-freq 2 (resumed)");
+    ck_assert_msg(strstr(r.out, "@ " HALF_UPDATES " updates"), "did not resume:\n%s", r.out);
+    expect_match(resumed, single, "2 ranks, resumed by 1 process vs 1 process");
+}
+
+START_TEST(test_two_ranks_apollo) { check_two_ranks("apollo"); }
+END_TEST
+
+START_TEST(test_two_ranks_adam) { check_two_ranks("adam"); }
+END_TEST
+
+/* --save-dir is checked (and checkpoints written) on rank 0 only: when it fails there, rank 1
+ * must stop too rather than wait in the first all-reduce (the test would time out). */
+START_TEST(test_failure_on_one_rank_stops_all) {
+    char file[1100], save_dir[1200];
+    snprintf(file, sizeof file, "%s/a-file", tmp);
+    luna_test_write_file(file, "not a directory\n");
+    snprintf(save_dir, sizeof save_dir, "%s/sub", file);
+    luna_test_result r = train(2, "adam", "1", "5", save_dir);
+    ck_assert_msg(r.status != 0, "expected a failure:\n%s", r.out);
+    ck_assert_msg(strstr(r.err, "--save-dir") && strstr(r.err, "a-file/sub"), "stderr: %s", r.err);
+    ck_assert_msg(strstr(r.err, "setup failed on 1 other rank(s)"), "stderr: %s", r.err);
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("trainer_mpi");
+    TCase *tc = tcase_create("mpi");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 240);
+    tcase_add_test(tc, test_two_ranks_apollo);
+    tcase_add_test(tc, test_two_ranks_adam);
+    tcase_add_test(tc, test_failure_on_one_rank_stops_all);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) { return luna_test_run(suite()); }
