@@ -56,44 +56,31 @@ static const luna_option_spec OPTIONS[] = {
 
 static const luna_option_table TABLE = {.specs = OPTIONS, .count = NUM_OPTIONS};
 
-static void print_help(void) {
-    printf("usage: " PROG " (--inputs CKPT... | --save-dir DIR --num-update-checkpoints N |\n"
-           "                     --save-dir DIR --num-epoch-checkpoints N) --output FILE\n\n"
-           "Averages the parameters of checkpoints (element-wise mean) into an inference\n"
-           "checkpoint with the first input's metadata. All inputs must have the same\n"
-           "architecture and dictionaries.\n");
-    luna_options_print_help(&TABLE, stdout);
-}
-
-static int usage_error(const char *msg, const char *arg) {
-    fprintf(stderr, PROG ": ");
-    fprintf(stderr, msg, arg);
-    fprintf(stderr, " (see " PROG " --help)\n");
-    return 2;
-}
+static const char USAGE[] =
+    "usage: " PROG " (--inputs CKPT... | --save-dir DIR --num-update-checkpoints N |\n"
+    "                     --save-dir DIR --num-epoch-checkpoints N) --output FILE\n\n"
+    "Averages the parameters of checkpoints (element-wise mean) into an inference\n"
+    "checkpoint with the first input's metadata. All inputs must have the same\n"
+    "architecture and dictionaries.\n";
 
 /* Returns -1 to go on, else the exit status. */
 static int parse_args(int argc, char **argv) {
-    luna_options_action action;
     bool given[NUM_OPTIONS];
-    if (luna_options_parse(&TABLE, &opt, argc, argv, given, &action) != LUNA_OK) {
-        fprintf(stderr, PROG ": %s\n", luna_error_message());
-        return 2;
-    }
-    if (action == LUNA_OPTIONS_HELP) return print_help(), 0;
-    if (action == LUNA_OPTIONS_VERSION) return printf(PROG " (luna) %s\n", LUNA_VERSION), 0;
+    int done = luna_options_parse_program(&TABLE, &opt, argc, argv, given, PROG, USAGE);
+    if (done >= 0) return done;
     const char *counts[] = {"--num-update-checkpoints", "--num-epoch-checkpoints"};
     const int64_t values[] = {opt.num_update, opt.num_epoch};
     for (int k = 0; k < 2; k++)
         if (given[luna_options_find(&TABLE, counts[k])] && values[k] < 1)
-            return usage_error("%s must be a positive integer", counts[k]);
-    if (!opt.output) return usage_error("%s", "--output FILE is required");
+            return luna_options_usage_error(PROG, "%s must be a positive integer", counts[k]);
+    if (!opt.output) return luna_options_usage_error(PROG, "%s", "--output FILE is required");
     int modes = (opt.inputs.count > 0) + (opt.num_update > 0) + (opt.num_epoch > 0);
     if (modes != 1)
-        return usage_error("%s", "give exactly one of --inputs, --num-update-checkpoints, "
-                                 "--num-epoch-checkpoints");
+        return luna_options_usage_error(PROG, "%s",
+                                        "give exactly one of --inputs, --num-update-checkpoints, "
+                                        "--num-epoch-checkpoints");
     if (!opt.inputs.count && !opt.save_dir)
-        return usage_error("%s", "--save-dir DIR is required with --num-*");
+        return luna_options_usage_error(PROG, "%s", "--save-dir DIR is required with --num-*");
     return -1;
 }
 

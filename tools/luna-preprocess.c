@@ -82,59 +82,47 @@ static const luna_option_spec OPTIONS[] = {
 static const luna_option_table TABLE = {.specs = OPTIONS,
                                         .count = (int)(sizeof OPTIONS / sizeof OPTIONS[0])};
 
-static void print_help(void) {
-    printf(
-        "usage: " PROG
-        " --source-lang SRC --target-lang TGT --trainpref P [--validpref P] [--testpref P]\n"
-        "                       [--destdir DIR] [--joined-dictionary] [--workers N] [options]\n\n"
-        "Raw parallel text -> fairseq data-bin: trains a joint SentencePiece BPE model on the "
-        "training\n"
-        "text, builds the dictionary from the training split, and writes dict.SRC.txt, "
-        "dict.TGT.txt,\n"
-        "spm.model, spm.vocab and {split}.SRC-TGT.{lang}.{bin,idx} into DIR. Inputs are checked "
-        "first\n"
-        "(UTF-8, empty lines, line lengths, line counts); DIR is only changed when everything "
-        "succeeded.\n");
-    luna_options_print_help(&TABLE, stdout);
-}
-
-static int usage_error(const char *fmt, const char *arg) {
-    fprintf(stderr, PROG ": ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, " (see " PROG " --help)\n");
-    return 2;
-}
+static const char USAGE[] =
+    "usage: " PROG
+    " --source-lang SRC --target-lang TGT --trainpref P [--validpref P] [--testpref P]\n"
+    "                       [--destdir DIR] [--joined-dictionary] [--workers N] [options]\n\n"
+    "Raw parallel text -> fairseq data-bin: trains a joint SentencePiece BPE model on the "
+    "training\n"
+    "text, builds the dictionary from the training split, and writes dict.SRC.txt, "
+    "dict.TGT.txt,\n"
+    "spm.model, spm.vocab and {split}.SRC-TGT.{lang}.{bin,idx} into DIR. Inputs are checked "
+    "first\n"
+    "(UTF-8, empty lines, line lengths, line counts); DIR is only changed when everything "
+    "succeeded.\n";
 
 /* Returns -1 to go on, else the exit status. */
 static int parse_args(int argc, char **argv) {
-    luna_options_action action;
-    if (luna_options_parse(&TABLE, &opt, argc, argv, NULL, &action) != LUNA_OK) {
-        fprintf(stderr, PROG ": %s\n", luna_error_message());
-        return 2;
-    }
-    if (action == LUNA_OPTIONS_HELP) return print_help(), 0;
-    if (action == LUNA_OPTIONS_VERSION) return printf(PROG " (luna) %s\n", LUNA_VERSION), 0;
+    int done = luna_options_parse_program(&TABLE, &opt, argc, argv, NULL, PROG, USAGE);
+    if (done >= 0) return done;
     if (!opt.source_lang || !opt.target_lang)
-        return usage_error("%s", "--source-lang and --target-lang are required");
+        return luna_options_usage_error(PROG, "%s", "--source-lang and --target-lang are required");
     bool have_dicts = opt.srcdict && (opt.tgtdict || opt.joined);
     if (!opt.trainpref && !have_dicts)
-        return usage_error(
-            "%s", "--trainpref is required (the dictionary is built from it) unless --srcdict and "
-                  "--tgtdict (or --joined-dictionary) are given");
+        return luna_options_usage_error(
+            PROG, "%s",
+            "--trainpref is required (the dictionary is built from it) unless --srcdict and "
+            "--tgtdict (or --joined-dictionary) are given");
     if (!opt.trainpref && !opt.no_spm && !opt.spm_model)
-        return usage_error(
-            "%s",
+        return luna_options_usage_error(
+            PROG, "%s",
             "without --trainpref there is nothing to train SentencePiece on: give --spm-model");
     if (!strcmp(opt.source_lang, opt.target_lang))
-        return usage_error("%s", "source and target languages must differ");
+        return luna_options_usage_error(PROG, "%s", "source and target languages must differ");
     if (opt.no_spm && opt.spm_model)
-        return usage_error("%s", "--no-spm and --spm-model exclude each other");
+        return luna_options_usage_error(PROG, "%s", "--no-spm and --spm-model exclude each other");
     if (opt.workers < 1 || opt.workers > 1024)
-        return usage_error("%s", "--workers must be between 1 and 1024");
-    if (opt.bpe_vocab_size < 8) return usage_error("%s", "--bpe-vocab-size must be at least 8");
-    if (opt.max_line_bytes < 1) return usage_error("%s", "--max-line-bytes must be positive");
+        return luna_options_usage_error(PROG, "%s", "--workers must be between 1 and 1024");
+    if (opt.bpe_vocab_size < 8)
+        return luna_options_usage_error(PROG, "%s", "--bpe-vocab-size must be at least 8");
+    if (opt.max_line_bytes < 1)
+        return luna_options_usage_error(PROG, "%s", "--max-line-bytes must be positive");
     if (!(opt.character_coverage > 0.0 && opt.character_coverage <= 1.0))
-        return usage_error("%s", "--character-coverage must be in (0, 1]");
+        return luna_options_usage_error(PROG, "%s", "--character-coverage must be in (0, 1]");
     return -1;
 }
 

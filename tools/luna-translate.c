@@ -82,48 +82,41 @@ static const luna_option_table TABLE = {
     .positional_offset = F(checkpoint),
 };
 
-static void print_help(void) {
-    printf("usage: " PROG " CHECKPOINT [--input FILE] [--beam N] [--lenpen F] [options]\n\n"
-           "Translates raw text (stdin or --input) with a checkpoint written by luna-train or\n"
-           "luna-average; the checkpoint's SentencePiece model and dictionaries are used.\n"
-           "Translations are written to stdout in input order.\n");
-    luna_options_print_help(&TABLE, stdout);
-}
-
-static int usage_error(const char *fmt, const char *arg) {
-    fprintf(stderr, PROG ": ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, " (see " PROG " --help)\n");
-    return 2;
-}
+static const char USAGE[] =
+    "usage: " PROG " CHECKPOINT [--input FILE] [--beam N] [--lenpen F] [options]\n\n"
+    "Translates raw text (stdin or --input) with a checkpoint written by luna-train or\n"
+    "luna-average; the checkpoint's SentencePiece model and dictionaries are used.\n"
+    "Translations are written to stdout in input order.\n";
 
 /* Returns -1 to go on, else the exit status. */
 static int parse_args(int argc, char **argv) {
-    luna_options_action action;
-    if (luna_options_parse(&TABLE, &opt, argc, argv, NULL, &action) != LUNA_OK) {
-        fprintf(stderr, PROG ": %s\n", luna_error_message());
-        return 2;
-    }
-    if (action == LUNA_OPTIONS_HELP) return print_help(), 0;
-    if (action == LUNA_OPTIONS_VERSION) return printf(PROG " (luna) %s\n", LUNA_VERSION), 0;
-    if (!opt.checkpoint) return usage_error("%s", "a CHECKPOINT argument is required");
+    int done = luna_options_parse_program(&TABLE, &opt, argc, argv, NULL, PROG, USAGE);
+    if (done >= 0) return done;
+    if (!opt.checkpoint)
+        return luna_options_usage_error(PROG, "%s", "a CHECKPOINT argument is required");
     if (strcmp(opt.output_format, "plain") && strcmp(opt.output_format, "fairseq"))
-        return usage_error("--output-format must be plain or fairseq, not '%s'", opt.output_format);
+        return luna_options_usage_error(PROG, "--output-format must be plain or fairseq, not '%s'",
+                                        opt.output_format);
     if (strcmp(opt.device, "cpu"))
-        return usage_error("--device '%s' is not available in this build (use cpu)", opt.device);
-    if (opt.beam < 1 || opt.beam > 1024) return usage_error("%s", "--beam must be in 1..1024");
+        return luna_options_usage_error(
+            PROG, "--device '%s' is not available in this build (use cpu)", opt.device);
+    if (opt.beam < 1 || opt.beam > 1024)
+        return luna_options_usage_error(PROG, "%s", "--beam must be in 1..1024");
     if (opt.nbest < 1 || opt.nbest > opt.beam)
-        return usage_error("%s", "--nbest must be between 1 and --beam");
+        return luna_options_usage_error(PROG, "%s", "--nbest must be between 1 and --beam");
     if (opt.min_len < 0 || opt.max_len_b < 0 || opt.max_len_a < 0)
-        return usage_error("%s", "--min-len, --max-len-a and --max-len-b must not be negative");
+        return luna_options_usage_error(
+            PROG, "%s", "--min-len, --max-len-a and --max-len-b must not be negative");
     if (opt.max_tokens < 0 || opt.batch_size < 0)
-        return usage_error("%s",
-                           "--max-tokens and --batch-size must not be negative (0: no limit)");
+        return luna_options_usage_error(
+            PROG, "%s", "--max-tokens and --batch-size must not be negative (0: no limit)");
     if (opt.threads < 1 || opt.threads > 1024)
-        return usage_error("%s", "--threads must be in 1..1024");
-    if (opt.max_input_tokens < 2) return usage_error("%s", "--max-input-tokens must be at least 2");
+        return luna_options_usage_error(PROG, "%s", "--threads must be in 1..1024");
+    if (opt.max_input_tokens < 2)
+        return luna_options_usage_error(PROG, "%s", "--max-input-tokens must be at least 2");
     if (opt.score_reference != (opt.reference != NULL))
-        return usage_error("%s", "--score-reference and --reference FILE go together");
+        return luna_options_usage_error(PROG, "%s",
+                                        "--score-reference and --reference FILE go together");
     return -1;
 }
 

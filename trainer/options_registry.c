@@ -2,6 +2,7 @@
 #include "trainer/options_registry.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -295,4 +296,33 @@ void luna_options_write_json(const luna_option_table *t, const void *base, luna_
                 luna_json_null(w);
         }
     }
+}
+
+int luna_options_parse_program(const luna_option_table *t, void *base, int argc, char **argv,
+                               bool *given, const char *prog, const char *usage) {
+    luna_options_action action;
+    if (luna_options_parse(t, base, argc, argv, given, &action) != LUNA_OK) {
+        fprintf(stderr, "%s: %s\n", prog, luna_error_message());
+        return 2;
+    }
+    if (action == LUNA_OPTIONS_HELP) {
+        fputs(usage, stdout);
+        luna_options_print_help(t, stdout);
+        return 0;
+    }
+    if (action == LUNA_OPTIONS_VERSION) {
+        printf("%s (luna) %s\n", prog, LUNA_VERSION);
+        return 0;
+    }
+    return -1;
+}
+
+int luna_options_usage_error(const char *prog, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "%s: ", prog);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, " (see %s --help)\n", prog);
+    va_end(ap);
+    return 2;
 }

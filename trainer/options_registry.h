@@ -89,6 +89,18 @@ luna_status luna_options_set_defaults(const luna_option_table *t, void *base);
 luna_status luna_options_parse(const luna_option_table *t, void *base, int argc, char **argv,
                                bool *given, luna_options_action *action);
 
+/* The front end every program shares: parse argv into `base` (as luna_options_parse); on an
+ * error print "PROG: message" to stderr and return 2; on --help print `usage` (the usage lines
+ * and a description) and the option list to stdout and return 0; on --version print
+ * "PROG (luna) VERSION" and return 0. Returns -1 when the program should go on. */
+int luna_options_parse_program(const luna_option_table *t, void *base, int argc, char **argv,
+                               bool *given, const char *prog, const char *usage);
+
+/* A usage error of a program's own checks: prints "PROG: <formatted message> (see PROG --help)"
+ * to stderr and returns 2 (the usage-error exit status). */
+int luna_options_usage_error(const char *prog, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
 /* Index of the option called `name` (an alias names its option), or -1. */
 int luna_options_find(const luna_option_table *t, const char *name);
 
