@@ -46,8 +46,12 @@ static void make_demo(luna_config *c) {
     c->projection_length = 16;
 }
 
-static const char *const preset_names[] = {"luna_base_tied", "luna_base_untied", "transformer_base",
-                                           "luna_tiny",      "transformer_tiny", "luna_demo",
+static const char *const preset_names[] = {"luna_base_tied",
+                                           "luna_base_untied",
+                                           "transformer_base",
+                                           "luna_tiny",
+                                           "transformer_tiny",
+                                           "luna_demo",
                                            NULL};
 
 const char *const *luna_config_preset_names(void) { return preset_names; }
@@ -290,4 +294,43 @@ void luna_config_describe(const luna_config *c, char *buf, size_t size) {
                  c->decoder_attention_heads, c->vocab_size, c->dropout, c->attention_dropout,
                  c->activation_dropout, c->label_smoothing);
     }
+}
+
+const char *luna_config_architecture_difference(const luna_config *a, const luna_config *b,
+                                                char *a_value, char *b_value, size_t size) {
+    if (a->arch != b->arch) {
+        snprintf(a_value, size, "%s", a->arch == LUNA_ARCH_LUNA ? "luna" : "transformer");
+        snprintf(b_value, size, "%s", b->arch == LUNA_ARCH_LUNA ? "luna" : "transformer");
+        return "arch";
+    }
+    if (a->causal_activation != b->causal_activation) {
+        snprintf(a_value, size, "%s", a->causal_activation == LUNA_CAUSAL_ELU ? "elu" : "softplus");
+        snprintf(b_value, size, "%s", b->causal_activation == LUNA_CAUSAL_ELU ? "elu" : "softplus");
+        return "causal_activation";
+    }
+    const struct {
+        const char *name;
+        long long a, b;
+    } f[] = {
+        {"vocab_size", a->vocab_size, b->vocab_size},
+        {"padding_idx", a->padding_idx, b->padding_idx},
+        {"encoder_embed_dim", a->encoder_embed_dim, b->encoder_embed_dim},
+        {"decoder_embed_dim", a->decoder_embed_dim, b->decoder_embed_dim},
+        {"encoder_ffn_embed_dim", a->encoder_ffn_embed_dim, b->encoder_ffn_embed_dim},
+        {"decoder_ffn_embed_dim", a->decoder_ffn_embed_dim, b->decoder_ffn_embed_dim},
+        {"encoder_layers", a->encoder_layers, b->encoder_layers},
+        {"decoder_layers", a->decoder_layers, b->decoder_layers},
+        {"encoder_attention_heads", a->encoder_attention_heads, b->encoder_attention_heads},
+        {"decoder_attention_heads", a->decoder_attention_heads, b->decoder_attention_heads},
+        {"projection_length", a->projection_length, b->projection_length},
+        {"untie_luna_kv", a->untie_luna_kv, b->untie_luna_kv},
+        {"fix_projection_length", a->fix_projection_length, b->fix_projection_length},
+    };
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (f[i].a != f[i].b) {
+            snprintf(a_value, size, "%lld", f[i].a);
+            snprintf(b_value, size, "%lld", f[i].b);
+            return f[i].name;
+        }
+    return NULL;
 }

@@ -70,6 +70,14 @@ luna_status luna_config_to_json(const luna_config *c, char **json);
 luna_status luna_config_from_json(luna_config *out, const char *json, size_t len);
 luna_status luna_config_from_json_value(luna_config *out, const luna_json *object);
 
+/* The first architecture field in which `a` and `b` differ — one that shapes the parameters or
+ * the computation (arch, vocab_size, padding_idx, dims, layers, heads, projection_length,
+ * untie_luna_kv, fix_projection_length, causal_activation; not dropout or label smoothing) — as
+ * its JSON key, with both values as text in a_value/b_value (`size` bytes each); NULL when the
+ * architectures agree. Checkpoints of different architectures cannot be resumed or averaged. */
+const char *luna_config_architecture_difference(const luna_config *a, const luna_config *b,
+                                                char *a_value, char *b_value, size_t size);
+
 /* One line "arch=luna d=512 ffn=2048 layers=6+6 heads=8+8 l=32 kv=tied phi=softplus ..." */
 void luna_config_describe(const luna_config *c, char *buf, size_t size);
 

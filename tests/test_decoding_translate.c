@@ -26,7 +26,8 @@ static int next_line(void *ctx, const char **line, size_t *len) {
     return 1;
 }
 
-static void save_checkpoint(const char *name, uint64_t seed, bool with_vocab) {
+/* elu: the causal activation differs, i.e. another architecture than the others. */
+static void save_checkpoint(const char *name, uint64_t seed, bool with_vocab, bool elu) {
     char path[4096];
     luna_spm *spm;
     snprintf(path, sizeof path, "%s/spm.model", dir);
@@ -42,6 +43,7 @@ static void save_checkpoint(const char *name, uint64_t seed, bool with_vocab) {
     luna_config c;
     ck_assert_int_eq(luna_config_preset(&c, "luna_tiny"), LUNA_OK);
     c.vocab_size = luna_dictionary_size(dict);
+    if (elu) c.causal_activation = LUNA_CAUSAL_ELU;
     luna_seq2seq *m;
     ck_assert_int_eq(luna_seq2seq_create(&m, be, &c), LUNA_OK);
     ck_assert_int_eq(luna_seq2seq_init(m, seed), LUNA_OK);
@@ -82,9 +84,10 @@ static void setup(void) {
     o.vocab_size = 30;
     o.model_type = "char";
     ck_assert_int_eq(luna_spm_train(&o), LUNA_OK);
-    save_checkpoint("a.safetensors", 5, true);
-    save_checkpoint("b.safetensors", 6, true);
-    save_checkpoint("novocab.safetensors", 5, false);
+    save_checkpoint("a.safetensors", 5, true, false);
+    save_checkpoint("b.safetensors", 6, true, false);
+    save_checkpoint("elu.safetensors", 7, true, true);
+    save_checkpoint("novocab.safetensors", 5, false, false);
     snprintf(path, sizeof path, "%s/in.txt", dir);
     luna_test_write_file(path, "the cat\n\nover the dog\na dog ran in the park again and again\n");
 }
@@ -235,6 +238,10 @@ START_TEST(score_reference_and_average) {
     free(out);
     ck_assert_int_eq(
         AVERAGE("--save-dir", "ckpts", "--num-update-checkpoints", "5", "--output", "x"), 1);
+    ck_assert_int_eq(AVERAGE("--inputs", "a.safetensors", "elu.safetensors", "--output", "y"), 1);
+    ck_assert_msg(strstr(last.err, "elu.safetensors") &&
+                      strstr(last.err, "causal_activation is elu there but softplus"),
+                  "%s", last.err);
     ck_assert_int_eq(AVERAGE("--inputs", "a.safetensors", "novocab.safetensors", "--output", "y"),
                      1);
     /* usage errors */

@@ -186,6 +186,63 @@ START_TEST(initialisation_follows_spec) {
 }
 END_TEST
 
+/* Every architecture field is caught by name with both values; dropout and label smoothing are
+ * training settings, not architecture. */
+START_TEST(config_architecture_difference_names_the_field) {
+    luna_config a, b;
+    char va[32], vb[32];
+    ck_assert_int_eq(luna_config_preset(&a, "luna_base_tied"), LUNA_OK);
+    a.vocab_size = 1000;
+    b = a;
+    ck_assert_ptr_null(luna_config_architecture_difference(&a, &b, va, vb, sizeof va));
+    b.dropout = 0.3;
+    b.label_smoothing = 0.0;
+    ck_assert_ptr_null(luna_config_architecture_difference(&a, &b, va, vb, sizeof va));
+    struct {
+        const char *name;
+        int *field;
+    } ints[] = {{"vocab_size", &b.vocab_size},
+                {"padding_idx", &b.padding_idx},
+                {"encoder_embed_dim", &b.encoder_embed_dim},
+                {"decoder_embed_dim", &b.decoder_embed_dim},
+                {"encoder_ffn_embed_dim", &b.encoder_ffn_embed_dim},
+                {"decoder_ffn_embed_dim", &b.decoder_ffn_embed_dim},
+                {"encoder_layers", &b.encoder_layers},
+                {"decoder_layers", &b.decoder_layers},
+                {"encoder_attention_heads", &b.encoder_attention_heads},
+                {"decoder_attention_heads", &b.decoder_attention_heads},
+                {"projection_length", &b.projection_length}};
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+        b = a;
+        *ints[i].field += 1;
+        const char *f = luna_config_architecture_difference(&a, &b, va, vb, sizeof va);
+        ck_assert_ptr_nonnull(f);
+        ck_assert_str_eq(f, ints[i].name);
+        char want[32];
+        snprintf(want, sizeof want, "%d", *ints[i].field);
+        ck_assert_str_eq(vb, want);
+    }
+    b = a;
+    b.untie_luna_kv = !a.untie_luna_kv;
+    ck_assert_str_eq(luna_config_architecture_difference(&a, &b, va, vb, sizeof va),
+                     "untie_luna_kv");
+    b = a;
+    b.fix_projection_length = !a.fix_projection_length;
+    ck_assert_str_eq(luna_config_architecture_difference(&a, &b, va, vb, sizeof va),
+                     "fix_projection_length");
+    b = a;
+    b.causal_activation = LUNA_CAUSAL_ELU;
+    ck_assert_str_eq(luna_config_architecture_difference(&a, &b, va, vb, sizeof va),
+                     "causal_activation");
+    ck_assert_str_eq(va, "softplus");
+    ck_assert_str_eq(vb, "elu");
+    b = a;
+    b.arch = LUNA_ARCH_TRANSFORMER;
+    ck_assert_str_eq(luna_config_architecture_difference(&a, &b, va, vb, sizeof va), "arch");
+    ck_assert_str_eq(vb, "transformer");
+}
+END_TEST
+
 static bool configs_equal(const luna_config *a, const luna_config *b) {
     return a->arch == b->arch && a->vocab_size == b->vocab_size &&
            a->padding_idx == b->padding_idx && a->encoder_embed_dim == b->encoder_embed_dim &&
@@ -278,6 +335,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, names_shapes_and_order);
     tcase_add_test(tc, initialisation_follows_spec);
     tcase_add_test(tc, config_json_roundtrip_and_validation);
+    tcase_add_test(tc, config_architecture_difference_names_the_field);
     tcase_add_test(tc, json_reader_edge_cases);
     suite_add_tcase(s, tc);
     return s;

@@ -144,21 +144,6 @@ static luna_status pick_last(bool updates, long n, char ***paths, int *count) {
     return st;
 }
 
-static bool same_architecture(const luna_config *a, const luna_config *b) {
-    return a->arch == b->arch && a->vocab_size == b->vocab_size &&
-           a->padding_idx == b->padding_idx && a->encoder_embed_dim == b->encoder_embed_dim &&
-           a->encoder_ffn_embed_dim == b->encoder_ffn_embed_dim &&
-           a->encoder_layers == b->encoder_layers &&
-           a->encoder_attention_heads == b->encoder_attention_heads &&
-           a->decoder_embed_dim == b->decoder_embed_dim &&
-           a->decoder_ffn_embed_dim == b->decoder_ffn_embed_dim &&
-           a->decoder_layers == b->decoder_layers &&
-           a->decoder_attention_heads == b->decoder_attention_heads &&
-           a->projection_length == b->projection_length && a->untie_luna_kv == b->untie_luna_kv &&
-           a->fix_projection_length == b->fix_projection_length &&
-           a->causal_activation == b->causal_activation;
-}
-
 static luna_status average(char **paths, int n) {
     luna_backend *be = NULL;
     luna_seq2seq *model = NULL;
@@ -187,15 +172,16 @@ static luna_status average(char **paths, int n) {
         luna_dictionary *s2 = NULL, *t2 = NULL;
         st = luna_checkpoint_open(&f, paths[i]);
         if (st == LUNA_OK) st = luna_checkpoint_read_meta(f, &m);
-        if (st == LUNA_OK && !same_architecture(&m.config, &model->config)) {
-            char a[512], b[512];
-            luna_config_describe(&m.config, a, sizeof a);
-            luna_config_describe(&model->config, b, sizeof b);
+        char a[32], b[32];
+        const char *field =
+            st == LUNA_OK
+                ? luna_config_architecture_difference(&m.config, &model->config, a, b, sizeof a)
+                : NULL;
+        if (field)
             st = luna_error(LUNA_ERR_MISMATCH,
-                            "%s: model '%s' differs from %s's '%s' (average "
-                            "checkpoints of one training run)",
-                            paths[i], a, paths[0], b);
-        }
+                            "%s: another architecture than %s: %s is %s there but %s in %s "
+                            "(average checkpoints of one training run)",
+                            paths[i], paths[0], field, a, b, paths[0]);
         if (st == LUNA_OK) st = luna_checkpoint_read_dicts(f, &s2, &t2);
         if (st == LUNA_OK && (!luna_dictionary_same_symbols(src, s2, NULL) ||
                               !luna_dictionary_same_symbols(tgt, t2, NULL)))

@@ -309,41 +309,14 @@ luna_status luna_trainer_save(luna_trainer *t, const char *const *names, int cou
 
 static luna_status check_architecture(const char *path, const luna_config *ck,
                                       const luna_config *want) {
-    struct {
-        const char *name;
-        long long a, b;
-    } f[] = {
-        {"arch", ck->arch, want->arch},
-        {"vocab_size", ck->vocab_size, want->vocab_size},
-        {"encoder_embed_dim", ck->encoder_embed_dim, want->encoder_embed_dim},
-        {"decoder_embed_dim", ck->decoder_embed_dim, want->decoder_embed_dim},
-        {"encoder_ffn_embed_dim", ck->encoder_ffn_embed_dim, want->encoder_ffn_embed_dim},
-        {"decoder_ffn_embed_dim", ck->decoder_ffn_embed_dim, want->decoder_ffn_embed_dim},
-        {"encoder_layers", ck->encoder_layers, want->encoder_layers},
-        {"decoder_layers", ck->decoder_layers, want->decoder_layers},
-        {"encoder_attention_heads", ck->encoder_attention_heads, want->encoder_attention_heads},
-        {"decoder_attention_heads", ck->decoder_attention_heads, want->decoder_attention_heads},
-        {"projection_length", ck->projection_length, want->projection_length},
-        {"untie_luna_kv", ck->untie_luna_kv, want->untie_luna_kv},
-        {"fix_projection_length", ck->fix_projection_length, want->fix_projection_length},
-        {"causal_activation", ck->causal_activation, want->causal_activation},
-    };
-    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
-        if (f[i].a == f[i].b) continue;
-        char a[32], b[32];
-        snprintf(a, sizeof a, "%lld", f[i].a);
-        snprintf(b, sizeof b, "%lld", f[i].b);
-        if (i == 0) {
-            snprintf(a, sizeof a, "%s", ck->arch == LUNA_ARCH_LUNA ? "luna" : "transformer");
-            snprintf(b, sizeof b, "%s", want->arch == LUNA_ARCH_LUNA ? "luna" : "transformer");
-        }
-        return luna_error(LUNA_ERR_MISMATCH,
-                          "%s: checkpoint of another architecture: %s is %s there but %s in "
-                          "the options (give the checkpoint's architecture options, or use "
-                          "another --save-dir)",
-                          path, f[i].name, a, b);
-    }
-    return LUNA_OK;
+    char a[32], b[32];
+    const char *field = luna_config_architecture_difference(ck, want, a, b, sizeof a);
+    if (!field) return LUNA_OK;
+    return luna_error(LUNA_ERR_MISMATCH,
+                      "%s: checkpoint of another architecture: %s is %s there but %s in the "
+                      "options (give the checkpoint's architecture options, or use another "
+                      "--save-dir)",
+                      path, field, a, b);
 }
 
 static luna_status get_int(const char *path, const luna_json *obj, const char *key, int64_t *out) {
