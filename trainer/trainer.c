@@ -205,6 +205,23 @@ static luna_batch model_batch(const luna_data_batch *b) {
                         .target = b->target};
 }
 
+/* Sums the n statistics across ranks; the last one counts the ranks that failed (this rank's
+ * `failed` sets it), so that every rank learns of a failure in the same collective and all stop
+ * together. Returns this rank's own error, or an error naming `what` when another rank failed. */
+static luna_status reduce_stats(luna_trainer *t, double *stats, int n, luna_status failed,
+                                const char *what) {
+    stats[n - 1] = failed != LUNA_OK ? 1 : 0;
+    luna_status reduced = t->comm->all_reduce_sum_host(t->comm, stats, n);
+    if (failed != LUNA_OK) return failed;
+    LUNA_TRY(reduced);
+    if (stats[n - 1] > 0)
+        return luna_error(LUNA_ERR_INTERNAL,
+                          "%s failed on %.0f other rank(s) (see the message of that rank); "
+                          "rank %d stops too",
+                          what, stats[n - 1], t->comm->rank);
+    return LUNA_OK;
+}
+
 /* Runs update_freq micro-batches (fewer at the end of an epoch). *got: micro-batches taken
  * (0: the epoch was already exhausted, nothing done); *stepped: the optimizer stepped. */
 static luna_status train_update(luna_trainer *t, int *got, bool *stepped) {
@@ -252,15 +269,9 @@ static luna_status train_update(luna_trainer *t, int *got, bool *stepped) {
     }
     luna_batch_iterator_position(t->it, &t->epoch, &t->offset);
     if (*got == 0) return LUNA_OK; /* at the same point on every rank (same epoch length) */
-    stats[5] = failed != LUNA_OK ? 1 : 0;
-    luna_status rs = t->comm->all_reduce_sum_host(t->comm, stats, 6);
-    if (failed != LUNA_OK) return failed;
-    LUNA_TRY(rs);
-    if (stats[5] > 0)
-        return luna_error(LUNA_ERR_INTERNAL,
-                          "update %lld failed on %.0f other rank(s) (see the message of that "
-                          "rank); rank %d stops too",
-                          (long long)t->num_updates + 1, stats[5], t->comm->rank);
+    char what[48];
+    snprintf(what, sizeof what, "update %lld", (long long)t->num_updates + 1);
+    LUNA_TRY(reduce_stats(t, stats, 6, failed, what));
     LUNA_TRY(t->comm->all_reduce_sum_device(t->comm, t->be, p->grad, p->num_params));
     if (stats[2] <= 0 && stats[4] == 0) {
         t->skipped_updates++;
@@ -342,15 +353,7 @@ static luna_status validate(luna_trainer *t) {
         stats[2] += (double)t->batch->ntokens;
         stats[3] += (double)t->batch->batch_size;
     }
-    stats[4] = failed != LUNA_OK ? 1 : 0;
-    luna_status rs = t->comm->all_reduce_sum_host(t->comm, stats, 5);
-    if (failed != LUNA_OK) return failed;
-    LUNA_TRY(rs);
-    if (stats[4] > 0)
-        return luna_error(LUNA_ERR_INTERNAL,
-                          "validation failed on %.0f other rank(s) (see the message of that "
-                          "rank); rank %d stops too",
-                          stats[4], t->comm->rank);
+    LUNA_TRY(reduce_stats(t, stats, 5, failed, "validation"));
     luna_meters m = {
         .loss = stats[0], .nll = stats[1], .ntokens = stats[2], .nsentences = stats[3]};
     t->last_valid_loss = stats[2] > 0 ? stats[0] / stats[2] / log(2.0) : NAN;
