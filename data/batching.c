@@ -16,7 +16,8 @@ void luna_batching_options_init(luna_batching_options *o) {
     o->shard_id = 0;
 }
 
-/* ---- deterministic shuffling ------------------------------------------------------------------ */
+/* ---- deterministic shuffling ------------------------------------------------------------------
+ */
 
 /* SplitMix64 (Steele, Lea, Flood 2014): tiny, statistically solid for shuffling, and fully
  * specified here so a data order never depends on a library's RNG implementation. */
@@ -51,7 +52,8 @@ static uint64_t below(shuffle_rng *r, uint64_t bound) {
 
 /* perm = a uniformly random permutation of 0..n-1 (Fisher-Yates). */
 static void permutation(uint32_t *perm, size_t n, shuffle_rng *r) {
-    for (size_t i = 0; i < n; i++) perm[i] = (uint32_t)i;
+    for (size_t i = 0; i < n; i++)
+        perm[i] = (uint32_t)i;
     for (size_t i = n; i > 1; i--) {
         size_t j = (size_t)below(r, i);
         uint32_t t = perm[i - 1];
@@ -62,7 +64,8 @@ static void permutation(uint32_t *perm, size_t n, shuffle_rng *r) {
 
 enum { PURPOSE_TIES = 1, PURPOSE_EPOCH = 2 };
 
-/* ---- the plan ---------------------------------------------------------------------------------- */
+/* ---- the plan ----------------------------------------------------------------------------------
+ */
 
 typedef struct {
     int32_t src, tgt;
@@ -85,17 +88,20 @@ void luna_batch_plan_free(luna_batch_plan *p) {
 
 static luna_status check_options(const luna_batching_options *o) {
     if (o->num_shards < 1 || o->shard_id < 0 || o->shard_id >= o->num_shards)
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "batching: shard %d of %d is invalid (need 0 <= rank < world size)",
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                          "batching: shard %d of %d is invalid (need 0 <= rank < world size)",
                           o->shard_id, o->num_shards);
     return LUNA_OK;
 }
 
-luna_status luna_batch_plan_create_from_sizes(luna_batch_plan **out, const int32_t *src_sizes, const int32_t *tgt_sizes,
-                                              size_t count, const luna_batching_options *o, const char *name) {
+luna_status luna_batch_plan_create_from_sizes(luna_batch_plan **out, const int32_t *src_sizes,
+                                              const int32_t *tgt_sizes, size_t count,
+                                              const luna_batching_options *o, const char *name) {
     *out = NULL;
     LUNA_TRY(check_options(o));
     if (count > UINT32_MAX)
-        return luna_error(LUNA_ERR_UNSUPPORTED, "%s: %zu sentences; batching supports up to 2^32", name, count);
+        return luna_error(LUNA_ERR_UNSUPPORTED, "%s: %zu sentences; batching supports up to 2^32",
+                          name, count);
     luna_batch_plan *p = calloc(1, sizeof *p);
     sort_key *keys = malloc((count ? count : 1) * sizeof *keys);
     uint32_t *perm = o->shuffle ? malloc((count ? count : 1) * sizeof *perm) : NULL;
@@ -107,7 +113,8 @@ luna_status luna_batch_plan_create_from_sizes(luna_batch_plan **out, const int32
         free(keys);
         free(perm);
         luna_batch_plan_free(p);
-        return luna_error(LUNA_ERR_OUT_OF_MEMORY, "%s: out of memory batching %zu sentences", name, count);
+        return luna_error(LUNA_ERR_OUT_OF_MEMORY, "%s: out of memory batching %zu sentences", name,
+                          count);
     }
     /* 1. order. fairseq: indices = permutation(n) (shuffle) or arange(n); then stable sorts by
      * tgt and by src; so ties fall back to the position in `indices`. */
@@ -131,21 +138,26 @@ luna_status luna_batch_plan_create_from_sizes(luna_batch_plan **out, const int32
         bool too_long = (o->max_source_positions > 0 && e->src > o->max_source_positions) ||
                         (o->max_target_positions > 0 && e->tgt > o->max_target_positions);
         bool too_big = o->max_tokens > 0 && (e->src > o->max_tokens || e->tgt > o->max_tokens);
-        if (!too_long && !too_big) p->indices[m++] = e->idx;
-        else if (too_long) p->num_filtered_positions++;
-        else p->num_filtered_tokens++;
+        if (!too_long && !too_big)
+            p->indices[m++] = e->idx;
+        else if (too_long)
+            p->num_filtered_positions++;
+        else
+            p->num_filtered_tokens++;
         if ((too_long || too_big) && (!worst || e->idx < worst->idx)) worst = e;
     }
     if (worst && !o->skip_invalid) {
         bool too_long = (o->max_source_positions > 0 && worst->src > o->max_source_positions) ||
                         (o->max_target_positions > 0 && worst->tgt > o->max_target_positions);
-        st = luna_error(LUNA_ERR_INVALID_ARGUMENT, "%s: sentence %u: source %d / target %d tokens exceed %s "
-                        "(%lld / %lld) (%zu pairs in all; raise the limit, or let luna skip such pairs)", name,
-                        worst->idx, worst->src, worst->tgt,
-                        too_long ? "max_source_positions / max_target_positions" : "max_tokens",
-                        (long long)(too_long ? o->max_source_positions : o->max_tokens),
-                        (long long)(too_long ? o->max_target_positions : o->max_tokens),
-                        p->num_filtered_positions + p->num_filtered_tokens);
+        st = luna_error(
+            LUNA_ERR_INVALID_ARGUMENT,
+            "%s: sentence %u: source %d / target %d tokens exceed %s "
+            "(%lld / %lld) (%zu pairs in all; raise the limit, or let luna skip such pairs)",
+            name, worst->idx, worst->src, worst->tgt,
+            too_long ? "max_source_positions / max_target_positions" : "max_tokens",
+            (long long)(too_long ? o->max_source_positions : o->max_tokens),
+            (long long)(too_long ? o->max_target_positions : o->max_tokens),
+            p->num_filtered_positions + p->num_filtered_tokens);
     }
     free(keys);
     if (st != LUNA_OK) {
@@ -157,8 +169,9 @@ luna_status luna_batch_plan_create_from_sizes(luna_batch_plan **out, const int32
     const int64_t mult = o->required_batch_size_multiple > 1 ? o->required_batch_size_multiple : 1;
     size_t start = 0;
     int64_t sample_len = 0;
-#define NUM_TOKENS(i) ((int64_t)(src_sizes[p->indices[i]] > tgt_sizes[p->indices[i]] ? src_sizes[p->indices[i]] \
-                                                                                     : tgt_sizes[p->indices[i]]))
+#define NUM_TOKENS(i)                                                                              \
+    ((int64_t)(src_sizes[p->indices[i]] > tgt_sizes[p->indices[i]] ? src_sizes[p->indices[i]]      \
+                                                                   : tgt_sizes[p->indices[i]]))
     for (size_t i = 0; i < m; i++) {
         int64_t nt = NUM_TOKENS(i);
         if (nt > sample_len) sample_len = nt;
@@ -183,12 +196,15 @@ luna_status luna_batch_plan_create_from_sizes(luna_batch_plan **out, const int32
     return LUNA_OK;
 }
 
-luna_status luna_batch_plan_create(luna_batch_plan **out, const luna_pair_dataset *ds, const luna_batching_options *o) {
-    return luna_batch_plan_create_from_sizes(out, luna_pair_dataset_src_sizes(ds), luna_pair_dataset_tgt_sizes(ds),
+luna_status luna_batch_plan_create(luna_batch_plan **out, const luna_pair_dataset *ds,
+                                   const luna_batching_options *o) {
+    return luna_batch_plan_create_from_sizes(out, luna_pair_dataset_src_sizes(ds),
+                                             luna_pair_dataset_tgt_sizes(ds),
                                              luna_pair_dataset_count(ds), o, "data-bin split");
 }
 
-/* ---- the iterator ------------------------------------------------------------------------------ */
+/* ---- the iterator ------------------------------------------------------------------------------
+ */
 
 struct luna_batch_iterator {
     const luna_batch_plan *plan;
@@ -209,18 +225,23 @@ size_t luna_batch_iterator_epoch_length(const luna_batch_iterator *it) {
 }
 
 luna_status luna_batch_iterator_seek(luna_batch_iterator *it, uint64_t epoch, uint64_t offset) {
-    if (epoch < 1) return luna_error(LUNA_ERR_INVALID_ARGUMENT, "batch iterator: epochs count from 1, got %llu",
-                                     (unsigned long long)epoch);
+    if (epoch < 1)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                          "batch iterator: epochs count from 1, got %llu",
+                          (unsigned long long)epoch);
     if (offset > luna_batch_iterator_epoch_length(it))
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "batch iterator: offset %llu is past the end of the epoch "
-                          "(%zu batches) (the data or the batching options changed since the checkpoint)",
-                          (unsigned long long)offset, luna_batch_iterator_epoch_length(it));
+        return luna_error(
+            LUNA_ERR_INVALID_ARGUMENT,
+            "batch iterator: offset %llu is past the end of the epoch "
+            "(%zu batches) (the data or the batching options changed since the checkpoint)",
+            (unsigned long long)offset, luna_batch_iterator_epoch_length(it));
     size_t n = it->plan->num_batches;
     if (it->opts.shuffle) {
         shuffle_rng r = rng_for(it->opts.seed, epoch, PURPOSE_EPOCH);
         permutation(it->order, n, &r);
     } else {
-        for (size_t i = 0; i < n; i++) it->order[i] = (uint32_t)i;
+        for (size_t i = 0; i < n; i++)
+            it->order[i] = (uint32_t)i;
     }
     it->epoch = epoch;
     it->offset = offset;
@@ -248,7 +269,8 @@ luna_status luna_batch_iterator_create(luna_batch_iterator **out, const luna_bat
     return LUNA_OK;
 }
 
-bool luna_batch_iterator_next(luna_batch_iterator *it, const uint32_t **ids, size_t *n, bool *repeated) {
+bool luna_batch_iterator_next(luna_batch_iterator *it, const uint32_t **ids, size_t *n,
+                              bool *repeated) {
     size_t nb = it->plan->num_batches;
     if (nb == 0 || it->offset >= luna_batch_iterator_epoch_length(it)) return false;
     size_t pos = (size_t)it->offset * (size_t)it->opts.num_shards + (size_t)it->opts.shard_id;
@@ -260,7 +282,8 @@ bool luna_batch_iterator_next(luna_batch_iterator *it, const uint32_t **ids, siz
     return true;
 }
 
-void luna_batch_iterator_position(const luna_batch_iterator *it, uint64_t *epoch, uint64_t *offset) {
+void luna_batch_iterator_position(const luna_batch_iterator *it, uint64_t *epoch,
+                                  uint64_t *offset) {
     *epoch = it->epoch;
     *offset = it->offset;
 }

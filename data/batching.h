@@ -29,7 +29,7 @@
 #include <stdint.h>
 
 #include "data/pair_dataset.h"
-#include "model/status.h"
+#include "core/status.h"
 
 typedef struct {
     int64_t max_tokens;                   /* padded tokens per batch; <= 0: unlimited */
@@ -40,7 +40,7 @@ typedef struct {
     bool skip_invalid;                    /* skip (and count) too-long pairs instead of failing */
     bool shuffle;                         /* random tie order and per-epoch batch order */
     uint64_t seed;
-    int32_t num_shards, shard_id;         /* data-parallel world size and rank */
+    int32_t num_shards, shard_id; /* data-parallel world size and rank */
 } luna_batching_options;
 
 /* max_tokens 4096, no sentence cap, multiple 8, positions 1024/1024, skip_invalid, shuffle,
@@ -50,17 +50,19 @@ void luna_batching_options_init(luna_batching_options *o);
 /* The fixed batches of a dataset. */
 typedef struct {
     size_t num_batches;
-    size_t *offsets;   /* (num_batches + 1) into indices */
-    uint32_t *indices; /* sentence ids, batch after batch */
-    size_t num_sentences;         /* sentences in batches */
+    size_t *offsets;               /* (num_batches + 1) into indices */
+    uint32_t *indices;             /* sentence ids, batch after batch */
+    size_t num_sentences;          /* sentences in batches */
     size_t num_filtered_positions; /* skipped for exceeding max_source/target_positions */
     size_t num_filtered_tokens;    /* skipped for not fitting max_tokens on their own */
 } luna_batch_plan;
 
-luna_status luna_batch_plan_create(luna_batch_plan **out, const luna_pair_dataset *ds, const luna_batching_options *o);
+luna_status luna_batch_plan_create(luna_batch_plan **out, const luna_pair_dataset *ds,
+                                   const luna_batching_options *o);
 /* The same from raw size arrays (what the plan actually depends on); `name` for messages. */
-luna_status luna_batch_plan_create_from_sizes(luna_batch_plan **out, const int32_t *src_sizes, const int32_t *tgt_sizes,
-                                              size_t count, const luna_batching_options *o, const char *name);
+luna_status luna_batch_plan_create_from_sizes(luna_batch_plan **out, const int32_t *src_sizes,
+                                              const int32_t *tgt_sizes, size_t count,
+                                              const luna_batching_options *o, const char *name);
 void luna_batch_plan_free(luna_batch_plan *p);
 
 /* Iterates one shard's batches epoch after epoch. The plan must outlive the iterator. */
@@ -79,7 +81,8 @@ luna_status luna_batch_iterator_seek(luna_batch_iterator *it, uint64_t epoch, ui
 
 /* The next batch of the current epoch: sets ids/n (pointing into the plan) and repeated, returns
  * true; returns false at the end of the epoch (then seek to (epoch + 1, 0) to go on). */
-bool luna_batch_iterator_next(luna_batch_iterator *it, const uint32_t **ids, size_t *n, bool *repeated);
+bool luna_batch_iterator_next(luna_batch_iterator *it, const uint32_t **ids, size_t *n,
+                              bool *repeated);
 
 /* Where the next call to next() will continue: save these two numbers in a checkpoint. */
 void luna_batch_iterator_position(const luna_batch_iterator *it, uint64_t *epoch, uint64_t *offset);

@@ -13,13 +13,14 @@
  * chunk stay in cache-friendly per-thread arenas. */
 #define CHUNK_LINES 16384
 
-/* ---- whitespace splitting (Python str.split semantics) ---------------------------------------- */
+/* ---- whitespace splitting (Python str.split semantics) ----------------------------------------
+ */
 
 /* Python's str.isspace() code points (_PyUnicode_IsWhitespace). */
 static bool is_unicode_space(uint32_t c) {
-    return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-           (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
-           c == 0x3000;
+    return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 ||
+           c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 ||
+           c == 0x202F || c == 0x205F || c == 0x3000;
 }
 
 /* Decode one code point at s[i] (input is validated UTF-8; a malformed byte decodes as itself
@@ -32,12 +33,14 @@ static size_t decode(const unsigned char *s, size_t n, size_t i, uint32_t *cp) {
         return 1;
     }
     uint32_t v = c & (0xFF >> (len + 1));
-    for (size_t k = 1; k < len; k++) v = (v << 6) | (s[i + k] & 0x3F);
+    for (size_t k = 1; k < len; k++)
+        v = (v << 6) | (s[i + k] & 0x3F);
     *cp = v;
     return len;
 }
 
-void luna_split_whitespace(const char *str, size_t n, void (*emit)(void *ctx, const char *w, size_t len), void *ctx) {
+void luna_split_whitespace(const char *str, size_t n,
+                           void (*emit)(void *ctx, const char *w, size_t len), void *ctx) {
     const unsigned char *s = (const unsigned char *)str;
     size_t i = 0, start = 0;
     bool in_word = false;
@@ -56,7 +59,8 @@ void luna_split_whitespace(const char *str, size_t n, void (*emit)(void *ctx, co
     if (in_word) emit(ctx, str + start, n - start);
 }
 
-/* ---- per-thread workers ----------------------------------------------------------------------- */
+/* ---- per-thread workers -----------------------------------------------------------------------
+ */
 
 typedef struct {
     const luna_dictionary *dict; /* binarize mode */
@@ -90,7 +94,8 @@ static void push_id(worker *w, int32_t id) {
 
 static void take_piece(worker *w, const char *p, size_t len, bool unknown) {
     if (w->counter) {
-        if (!unknown && w->status == LUNA_OK) w->status = luna_dictionary_add(w->counter, p, len, 1, false, NULL);
+        if (!unknown && w->status == LUNA_OK)
+            w->status = luna_dictionary_add(w->counter, p, len, 1, false, NULL);
         return;
     }
     int32_t id = unknown ? LUNA_DICT_UNK : luna_dictionary_index(w->dict, p, len);
@@ -110,12 +115,14 @@ static void process_line(const luna_tokenizer *tok, worker *w, const char *s, si
         }
         int32_t unk = luna_spm_unk_id(tok->spm);
         for (size_t k = 0; k < w->pieces.count; k++)
-            take_piece(w, w->pieces.pieces[k], strlen(w->pieces.pieces[k]), w->pieces.ids[k] == unk);
+            take_piece(w, w->pieces.pieces[k], strlen(w->pieces.pieces[k]),
+                       w->pieces.ids[k] == unk);
     } else {
         luna_split_whitespace(s, n, emit_word, w);
     }
     if (w->counter) {
-        if (w->status == LUNA_OK) w->status = luna_dictionary_add(w->counter, "</s>", 4, 1, false, NULL);
+        if (w->status == LUNA_OK)
+            w->status = luna_dictionary_add(w->counter, "</s>", 4, 1, false, NULL);
     } else {
         push_id(w, LUNA_DICT_EOS); /* append_eos=True */
     }
@@ -130,8 +137,8 @@ static double now_seconds(void) {
 /* Run process_line over all lines chunk by chunk; after each chunk, `consume` (if any) gets the
  * lines in order. Worker errors are raised on worker threads, whose luna_error message is
  * thread-local, so the first one is copied out under a critical section. */
-typedef luna_status (*consume_fn)(void *ctx, worker *workers, const line_slot *slots, size_t first, size_t n,
-                                  const uint8_t *skip);
+typedef luna_status (*consume_fn)(void *ctx, worker *workers, const line_slot *slots, size_t first,
+                                  size_t n, const uint8_t *skip);
 
 static luna_status run(const luna_tokenizer *tok, const luna_text_lines *text, const uint8_t *skip,
                        worker *workers, consume_fn consume, void *ctx) {
@@ -142,7 +149,8 @@ static luna_status run(const luna_tokenizer *tok, const luna_text_lines *text, c
     char message[1024] = "";
     for (size_t first = 0; first < text->count && status == LUNA_OK; first += CHUNK_LINES) {
         size_t n = text->count - first < CHUNK_LINES ? text->count - first : CHUNK_LINES;
-        for (int t = 0; t < nthreads; t++) workers[t].nids = 0;
+        for (int t = 0; t < nthreads; t++)
+            workers[t].nids = 0;
 #pragma omp parallel num_threads(nthreads)
         {
             worker *w = &workers[omp_get_thread_num()];
@@ -158,7 +166,8 @@ static luna_status run(const luna_tokenizer *tok, const luna_text_lines *text, c
                 if (w->status != LUNA_OK) {
 #pragma omp critical(luna_binarizer_error)
                     if (message[0] == '\0')
-                        snprintf(message, sizeof message, "%s:%zu: %s", text->path, i + 1, luna_error_message());
+                        snprintf(message, sizeof message, "%s:%zu: %s", text->path, i + 1,
+                                 luna_error_message());
                 }
             }
         }
@@ -173,7 +182,8 @@ static luna_status run(const luna_tokenizer *tok, const luna_text_lines *text, c
 
 static worker *workers_create(int nthreads) {
     worker *w = calloc((size_t)nthreads, sizeof *w);
-    for (int t = 0; w && t < nthreads; t++) luna_spm_pieces_init(&w[t].pieces);
+    for (int t = 0; w && t < nthreads; t++)
+        luna_spm_pieces_init(&w[t].pieces);
     return w;
 }
 
@@ -187,16 +197,18 @@ static void workers_free(worker *w, int nthreads) {
     free(w);
 }
 
-luna_status luna_count_tokens(const luna_tokenizer *tok, const luna_text_lines *text, const uint8_t *skip,
-                              luna_dictionary *counts) {
+luna_status luna_count_tokens(const luna_tokenizer *tok, const luna_text_lines *text,
+                              const uint8_t *skip, luna_dictionary *counts) {
     int nthreads = tok->num_threads > 0 ? tok->num_threads : 1;
     worker *w = workers_create(nthreads);
     luna_status st = w ? LUNA_OK : luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
-    for (int t = 0; st == LUNA_OK && t < nthreads; t++) st = luna_dictionary_create(&w[t].counter);
+    for (int t = 0; st == LUNA_OK && t < nthreads; t++)
+        st = luna_dictionary_create(&w[t].counter);
     if (st == LUNA_OK) st = run(tok, text, skip, w, NULL, NULL);
     /* Counts are sums, and finalize() orders by (count, symbol), so the merge order (and thus the
      * thread count) cannot change the resulting dictionary. */
-    for (int t = 0; st == LUNA_OK && t < nthreads; t++) st = luna_dictionary_merge_counts(counts, w[t].counter);
+    for (int t = 0; st == LUNA_OK && t < nthreads; t++)
+        st = luna_dictionary_merge_counts(counts, w[t].counter);
     workers_free(w, nthreads);
     return st;
 }
@@ -206,30 +218,34 @@ typedef struct {
     luna_binarize_stats *stats;
 } binarize_ctx;
 
-static luna_status write_chunk(void *pctx, worker *workers, const line_slot *slots, size_t first, size_t n,
-                               const uint8_t *skip) {
+static luna_status write_chunk(void *pctx, worker *workers, const line_slot *slots, size_t first,
+                               size_t n, const uint8_t *skip) {
     binarize_ctx *ctx = pctx;
     for (size_t k = 0; k < n; k++) {
         if (skip && skip[first + k]) continue;
         const line_slot *sl = &slots[k];
-        LUNA_TRY(luna_indexed_builder_add(ctx->builder, workers[sl->thread].ids + sl->offset, sl->n));
+        LUNA_TRY(
+            luna_indexed_builder_add(ctx->builder, workers[sl->thread].ids + sl->offset, sl->n));
         ctx->stats->sentences++;
         ctx->stats->tokens += (int64_t)sl->n;
     }
     return LUNA_OK;
 }
 
-luna_status luna_binarize(const luna_tokenizer *tok, const luna_text_lines *text, const uint8_t *skip,
-                          const luna_dictionary *dict, const char *prefix, luna_binarize_stats *stats) {
+luna_status luna_binarize(const luna_tokenizer *tok, const luna_text_lines *text,
+                          const uint8_t *skip, const luna_dictionary *dict, const char *prefix,
+                          luna_binarize_stats *stats) {
     double t0 = now_seconds();
     memset(stats, 0, sizeof *stats);
     int nthreads = tok->num_threads > 0 ? tok->num_threads : 1;
     worker *w = workers_create(nthreads);
     luna_status st = w ? LUNA_OK : luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
-    for (int t = 0; w && t < nthreads; t++) w[t].dict = dict;
+    for (int t = 0; w && t < nthreads; t++)
+        w[t].dict = dict;
     luna_indexed_builder *builder = NULL;
     if (st == LUNA_OK)
-        st = luna_indexed_builder_create(&builder, prefix, luna_index_best_dtype((size_t)luna_dictionary_size(dict)));
+        st = luna_indexed_builder_create(&builder, prefix,
+                                         luna_index_best_dtype((size_t)luna_dictionary_size(dict)));
     binarize_ctx ctx = {builder, stats};
     if (st == LUNA_OK) st = run(tok, text, skip, w, write_chunk, &ctx);
     if (st == LUNA_OK) {
@@ -237,7 +253,8 @@ luna_status luna_binarize(const luna_tokenizer *tok, const luna_text_lines *text
         builder = NULL;
     }
     luna_indexed_builder_free(builder);
-    for (int t = 0; w && t < nthreads; t++) stats->unknown += w[t].unknown;
+    for (int t = 0; w && t < nthreads; t++)
+        stats->unknown += w[t].unknown;
     workers_free(w, nthreads);
     stats->seconds = now_seconds() - t0;
     return st;

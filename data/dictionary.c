@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/file_util.h"
+#include "core/file_util.h"
 
 static const char *const SPECIALS[LUNA_DICT_NSPECIAL] = {"<s>", "<pad>", "</s>", "<unk>"};
 static const char OVERWRITE_FLAG[] = "#fairseq:overwrite";
@@ -23,7 +23,8 @@ struct luna_dictionary {
 
 static uint64_t hash_bytes(const char *s, size_t n) {
     uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a; symbols are short, this is plenty */
-    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 0x100000001b3ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (unsigned char)s[i]) * 0x100000001b3ull;
     return h ^ (h >> 29);
 }
 
@@ -88,7 +89,8 @@ luna_status luna_dictionary_create(luna_dictionary **out) {
     if (!d) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "dictionary: out of memory");
     luna_status st = rehash(d, 256);
     for (int i = 0; st == LUNA_OK && i < LUNA_DICT_NSPECIAL; i++)
-        st = append(d, SPECIALS[i], strlen(SPECIALS[i]), 1, hash_bytes(SPECIALS[i], strlen(SPECIALS[i])));
+        st = append(d, SPECIALS[i], strlen(SPECIALS[i]), 1,
+                    hash_bytes(SPECIALS[i], strlen(SPECIALS[i])));
     if (st != LUNA_OK) {
         luna_dictionary_free(d);
         return st;
@@ -99,7 +101,8 @@ luna_status luna_dictionary_create(luna_dictionary **out) {
 
 void luna_dictionary_free(luna_dictionary *d) {
     if (!d) return;
-    for (int32_t i = 0; i < d->size; i++) free(d->symbols[i]);
+    for (int32_t i = 0; i < d->size; i++)
+        free(d->symbols[i]);
     free(d->symbols);
     free(d->lens);
     free(d->hashes);
@@ -124,7 +127,8 @@ luna_status luna_dictionary_add(luna_dictionary *d, const char *symbol, size_t l
 
 luna_status luna_dictionary_merge_counts(luna_dictionary *d, const luna_dictionary *other) {
     for (int32_t i = 0; i < other->size; i++)
-        LUNA_TRY(luna_dictionary_add(d, other->symbols[i], other->lens[i], other->counts[i], false, NULL));
+        LUNA_TRY(luna_dictionary_add(d, other->symbols[i], other->lens[i], other->counts[i], false,
+                                     NULL));
     return LUNA_OK;
 }
 
@@ -148,7 +152,8 @@ int64_t luna_dictionary_count(const luna_dictionary *d, int32_t id) {
     return id >= 0 && id < d->size ? d->counts[id] : -1;
 }
 
-bool luna_dictionary_same_symbols(const luna_dictionary *a, const luna_dictionary *b, int32_t *first_diff) {
+bool luna_dictionary_same_symbols(const luna_dictionary *a, const luna_dictionary *b,
+                                  int32_t *first_diff) {
     int32_t n = a->size < b->size ? a->size : b->size;
     for (int32_t i = 0; i < n; i++) {
         if (a->lens[i] != b->lens[i] || memcmp(a->symbols[i], b->symbols[i], a->lens[i]) != 0) {
@@ -192,7 +197,8 @@ static int cmp_by_count(const void *pa, const void *pb) {
     return cmp_symbol(a->symbol, a->len, b->symbol, b->len);
 }
 
-luna_status luna_dictionary_finalize(luna_dictionary *d, int64_t threshold, int64_t nwords, int padding_factor) {
+luna_status luna_dictionary_finalize(luna_dictionary *d, int64_t threshold, int64_t nwords,
+                                     int padding_factor) {
     if (nwords <= 0) nwords = d->size;
     size_t nrest = (size_t)(d->size - LUNA_DICT_NSPECIAL);
     entry *e = malloc((nrest ? nrest : 1) * sizeof *e);
@@ -200,7 +206,8 @@ luna_status luna_dictionary_finalize(luna_dictionary *d, int64_t threshold, int6
     luna_status st = e ? luna_dictionary_create(&out)
                        : luna_error(LUNA_ERR_OUT_OF_MEMORY, "dictionary: out of memory");
     if (st != LUNA_OK) goto done;
-    for (int i = 0; i < LUNA_DICT_NSPECIAL; i++) out->counts[i] = d->counts[i];
+    for (int i = 0; i < LUNA_DICT_NSPECIAL; i++)
+        out->counts[i] = d->counts[i];
     for (size_t i = 0; i < nrest; i++) {
         int32_t id = (int32_t)i + LUNA_DICT_NSPECIAL;
         e[i] = (entry){d->symbols[id], d->lens[id], d->counts[id]};
@@ -210,7 +217,8 @@ luna_status luna_dictionary_finalize(luna_dictionary *d, int64_t threshold, int6
     qsort(e, nrest, sizeof *e, cmp_by_symbol);
     size_t nunique = 0;
     for (size_t i = 0; i < nrest; i++) {
-        if (nunique > 0 && cmp_symbol(e[nunique - 1].symbol, e[nunique - 1].len, e[i].symbol, e[i].len) == 0)
+        if (nunique > 0 &&
+            cmp_symbol(e[nunique - 1].symbol, e[nunique - 1].len, e[i].symbol, e[i].len) == 0)
             e[nunique - 1] = e[i];
         else
             e[nunique++] = e[i];
@@ -243,7 +251,9 @@ done:
 
 /* ---- text format ----------------------------------------------------------------------------- */
 
-static bool is_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == '\v' || c == '\f'; }
+static bool is_space(char c) {
+    return c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == '\v' || c == '\f';
+}
 
 /* Python's int(field) for the plain decimal forms fairseq writes: [+-]digits. */
 static bool parse_count(const char *s, size_t n, int64_t *out) {
@@ -283,11 +293,14 @@ luna_status luna_dictionary_load_from_memory(luna_dictionary **out, const char *
         const char *nl = memchr(line, '\n', len - pos);
         size_t n = nl ? (size_t)(nl - line) : len - pos;
         pos += n + (nl ? 1 : 0);
-        while (n > 0 && is_space(line[n - 1])) n--; /* line.rstrip() */
+        while (n > 0 && is_space(line[n - 1]))
+            n--; /* line.rstrip() */
         size_t bad;
         if (!luna_utf8_valid(line, n, &bad)) {
-            st = luna_error(LUNA_ERR_FORMAT, "%s:%ld: invalid UTF-8 at byte %zu of the line (a dictionary "
-                            "must be UTF-8 text)", name, lineno, bad + 1);
+            st = luna_error(LUNA_ERR_FORMAT,
+                            "%s:%ld: invalid UTF-8 at byte %zu of the line (a dictionary "
+                            "must be UTF-8 text)",
+                            name, lineno, bad + 1);
             break;
         }
         long sp = last_space(line, n);
@@ -300,9 +313,11 @@ luna_status luna_dictionary_load_from_memory(luna_dictionary **out, const char *
             sp = last_space(line, n);
         }
         if (sp < 0 || !parse_count(line + sp + 1, n - (size_t)sp - 1, &count)) {
-            st = luna_error(LUNA_ERR_FORMAT, "%s:%ld: expected '<token> <count> [#fairseq:overwrite]', got "
-                            "'%.*s' (a fairseq dict.<lang>.txt has one token and its count per line)",
-                            name, lineno, (int)(n < 80 ? n : 80), line);
+            st = luna_error(
+                LUNA_ERR_FORMAT,
+                "%s:%ld: expected '<token> <count> [#fairseq:overwrite]', got "
+                "'%.*s' (a fairseq dict.<lang>.txt has one token and its count per line)",
+                name, lineno, (int)(n < 80 ? n : 80), line);
             break;
         }
         size_t wlen = (size_t)sp;
@@ -311,9 +326,10 @@ luna_status luna_dictionary_load_from_memory(luna_dictionary **out, const char *
             break;
         }
         if (!overwrite && luna_dictionary_find(d, line, wlen) >= 0) {
-            st = luna_error(LUNA_ERR_FORMAT, "%s:%ld: duplicate token '%.*s' (append ' #fairseq:overwrite' "
-                            "to the line if the repetition is intended)", name, lineno,
-                            (int)(wlen < 80 ? wlen : 80), line);
+            st = luna_error(LUNA_ERR_FORMAT,
+                            "%s:%ld: duplicate token '%.*s' (append ' #fairseq:overwrite' "
+                            "to the line if the repetition is intended)",
+                            name, lineno, (int)(wlen < 80 ? wlen : 80), line);
             break;
         }
         st = luna_dictionary_add(d, line, wlen, count, overwrite, NULL);
@@ -340,7 +356,8 @@ luna_status luna_dictionary_to_text(const luna_dictionary *d, char **text, size_
     *text = NULL;
     *len = 0;
     size_t cap = 1;
-    for (int32_t i = LUNA_DICT_NSPECIAL; i < d->size; i++) cap += d->lens[i] + 48;
+    for (int32_t i = LUNA_DICT_NSPECIAL; i < d->size; i++)
+        cap += d->lens[i] + 48;
     char *buf = malloc(cap);
     /* seen[last id of a symbol]: whether an earlier entry with that symbol was written. */
     bool *seen = calloc((size_t)d->size, sizeof *seen);
@@ -349,7 +366,8 @@ luna_status luna_dictionary_to_text(const luna_dictionary *d, char **text, size_
         free(seen);
         return luna_error(LUNA_ERR_OUT_OF_MEMORY, "dictionary: out of memory");
     }
-    for (int32_t i = 0; i < LUNA_DICT_NSPECIAL; i++) seen[luna_dictionary_find(d, d->symbols[i], d->lens[i])] = true;
+    for (int32_t i = 0; i < LUNA_DICT_NSPECIAL; i++)
+        seen[luna_dictionary_find(d, d->symbols[i], d->lens[i])] = true;
     size_t n = 0;
     for (int32_t i = LUNA_DICT_NSPECIAL; i < d->size; i++) {
         int32_t last = luna_dictionary_find(d, d->symbols[i], d->lens[i]);

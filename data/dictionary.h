@@ -17,7 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/status.h"
+#include "core/status.h"
 
 enum {
     LUNA_DICT_BOS = 0, /* "<s>" */
@@ -55,7 +55,8 @@ luna_status luna_dictionary_merge_counts(luna_dictionary *d, const luna_dictiona
 
 /* fairseq's finalize(threshold, nwords, padding_factor). threshold <= 0 keeps everything,
  * nwords <= 0 means no cap, padding_factor <= 1 means no padding. */
-luna_status luna_dictionary_finalize(luna_dictionary *d, int64_t threshold, int64_t nwords, int padding_factor);
+luna_status luna_dictionary_finalize(luna_dictionary *d, int64_t threshold, int64_t nwords,
+                                     int padding_factor);
 
 /* Number of symbols including the specials. */
 int32_t luna_dictionary_size(const luna_dictionary *d);
@@ -71,6 +72,7 @@ int64_t luna_dictionary_count(const luna_dictionary *d, int32_t id);
 
 /* True iff both have the same symbols in the same order (counts are not compared: they do not
  * affect which id a token gets). Otherwise *first_diff (optional) is the first differing id. */
-bool luna_dictionary_same_symbols(const luna_dictionary *a, const luna_dictionary *b, int32_t *first_diff);
+bool luna_dictionary_same_symbols(const luna_dictionary *a, const luna_dictionary *b,
+                                  int32_t *first_diff);
 
 #endif

@@ -24,7 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/status.h"
+#include "core/status.h"
 
 typedef enum {
     LUNA_DTYPE_UINT8 = 1,
@@ -71,14 +71,16 @@ void luna_indexed_dataset_get(const luna_indexed_dataset *ds, size_t i, int32_t 
 
 /* Verify 0 <= id < limit for every token; the error names the .bin file, the sentence index,
  * the position in the sentence and the byte offset. */
-luna_status luna_indexed_dataset_check_ids(const luna_indexed_dataset *ds, int64_t limit, const char *what);
+luna_status luna_indexed_dataset_check_ids(const luna_indexed_dataset *ds, int64_t limit,
+                                           const char *what);
 
 /* ---- builder --------------------------------------------------------------------------------- */
 
 typedef struct luna_indexed_builder luna_indexed_builder;
 
 /* Start writing <prefix>.bin / <prefix>.idx (integer dtypes only). */
-luna_status luna_indexed_builder_create(luna_indexed_builder **out, const char *prefix, luna_index_dtype dtype);
+luna_status luna_indexed_builder_create(luna_indexed_builder **out, const char *prefix,
+                                        luna_index_dtype dtype);
 
 /* Append one sentence; every id must fit the dtype. */
 luna_status luna_indexed_builder_add(luna_indexed_builder *b, const int32_t *tokens, size_t n);

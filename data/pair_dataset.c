@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/file_util.h"
+#include "core/file_util.h"
 
 struct luna_pair_dataset {
     luna_indexed_dataset *src, *tgt;

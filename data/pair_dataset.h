@@ -23,7 +23,7 @@
 
 #include "data/dictionary.h"
 #include "data/indexed_dataset.h"
-#include "model/status.h"
+#include "core/status.h"
 
 typedef struct luna_pair_dataset luna_pair_dataset;
 

@@ -18,7 +18,7 @@
 #include <vector>
 
 extern "C" {
-#include "model/file_util.h"
+#include "core/file_util.h"
 }
 
 struct luna_spm {
@@ -38,11 +38,14 @@ luna_status from_exception(const char *what, const char *name) {
     try {
         throw;
     } catch (const std::bad_alloc &) {
-        return luna_error(LUNA_ERR_OUT_OF_MEMORY, "%s: out of memory during SentencePiece %s", name, what);
+        return luna_error(LUNA_ERR_OUT_OF_MEMORY, "%s: out of memory during SentencePiece %s", name,
+                          what);
     } catch (const std::exception &e) {
-        return luna_error(LUNA_ERR_INTERNAL, "%s: SentencePiece %s raised: %s", name, what, e.what());
+        return luna_error(LUNA_ERR_INTERNAL, "%s: SentencePiece %s raised: %s", name, what,
+                          e.what());
     } catch (...) {
-        return luna_error(LUNA_ERR_INTERNAL, "%s: SentencePiece %s raised an unknown exception", name, what);
+        return luna_error(LUNA_ERR_INTERNAL, "%s: SentencePiece %s raised an unknown exception",
+                          name, what);
     }
 }
 
@@ -77,7 +80,8 @@ class LineIterator : public sentencepiece::SentenceIterator {
         const char *base = reinterpret_cast<const char *>(map_.data);
         const char *start = base + pos_;
         const void *nl = memchr(start, '\n', map_.size - pos_);
-        size_t len = nl ? static_cast<size_t>(static_cast<const char *>(nl) - start) : map_.size - pos_;
+        size_t len =
+            nl ? static_cast<size_t>(static_cast<const char *>(nl) - start) : map_.size - pos_;
         value_.assign(start, len);
         pos_ += len + 1;
     }
@@ -139,10 +143,13 @@ void luna_spm_train_options_init(luna_spm_train_options *opts) {
 luna_status luna_spm_train(const luna_spm_train_options *opts) {
     const char *prefix = opts->model_prefix ? opts->model_prefix : "(no model prefix)";
     if (!opts->model_prefix || (!opts->input_files && !opts->next) || opts->vocab_size <= 0 ||
-        opts->num_threads <= 0 || !(opts->character_coverage > 0.0 && opts->character_coverage <= 1.0))
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
-                          "%s: invalid SentencePiece training options (need a model prefix, inputs, "
-                          "vocab_size > 0, threads > 0, 0 < character_coverage <= 1)", prefix);
+        opts->num_threads <= 0 ||
+        !(opts->character_coverage > 0.0 && opts->character_coverage <= 1.0))
+        return luna_error(
+            LUNA_ERR_INVALID_ARGUMENT,
+            "%s: invalid SentencePiece training options (need a model prefix, inputs, "
+            "vocab_size > 0, threads > 0, 0 < character_coverage <= 1)",
+            prefix);
     try {
         std::unordered_map<std::string, std::string> kw;
         kw["model_type"] = opts->model_type ? opts->model_type : "bpe";
@@ -153,7 +160,8 @@ luna_status luna_spm_train(const luna_spm_train_options *opts) {
         kw["num_threads"] = std::to_string(opts->num_threads);
         kw["input_sentence_size"] = std::to_string(opts->input_sentence_size);
         kw["shuffle_input_sentence"] = "true";
-        kw["max_sentence_length"] = std::to_string(opts->max_sentence_length ? opts->max_sentence_length : 4192);
+        kw["max_sentence_length"] =
+            std::to_string(opts->max_sentence_length ? opts->max_sentence_length : 4192);
         kw["minloglevel"] = "2"; // errors only: training otherwise prints pages of progress
         LineIterator lines(opts);
         std::string model;
@@ -165,8 +173,8 @@ luna_status luna_spm_train(const luna_spm_train_options *opts) {
         if (!s.ok()) {
             return luna_error(LUNA_ERR_INVALID_ARGUMENT,
                               "%s.model: SentencePiece training failed: %s (check --bpe-vocab-size "
-                              "against the amount of training text)", opts->model_prefix,
-                              s.ToString().c_str());
+                              "against the amount of training text)",
+                              opts->model_prefix, s.ToString().c_str());
         }
         sentencepiece::SentencePieceProcessor p;
         s = p.LoadFromSerializedProto(model);
@@ -180,7 +188,8 @@ luna_status luna_spm_train(const luna_spm_train_options *opts) {
     }
 }
 
-luna_status luna_spm_load_from_memory(luna_spm **out, const void *data, size_t size, const char *name) {
+luna_status luna_spm_load_from_memory(luna_spm **out, const void *data, size_t size,
+                                      const char *name) {
     *out = nullptr;
     if (!name) name = "(SentencePiece model)";
     try {
@@ -189,9 +198,10 @@ luna_status luna_spm_load_from_memory(luna_spm **out, const void *data, size_t s
         spm->name = name;
         auto s = spm->processor.LoadFromSerializedProto(spm->serialized);
         if (!s.ok())
-            return luna_error(LUNA_ERR_FORMAT, "%s: not a valid SentencePiece model: %s (give the "
-                              "spm.model written by luna-preprocess or spm_train)", name,
-                              s.ToString().c_str());
+            return luna_error(LUNA_ERR_FORMAT,
+                              "%s: not a valid SentencePiece model: %s (give the "
+                              "spm.model written by luna-preprocess or spm_train)",
+                              name, s.ToString().c_str());
         *out = spm.release();
         return LUNA_OK;
     } catch (...) {
@@ -243,23 +253,29 @@ void luna_spm_pieces_release(luna_spm_pieces *p) {
     memset(p, 0, sizeof *p);
 }
 
-luna_status luna_spm_encode_pieces(const luna_spm *spm, const char *text, size_t len, luna_spm_pieces *out) {
+luna_status luna_spm_encode_pieces(const luna_spm *spm, const char *text, size_t len,
+                                   luna_spm_pieces *out) {
     out->count = 0;
     try {
         auto spt = spm->processor.EncodeAsImmutableProto(absl::string_view(text, len));
         size_t n = spt.pieces_size(), bytes = 0;
-        for (size_t i = 0; i < n; i++) bytes += spt.pieces(static_cast<int>(i)).piece().size() + 1;
+        for (size_t i = 0; i < n; i++)
+            bytes += spt.pieces(static_cast<int>(i)).piece().size() + 1;
         if (n > out->capacity_) {
             char **pieces = static_cast<char **>(realloc(out->pieces, n * sizeof(char *)));
             if (pieces) out->pieces = pieces;
             int32_t *ids = static_cast<int32_t *>(realloc(out->ids, n * sizeof(int32_t)));
             if (ids) out->ids = ids;
-            if (!pieces || !ids) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "%s: out of memory encoding", spm->name.c_str());
+            if (!pieces || !ids)
+                return luna_error(LUNA_ERR_OUT_OF_MEMORY, "%s: out of memory encoding",
+                                  spm->name.c_str());
             out->capacity_ = n;
         }
         if (bytes > out->storage_capacity_) {
             char *storage = static_cast<char *>(realloc(out->storage_, bytes));
-            if (!storage) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "%s: out of memory encoding", spm->name.c_str());
+            if (!storage)
+                return luna_error(LUNA_ERR_OUT_OF_MEMORY, "%s: out of memory encoding",
+                                  spm->name.c_str());
             out->storage_ = storage;
             out->storage_capacity_ = bytes;
         }
@@ -282,7 +298,8 @@ luna_status luna_spm_encode_pieces(const luna_spm *spm, const char *text, size_t
     }
 }
 
-luna_status luna_spm_encode_ids(const luna_spm *spm, const char *text, size_t len, int32_t **ids, size_t *n) {
+luna_status luna_spm_encode_ids(const luna_spm *spm, const char *text, size_t len, int32_t **ids,
+                                size_t *n) {
     *ids = nullptr;
     *n = 0;
     try {
@@ -290,8 +307,11 @@ luna_status luna_spm_encode_ids(const luna_spm *spm, const char *text, size_t le
         auto s = spm->processor.Encode(absl::string_view(text, len), &v);
         if (!s.ok()) return from_spm(s, "encoding", spm->name.c_str());
         int32_t *a = static_cast<int32_t *>(malloc((v.size() ? v.size() : 1) * sizeof(int32_t)));
-        if (!a) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "%s: out of memory encoding", spm->name.c_str());
-        for (size_t i = 0; i < v.size(); i++) a[i] = v[i];
+        if (!a)
+            return luna_error(LUNA_ERR_OUT_OF_MEMORY, "%s: out of memory encoding",
+                              spm->name.c_str());
+        for (size_t i = 0; i < v.size(); i++)
+            a[i] = v[i];
         *ids = a;
         *n = v.size();
         return LUNA_OK;
@@ -302,19 +322,22 @@ luna_status luna_spm_encode_ids(const luna_spm *spm, const char *text, size_t le
 
 static luna_status copy_out(const std::string &s, char **text, const luna_spm *spm) {
     char *t = static_cast<char *>(malloc(s.size() + 1));
-    if (!t) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "%s: out of memory decoding", spm->name.c_str());
+    if (!t)
+        return luna_error(LUNA_ERR_OUT_OF_MEMORY, "%s: out of memory decoding", spm->name.c_str());
     memcpy(t, s.data(), s.size());
     t[s.size()] = '\0';
     *text = t;
     return LUNA_OK;
 }
 
-luna_status luna_spm_decode_pieces(const luna_spm *spm, const char *const *pieces, size_t n, char **text) {
+luna_status luna_spm_decode_pieces(const luna_spm *spm, const char *const *pieces, size_t n,
+                                   char **text) {
     *text = nullptr;
     try {
         std::vector<absl::string_view> v;
         v.reserve(n);
-        for (size_t i = 0; i < n; i++) v.emplace_back(pieces[i], strlen(pieces[i]));
+        for (size_t i = 0; i < n; i++)
+            v.emplace_back(pieces[i], strlen(pieces[i]));
         std::string out;
         auto s = spm->processor.Decode(v, &out);
         if (!s.ok()) return from_spm(s, "decoding", spm->name.c_str());
@@ -331,8 +354,10 @@ luna_status luna_spm_decode_ids(const luna_spm *spm, const int32_t *ids, size_t 
         std::vector<int> v(ids, ids + n);
         for (size_t i = 0; i < n; i++)
             if (v[i] < 0 || v[i] >= size)
-                return luna_error(LUNA_ERR_INVALID_ARGUMENT, "%s: id %d at position %zu is outside the "
-                                  "vocabulary [0, %d)", spm->name.c_str(), v[i], i, size);
+                return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                                  "%s: id %d at position %zu is outside the "
+                                  "vocabulary [0, %d)",
+                                  spm->name.c_str(), v[i], i, size);
         std::string out;
         auto s = spm->processor.Decode(v, &out);
         if (!s.ok()) return from_spm(s, "decoding", spm->name.c_str());

@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/status.h"
+#include "core/status.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -47,7 +47,8 @@ luna_status luna_spm_train(const luna_spm_train_options *opts);
 /* Load a model file, or a serialized model (the bytes of a .model file, e.g. from a
  * checkpoint). `name` is used in error messages only. */
 luna_status luna_spm_load(luna_spm **out, const char *model_path);
-luna_status luna_spm_load_from_memory(luna_spm **out, const void *data, size_t size, const char *name);
+luna_status luna_spm_load_from_memory(luna_spm **out, const void *data, size_t size,
+                                      const char *name);
 void luna_spm_free(luna_spm *spm);
 
 /* The serialized model (the bytes of the .model file); pointer valid while spm lives. */
@@ -74,13 +75,16 @@ typedef struct {
 void luna_spm_pieces_init(luna_spm_pieces *p);
 void luna_spm_pieces_release(luna_spm_pieces *p);
 
-luna_status luna_spm_encode_pieces(const luna_spm *spm, const char *text, size_t len, luna_spm_pieces *out);
+luna_status luna_spm_encode_pieces(const luna_spm *spm, const char *text, size_t len,
+                                   luna_spm_pieces *out);
 
 /* Ids only, into a malloc'ed array. */
-luna_status luna_spm_encode_ids(const luna_spm *spm, const char *text, size_t len, int32_t **ids, size_t *n);
+luna_status luna_spm_encode_ids(const luna_spm *spm, const char *text, size_t len, int32_t **ids,
+                                size_t *n);
 
 /* Detokenize: pieces (or ids) back to text, returned as a malloc'ed NUL-terminated string. */
-luna_status luna_spm_decode_pieces(const luna_spm *spm, const char *const *pieces, size_t n, char **text);
+luna_status luna_spm_decode_pieces(const luna_spm *spm, const char *const *pieces, size_t n,
+                                   char **text);
 luna_status luna_spm_decode_ids(const luna_spm *spm, const int32_t *ids, size_t n, char **text);
 
 /* Write the vocabulary in SentencePiece's .vocab format ("piece<TAB>score" lines), atomically. */

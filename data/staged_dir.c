@@ -8,7 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "model/file_util.h"
+#include "core/file_util.h"
 
 struct luna_staged_dir {
     char *dest, *parent, *path;
@@ -24,7 +24,8 @@ luna_status luna_make_dirs(const char *path) {
             char saved = *q;
             *q = '\0';
             if (mkdir(p, 0777) != 0 && errno != EEXIST) {
-                st = luna_error(LUNA_ERR_IO, "%s: cannot create directory: %s (check permissions)", p, strerror(errno));
+                st = luna_error(LUNA_ERR_IO, "%s: cannot create directory: %s (check permissions)",
+                                p, strerror(errno));
                 break;
             }
             *q = saved;
@@ -33,7 +34,8 @@ luna_status luna_make_dirs(const char *path) {
     }
     struct stat sb;
     if (st == LUNA_OK && (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode)))
-        st = luna_error(LUNA_ERR_IO, "%s: exists and is not a directory (choose another path)", path);
+        st = luna_error(LUNA_ERR_IO, "%s: exists and is not a directory (choose another path)",
+                        path);
     free(p);
     return st;
 }
@@ -48,8 +50,10 @@ static void remove_tree(const char *path) {
             char *child = luna_path_join(path, e->d_name);
             if (!child) continue;
             struct stat sb;
-            if (lstat(child, &sb) == 0 && S_ISDIR(sb.st_mode)) remove_tree(child);
-            else unlink(child);
+            if (lstat(child, &sb) == 0 && S_ISDIR(sb.st_mode))
+                remove_tree(child);
+            else
+                unlink(child);
             free(child);
         }
         closedir(d);
@@ -74,26 +78,33 @@ luna_status luna_staged_dir_create(luna_staged_dir **out, const char *dest) {
         return luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
     }
     size_t n = strlen(s->dest);
-    while (n > 1 && s->dest[n - 1] == '/') s->dest[--n] = '\0'; /* "out/" names "out" */
+    while (n > 1 && s->dest[n - 1] == '/')
+        s->dest[--n] = '\0'; /* "out/" names "out" */
     const char *slash = strrchr(s->dest, '/');
     const char *name = slash ? slash + 1 : s->dest;
-    s->parent = slash ? strndup(s->dest, slash == s->dest ? 1 : (size_t)(slash - s->dest)) : strdup(".");
+    s->parent =
+        slash ? strndup(s->dest, slash == s->dest ? 1 : (size_t)(slash - s->dest)) : strdup(".");
     size_t len = strlen(s->parent) + strlen(name) + 32;
     s->path = malloc(len);
-    luna_status st = s->parent && s->path ? LUNA_OK : luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
+    luna_status st =
+        s->parent && s->path ? LUNA_OK : luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
     char *tmp_path = s->path;
     s->path = NULL; /* not ours to remove until mkdtemp succeeded */
     if (st == LUNA_OK && (!strcmp(name, ".") || !strcmp(name, "..") || !*name))
-        st = luna_error(LUNA_ERR_INVALID_ARGUMENT, "%s: give the destination directory by name", dest);
+        st = luna_error(LUNA_ERR_INVALID_ARGUMENT, "%s: give the destination directory by name",
+                        dest);
     struct stat sb;
     if (st == LUNA_OK && stat(s->dest, &sb) == 0 && !S_ISDIR(sb.st_mode))
-        st = luna_error(LUNA_ERR_IO, "%s: exists and is not a directory (choose another --destdir)", s->dest);
+        st = luna_error(LUNA_ERR_IO, "%s: exists and is not a directory (choose another --destdir)",
+                        s->dest);
     if (st == LUNA_OK) st = luna_make_dirs(s->parent);
     if (st == LUNA_OK) {
         snprintf(tmp_path, len, "%s/.%s.staging-XXXXXX", s->parent, name);
         if (!mkdtemp(tmp_path))
-            st = luna_error(LUNA_ERR_IO, "%s: cannot create a staging directory next to it: %s (check permissions)",
-                            s->dest, strerror(errno));
+            st = luna_error(
+                LUNA_ERR_IO,
+                "%s: cannot create a staging directory next to it: %s (check permissions)", s->dest,
+                strerror(errno));
         else
             s->path = tmp_path, tmp_path = NULL;
     }
@@ -118,7 +129,8 @@ luna_status luna_staged_dir_commit(luna_staged_dir *s) {
         umask(mask);
         chmod(s->path, 0777 & ~mask);
         if (rename(s->path, s->dest) != 0)
-            st = luna_error(LUNA_ERR_IO, "%s: cannot move the staging directory into place: %s", s->dest, strerror(errno));
+            st = luna_error(LUNA_ERR_IO, "%s: cannot move the staging directory into place: %s",
+                            s->dest, strerror(errno));
         else {
             free(s->path);
             s->path = NULL;
@@ -130,8 +142,10 @@ luna_status luna_staged_dir_commit(luna_staged_dir *s) {
         struct dirent *e;
         while (st == LUNA_OK && (e = readdir(d)) != NULL) {
             if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-            char *from = luna_path_join(s->path, e->d_name), *to = luna_path_join(s->dest, e->d_name);
-            if (!from || !to) st = luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
+            char *from = luna_path_join(s->path, e->d_name),
+                 *to = luna_path_join(s->dest, e->d_name);
+            if (!from || !to)
+                st = luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
             else if (rename(from, to) != 0)
                 st = luna_error(LUNA_ERR_IO, "%s: cannot move into place: %s", to, strerror(errno));
             free(from);

@@ -9,7 +9,7 @@
 #ifndef LUNA_DATA_STAGED_DIR_H
 #define LUNA_DATA_STAGED_DIR_H
 
-#include "model/status.h"
+#include "core/status.h"
 
 typedef struct luna_staged_dir luna_staged_dir;
 

@@ -22,24 +22,32 @@ void luna_text_lines_free(luna_text_lines *t) {
 static luna_status check_line(const luna_text_lines *t, const luna_text_check *check, size_t lineno,
                               const char *s, size_t n) {
     if (check->max_line_bytes && n > check->max_line_bytes)
-        return luna_error(LUNA_ERR_FORMAT, "%s:%zu: line is %zu bytes, longer than --max-line-bytes %zu "
-                          "(split or drop the line, or raise --max-line-bytes)", t->path, lineno, n,
-                          check->max_line_bytes);
+        return luna_error(LUNA_ERR_FORMAT,
+                          "%s:%zu: line is %zu bytes, longer than --max-line-bytes %zu "
+                          "(split or drop the line, or raise --max-line-bytes)",
+                          t->path, lineno, n, check->max_line_bytes);
     const char *nul = memchr(s, '\0', n);
     if (nul)
-        return luna_error(LUNA_ERR_FORMAT, "%s:%zu: NUL byte at byte %zu of the line (the file must be "
-                          "UTF-8 text, one sentence per line)", t->path, lineno, (size_t)(nul - s) + 1);
+        return luna_error(LUNA_ERR_FORMAT,
+                          "%s:%zu: NUL byte at byte %zu of the line (the file must be "
+                          "UTF-8 text, one sentence per line)",
+                          t->path, lineno, (size_t)(nul - s) + 1);
     size_t bad;
     if (!luna_utf8_valid(s, n, &bad))
-        return luna_error(LUNA_ERR_FORMAT, "%s:%zu: invalid UTF-8 at byte %zu of the line (convert the file "
-                          "to UTF-8, e.g. with iconv)", t->path, lineno, bad + 1);
+        return luna_error(LUNA_ERR_FORMAT,
+                          "%s:%zu: invalid UTF-8 at byte %zu of the line (convert the file "
+                          "to UTF-8, e.g. with iconv)",
+                          t->path, lineno, bad + 1);
     if (!check->allow_empty && luna_text_is_blank(s, n))
-        return luna_error(LUNA_ERR_FORMAT, "%s:%zu: empty line (remove the sentence pair, or pass "
-                          "--skip-empty to drop such pairs)", t->path, lineno);
+        return luna_error(LUNA_ERR_FORMAT,
+                          "%s:%zu: empty line (remove the sentence pair, or pass "
+                          "--skip-empty to drop such pairs)",
+                          t->path, lineno);
     return LUNA_OK;
 }
 
-luna_status luna_text_lines_open(luna_text_lines **out, const char *path, const luna_text_check *check) {
+luna_status luna_text_lines_open(luna_text_lines **out, const char *path,
+                                 const luna_text_check *check) {
     *out = NULL;
     luna_text_lines *t = calloc(1, sizeof *t);
     if (!t || !(t->path = strdup(path))) {

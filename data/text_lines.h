@@ -13,8 +13,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/file_util.h"
-#include "model/status.h"
+#include "core/file_util.h"
+#include "core/status.h"
 
 typedef struct {
     size_t max_line_bytes; /* 0: unlimited */
@@ -24,12 +24,13 @@ typedef struct {
 typedef struct {
     char *path;
     luna_mapped_file map;
-    size_t count;      /* number of lines */
-    size_t *starts;    /* (count + 1) byte offset of each line; starts[count] = end sentinel */
-    size_t num_empty;  /* lines that are empty or whitespace-only (when allowed) */
+    size_t count;     /* number of lines */
+    size_t *starts;   /* (count + 1) byte offset of each line; starts[count] = end sentinel */
+    size_t num_empty; /* lines that are empty or whitespace-only (when allowed) */
 } luna_text_lines;
 
-luna_status luna_text_lines_open(luna_text_lines **out, const char *path, const luna_text_check *check);
+luna_status luna_text_lines_open(luna_text_lines **out, const char *path,
+                                 const luna_text_check *check);
 void luna_text_lines_free(luna_text_lines *t);
 
 /* Line i (0-based) without its newline. */

@@ -101,9 +101,9 @@ static luna_status gather_rows(luna_incremental *inc, void *buf, size_t stride, 
     if (!tmp) return LUNA_ERR_OUT_OF_MEMORY;
     char *base = buf;
     for (int i = 0; i < n; i++)
-        be->copy_device(tmp + (size_t)i * copy, base + idx[i] * stride, copy);
+        LUNA_TRY(luna_mem_copy(be, tmp + (size_t)i * copy, base + idx[i] * stride, copy));
     for (int i = 0; i < n; i++)
-        be->copy_device(base + (size_t)i * stride, tmp + (size_t)i * copy, copy);
+        LUNA_TRY(luna_mem_copy(be, base + (size_t)i * stride, tmp + (size_t)i * copy, copy));
     luna_arena_release(inc->scratch, mark);
     return LUNA_OK;
 }
@@ -170,7 +170,7 @@ static luna_status encode(luna_incremental *inc, const luna_pass *ps, const int3
     const float emb_scale = sqrtf((float)d);
     int32_t *tok;
     LUNA_TRY(luna_pass_alloc_i32(ps, &tok, (int64_t)S * m, "source tokens"));
-    be->copy_from_host(tok, src, (size_t)S * m * sizeof(int32_t));
+    LUNA_TRY(luna_mem_from_host(be, tok, src, (size_t)S * m * sizeof(int32_t)));
     float *x, *p = NULL;
     LUNA_TRY(luna_pass_alloc(ps, &x, (int64_t)S * m * d, "source embeddings"));
     LUNA_TRY(be->ops->embedding_forward(be, x, w->embed_tokens, tok, (int64_t)S * m, c->vocab_size,
@@ -228,9 +228,11 @@ static luna_status begin(luna_incremental *inc, const int32_t *src, const int32_
     if (st == LUNA_OK && inc->luna && inc->masked)
         st = luna_pass_alloc_i32(&ps, &p_valid, S, "P mask");
     if (st == LUNA_OK) {
-        be->copy_from_host(inc->valid_dev, inc->valid_host, (size_t)R * sizeof(int32_t));
-        be->copy_from_host(src_valid, host, (size_t)S * sizeof(int32_t));
-        if (p_valid) be->copy_from_host(p_valid, host + S, (size_t)S * sizeof(int32_t));
+        st = luna_mem_from_host(be, inc->valid_dev, inc->valid_host, (size_t)R * sizeof(int32_t));
+        if (st == LUNA_OK)
+            st = luna_mem_from_host(be, src_valid, host, (size_t)S * sizeof(int32_t));
+        if (st == LUNA_OK && p_valid)
+            st = luna_mem_from_host(be, p_valid, host + S, (size_t)S * sizeof(int32_t));
     }
     free(host);
     LUNA_TRY(st);
@@ -279,28 +281,26 @@ static luna_status begin(luna_incremental *inc, const int32_t *src, const int32_
             st = luna_pass_alloc(&pst, &rs->ksum, (int64_t)R * L * d, "causal state");
         if (st == LUNA_OK)
             st = luna_pass_alloc(&pst, &rs->vsum, (int64_t)R * L * d, "causal state");
-        if (st == LUNA_OK) {
-            for (int r = 0; r < R; r++)
-                be->copy_device((char *)rs->pt + r * Ld, (char *)cs.pt + expand[r] * Ld, Ld);
-            be->memset_zero(rs->ksum, (size_t)R * Ld);
-            be->memset_zero(rs->vsum, (size_t)R * Ld);
-        }
+        for (int r = 0; r < R && st == LUNA_OK; r++)
+            st = luna_mem_copy(be, (char *)rs->pt + r * Ld, (char *)cs.pt + expand[r] * Ld, Ld);
+        if (st == LUNA_OK) st = luna_mem_zero(be, rs->ksum, (size_t)R * Ld);
+        if (st == LUNA_OK) st = luna_mem_zero(be, rs->vsum, (size_t)R * Ld);
         luna_arena_release(inc->scratch, mark);
         /* cross-attention: pack once (Y_P, c_proj(Y_P)); the query x is a dummy here */
         float *x0 = NULL;
         luna_attn_act a;
         if (st == LUNA_OK) st = luna_pass_alloc(&ps, &x0, (int64_t)S * d, "dummy query");
+        if (st == LUNA_OK) st = luna_mem_zero(be, x0, (size_t)S * d * sizeof(float));
         if (st == LUNA_OK) {
-            be->memset_zero(x0, (size_t)S * d * sizeof(float));
             st = luna_attention_forward(&ps, &lw->encoder_attn, &a, x0, p, e, src_valid, p_valid, S,
                                         1, m, L, d, H, tied, 0);
         }
         if (st == LUNA_OK) st = luna_pass_alloc(&pst, &ls->kp, (int64_t)S * L * d, "cross keys");
-        if (st == LUNA_OK) be->copy_device(ls->kp, a.kp, (size_t)S * Ld);
+        if (st == LUNA_OK) st = luna_mem_copy(be, ls->kp, a.kp, (size_t)S * Ld);
         ls->vp = ls->kp;
         if (st == LUNA_OK && !tied) {
             st = luna_pass_alloc(&pst, &ls->vp, (int64_t)S * L * d, "cross values");
-            if (st == LUNA_OK) be->copy_device(ls->vp, a.vp, (size_t)S * Ld);
+            if (st == LUNA_OK) st = luna_mem_copy(be, ls->vp, a.vp, (size_t)S * Ld);
         }
         /* P of the next layer = LN_p(p + Y_P) (the last layer's is unused) */
         if (st == LUNA_OK && i + 1 < inc->layers) {
@@ -415,10 +415,10 @@ static luna_status transformer_layer_step(luna_incremental *inc, const luna_pass
     LUNA_TRY(luna_linear_scaled(ps, k, x, &w->self_attn.k_proj, R, d, d, 1.0f));
     LUNA_TRY(luna_linear_scaled(ps, v, x, &w->self_attn.v_proj, R, d, d, 1.0f));
     for (int r = 0; r < R; r++) { /* cache[r, t] = k_t, v_t */
-        be->copy_device(ls->self_k + r * row + (int64_t)t * d, k + (int64_t)r * d,
-                        sizeof(float) * d);
-        be->copy_device(ls->self_v + r * row + (int64_t)t * d, v + (int64_t)r * d,
-                        sizeof(float) * d);
+        LUNA_TRY(luna_mem_copy(be, ls->self_k + r * row + (int64_t)t * d, k + (int64_t)r * d,
+                               sizeof(float) * d));
+        LUNA_TRY(luna_mem_copy(be, ls->self_v + r * row + (int64_t)t * d, v + (int64_t)r * d,
+                               sizeof(float) * d));
     }
     /* per head h: s[h, r, :T] = q[r, h]·K[r, :T, h]ᵀ; o[r, h] = softmax(s) V[r, :T, h] */
     for (int h = 0; h < H; h++)
@@ -446,7 +446,7 @@ static luna_status step(luna_incremental *inc, const int32_t *tokens, float *log
     int32_t *tok;
     float *x, *pos, *logits;
     LUNA_TRY(luna_pass_alloc_i32(&ps, &tok, R, "decoder tokens"));
-    be->copy_from_host(tok, tokens, (size_t)R * sizeof(int32_t));
+    LUNA_TRY(luna_mem_from_host(be, tok, tokens, (size_t)R * sizeof(int32_t)));
     /* x = √d·E[token] + sinusoid(padding_idx + 1 + t) */
     LUNA_TRY(luna_pass_alloc(&ps, &x, (int64_t)R * d, "target embeddings"));
     LUNA_TRY(luna_pass_alloc(&ps, &pos, d, "target position"));
@@ -459,8 +459,8 @@ static luna_status step(luna_incremental *inc, const int32_t *tokens, float *log
                            : transformer_layer_step(inc, &ps, i, x, &x));
     LUNA_TRY(luna_pass_alloc(&ps, &logits, (int64_t)R * V, "logits"));
     LUNA_TRY(be->ops->linear_forward(be, logits, x, w->embed_tokens, NULL, R, d, V));
-    LUNA_TRY(be->synchronize(be));
-    be->copy_to_host(log_probs, logits, (size_t)R * V * sizeof(float));
+    LUNA_TRY(luna_backend_synchronize(be));
+    LUNA_TRY(luna_mem_to_host(be, log_probs, logits, (size_t)R * V * sizeof(float)));
     return LUNA_OK;
 }
 
@@ -550,7 +550,8 @@ luna_status luna_incremental_reorder(luna_incremental *inc, const int32_t *rows,
     if (st == LUNA_OK) {
         memcpy(inc->valid_host, valid, sizeof(int32_t) * (size_t)new_rows);
         if (new_rows > 0)
-            inc->be->copy_from_host(inc->valid_dev, valid, sizeof(int32_t) * (size_t)new_rows);
+            LUNA_TRY(luna_mem_from_host(inc->be, inc->valid_dev, valid,
+                                        sizeof(int32_t) * (size_t)new_rows));
         inc->R = new_rows;
         inc->S = S;
     } else {

@@ -175,8 +175,8 @@ luna_status luna_causal_state_init(luna_backend *be, luna_arena *arena, const lu
         luna_project_heads(&ps, &st->pt, p, &w->pq_proj, B, L, d, H, 1.0f / sqrtf((float)(d / H))));
     LUNA_TRY(luna_pass_alloc(&ps, &st->ksum, Ld, "causal decoding state"));
     LUNA_TRY(luna_pass_alloc(&ps, &st->vsum, Ld, "causal decoding state"));
-    be->memset_zero(st->ksum, (size_t)Ld * sizeof(float));
-    be->memset_zero(st->vsum, (size_t)Ld * sizeof(float));
+    LUNA_TRY(luna_mem_zero(be, st->ksum, (size_t)Ld * sizeof(float)));
+    LUNA_TRY(luna_mem_zero(be, st->vsum, (size_t)Ld * sizeof(float)));
     return LUNA_OK;
 }
 

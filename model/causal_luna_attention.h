@@ -14,7 +14,9 @@
 #define LUNA_CAUSAL_LUNA_ATTENTION_H
 
 #include "model/config.h"
-#include "model/parameters.h"
+#include "model/config.h"
+#include "model/pass.h"
+#include "model/weights.h"
 
 typedef struct {
     int B, n, L, d, H;

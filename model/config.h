@@ -18,8 +18,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "model/json.h"
-#include "model/status.h"
+#include "core/json.h"
+#include "core/status.h"
 
 typedef enum {
     LUNA_ARCH_LUNA = 0,    /* Luna attention everywhere (spec §2–§4) */
@@ -54,7 +54,7 @@ const char *const *luna_config_preset_names(void);
  * and decoder dims, probabilities in [0, 1), ...). One-line error naming the option. */
 luna_status luna_config_validate(const luna_config *c);
 
-/* Total number of parameters (computed from the parameter layout; see parameters.h). */
+/* Total number of parameters (computed from the parameter layout; see model/param_table.h). */
 size_t luna_config_num_parameters(const luna_config *c);
 
 /* JSON object with the keys arch ("luna"|"transformer"), vocab_size, padding_idx,

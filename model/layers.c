@@ -228,7 +228,7 @@ static luna_status decoder_backward(const luna_pass *ps, const luna_config *c,
                                            &g->encoder_atten_proj_layer_norm, &act->p2, dp_out,
                                            dp_in, dpsub));
         } else {
-            be->memset_zero(dp_in, (size_t)pd * sizeof(float));
+            LUNA_TRY(luna_mem_zero(be, dp_in, (size_t)pd * sizeof(float)));
         }
         LUNA_TRY(luna_attention_backward(ps, &w->encoder_attn, &g->encoder_attn, &act->cross, dsub,
                                          dpsub, dx1, dp_in, de));

@@ -18,7 +18,9 @@
 #include "model/causal_luna_attention.h"
 #include "model/config.h"
 #include "model/luna_attention.h"
-#include "model/parameters.h"
+#include "model/config.h"
+#include "model/pass.h"
+#include "model/weights.h"
 #include "model/softmax_attention.h"
 
 #define LUNA_LAYER_NORM_EPS 1e-5f

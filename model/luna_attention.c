@@ -185,9 +185,9 @@ static luna_status backward(const luna_pass *ps, const luna_attn_w *w, luna_attn
     float *dyp_total; /* [B,L,d] */
     LUNA_TRY(luna_pass_alloc(ps, &dyp_total, Ld, "packed context gradient"));
     if (dyp)
-        be->copy_device(dyp_total, dyp, (size_t)Ld * sizeof(float));
+        LUNA_TRY(luna_mem_copy(be, dyp_total, dyp, (size_t)Ld * sizeof(float)));
     else
-        be->memset_zero(dyp_total, (size_t)Ld * sizeof(float));
+        LUNA_TRY(luna_mem_zero(be, dyp_total, (size_t)Ld * sizeof(float)));
     if (tied) {
         LUNA_TRY(luna_project_heads_backward(ps, dkp, act->yp, &w->c_proj, &g->c_proj, dyp_total, B,
                                              L, d, H, 1.0f));

@@ -15,7 +15,9 @@
 #ifndef LUNA_LUNA_ATTENTION_H
 #define LUNA_LUNA_ATTENTION_H
 
-#include "model/parameters.h"
+#include "model/config.h"
+#include "model/pass.h"
+#include "model/weights.h"
 
 typedef struct {
     int B, n, m, L, d, H; /* batch, query length, context length, slots, model dim, heads */

@@ -46,7 +46,7 @@ luna_status luna_seq2seq_init(luna_seq2seq *m, uint64_t seed) {
     return luna_params_init(m->params, seed);
 }
 
-void luna_seq2seq_zero_grad(luna_seq2seq *m) { luna_params_zero_grad(m->params); }
+luna_status luna_seq2seq_zero_grad(luna_seq2seq *m) { return luna_params_zero_grad(m->params); }
 size_t luna_seq2seq_activation_peak(const luna_seq2seq *m) {
     return luna_arena_peak_bytes(m->arena);
 }
@@ -131,7 +131,7 @@ static luna_status check_batch(const luna_config *c, const luna_batch *b, int32_
 
 static luna_status upload_i32(pass_state *s, int32_t **dev, const int32_t *host, int64_t n) {
     LUNA_TRY(luna_pass_alloc_i32(&s->ps, dev, n, "batch"));
-    s->ps.be->copy_from_host(*dev, host, (size_t)n * sizeof(int32_t));
+    LUNA_TRY(luna_mem_from_host(s->ps.be, *dev, host, (size_t)n * sizeof(int32_t)));
     return LUNA_OK;
 }
 
@@ -254,8 +254,12 @@ static luna_status sum_losses(luna_seq2seq *m, pass_state *s, int64_t N, double 
                               double *nll_sum) {
     float *host = malloc((size_t)N * 2 * sizeof(float));
     if (!host) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "model: out of host memory");
-    m->be->copy_to_host(host, s->loss, (size_t)N * sizeof(float));
-    m->be->copy_to_host(host + N, s->nll, (size_t)N * sizeof(float));
+    luna_status st = luna_mem_to_host(m->be, host, s->loss, (size_t)N * sizeof(float));
+    if (st == LUNA_OK) st = luna_mem_to_host(m->be, host + N, s->nll, (size_t)N * sizeof(float));
+    if (st != LUNA_OK) {
+        free(host);
+        return st;
+    }
     double a = 0, b = 0;
     for (int64_t i = 0; i < N; i++) {
         a += host[i];
@@ -290,7 +294,7 @@ static luna_status backward(luna_seq2seq *m, pass_state *s) {
     luna_arena_release(m->arena, s->logits_mark);
 
     /* decoder */
-    be->memset_zero(s->ge, (size_t)B * mlen * d * sizeof(float));
+    LUNA_TRY(luna_mem_zero(be, s->ge, (size_t)B * mlen * d * sizeof(float)));
     float *dp = NULL, *dp_other = L > 0 ? s->gp[0] : NULL;
     for (int i = c->decoder_layers - 1; i >= 0; i--) {
         LUNA_TRY(luna_decoder_layer_backward(ps, c, &w->decoder[i], &g->decoder[i], &m->dec_act[i],
@@ -344,8 +348,8 @@ static luna_status run(luna_seq2seq *m, const luna_batch *b, bool training, bool
     memset(&s, 0, sizeof s);
     luna_status st = forward(m, &s, b, training, grads, step);
     if (st == LUNA_OK && logits)
-        m->be->copy_to_host(logits, s.logits,
-                            (size_t)b->B * b->tgt_len * m->config.vocab_size * sizeof(float));
+        st = luna_mem_to_host(m->be, logits, s.logits,
+                              (size_t)b->B * b->tgt_len * m->config.vocab_size * sizeof(float));
     if (st == LUNA_OK) st = sum_losses(m, &s, (int64_t)b->B * b->tgt_len, loss_sum, nll_sum);
     if (st == LUNA_OK && grads) st = backward(m, &s);
     luna_arena_reset(m->arena);

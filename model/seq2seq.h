@@ -26,7 +26,8 @@
 
 #include "model/config.h"
 #include "model/layers.h"
-#include "model/parameters.h"
+#include "model/param_table.h"
+#include "model/pass.h"
 
 /* A batch of right-padded sentences (host memory). Sources end with </s>; prev_output_tokens is
  * the target shifted right (starting with </s>), right-padded like the target. */
@@ -72,7 +73,7 @@ luna_status luna_seq2seq_forward_backward_eval(luna_seq2seq *model, const luna_b
 luna_status luna_seq2seq_forward(luna_seq2seq *model, const luna_batch *batch, double *loss_sum,
                                  double *nll_sum, float *logits);
 
-void luna_seq2seq_zero_grad(luna_seq2seq *model);
+LUNA_MUST_CHECK luna_status luna_seq2seq_zero_grad(luna_seq2seq *model);
 
 /* Activation arena high-water mark (bytes) since creation or the last reset. */
 size_t luna_seq2seq_activation_peak(const luna_seq2seq *model);

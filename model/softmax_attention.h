@@ -6,7 +6,9 @@
 #ifndef LUNA_SOFTMAX_ATTENTION_H
 #define LUNA_SOFTMAX_ATTENTION_H
 
-#include "model/parameters.h"
+#include "model/config.h"
+#include "model/pass.h"
+#include "model/weights.h"
 
 typedef struct {
     int B, n, m, d, H;

@@ -42,10 +42,10 @@ luna_status luna_clip_gradients(luna_backend *be, luna_params *p, double clip_no
 
     /* Σg² per tensor into one device array, then one copy to the host. */
     size_t bytes = (size_t)nt * sizeof(float);
-    float *dev = luna_backend_malloc(be, bytes);
+    float *dev = luna_mem_alloc(be, bytes);
     float *host = malloc(bytes);
     if (!dev || !host) {
-        if (dev) luna_backend_free(be, dev, bytes);
+        if (dev) luna_mem_release(be, dev, bytes);
         free(host);
         return luna_error(LUNA_ERR_OUT_OF_MEMORY, "clip_gradients: out of memory");
     }
@@ -55,9 +55,9 @@ luna_status luna_clip_gradients(luna_backend *be, luna_params *p, double clip_no
         if (!info->has_grad) continue;
         st = be->ops->sum_squares(be, dev + i, p->grad + info->offset, (int64_t)info->numel);
     }
-    if (st == LUNA_OK) st = be->synchronize(be);
-    if (st == LUNA_OK) be->copy_to_host(host, dev, bytes);
-    luna_backend_free(be, dev, bytes);
+    if (st == LUNA_OK) st = luna_backend_synchronize(be);
+    if (st == LUNA_OK) st = luna_mem_to_host(be, host, dev, bytes);
+    luna_mem_release(be, dev, bytes);
     if (st != LUNA_OK) {
         free(host);
         luna_error_prefix("clip_gradients");

@@ -19,9 +19,9 @@
 
 #include <stdbool.h>
 
-#include "model/backend.h"
-#include "model/parameters.h"
-#include "model/status.h"
+#include "core/backend.h"
+#include "model/param_table.h"
+#include "core/status.h"
 
 typedef enum { LUNA_CLIP_EACH, LUNA_CLIP_TOTAL } luna_clip_mode;
 

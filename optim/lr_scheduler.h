@@ -23,7 +23,7 @@
 
 #include <stdint.h>
 
-#include "model/status.h"
+#include "core/status.h"
 
 #define LUNA_LR_MAX_MILESTONES 16
 

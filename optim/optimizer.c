@@ -7,15 +7,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/json.h"
+#include "core/json.h"
 
 #define MAX_STATE_KINDS 3
 
 _Static_assert(LUNA_REBOUND_CONSTANT == 0 && LUNA_REBOUND_BELIEF == 1,
-               "rebound codes of model/backend.h apollo_update");
+               "rebound codes of core/backend.h apollo_update");
 _Static_assert(LUNA_WEIGHT_DECAY_L2 == 0 && LUNA_WEIGHT_DECAY_DECOUPLED == 1 &&
                    LUNA_WEIGHT_DECAY_STABLE == 2,
-               "weight decay codes of model/backend.h apollo_update");
+               "weight decay codes of core/backend.h apollo_update");
 
 struct luna_optimizer {
     luna_backend *be;
@@ -136,7 +136,7 @@ void luna_optimizer_free(luna_optimizer *opt) {
     if (!opt) return;
     size_t bytes = opt->params ? opt->params->num_params * sizeof(float) : 0;
     for (int k = 0; k < MAX_STATE_KINDS; k++)
-        if (opt->state[k]) luna_backend_free(opt->be, opt->state[k], bytes);
+        if (opt->state[k]) luna_mem_release(opt->be, opt->state[k], bytes);
     if (opt->names)
         for (int i = 0; i < opt->num_kinds * opt->num_trainable; i++)
             free(opt->names[i]);
@@ -186,14 +186,18 @@ luna_status luna_optimizer_create(luna_optimizer **out, luna_backend *be,
         }
     size_t bytes = params->num_params * sizeof(float);
     for (int k = 0; k < opt->num_kinds; k++) {
-        opt->state[k] = luna_backend_malloc(be, bytes ? bytes : sizeof(float));
+        opt->state[k] = luna_mem_alloc(be, bytes ? bytes : sizeof(float));
         if (!opt->state[k]) {
             luna_optimizer_free(opt);
             return luna_error(LUNA_ERR_OUT_OF_MEMORY,
                               "optimizer: cannot allocate %zu bytes of %s state on %s", bytes,
                               luna_optimizer_kind_name(cfg->kind), be->name);
         }
-        if (bytes) be->memset_zero(opt->state[k], bytes);
+        luna_status st = luna_mem_zero(be, opt->state[k], bytes);
+        if (st != LUNA_OK) {
+            luna_optimizer_free(opt);
+            return st;
+        }
     }
     *out = opt;
     return LUNA_OK;

@@ -7,7 +7,7 @@
  *
  * luna_optimizer_step() updates every tensor with has_grad, reading params->grad (the already
  * clipped gradient; it is never modified) and writing params->data and the state through the
- * backend ops apollo_update / adam_update (model/backend.h), so the same code runs on the GPU.
+ * backend ops apollo_update / adam_update (core/backend.h), so the same code runs on the GPU.
  * Tensors without has_grad are neither updated nor decayed, and their state stays zero.
  *
  * Precision: state and parameters are stored in fp32; each step computes every element in double
@@ -19,16 +19,16 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "model/backend.h"
-#include "model/parameters.h"
-#include "model/status.h"
-#include "model/tensor.h"
+#include "core/backend.h"
+#include "model/param_table.h"
+#include "core/status.h"
+#include "core/tensor.h"
 
 /* σ of the constant rebound (apollo.md; older releases used σ = 1 with lr ×100, equivalent). */
 #define LUNA_APOLLO_SIGMA 0.01
 
 typedef enum { LUNA_OPTIMIZER_APOLLO, LUNA_OPTIMIZER_ADAM } luna_optimizer_kind;
-/* The values of these two enums are the codes the backend ops take (model/backend.h). */
+/* The values of these two enums are the codes the backend ops take (core/backend.h). */
 typedef enum { LUNA_REBOUND_CONSTANT, LUNA_REBOUND_BELIEF } luna_rebound;
 typedef enum {
     LUNA_WEIGHT_DECAY_L2,

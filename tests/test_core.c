@@ -4,10 +4,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/allocator.h"
-#include "model/backend.h"
-#include "model/rng.h"
-#include "model/tensor.h"
+#include "core/allocator.h"
+#include "core/backend.h"
+#include "core/rng.h"
+#include "core/tensor.h"
 #include "tests/test_util.h"
 
 START_TEST(arena_counts_used_and_peak) {
@@ -40,7 +40,7 @@ START_TEST(arena_counts_used_and_peak) {
     /* Backend counters include the arena's chunks. */
     ck_assert_uint_ge(be->bytes_in_use, reserved);
     luna_arena_free(arena);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 
@@ -68,7 +68,7 @@ START_TEST(arena_growing_requests_stay_bounded) {
     ck_assert_uint_eq(be->bytes_in_use, luna_arena_reserved_bytes(arena));
     luna_arena_free(arena);
     ck_assert_uint_eq(be->bytes_in_use, 0);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 
@@ -93,7 +93,7 @@ START_TEST(arena_many_chunks_stack_discipline) {
     ck_assert_uint_eq(luna_arena_used_bytes(arena), 0);
     luna_arena_free(arena);
     ck_assert_uint_eq(be->bytes_in_use, luna_arena_reserved_bytes(be->scratch));
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 
@@ -117,7 +117,7 @@ START_TEST(tensor_create_counts_bytes) {
     int64_t bad[1] = {-1};
     ck_assert_int_eq(luna_tensor_create(&t, be, LUNA_F32, 1, bad), LUNA_ERR_INVALID_ARGUMENT);
     ck_assert_ptr_nonnull(strstr(luna_error_message(), "negative size"));
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 

@@ -6,7 +6,7 @@
 
 #include "data/batching.h"
 #include "data/pair_dataset.h"
-#include "model/file_util.h"
+#include "core/file_util.h"
 #include "tests/test_util.h"
 
 /* ---- helpers ------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "data/dictionary.h"
-#include "model/file_util.h"
+#include "core/file_util.h"
 #include "tests/test_util.h"
 
 static luna_dictionary *from_text(const char *text) {
@@ -75,7 +75,8 @@ END_TEST
 
 START_TEST(overwrite_flag_and_errors) {
     /* "#fairseq:overwrite": the repeated token gets a new id and lookups find it. */
-    luna_dictionary *d = from_text("a 1\nb 2\na 3 #fairseq:overwrite\n<unk> 9 #fairseq:overwrite\r\n");
+    luna_dictionary *d =
+        from_text("a 1\nb 2\na 3 #fairseq:overwrite\n<unk> 9 #fairseq:overwrite\r\n");
     ck_assert_int_eq(luna_dictionary_size(d), 8);
     ck_assert_int_eq(luna_dictionary_index(d, "a", 1), 6);
     ck_assert_int_eq(luna_dictionary_index(d, "<unk>", 5), 7);
@@ -88,7 +89,9 @@ START_TEST(overwrite_flag_and_errors) {
     ck_assert_int_eq(luna_dictionary_index(d, "x y", 3), 4);
     luna_dictionary_free(d);
 
-    struct { const char *text, *where; } bad[] = {
+    struct {
+        const char *text, *where;
+    } bad[] = {
         {"a 1\nb 2\na 3\n", "mem:3: duplicate token 'a'"},
         {"a 1\n<s> 2\n", "mem:2: duplicate token '<s>'"},
         {"a 1\njusttoken\n", "mem:2: expected '<token> <count>"},
@@ -98,9 +101,12 @@ START_TEST(overwrite_flag_and_errors) {
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         d = NULL;
-        ck_assert_int_eq(luna_dictionary_load_from_memory(&d, bad[i].text, strlen(bad[i].text), "mem"), LUNA_ERR_FORMAT);
+        ck_assert_int_eq(
+            luna_dictionary_load_from_memory(&d, bad[i].text, strlen(bad[i].text), "mem"),
+            LUNA_ERR_FORMAT);
         ck_assert_ptr_null(d);
-        ck_assert_msg(strstr(luna_error_message(), bad[i].where), "case %zu: %s", i, luna_error_message());
+        ck_assert_msg(strstr(luna_error_message(), bad[i].where), "case %zu: %s", i,
+                      luna_error_message());
     }
 }
 END_TEST
@@ -112,13 +118,16 @@ START_TEST(finalize_like_fairseq) {
     ck_assert_int_eq(luna_dictionary_create(&d), LUNA_OK);
     const char *words[] = {"c", "b", "a", "d", "\xC3\xA9", "z"};
     const int64_t counts[] = {5, 5, 7, 1, 5, 5};
-    for (int i = 0; i < 6; i++) ck_assert_int_eq(luna_dictionary_add(d, words[i], strlen(words[i]), counts[i], false, NULL), LUNA_OK);
+    for (int i = 0; i < 6; i++)
+        ck_assert_int_eq(luna_dictionary_add(d, words[i], strlen(words[i]), counts[i], false, NULL),
+                         LUNA_OK);
     ck_assert_int_eq(luna_dictionary_finalize(d, 0, -1, 8), LUNA_OK);
     /* 4 specials + 6 words = 10 -> padded to 16 with madeupword0000..0005; ties by byte order
      * ('z' < 'é' as in Python's str order). */
     char *text = to_text(d);
-    ck_assert_str_eq(text, "a 7\nb 5\nc 5\nz 5\n\xC3\xA9 5\nd 1\nmadeupword0000 0\nmadeupword0001 0\n"
-                           "madeupword0002 0\nmadeupword0003 0\nmadeupword0004 0\nmadeupword0005 0\n");
+    ck_assert_str_eq(text,
+                     "a 7\nb 5\nc 5\nz 5\n\xC3\xA9 5\nd 1\nmadeupword0000 0\nmadeupword0001 0\n"
+                     "madeupword0002 0\nmadeupword0003 0\nmadeupword0004 0\nmadeupword0005 0\n");
     ck_assert_int_eq(luna_dictionary_size(d), 16);
     ck_assert_int_eq(luna_dictionary_size(d) % 8, 0);
     ck_assert_int_eq(luna_dictionary_index(d, "a", 1), 4);
@@ -128,14 +137,16 @@ START_TEST(finalize_like_fairseq) {
 
     /* threshold stops at the first count below it; nwords caps the size (specials included). */
     ck_assert_int_eq(luna_dictionary_create(&d), LUNA_OK);
-    for (int i = 0; i < 6; i++) luna_dictionary_add(d, words[i], strlen(words[i]), counts[i], false, NULL);
+    for (int i = 0; i < 6; i++)
+        luna_dictionary_add(d, words[i], strlen(words[i]), counts[i], false, NULL);
     ck_assert_int_eq(luna_dictionary_finalize(d, 2, -1, 1), LUNA_OK);
     text = to_text(d);
     ck_assert_str_eq(text, "a 7\nb 5\nc 5\nz 5\n\xC3\xA9 5\n");
     free(text);
     luna_dictionary_free(d);
     ck_assert_int_eq(luna_dictionary_create(&d), LUNA_OK);
-    for (int i = 0; i < 6; i++) luna_dictionary_add(d, words[i], strlen(words[i]), counts[i], false, NULL);
+    for (int i = 0; i < 6; i++)
+        luna_dictionary_add(d, words[i], strlen(words[i]), counts[i], false, NULL);
     ck_assert_int_eq(luna_dictionary_finalize(d, 0, 7, 1), LUNA_OK);
     text = to_text(d);
     ck_assert_str_eq(text, "a 7\nb 5\nc 5\n");

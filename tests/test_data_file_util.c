@@ -1,4 +1,4 @@
-/* model/file_util: atomic writes, mappings, UTF-8 validation; data/staged_dir; data/text_lines. */
+/* core/file_util: atomic writes, mappings, UTF-8 validation; data/staged_dir; data/text_lines. */
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -7,7 +7,7 @@
 
 #include "data/staged_dir.h"
 #include "data/text_lines.h"
-#include "model/file_util.h"
+#include "core/file_util.h"
 #include "tests/test_util.h"
 
 static char *join(const char *a, const char *b) {
@@ -46,7 +46,8 @@ START_TEST(atomic_write_replaces_and_leaves_no_temporaries) {
     /* A large committed write (crosses the internal buffer) replaces it. */
     size_t big = (3u << 20) + 17;
     char *buf = malloc(big);
-    for (size_t i = 0; i < big; i++) buf[i] = (char)('a' + i % 26);
+    for (size_t i = 0; i < big; i++)
+        buf[i] = (char)('a' + i % 26);
     ck_assert_int_eq(luna_atomic_file_create(&f, path), LUNA_OK);
     ck_assert_int_eq(luna_atomic_file_write(f, buf, 5), LUNA_OK);
     ck_assert_int_eq(luna_atomic_file_write(f, buf + 5, big - 5), LUNA_OK);
@@ -96,9 +97,9 @@ START_TEST(utf8_validation) {
     ck_assert_uint_eq(off, 3);
     ck_assert(!luna_utf8_valid("abcdefghij\xC3", 11, &off)); /* truncated sequence */
     ck_assert_uint_eq(off, 10);
-    ck_assert(!luna_utf8_valid("\xC0\xAF", 2, &off));         /* overlong '/' */
+    ck_assert(!luna_utf8_valid("\xC0\xAF", 2, &off)); /* overlong '/' */
     ck_assert_uint_eq(off, 0);
-    ck_assert(!luna_utf8_valid("x\xED\xA0\x80", 4, &off));    /* surrogate U+D800 */
+    ck_assert(!luna_utf8_valid("x\xED\xA0\x80", 4, &off)); /* surrogate U+D800 */
     ck_assert_uint_eq(off, 1);
     ck_assert(!luna_utf8_valid("\xF4\x90\x80\x80", 4, &off)); /* above U+10FFFF */
     ck_assert(!luna_utf8_valid("\xE2\x28\xA1", 3, &off));     /* bad continuation */
@@ -121,7 +122,9 @@ START_TEST(text_lines_checks) {
     ck_assert_uint_eq(n, 7);
     luna_text_lines_free(t);
 
-    struct { const char *text, *where; } bad[] = {
+    struct {
+        const char *text, *where;
+    } bad[] = {
         {"ok\n\nok\n", ":2: empty line"},
         {"ok\n  \t\nok\n", ":2: empty line"},
         {"ok\nok\nbad \xC3\x28\n", ":3: invalid UTF-8 at byte 5"},
@@ -130,7 +133,8 @@ START_TEST(text_lines_checks) {
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         luna_test_write_file(path, bad[i].text);
         ck_assert_int_eq(luna_text_lines_open(&t, path, &check), LUNA_ERR_FORMAT);
-        ck_assert_msg(strstr(luna_error_message(), path) && strstr(luna_error_message(), bad[i].where),
+        ck_assert_msg(strstr(luna_error_message(), path) &&
+                          strstr(luna_error_message(), bad[i].where),
                       "case %zu: %s", i, luna_error_message());
     }
     check.allow_empty = true;

@@ -13,11 +13,12 @@
 #include <string.h>
 
 #include "data/indexed_dataset.h"
-#include "model/file_util.h"
+#include "core/file_util.h"
 #include "tests/test_util.h"
 
 static void put_le(FILE *f, uint64_t v, int bytes) {
-    for (int i = 0; i < bytes; i++) ck_assert_int_ne(fputc((int)((v >> (8 * i)) & 0xFF), f), EOF);
+    for (int i = 0; i < bytes; i++)
+        ck_assert_int_ne(fputc((int)((v >> (8 * i)) & 0xFF), f), EOF);
 }
 
 static char *path_of(const char *dir, const char *name) {
@@ -27,14 +28,16 @@ static char *path_of(const char *dir, const char *name) {
 }
 
 /* Write prefix.idx/.bin holding `n` sentences (sizes[i] tokens from `tokens`, flattened). */
-static void write_fixture(const char *prefix, int code, int elem, const int32_t *sizes, size_t n, const int64_t *tokens) {
+static void write_fixture(const char *prefix, int code, int elem, const int32_t *sizes, size_t n,
+                          const int64_t *tokens) {
     char path[1024];
     snprintf(path, sizeof path, "%s.bin", prefix);
     FILE *bin = fopen(path, "wb");
     ck_assert_ptr_nonnull(bin);
     size_t k = 0;
     for (size_t i = 0; i < n; i++)
-        for (int32_t j = 0; j < sizes[i]; j++) put_le(bin, (uint64_t)tokens[k++], elem);
+        for (int32_t j = 0; j < sizes[i]; j++)
+            put_le(bin, (uint64_t)tokens[k++], elem);
     ck_assert_int_eq(fclose(bin), 0);
     snprintf(path, sizeof path, "%s.idx", prefix);
     FILE *idx = fopen(path, "wb");
@@ -43,7 +46,8 @@ static void write_fixture(const char *prefix, int code, int elem, const int32_t 
     put_le(idx, 1, 8);
     put_le(idx, (uint64_t)code, 1);
     put_le(idx, n, 8);
-    for (size_t i = 0; i < n; i++) put_le(idx, (uint32_t)sizes[i], 4);
+    for (size_t i = 0; i < n; i++)
+        put_le(idx, (uint32_t)sizes[i], 4);
     uint64_t address = 0;
     for (size_t i = 0; i < n; i++) {
         put_le(idx, address, 8);
@@ -66,14 +70,16 @@ static void spew(const char *path, const unsigned char *data, size_t n) {
 }
 
 /* Random corpus: n sentences (some empty), ids in [0, limit). */
-static int32_t *random_corpus(luna_test_rng *rng, size_t n, int32_t limit, int32_t *sizes, size_t *total) {
+static int32_t *random_corpus(luna_test_rng *rng, size_t n, int32_t limit, int32_t *sizes,
+                              size_t *total) {
     *total = 0;
     for (size_t i = 0; i < n; i++) {
         sizes[i] = i == 3 ? 0 : (int32_t)luna_test_uniform(rng, 1, 40);
         *total += (size_t)sizes[i];
     }
     int32_t *tokens = malloc((*total + 1) * sizeof *tokens);
-    for (size_t k = 0; k < *total; k++) tokens[k] = (int32_t)luna_test_uniform(rng, 0, (float)limit);
+    for (size_t k = 0; k < *total; k++)
+        tokens[k] = (int32_t)luna_test_uniform(rng, 0, (float)limit);
     tokens[0] = limit - 1; /* the largest id occurs */
     return tokens;
 }
@@ -114,7 +120,8 @@ static void roundtrip(luna_index_dtype dtype, int32_t limit) {
 
     /* Byte-identical to the independent writer's files. */
     int64_t *wide = malloc((total + 1) * sizeof *wide);
-    for (size_t j = 0; j < total; j++) wide[j] = tokens[j];
+    for (size_t j = 0; j < total; j++)
+        wide[j] = tokens[j];
     write_fixture(fixture, dtype, (int)luna_index_dtype_size(dtype), sizes, N, wide);
     const char *ext[2] = {".idx", ".bin"};
     for (int e = 0; e < 2; e++) {
@@ -193,7 +200,8 @@ START_TEST(fixture_dtypes_read) {
         if (codes[c] == 2) t[1] = 127; /* int8 */
         write_fixture(prefix, codes[c], elems[c], sizes, 3, t);
         luna_indexed_dataset *ds;
-        ck_assert_msg(luna_indexed_dataset_open(&ds, prefix) == LUNA_OK, "code %d: %s", codes[c], luna_error_message());
+        ck_assert_msg(luna_indexed_dataset_open(&ds, prefix) == LUNA_OK, "code %d: %s", codes[c],
+                      luna_error_message());
         int32_t buf[3];
         luna_indexed_dataset_get(ds, 0, buf);
         ck_assert_int_eq(buf[0], 0);
@@ -241,10 +249,14 @@ START_TEST(corrupt_files_are_reported) {
         {"float dtype", "idx", "byte offset 17: dtype code 6", 0, 17, 6, true, 0, 0},
         {"truncated", "idx", "byte offset 57: truncated", 57, 0, 0, false, 0, 0},
         {"trailing idx", "idx", "byte offset 62: 3 unexpected bytes", 0, 0, 0, false, 3, 0},
-        {"sizes do not add up", "idx", "byte offset 46: sentence 1 has pointer 4 but the sizes before it add up to byte 6",
-         0, 26, 3, true, 0, 0},
-        {"pointer past end", "idx", "byte offset 54: sentence 2 (pointer 200, 6 bytes) points past the end", 0, 54, 200, true, 0, 0},
-        {"bin longer", "bin", "byte offset 12: the index accounts for 12 bytes but the file has 14", 0, 0, 0, false, 0, 2},
+        {"sizes do not add up", "idx",
+         "byte offset 46: sentence 1 has pointer 4 but the sizes before it add up to byte 6", 0, 26,
+         3, true, 0, 0},
+        {"pointer past end", "idx",
+         "byte offset 54: sentence 2 (pointer 200, 6 bytes) points past the end", 0, 54, 200, true,
+         0, 0},
+        {"bin longer", "bin", "byte offset 12: the index accounts for 12 bytes but the file has 14",
+         0, 0, 0, false, 0, 2},
         {"bin shorter", "idx", "points past the end", 0, 0, 0, false, 0, (size_t)-2},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
@@ -298,8 +310,10 @@ START_TEST(ids_outside_dictionary) {
     ck_assert_int_eq(luna_indexed_dataset_check_ids(ds, 41, "dict.de.txt"), LUNA_OK);
     ck_assert_int_eq(luna_indexed_dataset_check_ids(ds, 40, "dict.de.txt"), LUNA_ERR_MISMATCH);
     const char *msg = luna_error_message();
-    ck_assert_msg(strstr(msg, luna_indexed_dataset_bin_path(ds)) && strstr(msg, "byte offset 16: sentence 2, token 1: id 40") &&
-                      strstr(msg, "dict.de.txt"), "%s", msg);
+    ck_assert_msg(strstr(msg, luna_indexed_dataset_bin_path(ds)) &&
+                      strstr(msg, "byte offset 16: sentence 2, token 1: id 40") &&
+                      strstr(msg, "dict.de.txt"),
+                  "%s", msg);
     luna_indexed_dataset_free(ds);
     /* A 64-bit id beyond int32 is reported with its real value. */
     const int64_t big[6] = {5, 6, 7, 8, 5000000000LL, 10};
@@ -327,7 +341,8 @@ START_TEST(builder_rejects_and_abandons_cleanly) {
     char idx[1024];
     snprintf(idx, sizeof idx, "%s.bin", prefix);
     ck_assert(!luna_path_exists(idx));
-    ck_assert_int_eq(luna_indexed_builder_create(&b, prefix, LUNA_DTYPE_FLOAT), LUNA_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(luna_indexed_builder_create(&b, prefix, LUNA_DTYPE_FLOAT),
+                     LUNA_ERR_INVALID_ARGUMENT);
     free(prefix);
     luna_test_remove_tree(dir);
     free(dir);

@@ -13,7 +13,7 @@
 #include "data/pair_dataset.h"
 #include "data/sentencepiece.h"
 #include "data/staged_dir.h"
-#include "model/file_util.h"
+#include "core/file_util.h"
 #include "tests/test_util.h"
 
 static char program[4096];

@@ -5,12 +5,14 @@
 #include <string.h>
 
 #include "data/sentencepiece.h"
-#include "model/file_util.h"
+#include "core/file_util.h"
 #include "tests/test_util.h"
 
-static const char *WORDS[] = {"the", "house", "is", "small", "a", "garden", "with", "green", "trees", "and",
-                              "old", "walls", "river", "flows", "through", "city", "children", "play", "near",
-                              "water", "under", "bright", "summer", "sun", "people", "walk", "quickly", "home"};
+static const char *WORDS[] = {"the",    "house", "is",      "small",  "a",        "garden",
+                              "with",   "green", "trees",   "and",    "old",      "walls",
+                              "river",  "flows", "through", "city",   "children", "play",
+                              "near",   "water", "under",   "bright", "summer",   "sun",
+                              "people", "walk",  "quickly", "home"};
 #define NWORDS (sizeof WORDS / sizeof WORDS[0])
 #define NSENT 1500
 
@@ -48,7 +50,8 @@ static void make_corpus(void) {
 }
 
 static void free_corpus(void) {
-    for (int i = 0; i < NSENT; i++) free(sentences[i]);
+    for (int i = 0; i < NSENT; i++)
+        free(sentences[i]);
     free(corpus_path);
     luna_test_remove_tree(dir);
     free(dir);
@@ -83,7 +86,8 @@ START_TEST(train_encode_decode_roundtrip) {
     snprintf(path, sizeof path, "%s/m.vocab", dir);
     ck_assert_int_eq(luna_read_file(path, &vocab, &n), LUNA_OK);
     int lines = 0;
-    for (size_t i = 0; i < n; i++) lines += vocab[i] == '\n';
+    for (size_t i = 0; i < n; i++)
+        lines += vocab[i] == '\n';
     ck_assert_int_eq(lines, 120);
     ck_assert(strncmp(vocab, "<unk>\t0\n<s>\t0\n</s>\t0\n", 20) == 0);
     free(vocab);
@@ -102,7 +106,8 @@ START_TEST(train_encode_decode_roundtrip) {
         }
         ck_assert(strncmp(p.pieces[0], "\xE2\x96\x81", 3) == 0);
         char *text;
-        ck_assert_int_eq(luna_spm_decode_pieces(spm, (const char *const *)p.pieces, p.count, &text), LUNA_OK);
+        ck_assert_int_eq(luna_spm_decode_pieces(spm, (const char *const *)p.pieces, p.count, &text),
+                         LUNA_OK);
         ck_assert_str_eq(text, s);
         free(text);
         int32_t *ids;
@@ -142,8 +147,10 @@ START_TEST(train_encode_decode_roundtrip) {
     ck_assert_int_eq(luna_spm_load_from_memory(&copy, bytes, size, "copy"), LUNA_OK);
     int32_t *a, *b;
     size_t na, nb;
-    ck_assert_int_eq(luna_spm_encode_ids(spm, sentences[1], strlen(sentences[1]), &a, &na), LUNA_OK);
-    ck_assert_int_eq(luna_spm_encode_ids(copy, sentences[1], strlen(sentences[1]), &b, &nb), LUNA_OK);
+    ck_assert_int_eq(luna_spm_encode_ids(spm, sentences[1], strlen(sentences[1]), &a, &na),
+                     LUNA_OK);
+    ck_assert_int_eq(luna_spm_encode_ids(copy, sentences[1], strlen(sentences[1]), &b, &nb),
+                     LUNA_OK);
     ck_assert_uint_eq(na, nb);
     ck_assert(memcmp(a, b, na * sizeof *a) == 0);
     free(a);
@@ -159,8 +166,10 @@ START_TEST(parallel_encoding_matches_serial) {
     for (int i = 0; i < NSENT; i++) {
         int32_t *ids;
         size_t n;
-        ck_assert_int_eq(luna_spm_encode_ids(spm, sentences[i], strlen(sentences[i]), &ids, &n), LUNA_OK);
-        for (size_t k = 0; k < n; k++) serial[i] = serial[i] * 31 + (size_t)ids[k] + 1;
+        ck_assert_int_eq(luna_spm_encode_ids(spm, sentences[i], strlen(sentences[i]), &ids, &n),
+                         LUNA_OK);
+        for (size_t k = 0; k < n; k++)
+            serial[i] = serial[i] * 31 + (size_t)ids[k] + 1;
         free(ids);
     }
     int failures = 0;
@@ -168,8 +177,10 @@ START_TEST(parallel_encoding_matches_serial) {
     for (int i = 0; i < NSENT; i++) {
         luna_spm_pieces p;
         luna_spm_pieces_init(&p);
-        if (luna_spm_encode_pieces(spm, sentences[i], strlen(sentences[i]), &p) != LUNA_OK) failures++;
-        for (size_t k = 0; k < p.count; k++) parallel[i] = parallel[i] * 31 + (size_t)p.ids[k] + 1;
+        if (luna_spm_encode_pieces(spm, sentences[i], strlen(sentences[i]), &p) != LUNA_OK)
+            failures++;
+        for (size_t k = 0; k < p.count; k++)
+            parallel[i] = parallel[i] * 31 + (size_t)p.ids[k] + 1;
         luna_spm_pieces_release(&p);
     }
     ck_assert_int_eq(failures, 0);

@@ -326,6 +326,6 @@ static Suite *suite(void) {
 int main(void) {
     if (luna_backend_cpu_create(&be, 2) != LUNA_OK) return 1;
     int rc = luna_test_run(suite());
-    luna_backend_free_all(be);
+    luna_backend_free(be);
     return rc;
 }

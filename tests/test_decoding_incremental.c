@@ -139,7 +139,7 @@ static double compare(const variant *v, const int *lens, int B) {
     free(ref);
     luna_incremental_free(inc);
     luna_seq2seq_free(model);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
     return max_err;
 }
 
@@ -213,7 +213,7 @@ START_TEST(luna_state_constant) {
     free(lp);
     luna_incremental_free(inc);
     luna_seq2seq_free(model);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 
@@ -236,7 +236,7 @@ START_TEST(bad_inputs) {
     ck_assert_int_eq(luna_incremental_reorder(inc, order, 1), LUNA_ERR_INVALID_ARGUMENT);
     luna_incremental_free(inc);
     luna_seq2seq_free(model);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 

@@ -8,10 +8,11 @@
 #include "data/dictionary.h"
 #include "data/sentencepiece.h"
 #include "data/staged_dir.h"
-#include "model/file_util.h"
+#include "core/file_util.h"
 #include "model/seq2seq.h"
 #include "tests/test_util.h"
-#include "trainer/checkpoint.h"
+#include "data/checkpoint_vocab.h"
+#include "model/checkpoint.h"
 
 static char *dir, translate[4096], average[4096];
 
@@ -52,19 +53,23 @@ static void save_checkpoint(const char *name, uint64_t seed, bool with_vocab, bo
     ck_assert_int_eq(luna_spm_serialized(spm, &bytes, &size), LUNA_OK);
     snprintf(path, sizeof path, "%s/%s", dir, name);
     if (with_vocab) {
+        char *text;
+        size_t text_len;
+        ck_assert_int_eq(luna_dictionary_to_text(dict, &text, &text_len), LUNA_OK);
         luna_checkpoint_contents cc = {.source_lang = "en",
                                        .target_lang = "de",
-                                       .src_dict = dict,
-                                       .tgt_dict = dict,
+                                       .src_dict_text = text,
+                                       .tgt_dict_text = text,
                                        .spm_model = bytes,
                                        .spm_model_size = size};
         ck_assert_int_eq(luna_checkpoint_save(path, m->params, &cc), LUNA_OK);
+        free(text);
     } else {
         luna_st_metadata md[1] = {{"format", LUNA_CHECKPOINT_FORMAT}};
         ck_assert_int_eq(luna_params_save(m->params, path, md, 1), LUNA_OK);
     }
     luna_seq2seq_free(m);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
     luna_dictionary_free(dict);
     luna_spm_free(spm);
 }

@@ -100,7 +100,7 @@ static double check_model(const char *what, luna_config c, const test_batch *tb,
                 p->data[t->offset + j] = j % 2 ? -2.0f : 2.0f;
     }
     loss_ctx ctx = {.model = m, .batch = &tb->batch, .training = training, .step = 3};
-    luna_seq2seq_zero_grad(m);
+    LUNA_CHECK_OK(luna_seq2seq_zero_grad(m));
     double loss;
     if (training)
         ck_assert_int_eq(luna_seq2seq_forward_backward(m, &tb->batch, ctx.step, &loss, NULL),
@@ -195,7 +195,7 @@ static double check_model(const char *what, luna_config c, const test_batch *tb,
            what, loss, p->num_tensors, samples, worst, worst_name);
     free(grad);
     luna_seq2seq_free(m);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
     return worst;
 }
 
@@ -270,8 +270,8 @@ START_TEST(dropout_reproducible) {
     ck_assert_int_eq(luna_seq2seq_forward_backward(m, &tb.batch, 10, &l1, &nll), LUNA_OK);
     ck_assert(nll < l1 + 10 && nll > 0);
     memcpy(g1, m->params->grad, n * sizeof(float));
-    luna_seq2seq_zero_grad(m);
-    luna_backend_set_threads(be, 2);
+    LUNA_CHECK_OK(luna_seq2seq_zero_grad(m));
+    luna_backend_cpu_set_threads(be, 2);
     ck_assert_int_eq(luna_seq2seq_forward_backward(m, &tb.batch, 10, &l2, NULL), LUNA_OK);
     ck_assert(l1 == l2);
     ck_assert_int_eq(memcmp(g1, m->params->grad, n * sizeof(float)), 0);
@@ -292,7 +292,7 @@ START_TEST(dropout_reproducible) {
     ck_assert(e1 == e2 && e1 != l1);
     free(g1);
     luna_seq2seq_free(m);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 
@@ -316,7 +316,7 @@ START_TEST(batch_validation) {
                      LUNA_ERR_INVALID_ARGUMENT);
     ck_assert_ptr_nonnull(strstr(luna_error_message(), "out of"));
     luna_seq2seq_free(m);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "model/layers.h"
+#include "model/param_table.h"
 #include "tests/test_util.h"
 
 enum { NUM_LENGTHS = 4 };
@@ -91,7 +92,7 @@ static size_t layer_peak(const char *arch, which_layer which, int n) {
     free(x), free(e), free(pp), free(dy), free(dp), free(dx), free(dpin), free(de);
     luna_arena_free(arena);
     luna_params_free(p);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
     return peak;
 }
 

@@ -6,7 +6,8 @@
 #include <string.h>
 
 #include "model/config.h"
-#include "model/parameters.h"
+#include "model/param_table.h"
+#include "model/pass.h"
 #include "tests/test_util.h"
 
 #define WMT_VOCAB 40624
@@ -111,7 +112,7 @@ START_TEST(names_shapes_and_order) {
     ck_assert_ptr_nonnull(luna_params_find(p, "decoder.layers.1.encoder_attn.q_proj.bias"));
     ck_assert_ptr_null(luna_params_find(p, "encoder.projected_embeddings"));
     luna_params_free(p);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 
@@ -182,7 +183,7 @@ START_TEST(initialisation_follows_spec) {
                      0);
     free(copy);
     luna_params_free(p);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 

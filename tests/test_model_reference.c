@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/safetensors.h"
+#include "core/safetensors.h"
 #include "model/seq2seq.h"
 #include "tests/test_util.h"
 
@@ -117,7 +117,7 @@ static void check_fixture(const char *path) {
     worst_name[FAM_LOGITS] = "output.logits";
 
     /* backward: every parameter's gradient */
-    luna_seq2seq_zero_grad(m);
+    LUNA_CHECK_OK(luna_seq2seq_zero_grad(m));
     double loss2;
     ck_assert_msg(luna_seq2seq_forward_backward_eval(m, &batch, &loss2, NULL) == LUNA_OK, "%s: %s",
                   path, luna_error_message());
@@ -173,7 +173,7 @@ static void check_fixture(const char *path) {
     free(prev_tokens);
     free(target);
     luna_seq2seq_free(m);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
     luna_safetensors_close(st);
 }
 

@@ -5,10 +5,11 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "model/file_util.h"
-#include "model/json.h"
-#include "model/parameters.h"
-#include "model/safetensors.h"
+#include "core/file_util.h"
+#include "core/json.h"
+#include "model/param_table.h"
+#include "model/pass.h"
+#include "core/safetensors.h"
 #include "tests/test_util.h"
 
 static char *dir;
@@ -22,7 +23,7 @@ static void setup(void) {
 static void teardown(void) {
     luna_test_remove_tree(dir);
     free(dir);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 
 static char *path_of(const char *name) {

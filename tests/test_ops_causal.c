@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/allocator.h"
-#include "model/backend.h"
+#include "core/allocator.h"
+#include "core/backend.h"
 #include "tests/test_util.h"
 
 typedef struct {
@@ -149,7 +149,7 @@ START_TEST(forward_matches_naive) {
         free_case(&c);
     }
     printf("causal forward: worst relative error vs naive double %.3g\n", worst);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 
@@ -180,7 +180,7 @@ START_TEST(backward_matches_naive) {
         free_case(&c);
     }
     printf("causal backward: worst relative error vs naive double %.3g\n", worst);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 
@@ -212,7 +212,7 @@ START_TEST(gradcheck_x_a_b) {
         free_case(&c);
     }
     printf("causal gradcheck: worst error %.3g\n", worst);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 
@@ -245,7 +245,7 @@ START_TEST(causality) {
     }
     free(before);
     free_case(&c);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 
@@ -257,7 +257,7 @@ START_TEST(threads_and_scratch) {
     size_t np = (size_t)c.G * c.n * c.p, nq = (size_t)c.G * c.n * c.q;
     float *ref = malloc((2 * np + 2 * nq) * sizeof *ref);
     for (int threads = 1; threads <= 3; threads++) {
-        luna_backend_set_threads(be, threads);
+        luna_backend_cpu_set_threads(be, threads);
         size_t used = luna_arena_used_bytes(be->scratch);
         forward(&c);
         backward(&c);
@@ -274,7 +274,7 @@ START_TEST(threads_and_scratch) {
     }
     free(ref);
     free_case(&c);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 
@@ -297,7 +297,7 @@ START_TEST(degenerate_shapes) {
                      LUNA_OK);
     for (int i = 0; i < 6; i++)
         ck_assert_float_eq(out[i], 0.0f);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 

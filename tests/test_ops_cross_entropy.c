@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/backend.h"
+#include "core/backend.h"
 #include "tests/test_util.h"
 
 #define PAD 1
@@ -132,7 +132,7 @@ START_TEST(forward_matches_naive) {
                 free_case(&c);
             }
     printf("cross_entropy forward: worst relative error vs naive double %.3g\n", worst);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 
@@ -165,7 +165,7 @@ START_TEST(gradcheck_logits) {
             free_case(&c);
         }
     printf("cross_entropy gradcheck: worst error %.3g\n", worst);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 
@@ -180,7 +180,7 @@ START_TEST(pad_rows_in_place_and_threads) {
     float *ref = malloc(count * sizeof *ref), *inplace = malloc(count * sizeof *inplace);
     float ref_loss[67];
     for (int threads = 1; threads <= 3; threads++) {
-        luna_backend_set_threads(be, threads);
+        luna_backend_cpu_set_threads(be, threads);
         forward(&c);
         if (threads == 1) {
             memcpy(ref_loss, c.loss, sizeof ref_loss);
@@ -212,7 +212,7 @@ START_TEST(pad_rows_in_place_and_threads) {
     free(ref);
     free(inplace);
     free_case(&c);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 
@@ -239,7 +239,7 @@ START_TEST(argument_errors) {
                      LUNA_OK);
     ck_assert_float_eq(c.loss[1], 0.0f);
     free_case(&c);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 

@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/backend.h"
-#include "model/rng.h"
+#include "core/backend.h"
+#include "core/rng.h"
 #include "tests/test_util.h"
 
 #define FD_EPS 1e-2
@@ -126,7 +126,7 @@ START_TEST(dropout_mask_is_the_rng_mask) {
         }
     free(ones);
     free(y);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 
@@ -144,10 +144,10 @@ START_TEST(dropout_gradcheck_threads_and_identity) {
     float *x = random_vector(2, n, -1.0f, 1.0f);
     float *y1 = malloc((size_t)n * sizeof *y1), *y2 = malloc((size_t)n * sizeof *y2);
     float *d1 = malloc((size_t)n * sizeof *d1), *d2 = malloc((size_t)n * sizeof *d2);
-    luna_backend_set_threads(be, 1);
+    luna_backend_cpu_set_threads(be, 1);
     OK(be->ops->dropout_forward(be, y1, x, n, 0.2f, key));
     OK(be->ops->dropout_backward(be, d1, x, n, 0.2f, key));
-    luna_backend_set_threads(be, 2);
+    luna_backend_cpu_set_threads(be, 2);
     OK(be->ops->dropout_forward(be, y2, x, n, 0.2f, key));
     OK(be->ops->dropout_backward(be, d2, x, n, 0.2f, key));
     ck_assert_int_eq(memcmp(y1, y2, (size_t)n * sizeof *y1), 0);
@@ -170,7 +170,7 @@ START_TEST(dropout_gradcheck_threads_and_identity) {
     free(y2);
     free(d1);
     free(d2);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 
@@ -279,7 +279,7 @@ START_TEST(activations_values_and_gradcheck) {
     free(b);
     free(g);
     free(h);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 
@@ -322,7 +322,7 @@ START_TEST(add_axpy_scale_fill) {
     }
     float z;
     ck_assert_int_eq(be->ops->fill(be, &z, 1.0f, -1), LUNA_ERR_INVALID_ARGUMENT);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 
@@ -360,7 +360,7 @@ START_TEST(split_merge_heads) {
         free(m);
     }
     printf("split_heads gradcheck: worst error %.3g\n", worst);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 
@@ -410,7 +410,7 @@ START_TEST(broadcast_adjoint) {
         free(sy0);
     }
     printf("broadcast_rows gradcheck: worst error %.3g\n", worst);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 

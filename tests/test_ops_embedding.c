@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/backend.h"
+#include "core/backend.h"
 #include "tests/test_util.h"
 
 #ifndef GC_RTOL
@@ -38,7 +38,7 @@ START_TEST(embedding_forward_scales_rows_and_zeroes_pads) {
         }
     free(table);
     free(out);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 
@@ -96,7 +96,7 @@ START_TEST(embedding_gradient_matches_finite_differences) {
         free(dtable);
     }
     printf("embedding: worst gradcheck error %.3g\n", worst);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 
@@ -114,7 +114,7 @@ START_TEST(embedding_backward_accumulates_deterministically) {
           *d0 = luna_test_random_vector(&rng, V * d, -1, 1);
     float *dt[2];
     for (int t = 0; t < 2; t++) {
-        luna_backend_set_threads(be, 2 - t);
+        luna_backend_cpu_set_threads(be, 2 - t);
         dt[t] = malloc(sizeof(float) * V * d);
         memcpy(dt[t], d0, sizeof(float) * V * d);
         ck_assert_int_eq(be->ops->embedding_backward(be, dt[t], dout, tokens, n, V, d, 0.5f, PAD),
@@ -135,7 +135,7 @@ START_TEST(embedding_backward_accumulates_deterministically) {
     free(d0);
     free(dt[0]);
     free(dt[1]);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 
@@ -151,7 +151,7 @@ START_TEST(embedding_rejects_out_of_range_ids) {
     ck_assert_ptr_nonnull(strstr(luna_error_message(), "token id -1 at position 1"));
     for (int i = 0; i < 12; i++)
         ck_assert_float_eq(dtable[i], 0.0f); /* nothing written */
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 
@@ -195,7 +195,7 @@ START_TEST(sinusoidal_table_matches_formula) {
         ck_assert_float_eq_tol(pe[i], sin(ang[i]), 1e-7);
         ck_assert_float_eq_tol(pe[3 + i], cos(ang[i]), 1e-7);
     }
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 
@@ -248,7 +248,7 @@ START_TEST(positions_add_follows_make_positions) {
         free(x0);
         free(x);
     }
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 

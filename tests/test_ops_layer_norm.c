@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/backend.h"
+#include "core/backend.h"
 #include "tests/test_util.h"
 
 #ifndef GC_EPS
@@ -64,7 +64,7 @@ START_TEST(layer_norm_forward_matches_naive_double) {
             free(mean);
             free(rstd);
         }
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 
@@ -125,7 +125,7 @@ START_TEST(layer_norm_gradients_match_finite_differences) {
     }
     printf("layer_norm: worst gradcheck error dx %.3g, dgamma %.3g, dbeta %.3g\n", worst[0],
            worst[1], worst[2]);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 
@@ -152,15 +152,15 @@ START_TEST(layer_norm_backward_alias_accumulate_deterministic) {
         db[t] = luna_test_zeros(d);
     }
     /* 0: 2 threads, separate dx; 1: 1 thread, separate; 2: 2 threads, dx aliasing dy. */
-    luna_backend_set_threads(be, 2);
+    luna_backend_cpu_set_threads(be, 2);
     ck_assert_int_eq(
         be->ops->layer_norm_backward(be, dx[0], dg[0], db[0], dy, x, mean, rstd, g, rows, d),
         LUNA_OK);
-    luna_backend_set_threads(be, 1);
+    luna_backend_cpu_set_threads(be, 1);
     ck_assert_int_eq(
         be->ops->layer_norm_backward(be, dx[1], dg[1], db[1], dy, x, mean, rstd, g, rows, d),
         LUNA_OK);
-    luna_backend_set_threads(be, 2);
+    luna_backend_cpu_set_threads(be, 2);
     memcpy(dx[2], dy, sizeof(float) * n);
     memcpy(dg[2], dg0, sizeof(float) * d);
     memcpy(db[2], db0, sizeof(float) * d);
@@ -191,7 +191,7 @@ START_TEST(layer_norm_backward_alias_accumulate_deterministic) {
     free(rstd);
     free(dg0);
     free(db0);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/backend.h"
+#include "core/backend.h"
 #include "tests/test_util.h"
 
 /* fp32 tolerances for the gradient checks (see the perturbation notes in the report). */
@@ -107,7 +107,7 @@ START_TEST(gemm_matches_naive_all_transposes) {
     /* Many small matrices: the OpenMP-over-batch path, against the same naive loop. */
     check_gemm_case(be, false, true, 30, 32, 64, 1.0f, 0.0f, 40, 1);
     check_gemm_case(be, true, false, 9, 13, 11, -1.5f, 1.0f, 33, 3);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 
@@ -124,7 +124,7 @@ START_TEST(gemm_batch_threads_bit_identical) {
     ck_assert_int_eq(be->ops->gemm(be, false, false, M, N, K, 1.0f, A, K, (int64_t)M * K, B, N,
                                    (int64_t)K * N, 0.0f, C2, N, (int64_t)M * N, batch),
                      LUNA_OK);
-    luna_backend_set_threads(be, 1);
+    luna_backend_cpu_set_threads(be, 1);
     ck_assert_int_eq(be->ops->gemm(be, false, false, M, N, K, 1.0f, A, K, (int64_t)M * K, B, N,
                                    (int64_t)K * N, 0.0f, C1, N, (int64_t)M * N, batch),
                      LUNA_OK);
@@ -133,7 +133,7 @@ START_TEST(gemm_batch_threads_bit_identical) {
     free(B);
     free(C1);
     free(C2);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 
@@ -175,7 +175,7 @@ START_TEST(gemm_interleaved_and_shared_outputs) {
     free(B);
     free(C);
     free(C0);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 
@@ -189,7 +189,7 @@ START_TEST(gemm_rejects_bad_arguments) {
                      LUNA_ERR_INVALID_ARGUMENT);
     ck_assert_int_eq(be->ops->gemm(be, false, false, -1, 2, 3, 1, A, 3, 0, B, 2, 0, 0, C, 2, 0, 1),
                      LUNA_ERR_INVALID_ARGUMENT);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 
@@ -232,7 +232,7 @@ START_TEST(linear_forward_matches_naive) {
     free(W);
     free(b);
     free(y);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 
@@ -273,7 +273,7 @@ START_TEST(linear_gradients_match_finite_differences) {
         free(db);
     }
     printf("linear: worst gradcheck error %.3g\n", worst);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 
@@ -332,7 +332,7 @@ START_TEST(linear_backward_accumulation_semantics) {
     free(dx);
     free(dW);
     free(db);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 
@@ -382,7 +382,7 @@ START_TEST(bias_add_gradient_and_accumulation) {
         free(db);
     }
     printf("bias_add: worst gradcheck error %.3g\n", worst);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 
@@ -398,7 +398,7 @@ START_TEST(backward_bit_identical_across_thread_counts) {
     float *dy = luna_test_random_vector(&rng, (size_t)rows * out, -1, 1);
     float *dx[2], *dW[2], *db[2], *db2[2];
     for (int t = 0; t < 2; t++) {
-        luna_backend_set_threads(be, 2 - t);
+        luna_backend_cpu_set_threads(be, 2 - t);
         dx[t] = luna_test_zeros((size_t)rows * in);
         dW[t] = luna_test_zeros((size_t)out * in);
         db[t] = luna_test_zeros(out);
@@ -421,7 +421,7 @@ START_TEST(backward_bit_identical_across_thread_counts) {
     free(x);
     free(W);
     free(dy);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 

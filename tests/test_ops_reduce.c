@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/allocator.h"
-#include "model/backend.h"
+#include "core/allocator.h"
+#include "core/backend.h"
 #include "tests/test_util.h"
 
 static float *random_vector(uint64_t seed, int64_t n, float lo, float hi) {
@@ -81,7 +81,7 @@ START_TEST(reductions_match_naive_double) {
     for (int op = 0; op < OP_COUNT; op++)
         printf("reduce %-12s worst relative error vs naive double: %.3g\n", op_names[op],
                worst[op]);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 
@@ -95,7 +95,7 @@ START_TEST(reductions_bit_identical_across_threads) {
         for (int op = 0; op < OP_COUNT; op++) {
             float r[3];
             for (int t = 1; t <= 3; t++) {
-                luna_backend_set_threads(be, t);
+                luna_backend_cpu_set_threads(be, t);
                 r[t - 1] = run_op(be, op, x, y, n);
             }
             ck_assert_msg(memcmp(&r[0], &r[1], sizeof(float)) == 0 &&
@@ -106,7 +106,7 @@ START_TEST(reductions_bit_identical_across_threads) {
         free(x);
         free(y);
     }
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 
@@ -130,7 +130,7 @@ START_TEST(reductions_special_values_and_scratch) {
     run_op(be, OP_SUM_SQUARES, big, NULL, n);
     ck_assert_uint_eq(luna_arena_used_bytes(be->scratch), before);
     free(big);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 
@@ -197,7 +197,7 @@ START_TEST(reduction_backward_gradcheck) {
     }
     for (int oi = 0; oi < 3; oi++)
         printf("reduce %-12s backward worst gradcheck error: %.3g\n", op_names[ops[oi]], worst[oi]);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 
@@ -238,7 +238,7 @@ START_TEST(reduction_backward_accumulates) {
     free(d);
     free(d0);
     free(d2);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 

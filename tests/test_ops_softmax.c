@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/backend.h"
+#include "core/backend.h"
 #include "tests/test_util.h"
 
 #ifndef GC_EPS
@@ -90,7 +90,7 @@ START_TEST(softmax_forward_matches_naive_with_masks) {
             free(y);
             free(yi);
         }
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 
@@ -100,7 +100,7 @@ START_TEST(softmax_rejects_bad_group_size) {
     const int32_t valid[1] = {2};
     ck_assert_int_eq(be->ops->softmax_forward(be, x, x, 2, 2, valid, 0, 0),
                      LUNA_ERR_INVALID_ARGUMENT);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 
@@ -144,7 +144,7 @@ START_TEST(softmax_gradient_matches_finite_differences) {
         free(dx);
     }
     printf("softmax: worst gradcheck error %.3g\n", worst);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 
@@ -160,7 +160,7 @@ START_TEST(softmax_alias_and_thread_determinism) {
           *dy = luna_test_random_vector(&rng, n, -1, 1);
     float *y[2], *dx[3];
     for (int t = 0; t < 2; t++) {
-        luna_backend_set_threads(be, 2 - t);
+        luna_backend_cpu_set_threads(be, 2 - t);
         y[t] = malloc(n * sizeof(float));
         dx[t] = malloc(n * sizeof(float));
         ck_assert_int_eq(be->ops->softmax_forward(be, y[t], x, rows, cols, valid, 100, 97),
@@ -179,7 +179,7 @@ START_TEST(softmax_alias_and_thread_determinism) {
         free(dx[t]);
     free(x);
     free(dy);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 

@@ -11,9 +11,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/backend.h"
-#include "model/parameters.h"
-#include "model/safetensors.h"
+#include "core/backend.h"
+#include "model/param_table.h"
+#include "model/pass.h"
+#include "core/safetensors.h"
 #include "optim/optimizer.h"
 #include "tests/test_util.h"
 
@@ -49,17 +50,17 @@ static luna_params *make_params(luna_backend *be, const tensor_spec *specs, int 
         off += (t->numel + 63) & ~(size_t)63; /* gaps, as a real layout may have */
     }
     p->num_params = off;
-    p->data = luna_backend_malloc(be, off * sizeof(float));
-    p->grad = luna_backend_malloc(be, off * sizeof(float));
+    p->data = luna_mem_alloc(be, off * sizeof(float));
+    p->grad = luna_mem_alloc(be, off * sizeof(float));
     ck_assert(p->data && p->grad);
-    be->memset_zero(p->data, off * sizeof(float));
-    be->memset_zero(p->grad, off * sizeof(float));
+    LUNA_CHECK_OK(luna_mem_zero(be, p->data, off * sizeof(float)));
+    LUNA_CHECK_OK(luna_mem_zero(be, p->grad, off * sizeof(float)));
     return p;
 }
 
 static void free_params(luna_params *p) {
-    luna_backend_free(p->be, p->data, p->num_params * sizeof(float));
-    luna_backend_free(p->be, p->grad, p->num_params * sizeof(float));
+    luna_mem_release(p->be, p->data, p->num_params * sizeof(float));
+    luna_mem_release(p->be, p->grad, p->num_params * sizeof(float));
     free(p->tensors);
     free(p);
 }
@@ -163,7 +164,7 @@ START_TEST(test_golden) {
         snprintf(name, sizeof name, "init.%s", info->name);
         const luna_st_tensor *t = fixture_tensor(in, name);
         ck_assert_uint_eq(t->nbytes, info->numel * sizeof(float));
-        be->copy_from_host(p->data + info->offset, t->data, t->nbytes);
+        LUNA_CHECK_OK(luna_mem_from_host(be, p->data + info->offset, t->data, t->nbytes));
     }
     luna_optimizer *opt = make_optimizer(be, &cfg, p);
     for (int k = 0; k < STEPS; k++) {
@@ -173,9 +174,10 @@ START_TEST(test_golden) {
             snprintf(name, sizeof name, "grads.%s", info->name);
             const luna_st_tensor *t = fixture_tensor(in, name);
             ck_assert_uint_eq(t->nbytes, STEPS * info->numel * sizeof(float));
-            be->copy_from_host(p->grad + info->offset,
-                               (const char *)t->data + (size_t)k * info->numel * sizeof(float),
-                               info->numel * sizeof(float));
+            LUNA_CHECK_OK(
+                luna_mem_from_host(be, p->grad + info->offset,
+                                   (const char *)t->data + (size_t)k * info->numel * sizeof(float),
+                                   info->numel * sizeof(float)));
         }
         step_ok(opt, lr[k]);
     }
@@ -190,7 +192,7 @@ START_TEST(test_golden) {
         snprintf(name, sizeof name, "param.%s", info->name);
         const luna_st_tensor *t = fixture_tensor(out, name);
         ck_assert_uint_eq(t->nbytes, info->numel * sizeof(float));
-        be->copy_to_host(host, p->data + info->offset, t->nbytes);
+        LUNA_CHECK_OK(luna_mem_to_host(be, host, p->data + info->offset, t->nbytes));
         float *want = malloc(t->nbytes);
         memcpy(want, t->data, t->nbytes);
         double e = rel_error(host, want, info->numel);
@@ -206,7 +208,7 @@ START_TEST(test_golden) {
         ck_assert_int_eq(luna_optimizer_state_tensor(opt, s, &name, &view), LUNA_OK);
         const luna_st_tensor *t = fixture_tensor(out, name);
         ck_assert_uint_eq(t->nbytes, luna_tensor_bytes(&view));
-        be->copy_to_host(host, view.data, t->nbytes);
+        LUNA_CHECK_OK(luna_mem_to_host(be, host, view.data, t->nbytes));
         float *want = malloc(t->nbytes);
         memcpy(want, t->data, t->nbytes);
         double e = rel_error(host, want, t->nbytes / sizeof(float));
@@ -223,7 +225,7 @@ START_TEST(test_golden) {
     luna_safetensors_close(in);
     luna_safetensors_close(out);
     free_params(p);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 
@@ -240,15 +242,15 @@ START_TEST(test_first_step) {
     float *out = malloc(n * sizeof(float));
     luna_test_fill_uniform(&rng, theta0, n, -1, 1);
     luna_test_fill_uniform(&rng, g, n, -2, 2);
-    be->copy_from_host(p->data, theta0, n * sizeof(float));
-    be->copy_from_host(p->grad, g, n * sizeof(float));
+    LUNA_CHECK_OK(luna_mem_from_host(be, p->data, theta0, n * sizeof(float)));
+    LUNA_CHECK_OK(luna_mem_from_host(be, p->grad, g, n * sizeof(float)));
     luna_optimizer_config cfg;
     luna_optimizer_config_defaults(&cfg, LUNA_OPTIMIZER_APOLLO);
     ck_assert(cfg.rebound == LUNA_REBOUND_CONSTANT && cfg.weight_decay == 0.0);
     luna_optimizer *opt = make_optimizer(be, &cfg, p);
     const double lr = 3e-3;
     step_ok(opt, lr);
-    be->copy_to_host(out, p->data, n * sizeof(float));
+    LUNA_CHECK_OK(luna_mem_to_host(be, out, p->data, n * sizeof(float)));
     for (size_t i = 0; i < n; i++) {
         double want = (double)theta0[i] - lr * (double)g[i] / LUNA_APOLLO_SIGMA;
         ck_assert_msg(fabs(out[i] - want) <= 1e-6 * fabs(want) + 1e-7, "θ[%zu] %.9g want %.9g", i,
@@ -257,14 +259,14 @@ START_TEST(test_first_step) {
     /* m = g, B = 0, d = g/σ after it. */
     luna_tensor view;
     ck_assert_int_eq(luna_optimizer_state_tensor(opt, 0, NULL, &view), LUNA_OK);
-    be->copy_to_host(out, view.data, n * sizeof(float));
+    LUNA_CHECK_OK(luna_mem_to_host(be, out, view.data, n * sizeof(float)));
     ck_assert_mem_eq(out, g, n * sizeof(float));
     ck_assert_int_eq(luna_optimizer_state_tensor(opt, 1, NULL, &view), LUNA_OK);
-    be->copy_to_host(out, view.data, n * sizeof(float));
+    LUNA_CHECK_OK(luna_mem_to_host(be, out, view.data, n * sizeof(float)));
     for (size_t i = 0; i < n; i++)
         ck_assert(out[i] == 0.0f);
     ck_assert_int_eq(luna_optimizer_state_tensor(opt, 2, NULL, &view), LUNA_OK);
-    be->copy_to_host(out, view.data, n * sizeof(float));
+    LUNA_CHECK_OK(luna_mem_to_host(be, out, view.data, n * sizeof(float)));
     for (size_t i = 0; i < n; i++)
         ck_assert(fabs(out[i] - g[i] / LUNA_APOLLO_SIGMA) <= 1e-6 * fabs(g[i] / LUNA_APOLLO_SIGMA));
     free(theta0);
@@ -272,7 +274,7 @@ START_TEST(test_first_step) {
     free(out);
     luna_optimizer_free(opt);
     free_params(p);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 
@@ -293,11 +295,11 @@ static float *run_threads(int threads, const luna_optimizer_config *cfg, size_t 
     luna_test_rng rng;
     luna_test_rng_seed(&rng, 99);
     luna_test_fill_uniform(&rng, h, np, -1, 1);
-    be->copy_from_host(p->data, h, np * sizeof(float));
+    LUNA_CHECK_OK(luna_mem_from_host(be, p->data, h, np * sizeof(float)));
     luna_optimizer *opt = make_optimizer(be, cfg, p);
     for (int k = 0; k < 6; k++) {
         luna_test_fill_uniform(&rng, h, np, -1, 1);
-        be->copy_from_host(p->grad, h, np * sizeof(float));
+        LUNA_CHECK_OK(luna_mem_from_host(be, p->grad, h, np * sizeof(float)));
         step_ok(opt, 0.01 * (k + 1));
     }
     int ns = luna_optimizer_num_state_tensors(opt);
@@ -308,19 +310,19 @@ static float *run_threads(int threads, const luna_optimizer_config *cfg, size_t 
         total += (size_t)luna_tensor_numel(&v);
     }
     float *all = malloc(total * sizeof(float));
-    be->copy_to_host(all, p->data, np * sizeof(float));
+    LUNA_CHECK_OK(luna_mem_to_host(be, all, p->data, np * sizeof(float)));
     size_t at = np;
     for (int s = 0; s < ns; s++) {
         luna_tensor v;
         luna_optimizer_state_tensor(opt, s, NULL, &v);
-        be->copy_to_host(all + at, v.data, luna_tensor_bytes(&v));
+        LUNA_CHECK_OK(luna_mem_to_host(be, all + at, v.data, luna_tensor_bytes(&v)));
         at += (size_t)luna_tensor_numel(&v);
     }
     *count = total;
     free(h);
     luna_optimizer_free(opt);
     free_params(p);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
     return all;
 }
 
@@ -358,7 +360,7 @@ START_TEST(test_no_grad_untouched) {
         luna_test_rng rng;
         luna_test_rng_seed(&rng, 5);
         luna_test_fill_uniform(&rng, before, np, -1, 1);
-        be->copy_from_host(p->data, before, np * sizeof(float));
+        LUNA_CHECK_OK(luna_mem_from_host(be, p->data, before, np * sizeof(float)));
         luna_optimizer_config cfg;
         luna_optimizer_config_defaults(&cfg, CASES[c].kind);
         cfg.rebound = CASES[c].rebound;
@@ -367,10 +369,10 @@ START_TEST(test_no_grad_untouched) {
         luna_optimizer *opt = make_optimizer(be, &cfg, p);
         for (int k = 0; k < 3; k++) {
             luna_test_fill_uniform(&rng, h, np, -1, 1); /* nonzero grads everywhere */
-            be->copy_from_host(p->grad, h, np * sizeof(float));
+            LUNA_CHECK_OK(luna_mem_from_host(be, p->grad, h, np * sizeof(float)));
             step_ok(opt, 0.05);
         }
-        be->copy_to_host(h, p->data, np * sizeof(float));
+        LUNA_CHECK_OK(luna_mem_to_host(be, h, p->data, np * sizeof(float)));
         const luna_param_info *fz = &p->tensors[1], *x = &p->tensors[0];
         ck_assert_mem_eq(h + fz->offset, before + fz->offset, fz->numel * sizeof(float));
         ck_assert_msg(memcmp(h + x->offset, before + x->offset, x->numel * sizeof(float)) != 0,
@@ -388,7 +390,7 @@ START_TEST(test_no_grad_untouched) {
         free(before);
         luna_optimizer_free(opt);
         free_params(p);
-        luna_backend_free_all(be);
+        luna_backend_free(be);
     }
 }
 END_TEST
@@ -405,7 +407,7 @@ static void copy_state(luna_backend *be, luna_optimizer *dst, const luna_optimiz
         luna_optimizer_state_tensor(src, s, &na, &a);
         luna_optimizer_state_tensor(dst, s, &nb, &b);
         ck_assert_str_eq(na, nb);
-        be->copy_device(b.data, a.data, luna_tensor_bytes(&a));
+        LUNA_CHECK_OK(luna_mem_copy(be, b.data, a.data, luna_tensor_bytes(&a)));
     }
 }
 
@@ -418,7 +420,7 @@ START_TEST(test_json_roundtrip) {
     luna_test_rng rng;
     luna_test_rng_seed(&rng, 11);
     luna_test_fill_uniform(&rng, h, np, -1, 1);
-    be->copy_from_host(p->data, h, np * sizeof(float));
+    LUNA_CHECK_OK(luna_mem_from_host(be, p->data, h, np * sizeof(float)));
     luna_optimizer_config cfg;
     luna_optimizer_config_defaults(&cfg, LUNA_OPTIMIZER_APOLLO);
     ck_assert_int_eq(luna_optimizer_config_parse_names(&cfg, "apollo", "belief", "stable"),
@@ -427,7 +429,7 @@ START_TEST(test_json_roundtrip) {
     luna_optimizer *a = make_optimizer(be, &cfg, p);
     for (int k = 0; k < 4; k++) {
         luna_test_fill_uniform(&rng, h, np, -1, 1);
-        be->copy_from_host(p->grad, h, np * sizeof(float));
+        LUNA_CHECK_OK(luna_mem_from_host(be, p->grad, h, np * sizeof(float)));
         step_ok(a, 0.02);
     }
     char *json = NULL;
@@ -441,16 +443,16 @@ START_TEST(test_json_roundtrip) {
     for (int i = 0; i < NUM_FIXTURE_TENSORS; i++)
         ck_assert_int_eq(luna_optimizer_tensor_step(b, i), 4);
     copy_state(be, b, a);
-    be->copy_device(q->data, p->data, np * sizeof(float));
+    LUNA_CHECK_OK(luna_mem_copy(be, q->data, p->data, np * sizeof(float)));
     for (int k = 0; k < 3; k++) {
         luna_test_fill_uniform(&rng, h, np, -1, 1);
-        be->copy_from_host(p->grad, h, np * sizeof(float));
-        be->copy_from_host(q->grad, h, np * sizeof(float));
+        LUNA_CHECK_OK(luna_mem_from_host(be, p->grad, h, np * sizeof(float)));
+        LUNA_CHECK_OK(luna_mem_from_host(be, q->grad, h, np * sizeof(float)));
         step_ok(a, 0.02);
         step_ok(b, 0.02);
     }
-    be->copy_to_host(h, p->data, np * sizeof(float));
-    be->copy_to_host(h2, q->data, np * sizeof(float));
+    LUNA_CHECK_OK(luna_mem_to_host(be, h, p->data, np * sizeof(float)));
+    LUNA_CHECK_OK(luna_mem_to_host(be, h2, q->data, np * sizeof(float)));
     ck_assert_mem_eq(h, h2, np * sizeof(float));
 
     /* Mismatches: a different rebound, weight decay, kind. Nothing changes on error. */
@@ -501,7 +503,7 @@ START_TEST(test_json_roundtrip) {
     luna_optimizer_free(b);
     free_params(p);
     free_params(q);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 

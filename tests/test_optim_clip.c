@@ -5,8 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/backend.h"
-#include "model/parameters.h"
+#include "core/backend.h"
+#include "model/param_table.h"
+#include "model/pass.h"
 #include "optim/clip.h"
 #include "tests/test_util.h"
 
@@ -38,15 +39,15 @@ static luna_params *make_params(luna_backend *be) {
         off += t->numel;
     }
     p->num_params = off;
-    p->data = luna_backend_malloc(be, off * sizeof(float));
-    p->grad = luna_backend_malloc(be, off * sizeof(float));
-    be->memset_zero(p->data, off * sizeof(float));
+    p->data = luna_mem_alloc(be, off * sizeof(float));
+    p->grad = luna_mem_alloc(be, off * sizeof(float));
+    LUNA_CHECK_OK(luna_mem_zero(be, p->data, off * sizeof(float)));
     return p;
 }
 
 static void free_params(luna_params *p) {
-    luna_backend_free(p->be, p->data, p->num_params * sizeof(float));
-    luna_backend_free(p->be, p->grad, p->num_params * sizeof(float));
+    luna_mem_release(p->be, p->data, p->num_params * sizeof(float));
+    luna_mem_release(p->be, p->grad, p->num_params * sizeof(float));
     free(p->tensors);
     free(p);
 }
@@ -73,7 +74,7 @@ static void check_mode(luna_clip_mode mode, double clip_norm) {
     ck_assert_int_eq(luna_backend_cpu_create(&be, 2), LUNA_OK);
     luna_params *p = make_params(be);
     float *g = random_grads(p, 3), *out = malloc(p->num_params * sizeof(float));
-    be->copy_from_host(p->grad, g, p->num_params * sizeof(float));
+    LUNA_CHECK_OK(luna_mem_from_host(be, p->grad, g, p->num_params * sizeof(float)));
     double norm = -1;
     bool clipped = false, finite = false;
     luna_status st = luna_clip_gradients(be, p, clip_norm, mode, &norm, &clipped, &finite);
@@ -91,7 +92,7 @@ static void check_mode(luna_clip_mode mode, double clip_norm) {
     double want_norm = mode == LUNA_CLIP_TOTAL ? total : maxn;
     ck_assert_msg(fabs(norm - want_norm) <= 1e-6 * want_norm, "norm %.9g want %.9g", norm,
                   want_norm);
-    be->copy_to_host(out, p->grad, p->num_params * sizeof(float));
+    LUNA_CHECK_OK(luna_mem_to_host(be, out, p->grad, p->num_params * sizeof(float)));
     bool any = false;
     for (int i = 0; i < NT; i++) {
         const luna_param_info *t = &p->tensors[i];
@@ -113,7 +114,7 @@ static void check_mode(luna_clip_mode mode, double clip_norm) {
     free(g);
     free(out);
     free_params(p);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 
 START_TEST(test_each) {
@@ -139,7 +140,7 @@ START_TEST(test_non_finite) {
             luna_params *p = make_params(be);
             float *g = random_grads(p, 9), *out = malloc(p->num_params * sizeof(float));
             g[p->tensors[3].offset + 17] = bad_values[b];
-            be->copy_from_host(p->grad, g, p->num_params * sizeof(float));
+            LUNA_CHECK_OK(luna_mem_from_host(be, p->grad, g, p->num_params * sizeof(float)));
             double norm = 0;
             bool clipped = true, finite = true;
             ck_assert_int_eq(
@@ -148,13 +149,13 @@ START_TEST(test_non_finite) {
             ck_assert(!finite);
             ck_assert(!clipped);
             ck_assert(!isfinite(norm));
-            be->copy_to_host(out, p->grad, p->num_params * sizeof(float));
+            LUNA_CHECK_OK(luna_mem_to_host(be, out, p->grad, p->num_params * sizeof(float)));
             ck_assert_msg(memcmp(out, g, p->num_params * sizeof(float)) == 0,
                           "gradients modified despite a non-finite value");
             free(g);
             free(out);
             free_params(p);
-            luna_backend_free_all(be);
+            luna_backend_free(be);
         }
     /* A non-finite value in a tensor without gradient is ignored. */
     luna_backend *be;
@@ -162,7 +163,7 @@ START_TEST(test_non_finite) {
     luna_params *p = make_params(be);
     float *g = random_grads(p, 10);
     g[p->tensors[2].offset] = NAN;
-    be->copy_from_host(p->grad, g, p->num_params * sizeof(float));
+    LUNA_CHECK_OK(luna_mem_from_host(be, p->grad, g, p->num_params * sizeof(float)));
     bool finite = false;
     ck_assert_int_eq(luna_clip_gradients(be, p, 1.0, LUNA_CLIP_EACH, NULL, NULL, &finite), LUNA_OK);
     ck_assert(finite);
@@ -172,7 +173,7 @@ START_TEST(test_non_finite) {
     ck_assert_int_eq(luna_clip_mode_parse("both", &m), LUNA_ERR_INVALID_ARGUMENT);
     free(g);
     free_params(p);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 

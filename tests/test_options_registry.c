@@ -1,4 +1,4 @@
-/* The options registry (trainer/options_registry.h) on a small table of every type: defaults,
+/* The options registry (core/options_registry.h) on a small table of every type: defaults,
  * parsing of each type (both --name VALUE and --name=VALUE), aliases, the positional argument,
  * every usage error (one line naming the option), --help listing every option by group, the
  * printed configuration and its JSON; and luna-train's real table (defaults valid, all in --help).
@@ -7,10 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/json.h"
+#include "core/json.h"
 #include "tests/test_util.h"
 #include "trainer/options.h"
-#include "trainer/options_registry.h"
+#include "core/options_registry.h"
 
 typedef struct {
     const char *input; /* the positional argument */

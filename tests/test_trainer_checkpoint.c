@@ -7,13 +7,15 @@
 
 #include "data/dictionary.h"
 #include "data/sentencepiece.h"
-#include "model/backend.h"
-#include "model/base64.h"
-#include "model/file_util.h"
+#include "core/backend.h"
+#include "core/base64.h"
+#include "core/file_util.h"
 #include "model/seq2seq.h"
 #include "tests/test_util.h"
-#include "trainer/checkpoint.h"
+#include "data/checkpoint_vocab.h"
+#include "model/checkpoint.h"
 #include "trainer/synthetic.h"
+#include "model/kernels/cpu/backend_cpu.h"
 
 START_TEST(test_base64) {
     luna_test_rng rng;
@@ -103,7 +105,7 @@ static void setup_fixture(fixture *f) {
 
 static void teardown_fixture(fixture *f) {
     luna_seq2seq_free(f->model);
-    luna_backend_free_all(f->be);
+    luna_backend_free(f->be);
     luna_dictionary_free(f->dict);
     free(f->spm_bytes);
     luna_test_remove_tree(f->dir);
@@ -120,10 +122,13 @@ START_TEST(test_roundtrip) {
                             .shape = {2, 3},
                             .data = extra_data,
                             .nbytes = sizeof extra_data};
+    char *dict_text;
+    size_t dict_len;
+    ck_assert_int_eq(luna_dictionary_to_text(f.dict, &dict_text, &dict_len), LUNA_OK);
     luna_checkpoint_contents c = {.source_lang = "src",
                                   .target_lang = "tgt",
-                                  .src_dict = f.dict,
-                                  .tgt_dict = f.dict,
+                                  .src_dict_text = dict_text,
+                                  .tgt_dict_text = dict_text,
                                   .spm_model = f.spm_bytes,
                                   .spm_model_size = f.spm_size,
                                   .training_state = "{\"num_updates\":7}",
@@ -137,7 +142,10 @@ START_TEST(test_roundtrip) {
     luna_dictionary *sd, *td;
     luna_spm *spm;
     luna_checkpoint_meta meta;
-    ck_assert_msg(luna_checkpoint_load_model(path, f.be, &m2, &sd, &td, &spm, &meta) == LUNA_OK,
+    ck_assert_msg(luna_checkpoint_load_model(path, f.be, &m2, &meta) == LUNA_OK, "%s",
+                  luna_error_message());
+    ck_assert_msg(luna_checkpoint_load_vocab(path, m2->params->config.vocab_size, &sd, &td, &spm) ==
+                      LUNA_OK,
                   "%s", luna_error_message());
     const luna_params *p = f.model->params;
     ck_assert_uint_eq(m2->params->num_params, p->num_params);
@@ -180,7 +188,8 @@ START_TEST(test_roundtrip) {
     c.num_extra_tensors = 0;
     ck_assert_int_eq(luna_checkpoint_save(path, f.model->params, &c), LUNA_OK);
     spm = (luna_spm *)&c;
-    ck_assert_int_eq(luna_checkpoint_load_model(path, f.be, &m2, NULL, NULL, &spm, &meta), LUNA_OK);
+    ck_assert_int_eq(luna_checkpoint_load_model(path, f.be, &m2, &meta), LUNA_OK);
+    ck_assert_int_eq(luna_checkpoint_load_vocab(path, 0, NULL, NULL, &spm), LUNA_OK);
     ck_assert_ptr_null(spm);
     ck_assert_ptr_null(meta.training_state);
     luna_checkpoint_meta_release(&meta);
@@ -188,16 +197,16 @@ START_TEST(test_roundtrip) {
 
     /* Truncated: one line naming the file, nothing allocated. */
     ck_assert_int_eq(truncate(path, 2000), 0);
-    ck_assert_int_ne(luna_checkpoint_load_model(path, f.be, &m2, NULL, NULL, NULL, NULL), LUNA_OK);
+    ck_assert_int_ne(luna_checkpoint_load_model(path, f.be, &m2, NULL), LUNA_OK);
     ck_assert_ptr_null(m2);
     ck_assert_ptr_nonnull(strstr(luna_error_message(), path));
     ck_assert_ptr_null(strchr(luna_error_message(), '\n'));
 
     /* Not a luna checkpoint (plain safetensors). */
     ck_assert_int_eq(luna_params_save(f.model->params, path, NULL, 0), LUNA_OK);
-    ck_assert_int_eq(luna_checkpoint_load_model(path, f.be, &m2, NULL, NULL, NULL, NULL),
-                     LUNA_ERR_FORMAT);
+    ck_assert_int_eq(luna_checkpoint_load_model(path, f.be, &m2, NULL), LUNA_ERR_FORMAT);
     ck_assert_ptr_nonnull(strstr(luna_error_message(), "luna-checkpoint-1"));
+    free(dict_text);
     teardown_fixture(&f);
 }
 END_TEST

@@ -11,13 +11,15 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "model/backend.h"
-#include "model/file_util.h"
-#include "model/json.h"
+#include "core/backend.h"
+#include "core/file_util.h"
+#include "core/json.h"
 #include "model/seq2seq.h"
 #include "tests/test_util.h"
-#include "trainer/checkpoint.h"
+#include "data/checkpoint_vocab.h"
+#include "model/checkpoint.h"
 #include "trainer/synthetic.h"
+#include "model/kernels/cpu/backend_cpu.h"
 
 static char program[4096];
 static char *tmp;
@@ -92,7 +94,7 @@ START_TEST(test_option_errors) {
     r = run(ARGS(bin, "--clip-mode", "bogus"));
     expect_error(&r, 2, ARGS("--clip-mode", "bogus", "each|total"));
     r = run(ARGS(bin, "--device", "cuda"));
-    expect_error(&r, 2, ARGS("not built with CUDA"));
+    expect_error(&r, 2, ARGS("built without CUDA"));
     r = run(ARGS(bin, "--lr", "abc"));
     expect_error(&r, 2, ARGS("--lr", "abc"));
     r = run(ARGS(bin, "--arch", "luna_huge"));
@@ -260,8 +262,8 @@ START_TEST(test_sigterm) {
     ck_assert_int_eq(luna_backend_cpu_create(&be, 1), LUNA_OK);
     luna_seq2seq *model;
     luna_checkpoint_meta meta;
-    ck_assert_msg(luna_checkpoint_load_model(ckpt, be, &model, NULL, NULL, NULL, &meta) == LUNA_OK,
-                  "%s", luna_error_message());
+    ck_assert_msg(luna_checkpoint_load_model(ckpt, be, &model, &meta) == LUNA_OK, "%s",
+                  luna_error_message());
     luna_json *state;
     ck_assert_int_eq(
         luna_json_parse(&state, meta.training_state, strlen(meta.training_state), NULL), LUNA_OK);
@@ -269,7 +271,7 @@ START_TEST(test_sigterm) {
     luna_json_free(state);
     luna_checkpoint_meta_release(&meta);
     luna_seq2seq_free(model);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
 }
 END_TEST
 

@@ -6,10 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/json.h"
-#include "model/safetensors.h"
+#include "core/json.h"
+#include "core/safetensors.h"
 #include "tests/test_util.h"
-#include "trainer/checkpoint.h"
+#include "model/checkpoint.h"
 #include "trainer/communicator.h"
 #include "trainer/options.h"
 #include "trainer/synthetic.h"

@@ -1,7 +1,8 @@
 #define _XOPEN_SOURCE 700
 #include "tests/test_util.h"
 
-#include "model/backend.h"
+#include "core/backend.h"
+#include "model/kernels/cpu/backend_cpu.h"
 
 #include <fcntl.h>
 #include <ftw.h>

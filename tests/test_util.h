@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "model/kernels/cpu/backend_cpu.h"
+
 /* Run a suite (CK_NORMAL output), return EXIT_SUCCESS iff no test failed. */
 int luna_test_run(Suite *suite);
 
@@ -56,6 +58,13 @@ struct luna_backend *luna_test_backend(int threads);
 float *luna_test_random_vector(luna_test_rng *rng, size_t n, float lo, float hi);
 float *luna_test_zeros(size_t n);
 /* ck_assert with a printf-style message, evaluated only on failure (cheap in tight loops). */
+/* A call that must succeed (a backend memory call, an op): fails the test with its message. */
+#define LUNA_CHECK_OK(expr)                                                                        \
+    do {                                                                                           \
+        luna_status check_ok_status_ = (expr);                                                     \
+        ck_assert_msg(check_ok_status_ == LUNA_OK, "%s: %s", #expr, luna_error_message());         \
+    } while (0)
+
 #define LUNA_EXPECT(cond, ...)                                                                     \
     do {                                                                                           \
         if (!(cond)) ck_abort_msg(__VA_ARGS__);                                                    \

@@ -22,14 +22,16 @@
 
 #include "data/dictionary.h"
 #include "data/sentencepiece.h"
-#include "model/file_util.h"
+#include "core/file_util.h"
 #include "model/seq2seq.h"
-#include "trainer/checkpoint.h"
-#include "trainer/options_registry.h"
+#include "data/checkpoint_vocab.h"
+#include "model/checkpoint.h"
+#include "core/options_registry.h"
+#include "model/kernels/registry.h"
 
 #define PROG "luna-average"
 
-/* ---- options: one registry table drives parsing and --help (trainer/options_registry.h) ---- */
+/* ---- options: one registry table drives parsing and --help (core/options_registry.h) ---- */
 
 typedef struct {
     luna_option_words inputs;
@@ -154,9 +156,12 @@ static luna_status average(char **paths, int n) {
     double *sum = NULL;
     float *host = NULL;
     luna_params *p = NULL;
-    luna_status st = luna_backend_cpu_create(&be, 2);
+    luna_backend_options bo = luna_backend_options_default();
+    bo.num_threads = 2;
+    luna_status st = luna_backend_create(&be, "cpu", &bo); /* averaging runs on the host */
+    if (st == LUNA_OK) st = luna_checkpoint_load_model(paths[0], be, &model, &meta);
     if (st == LUNA_OK)
-        st = luna_checkpoint_load_model(paths[0], be, &model, &src, &tgt, &spm, &meta);
+        st = luna_checkpoint_load_vocab(paths[0], model->config.vocab_size, &src, &tgt, &spm);
     const size_t np = model ? model->params->num_params : 0;
     if (st == LUNA_OK) {
         sum = calloc(np ? np : 1, sizeof *sum);
@@ -182,14 +187,14 @@ static luna_status average(char **paths, int n) {
                             "%s: another architecture than %s: %s is %s there but %s in %s "
                             "(average checkpoints of one training run)",
                             paths[i], paths[0], field, a, b, paths[0]);
-        if (st == LUNA_OK) st = luna_checkpoint_read_dicts(f, &s2, &t2);
+        if (st == LUNA_OK) st = luna_checkpoint_read_dicts(f, model->config.vocab_size, &s2, &t2);
         if (st == LUNA_OK && (!luna_dictionary_same_symbols(src, s2, NULL) ||
                               !luna_dictionary_same_symbols(tgt, t2, NULL)))
             st = luna_error(LUNA_ERR_MISMATCH, "%s: dictionaries differ from %s's", paths[i],
                             paths[0]);
         if (st == LUNA_OK) st = luna_params_load(p, f);
+        if (st == LUNA_OK) st = luna_mem_to_host(be, host, p->data, np * sizeof(float));
         if (st == LUNA_OK) {
-            be->copy_to_host(host, p->data, np * sizeof(float));
             for (size_t j = 0; j < np; j++)
                 sum[j] += host[j];
         }
@@ -201,17 +206,22 @@ static luna_status average(char **paths, int n) {
     if (st == LUNA_OK) {
         for (size_t j = 0; j < np; j++)
             host[j] = (float)(sum[j] / n);
-        be->copy_from_host(model->params->data, host, np * sizeof(float));
+        st = luna_mem_from_host(be, model->params->data, host, np * sizeof(float));
         const void *spm_bytes = NULL;
-        size_t spm_size = 0;
-        if (spm) st = luna_spm_serialized(spm, &spm_bytes, &spm_size);
+        size_t spm_size = 0, text_len;
+        char *src_text = NULL, *tgt_text = NULL;
+        if (st == LUNA_OK && spm) st = luna_spm_serialized(spm, &spm_bytes, &spm_size);
+        if (st == LUNA_OK) st = luna_dictionary_to_text(src, &src_text, &text_len);
+        if (st == LUNA_OK) st = luna_dictionary_to_text(tgt, &tgt_text, &text_len);
         luna_checkpoint_contents c = {.source_lang = meta.source_lang,
                                       .target_lang = meta.target_lang,
-                                      .src_dict = src,
-                                      .tgt_dict = tgt,
+                                      .src_dict_text = src_text,
+                                      .tgt_dict_text = tgt_text,
                                       .spm_model = spm_bytes,
                                       .spm_model_size = spm_size};
         if (st == LUNA_OK) st = luna_checkpoint_save(opt.output, model->params, &c);
+        free(src_text);
+        free(tgt_text);
     }
     if (st == LUNA_OK) {
         printf(PROG ": averaged %d checkpoints (%zu parameters) into %s\n", n, np, opt.output);
@@ -226,7 +236,7 @@ static luna_status average(char **paths, int n) {
     luna_dictionary_free(tgt);
     luna_spm_free(spm);
     luna_checkpoint_meta_release(&meta);
-    if (be) luna_backend_free_all(be);
+    if (be) luna_backend_free(be);
     return st;
 }
 

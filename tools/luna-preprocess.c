@@ -25,12 +25,12 @@
 #include "data/sentencepiece.h"
 #include "data/staged_dir.h"
 #include "data/text_lines.h"
-#include "model/file_util.h"
-#include "trainer/options_registry.h"
+#include "core/file_util.h"
+#include "core/options_registry.h"
 
 #define PROG "luna-preprocess"
 
-/* ---- options: one registry table drives parsing and --help (trainer/options_registry.h) ------ */
+/* ---- options: one registry table drives parsing and --help (core/options_registry.h) ------ */
 
 typedef struct {
     const char *source_lang, *target_lang, *trainpref, *validpref, *testpref, *destdir, *spm_model;

@@ -16,7 +16,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "model/status.h"
+#include "core/status.h"
 #include "trainer/communicator.h"
 #include "trainer/options.h"
 #include "trainer/trainer.h"

@@ -30,13 +30,15 @@
 #include "data/dictionary.h"
 #include "data/sentencepiece.h"
 #include "decoding/beam_search.h"
-#include "model/file_util.h"
-#include "trainer/checkpoint.h"
-#include "trainer/options_registry.h"
+#include "core/file_util.h"
+#include "data/checkpoint_vocab.h"
+#include "model/checkpoint.h"
+#include "model/kernels/registry.h"
+#include "core/options_registry.h"
 
 #define PROG "luna-translate"
 
-/* ---- options: one registry table drives parsing and --help (trainer/options_registry.h) ---- */
+/* ---- options: one registry table drives parsing and --help (core/options_registry.h) ---- */
 
 typedef struct {
     const char *checkpoint, *input, *output_format, *device, *reference;
@@ -70,7 +72,7 @@ static const luna_option_spec OPTIONS[] = {
     {"--reference", LUNA_OPT_STRING, NULL, G_SCORE, "FILE", NULL, F(reference), "reference translations, one per line"},
     {"--max-tokens", LUNA_OPT_INT, "6000", G_RUN, "N", NULL, F(max_tokens), "padded source tokens per batch (0: no limit)"},
     {"--batch-size", LUNA_OPT_INT, "128", G_RUN, "N", NULL, F(batch_size), "sentences per batch (0: no limit)"},
-    {"--device", LUNA_OPT_STRING, "cpu", G_RUN, "DEV", NULL, F(device), "cpu (this build has no other)"},
+    {"--device", LUNA_OPT_CHOICE, "cpu", G_RUN, "D", "cpu|cuda", F(device), "where to run"},
     {"--threads", LUNA_OPT_INT, "2", G_RUN, "N", NULL, F(threads), "CPU threads"},
 };
 /* clang-format on */
@@ -97,9 +99,10 @@ static int parse_args(int argc, char **argv) {
     if (strcmp(opt.output_format, "plain") && strcmp(opt.output_format, "fairseq"))
         return luna_options_usage_error(PROG, "--output-format must be plain or fairseq, not '%s'",
                                         opt.output_format);
-    if (strcmp(opt.device, "cpu"))
-        return luna_options_usage_error(
-            PROG, "--device '%s' is not available in this build (use cpu)", opt.device);
+    const char *missing = luna_backend_missing(opt.device);
+    if (missing)
+        return luna_options_usage_error(PROG, "--device %s: %s; use --device cpu", opt.device,
+                                        missing);
     if (opt.beam < 1 || opt.beam > 1024)
         return luna_options_usage_error(PROG, "%s", "--beam must be in 1..1024");
     if (opt.nbest < 1 || opt.nbest > opt.beam)
@@ -391,9 +394,12 @@ static luna_status write_scores(program *p, size_t n) {
 }
 
 static luna_status run(program *p) {
-    LUNA_TRY(luna_backend_cpu_create(&p->be, (int)opt.threads));
-    LUNA_TRY(luna_checkpoint_load_model(opt.checkpoint, p->be, &p->model, &p->src_dict,
-                                        &p->tgt_dict, &p->spm, &p->meta));
+    luna_backend_options bo = luna_backend_options_default();
+    bo.num_threads = (int)opt.threads;
+    LUNA_TRY(luna_backend_create(&p->be, opt.device, &bo));
+    LUNA_TRY(luna_checkpoint_load_model(opt.checkpoint, p->be, &p->model, &p->meta));
+    LUNA_TRY(luna_checkpoint_load_vocab(opt.checkpoint, p->model->config.vocab_size, &p->src_dict,
+                                        &p->tgt_dict, &p->spm));
     if (!p->src_dict || !p->tgt_dict ||
         luna_dictionary_size(p->tgt_dict) != p->model->config.vocab_size)
         return luna_error(LUNA_ERR_FORMAT,
@@ -494,7 +500,7 @@ static void program_free(program *p) {
     luna_dictionary_free(p->tgt_dict);
     luna_spm_free(p->spm);
     luna_checkpoint_meta_release(&p->meta);
-    if (p->be) luna_backend_free_all(p->be);
+    if (p->be) luna_backend_free(p->be);
 }
 
 int main(int argc, char **argv) {

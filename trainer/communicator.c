@@ -66,7 +66,7 @@ static luna_status mpi_all_reduce_device(luna_communicator *c, luna_backend *be,
         m->host = h;
         m->capacity = n;
     }
-    be->copy_to_host(m->host, data, n * sizeof(float));
+    luna_mem_to_host(be, m->host, data, n * sizeof(float));
     /* MPI counts are int: reduce in chunks. */
     for (size_t off = 0; off < n; off += (size_t)1 << 30) {
         size_t k = n - off < ((size_t)1 << 30) ? n - off : ((size_t)1 << 30);
@@ -74,7 +74,7 @@ static luna_status mpi_all_reduce_device(luna_communicator *c, luna_backend *be,
             MPI_Allreduce(MPI_IN_PLACE, m->host + off, (int)k, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD),
             "MPI_Allreduce(gradients)"));
     }
-    be->copy_from_host(data, m->host, n * sizeof(float));
+    luna_mem_from_host(be, data, m->host, n * sizeof(float));
     return LUNA_OK;
 }
 

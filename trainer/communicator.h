@@ -1,6 +1,6 @@
 /* The communicator of data-parallel training (Marian's interface): every rank runs the same
- * updates on its own shard of the batches, and the gradients (one flat buffer, parameters.h) and
- * the update's statistics are summed across ranks before the optimizer step.
+ * updates on its own shard of the batches, and the gradients (one flat buffer, model/param_table.h)
+ * and the update's statistics are summed across ranks before the optimizer step.
  *
  * The single-process implementation (world size 1) makes every operation a no-op, so CPU and
  * one-GPU runs need no MPI. With LUNA_WITH_MPI (cmake -DLUNA_MPI=ON) an MPI implementation over
@@ -10,8 +10,8 @@
 
 #include <stddef.h>
 
-#include "model/backend.h"
-#include "model/status.h"
+#include "core/backend.h"
+#include "core/status.h"
 
 typedef struct luna_communicator luna_communicator;
 struct luna_communicator {

@@ -5,7 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/json.h"
+#include "core/json.h"
+#include "model/kernels/registry.h"
 
 #define F(field) offsetof(luna_train_options, field)
 #define G_MODEL "model"
@@ -300,15 +301,8 @@ static luna_status check_ranges(const luna_train_options *o) {
         return bad("--max-tokens 0 and --max-sentences 0: give at least one batch size limit");
     if (o->threads > 1024)
         return bad("--threads must be <= 1024 (got %lld)", (long long)o->threads);
-    if (strcmp(o->device, "cuda") == 0) {
-#ifdef LUNA_WITH_CUDA
-        return bad("--device cuda: training on the CUDA backend is not available yet; use "
-                   "--device cpu");
-#else
-        return bad("--device cuda: this luna-train was not built with CUDA (configure with "
-                   "-DLUNA_CUDA=ON), use --device cpu");
-#endif
-    }
+    const char *missing = luna_backend_missing(o->device);
+    if (missing) return bad("--device %s: %s; use --device cpu", o->device, missing);
     if (!*o->save_dir) return bad("--save-dir must not be empty");
     return LUNA_OK;
 }

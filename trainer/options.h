@@ -1,7 +1,7 @@
 /* luna-train's options: ONE registry (name, type, default, group, help) that drives command-line
  * parsing, --help (grouped), validation, the printed configuration and the "args" JSON stored in
  * checkpoints (Marian's options registry, with fairseq's flag names). The table is parsed by the
- * generic trainer/options_registry.h, as are the tables of the other programs.
+ * generic core/options_registry.h, as are the tables of the other programs.
  *
  * Derived defaults: options whose registry default is NULL take their value from a preset:
  *   architecture options (--encoder-layers, --dropout, --label-smoothing, ...) from --arch,
@@ -19,11 +19,11 @@
 #include <stdio.h>
 
 #include "model/config.h"
-#include "model/status.h"
+#include "core/status.h"
 #include "optim/clip.h"
 #include "optim/lr_scheduler.h"
 #include "optim/optimizer.h"
-#include "trainer/options_registry.h"
+#include "core/options_registry.h"
 
 #define LUNA_TRAIN_MAX_OPTIONS 96
 

@@ -8,7 +8,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "model/status.h"
+#include "core/status.h"
 
 typedef struct {
     const char *source_lang, *target_lang; /* default "src", "tgt" */

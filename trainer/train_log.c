@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/json.h"
+#include "core/json.h"
 
 void luna_meters_reset(luna_meters *m) {
     memset(m, 0, sizeof *m);

@@ -10,9 +10,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "model/file_util.h"
-#include "model/json.h"
-#include "trainer/checkpoint.h"
+#include "core/file_util.h"
+#include "core/json.h"
+#include "data/checkpoint_vocab.h"
+#include "model/checkpoint.h"
 
 /* ---- --save-dir ------------------------------------------------------------------------------ */
 
@@ -238,8 +239,13 @@ luna_status luna_trainer_save(luna_trainer *t, const char *const *names, int cou
     int ns = luna_optimizer_num_state_tensors(t->opt);
     luna_st_tensor *extra = calloc((size_t)(ns ? ns : 1), sizeof *extra);
     float **host = calloc((size_t)(ns ? ns : 1), sizeof *host);
-    char *state = NULL, *first = NULL;
+    char *state = NULL, *first = NULL, *src_text = NULL, *tgt_text = NULL;
+    size_t text_len;
     luna_status s = extra && host ? LUNA_OK : luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
+    if (s == LUNA_OK)
+        s = luna_dictionary_to_text(luna_pair_dataset_src_dict(t->train), &src_text, &text_len);
+    if (s == LUNA_OK)
+        s = luna_dictionary_to_text(luna_pair_dataset_tgt_dict(t->train), &tgt_text, &text_len);
     for (int i = 0; i < ns && s == LUNA_OK; i++) {
         const char *name;
         luna_tensor view;
@@ -251,7 +257,8 @@ luna_status luna_trainer_save(luna_trainer *t, const char *const *names, int cou
             s = luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of host memory saving '%s'", name);
             break;
         }
-        t->be->copy_to_host(host[i], view.data, bytes);
+        s = luna_mem_to_host(t->be, host[i], view.data, bytes);
+        if (s != LUNA_OK) break;
         extra[i] = (luna_st_tensor){
             .name = name, .dtype = LUNA_F32, .ndim = view.ndim, .data = host[i], .nbytes = bytes};
         memcpy(extra[i].shape, view.shape, sizeof view.shape);
@@ -263,8 +270,8 @@ luna_status luna_trainer_save(luna_trainer *t, const char *const *names, int cou
     }
     luna_checkpoint_contents c = {.source_lang = t->src_lang,
                                   .target_lang = t->tgt_lang,
-                                  .src_dict = luna_pair_dataset_src_dict(t->train),
-                                  .tgt_dict = luna_pair_dataset_tgt_dict(t->train),
+                                  .src_dict_text = src_text,
+                                  .tgt_dict_text = tgt_text,
                                   .spm_model = t->spm_bytes,
                                   .spm_model_size = t->spm_size,
                                   .training_state = state,
@@ -302,6 +309,8 @@ luna_status luna_trainer_save(luna_trainer *t, const char *const *names, int cou
     free(extra);
     free(state);
     free(first);
+    free(src_text);
+    free(tgt_text);
     return s;
 }
 
@@ -359,7 +368,7 @@ static luna_status restore_optimizer(luna_trainer *t, const luna_safetensors *st
                 "optimizer state (resume with --reset-optimizer to start a fresh one)");
             return s;
         }
-        t->be->copy_from_host(view.data, found->data, luna_tensor_bytes(&view));
+        LUNA_TRY(luna_mem_from_host(t->be, view.data, found->data, luna_tensor_bytes(&view)));
     }
     return LUNA_OK;
 }
@@ -374,7 +383,7 @@ static luna_status restore_from(luna_trainer *t, const luna_safetensors *st,
                           path, meta->source_lang, meta->target_lang, t->o->data_bin, t->src_lang,
                           t->tgt_lang);
     luna_dictionary *sd = NULL, *td = NULL;
-    LUNA_TRY(luna_checkpoint_read_dicts(st, &sd, &td));
+    LUNA_TRY(luna_checkpoint_read_dicts(st, meta->config.vocab_size, &sd, &td));
     int32_t d1 = -1, d2 = -1;
     bool same = luna_dictionary_same_symbols(sd, luna_pair_dataset_src_dict(t->train), &d1) &&
                 luna_dictionary_same_symbols(td, luna_pair_dataset_tgt_dict(t->train), &d2);

@@ -7,7 +7,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "model/file_util.h"
+#include "model/kernels/registry.h"
+#include "core/file_util.h"
 #include "optim/clip.h"
 #include "optim/lr_scheduler.h"
 
@@ -114,10 +115,12 @@ luna_status luna_trainer_create(luna_trainer **out, luna_train_options *o, luna_
     t->last_valid_loss = t->last_epoch_loss = NAN;
     t->last_saved_update = -1;
     luna_status s = LUNA_OK;
+    luna_backend_options backend_options = luna_backend_options_default();
+    backend_options.num_threads = (int)o->threads;
     /* --save-dir first: an unwritable one must fail before any expensive work. */
     if (o->max_update != 0 && !o->no_save && comm->rank == 0)
         s = luna_trainer_check_save_dir(o->save_dir);
-    if (s == LUNA_OK) s = luna_backend_cpu_create(&t->be, (int)o->threads);
+    if (s == LUNA_OK) s = luna_backend_create(&t->be, o->device, &backend_options);
     if (s == LUNA_OK) s = open_data(t);
     if (s == LUNA_OK) s = make_batches(t);
     if (s == LUNA_OK) {
@@ -159,7 +162,7 @@ void luna_trainer_free(luna_trainer *t) {
     luna_batch_plan_free(t->valid_plan);
     luna_pair_dataset_free(t->train);
     luna_pair_dataset_free(t->valid);
-    if (t->be) luna_backend_free_all(t->be);
+    if (t->be) luna_backend_free(t->be);
     free(t->spm_bytes);
     free(t->src_lang);
     free(t->tgt_lang);
@@ -233,9 +236,8 @@ static luna_status train_update(luna_trainer *t, int *got, bool *stepped) {
     /* loss, nll (nats), target tokens, sentences, micro-batches with a non-finite loss, ranks
      * that failed (summed across ranks with the rest, so that all ranks stop together) */
     double stats[6] = {0, 0, 0, 0, 0, 0};
-    luna_status failed = LUNA_OK;
-    luna_seq2seq_zero_grad(t->model);
-    for (int k = 0; k < (int)o->update_freq; k++) {
+    luna_status failed = luna_seq2seq_zero_grad(t->model);
+    for (int k = 0; k < (int)o->update_freq && failed == LUNA_OK; k++) {
         const uint32_t *ids;
         size_t n;
         bool repeated;

@@ -27,8 +27,9 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "model/parameters.h"
-#include "model/status.h"
+#include "model/param_table.h"
+#include "model/pass.h"
+#include "core/status.h"
 #include "trainer/communicator.h"
 #include "trainer/options.h"
 

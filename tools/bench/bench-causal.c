@@ -16,8 +16,9 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "model/backend.h"
-#include "model/rng.h"
+#include "core/backend.h"
+#include "core/rng.h"
+#include "model/kernels/cpu/backend_cpu.h"
 
 enum { B = 32, H = 8, N = 64, DH = 64, L = 32, REPEATS = 30 };
 
@@ -103,7 +104,7 @@ int main(int argc, char **argv) {
             printf("%-24s %7d %8.3f %8.2f %8.3f %8.2f %9.2f\n", names[s], be->num_threads, 1e3 * tf,
                    1e-9 * fwd_flops / bf, 1e3 * tb, 1e-9 * bwd_flops / bb,
                    1e-9 * (fwd_flops + bwd_flops) / (bf + bb));
-            luna_backend_free_all(be);
+            luna_backend_free(be);
         }
         for (int i = 0; i < 8; i++)
             free(bufs[i]);

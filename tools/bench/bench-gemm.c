@@ -11,7 +11,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "model/backend.h"
+#include "core/backend.h"
+#include "model/kernels/cpu/backend_cpu.h"
 
 static double now_seconds(void) {
     struct timespec t;
@@ -36,11 +37,16 @@ int main(int argc, char **argv) {
             fprintf(stderr, "bench-gemm: %s needs a value\n", argv[i]);
             return 2;
         }
-        if (!strcmp(argv[i], "--m")) M = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--n")) N = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--k")) K = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--threads")) snprintf(threads_list, sizeof threads_list, "%s", argv[++i]);
+        if (!strcmp(argv[i], "--m"))
+            M = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--n"))
+            N = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--k"))
+            K = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--reps"))
+            reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--threads"))
+            snprintf(threads_list, sizeof threads_list, "%s", argv[++i]);
         else {
             fprintf(stderr, "bench-gemm: unknown option %s\n", argv[i]);
             return 2;
@@ -57,11 +63,13 @@ int main(int argc, char **argv) {
     }
     float *A = malloc(sizeof(float) * (size_t)M * K), *B = malloc(sizeof(float) * (size_t)K * N);
     float *C = malloc(sizeof(float) * (size_t)M * N);
-    for (size_t i = 0; i < (size_t)M * K; i++) A[i] = (float)(i % 7) * 0.1f;
-    for (size_t i = 0; i < (size_t)K * N; i++) B[i] = (float)(i % 5) * 0.1f;
+    for (size_t i = 0; i < (size_t)M * K; i++)
+        A[i] = (float)(i % 7) * 0.1f;
+    for (size_t i = 0; i < (size_t)K * N; i++)
+        B[i] = (float)(i % 5) * 0.1f;
     const char *coretype = getenv("OPENBLAS_CORETYPE");
-    printf("gemm %dx%dx%d %s core=%s (OPENBLAS_CORETYPE=%s)\n", M, N, K,
-           OPENBLAS_VERSION, openblas_get_corename(), coretype ? coretype : "unset");
+    printf("gemm %dx%dx%d %s core=%s (OPENBLAS_CORETYPE=%s)\n", M, N, K, OPENBLAS_VERSION,
+           openblas_get_corename(), coretype ? coretype : "unset");
     struct {
         const char *name;
         bool ta, tb;
@@ -69,7 +77,7 @@ int main(int argc, char **argv) {
     char *save = NULL;
     for (char *tok = strtok_r(threads_list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         int threads = atoi(tok);
-        luna_backend_set_threads(be, threads);
+        luna_backend_cpu_set_threads(be, threads);
         for (size_t f = 0; f < sizeof forms / sizeof forms[0]; f++) {
             /* Stored shapes: A [M,K] or [K,M], B [K,N] or [N,K]. */
             int lda = forms[f].ta ? M : K, ldb = forms[f].tb ? K : N;
@@ -83,8 +91,8 @@ int main(int argc, char **argv) {
             for (int trial = 0; trial < 3; trial++) {
                 double t0 = now_seconds();
                 for (int r = 0; r < reps; r++)
-                    be->ops->gemm(be, forms[f].ta, forms[f].tb, M, N, K, 1.0f, A, lda, 0, B, ldb,
-                                  0, 0.0f, C, N, 0, 1);
+                    be->ops->gemm(be, forms[f].ta, forms[f].tb, M, N, K, 1.0f, A, lda, 0, B, ldb, 0,
+                                  0.0f, C, N, 0, 1);
                 double t = (now_seconds() - t0) / reps;
                 if (t < best) best = t;
             }
@@ -95,6 +103,6 @@ int main(int argc, char **argv) {
     free(A);
     free(B);
     free(C);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
     return 0;
 }

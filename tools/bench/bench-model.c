@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "model/seq2seq.h"
+#include "model/kernels/cpu/backend_cpu.h"
 
 static double now(void) {
     struct timespec ts;
@@ -149,6 +150,6 @@ int main(int argc, char **argv) {
            luna_seq2seq_activation_peak(model) / 1048576.0);
     free(src), free(len), free(prev), free(tgt);
     luna_seq2seq_free(model);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
     return 0;
 }

@@ -23,9 +23,11 @@
 #include "data/dictionary.h"
 #include "data/sentencepiece.h"
 #include "decoding/beam_search.h"
-#include "model/file_util.h"
+#include "core/file_util.h"
 #include "model/seq2seq.h"
-#include "trainer/checkpoint.h"
+#include "data/checkpoint_vocab.h"
+#include "model/checkpoint.h"
+#include "model/kernels/cpu/backend_cpu.h"
 
 static double now(void) {
     struct timespec ts;
@@ -133,7 +135,9 @@ int main(int argc, char **argv) {
             src[i] = (luna_token_seq){ids[i], len + 1};
         }
     } else {
-        if (luna_checkpoint_load_model(ckpt, be, &model, &dict, NULL, &spm, NULL) != LUNA_OK)
+        if (luna_checkpoint_load_model(ckpt, be, &model, NULL) != LUNA_OK ||
+            luna_checkpoint_load_vocab(ckpt, model->config.vocab_size, &dict, NULL, &spm) !=
+                LUNA_OK)
             return fail();
         if (!spm && !ids_file)
             return fprintf(stderr, "bench-translate: %s has no SentencePiece model\n", ckpt), 1;
@@ -225,6 +229,6 @@ int main(int argc, char **argv) {
     luna_seq2seq_free(model);
     luna_dictionary_free(dict);
     luna_spm_free(spm);
-    luna_backend_free_all(be);
+    luna_backend_free(be);
     return 0;
 }

@@ -5,8 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/allocator.h"
-#include "model/backend.h"
+#include "core/allocator.h"
+#include "core/backend.h"
+#include "model/kernels/cpu/backend_cpu.h"
 #include "model/kernels/cpu/cpu_ops.h"
 
 static const luna_ops cpu_ops = {
@@ -56,21 +57,45 @@ static const luna_ops cpu_ops = {
 };
 
 /* 256-byte aligned host memory: the arena's alignment, as cudaMalloc gives on the GPU. */
-static void *cpu_malloc(size_t bytes) {
+static void *cpu_alloc(luna_backend *be, size_t bytes) {
+    (void)be;
     void *p = NULL;
     size_t rounded = (bytes + 255) & ~(size_t)255;
     if (posix_memalign(&p, 256, rounded ? rounded : 256) != 0) return NULL;
     return p;
 }
-static void cpu_free(void *p) { free(p); }
-static void cpu_memset_zero(void *p, size_t bytes) { memset(p, 0, bytes); }
-static void cpu_copy(void *dst, const void *src, size_t bytes) { memmove(dst, src, bytes); }
+static void cpu_release(luna_backend *be, void *p) {
+    (void)be;
+    free(p);
+}
+static luna_status cpu_zero(luna_backend *be, void *p, size_t bytes) {
+    (void)be;
+    memset(p, 0, bytes);
+    return LUNA_OK;
+}
+/* Host and "device" are the same memory: every copy is a memmove (regions may overlap). */
+static luna_status cpu_copy(luna_backend *be, void *dst, const void *src, size_t bytes) {
+    (void)be;
+    memmove(dst, src, bytes);
+    return LUNA_OK;
+}
 static luna_status cpu_synchronize(luna_backend *be) {
     (void)be;
     return LUNA_OK;
 }
 
-void luna_backend_set_threads(luna_backend *be, int num_threads) {
+static const luna_backend_memory cpu_memory = {
+    .alloc = cpu_alloc,
+    .release = cpu_release,
+    .zero = cpu_zero,
+    .copy = cpu_copy,
+    .from_host = cpu_copy,
+    .to_host = cpu_copy,
+    .synchronize = cpu_synchronize,
+    .destroy = NULL,
+};
+
+void luna_backend_cpu_set_threads(luna_backend *be, int num_threads) {
     if (num_threads <= 0) num_threads = omp_get_max_threads();
     be->num_threads = num_threads;
     omp_set_num_threads(num_threads);
@@ -85,15 +110,10 @@ luna_status luna_backend_cpu_create(luna_backend **out, int num_threads) {
     if (!be) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "backend: cannot allocate the CPU backend");
     be->name = "cpu";
     be->device = LUNA_DEVICE_CPU;
+    be->act_dtype = LUNA_F32;
     be->ops = &cpu_ops;
-    be->device_malloc = cpu_malloc;
-    be->device_free = cpu_free;
-    be->memset_zero = cpu_memset_zero;
-    be->copy_to_host = cpu_copy;
-    be->copy_from_host = cpu_copy;
-    be->copy_device = cpu_copy;
-    be->synchronize = cpu_synchronize;
-    luna_backend_set_threads(be, num_threads);
+    be->mem = &cpu_memory;
+    luna_backend_cpu_set_threads(be, num_threads);
     luna_status st = luna_arena_create(&be->scratch, be, (size_t)16 << 20);
     if (st != LUNA_OK) {
         free(be);

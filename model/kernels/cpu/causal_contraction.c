@@ -37,7 +37,7 @@
 #include <omp.h>
 #include <stdint.h>
 
-#include "model/allocator.h"
+#include "core/allocator.h"
 #include "model/kernels/cpu/cpu_ops.h"
 
 /* ISO C mode compiles with -ffp-contract=off; ask for the fused multiply-add where the machine

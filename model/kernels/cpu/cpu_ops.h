@@ -1,9 +1,9 @@
 /* Declarations of the CPU kernels (model/kernels/cpu/); backend_cpu.c puts them in the op
- * table. Semantics: see the matching entry of struct luna_ops in model/backend.h. */
+ * table. Semantics: see the matching entry of struct luna_ops in core/backend.h. */
 #ifndef LUNA_CPU_OPS_H
 #define LUNA_CPU_OPS_H
 
-#include "model/backend.h"
+#include "core/backend.h"
 
 luna_status luna_cpu_gemm(luna_backend *be, bool trans_a, bool trans_b, int M, int N, int K,
                           float alpha, const float *A, int lda, int64_t stride_a, const float *B,

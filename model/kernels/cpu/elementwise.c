@@ -17,7 +17,7 @@
  *
  * The mask is never stored: backward regenerates keep(i) from (key, i). Element i's 32 random
  * bits are word i%4 of the Philox block i/4, drawn eight blocks at a time by
- * luna_rng_bits_blocks (model/rng.c). tests/test_ops_elementwise.c checks that keep(i) here
+ * luna_rng_bits_blocks (core/rng.c). tests/test_ops_elementwise.c checks that keep(i) here
  * equals luna_rng_dropout_keep(key, i, p) for every i. */
 
 /* y = x · keep / (1 − p) (dropped elements are x·0: a NaN input stays NaN, as in PyTorch).
@@ -47,7 +47,7 @@ static luna_status dropout_apply(luna_backend *be, const char *what, float *y, c
         const int m = n - i0 < DROPOUT_CHUNK ? (int)(n - i0) : DROPOUT_CHUNK;
         luna_rng_bits_blocks(key, (uint64_t)(i0 / 4), (m + 3) / 4, bits);
         for (int w = 0; w < m; w++) {
-            float u = (float)(bits[w] >> 8) * (1.0f / 16777216.0f); /* = luna_rng_uniform */
+            float u = luna_rng_word_uniform(bits[w]); /* = luna_rng_uniform(key, i0 + w) */
             y[i0 + w] = x[i0 + w] * (u >= p ? scale : 0.0f);
         }
     }

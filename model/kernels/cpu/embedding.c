@@ -15,7 +15,7 @@
 #include <omp.h>
 #include <stdint.h>
 
-#include "model/allocator.h"
+#include "core/allocator.h"
 #include "model/kernels/cpu/cpu_ops.h"
 
 #define PAR_MIN_WORK 32768

@@ -1,4 +1,4 @@
-/* Optimizer updates of one parameter tensor (model/backend.h: apollo_update, adam_update).
+/* Optimizer updates of one parameter tensor (core/backend.h: apollo_update, adam_update).
  *
  * Precision: parameters and state are stored in fp32. Each element is computed in double from
  * the stored fp32 values; a quantity is rounded to fp32 when it is stored, and later sub-steps of
@@ -13,7 +13,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "model/allocator.h"
+#include "core/allocator.h"
 #include "model/kernels/cpu/cpu_ops.h"
 
 #define OPT_BLOCK 4096

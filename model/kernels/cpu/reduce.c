@@ -19,7 +19,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "model/allocator.h"
+#include "core/allocator.h"
 #include "model/kernels/cpu/cpu_ops.h"
 
 #define LUNA_REDUCE_BLOCK 4096

@@ -22,8 +22,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "model/json.h"
-#include "model/status.h"
+#include "core/json.h"
+#include "core/status.h"
 
 typedef enum {
     LUNA_OPT_STRING, /* const char * (points into argv or at the default) */

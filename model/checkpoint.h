@@ -15,29 +15,30 @@
  *                     epoch, iterator_offset, best_loss, patience_counter, seed, lr_scheduler,
  *                     optimizer, args, luna_version, ... (written and read by trainer/state.c)
  *
+ * The vocabulary travels as opaque text/bytes here (the model layer does not parse it); the data
+ * layer turns it into dictionaries and a SentencePiece model (data/checkpoint_vocab.h).
+ *
  * Writing is atomic (temporary sibling, fsync, rename): a failed write (e.g. disk full) leaves
  * the previous file intact. Reading validates the whole file (truncation, offsets, shapes) and
  * reports one line naming the file.
  */
-#ifndef LUNA_TRAINER_CHECKPOINT_H
-#define LUNA_TRAINER_CHECKPOINT_H
+#ifndef LUNA_MODEL_CHECKPOINT_H
+#define LUNA_MODEL_CHECKPOINT_H
 
 #include <stddef.h>
 
-#include "data/dictionary.h"
-#include "data/sentencepiece.h"
-#include "model/backend.h"
+#include "core/backend.h"
 #include "model/config.h"
-#include "model/parameters.h"
-#include "model/safetensors.h"
-#include "model/status.h"
+#include "model/param_table.h"
+#include "core/safetensors.h"
+#include "core/status.h"
 
 #define LUNA_CHECKPOINT_FORMAT "luna-checkpoint-1"
 
 /* Everything saved besides the model parameters. */
 typedef struct {
     const char *source_lang, *target_lang;
-    const luna_dictionary *src_dict, *tgt_dict;
+    const char *src_dict_text, *tgt_dict_text; /* dictionaries as dict.<lang>.txt text */
     const void *spm_model; /* the bytes of spm.model; NULL (or size 0) when there is none */
     size_t spm_model_size;
     const char *training_state; /* JSON object text, or NULL for an inference-only checkpoint */
@@ -66,22 +67,12 @@ luna_status luna_checkpoint_open(luna_safetensors **out, const char *path);
 /* Decode config, languages and training state of an opened checkpoint. */
 luna_status luna_checkpoint_read_meta(const luna_safetensors *st, luna_checkpoint_meta *meta);
 
-/* The dictionaries stored in the checkpoint (either output pointer may be NULL). Their sizes are
- * checked against the configuration's vocabulary. */
-luna_status luna_checkpoint_read_dicts(const luna_safetensors *st, luna_dictionary **src_dict,
-                                       luna_dictionary **tgt_dict);
-
-/* The SentencePiece model stored in the checkpoint; *spm = NULL when there is none. */
-luna_status luna_checkpoint_read_spm(const luna_safetensors *st, luna_spm **spm);
-
 /* Inference loader: builds the model described by the checkpoint on `be` and loads its
- * parameters (optimizer tensors are ignored). Any of src_dict, tgt_dict, spm, meta may be NULL
- * when not wanted; *spm is set to NULL when the checkpoint carries no SentencePiece model. On
- * failure nothing is allocated. Free with luna_seq2seq_free / luna_dictionary_free /
- * luna_spm_free / luna_checkpoint_meta_release. */
+ * parameters (optimizer tensors are ignored). meta may be NULL when not wanted. On failure
+ * nothing is allocated. Free with luna_seq2seq_free / luna_checkpoint_meta_release. The
+ * vocabulary: data/checkpoint_vocab.h. */
 typedef struct luna_seq2seq luna_seq2seq;
 luna_status luna_checkpoint_load_model(const char *path, luna_backend *be, luna_seq2seq **model,
-                                       luna_dictionary **src_dict, luna_dictionary **tgt_dict,
-                                       luna_spm **spm, luna_checkpoint_meta *meta);
+                                       luna_checkpoint_meta *meta);
 
 #endif

@@ -12,7 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/status.h"
+#include "core/status.h"
 
 #define LUNA_MAX_DIMS 4
 
@@ -46,8 +46,8 @@ int64_t luna_tensor_numel(const luna_tensor *t);
 size_t luna_tensor_bytes(const luna_tensor *t);
 
 /* Allocate an owning, zero-filled tensor on the backend's device. */
-luna_status luna_tensor_create(luna_tensor *out, luna_backend *backend, luna_dtype dtype,
-                               int ndim, const int64_t *shape);
+luna_status luna_tensor_create(luna_tensor *out, luna_backend *backend, luna_dtype dtype, int ndim,
+                               const int64_t *shape);
 /* Carve a (non-owning) tensor out of an arena; released with the arena mark. */
 luna_status luna_tensor_from_arena(luna_tensor *out, luna_arena *arena, luna_dtype dtype, int ndim,
                                    const int64_t *shape);

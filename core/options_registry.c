@@ -1,5 +1,5 @@
 /* The table-driven options registry (see options_registry.h). */
-#include "trainer/options_registry.h"
+#include "core/options_registry.h"
 
 #include <math.h>
 #include <stdarg.h>

@@ -17,11 +17,11 @@ typedef enum {
     LUNA_OK = 0,
     LUNA_ERR_INVALID_ARGUMENT, /* a caller passed something the function cannot use */
     LUNA_ERR_OUT_OF_MEMORY,
-    LUNA_ERR_IO,               /* open/read/write/fsync/rename failed */
-    LUNA_ERR_FORMAT,           /* a file's content is malformed (bad magic, truncated, bad UTF-8, ...) */
-    LUNA_ERR_MISMATCH,         /* two inputs disagree (shapes, dictionaries, architectures) */
-    LUNA_ERR_NUMERIC,          /* non-finite values where finite ones are required */
-    LUNA_ERR_UNSUPPORTED,      /* valid request that this build or backend cannot do */
+    LUNA_ERR_IO,          /* open/read/write/fsync/rename failed */
+    LUNA_ERR_FORMAT,      /* a file's content is malformed (bad magic, truncated, bad UTF-8, ...) */
+    LUNA_ERR_MISMATCH,    /* two inputs disagree (shapes, dictionaries, architectures) */
+    LUNA_ERR_NUMERIC,     /* non-finite values where finite ones are required */
+    LUNA_ERR_UNSUPPORTED, /* valid request that this build or backend cannot do */
     LUNA_ERR_INTERNAL,
 } luna_status;
 
@@ -41,10 +41,10 @@ void luna_error_clear(void);
 const char *luna_status_name(luna_status status);
 
 /* Propagate a failing status unchanged. */
-#define LUNA_TRY(expr)                                                                         \
-    do {                                                                                       \
-        luna_status luna_try_status_ = (expr);                                                 \
-        if (luna_try_status_ != LUNA_OK) return luna_try_status_;                              \
+#define LUNA_TRY(expr)                                                                             \
+    do {                                                                                           \
+        luna_status luna_try_status_ = (expr);                                                     \
+        if (luna_try_status_ != LUNA_OK) return luna_try_status_;                                  \
     } while (0)
 
 #ifdef __cplusplus

@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/status.h"
+#include "core/status.h"
 
 typedef enum {
     LUNA_JSON_NULL = 0,

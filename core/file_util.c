@@ -1,4 +1,4 @@
-#include "model/file_util.h"
+#include "core/file_util.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -45,8 +45,9 @@ static char *dir_of(const char *path) {
 luna_status luna_fsync_dir(const char *dir) {
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0)
-        return luna_error(LUNA_ERR_IO, "%s: cannot open directory: %s (check the path and permissions)",
-                          dir, strerror(errno));
+        return luna_error(LUNA_ERR_IO,
+                          "%s: cannot open directory: %s (check the path and permissions)", dir,
+                          strerror(errno));
     int rc = fsync(fd);
     int err = errno;
     close(fd);
@@ -85,8 +86,10 @@ luna_status luna_atomic_file_create(luna_atomic_file **out, const char *path) {
         free(f->tmp_path);
         f->tmp_path = NULL; /* nothing was created, nothing to remove */
         luna_atomic_file_free(f);
-        return luna_error(LUNA_ERR_IO, "%s: cannot create a temporary file next to it: %s "
-                          "(check that the directory exists and is writable)", path, strerror(err));
+        return luna_error(LUNA_ERR_IO,
+                          "%s: cannot create a temporary file next to it: %s "
+                          "(check that the directory exists and is writable)",
+                          path, strerror(err));
     }
     *out = f;
     return LUNA_OK;
@@ -177,7 +180,8 @@ luna_status luna_mapped_file_open(luna_mapped_file *out, const char *path) {
     out->size = 0;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-        return luna_error(LUNA_ERR_IO, "%s: cannot open: %s (check the path)", path, strerror(errno));
+        return luna_error(LUNA_ERR_IO, "%s: cannot open: %s (check the path)", path,
+                          strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {
         int err = errno;
@@ -215,7 +219,8 @@ luna_status luna_read_file(const char *path, char **data, size_t *size) {
     char *buf = malloc(m.size + 1);
     if (!buf) {
         luna_mapped_file_close(&m);
-        return luna_error(LUNA_ERR_OUT_OF_MEMORY, "%s: out of memory reading %zu bytes", path, m.size);
+        return luna_error(LUNA_ERR_OUT_OF_MEMORY, "%s: out of memory reading %zu bytes", path,
+                          m.size);
     }
     if (m.size) memcpy(buf, m.data, m.size);
     buf[m.size] = '\0';
@@ -246,14 +251,22 @@ bool luna_utf8_valid(const char *str, size_t n, size_t *bad_offset) {
         }
         size_t len;
         unsigned lo = 0x80, hi = 0xBF; /* allowed range of the second byte (RFC 3629 table) */
-        if (c >= 0xC2 && c <= 0xDF) len = 2;
-        else if (c == 0xE0) len = 3, lo = 0xA0;          /* no overlongs */
-        else if (c == 0xED) len = 3, hi = 0x9F;          /* no surrogates */
-        else if (c >= 0xE1 && c <= 0xEF) len = 3;
-        else if (c == 0xF0) len = 4, lo = 0x90;          /* no overlongs */
-        else if (c >= 0xF1 && c <= 0xF3) len = 4;
-        else if (c == 0xF4) len = 4, hi = 0x8F;          /* nothing above U+10FFFF */
-        else goto bad;                                   /* 0x80-0xC1, 0xF5-0xFF */
+        if (c >= 0xC2 && c <= 0xDF)
+            len = 2;
+        else if (c == 0xE0)
+            len = 3, lo = 0xA0; /* no overlongs */
+        else if (c == 0xED)
+            len = 3, hi = 0x9F; /* no surrogates */
+        else if (c >= 0xE1 && c <= 0xEF)
+            len = 3;
+        else if (c == 0xF0)
+            len = 4, lo = 0x90; /* no overlongs */
+        else if (c >= 0xF1 && c <= 0xF3)
+            len = 4;
+        else if (c == 0xF4)
+            len = 4, hi = 0x8F; /* nothing above U+10FFFF */
+        else
+            goto bad; /* 0x80-0xC1, 0xF5-0xFF */
         if (i + len > n) goto bad;
         if (s[i + 1] < lo || s[i + 1] > hi) goto bad;
         for (size_t k = 2; k < len; k++)

@@ -12,8 +12,8 @@
 
 #include <stddef.h>
 
-#include "model/status.h"
-#include "model/tensor.h"
+#include "core/status.h"
+#include "core/tensor.h"
 
 #define LUNA_ARENA_ALIGNMENT 256 /* bytes: cache lines on CPU, coalesced/TMA-friendly on GPU */
 

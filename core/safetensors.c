@@ -1,11 +1,11 @@
-#include "model/safetensors.h"
+#include "core/safetensors.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/file_util.h"
-#include "model/json.h"
+#include "core/file_util.h"
+#include "core/json.h"
 
 /* The format is little-endian; so is every machine this toolkit targets. */
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors I/O assumes little-endian");

@@ -5,7 +5,7 @@
 
 #include <stddef.h>
 
-#include "model/status.h"
+#include "core/status.h"
 
 /* Length of the encoding of n bytes (without the terminating NUL). */
 size_t luna_base64_encoded_length(size_t n);

@@ -1,4 +1,4 @@
-#include "model/status.h"
+#include "core/status.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -1,5 +1,5 @@
 /* Base64 codec (RFC 4648 §4). */
-#include "model/base64.h"
+#include "core/base64.h"
 
 #include <stdint.h>
 #include <stdlib.h>

@@ -9,7 +9,7 @@
  *   are shared (tied embeddings) and gradients are summed over micro-batches — and OVERWRITE the
  *   gradients of activations (dx) unless a flag says otherwise.
  * - Dropout never stores a mask: the mask is a function of (luna_rng_key, element index), see
- *   model/rng.h, and backward regenerates it.
+ *   core/rng.h, and backward regenerates it.
  * - Reductions accumulate in double in a fixed blocking order, so results are bit-identical for
  *   any thread count.
  * - Every op returns LUNA_OK or an error (with message) — e.g. scratch exhausted.
@@ -22,42 +22,69 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/rng.h"
-#include "model/status.h"
-#include "model/tensor.h"
+#include "core/rng.h"
+#include "core/status.h"
+#include "core/tensor.h"
 
 typedef struct luna_ops luna_ops;
 
+/* ---- device memory ---------------------------------------------------------------------------
+ * What a backend implements besides the ops (llm.c/ggml style vtable). Every call takes the
+ * backend, so a device backend orders it on its stream:
+ *   alloc/release   device memory (release takes what alloc returned; NULL is a no-op);
+ *   zero, copy      stream-ordered like an op (device -> device);
+ *   from_host       stream-ordered; the host buffer may be reused as soon as the call returns;
+ *   to_host         complete when it returns: the host buffer holds the data (it waits for the
+ *                   work queued before it — the one place the host synchronises implicitly);
+ *   synchronize     waits for all queued work (timing, before freeing memory the stream uses).
+ * Errors (a failed launch or copy, reported asynchronously by a device) come back as statuses. */
+typedef struct {
+    void *(*alloc)(luna_backend *be, size_t bytes); /* NULL when out of memory */
+    void (*release)(luna_backend *be, void *ptr);
+    luna_status (*zero)(luna_backend *be, void *ptr, size_t bytes);
+    luna_status (*copy)(luna_backend *be, void *dst, const void *src, size_t bytes);
+    luna_status (*from_host)(luna_backend *be, void *dst, const void *host, size_t bytes);
+    luna_status (*to_host)(luna_backend *be, void *host, const void *src, size_t bytes);
+    luna_status (*synchronize)(luna_backend *be);
+    void (*destroy)(luna_backend *be); /* the backend's own resources (stream, handles, context) */
+} luna_backend_memory;
+
 struct luna_backend {
-    const char *name;
+    const char *name; /* "cpu", "cuda" */
     luna_device device;
-    int num_threads;   /* CPU: OpenMP threads for ops (GEMM threads follow it) */
-    void *stream;      /* CUDA: cudaStream_t; NULL on CPU */
-    luna_arena *scratch; /* temporary space for ops; ops release what they take before returning */
+    luna_dtype act_dtype; /* storage type of activations (model/pass.h): F32 on CPU */
+    int num_threads;      /* CPU: OpenMP threads for ops (GEMM threads follow it) */
+    void *impl;           /* the backend's private state (CUDA: stream, cuBLAS handle, ...) */
+    luna_arena *scratch;  /* temporary space for ops; ops release what they take before returning */
     const luna_ops *ops;
+    const luna_backend_memory *mem;
 
-    /* Device memory. Use luna_backend_malloc/free, which keep the byte counters. */
-    void *(*device_malloc)(size_t bytes);
-    void (*device_free)(void *ptr);
-    void (*memset_zero)(void *ptr, size_t bytes);
-    void (*copy_to_host)(void *host, const void *device_src, size_t bytes);
-    void (*copy_from_host)(void *device_dst, const void *host, size_t bytes);
-    void (*copy_device)(void *device_dst, const void *device_src, size_t bytes);
-    luna_status (*synchronize)(struct luna_backend *backend);
-
-    size_t bytes_in_use; /* device bytes allocated through luna_backend_malloc and not yet freed */
+    size_t bytes_in_use; /* device bytes allocated through luna_mem_alloc and not yet released */
     size_t peak_bytes;   /* high-water mark of bytes_in_use */
 };
 
-/* Counted device allocation (tensors, arena chunks). */
-void *luna_backend_malloc(luna_backend *backend, size_t bytes);
-void luna_backend_free(luna_backend *backend, void *ptr, size_t bytes);
+#if defined(__GNUC__)
+#define LUNA_MUST_CHECK __attribute__((warn_unused_result))
+#else
+#define LUNA_MUST_CHECK
+#endif
 
-/* The CPU backend with `num_threads` OpenMP threads (0: keep the OpenMP default). Also sets
- * OpenBLAS's thread count. Owns a scratch arena. */
-luna_status luna_backend_cpu_create(luna_backend **out, int num_threads);
-void luna_backend_free_all(luna_backend *backend); /* frees the backend itself and its scratch */
-void luna_backend_set_threads(luna_backend *backend, int num_threads);
+/* Counted device allocation (tensors, arena chunks); NULL when out of memory. */
+void *luna_mem_alloc(luna_backend *be, size_t bytes);
+void luna_mem_release(luna_backend *be, void *ptr, size_t bytes);
+/* Stream-ordered transfers (see luna_backend_memory for when the host may touch its buffer). */
+LUNA_MUST_CHECK luna_status luna_mem_zero(luna_backend *be, void *ptr, size_t bytes);
+LUNA_MUST_CHECK luna_status luna_mem_copy(luna_backend *be, void *dst, const void *src,
+                                          size_t bytes);
+LUNA_MUST_CHECK luna_status luna_mem_from_host(luna_backend *be, void *dst, const void *host,
+                                               size_t bytes);
+LUNA_MUST_CHECK luna_status luna_mem_to_host(luna_backend *be, void *host, const void *src,
+                                             size_t bytes);
+LUNA_MUST_CHECK luna_status luna_backend_synchronize(luna_backend *be);
+
+/* Frees the backend: its scratch arena, its own resources, the struct. Backends are created by
+ * name with luna_backend_create (model/kernels/registry.h). */
+void luna_backend_free(luna_backend *be);
 
 struct luna_ops {
     /* ---- GEMM -------------------------------------------------------------------------------
@@ -105,7 +132,8 @@ struct luna_ops {
     luna_status (*sinusoidal_table)(luna_backend *be, float *out, int first_pos, int npos, int d);
     /* x [B, n, d] += PE(position) for non-pad tokens, where position = padding_idx + number of
      * non-pad tokens in tokens[b, 0..t] (fairseq's make_positions); pads get nothing added.
-     * (Incremental decoding adds sinusoidal_table rows itself.) No parameters, so backward is the identity on dx: there is no backward op. */
+     * (Incremental decoding adds sinusoidal_table rows itself.) No parameters, so backward is the
+     * identity on dx: there is no backward op. */
     luna_status (*positions_add)(luna_backend *be, float *x, const int32_t *tokens, int B, int n,
                                  int d, int padding_idx);
 
@@ -159,7 +187,8 @@ struct luna_ops {
      * (A, Φ, V) it is O_t [d_h]. Computed as a scan over t with a running p×q state
      * (Σ_{s≤t} a_s b_sᵀ), never materialising n×n or n×p×q tensors.
      * Backward (overwrites dx, da, db): with g_t = dout_t / t,
-     *   dx_t = (Σ_{s≤t} a_s b_sᵀ) g_t,  da_s = R_s b_s,  db_s = R_sᵀ a_s,  R_s = Σ_{t≥s} x_t g_tᵀ. */
+     *   dx_t = (Σ_{s≤t} a_s b_sᵀ) g_t,  da_s = R_s b_s,  db_s = R_sᵀ a_s,  R_s = Σ_{t≥s} x_t g_tᵀ.
+     */
     luna_status (*causal_contraction_forward)(luna_backend *be, float *out, const float *x,
                                               const float *a, const float *b, int G, int n, int p,
                                               int q);
@@ -178,8 +207,7 @@ struct luna_ops {
                                          int V, float epsilon, int padding_idx);
     luna_status (*cross_entropy_backward)(luna_backend *be, float *dlogits, const float *logits,
                                           const float *lse, const int32_t *targets, int64_t N,
-                                          int V, float epsilon, int padding_idx,
-                                          float grad_scale);
+                                          int V, float epsilon, int padding_idx, float grad_scale);
 
     /* ---- Reductions (device scalar results, accumulated in double, deterministic) ------------
      * sum_squares: Σ x² (L2² norm), sum_pow4: Σ x⁴ (L4⁴ norm), dot: Σ x·y, sum: Σ x,
@@ -210,8 +238,8 @@ struct luna_ops {
                                int dh);
     luna_status (*merge_heads)(luna_backend *be, float *out, const float *x, int B, int n, int H,
                                int dh);
-    luna_status (*broadcast_rows)(luna_backend *be, float *out, const float *x, int B,
-                                  int64_t rows, int d);
+    luna_status (*broadcast_rows)(luna_backend *be, float *out, const float *x, int B, int64_t rows,
+                                  int d);
     luna_status (*sum_broadcast)(luna_backend *be, float *dx, const float *dout, int B,
                                  int64_t rows, int d);
 

@@ -13,7 +13,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "model/status.h"
+#include "core/status.h"
 
 /* ---- atomic writes --------------------------------------------------------------------------- */
 

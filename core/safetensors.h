@@ -3,7 +3,7 @@
  * "__metadata__": {"key": "string", ...}}, then the raw little-endian tensor bytes, offsets
  * relative to the end of the header. Readable by the `safetensors` Python package and PyTorch.
  *
- * Writing is atomic (temporary sibling, fsync, rename: model/file_util.h). Reading maps the file
+ * Writing is atomic (temporary sibling, fsync, rename: core/file_util.h). Reading maps the file
  * and validates everything before anything is used: the header length, the JSON, every entry's
  * dtype/shape/offsets, that offsets are in bounds, that byte counts match dtype × shape, and that
  * the tensors tile the data area exactly. A problem is reported in one line naming the file and
@@ -15,8 +15,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/status.h"
-#include "model/tensor.h"
+#include "core/status.h"
+#include "core/tensor.h"
 
 /* A tensor to write, or one found in a file. `dtype_name` is the safetensors spelling ("F32",
  * "BF16", "I32", and when reading also any other, e.g. "I64", "F16"); `dtype` is its luna_dtype

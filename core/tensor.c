@@ -1,10 +1,10 @@
-#include "model/tensor.h"
+#include "core/tensor.h"
 
 #include <stdio.h>
 #include <string.h>
 
-#include "model/allocator.h"
-#include "model/backend.h"
+#include "core/allocator.h"
+#include "core/backend.h"
 
 size_t luna_dtype_size(luna_dtype dtype) {
     switch (dtype) {
@@ -26,7 +26,8 @@ const char *luna_dtype_name(luna_dtype dtype) {
 
 int64_t luna_tensor_numel(const luna_tensor *t) {
     int64_t n = 1;
-    for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
+    for (int i = 0; i < t->ndim; i++)
+        n *= t->shape[i];
     return n;
 }
 
@@ -50,17 +51,22 @@ static luna_status set_shape(luna_tensor *t, luna_dtype dtype, int ndim, const i
     return LUNA_OK;
 }
 
-luna_status luna_tensor_create(luna_tensor *out, luna_backend *backend, luna_dtype dtype,
-                               int ndim, const int64_t *shape) {
+luna_status luna_tensor_create(luna_tensor *out, luna_backend *backend, luna_dtype dtype, int ndim,
+                               const int64_t *shape) {
     LUNA_TRY(set_shape(out, dtype, ndim, shape));
     out->device = backend->device;
     out->backend = backend;
     size_t bytes = luna_tensor_bytes(out);
-    out->data = luna_backend_malloc(backend, bytes);
+    out->data = luna_mem_alloc(backend, bytes);
     if (!out->data && bytes > 0)
         return luna_error(LUNA_ERR_OUT_OF_MEMORY, "tensor: cannot allocate %zu bytes on %s", bytes,
                           backend->name);
-    if (bytes > 0) backend->memset_zero(out->data, bytes);
+    luna_status st = luna_mem_zero(backend, out->data, bytes);
+    if (st != LUNA_OK) {
+        luna_mem_release(backend, out->data, bytes);
+        out->data = NULL;
+        return st;
+    }
     out->owns_data = true;
     return LUNA_OK;
 }
@@ -87,15 +93,15 @@ luna_tensor luna_tensor_view(void *data, luna_device device, luna_dtype dtype, i
 }
 
 void luna_tensor_free(luna_tensor *t) {
-    if (t->owns_data && t->data) luna_backend_free(t->backend, t->data, luna_tensor_bytes(t));
+    if (t->owns_data && t->data) luna_mem_release(t->backend, t->data, luna_tensor_bytes(t));
     memset(t, 0, sizeof *t);
 }
 
 const char *luna_tensor_describe(const luna_tensor *t, char *buf, size_t size) {
     size_t used = (size_t)snprintf(buf, size, "%s[", luna_dtype_name(t->dtype));
     for (int i = 0; i < t->ndim && used < size; i++)
-        used += (size_t)snprintf(buf + used, size - used, i ? ",%lld" : "%lld",
-                                 (long long)t->shape[i]);
+        used +=
+            (size_t)snprintf(buf + used, size - used, i ? ",%lld" : "%lld", (long long)t->shape[i]);
     if (used < size) snprintf(buf + used, size - used, "]");
     return buf;
 }

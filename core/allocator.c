@@ -1,8 +1,8 @@
-#include "model/allocator.h"
+#include "core/allocator.h"
 
 #include <stdlib.h>
 
-#include "model/backend.h"
+#include "core/backend.h"
 
 typedef struct {
     char *base;
@@ -36,7 +36,7 @@ luna_status luna_arena_create(luna_arena **out, luna_backend *backend, size_t ch
 void luna_arena_free(luna_arena *arena) {
     if (!arena) return;
     for (int i = 0; i < arena->num_chunks; i++)
-        luna_backend_free(arena->backend, arena->chunks[i].base, arena->chunks[i].size);
+        luna_mem_release(arena->backend, arena->chunks[i].base, arena->chunks[i].size);
     free(arena->chunks);
     free(arena);
 }
@@ -59,18 +59,18 @@ static int advance_chunk(luna_arena *a, size_t bytes) {
     size_t spare = 0;
     for (int i = a->current + 1; i < a->num_chunks; i++) {
         spare += a->chunks[i].size;
-        luna_backend_free(a->backend, a->chunks[i].base, a->chunks[i].size);
+        luna_mem_release(a->backend, a->chunks[i].base, a->chunks[i].size);
     }
     a->num_chunks = a->current + 1;
     size_t size = bytes > a->chunk_bytes ? bytes : a->chunk_bytes;
     if (spare > size) size = spare;
-    char *base = luna_backend_malloc(a->backend, size);
+    char *base = luna_mem_alloc(a->backend, size);
     if (!base) return 0;
     if (a->num_chunks == a->chunk_capacity) {
         int cap = a->chunk_capacity ? 2 * a->chunk_capacity : 8;
         arena_chunk *grown = realloc(a->chunks, (size_t)cap * sizeof *grown);
         if (!grown) {
-            luna_backend_free(a->backend, base, size);
+            luna_mem_release(a->backend, base, size);
             return 0;
         }
         a->chunks = grown;
@@ -104,7 +104,8 @@ void *luna_arena_alloc(luna_arena *a, size_t bytes) {
 
 void *luna_arena_alloc_zero(luna_arena *a, size_t bytes) {
     void *p = luna_arena_alloc(a, bytes);
-    if (p && bytes) a->backend->memset_zero(p, bytes);
+    /* A failed zeroing (a device error) is reported like exhaustion: NULL. */
+    if (p && luna_mem_zero(a->backend, p, bytes) != LUNA_OK) return NULL;
     return p;
 }
 

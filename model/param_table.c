@@ -1,4 +1,5 @@
-#include "model/parameters.h"
+#include "model/param_table.h"
+#include "model/pass.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -178,8 +179,8 @@ luna_status luna_params_create(luna_params **out, luna_backend *be, const luna_c
     if (st == LUNA_OK) st = alloc_views(&p->w, config);
     if (st == LUNA_OK) st = alloc_views(&p->g, config);
     if (st == LUNA_OK) {
-        p->data = luna_backend_malloc(be, n * sizeof(float));
-        p->grad = luna_backend_malloc(be, n * sizeof(float));
+        p->data = luna_mem_alloc(be, n * sizeof(float));
+        p->grad = luna_mem_alloc(be, n * sizeof(float));
         if (!p->data || !p->grad)
             st = luna_error(LUNA_ERR_OUT_OF_MEMORY,
                             "parameters: cannot allocate 2 x %zu bytes on the %s device",
@@ -190,8 +191,8 @@ luna_status luna_params_create(luna_params **out, luna_backend *be, const luna_c
         walk(&wk, config, &p->w);
         walker wg = {.base = p->grad};
         walk(&wg, config, &p->g);
-        luna_params_zero_grad(p);
-        st = luna_params_init(p, 1);
+        st = luna_params_zero_grad(p);
+        if (st == LUNA_OK) st = luna_params_init(p, 1);
     }
     if (st != LUNA_OK) {
         luna_params_free(p);
@@ -203,8 +204,8 @@ luna_status luna_params_create(luna_params **out, luna_backend *be, const luna_c
 
 void luna_params_free(luna_params *p) {
     if (!p) return;
-    luna_backend_free(p->be, p->data, p->num_params * sizeof(float));
-    luna_backend_free(p->be, p->grad, p->num_params * sizeof(float));
+    luna_mem_release(p->be, p->data, p->num_params * sizeof(float));
+    luna_mem_release(p->be, p->grad, p->num_params * sizeof(float));
     free(p->w.encoder);
     free(p->w.decoder);
     free(p->g.encoder);
@@ -239,13 +240,13 @@ luna_status luna_params_init(luna_params *p, uint64_t seed) {
     /* fairseq's Embedding(): the padding row is zero. */
     int d = p->config.encoder_embed_dim;
     memset(host + (size_t)p->config.padding_idx * (size_t)d, 0, (size_t)d * sizeof(float));
-    p->be->copy_from_host(p->data, host, p->num_params * sizeof(float));
+    luna_status st = luna_mem_from_host(p->be, p->data, host, p->num_params * sizeof(float));
     free(host);
-    return LUNA_OK;
+    return st;
 }
 
-void luna_params_zero_grad(luna_params *p) {
-    p->be->memset_zero(p->grad, p->num_params * sizeof(float));
+luna_status luna_params_zero_grad(luna_params *p) {
+    return luna_mem_zero(p->be, p->grad, p->num_params * sizeof(float));
 }
 
 const luna_param_info *luna_params_find(const luna_params *p, const char *name) {
@@ -266,8 +267,8 @@ luna_status luna_params_save(const luna_params *p, const char *path, const luna_
     if (!host || !list || !meta)
         st = luna_error(LUNA_ERR_OUT_OF_MEMORY, "%s: out of host memory for saving", path);
     if (st == LUNA_OK) st = luna_config_to_json(&p->config, &config_json);
+    if (st == LUNA_OK) st = luna_mem_to_host(p->be, host, p->data, p->num_params * sizeof(float));
     if (st == LUNA_OK) {
-        p->be->copy_to_host(host, p->data, p->num_params * sizeof(float));
         for (int i = 0; i < p->num_tensors; i++) {
             const luna_param_info *t = &p->tensors[i];
             list[i].name = t->name;
@@ -324,9 +325,9 @@ luna_status luna_params_load(luna_params *p, const luna_safetensors *st) {
         }
         memcpy(host + t->offset, found->data, t->numel * sizeof(float));
     }
-    p->be->copy_from_host(p->data, host, p->num_params * sizeof(float));
+    luna_status s = luna_mem_from_host(p->be, p->data, host, p->num_params * sizeof(float));
     free(host);
-    return LUNA_OK;
+    return s;
 }
 
 luna_status luna_config_from_safetensors(luna_config *out, const luna_safetensors *st) {
@@ -338,42 +339,4 @@ luna_status luna_config_from_safetensors(luna_config *out, const luna_safetensor
     luna_status s = luna_config_from_json(out, json, strlen(json));
     if (s != LUNA_OK) luna_error_prefix("%s: __metadata__.config", luna_safetensors_path(st));
     return s;
-}
-
-/* ---- pass helpers ---------------------------------------------------------------------------- */
-
-luna_status luna_pass_dropout(const luna_pass *ps, float *y, const float *x, int64_t n, float p,
-                              uint32_t site) {
-    if (!luna_pass_drops(ps, p)) {
-        if (y != x) ps->be->copy_device(y, x, (size_t)n * sizeof(float));
-        return LUNA_OK;
-    }
-    return ps->be->ops->dropout_forward(ps->be, y, x, n, p, luna_pass_key(ps, site));
-}
-
-luna_status luna_pass_dropout_backward(const luna_pass *ps, float *dx, const float *dy, int64_t n,
-                                       float p, uint32_t site) {
-    if (!luna_pass_drops(ps, p)) {
-        if (dx != dy) ps->be->copy_device(dx, dy, (size_t)n * sizeof(float));
-        return LUNA_OK;
-    }
-    return ps->be->ops->dropout_backward(ps->be, dx, dy, n, p, luna_pass_key(ps, site));
-}
-
-luna_status luna_pass_alloc(const luna_pass *ps, float **out, int64_t count, const char *what) {
-    *out = luna_arena_alloc(ps->arena, (size_t)count * sizeof(float));
-    if (!*out)
-        return luna_error(LUNA_ERR_OUT_OF_MEMORY,
-                          "out of %s memory for %s (%lld floats; %zu bytes of activations in use)",
-                          ps->be->name, what, (long long)count, luna_arena_used_bytes(ps->arena));
-    return LUNA_OK;
-}
-
-luna_status luna_pass_alloc_i32(const luna_pass *ps, int32_t **out, int64_t count,
-                                const char *what) {
-    *out = luna_arena_alloc(ps->arena, (size_t)count * sizeof(int32_t));
-    if (!*out)
-        return luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of %s memory for %s (%lld ints)",
-                          ps->be->name, what, (long long)count);
-    return LUNA_OK;
 }

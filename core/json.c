@@ -1,4 +1,4 @@
-#include "model/json.h"
+#include "core/json.h"
 
 #include <errno.h>
 #include <math.h>

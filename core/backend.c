@@ -1,0 +1,46 @@
+/* Backend-independent parts of the backend boundary: counted allocation, the memory calls, and
+ * teardown. */
+#include "core/backend.h"
+
+#include <stdlib.h>
+
+#include "core/allocator.h"
+
+void *luna_mem_alloc(luna_backend *be, size_t bytes) {
+    void *p = be->mem->alloc(be, bytes);
+    if (!p) return NULL;
+    /* Counted with an atomic add: tensors may be created from several threads (data workers). */
+    size_t now = __atomic_add_fetch(&be->bytes_in_use, bytes, __ATOMIC_RELAXED);
+    size_t peak = __atomic_load_n(&be->peak_bytes, __ATOMIC_RELAXED);
+    while (now > peak && !__atomic_compare_exchange_n(&be->peak_bytes, &peak, now, true,
+                                                      __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    }
+    return p;
+}
+
+void luna_mem_release(luna_backend *be, void *ptr, size_t bytes) {
+    if (!ptr) return;
+    be->mem->release(be, ptr);
+    __atomic_sub_fetch(&be->bytes_in_use, bytes, __ATOMIC_RELAXED);
+}
+
+luna_status luna_mem_zero(luna_backend *be, void *ptr, size_t bytes) {
+    return bytes ? be->mem->zero(be, ptr, bytes) : LUNA_OK;
+}
+luna_status luna_mem_copy(luna_backend *be, void *dst, const void *src, size_t bytes) {
+    return bytes && dst != src ? be->mem->copy(be, dst, src, bytes) : LUNA_OK;
+}
+luna_status luna_mem_from_host(luna_backend *be, void *dst, const void *host, size_t bytes) {
+    return bytes ? be->mem->from_host(be, dst, host, bytes) : LUNA_OK;
+}
+luna_status luna_mem_to_host(luna_backend *be, void *host, const void *src, size_t bytes) {
+    return bytes ? be->mem->to_host(be, host, src, bytes) : LUNA_OK;
+}
+luna_status luna_backend_synchronize(luna_backend *be) { return be->mem->synchronize(be); }
+
+void luna_backend_free(luna_backend *be) {
+    if (!be) return;
+    luna_arena_free(be->scratch);
+    if (be->mem && be->mem->destroy) be->mem->destroy(be);
+    free(be);
+}

@@ -1,0 +1,65 @@
+/* The backend registry (registry.h): a table of names and constructors; the CUDA entry exists in
+ * every build so that a build without CUDA can say so. */
+#include "model/kernels/registry.h"
+
+#include <string.h>
+
+#include "model/kernels/cpu/backend_cpu.h"
+
+#ifdef LUNA_WITH_CUDA
+luna_status luna_backend_cuda_create(luna_backend **out, const luna_backend_options *opt);
+#endif
+
+static luna_status create_cpu(luna_backend **out, const luna_backend_options *opt) {
+    return luna_backend_cpu_create(out, opt->num_threads);
+}
+
+#ifdef LUNA_WITH_CUDA
+static luna_status create_cuda(luna_backend **out, const luna_backend_options *opt) {
+    return luna_backend_cuda_create(out, opt);
+}
+#else
+#define create_cuda NULL
+#endif
+
+typedef struct {
+    const char *name;
+    luna_status (*create)(luna_backend **out, const luna_backend_options *opt);
+    const char *missing; /* why it is absent from this build */
+} entry;
+
+static const entry backends[] = {
+    {"cpu", create_cpu, NULL},
+    {"cuda", create_cuda,
+     "this luna was built without CUDA (configure with cmake -DLUNA_CUDA=ON on a machine with the "
+     "CUDA toolkit)"},
+};
+static const char *const names[] = {"cpu", "cuda", NULL};
+
+luna_backend_options luna_backend_options_default(void) {
+    return (luna_backend_options){.num_threads = 0, .device_id = -1, .bf16 = false};
+}
+
+const char *const *luna_backend_names(void) { return names; }
+
+const char *luna_backend_missing(const char *name) {
+    for (size_t i = 0; i < sizeof backends / sizeof backends[0]; i++)
+        if (strcmp(backends[i].name, name) == 0)
+            return backends[i].create ? NULL : backends[i].missing;
+    return "unknown device (known: cpu, cuda)";
+}
+
+luna_status luna_backend_create(luna_backend **out, const char *name,
+                                const luna_backend_options *opt) {
+    *out = NULL;
+    luna_backend_options defaults = luna_backend_options_default();
+    if (!opt) opt = &defaults;
+    for (size_t i = 0; i < sizeof backends / sizeof backends[0]; i++) {
+        if (strcmp(backends[i].name, name) != 0) continue;
+        if (!backends[i].create)
+            return luna_error(LUNA_ERR_UNSUPPORTED, "--device %s: %s", name, backends[i].missing);
+        return backends[i].create(out, opt);
+    }
+    return luna_error(LUNA_ERR_INVALID_ARGUMENT, "--device %s: unknown device (known: cpu, cuda)",
+                      name);
+}

@@ -1,0 +1,36 @@
+/* The backend registry (after ggml's): programs and tests create a backend by name, so nothing
+ * outside model/kernels/ names a particular backend's constructor.
+ *
+ *   luna_backend *be;
+ *   luna_backend_options o = luna_backend_options_default();
+ *   o.num_threads = 2;
+ *   LUNA_TRY(luna_backend_create(&be, "cpu", &o));   // or "cuda"
+ *   ...
+ *   luna_backend_free(be);
+ *
+ * A build without a backend answers its name with one line saying how to build it. */
+#ifndef LUNA_KERNELS_REGISTRY_H
+#define LUNA_KERNELS_REGISTRY_H
+
+#include <stdbool.h>
+
+#include "core/backend.h"
+
+typedef struct {
+    int num_threads; /* CPU threads (0: the OpenMP default); host threads of a device backend */
+    int device_id;   /* CUDA: the GPU ordinal (-1: the current/first one) */
+    bool bf16;       /* device backends: keep activations in bf16 (default: fp32 for checking) */
+} luna_backend_options;
+
+luna_backend_options luna_backend_options_default(void);
+
+/* Create the backend `name` ("cpu", "cuda"); opt NULL = defaults. */
+luna_status luna_backend_create(luna_backend **out, const char *name,
+                                const luna_backend_options *opt);
+
+/* Every backend name the registry knows, NULL-terminated. */
+const char *const *luna_backend_names(void);
+/* NULL when this build can create `name`, else one line saying why not (for option checks). */
+const char *luna_backend_missing(const char *name);
+
+#endif

@@ -1,0 +1,76 @@
+/* The parameter table, llm.c style: every tensor size is computed from the configuration, all
+ * parameters live in ONE device allocation and all gradients in another with the same layout, so a
+ * checkpoint is one write, an all-reduce one buffer and optimizer sharding a matter of offsets.
+ * The buffers are carved into named tensors whose names and order are those of the official
+ * PyTorch state_dict (spec §7; fairseq transformer names for the baseline). This is what
+ * optimizers, clipping and communication see; layers use the typed views (model/weights.h). */
+#ifndef LUNA_MODEL_PARAM_TABLE_H
+#define LUNA_MODEL_PARAM_TABLE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/backend.h"
+#include "core/safetensors.h"
+#include "model/config.h"
+#include "model/weights.h"
+
+typedef enum {
+    LUNA_INIT_ZERO = 0,
+    LUNA_INIT_ONE,
+    LUNA_INIT_NORMAL,         /* N(0, a²); for the embedding the padding row is zeroed */
+    LUNA_INIT_XAVIER,         /* U(±a·sqrt(6/(fan_in+fan_out))), a = gain */
+    LUNA_INIT_UNIFORM_FAN_IN, /* U(±1/sqrt(fan_in)) (PyTorch's default Linear init) */
+} luna_init_kind;
+
+typedef struct {
+    char name[128];
+    int ndim;
+    int64_t shape[2];
+    size_t offset; /* in floats from the start of the buffer */
+    size_t numel;
+    luna_init_kind init;
+    double init_a;
+    int fan_in, fan_out;
+    bool has_grad; /* false for the last decoder layer's encoder_atten_proj_layer_norm (§7) */
+} luna_param_info;
+
+typedef struct {
+    luna_config config;
+    luna_backend *be;
+    int num_tensors;
+    luna_param_info *tensors;
+    size_t num_params; /* floats in each buffer */
+    float *data;       /* device [num_params] */
+    float *grad;       /* device [num_params] */
+    luna_weights w;    /* views into data */
+    luna_weights g;    /* views into grad, same layout */
+} luna_params;
+
+/* Allocates both buffers (parameters initialised with seed 1, gradients zero). */
+luna_status luna_params_create(luna_params **out, luna_backend *be, const luna_config *config);
+void luna_params_free(luna_params *p);
+
+/* Seeded initialisation per spec §5, computed on the host with luna_rng (stream id per tensor,
+ * so every tensor's values depend only on (seed, tensor index)) and copied to the device. */
+luna_status luna_params_init(luna_params *p, uint64_t seed);
+luna_status luna_params_zero_grad(luna_params *p);
+const luna_param_info *luna_params_find(const luna_params *p, const char *name);
+
+/* The layout without allocating: number of tensors and parameters for a configuration. */
+size_t luna_params_count(const luna_config *config, int *num_tensors);
+
+/* Checkpoint I/O (safetensors, F32, tensor names of §7). `save` writes the config JSON under
+ * metadata key "config" plus `extra` key/values, atomically. `load` requires every parameter
+ * with the exact shape and dtype (one-line error naming the file and tensor otherwise); other
+ * tensors in the file are ignored except unknown "encoder."/"decoder." parameters, which are an
+ * architecture mismatch (fairseq's buffers `version`, `_float_tensor`, `projected_positions` and
+ * the tied aliases decoder.embed_tokens.weight / decoder.output_projection.weight are allowed). */
+luna_status luna_params_save(const luna_params *p, const char *path, const luna_st_metadata *extra,
+                             int num_extra);
+luna_status luna_params_load(luna_params *p, const luna_safetensors *st);
+/* Read the "config" metadata of a checkpoint. */
+luna_status luna_config_from_safetensors(luna_config *out, const luna_safetensors *st);
+
+#endif

@@ -1,0 +1,60 @@
+/* The per-pass context (`luna_pass`) that every layer's forward/backward receives: backend,
+ * activation arena, training flag and the dropout keys; and the dropout-site numbering that makes
+ * dropout reproducible (a mask is a function of (seed, step, site, element), core/rng.h). */
+#ifndef LUNA_MODEL_PASS_H
+#define LUNA_MODEL_PASS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/allocator.h"
+#include "core/backend.h"
+#include "core/rng.h"
+
+typedef struct {
+    luna_backend *be;
+    luna_arena *arena; /* activations saved by forward; backward temporaries */
+    bool training;     /* dropout on */
+    uint64_t seed;     /* dropout keys are (seed, step, site) */
+    uint64_t step;
+    float dropout, attention_dropout, activation_dropout;
+} luna_pass;
+
+/* Site ids: component (8 bits) | layer (12 bits) | site within the layer (8 bits). Parameter
+ * initialisation uses LUNA_INIT_STREAM | tensor index, which no site reaches. */
+#define LUNA_SITE(component, layer, k)                                                             \
+    (((uint32_t)(component) << 20) | ((uint32_t)(layer) << 8) | (uint32_t)(k))
+#define LUNA_INIT_STREAM 0x80000000u
+enum {
+    LUNA_SITE_ENCODER_EMBED = 1,
+    LUNA_SITE_PROJECTED_EMBED,
+    LUNA_SITE_DECODER_EMBED,
+    LUNA_SITE_ENCODER_LAYER,
+    LUNA_SITE_DECODER_LAYER,
+};
+/* Within a layer: attention modules use k in [0, 8) (self) and [8, 16) (cross); the layer's own
+ * sites (residual dropouts, FFN) start at 16. */
+#define LUNA_SITE_SELF_ATTN 0
+#define LUNA_SITE_CROSS_ATTN 8
+#define LUNA_SITE_LAYER 16
+
+static inline luna_rng_key luna_pass_key(const luna_pass *ps, uint32_t site) {
+    luna_rng_key k = {.seed = ps->seed, .step = ps->step, .stream_id = site};
+    return k;
+}
+
+/* Dropout with probability p at `site`, in place allowed; a no-op copy (or nothing when y == x)
+ * when !training or p == 0. The backward regenerates the same mask. */
+luna_status luna_pass_dropout(const luna_pass *ps, float *y, const float *x, int64_t n, float p,
+                              uint32_t site);
+luna_status luna_pass_dropout_backward(const luna_pass *ps, float *dx, const float *dy, int64_t n,
+                                       float p, uint32_t site);
+static inline bool luna_pass_drops(const luna_pass *ps, float p) { return ps->training && p > 0; }
+
+/* Arena allocation of `count` floats / int32s, with an out-of-memory error naming `what`. */
+luna_status luna_pass_alloc(const luna_pass *ps, float **out, int64_t count, const char *what);
+luna_status luna_pass_alloc_i32(const luna_pass *ps, int32_t **out, int64_t count,
+                                const char *what);
+
+#endif

@@ -1,0 +1,48 @@
+/* Typed views of the flat parameter (or gradient) buffer: one struct per layer with a pointer per
+ * tensor, bound by model/param_table.c's layout walker. Layers read weights through these;
+ * optimizers never see them (they work on the flat buffers of model/param_table.h). */
+#ifndef LUNA_MODEL_WEIGHTS_H
+#define LUNA_MODEL_WEIGHTS_H
+
+typedef struct {
+    float *weight; /* [out, in] */
+    float *bias;   /* [out] */
+} luna_linear_w;
+
+typedef struct {
+    float *weight; /* [d] gain γ */
+    float *bias;   /* [d] */
+} luna_norm_w;
+
+/* One attention module. Luna tied: pq, q, pc, c, out. Luna untied (bidirectional): pq, q, pk, pv,
+ * k, v, out. Causal untied: pq, q, pc, k, v, out. Softmax MHA: k, v, q, out. Absent ones NULL. */
+typedef struct {
+    luna_linear_w pq_proj, q_proj, pc_proj, c_proj, pk_proj, pv_proj, k_proj, v_proj, out_proj;
+} luna_attn_w;
+
+typedef struct {
+    luna_attn_w self_attn;
+    luna_norm_w self_attn_layer_norm;
+    luna_norm_w self_atten_proj_layer_norm; /* Luna only: P's LayerNorm */
+    luna_linear_w fc1, fc2;
+    luna_norm_w final_layer_norm;
+} luna_encoder_layer_w;
+
+typedef struct {
+    luna_attn_w self_attn;
+    luna_norm_w self_attn_layer_norm;
+    luna_attn_w encoder_attn;
+    luna_norm_w encoder_attn_layer_norm;
+    luna_norm_w encoder_atten_proj_layer_norm; /* Luna only */
+    luna_linear_w fc1, fc2;
+    luna_norm_w final_layer_norm;
+} luna_decoder_layer_w;
+
+typedef struct {
+    float *embed_tokens;           /* [V, d] encoder.embed_tokens.weight, shared 3 ways */
+    float *projected_embeddings;   /* [l, d] encoder.projected_embeddings (Luna only) */
+    luna_encoder_layer_w *encoder; /* [encoder_layers] */
+    luna_decoder_layer_w *decoder; /* [decoder_layers] */
+} luna_weights;
+
+#endif
