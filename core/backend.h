@@ -12,8 +12,27 @@
  *   core/rng.h, and backward regenerates it.
  * - Reductions accumulate in double in a fixed blocking order, so results are bit-identical for
  *   any thread count.
+ * - Dropout masks come from core/philox.h, one host/device definition: bit-identical on every
+ *   backend by construction.
  * - Every op returns LUNA_OK or an error (with message) — e.g. scratch exhausted.
  * Math for each op is in the CPU implementation (model/kernels/cpu/), which is the specification.
+ *
+ * The contract between backends:
+ * - Deterministic within a backend: the same inputs give bit-identical outputs on every run,
+ *   for any thread count (CPU) or launch configuration (GPU). No atomics in accumulations.
+ * - Across backends, in fp32: every op equals the CPU backend's within a per-op tolerance
+ *   (elementwise, layout and gather ops exactly; normalisations and softmaxes within 1e-6
+ *   relative; GEMMs, contractions and reductions within 1e-5 relative to the magnitude of the
+ *   result), checked op by op on odd shapes by the op suites (tests/test_ops_*.c), and end to end
+ *   within 1e-5 on logits and 1e-4 on gradients (the project's numerics targets).
+ * - Precision: parameters, their gradients and the optimizer state are fp32 master copies on
+ *   every backend; losses, norms and other reductions are accumulated in fp32 or better (double
+ *   on CPU). Activations are stored in `act_dtype`, chosen by the backend: fp32 on CPU; fp32 or
+ *   bf16 on CUDA (GEMMs in bf16 with fp32 accumulation). With bf16 activations an op's result
+ *   equals the CPU's computed from the bf16-rounded inputs within 2^-8 relative (one bf16 ulp)
+ *   per stored rounding; end-to-end bounds for bf16 are stated by the CUDA backend's tests.
+ *   (Today every op takes fp32 activation pointers; typing activation pointers by act_dtype is
+ *   the remaining step of issue 11, item 3.)
  */
 #ifndef LUNA_BACKEND_H
 #define LUNA_BACKEND_H
