@@ -66,7 +66,7 @@ static luna_status mpi_all_reduce_device(luna_communicator *c, luna_backend *be,
         m->host = h;
         m->capacity = n;
     }
-    luna_mem_to_host(be, m->host, data, n * sizeof(float));
+    LUNA_TRY(luna_mem_to_host(be, m->host, data, n * sizeof(float)));
     /* MPI counts are int: reduce in chunks. */
     for (size_t off = 0; off < n; off += (size_t)1 << 30) {
         size_t k = n - off < ((size_t)1 << 30) ? n - off : ((size_t)1 << 30);
@@ -74,8 +74,7 @@ static luna_status mpi_all_reduce_device(luna_communicator *c, luna_backend *be,
             MPI_Allreduce(MPI_IN_PLACE, m->host + off, (int)k, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD),
             "MPI_Allreduce(gradients)"));
     }
-    luna_mem_from_host(be, data, m->host, n * sizeof(float));
-    return LUNA_OK;
+    return luna_mem_from_host(be, data, m->host, n * sizeof(float));
 }
 
 static luna_status mpi_all_reduce_host(luna_communicator *c, double *data, size_t n) {
