@@ -4,7 +4,8 @@
  *
  * Conventions for every op below:
  * - All matrices are row-major and contiguous unless a leading dimension is given.
- * - Shapes are written next to each pointer: x [rows, d] means rows*d floats.
+ * - Shapes are written next to each pointer: x [rows, d] means rows*d elements (of act_dtype for
+ *   an activation, fp32 otherwise).
  * - Backward ops ACCUMULATE (+=) into parameter gradients (dW, db, dgamma, dtable) — parameters
  *   are shared (tied embeddings) and gradients are summed over micro-batches — and OVERWRITE the
  *   gradients of activations (dx) unless a flag says otherwise.
@@ -31,8 +32,8 @@
  *   bf16 on CUDA (GEMMs in bf16 with fp32 accumulation). With bf16 activations an op's result
  *   equals the CPU's computed from the bf16-rounded inputs within 2^-8 relative (one bf16 ulp)
  *   per stored rounding; end-to-end bounds for bf16 are stated by the CUDA backend's tests.
- *   (Today every op takes fp32 activation pointers; typing activation pointers by act_dtype is
- *   the remaining step of issue 11, item 3.)
+ *   Signatures say which is which: activations are `luna_act *` (counted in elements of
+ *   act_dtype, allocated by luna_pass_alloc), everything else `float *`.
  */
 #ifndef LUNA_BACKEND_H
 #define LUNA_BACKEND_H
@@ -46,6 +47,15 @@
 #include "core/tensor.h"
 
 typedef struct luna_ops luna_ops;
+
+/* An activation buffer: device memory holding elements of the backend's `act_dtype` (fp32 on
+ * CPU; bf16 or fp32 on CUDA). Ops take activations as `luna_act *` and parameters, their
+ * gradients, optimizer state and statistics (LayerNorm mean/rstd, losses, norms) as `float *`
+ * (always fp32). luna_act is void on purpose: model code cannot index an activation or step a
+ * pointer through it (the build uses -Wpointer-arith -Werror; an element may be 2 bytes), it
+ * offsets with luna_act_at and allocates with luna_pass_alloc (model/pass.h), which count
+ * elements of act_dtype. */
+typedef void luna_act;
 
 /* ---- device memory ---------------------------------------------------------------------------
  * What a backend implements besides the ops (llm.c/ggml style vtable). Every call takes the
@@ -88,6 +98,15 @@ struct luna_backend {
 #define LUNA_MUST_CHECK
 #endif
 
+/* Element i of an activation buffer (i elements of be->act_dtype past p). */
+static inline luna_act *luna_act_at(const luna_backend *be, const luna_act *p, int64_t i) {
+    return (char *)p + i * (int64_t)luna_dtype_size(be->act_dtype);
+}
+/* Bytes of n activation elements. */
+static inline size_t luna_act_bytes(const luna_backend *be, int64_t n) {
+    return (size_t)n * luna_dtype_size(be->act_dtype);
+}
+
 /* Counted device allocation (tensors, arena chunks); NULL when out of memory. */
 void *luna_mem_alloc(luna_backend *be, size_t bytes);
 void luna_mem_release(luna_backend *be, void *ptr, size_t bytes);
@@ -113,34 +132,34 @@ struct luna_ops {
      *   the matrices as stored (A stored [M, K] if !trans_a else [K, M]).
      * Backward of C = A·B is two more GEMMs: dA = dC·Bᵀ, dB = Aᵀ·dC (callers compose them). */
     luna_status (*gemm)(luna_backend *be, bool trans_a, bool trans_b, int M, int N, int K,
-                        float alpha, const float *A, int lda, int64_t stride_a, const float *B,
-                        int ldb, int64_t stride_b, float beta, float *C, int ldc, int64_t stride_c,
-                        int batch);
+                        float alpha, const luna_act *A, int lda, int64_t stride_a,
+                        const luna_act *B, int ldb, int64_t stride_b, float beta, luna_act *C,
+                        int ldc, int64_t stride_c, int batch);
 
     /* ---- Linear: y = x Wᵀ + b (PyTorch layout W [out, in]) -----------------------------------
      * x [rows, in], W [out, in], b [out] or NULL, y [rows, out] (overwritten). */
-    luna_status (*linear_forward)(luna_backend *be, float *y, const float *x, const float *W,
+    luna_status (*linear_forward)(luna_backend *be, luna_act *y, const luna_act *x, const float *W,
                                   const float *b, int64_t rows, int in, int out);
     /* dx [rows, in] (= dy W; overwritten, or added when accumulate_dx; NULL to skip),
      * dW [out, in] += dyᵀ x, db [out] += Σ_rows dy (NULL to skip). */
-    luna_status (*linear_backward)(luna_backend *be, float *dx, float *dW, float *db,
-                                   const float *dy, const float *x, const float *W, int64_t rows,
-                                   int in, int out, bool accumulate_dx);
+    luna_status (*linear_backward)(luna_backend *be, luna_act *dx, float *dW, float *db,
+                                   const luna_act *dy, const luna_act *x, const float *W,
+                                   int64_t rows, int in, int out, bool accumulate_dx);
 
     /* ---- Bias: y[r, c] += b[c]; backward db[c] += Σ_r dy[r, c] ------------------------------ */
-    luna_status (*bias_add_forward)(luna_backend *be, float *y, const float *b, int64_t rows,
+    luna_status (*bias_add_forward)(luna_backend *be, luna_act *y, const float *b, int64_t rows,
                                     int cols);
-    luna_status (*bias_add_backward)(luna_backend *be, float *db, const float *dy, int64_t rows,
+    luna_status (*bias_add_backward)(luna_backend *be, float *db, const luna_act *dy, int64_t rows,
                                      int cols);
 
     /* ---- Embedding: out[i] = scale · table[tokens[i]] (the padding_idx row gives zeros) ------
      * tokens [n] int32, table [V, d], out [n, d]. Backward: dtable[tokens[i]] += scale · dout[i]
      * for tokens[i] != padding_idx; deterministic (no atomics: threads own column ranges).
      * Token ids outside [0, V) are an error. */
-    luna_status (*embedding_forward)(luna_backend *be, float *out, const float *table,
+    luna_status (*embedding_forward)(luna_backend *be, luna_act *out, const float *table,
                                      const int32_t *tokens, int64_t n, int V, int d, float scale,
                                      int padding_idx);
-    luna_status (*embedding_backward)(luna_backend *be, float *dtable, const float *dout,
+    luna_status (*embedding_backward)(luna_backend *be, float *dtable, const luna_act *dout,
                                       const int32_t *tokens, int64_t n, int V, int d, float scale,
                                       int padding_idx);
 
@@ -148,22 +167,23 @@ struct luna_ops {
      * table: out[j] = PE(first_pos + j) for j in [0, npos), out [npos, d]. PE(pos)[i] =
      * sin(pos·f_i) for i < d/2, cos(pos·f_{i-d/2}) after, f_i = exp(-i·ln(10000)/(d/2 - 1)).
      * (d odd: the last feature is 0, as fairseq pads.) */
-    luna_status (*sinusoidal_table)(luna_backend *be, float *out, int first_pos, int npos, int d);
+    luna_status (*sinusoidal_table)(luna_backend *be, luna_act *out, int first_pos, int npos,
+                                    int d);
     /* x [B, n, d] += PE(position) for non-pad tokens, where position = padding_idx + number of
      * non-pad tokens in tokens[b, 0..t] (fairseq's make_positions); pads get nothing added.
      * (Incremental decoding adds sinusoidal_table rows itself.) No parameters, so backward is the
      * identity on dx: there is no backward op. */
-    luna_status (*positions_add)(luna_backend *be, float *x, const int32_t *tokens, int B, int n,
+    luna_status (*positions_add)(luna_backend *be, luna_act *x, const int32_t *tokens, int B, int n,
                                  int d, int padding_idx);
 
     /* ---- LayerNorm over the last axis (eps inside the sqrt, biased variance) -----------------
      * x, y [rows, d]; gamma, beta [d]; mean, rstd [rows] saved for backward. */
-    luna_status (*layer_norm_forward)(luna_backend *be, float *y, float *mean, float *rstd,
-                                      const float *x, const float *gamma, const float *beta,
+    luna_status (*layer_norm_forward)(luna_backend *be, luna_act *y, float *mean, float *rstd,
+                                      const luna_act *x, const float *gamma, const float *beta,
                                       int64_t rows, int d, float eps);
     /* dx [rows, d] overwritten (may alias dy); dgamma, dbeta [d] accumulated. */
-    luna_status (*layer_norm_backward)(luna_backend *be, float *dx, float *dgamma, float *dbeta,
-                                       const float *dy, const float *x, const float *mean,
+    luna_status (*layer_norm_backward)(luna_backend *be, luna_act *dx, float *dgamma, float *dbeta,
+                                       const luna_act *dy, const luna_act *x, const float *mean,
                                        const float *rstd, const float *gamma, int64_t rows, int d);
 
     /* ---- Masked softmax over the last axis ---------------------------------------------------
@@ -172,32 +192,34 @@ struct luna_ops {
      *   and if causal_period > 0: valid(r) = min(valid(r), r % causal_period + 1).
      * Masked entries of y are 0; a row with valid(r) = 0 is all zeros. In place allowed.
      * Backward: dx = y ⊙ (dy − Σ_c y·dy) (masked entries 0); dx may alias dy. */
-    luna_status (*softmax_forward)(luna_backend *be, float *y, const float *x, int64_t rows,
+    luna_status (*softmax_forward)(luna_backend *be, luna_act *y, const luna_act *x, int64_t rows,
                                    int cols, const int32_t *valid_cols, int64_t rows_per_group,
                                    int causal_period);
-    luna_status (*softmax_backward)(luna_backend *be, float *dx, const float *dy, const float *y,
-                                    int64_t rows, int cols);
+    luna_status (*softmax_backward)(luna_backend *be, luna_act *dx, const luna_act *dy,
+                                    const luna_act *y, int64_t rows, int cols);
 
     /* ---- Dropout: y = x · keep / (1 − p), keep(i) = luna_rng_dropout_keep(key, i, p) ---------
      * In place allowed. p = 0 copies. Backward: dx = dy · keep / (1 − p). */
-    luna_status (*dropout_forward)(luna_backend *be, float *y, const float *x, int64_t n, float p,
-                                   luna_rng_key key);
-    luna_status (*dropout_backward)(luna_backend *be, float *dx, const float *dy, int64_t n,
+    luna_status (*dropout_forward)(luna_backend *be, luna_act *y, const luna_act *x, int64_t n,
+                                   float p, luna_rng_key key);
+    luna_status (*dropout_backward)(luna_backend *be, luna_act *dx, const luna_act *dy, int64_t n,
                                     float p, luna_rng_key key);
 
     /* ---- Activations (elementwise; in place allowed; backward takes the forward INPUT x) ----
      * relu: max(x, 0);  softplus_ln2: φ(z) = log2(1 + 2^z) = softplus(z; β = ln 2), linear when
      * β·z > 20 (PyTorch threshold); elu_plus_one: φ(z) = elu(z) + 1 = z + 1 (z > 0), exp(z) else.
      * backward: dx = dy · φ'(x); dx may alias dy. */
-    luna_status (*relu_forward)(luna_backend *be, float *y, const float *x, int64_t n);
-    luna_status (*relu_backward)(luna_backend *be, float *dx, const float *dy, const float *x,
-                                 int64_t n);
-    luna_status (*softplus_ln2_forward)(luna_backend *be, float *y, const float *x, int64_t n);
-    luna_status (*softplus_ln2_backward)(luna_backend *be, float *dx, const float *dy,
-                                         const float *x, int64_t n);
-    luna_status (*elu_plus_one_forward)(luna_backend *be, float *y, const float *x, int64_t n);
-    luna_status (*elu_plus_one_backward)(luna_backend *be, float *dx, const float *dy,
-                                         const float *x, int64_t n);
+    luna_status (*relu_forward)(luna_backend *be, luna_act *y, const luna_act *x, int64_t n);
+    luna_status (*relu_backward)(luna_backend *be, luna_act *dx, const luna_act *dy,
+                                 const luna_act *x, int64_t n);
+    luna_status (*softplus_ln2_forward)(luna_backend *be, luna_act *y, const luna_act *x,
+                                        int64_t n);
+    luna_status (*softplus_ln2_backward)(luna_backend *be, luna_act *dx, const luna_act *dy,
+                                         const luna_act *x, int64_t n);
+    luna_status (*elu_plus_one_forward)(luna_backend *be, luna_act *y, const luna_act *x,
+                                        int64_t n);
+    luna_status (*elu_plus_one_backward)(luna_backend *be, luna_act *dx, const luna_act *dy,
+                                         const luna_act *x, int64_t n);
 
     /* ---- Causal normalised contraction (the two causal Luna products of spec §3) ------------
      * For each of G independent groups (batch × head) and t = 1..n:
@@ -208,12 +230,13 @@ struct luna_ops {
      * Backward (overwrites dx, da, db): with g_t = dout_t / t,
      *   dx_t = (Σ_{s≤t} a_s b_sᵀ) g_t,  da_s = R_s b_s,  db_s = R_sᵀ a_s,  R_s = Σ_{t≥s} x_t g_tᵀ.
      */
-    luna_status (*causal_contraction_forward)(luna_backend *be, float *out, const float *x,
-                                              const float *a, const float *b, int G, int n, int p,
-                                              int q);
-    luna_status (*causal_contraction_backward)(luna_backend *be, float *dx, float *da, float *db,
-                                               const float *dout, const float *x, const float *a,
-                                               const float *b, int G, int n, int p, int q);
+    luna_status (*causal_contraction_forward)(luna_backend *be, luna_act *out, const luna_act *x,
+                                              const luna_act *a, const luna_act *b, int G, int n,
+                                              int p, int q);
+    luna_status (*causal_contraction_backward)(luna_backend *be, luna_act *dx, luna_act *da,
+                                               luna_act *db, const luna_act *dout,
+                                               const luna_act *x, const luna_act *a,
+                                               const luna_act *b, int G, int n, int p, int q);
 
     /* ---- Log-softmax + label-smoothed cross entropy (spec §8) --------------------------------
      * logits [N, V], targets [N]; rows with targets == padding_idx are ignored. Per row (nats):
@@ -222,11 +245,12 @@ struct luna_ops {
      * Backward: dlogits = grad_scale · (softmax − (1−ε)·onehot(y) − ε/V) on non-pad rows, 0 on
      * pad rows; dlogits may alias logits (the [N, V] buffer is reused). */
     luna_status (*cross_entropy_forward)(luna_backend *be, float *loss, float *nll, float *lse,
-                                         const float *logits, const int32_t *targets, int64_t N,
+                                         const luna_act *logits, const int32_t *targets, int64_t N,
                                          int V, float epsilon, int padding_idx);
-    luna_status (*cross_entropy_backward)(luna_backend *be, float *dlogits, const float *logits,
-                                          const float *lse, const int32_t *targets, int64_t N,
-                                          int V, float epsilon, int padding_idx, float grad_scale);
+    luna_status (*cross_entropy_backward)(luna_backend *be, luna_act *dlogits,
+                                          const luna_act *logits, const float *lse,
+                                          const int32_t *targets, int64_t N, int V, float epsilon,
+                                          int padding_idx, float grad_scale);
 
     /* ---- Reductions (device scalar results, accumulated in double, deterministic) ------------
      * sum_squares: Σ x² (L2² norm), sum_pow4: Σ x⁴ (L4⁴ norm), dot: Σ x·y, sum: Σ x,
@@ -245,21 +269,25 @@ struct luna_ops {
                                 const float *y, float g, int64_t n);
 
     /* ---- Elementwise helpers and layout ------------------------------------------------------
-     * add: y = a + b; axpy: y += alpha·x; scale: x *= alpha; fill: x = value.
+     * add: y = a + b (activations); axpy: y += alpha·x (y an activation, x an fp32 parameter:
+     * the projected embeddings' scale·P added to the sinusoids); scale: x *= alpha on fp32
+     * buffers (gradients), scale_act the same on an activation; fill: x = value (fp32).
      * split_heads: [B, n, H, dh] -> [B, H, n, dh]; merge_heads is its inverse (and its backward).
      * broadcast_rows: out[b] = x for b in [0, B) (x [rows, d], out [B, rows, d]); its backward
-     * sum_broadcast: dx += Σ_b dout[b]. */
-    luna_status (*add)(luna_backend *be, float *y, const float *a, const float *b, int64_t n);
-    luna_status (*axpy)(luna_backend *be, float *y, float alpha, const float *x, int64_t n);
-    luna_status (*scale)(luna_backend *be, float *x, float alpha, int64_t n);
+     * sum_broadcast: dx += Σ_b dout[b] (dx an fp32 parameter gradient). */
+    luna_status (*add)(luna_backend *be, luna_act *y, const luna_act *a, const luna_act *b,
+                       int64_t n);
+    luna_status (*axpy)(luna_backend *be, luna_act *y, float alpha, const float *x, int64_t n);
+    luna_status (*scale)(luna_backend *be, float *x, float alpha, int64_t n); /* fp32 buffers */
+    luna_status (*scale_act)(luna_backend *be, luna_act *x, float alpha, int64_t n);
     luna_status (*fill)(luna_backend *be, float *x, float value, int64_t n);
-    luna_status (*split_heads)(luna_backend *be, float *out, const float *x, int B, int n, int H,
-                               int dh);
-    luna_status (*merge_heads)(luna_backend *be, float *out, const float *x, int B, int n, int H,
-                               int dh);
-    luna_status (*broadcast_rows)(luna_backend *be, float *out, const float *x, int B, int64_t rows,
-                                  int d);
-    luna_status (*sum_broadcast)(luna_backend *be, float *dx, const float *dout, int B,
+    luna_status (*split_heads)(luna_backend *be, luna_act *out, const luna_act *x, int B, int n,
+                               int H, int dh);
+    luna_status (*merge_heads)(luna_backend *be, luna_act *out, const luna_act *x, int B, int n,
+                               int H, int dh);
+    luna_status (*broadcast_rows)(luna_backend *be, luna_act *out, const luna_act *x, int B,
+                                  int64_t rows, int d);
+    luna_status (*sum_broadcast)(luna_backend *be, float *dx, const luna_act *dout, int B,
                                  int64_t rows, int d);
 
     /* ---- Optimizer updates (one parameter tensor of n elements; optim/optimizer.c) ----------

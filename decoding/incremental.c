@@ -8,10 +8,10 @@
 #include "model/luna_attention.h"
 
 typedef struct {
-    luna_causal_state causal; /* Luna: per row (pt, ksum, vsum [R, L·d]) */
-    float *kp, *vp;           /* Luna: [S, H, L, dh] cross unpack keys/values (vp == kp: tied) */
-    float *self_k, *self_v;   /* transformer: [R, T_max, d] key/value cache */
-    float *cross_k, *cross_v; /* transformer: [S, H, m, dh] */
+    luna_causal_state causal;    /* Luna: per row (pt, ksum, vsum [R, L·d]) */
+    luna_act *kp, *vp;           /* Luna: [S, H, L, dh] cross unpack keys/values (vp == kp: tied) */
+    luna_act *self_k, *self_v;   /* transformer: [R, T_max, d] key/value cache */
+    luna_act *cross_k, *cross_v; /* transformer: [S, H, m, dh] */
 } layer_state;
 
 struct luna_incremental {
@@ -111,30 +111,32 @@ static luna_status gather_rows(luna_incremental *inc, void *buf, size_t stride, 
 /* Attention of every row's query to its sentence's keys/values:
  *   q [R, H, dh] (scaled), k, v [S, H, n, dh], valid [R] (device) or NULL -> o [R, H·dh].
  * Rows s·beam .. s·beam+beam-1 use sentence s. */
-static luna_status sentence_attention(luna_incremental *inc, const luna_pass *ps, const float *q,
-                                      const float *k, const float *v, int n, const int32_t *valid,
-                                      float *o) {
+static luna_status sentence_attention(luna_incremental *inc, const luna_pass *ps, const luna_act *q,
+                                      const luna_act *k, const luna_act *v, int n,
+                                      const int32_t *valid, luna_act *o) {
     luna_backend *be = inc->be;
     const int R = inc->R, S = inc->S, beam = inc->beam, H = inc->H, d = inc->d, dh = d / H;
-    float *s; /* [R, H, n] */
+    luna_act *s; /* [R, H, n] */
     LUNA_TRY(luna_pass_alloc(ps, &s, (int64_t)R * H * n, "decoder cross-attention scores"));
     if (beam == 1) { /* (sentence, head) groups have constant strides: one batched GEMM */
         LUNA_TRY(be->ops->gemm(be, false, true, 1, n, dh, 1.0f, q, dh, dh, k, dh, (int64_t)n * dh,
                                0.0f, s, n, n, S * H));
     } else {
         for (int b = 0; b < S; b++)
-            LUNA_TRY(be->ops->gemm(be, false, true, beam, n, dh, 1.0f, q + (int64_t)b * beam * d, d,
-                                   dh, k + (int64_t)b * H * n * dh, dh, (int64_t)n * dh, 0.0f,
-                                   s + (int64_t)b * beam * H * n, H * n, n, H));
+            LUNA_TRY(be->ops->gemm(
+                be, false, true, beam, n, dh, 1.0f, luna_act_at(be, q, (int64_t)b * beam * d), d,
+                dh, luna_act_at(be, k, (int64_t)b * H * n * dh), dh, (int64_t)n * dh, 0.0f,
+                luna_act_at(be, s, (int64_t)b * beam * H * n), H * n, n, H));
     }
     LUNA_TRY(be->ops->softmax_forward(be, s, s, (int64_t)R * H, n, valid, H, 0));
     if (beam == 1)
         return be->ops->gemm(be, false, false, 1, dh, n, 1.0f, s, n, n, v, dh, (int64_t)n * dh,
                              0.0f, o, dh, dh, S * H);
     for (int b = 0; b < S; b++)
-        LUNA_TRY(be->ops->gemm(be, false, false, beam, dh, n, 1.0f, s + (int64_t)b * beam * H * n,
-                               H * n, n, v + (int64_t)b * H * n * dh, dh, (int64_t)n * dh, 0.0f,
-                               o + (int64_t)b * beam * d, d, dh, H));
+        LUNA_TRY(be->ops->gemm(be, false, false, beam, dh, n, 1.0f,
+                               luna_act_at(be, s, (int64_t)b * beam * H * n), H * n, n,
+                               luna_act_at(be, v, (int64_t)b * H * n * dh), dh, (int64_t)n * dh,
+                               0.0f, luna_act_at(be, o, (int64_t)b * beam * d), d, dh, H));
     return LUNA_OK;
 }
 
@@ -161,7 +163,7 @@ static luna_status check_source(const luna_config *c, const int32_t *src, const 
 
 /* Encoder on S sentences: x [S, m, d] and (Luna) p [S, L, d] in the scratch arena. */
 static luna_status encode(luna_incremental *inc, const luna_pass *ps, const int32_t *src,
-                          const luna_layer_dims *dims, float **x_out, float **p_out) {
+                          const luna_layer_dims *dims, luna_act **x_out, luna_act **p_out) {
     luna_seq2seq *model = inc->model;
     const luna_config *c = &model->config;
     luna_backend *be = inc->be;
@@ -171,13 +173,13 @@ static luna_status encode(luna_incremental *inc, const luna_pass *ps, const int3
     int32_t *tok;
     LUNA_TRY(luna_pass_alloc_i32(ps, &tok, (int64_t)S * m, "source tokens"));
     LUNA_TRY(luna_mem_from_host(be, tok, src, (size_t)S * m * sizeof(int32_t)));
-    float *x, *p = NULL;
+    luna_act *x, *p = NULL;
     LUNA_TRY(luna_pass_alloc(ps, &x, (int64_t)S * m * d, "source embeddings"));
     LUNA_TRY(be->ops->embedding_forward(be, x, w->embed_tokens, tok, (int64_t)S * m, c->vocab_size,
                                         d, emb_scale, c->padding_idx));
     LUNA_TRY(be->ops->positions_add(be, x, tok, S, m, d, c->padding_idx));
     if (L > 0) {
-        float *p1; /* [L, d] = √d·P[:L] + sinusoid(0..L-1) */
+        luna_act *p1; /* [L, d] = √d·P[:L] + sinusoid(0..L-1) */
         LUNA_TRY(luna_pass_alloc(ps, &p1, (int64_t)L * d, "projected embeddings"));
         LUNA_TRY(luna_pass_alloc(ps, &p, (int64_t)S * L * d, "projected embeddings"));
         LUNA_TRY(be->ops->sinusoidal_table(be, p1, 0, L, d));
@@ -239,14 +241,14 @@ static luna_status begin(luna_incremental *inc, const int32_t *src, const int32_
 
     luna_layer_dims dims = {
         .B = S, .n = 1, .m = m, .L = L, .src_valid = src_valid, .p_valid = p_valid};
-    float *e, *p;
+    luna_act *e, *p;
     LUNA_TRY(encode(inc, &ps, src, &dims, &e, &p));
 
     int32_t *expand = malloc(sizeof(int32_t) * (size_t)R); /* row -> sentence */
     if (!expand) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "incremental decoding: out of memory");
     for (int r = 0; r < R; r++)
         expand[r] = r / beam;
-    const size_t Ld = (size_t)L * d * sizeof(float);
+    const size_t Ld = luna_act_bytes(be, (int64_t)L * d);
     for (int i = 0; i < inc->layers && st == LUNA_OK; i++) {
         const luna_decoder_layer_w *lw = &w->decoder[i];
         layer_state *ls = &inc->ls[i];
@@ -287,10 +289,10 @@ static luna_status begin(luna_incremental *inc, const int32_t *src, const int32_
         if (st == LUNA_OK) st = luna_mem_zero(be, rs->vsum, (size_t)R * Ld);
         luna_arena_release(inc->scratch, mark);
         /* cross-attention: pack once (Y_P, c_proj(Y_P)); the query x is a dummy here */
-        float *x0 = NULL;
+        luna_act *x0 = NULL;
         luna_attn_act a;
         if (st == LUNA_OK) st = luna_pass_alloc(&ps, &x0, (int64_t)S * d, "dummy query");
-        if (st == LUNA_OK) st = luna_mem_zero(be, x0, (size_t)S * d * sizeof(float));
+        if (st == LUNA_OK) st = luna_mem_zero(be, x0, luna_act_bytes(be, (int64_t)S * d));
         if (st == LUNA_OK) {
             st = luna_attention_forward(&ps, &lw->encoder_attn, &a, x0, p, e, src_valid, p_valid, S,
                                         1, m, L, d, H, tied, 0);
@@ -348,7 +350,7 @@ luna_status luna_incremental_begin(luna_incremental *inc, const int32_t *src_tok
 /* ---- one step -------------------------------------------------------------------------------- */
 
 static luna_status ffn_block(luna_incremental *inc, const luna_pass *ps,
-                             const luna_decoder_layer_w *w, const float *x, float **out) {
+                             const luna_decoder_layer_w *w, const luna_act *x, luna_act **out) {
     const luna_config *c = &inc->model->config;
     luna_ffn_act f;
     luna_resnorm_act r;
@@ -361,9 +363,10 @@ static luna_status ffn_block(luna_incremental *inc, const luna_pass *ps,
 
 /* y = out_proj(attention), then x_out = LN(x + y). */
 static luna_status attn_out(luna_incremental *inc, const luna_pass *ps, const luna_attn_w *w,
-                            const luna_norm_w *norm, const float *x, const float *o, float **out) {
+                            const luna_norm_w *norm, const luna_act *x, const luna_act *o,
+                            luna_act **out) {
     luna_backend *be = inc->be;
-    float *y;
+    luna_act *y;
     luna_resnorm_act r;
     LUNA_TRY(luna_pass_alloc(ps, &y, (int64_t)inc->R * inc->d, "attention result"));
     LUNA_TRY(be->ops->linear_forward(be, y, o, w->out_proj.weight, w->out_proj.bias, inc->R, inc->d,
@@ -374,13 +377,13 @@ static luna_status attn_out(luna_incremental *inc, const luna_pass *ps, const lu
 }
 
 static luna_status luna_layer_step(luna_incremental *inc, const luna_pass *ps, int i,
-                                   const float *x, float **out) {
+                                   const luna_act *x, luna_act **out) {
     luna_backend *be = inc->be;
     const luna_decoder_layer_w *w = &inc->model->params->w.decoder[i];
     layer_state *ls = &inc->ls[i];
     const int R = inc->R, d = inc->d;
     const float scale = 1.0f / sqrtf((float)(d / inc->H));
-    float *y, *x1, *x2, *q, *o;
+    luna_act *y, *x1, *x2, *q, *o;
     luna_resnorm_act r;
     /* x1 = LN(x + CausalLuna(x)) */
     LUNA_TRY(luna_pass_alloc(ps, &y, (int64_t)R * d, "causal attention result"));
@@ -398,14 +401,14 @@ static luna_status luna_layer_step(luna_incremental *inc, const luna_pass *ps, i
 }
 
 static luna_status transformer_layer_step(luna_incremental *inc, const luna_pass *ps, int i,
-                                          const float *x, float **out) {
+                                          const luna_act *x, luna_act **out) {
     luna_backend *be = inc->be;
     const luna_decoder_layer_w *w = &inc->model->params->w.decoder[i];
     layer_state *ls = &inc->ls[i];
     const int R = inc->R, d = inc->d, H = inc->H, dh = d / H, t = inc->step, T = t + 1;
     const int64_t row = (int64_t)inc->max_steps * d;
     const float scale = 1.0f / sqrtf((float)dh);
-    float *q, *k, *v, *s, *o, *x1, *x2;
+    luna_act *q, *k, *v, *s, *o, *x1, *x2;
     LUNA_TRY(luna_pass_alloc(ps, &q, (int64_t)R * d, "self-attention queries"));
     LUNA_TRY(luna_pass_alloc(ps, &k, (int64_t)R * d, "self-attention keys"));
     LUNA_TRY(luna_pass_alloc(ps, &v, (int64_t)R * d, "self-attention values"));
@@ -415,19 +418,22 @@ static luna_status transformer_layer_step(luna_incremental *inc, const luna_pass
     LUNA_TRY(luna_linear_scaled(ps, k, x, &w->self_attn.k_proj, R, d, d, 1.0f));
     LUNA_TRY(luna_linear_scaled(ps, v, x, &w->self_attn.v_proj, R, d, d, 1.0f));
     for (int r = 0; r < R; r++) { /* cache[r, t] = k_t, v_t */
-        LUNA_TRY(luna_mem_copy(be, ls->self_k + r * row + (int64_t)t * d, k + (int64_t)r * d,
-                               sizeof(float) * d));
-        LUNA_TRY(luna_mem_copy(be, ls->self_v + r * row + (int64_t)t * d, v + (int64_t)r * d,
-                               sizeof(float) * d));
+        LUNA_TRY(luna_mem_copy(be, luna_act_at(be, ls->self_k, r * row + (int64_t)t * d),
+                               luna_act_at(be, k, (int64_t)r * d), luna_act_bytes(be, d)));
+        LUNA_TRY(luna_mem_copy(be, luna_act_at(be, ls->self_v, r * row + (int64_t)t * d),
+                               luna_act_at(be, v, (int64_t)r * d), luna_act_bytes(be, d)));
     }
     /* per head h: s[h, r, :T] = q[r, h]·K[r, :T, h]ᵀ; o[r, h] = softmax(s) V[r, :T, h] */
     for (int h = 0; h < H; h++)
-        LUNA_TRY(be->ops->gemm(be, false, true, 1, T, dh, 1.0f, q + h * dh, dh, d,
-                               ls->self_k + h * dh, d, row, 0.0f, s + (int64_t)h * R * T, T, T, R));
+        LUNA_TRY(be->ops->gemm(be, false, true, 1, T, dh, 1.0f, luna_act_at(be, q, h * dh), dh, d,
+                               luna_act_at(be, ls->self_k, h * dh), d, row, 0.0f,
+                               luna_act_at(be, s, (int64_t)h * R * T), T, T, R));
     LUNA_TRY(be->ops->softmax_forward(be, s, s, (int64_t)H * R, T, NULL, 1, 0));
     for (int h = 0; h < H; h++)
-        LUNA_TRY(be->ops->gemm(be, false, false, 1, dh, T, 1.0f, s + (int64_t)h * R * T, T, T,
-                               ls->self_v + h * dh, d, row, 0.0f, o + h * dh, d, d, R));
+        LUNA_TRY(be->ops->gemm(be, false, false, 1, dh, T, 1.0f,
+                               luna_act_at(be, s, (int64_t)h * R * T), T, T,
+                               luna_act_at(be, ls->self_v, h * dh), d, row, 0.0f,
+                               luna_act_at(be, o, h * dh), d, d, R));
     LUNA_TRY(attn_out(inc, ps, &w->self_attn, &w->self_attn_layer_norm, x, o, &x1));
     /* cross-attention to the cached encoder keys/values */
     LUNA_TRY(luna_linear_scaled(ps, q, x1, &w->encoder_attn.q_proj, R, d, d, scale));
@@ -444,7 +450,7 @@ static luna_status step(luna_incremental *inc, const int32_t *tokens, float *log
     const int R = inc->R, d = inc->d, V = inc->V;
     luna_pass ps = {.be = be, .arena = inc->scratch};
     int32_t *tok;
-    float *x, *pos, *logits;
+    luna_act *x, *pos, *logits;
     LUNA_TRY(luna_pass_alloc_i32(&ps, &tok, R, "decoder tokens"));
     LUNA_TRY(luna_mem_from_host(be, tok, tokens, (size_t)R * sizeof(int32_t)));
     /* x = √d·E[token] + sinusoid(padding_idx + 1 + t) */
@@ -527,7 +533,7 @@ luna_status luna_incremental_reorder(luna_incremental *inc, const int32_t *rows,
         valid[i] = inc->valid_host[rows[i]];
     }
     luna_status st = LUNA_OK;
-    const size_t f = sizeof(float), d = (size_t)inc->d;
+    const size_t f = luna_act_bytes(inc->be, 1), d = (size_t)inc->d;
     for (int i = 0; i < inc->layers && st == LUNA_OK; i++) {
         layer_state *ls = &inc->ls[i];
         if (inc->luna) {

@@ -4,14 +4,14 @@
 
 #include "model/luna_attention.h"
 
-static luna_status phi_forward(luna_backend *be, luna_causal_activation a, float *y, const float *z,
-                               int64_t n) {
+static luna_status phi_forward(luna_backend *be, luna_causal_activation a, luna_act *y,
+                               const luna_act *z, int64_t n) {
     return a == LUNA_CAUSAL_ELU ? be->ops->elu_plus_one_forward(be, y, z, n)
                                 : be->ops->softplus_ln2_forward(be, y, z, n);
 }
 
-static luna_status phi_backward(luna_backend *be, luna_causal_activation a, float *dz,
-                                const float *dphi, const float *z, int64_t n) {
+static luna_status phi_backward(luna_backend *be, luna_causal_activation a, luna_act *dz,
+                                const luna_act *dphi, const luna_act *z, int64_t n) {
     return a == LUNA_CAUSAL_ELU ? be->ops->elu_plus_one_backward(be, dz, dphi, z, n)
                                 : be->ops->softplus_ln2_backward(be, dz, dphi, z, n);
 }
@@ -19,10 +19,10 @@ static luna_status phi_backward(luna_backend *be, luna_causal_activation a, floa
 /* ---- training form --------------------------------------------------------------------------- */
 
 luna_status luna_causal_attention_forward(const luna_pass *ps, const luna_attn_w *w,
-                                          luna_causal_act *act, const float *x, const float *p,
-                                          const int32_t *p_valid, int B, int n, int L, int d, int H,
-                                          bool tied, luna_causal_activation activation,
-                                          uint32_t site) {
+                                          luna_causal_act *act, const luna_act *x,
+                                          const luna_act *p, const int32_t *p_valid, int B, int n,
+                                          int L, int d, int H, bool tied,
+                                          luna_causal_activation activation, uint32_t site) {
     luna_backend *be = ps->be;
     const luna_ops *op = be->ops;
     const int dh = d / H, G = B * H;
@@ -74,7 +74,7 @@ luna_status luna_causal_attention_forward(const luna_pass *ps, const luna_attn_w
     LUNA_TRY(luna_pass_alloc(ps, &act->o, nd, "causal attention output"));
     {
         luna_arena_mark mark = luna_arena_get_mark(ps->arena);
-        float *oh; /* [B,H,n,dh] */
+        luna_act *oh; /* [B,H,n,dh] */
         LUNA_TRY(luna_pass_alloc(ps, &oh, nd, "causal attention output heads"));
         luna_status st =
             op->causal_contraction_forward(be, oh, act->a_d, act->phi_d, act->v, G, n, L, dh);
@@ -88,7 +88,8 @@ luna_status luna_causal_attention_forward(const luna_pass *ps, const luna_attn_w
 }
 
 static luna_status backward(const luna_pass *ps, const luna_attn_w *w, luna_attn_w *g,
-                            const luna_causal_act *act, const float *dy, float *dx, float *dp) {
+                            const luna_causal_act *act, const luna_act *dy, luna_act *dx,
+                            luna_act *dp) {
     luna_backend *be = ps->be;
     const luna_ops *op = be->ops;
     const int B = act->B, n = act->n, L = act->L, d = act->d, H = act->H;
@@ -97,7 +98,7 @@ static luna_status backward(const luna_pass *ps, const luna_attn_w *w, luna_attn
     const int64_t nL = (int64_t)G * n * L, nd = (int64_t)B * n * d, Ld = (int64_t)B * L * d;
 
     /* 7. out_proj: dO [B,n,d] -> dOh [B,H,n,dh] */
-    float *d_o, *doh;
+    luna_act *d_o, *doh;
     LUNA_TRY(luna_pass_alloc(ps, &d_o, nd, "causal attention gradient"));
     LUNA_TRY(luna_pass_alloc(ps, &doh, nd, "causal attention gradient heads"));
     LUNA_TRY(op->linear_backward(be, d_o, g->out_proj.weight, g->out_proj.bias, dy, act->o,
@@ -105,7 +106,7 @@ static luna_status backward(const luna_pass *ps, const luna_attn_w *w, luna_attn
     LUNA_TRY(op->split_heads(be, doh, d_o, B, n, H, dh));
 
     /* 6. O = contraction(A_d, Φ_d, V): dA_d, dΦ (first part), dV */
-    float *da, *dphi, *dphi2, *dk, *dv;
+    luna_act *da, *dphi, *dphi2, *dk, *dv;
     LUNA_TRY(luna_pass_alloc(ps, &da, nL, "causal attention probability gradient"));
     LUNA_TRY(luna_pass_alloc(ps, &dphi, nL, "causal projection weight gradient"));
     LUNA_TRY(luna_pass_alloc(ps, &dphi2, nL, "causal projection weight gradient"));
@@ -125,7 +126,7 @@ static luna_status backward(const luna_pass *ps, const luna_attn_w *w, luna_attn
     /* 2. Φ = dropout(φ(Z)), Z = pc P̃ᵀ: dZ (into dphi); dpc = dZ P̃; dP̃ = dZᵀ pc */
     LUNA_TRY(luna_pass_dropout_backward(ps, dphi, dphi, nL, ps->attention_dropout, act->site + 2));
     LUNA_TRY(phi_backward(be, act->activation, dphi, dphi, act->z, nL));
-    float *dpc, *dpt;
+    luna_act *dpc, *dpt;
     LUNA_TRY(luna_pass_alloc(ps, &dpc, nd, "causal projection gradient"));
     LUNA_TRY(luna_pass_alloc(ps, &dpt, Ld, "causal P gradient"));
     LUNA_TRY(luna_bgemm(be, false, false, n, dh, L, 1.0f, dphi, act->pt, 0.0f, dpc, G));
@@ -152,7 +153,7 @@ static luna_status backward(const luna_pass *ps, const luna_attn_w *w, luna_attn
 
 luna_status luna_causal_attention_backward(const luna_pass *ps, const luna_attn_w *w,
                                            luna_attn_w *g, const luna_causal_act *act,
-                                           const float *dy, float *dx, float *dp) {
+                                           const luna_act *dy, luna_act *dx, luna_act *dp) {
     luna_arena_mark mark = luna_arena_get_mark(ps->arena);
     luna_status st = backward(ps, w, g, act, dy, dx, dp);
     luna_arena_release(ps->arena, mark);
@@ -161,10 +162,12 @@ luna_status luna_causal_attention_backward(const luna_pass *ps, const luna_attn_
 
 /* ---- incremental decoding -------------------------------------------------------------------- */
 
-size_t luna_causal_state_bytes(int L, int d) { return (size_t)3 * L * d * sizeof(float); }
+size_t luna_causal_state_bytes(const luna_backend *be, int L, int d) {
+    return luna_act_bytes(be, (int64_t)3 * L * d);
+}
 
 luna_status luna_causal_state_init(luna_backend *be, luna_arena *arena, const luna_attn_w *w,
-                                   luna_causal_state *st, const float *p, const int32_t *p_valid,
+                                   luna_causal_state *st, const luna_act *p, const int32_t *p_valid,
                                    int B, int L, int d, int H, bool tied,
                                    luna_causal_activation activation) {
     luna_pass ps = {.be = be, .arena = arena};
@@ -175,19 +178,19 @@ luna_status luna_causal_state_init(luna_backend *be, luna_arena *arena, const lu
         luna_project_heads(&ps, &st->pt, p, &w->pq_proj, B, L, d, H, 1.0f / sqrtf((float)(d / H))));
     LUNA_TRY(luna_pass_alloc(&ps, &st->ksum, Ld, "causal decoding state"));
     LUNA_TRY(luna_pass_alloc(&ps, &st->vsum, Ld, "causal decoding state"));
-    LUNA_TRY(luna_mem_zero(be, st->ksum, (size_t)Ld * sizeof(float)));
-    LUNA_TRY(luna_mem_zero(be, st->vsum, (size_t)Ld * sizeof(float)));
+    LUNA_TRY(luna_mem_zero(be, st->ksum, luna_act_bytes(be, Ld)));
+    LUNA_TRY(luna_mem_zero(be, st->vsum, luna_act_bytes(be, Ld)));
     return LUNA_OK;
 }
 
-static luna_status step(luna_pass *ps, const luna_attn_w *w, luna_causal_state *st, const float *x,
-                        float *y) {
+static luna_status step(luna_pass *ps, const luna_attn_w *w, luna_causal_state *st,
+                        const luna_act *x, luna_act *y) {
     luna_backend *be = ps->be;
     const luna_ops *op = be->ops;
     const int B = st->B, L = st->L, d = st->d, H = st->H, dh = d / H, G = B * H;
     const float scale = 1.0f / sqrtf((float)dh);
     /* Φ_t = φ(pc_proj(x) P̃ᵀ) [G, 1, L] */
-    float *pc, *phi, *q, *k, *v, *s, *oh, *o;
+    luna_act *pc, *phi, *q, *k, *v, *s, *oh, *o;
     LUNA_TRY(luna_project_heads(ps, &pc, x, &w->pc_proj, B, 1, d, H, 1.0f));
     LUNA_TRY(luna_pass_alloc(ps, &phi, (int64_t)G * L, "causal step"));
     LUNA_TRY(luna_bgemm(be, false, true, 1, L, dh, 1.0f, pc, st->pt, 0.0f, phi, G));
@@ -217,7 +220,7 @@ static luna_status step(luna_pass *ps, const luna_attn_w *w, luna_causal_state *
 }
 
 luna_status luna_causal_attention_step(luna_backend *be, luna_arena *scratch, const luna_attn_w *w,
-                                       luna_causal_state *st, const float *x, float *y) {
+                                       luna_causal_state *st, const luna_act *x, luna_act *y) {
     luna_pass ps = {.be = be, .arena = scratch};
     luna_arena_mark mark = luna_arena_get_mark(scratch);
     luna_status s = step(&ps, w, st, x, y);

@@ -23,30 +23,30 @@ typedef struct {
     bool tied;
     luna_causal_activation activation;
     uint32_t site;          /* dropout sites site+2 (Φ), site+3 (A) */
-    const float *x;         /* [B, n, d] */
-    const float *p;         /* [B, L, d] */
+    const luna_act *x;      /* [B, n, d] */
+    const luna_act *p;      /* [B, L, d] */
     const int32_t *p_valid; /* [B] or NULL */
-    float *pt;              /* [B, H, L, dh] P̃ */
-    float *pc;              /* [B, H, n, dh] pc_proj(X) heads */
-    float *z;               /* [B, H, n, L] pre-activation pc·P̃ᵀ */
-    float *phi_d;           /* [B, H, n, L] Φ after dropout */
-    float *q;               /* [B, H, n, dh] scaled */
-    float *k, *v;           /* [B, H, n, dh] (v == k when tied) */
-    float *a, *a_d;         /* [B, H, n, L] probabilities, after dropout */
-    float *o;               /* [B, n, d] heads merged */
-    float *y;               /* [B, n, d] output */
+    luna_act *pt;           /* [B, H, L, dh] P̃ */
+    luna_act *pc;           /* [B, H, n, dh] pc_proj(X) heads */
+    luna_act *z;            /* [B, H, n, L] pre-activation pc·P̃ᵀ */
+    luna_act *phi_d;        /* [B, H, n, L] Φ after dropout */
+    luna_act *q;            /* [B, H, n, dh] scaled */
+    luna_act *k, *v;        /* [B, H, n, dh] (v == k when tied) */
+    luna_act *a, *a_d;      /* [B, H, n, L] probabilities, after dropout */
+    luna_act *o;            /* [B, n, d] heads merged */
+    luna_act *y;            /* [B, n, d] output */
 } luna_causal_act;
 
 luna_status luna_causal_attention_forward(const luna_pass *ps, const luna_attn_w *w,
-                                          luna_causal_act *act, const float *x, const float *p,
-                                          const int32_t *p_valid, int B, int n, int L, int d, int H,
-                                          bool tied, luna_causal_activation activation,
-                                          uint32_t site);
+                                          luna_causal_act *act, const luna_act *x,
+                                          const luna_act *p, const int32_t *p_valid, int B, int n,
+                                          int L, int d, int H, bool tied,
+                                          luna_causal_activation activation, uint32_t site);
 
 /* dy [B, n, d]; gradients ADDED into dx [B, n, d] and dp [B, L, d]; parameters into g (+=). */
 luna_status luna_causal_attention_backward(const luna_pass *ps, const luna_attn_w *w,
                                            luna_attn_w *g, const luna_causal_act *act,
-                                           const float *dy, float *dx, float *dp);
+                                           const luna_act *dy, luna_act *dx, luna_act *dp);
 
 /* ---- incremental decoding -------------------------------------------------------------------- */
 
@@ -56,17 +56,17 @@ typedef struct {
     bool tied;
     luna_causal_activation activation;
     const int32_t *p_valid; /* [B] or NULL (device, owned by the caller) */
-    float *pt;              /* [B, H, L, dh]  P̃ */
-    float *ksum;            /* [B, H, dh, L]  Σ_s K_s Φ_sᵀ */
-    float *vsum;            /* [B, H, L, dh]  Σ_s Φ_sᵀ V_s */
+    luna_act *pt;           /* [B, H, L, dh]  P̃ */
+    luna_act *ksum;         /* [B, H, dh, L]  Σ_s K_s Φ_sᵀ */
+    luna_act *vsum;         /* [B, H, L, dh]  Σ_s Φ_sᵀ V_s */
 } luna_causal_state;
 
 /* Bytes of state per sentence: (2·L·d + L·d) floats — independent of t. */
-size_t luna_causal_state_bytes(int L, int d);
+size_t luna_causal_state_bytes(const luna_backend *be, int L, int d);
 
 /* Allocate the state from `arena` (the caller releases it) and compute P̃ from P [B, L, d]. */
 luna_status luna_causal_state_init(luna_backend *be, luna_arena *arena, const luna_attn_w *w,
-                                   luna_causal_state *st, const float *p, const int32_t *p_valid,
+                                   luna_causal_state *st, const luna_act *p, const int32_t *p_valid,
                                    int B, int L, int d, int H, bool tied,
                                    luna_causal_activation activation);
 
@@ -74,6 +74,6 @@ luna_status luna_causal_state_init(luna_backend *be, luna_arena *arena, const lu
  * (the attention output, after out_proj). Temporaries come from `scratch` and are released.
  * No dropout (inference). */
 luna_status luna_causal_attention_step(luna_backend *be, luna_arena *scratch, const luna_attn_w *w,
-                                       luna_causal_state *st, const float *x, float *y);
+                                       luna_causal_state *st, const luna_act *x, luna_act *y);
 
 #endif

@@ -3,13 +3,13 @@
 /* ---- residual + dropout + LayerNorm ---------------------------------------------------------- */
 
 luna_status luna_resnorm_forward(const luna_pass *ps, const luna_norm_w *w, luna_resnorm_act *act,
-                                 const float *res, const float *sub, int64_t rows, int d, float p,
-                                 uint32_t site) {
+                                 const luna_act *res, const luna_act *sub, int64_t rows, int d,
+                                 float p, uint32_t site) {
     luna_backend *be = ps->be;
     *act = (luna_resnorm_act){.rows = rows, .d = d, .p = p, .site = site};
     LUNA_TRY(luna_pass_alloc(ps, &act->r, rows * d, "residual"));
-    LUNA_TRY(luna_pass_alloc(ps, &act->mean, rows, "layer norm statistics"));
-    LUNA_TRY(luna_pass_alloc(ps, &act->rstd, rows, "layer norm statistics"));
+    LUNA_TRY(luna_pass_alloc_f32(ps, &act->mean, rows, "layer norm statistics"));
+    LUNA_TRY(luna_pass_alloc_f32(ps, &act->rstd, rows, "layer norm statistics"));
     LUNA_TRY(luna_pass_alloc(ps, &act->y, rows * d, "layer output"));
     LUNA_TRY(luna_pass_dropout(ps, act->r, sub, rows * d, p, site));
     LUNA_TRY(be->ops->add(be, act->r, act->r, res, rows * d));
@@ -18,8 +18,8 @@ luna_status luna_resnorm_forward(const luna_pass *ps, const luna_norm_w *w, luna
 }
 
 luna_status luna_resnorm_backward(const luna_pass *ps, const luna_norm_w *w, luna_norm_w *g,
-                                  const luna_resnorm_act *act, const float *dy, float *dres,
-                                  float *dsub) {
+                                  const luna_resnorm_act *act, const luna_act *dy, luna_act *dres,
+                                  luna_act *dsub) {
     luna_backend *be = ps->be;
     LUNA_TRY(be->ops->layer_norm_backward(be, dres, g->weight, g->bias, dy, act->r, act->mean,
                                           act->rstd, w->weight, act->rows, act->d));
@@ -29,7 +29,7 @@ luna_status luna_resnorm_backward(const luna_pass *ps, const luna_norm_w *w, lun
 /* ---- FFN ------------------------------------------------------------------------------------- */
 
 luna_status luna_ffn_forward(const luna_pass *ps, const luna_linear_w *fc1,
-                             const luna_linear_w *fc2, luna_ffn_act *act, const float *x,
+                             const luna_linear_w *fc2, luna_ffn_act *act, const luna_act *x,
                              int64_t rows, int d, int ffn, uint32_t site) {
     luna_backend *be = ps->be;
     *act = (luna_ffn_act){.rows = rows, .d = d, .ffn = ffn, .site = site, .x = x};
@@ -37,7 +37,7 @@ luna_status luna_ffn_forward(const luna_pass *ps, const luna_linear_w *fc1,
     LUNA_TRY(luna_pass_alloc(ps, &act->out, rows * d, "FFN output"));
     LUNA_TRY(be->ops->linear_forward(be, act->h, x, fc1->weight, fc1->bias, rows, d, ffn));
     luna_arena_mark mark = luna_arena_get_mark(ps->arena);
-    float *a; /* [rows, ffn] dropped activation, not kept */
+    luna_act *a; /* [rows, ffn] dropped activation, not kept */
     LUNA_TRY(luna_pass_alloc(ps, &a, rows * ffn, "FFN activation"));
     luna_status st = be->ops->relu_forward(be, a, act->h, rows * ffn);
     if (st == LUNA_OK) st = luna_pass_dropout(ps, a, a, rows * ffn, ps->activation_dropout, site);
@@ -49,10 +49,10 @@ luna_status luna_ffn_forward(const luna_pass *ps, const luna_linear_w *fc1,
 
 static luna_status ffn_backward(const luna_pass *ps, const luna_linear_w *fc1,
                                 const luna_linear_w *fc2, luna_linear_w *g1, luna_linear_w *g2,
-                                const luna_ffn_act *act, const float *dout, float *dx) {
+                                const luna_ffn_act *act, const luna_act *dout, luna_act *dx) {
     luna_backend *be = ps->be;
     const int64_t n = act->rows * act->ffn;
-    float *a, *da;
+    luna_act *a, *da;
     LUNA_TRY(luna_pass_alloc(ps, &a, n, "FFN activation"));
     LUNA_TRY(luna_pass_alloc(ps, &da, n, "FFN activation gradient"));
     LUNA_TRY(be->ops->relu_forward(be, a, act->h, n));
@@ -67,7 +67,7 @@ static luna_status ffn_backward(const luna_pass *ps, const luna_linear_w *fc1,
 
 luna_status luna_ffn_backward(const luna_pass *ps, const luna_linear_w *fc1,
                               const luna_linear_w *fc2, luna_linear_w *g1, luna_linear_w *g2,
-                              const luna_ffn_act *act, const float *dout, float *dx) {
+                              const luna_ffn_act *act, const luna_act *dout, luna_act *dx) {
     luna_arena_mark mark = luna_arena_get_mark(ps->arena);
     luna_status st = ffn_backward(ps, fc1, fc2, g1, g2, act, dout, dx);
     luna_arena_release(ps->arena, mark);
@@ -81,8 +81,8 @@ luna_status luna_ffn_backward(const luna_pass *ps, const luna_linear_w *fc1,
 
 luna_status luna_encoder_layer_forward(const luna_pass *ps, const luna_config *c,
                                        const luna_encoder_layer_w *w, luna_encoder_layer_act *act,
-                                       const float *x, const float *p, const luna_layer_dims *dm,
-                                       int i) {
+                                       const luna_act *x, const luna_act *p,
+                                       const luna_layer_dims *dm, int i) {
     const int B = dm->B, m = dm->m, L = dm->L, d = c->encoder_embed_dim;
     const int H = c->encoder_attention_heads;
     const int64_t rows = (int64_t)B * m;
@@ -114,10 +114,10 @@ luna_status luna_encoder_layer_forward(const luna_pass *ps, const luna_config *c
 
 static luna_status encoder_backward(const luna_pass *ps, const luna_config *c,
                                     const luna_encoder_layer_w *w, luna_encoder_layer_w *g,
-                                    const luna_encoder_layer_act *act, const float *dx_out,
-                                    const float *dp_out, float *dx_in, float *dp_in) {
+                                    const luna_encoder_layer_act *act, const luna_act *dx_out,
+                                    const luna_act *dp_out, luna_act *dx_in, luna_act *dp_in) {
     const int64_t xd = act->x1.rows * act->x1.d;
-    float *dx1, *dsub;
+    luna_act *dx1, *dsub;
     LUNA_TRY(luna_pass_alloc(ps, &dx1, xd, "encoder layer gradient"));
     LUNA_TRY(luna_pass_alloc(ps, &dsub, xd, "encoder layer gradient"));
     /* x2 = LN(x1 + drop(FFN(x1))) */
@@ -128,7 +128,7 @@ static luna_status encoder_backward(const luna_pass *ps, const luna_config *c,
     LUNA_TRY(luna_resnorm_backward(ps, &w->self_attn_layer_norm, &g->self_attn_layer_norm, &act->x1,
                                    dx1, dx_in, dsub));
     if (c->arch == LUNA_ARCH_LUNA) {
-        float *dpsub;
+        luna_act *dpsub;
         LUNA_TRY(luna_pass_alloc(ps, &dpsub, act->p1.rows * act->p1.d, "encoder P gradient"));
         LUNA_TRY(luna_resnorm_backward(ps, &w->self_atten_proj_layer_norm,
                                        &g->self_atten_proj_layer_norm, &act->p1, dp_out, dp_in,
@@ -141,8 +141,8 @@ static luna_status encoder_backward(const luna_pass *ps, const luna_config *c,
 
 luna_status luna_encoder_layer_backward(const luna_pass *ps, const luna_config *c,
                                         const luna_encoder_layer_w *w, luna_encoder_layer_w *g,
-                                        const luna_encoder_layer_act *act, const float *dx_out,
-                                        const float *dp_out, float *dx_in, float *dp_in) {
+                                        const luna_encoder_layer_act *act, const luna_act *dx_out,
+                                        const luna_act *dp_out, luna_act *dx_in, luna_act *dp_in) {
     luna_arena_mark mark = luna_arena_get_mark(ps->arena);
     luna_status st = encoder_backward(ps, c, w, g, act, dx_out, dp_out, dx_in, dp_in);
     luna_arena_release(ps->arena, mark);
@@ -153,14 +153,14 @@ luna_status luna_encoder_layer_backward(const luna_pass *ps, const luna_config *
 
 luna_status luna_decoder_layer_forward(const luna_pass *ps, const luna_config *c,
                                        const luna_decoder_layer_w *w, luna_decoder_layer_act *act,
-                                       const float *x, const float *p, const float *e,
+                                       const luna_act *x, const luna_act *p, const luna_act *e,
                                        const luna_layer_dims *dm, int i) {
     const int B = dm->B, n = dm->n, m = dm->m, L = dm->L, d = c->decoder_embed_dim;
     const int H = c->decoder_attention_heads;
     const int64_t rows = (int64_t)B * n;
     const float drop = ps->dropout;
     act->index = i;
-    const float *xhat;
+    const luna_act *xhat;
     if (c->arch == LUNA_ARCH_LUNA) {
         LUNA_TRY(luna_causal_attention_forward(
             ps, &w->self_attn, &act->causal, x, p, dm->p_valid, B, n, L, d, H, !c->untie_luna_kv,
@@ -203,12 +203,13 @@ luna_status luna_decoder_layer_forward(const luna_pass *ps, const luna_config *c
 
 static luna_status decoder_backward(const luna_pass *ps, const luna_config *c,
                                     const luna_decoder_layer_w *w, luna_decoder_layer_w *g,
-                                    const luna_decoder_layer_act *act, const float *dx_out,
-                                    const float *dp_out, float *dx_in, float *dp_in, float *de) {
+                                    const luna_decoder_layer_act *act, const luna_act *dx_out,
+                                    const luna_act *dp_out, luna_act *dx_in, luna_act *dp_in,
+                                    luna_act *de) {
     luna_backend *be = ps->be;
     const int64_t xd = act->x1.rows * act->x1.d;
     const bool luna = c->arch == LUNA_ARCH_LUNA;
-    float *dx2, *dx1, *dsub;
+    luna_act *dx2, *dx1, *dsub;
     LUNA_TRY(luna_pass_alloc(ps, &dx2, xd, "decoder layer gradient"));
     LUNA_TRY(luna_pass_alloc(ps, &dx1, xd, "decoder layer gradient"));
     LUNA_TRY(luna_pass_alloc(ps, &dsub, xd, "decoder layer gradient"));
@@ -221,14 +222,14 @@ static luna_status decoder_backward(const luna_pass *ps, const luna_config *c,
                                    &act->x2, dx2, dx1, dsub));
     if (luna) {
         const int64_t pd = act->p2.rows * act->p2.d;
-        float *dpsub = NULL;
+        luna_act *dpsub = NULL;
         if (dp_out) {
             LUNA_TRY(luna_pass_alloc(ps, &dpsub, pd, "decoder P gradient"));
             LUNA_TRY(luna_resnorm_backward(ps, &w->encoder_atten_proj_layer_norm,
                                            &g->encoder_atten_proj_layer_norm, &act->p2, dp_out,
                                            dp_in, dpsub));
         } else {
-            LUNA_TRY(luna_mem_zero(be, dp_in, (size_t)pd * sizeof(float)));
+            LUNA_TRY(luna_mem_zero(be, dp_in, luna_act_bytes(be, pd)));
         }
         LUNA_TRY(luna_attention_backward(ps, &w->encoder_attn, &g->encoder_attn, &act->cross, dsub,
                                          dpsub, dx1, dp_in, de));
@@ -247,9 +248,9 @@ static luna_status decoder_backward(const luna_pass *ps, const luna_config *c,
 
 luna_status luna_decoder_layer_backward(const luna_pass *ps, const luna_config *c,
                                         const luna_decoder_layer_w *w, luna_decoder_layer_w *g,
-                                        const luna_decoder_layer_act *act, const float *dx_out,
-                                        const float *dp_out, float *dx_in, float *dp_in,
-                                        float *de) {
+                                        const luna_decoder_layer_act *act, const luna_act *dx_out,
+                                        const luna_act *dp_out, luna_act *dx_in, luna_act *dp_in,
+                                        luna_act *de) {
     luna_arena_mark mark = luna_arena_get_mark(ps->arena);
     luna_status st = decoder_backward(ps, c, w, g, act, dx_out, dp_out, dx_in, dp_in, de);
     luna_arena_release(ps->arena, mark);

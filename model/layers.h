@@ -31,36 +31,36 @@ typedef struct {
     int d;
     float p;
     uint32_t site;
-    float *r;           /* [rows, d] LayerNorm input */
-    float *mean, *rstd; /* [rows] */
-    float *y;           /* [rows, d] output */
+    luna_act *r;        /* [rows, d] LayerNorm input */
+    float *mean, *rstd; /* [rows] fp32 statistics */
+    luna_act *y;        /* [rows, d] output */
 } luna_resnorm_act;
 
 luna_status luna_resnorm_forward(const luna_pass *ps, const luna_norm_w *w, luna_resnorm_act *act,
-                                 const float *res, const float *sub, int64_t rows, int d, float p,
-                                 uint32_t site);
+                                 const luna_act *res, const luna_act *sub, int64_t rows, int d,
+                                 float p, uint32_t site);
 /* dres [rows, d] = d(res) (overwritten), dsub [rows, d] = d(sub) (overwritten). */
 luna_status luna_resnorm_backward(const luna_pass *ps, const luna_norm_w *w, luna_norm_w *g,
-                                  const luna_resnorm_act *act, const float *dy, float *dres,
-                                  float *dsub);
+                                  const luna_resnorm_act *act, const luna_act *dy, luna_act *dres,
+                                  luna_act *dsub);
 
 /* out = fc2(drop_act(relu(fc1(x)))); the dropped activation is recomputed in backward. */
 typedef struct {
     int64_t rows;
     int d, ffn;
     uint32_t site;
-    const float *x; /* [rows, d] */
-    float *h;       /* [rows, ffn] fc1 output (before relu) */
-    float *out;     /* [rows, d] */
+    const luna_act *x; /* [rows, d] */
+    luna_act *h;       /* [rows, ffn] fc1 output (before relu) */
+    luna_act *out;     /* [rows, d] */
 } luna_ffn_act;
 
 luna_status luna_ffn_forward(const luna_pass *ps, const luna_linear_w *fc1,
-                             const luna_linear_w *fc2, luna_ffn_act *act, const float *x,
+                             const luna_linear_w *fc2, luna_ffn_act *act, const luna_act *x,
                              int64_t rows, int d, int ffn, uint32_t site);
 /* dx [rows, d] += d(x). */
 luna_status luna_ffn_backward(const luna_pass *ps, const luna_linear_w *fc1,
                               const luna_linear_w *fc2, luna_linear_w *g1, luna_linear_w *g2,
-                              const luna_ffn_act *act, const float *dout, float *dx);
+                              const luna_ffn_act *act, const luna_act *dout, luna_act *dx);
 
 /* Sizes shared by the layers of one batch. Luna: p_valid [B] (device) is the P mask or NULL
  * (fixed projection length). c_valid / e_valid: source lengths [B]; t_valid: target lengths
@@ -78,8 +78,8 @@ typedef struct {
     luna_mha_act mha;   /* transformer */
     luna_resnorm_act x1, p1, x2;
     luna_ffn_act ffn;
-    float *x_out; /* [B, m, d] */
-    float *p_out; /* [B, L, d] (Luna) */
+    luna_act *x_out; /* [B, m, d] */
+    luna_act *p_out; /* [B, L, d] (Luna) */
 } luna_encoder_layer_act;
 
 typedef struct {
@@ -90,28 +90,29 @@ typedef struct {
     luna_mha_act cross_mha; /* transformer cross-attention */
     luna_resnorm_act x1, x2, p2, x3;
     luna_ffn_act ffn;
-    float *x_out; /* [B, n, d] */
-    float *p_out; /* [B, L, d] (Luna) */
+    luna_act *x_out; /* [B, n, d] */
+    luna_act *p_out; /* [B, L, d] (Luna) */
 } luna_decoder_layer_act;
 
 luna_status luna_encoder_layer_forward(const luna_pass *ps, const luna_config *c,
                                        const luna_encoder_layer_w *w, luna_encoder_layer_act *act,
-                                       const float *x, const float *p, const luna_layer_dims *dims,
-                                       int index);
+                                       const luna_act *x, const luna_act *p,
+                                       const luna_layer_dims *dims, int index);
 /* dp_out/dp_in unused (NULL) for the transformer. */
 luna_status luna_encoder_layer_backward(const luna_pass *ps, const luna_config *c,
                                         const luna_encoder_layer_w *w, luna_encoder_layer_w *g,
-                                        const luna_encoder_layer_act *act, const float *dx_out,
-                                        const float *dp_out, float *dx_in, float *dp_in);
+                                        const luna_encoder_layer_act *act, const luna_act *dx_out,
+                                        const luna_act *dp_out, luna_act *dx_in, luna_act *dp_in);
 
 luna_status luna_decoder_layer_forward(const luna_pass *ps, const luna_config *c,
                                        const luna_decoder_layer_w *w, luna_decoder_layer_act *act,
-                                       const float *x, const float *p, const float *e,
+                                       const luna_act *x, const luna_act *p, const luna_act *e,
                                        const luna_layer_dims *dims, int index);
 /* dp_out NULL: P output unused (last layer) — its LayerNorm then gets no gradient. */
 luna_status luna_decoder_layer_backward(const luna_pass *ps, const luna_config *c,
                                         const luna_decoder_layer_w *w, luna_decoder_layer_w *g,
-                                        const luna_decoder_layer_act *act, const float *dx_out,
-                                        const float *dp_out, float *dx_in, float *dp_in, float *de);
+                                        const luna_decoder_layer_act *act, const luna_act *dx_out,
+                                        const luna_act *dp_out, luna_act *dx_in, luna_act *dp_in,
+                                        luna_act *de);
 
 #endif

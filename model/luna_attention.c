@@ -4,7 +4,7 @@
 
 /* ---- shared helpers -------------------------------------------------------------------------- */
 
-luna_status luna_linear_scaled(const luna_pass *ps, float *y, const float *x,
+luna_status luna_linear_scaled(const luna_pass *ps, luna_act *y, const luna_act *x,
                                const luna_linear_w *w, int64_t rows, int in, int out, float scale) {
     luna_backend *be = ps->be;
     LUNA_TRY(be->ops->linear_forward(be, y, x, w->weight, w->bias, rows, in, out));
@@ -12,12 +12,12 @@ luna_status luna_linear_scaled(const luna_pass *ps, float *y, const float *x,
     return LUNA_OK;
 }
 
-luna_status luna_project_heads(const luna_pass *ps, float **heads, const float *x,
+luna_status luna_project_heads(const luna_pass *ps, luna_act **heads, const luna_act *x,
                                const luna_linear_w *w, int B, int len, int d, int H, float scale) {
     const int64_t rows = (int64_t)B * len;
     LUNA_TRY(luna_pass_alloc(ps, heads, rows * d, "attention heads")); /* [B, H, len, dh] */
     luna_arena_mark mark = luna_arena_get_mark(ps->arena);
-    float *flat; /* [B, len, d] */
+    luna_act *flat; /* [B, len, d] */
     LUNA_TRY(luna_pass_alloc(ps, &flat, rows * d, "attention projection"));
     luna_status st = luna_linear_scaled(ps, flat, x, w, rows, d, d, scale);
     if (st == LUNA_OK) st = ps->be->ops->split_heads(ps->be, *heads, flat, B, len, H, d / H);
@@ -25,13 +25,13 @@ luna_status luna_project_heads(const luna_pass *ps, float **heads, const float *
     return st;
 }
 
-luna_status luna_project_heads_backward(const luna_pass *ps, const float *dheads, const float *x,
-                                        const luna_linear_w *w, luna_linear_w *g, float *dx, int B,
-                                        int len, int d, int H, float scale) {
+luna_status luna_project_heads_backward(const luna_pass *ps, const luna_act *dheads,
+                                        const luna_act *x, const luna_linear_w *w, luna_linear_w *g,
+                                        luna_act *dx, int B, int len, int d, int H, float scale) {
     luna_backend *be = ps->be;
     const int64_t rows = (int64_t)B * len;
     luna_arena_mark mark = luna_arena_get_mark(ps->arena);
-    float *dflat; /* [B, len, d] */
+    luna_act *dflat; /* [B, len, d] */
     LUNA_TRY(luna_pass_alloc(ps, &dflat, rows * d, "attention projection gradient"));
     luna_status st = be->ops->merge_heads(be, dflat, dheads, B, len, H, d / H);
     if (st == LUNA_OK && scale != 1.0f) st = be->ops->scale(be, dflat, scale, rows * d);
@@ -43,7 +43,7 @@ luna_status luna_project_heads_backward(const luna_pass *ps, const float *dheads
 }
 
 luna_status luna_bgemm(luna_backend *be, bool ta, bool tb, int M, int N, int K, float alpha,
-                       const float *A, const float *Bm, float beta, float *C, int G) {
+                       const luna_act *A, const luna_act *Bm, float beta, luna_act *C, int G) {
     int lda = ta ? M : K, ldb = tb ? K : N;
     return be->ops->gemm(be, ta, tb, M, N, K, alpha, A, lda, (int64_t)M * K, Bm, ldb,
                          (int64_t)K * N, beta, C, N, (int64_t)M * N, G);
@@ -52,7 +52,7 @@ luna_status luna_bgemm(luna_backend *be, bool ta, bool tb, int M, int N, int K, 
 /* ---- forward --------------------------------------------------------------------------------- */
 
 luna_status luna_attention_forward(const luna_pass *ps, const luna_attn_w *w, luna_attn_act *act,
-                                   const float *x, const float *p, const float *c,
+                                   const luna_act *x, const luna_act *p, const luna_act *c,
                                    const int32_t *c_valid, const int32_t *p_valid, int B, int n,
                                    int m, int L, int d, int H, bool tied, uint32_t site) {
     luna_backend *be = ps->be;
@@ -98,7 +98,7 @@ luna_status luna_attention_forward(const luna_pass *ps, const luna_attn_w *w, lu
     LUNA_TRY(luna_pass_alloc(ps, &act->yp, (int64_t)B * L * d, "packed context"));
     {
         luna_arena_mark mark = luna_arena_get_mark(ps->arena);
-        float *yph; /* [B,H,L,dh] */
+        luna_act *yph; /* [B,H,L,dh] */
         LUNA_TRY(luna_pass_alloc(ps, &yph, (int64_t)B * L * d, "packed context heads"));
         luna_status st =
             luna_bgemm(be, false, false, L, dh, m, 1.0f, act->a_pack_d, act->vc, 0.0f, yph, G);
@@ -130,7 +130,7 @@ luna_status luna_attention_forward(const luna_pass *ps, const luna_attn_w *w, lu
     LUNA_TRY(luna_pass_alloc(ps, &act->o, (int64_t)B * n * d, "attention output"));
     {
         luna_arena_mark mark = luna_arena_get_mark(ps->arena);
-        float *oh; /* [B,H,n,dh] */
+        luna_act *oh; /* [B,H,n,dh] */
         LUNA_TRY(luna_pass_alloc(ps, &oh, (int64_t)B * n * d, "attention output heads"));
         luna_status st =
             luna_bgemm(be, false, false, n, dh, L, 1.0f, act->a_d, act->vp, 0.0f, oh, G);
@@ -146,8 +146,8 @@ luna_status luna_attention_forward(const luna_pass *ps, const luna_attn_w *w, lu
 /* ---- backward -------------------------------------------------------------------------------- */
 
 static luna_status backward(const luna_pass *ps, const luna_attn_w *w, luna_attn_w *g,
-                            const luna_attn_act *act, const float *dy, const float *dyp, float *dx,
-                            float *dp, float *dc) {
+                            const luna_attn_act *act, const luna_act *dy, const luna_act *dyp,
+                            luna_act *dx, luna_act *dp, luna_act *dc) {
     luna_backend *be = ps->be;
     const luna_ops *op = be->ops;
     const int B = act->B, n = act->n, m = act->m, L = act->L, d = act->d, H = act->H;
@@ -157,7 +157,7 @@ static luna_status backward(const luna_pass *ps, const luna_attn_w *w, luna_attn
     const int64_t nd = (int64_t)B * n * d, Ld = (int64_t)B * L * d, md = (int64_t)B * m * d;
 
     /* Y_X = out_proj(O): dO [B,n,d] -> heads dOh [B,H,n,dh] */
-    float *d_o, *doh;
+    luna_act *d_o, *doh;
     LUNA_TRY(luna_pass_alloc(ps, &d_o, nd, "attention gradient"));
     LUNA_TRY(luna_pass_alloc(ps, &doh, nd, "attention gradient heads"));
     LUNA_TRY(op->linear_backward(be, d_o, g->out_proj.weight, g->out_proj.bias, dy, act->o,
@@ -166,7 +166,7 @@ static luna_status backward(const luna_pass *ps, const luna_attn_w *w, luna_attn
 
     /* O_h = A_d Vp: dA_d = dOh Vpᵀ [B,H,n,L], dVp = A_dᵀ dOh [B,H,L,dh] */
     const int64_t un_n = (int64_t)G * n * L;
-    float *da, *dkp, *dvp;
+    luna_act *da, *dkp, *dvp;
     LUNA_TRY(luna_pass_alloc(ps, &da, un_n, "unpack attention gradient"));
     LUNA_TRY(luna_pass_alloc(ps, &dkp, Ld, "unpack key gradient"));
     dvp = dkp;
@@ -182,12 +182,12 @@ static luna_status backward(const luna_pass *ps, const luna_attn_w *w, luna_attn
     /* Q = q_proj(X)·scale -> dX; Kp/Vp = proj(Y_P) -> dY_P */
     LUNA_TRY(luna_project_heads_backward(ps, doh, act->x, &w->q_proj, &g->q_proj, dx, B, n, d, H,
                                          scale));
-    float *dyp_total; /* [B,L,d] */
+    luna_act *dyp_total; /* [B,L,d] */
     LUNA_TRY(luna_pass_alloc(ps, &dyp_total, Ld, "packed context gradient"));
     if (dyp)
-        LUNA_TRY(luna_mem_copy(be, dyp_total, dyp, (size_t)Ld * sizeof(float)));
+        LUNA_TRY(luna_mem_copy(be, dyp_total, dyp, luna_act_bytes(be, Ld)));
     else
-        LUNA_TRY(luna_mem_zero(be, dyp_total, (size_t)Ld * sizeof(float)));
+        LUNA_TRY(luna_mem_zero(be, dyp_total, luna_act_bytes(be, Ld)));
     if (tied) {
         LUNA_TRY(luna_project_heads_backward(ps, dkp, act->yp, &w->c_proj, &g->c_proj, dyp_total, B,
                                              L, d, H, 1.0f));
@@ -199,11 +199,11 @@ static luna_status backward(const luna_pass *ps, const luna_attn_w *w, luna_attn
     }
 
     /* Y_P = merge(A_pack_d Vc): dYp_h [B,H,L,dh] */
-    float *dyph;
+    luna_act *dyph;
     LUNA_TRY(luna_pass_alloc(ps, &dyph, Ld, "packed context gradient heads"));
     LUNA_TRY(op->split_heads(be, dyph, dyp_total, B, L, H, dh));
     const int64_t pack_n = (int64_t)G * L * m;
-    float *dap, *dkc, *dvc;
+    luna_act *dap, *dkc, *dvc;
     LUNA_TRY(luna_pass_alloc(ps, &dap, pack_n, "pack attention gradient"));
     LUNA_TRY(luna_pass_alloc(ps, &dkc, md, "pack key gradient"));
     dvc = dkc;
@@ -232,8 +232,8 @@ static luna_status backward(const luna_pass *ps, const luna_attn_w *w, luna_attn
 }
 
 luna_status luna_attention_backward(const luna_pass *ps, const luna_attn_w *w, luna_attn_w *g,
-                                    const luna_attn_act *act, const float *dy, const float *dyp,
-                                    float *dx, float *dp, float *dc) {
+                                    const luna_attn_act *act, const luna_act *dy,
+                                    const luna_act *dyp, luna_act *dx, luna_act *dp, luna_act *dc) {
     luna_arena_mark mark = luna_arena_get_mark(ps->arena);
     luna_status st = backward(ps, w, g, act, dy, dyp, dx, dp, dc);
     luna_arena_release(ps->arena, mark);

@@ -24,26 +24,26 @@ typedef struct {
     bool tied;
     uint32_t site; /* dropout sites site+0 (pack probabilities), site+1 (unpack probabilities) */
     /* inputs (owned by the caller, must live until backward) */
-    const float *x;         /* [B, n, d] */
-    const float *p;         /* [B, L, d] */
-    const float *c;         /* [B, m, d] */
+    const luna_act *x;      /* [B, n, d] */
+    const luna_act *p;      /* [B, L, d] */
+    const luna_act *c;      /* [B, m, d] */
     const int32_t *c_valid; /* [B] */
     const int32_t *p_valid; /* [B] or NULL */
     /* saved activations (arena) */
-    float *qp;       /* [B, H, L, dh] scaled pack queries */
-    float *kc, *vc;  /* [B, H, m, dh] pack keys/values (vc == kc when tied) */
-    float *a_pack;   /* [B, H, L, m] pack probabilities */
-    float *a_pack_d; /* [B, H, L, m] after dropout (== a_pack without dropout) */
-    float *yp;       /* [B, L, d] Y_P (output) */
-    float *q;        /* [B, H, n, dh] scaled queries */
-    float *kp, *vp;  /* [B, H, L, dh] unpack keys/values (vp == kp when tied) */
-    float *a, *a_d;  /* [B, H, n, L] unpack probabilities, after dropout */
-    float *o;        /* [B, n, d] heads merged, input of out_proj */
-    float *y;        /* [B, n, d] Y_X (output) */
+    luna_act *qp;       /* [B, H, L, dh] scaled pack queries */
+    luna_act *kc, *vc;  /* [B, H, m, dh] pack keys/values (vc == kc when tied) */
+    luna_act *a_pack;   /* [B, H, L, m] pack probabilities */
+    luna_act *a_pack_d; /* [B, H, L, m] after dropout (== a_pack without dropout) */
+    luna_act *yp;       /* [B, L, d] Y_P (output) */
+    luna_act *q;        /* [B, H, n, dh] scaled queries */
+    luna_act *kp, *vp;  /* [B, H, L, dh] unpack keys/values (vp == kp when tied) */
+    luna_act *a, *a_d;  /* [B, H, n, L] unpack probabilities, after dropout */
+    luna_act *o;        /* [B, n, d] heads merged, input of out_proj */
+    luna_act *y;        /* [B, n, d] Y_X (output) */
 } luna_attn_act;
 
 luna_status luna_attention_forward(const luna_pass *ps, const luna_attn_w *w, luna_attn_act *act,
-                                   const float *x, const float *p, const float *c,
+                                   const luna_act *x, const luna_act *p, const luna_act *c,
                                    const int32_t *c_valid, const int32_t *p_valid, int B, int n,
                                    int m, int L, int d, int H, bool tied, uint32_t site);
 
@@ -51,25 +51,25 @@ luna_status luna_attention_forward(const luna_pass *ps, const luna_attn_w *w, lu
  * gradients go into g (+=); input gradients are ADDED into dx [B, n, d], dp [B, L, d],
  * dc [B, m, d] (dc may equal dx for self-attention). Temporaries are released before return. */
 luna_status luna_attention_backward(const luna_pass *ps, const luna_attn_w *w, luna_attn_w *g,
-                                    const luna_attn_act *act, const float *dy, const float *dyp,
-                                    float *dx, float *dp, float *dc);
+                                    const luna_attn_act *act, const luna_act *dy,
+                                    const luna_act *dyp, luna_act *dx, luna_act *dp, luna_act *dc);
 
 /* Helpers shared by the attention modules. */
 /* y [rows, out] = x Wᵀ + b, then y *= scale (scale 1: none). */
-luna_status luna_linear_scaled(const luna_pass *ps, float *y, const float *x,
+luna_status luna_linear_scaled(const luna_pass *ps, luna_act *y, const luna_act *x,
                                const luna_linear_w *w, int64_t rows, int in, int out, float scale);
 /* Allocate [rows, out], apply the (scaled) linear and split heads into a new [B, H, len, dh]. */
-luna_status luna_project_heads(const luna_pass *ps, float **heads, const float *x,
+luna_status luna_project_heads(const luna_pass *ps, luna_act **heads, const luna_act *x,
                                const luna_linear_w *w, int B, int len, int d, int H, float scale);
 /* Backward of luna_project_heads: dheads [B, H, len, dh] -> merged, scaled, linear backward with
  * dx ADDED into dx [B, len, d]. */
-luna_status luna_project_heads_backward(const luna_pass *ps, const float *dheads, const float *x,
-                                        const luna_linear_w *w, luna_linear_w *g, float *dx, int B,
-                                        int len, int d, int H, float scale);
+luna_status luna_project_heads_backward(const luna_pass *ps, const luna_act *dheads,
+                                        const luna_act *x, const luna_linear_w *w, luna_linear_w *g,
+                                        luna_act *dx, int B, int len, int d, int H, float scale);
 
 /* Batched GEMM over G contiguous groups: C_g = alpha·op(A_g) op(B_g) + beta·C_g with
  * op(A_g) [M, K], op(B_g) [K, N], C_g [M, N], all row-major and packed. */
 luna_status luna_bgemm(luna_backend *be, bool ta, bool tb, int M, int N, int K, float alpha,
-                       const float *A, const float *B, float beta, float *C, int G);
+                       const luna_act *A, const luna_act *B, float beta, luna_act *C, int G);
 
 #endif

@@ -46,14 +46,17 @@ static inline luna_rng_key luna_pass_key(const luna_pass *ps, uint32_t site) {
 
 /* Dropout with probability p at `site`, in place allowed; a no-op copy (or nothing when y == x)
  * when !training or p == 0. The backward regenerates the same mask. */
-luna_status luna_pass_dropout(const luna_pass *ps, float *y, const float *x, int64_t n, float p,
-                              uint32_t site);
-luna_status luna_pass_dropout_backward(const luna_pass *ps, float *dx, const float *dy, int64_t n,
-                                       float p, uint32_t site);
+luna_status luna_pass_dropout(const luna_pass *ps, luna_act *y, const luna_act *x, int64_t n,
+                              float p, uint32_t site);
+luna_status luna_pass_dropout_backward(const luna_pass *ps, luna_act *dx, const luna_act *dy,
+                                       int64_t n, float p, uint32_t site);
 static inline bool luna_pass_drops(const luna_pass *ps, float p) { return ps->training && p > 0; }
 
-/* Arena allocation of `count` floats / int32s, with an out-of-memory error naming `what`. */
-luna_status luna_pass_alloc(const luna_pass *ps, float **out, int64_t count, const char *what);
+/* Arena allocation, with an out-of-memory error naming `what`: `count` activation elements (of
+ * the backend's act_dtype: what ops take as luna_act), fp32 values (statistics kept for backward,
+ * losses: always fp32) or int32s (tokens, masks). */
+luna_status luna_pass_alloc(const luna_pass *ps, luna_act **out, int64_t count, const char *what);
+luna_status luna_pass_alloc_f32(const luna_pass *ps, float **out, int64_t count, const char *what);
 luna_status luna_pass_alloc_i32(const luna_pass *ps, int32_t **out, int64_t count,
                                 const char *what);
 

@@ -65,14 +65,15 @@ typedef struct {
     luna_pass ps;
     luna_layer_dims dims;
     int d, V;
-    int32_t *src, *prev, *tgt; /* device tokens */
-    float *x_src, *p0, *x_tgt; /* [B,m,d], [B,L,d], [B,n,d] */
-    float *enc_out, *enc_p;    /* final encoder x and p */
-    float *dec_out;            /* final decoder x [B,n,d] */
+    int32_t *src, *prev, *tgt;    /* device tokens */
+    luna_act *x_src, *p0, *x_tgt; /* [B,m,d], [B,L,d], [B,n,d] */
+    luna_act *enc_out, *enc_p;    /* final encoder x and p */
+    luna_act *dec_out;            /* final decoder x [B,n,d] */
     luna_arena_mark logits_mark;
-    float *logits, *loss, *nll, *lse; /* [N,V], [N], [N], [N] */
-    /* gradient buffers (training only), allocated before the activations */
-    float *gx_dec[2], *gx_enc[2], *gp[2], *ge;
+    luna_act *logits;        /* [N,V] */
+    float *loss, *nll, *lse; /* [N] each, fp32 */
+    /* activation gradients (training only), allocated before the activations */
+    luna_act *gx_dec[2], *gx_enc[2], *gp[2], *ge;
 } pass_state;
 
 /* Host-side checks and the per-sentence counts. Returns the lengths via the out arrays. */
@@ -197,7 +198,7 @@ static luna_status forward(luna_seq2seq *m, pass_state *s, const luna_batch *b, 
     if (L > 0) {
         LUNA_TRY(luna_pass_alloc(&s->ps, &s->p0, (int64_t)B * L * d, "projected embeddings"));
         luna_arena_mark mark = luna_arena_get_mark(m->arena);
-        float *p1; /* [L, d] */
+        luna_act *p1; /* [L, d] */
         LUNA_TRY(luna_pass_alloc(&s->ps, &p1, (int64_t)L * d, "projected embeddings"));
         st = op->sinusoidal_table(be, p1, 0, L, d);
         if (st == LUNA_OK)
@@ -210,7 +211,7 @@ static luna_status forward(luna_seq2seq *m, pass_state *s, const luna_batch *b, 
     }
 
     /* encoder */
-    const float *x = s->x_src, *p = s->p0;
+    const luna_act *x = s->x_src, *p = s->p0;
     for (int i = 0; i < c->encoder_layers; i++) {
         m->enc_mark[i] = luna_arena_get_mark(m->arena);
         LUNA_TRY(luna_encoder_layer_forward(&s->ps, c, &w->encoder[i], &m->enc_act[i], x, p,
@@ -218,8 +219,8 @@ static luna_status forward(luna_seq2seq *m, pass_state *s, const luna_batch *b, 
         x = m->enc_act[i].x_out;
         p = m->enc_act[i].p_out;
     }
-    s->enc_out = (float *)x;
-    s->enc_p = (float *)p;
+    s->enc_out = (luna_act *)x;
+    s->enc_p = (luna_act *)p;
 
     /* decoder */
     LUNA_TRY(luna_pass_alloc(&s->ps, &s->x_tgt, (int64_t)B * n * d, "target embeddings"));
@@ -236,15 +237,15 @@ static luna_status forward(luna_seq2seq *m, pass_state *s, const luna_batch *b, 
         x = m->dec_act[i].x_out;
         p = m->dec_act[i].p_out;
     }
-    s->dec_out = (float *)x;
+    s->dec_out = (luna_act *)x;
 
     /* output projection and loss */
     const int64_t N = (int64_t)B * n;
     s->logits_mark = luna_arena_get_mark(m->arena);
     LUNA_TRY(luna_pass_alloc(&s->ps, &s->logits, N * s->V, "logits"));
-    LUNA_TRY(luna_pass_alloc(&s->ps, &s->loss, N, "loss"));
-    LUNA_TRY(luna_pass_alloc(&s->ps, &s->nll, N, "loss"));
-    LUNA_TRY(luna_pass_alloc(&s->ps, &s->lse, N, "loss"));
+    LUNA_TRY(luna_pass_alloc_f32(&s->ps, &s->loss, N, "loss"));
+    LUNA_TRY(luna_pass_alloc_f32(&s->ps, &s->nll, N, "loss"));
+    LUNA_TRY(luna_pass_alloc_f32(&s->ps, &s->lse, N, "loss"));
     LUNA_TRY(op->linear_forward(be, s->logits, s->dec_out, w->embed_tokens, NULL, N, d, s->V));
     return op->cross_entropy_forward(be, s->loss, s->nll, s->lse, s->logits, s->tgt, N, s->V,
                                      (float)c->label_smoothing, pad);
@@ -288,18 +289,18 @@ static luna_status backward(luna_seq2seq *m, pass_state *s) {
     /* loss and output projection (dlogits overwrite the logits) */
     LUNA_TRY(op->cross_entropy_backward(be, s->logits, s->logits, s->lse, s->tgt, N, s->V,
                                         (float)c->label_smoothing, pad, 1.0f));
-    float *dx = s->gx_dec[0], *dx_other = s->gx_dec[1];
+    luna_act *dx = s->gx_dec[0], *dx_other = s->gx_dec[1];
     LUNA_TRY(op->linear_backward(be, dx, g->embed_tokens, NULL, s->logits, s->dec_out,
                                  w->embed_tokens, N, d, s->V, false));
     luna_arena_release(m->arena, s->logits_mark);
 
     /* decoder */
-    LUNA_TRY(luna_mem_zero(be, s->ge, (size_t)B * mlen * d * sizeof(float)));
-    float *dp = NULL, *dp_other = L > 0 ? s->gp[0] : NULL;
+    LUNA_TRY(luna_mem_zero(be, s->ge, luna_act_bytes(be, (int64_t)B * mlen * d)));
+    luna_act *dp = NULL, *dp_other = L > 0 ? s->gp[0] : NULL;
     for (int i = c->decoder_layers - 1; i >= 0; i--) {
         LUNA_TRY(luna_decoder_layer_backward(ps, c, &w->decoder[i], &g->decoder[i], &m->dec_act[i],
                                              dx, dp, dx_other, dp_other, s->ge));
-        float *t = dx;
+        luna_act *t = dx;
         dx = dx_other;
         dx_other = t;
         if (L > 0) {
@@ -313,15 +314,15 @@ static luna_status backward(luna_seq2seq *m, pass_state *s) {
     LUNA_TRY(op->embedding_backward(be, g->embed_tokens, dx, s->prev, N, s->V, d, emb_scale, pad));
 
     /* encoder: dx starts as the gradient of the encoder output, dp as that of the final p */
-    float *ex = s->ge, *ex_other = s->gx_enc[0];
+    luna_act *ex = s->ge, *ex_other = s->gx_enc[0];
     for (int i = c->encoder_layers - 1; i >= 0; i--) {
         LUNA_TRY(luna_encoder_layer_backward(ps, c, &w->encoder[i], &g->encoder[i], &m->enc_act[i],
                                              ex, dp, ex_other, dp_other));
-        float *t = ex;
+        luna_act *t = ex;
         ex = ex_other;
         ex_other = t == s->ge ? s->gx_enc[1] : t;
         if (L > 0) {
-            float *tp = dp;
+            luna_act *tp = dp;
             dp = dp_other;
             dp_other = tp;
         }
@@ -346,7 +347,13 @@ static luna_status run(luna_seq2seq *m, const luna_batch *b, bool training, bool
     luna_arena_reset(m->arena);
     pass_state s;
     memset(&s, 0, sizeof s);
-    luna_status st = forward(m, &s, b, training, grads, step);
+    luna_status st = LUNA_OK;
+    if (logits && m->be->act_dtype != LUNA_F32)
+        st = luna_error(LUNA_ERR_UNSUPPORTED,
+                        "model: logits to the host need fp32 activations "
+                        "(this backend keeps them in %s)",
+                        luna_dtype_name(m->be->act_dtype));
+    if (st == LUNA_OK) st = forward(m, &s, b, training, grads, step);
     if (st == LUNA_OK && logits)
         st = luna_mem_to_host(m->be, logits, s.logits,
                               (size_t)b->B * b->tgt_len * m->config.vocab_size * sizeof(float));

@@ -69,7 +69,8 @@ luna_status luna_seq2seq_forward_backward(luna_seq2seq *model, const luna_batch 
 luna_status luna_seq2seq_forward_backward_eval(luna_seq2seq *model, const luna_batch *batch,
                                                double *loss_sum, double *nll_sum);
 
-/* Validation: forward only, no dropout. logits (host [B, n, V]) may be NULL. */
+/* Validation: forward only, no dropout. logits (host [B, n, V], fp32: needs a backend with fp32
+ * activations) may be NULL. */
 luna_status luna_seq2seq_forward(luna_seq2seq *model, const luna_batch *batch, double *loss_sum,
                                  double *nll_sum, float *logits);
 

@@ -5,8 +5,8 @@
 #include "model/luna_attention.h"
 
 luna_status luna_mha_forward(const luna_pass *ps, const luna_attn_w *w, luna_mha_act *act,
-                             const float *x, const float *c, const int32_t *c_valid, int B, int n,
-                             int m, int d, int H, bool causal, uint32_t site) {
+                             const luna_act *x, const luna_act *c, const int32_t *c_valid, int B,
+                             int n, int m, int d, int H, bool causal, uint32_t site) {
     luna_backend *be = ps->be;
     const luna_ops *op = be->ops;
     const int dh = d / H, G = B * H;
@@ -40,7 +40,7 @@ luna_status luna_mha_forward(const luna_pass *ps, const luna_attn_w *w, luna_mha
     LUNA_TRY(luna_pass_alloc(ps, &act->o, nd, "attention output"));
     {
         luna_arena_mark mark = luna_arena_get_mark(ps->arena);
-        float *oh; /* [B,H,n,dh] */
+        luna_act *oh; /* [B,H,n,dh] */
         LUNA_TRY(luna_pass_alloc(ps, &oh, nd, "attention output heads"));
         luna_status st =
             luna_bgemm(be, false, false, n, dh, m, 1.0f, act->a_d, act->v, 0.0f, oh, G);
@@ -54,12 +54,13 @@ luna_status luna_mha_forward(const luna_pass *ps, const luna_attn_w *w, luna_mha
 }
 
 static luna_status backward(const luna_pass *ps, const luna_attn_w *w, luna_attn_w *g,
-                            const luna_mha_act *act, const float *dy, float *dx, float *dc) {
+                            const luna_mha_act *act, const luna_act *dy, luna_act *dx,
+                            luna_act *dc) {
     luna_backend *be = ps->be;
     const luna_ops *op = be->ops;
     const int B = act->B, n = act->n, m = act->m, d = act->d, H = act->H, dh = d / H, G = B * H;
     const int64_t nd = (int64_t)B * n * d, md = (int64_t)B * m * d, nm = (int64_t)G * n * m;
-    float *d_o, *doh, *da, *dk, *dv;
+    luna_act *d_o, *doh, *da, *dk, *dv;
     LUNA_TRY(luna_pass_alloc(ps, &d_o, nd, "attention gradient"));
     LUNA_TRY(luna_pass_alloc(ps, &doh, nd, "attention gradient heads"));
     LUNA_TRY(luna_pass_alloc(ps, &da, nm, "attention probability gradient"));
@@ -86,7 +87,8 @@ static luna_status backward(const luna_pass *ps, const luna_attn_w *w, luna_attn
 }
 
 luna_status luna_mha_backward(const luna_pass *ps, const luna_attn_w *w, luna_attn_w *g,
-                              const luna_mha_act *act, const float *dy, float *dx, float *dc) {
+                              const luna_mha_act *act, const luna_act *dy, luna_act *dx,
+                              luna_act *dc) {
     luna_arena_mark mark = luna_arena_get_mark(ps->arena);
     luna_status st = backward(ps, w, g, act, dy, dx, dc);
     luna_arena_release(ps->arena, mark);

@@ -14,22 +14,23 @@ typedef struct {
     int B, n, m, d, H;
     bool causal;
     uint32_t site;          /* dropout site site+0 (probabilities) */
-    const float *x;         /* [B, n, d] */
-    const float *c;         /* [B, m, d] */
+    const luna_act *x;      /* [B, n, d] */
+    const luna_act *c;      /* [B, m, d] */
     const int32_t *c_valid; /* [B] keys c < c_valid[b] are real */
-    float *q;               /* [B, H, n, dh] scaled */
-    float *k, *v;           /* [B, H, m, dh] */
-    float *a, *a_d;         /* [B, H, n, m] probabilities, after dropout */
-    float *o;               /* [B, n, d] */
-    float *y;               /* [B, n, d] */
+    luna_act *q;            /* [B, H, n, dh] scaled */
+    luna_act *k, *v;        /* [B, H, m, dh] */
+    luna_act *a, *a_d;      /* [B, H, n, m] probabilities, after dropout */
+    luna_act *o;            /* [B, n, d] */
+    luna_act *y;            /* [B, n, d] */
 } luna_mha_act;
 
 /* causal requires n == m (self-attention). */
 luna_status luna_mha_forward(const luna_pass *ps, const luna_attn_w *w, luna_mha_act *act,
-                             const float *x, const float *c, const int32_t *c_valid, int B, int n,
-                             int m, int d, int H, bool causal, uint32_t site);
+                             const luna_act *x, const luna_act *c, const int32_t *c_valid, int B,
+                             int n, int m, int d, int H, bool causal, uint32_t site);
 /* Gradients ADDED into dx [B, n, d] and dc [B, m, d] (may be the same buffer). */
 luna_status luna_mha_backward(const luna_pass *ps, const luna_attn_w *w, luna_attn_w *g,
-                              const luna_mha_act *act, const float *dy, float *dx, float *dc);
+                              const luna_mha_act *act, const luna_act *dy, luna_act *dx,
+                              luna_act *dc);
 
 #endif

@@ -26,7 +26,9 @@
                               what ": null pointer or negative size (n=%lld)", (long long)n);      \
     } while (0)
 
-luna_status luna_cpu_relu_forward(luna_backend *be, float *y, const float *x, int64_t n) {
+luna_status luna_cpu_relu_forward(luna_backend *be, luna_act *y_, const luna_act *x_, int64_t n) {
+    float *y = y_;
+    const float *x = x_;
     CHECK_ARGS("relu_forward", y && x);
 #pragma omp parallel for num_threads(be->num_threads) schedule(static) if (n > LUNA_PARALLEL_MIN)
     for (int64_t i = 0; i < n; i++)
@@ -34,8 +36,11 @@ luna_status luna_cpu_relu_forward(luna_backend *be, float *y, const float *x, in
     return LUNA_OK;
 }
 
-luna_status luna_cpu_relu_backward(luna_backend *be, float *dx, const float *dy, const float *x,
-                                   int64_t n) {
+luna_status luna_cpu_relu_backward(luna_backend *be, luna_act *dx_, const luna_act *dy_,
+                                   const luna_act *x_, int64_t n) {
+    float *dx = dx_;
+    const float *dy = dy_;
+    const float *x = x_;
     CHECK_ARGS("relu_backward", dx && dy && x);
 #pragma omp parallel for num_threads(be->num_threads) schedule(static) if (n > LUNA_PARALLEL_MIN)
     for (int64_t i = 0; i < n; i++)
@@ -55,7 +60,10 @@ static inline float softplus_ln2_grad(float z) {
     return e / (1.0f + e);
 }
 
-luna_status luna_cpu_softplus_ln2_forward(luna_backend *be, float *y, const float *x, int64_t n) {
+luna_status luna_cpu_softplus_ln2_forward(luna_backend *be, luna_act *y_, const luna_act *x_,
+                                          int64_t n) {
+    float *y = y_;
+    const float *x = x_;
     CHECK_ARGS("softplus_ln2_forward", y && x);
 #pragma omp parallel for num_threads(be->num_threads) schedule(static) if (n > LUNA_PARALLEL_MIN)
     for (int64_t i = 0; i < n; i++)
@@ -63,8 +71,11 @@ luna_status luna_cpu_softplus_ln2_forward(luna_backend *be, float *y, const floa
     return LUNA_OK;
 }
 
-luna_status luna_cpu_softplus_ln2_backward(luna_backend *be, float *dx, const float *dy,
-                                           const float *x, int64_t n) {
+luna_status luna_cpu_softplus_ln2_backward(luna_backend *be, luna_act *dx_, const luna_act *dy_,
+                                           const luna_act *x_, int64_t n) {
+    float *dx = dx_;
+    const float *dy = dy_;
+    const float *x = x_;
     CHECK_ARGS("softplus_ln2_backward", dx && dy && x);
 #pragma omp parallel for num_threads(be->num_threads) schedule(static) if (n > LUNA_PARALLEL_MIN)
     for (int64_t i = 0; i < n; i++)
@@ -72,7 +83,10 @@ luna_status luna_cpu_softplus_ln2_backward(luna_backend *be, float *dx, const fl
     return LUNA_OK;
 }
 
-luna_status luna_cpu_elu_plus_one_forward(luna_backend *be, float *y, const float *x, int64_t n) {
+luna_status luna_cpu_elu_plus_one_forward(luna_backend *be, luna_act *y_, const luna_act *x_,
+                                          int64_t n) {
+    float *y = y_;
+    const float *x = x_;
     CHECK_ARGS("elu_plus_one_forward", y && x);
 #pragma omp parallel for num_threads(be->num_threads) schedule(static) if (n > LUNA_PARALLEL_MIN)
     for (int64_t i = 0; i < n; i++)
@@ -80,8 +94,11 @@ luna_status luna_cpu_elu_plus_one_forward(luna_backend *be, float *y, const floa
     return LUNA_OK;
 }
 
-luna_status luna_cpu_elu_plus_one_backward(luna_backend *be, float *dx, const float *dy,
-                                           const float *x, int64_t n) {
+luna_status luna_cpu_elu_plus_one_backward(luna_backend *be, luna_act *dx_, const luna_act *dy_,
+                                           const luna_act *x_, int64_t n) {
+    float *dx = dx_;
+    const float *dy = dy_;
+    const float *x = x_;
     CHECK_ARGS("elu_plus_one_backward", dx && dy && x);
 #pragma omp parallel for num_threads(be->num_threads) schedule(static) if (n > LUNA_PARALLEL_MIN)
     for (int64_t i = 0; i < n; i++)

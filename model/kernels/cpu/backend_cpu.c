@@ -47,6 +47,7 @@ static const luna_ops cpu_ops = {
     .add = luna_cpu_add,
     .axpy = luna_cpu_axpy,
     .scale = luna_cpu_scale,
+    .scale_act = luna_cpu_scale_act,
     .fill = luna_cpu_fill,
     .split_heads = luna_cpu_split_heads,
     .merge_heads = luna_cpu_merge_heads,

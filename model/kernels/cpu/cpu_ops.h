@@ -6,65 +6,69 @@
 #include "core/backend.h"
 
 luna_status luna_cpu_gemm(luna_backend *be, bool trans_a, bool trans_b, int M, int N, int K,
-                          float alpha, const float *A, int lda, int64_t stride_a, const float *B,
-                          int ldb, int64_t stride_b, float beta, float *C, int ldc,
-                          int64_t stride_c, int batch);
-luna_status luna_cpu_linear_forward(luna_backend *be, float *y, const float *x, const float *W,
-                                    const float *b, int64_t rows, int in, int out);
-luna_status luna_cpu_linear_backward(luna_backend *be, float *dx, float *dW, float *db,
-                                     const float *dy, const float *x, const float *W, int64_t rows,
-                                     int in, int out, bool accumulate_dx);
-luna_status luna_cpu_bias_add_forward(luna_backend *be, float *y, const float *b, int64_t rows,
+                          float alpha, const luna_act *A, int lda, int64_t stride_a,
+                          const luna_act *B, int ldb, int64_t stride_b, float beta, luna_act *C,
+                          int ldc, int64_t stride_c, int batch);
+luna_status luna_cpu_linear_forward(luna_backend *be, luna_act *y, const luna_act *x,
+                                    const float *W, const float *b, int64_t rows, int in, int out);
+luna_status luna_cpu_linear_backward(luna_backend *be, luna_act *dx, float *dW, float *db,
+                                     const luna_act *dy, const luna_act *x, const float *W,
+                                     int64_t rows, int in, int out, bool accumulate_dx);
+luna_status luna_cpu_bias_add_forward(luna_backend *be, luna_act *y, const float *b, int64_t rows,
                                       int cols);
-luna_status luna_cpu_bias_add_backward(luna_backend *be, float *db, const float *dy, int64_t rows,
-                                       int cols);
-luna_status luna_cpu_embedding_forward(luna_backend *be, float *out, const float *table,
+luna_status luna_cpu_bias_add_backward(luna_backend *be, float *db, const luna_act *dy,
+                                       int64_t rows, int cols);
+luna_status luna_cpu_embedding_forward(luna_backend *be, luna_act *out, const float *table,
                                        const int32_t *tokens, int64_t n, int V, int d, float scale,
                                        int padding_idx);
-luna_status luna_cpu_embedding_backward(luna_backend *be, float *dtable, const float *dout,
+luna_status luna_cpu_embedding_backward(luna_backend *be, float *dtable, const luna_act *dout,
                                         const int32_t *tokens, int64_t n, int V, int d, float scale,
                                         int padding_idx);
-luna_status luna_cpu_sinusoidal_table(luna_backend *be, float *out, int first_pos, int npos, int d);
-luna_status luna_cpu_positions_add(luna_backend *be, float *x, const int32_t *tokens, int B, int n,
-                                   int d, int padding_idx);
-luna_status luna_cpu_layer_norm_forward(luna_backend *be, float *y, float *mean, float *rstd,
-                                        const float *x, const float *gamma, const float *beta,
+luna_status luna_cpu_sinusoidal_table(luna_backend *be, luna_act *out, int first_pos, int npos,
+                                      int d);
+luna_status luna_cpu_positions_add(luna_backend *be, luna_act *x, const int32_t *tokens, int B,
+                                   int n, int d, int padding_idx);
+luna_status luna_cpu_layer_norm_forward(luna_backend *be, luna_act *y, float *mean, float *rstd,
+                                        const luna_act *x, const float *gamma, const float *beta,
                                         int64_t rows, int d, float eps);
-luna_status luna_cpu_layer_norm_backward(luna_backend *be, float *dx, float *dgamma, float *dbeta,
-                                         const float *dy, const float *x, const float *mean,
-                                         const float *rstd, const float *gamma, int64_t rows,
-                                         int d);
-luna_status luna_cpu_softmax_forward(luna_backend *be, float *y, const float *x, int64_t rows,
+luna_status luna_cpu_layer_norm_backward(luna_backend *be, luna_act *dx, float *dgamma,
+                                         float *dbeta, const luna_act *dy, const luna_act *x,
+                                         const float *mean, const float *rstd, const float *gamma,
+                                         int64_t rows, int d);
+luna_status luna_cpu_softmax_forward(luna_backend *be, luna_act *y, const luna_act *x, int64_t rows,
                                      int cols, const int32_t *valid_cols, int64_t rows_per_group,
                                      int causal_period);
-luna_status luna_cpu_softmax_backward(luna_backend *be, float *dx, const float *dy, const float *y,
-                                      int64_t rows, int cols);
-luna_status luna_cpu_dropout_forward(luna_backend *be, float *y, const float *x, int64_t n, float p,
-                                     luna_rng_key key);
-luna_status luna_cpu_dropout_backward(luna_backend *be, float *dx, const float *dy, int64_t n,
+luna_status luna_cpu_softmax_backward(luna_backend *be, luna_act *dx, const luna_act *dy,
+                                      const luna_act *y, int64_t rows, int cols);
+luna_status luna_cpu_dropout_forward(luna_backend *be, luna_act *y, const luna_act *x, int64_t n,
+                                     float p, luna_rng_key key);
+luna_status luna_cpu_dropout_backward(luna_backend *be, luna_act *dx, const luna_act *dy, int64_t n,
                                       float p, luna_rng_key key);
-luna_status luna_cpu_relu_forward(luna_backend *be, float *y, const float *x, int64_t n);
-luna_status luna_cpu_relu_backward(luna_backend *be, float *dx, const float *dy, const float *x,
-                                   int64_t n);
-luna_status luna_cpu_softplus_ln2_forward(luna_backend *be, float *y, const float *x, int64_t n);
-luna_status luna_cpu_softplus_ln2_backward(luna_backend *be, float *dx, const float *dy,
-                                           const float *x, int64_t n);
-luna_status luna_cpu_elu_plus_one_forward(luna_backend *be, float *y, const float *x, int64_t n);
-luna_status luna_cpu_elu_plus_one_backward(luna_backend *be, float *dx, const float *dy,
-                                           const float *x, int64_t n);
-luna_status luna_cpu_causal_contraction_forward(luna_backend *be, float *out, const float *x,
-                                                const float *a, const float *b, int G, int n, int p,
-                                                int q);
-luna_status luna_cpu_causal_contraction_backward(luna_backend *be, float *dx, float *da, float *db,
-                                                 const float *dout, const float *x, const float *a,
-                                                 const float *b, int G, int n, int p, int q);
+luna_status luna_cpu_relu_forward(luna_backend *be, luna_act *y, const luna_act *x, int64_t n);
+luna_status luna_cpu_relu_backward(luna_backend *be, luna_act *dx, const luna_act *dy,
+                                   const luna_act *x, int64_t n);
+luna_status luna_cpu_softplus_ln2_forward(luna_backend *be, luna_act *y, const luna_act *x,
+                                          int64_t n);
+luna_status luna_cpu_softplus_ln2_backward(luna_backend *be, luna_act *dx, const luna_act *dy,
+                                           const luna_act *x, int64_t n);
+luna_status luna_cpu_elu_plus_one_forward(luna_backend *be, luna_act *y, const luna_act *x,
+                                          int64_t n);
+luna_status luna_cpu_elu_plus_one_backward(luna_backend *be, luna_act *dx, const luna_act *dy,
+                                           const luna_act *x, int64_t n);
+luna_status luna_cpu_causal_contraction_forward(luna_backend *be, luna_act *out, const luna_act *x,
+                                                const luna_act *a, const luna_act *b, int G, int n,
+                                                int p, int q);
+luna_status luna_cpu_causal_contraction_backward(luna_backend *be, luna_act *dx, luna_act *da,
+                                                 luna_act *db, const luna_act *dout,
+                                                 const luna_act *x, const luna_act *a,
+                                                 const luna_act *b, int G, int n, int p, int q);
 luna_status luna_cpu_cross_entropy_forward(luna_backend *be, float *loss, float *nll, float *lse,
-                                           const float *logits, const int32_t *targets, int64_t N,
-                                           int V, float epsilon, int padding_idx);
-luna_status luna_cpu_cross_entropy_backward(luna_backend *be, float *dlogits, const float *logits,
-                                            const float *lse, const int32_t *targets, int64_t N,
-                                            int V, float epsilon, int padding_idx,
-                                            float grad_scale);
+                                           const luna_act *logits, const int32_t *targets,
+                                           int64_t N, int V, float epsilon, int padding_idx);
+luna_status luna_cpu_cross_entropy_backward(luna_backend *be, luna_act *dlogits,
+                                            const luna_act *logits, const float *lse,
+                                            const int32_t *targets, int64_t N, int V, float epsilon,
+                                            int padding_idx, float grad_scale);
 luna_status luna_cpu_sum_squares(luna_backend *be, float *result, const float *x, int64_t n);
 luna_status luna_cpu_sum_pow4(luna_backend *be, float *result, const float *x, int64_t n);
 luna_status luna_cpu_dot(luna_backend *be, float *result, const float *x, const float *y,
@@ -77,17 +81,19 @@ luna_status luna_cpu_sum_pow4_backward(luna_backend *be, float *dx, const float 
                                        int64_t n);
 luna_status luna_cpu_dot_backward(luna_backend *be, float *dx, float *dy, const float *x,
                                   const float *y, float g, int64_t n);
-luna_status luna_cpu_add(luna_backend *be, float *y, const float *a, const float *b, int64_t n);
-luna_status luna_cpu_axpy(luna_backend *be, float *y, float alpha, const float *x, int64_t n);
+luna_status luna_cpu_add(luna_backend *be, luna_act *y, const luna_act *a, const luna_act *b,
+                         int64_t n);
+luna_status luna_cpu_axpy(luna_backend *be, luna_act *y, float alpha, const float *x, int64_t n);
 luna_status luna_cpu_scale(luna_backend *be, float *x, float alpha, int64_t n);
+luna_status luna_cpu_scale_act(luna_backend *be, luna_act *x, float alpha, int64_t n);
 luna_status luna_cpu_fill(luna_backend *be, float *x, float value, int64_t n);
-luna_status luna_cpu_split_heads(luna_backend *be, float *out, const float *x, int B, int n, int H,
-                                 int dh);
-luna_status luna_cpu_merge_heads(luna_backend *be, float *out, const float *x, int B, int n, int H,
-                                 int dh);
-luna_status luna_cpu_broadcast_rows(luna_backend *be, float *out, const float *x, int B,
+luna_status luna_cpu_split_heads(luna_backend *be, luna_act *out, const luna_act *x, int B, int n,
+                                 int H, int dh);
+luna_status luna_cpu_merge_heads(luna_backend *be, luna_act *out, const luna_act *x, int B, int n,
+                                 int H, int dh);
+luna_status luna_cpu_broadcast_rows(luna_backend *be, luna_act *out, const luna_act *x, int B,
                                     int64_t rows, int d);
-luna_status luna_cpu_sum_broadcast(luna_backend *be, float *dx, const float *dout, int B,
+luna_status luna_cpu_sum_broadcast(luna_backend *be, float *dx, const luna_act *dout, int B,
                                    int64_t rows, int d);
 
 luna_status luna_cpu_apollo_update(luna_backend *be, float *theta, const float *g, float *exp_avg,

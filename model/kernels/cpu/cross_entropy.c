@@ -93,8 +93,9 @@ static luna_status check_args(const char *what, const void *out, const float *lo
 
 /* loss, nll, lse [N] from logits [N, V] and targets [N]. */
 luna_status luna_cpu_cross_entropy_forward(luna_backend *be, float *loss, float *nll, float *lse,
-                                           const float *logits, const int32_t *targets, int64_t N,
-                                           int V, float epsilon, int padding_idx) {
+                                           const luna_act *logits_, const int32_t *targets,
+                                           int64_t N, int V, float epsilon, int padding_idx) {
+    const float *logits = logits_;
     LUNA_TRY(
         check_args("cross_entropy_forward", loss, logits, targets, N, V, epsilon, padding_idx));
     if (N > 0 && (!nll || !lse))
@@ -132,10 +133,12 @@ luna_status luna_cpu_cross_entropy_forward(luna_backend *be, float *loss, float 
 
 /* dlogits [N, V] = grad_scale · (softmax − (1−ε)·onehot(y) − ε/V), 0 on pad rows. May alias
  * logits. lse [N] from the forward. */
-luna_status luna_cpu_cross_entropy_backward(luna_backend *be, float *dlogits, const float *logits,
-                                            const float *lse, const int32_t *targets, int64_t N,
-                                            int V, float epsilon, int padding_idx,
-                                            float grad_scale) {
+luna_status luna_cpu_cross_entropy_backward(luna_backend *be, luna_act *dlogits_,
+                                            const luna_act *logits_, const float *lse,
+                                            const int32_t *targets, int64_t N, int V, float epsilon,
+                                            int padding_idx, float grad_scale) {
+    float *dlogits = dlogits_;
+    const float *logits = logits_;
     LUNA_TRY(
         check_args("cross_entropy_backward", dlogits, logits, targets, N, V, epsilon, padding_idx));
     if (N > 0 && !lse)

@@ -54,14 +54,18 @@ static luna_status dropout_apply(luna_backend *be, const char *what, float *y, c
     return LUNA_OK;
 }
 
-luna_status luna_cpu_dropout_forward(luna_backend *be, float *y, const float *x, int64_t n, float p,
-                                     luna_rng_key key) {
+luna_status luna_cpu_dropout_forward(luna_backend *be, luna_act *y_, const luna_act *x_, int64_t n,
+                                     float p, luna_rng_key key) {
+    float *y = y_;
+    const float *x = x_;
     return dropout_apply(be, "dropout_forward", y, x, n, p, key);
 }
 
 /* dx = dy · keep / (1 − p) with the forward's mask (same key). dx may alias dy. */
-luna_status luna_cpu_dropout_backward(luna_backend *be, float *dx, const float *dy, int64_t n,
-                                      float p, luna_rng_key key) {
+luna_status luna_cpu_dropout_backward(luna_backend *be, luna_act *dx_, const luna_act *dy_,
+                                      int64_t n, float p, luna_rng_key key) {
+    float *dx = dx_;
+    const float *dy = dy_;
     return dropout_apply(be, "dropout_backward", dx, dy, n, p, key);
 }
 
@@ -75,7 +79,11 @@ luna_status luna_cpu_dropout_backward(luna_backend *be, float *dx, const float *
     } while (0)
 
 /* y = a + b, all [n]. */
-luna_status luna_cpu_add(luna_backend *be, float *y, const float *a, const float *b, int64_t n) {
+luna_status luna_cpu_add(luna_backend *be, luna_act *y_, const luna_act *a_, const luna_act *b_,
+                         int64_t n) {
+    float *y = y_;
+    const float *a = a_;
+    const float *b = b_;
     CHECK_N("add", y && a && b);
 #pragma omp parallel for num_threads(be->num_threads) schedule(static) if (n > LUNA_PARALLEL_MIN)
     for (int64_t i = 0; i < n; i++)
@@ -84,7 +92,8 @@ luna_status luna_cpu_add(luna_backend *be, float *y, const float *a, const float
 }
 
 /* y += alpha · x, both [n]. */
-luna_status luna_cpu_axpy(luna_backend *be, float *y, float alpha, const float *x, int64_t n) {
+luna_status luna_cpu_axpy(luna_backend *be, luna_act *y_, float alpha, const float *x, int64_t n) {
+    float *y = y_;
     CHECK_N("axpy", y && x);
 #pragma omp parallel for num_threads(be->num_threads) schedule(static) if (n > LUNA_PARALLEL_MIN)
     for (int64_t i = 0; i < n; i++)
@@ -99,6 +108,11 @@ luna_status luna_cpu_scale(luna_backend *be, float *x, float alpha, int64_t n) {
     for (int64_t i = 0; i < n; i++)
         x[i] *= alpha;
     return LUNA_OK;
+}
+
+/* The same on an activation (fp32 on this backend). */
+luna_status luna_cpu_scale_act(luna_backend *be, luna_act *x, float alpha, int64_t n) {
+    return luna_cpu_scale(be, x, alpha, n);
 }
 
 /* x = value, x [n]. */
@@ -141,21 +155,27 @@ static luna_status heads_permute(luna_backend *be, const char *what, float *rest
     return LUNA_OK;
 }
 
-luna_status luna_cpu_split_heads(luna_backend *be, float *out, const float *x, int B, int n, int H,
-                                 int dh) {
+luna_status luna_cpu_split_heads(luna_backend *be, luna_act *out_, const luna_act *x_, int B, int n,
+                                 int H, int dh) {
+    float *out = out_;
+    const float *x = x_;
     return heads_permute(be, "split_heads", out, x, B, n, H, dh, true);
 }
 
-luna_status luna_cpu_merge_heads(luna_backend *be, float *out, const float *x, int B, int n, int H,
-                                 int dh) {
+luna_status luna_cpu_merge_heads(luna_backend *be, luna_act *out_, const luna_act *x_, int B, int n,
+                                 int H, int dh) {
+    float *out = out_;
+    const float *x = x_;
     return heads_permute(be, "merge_heads", out, x, B, n, H, dh, false);
 }
 
 /* ---- Broadcast over a leading batch axis --------------------------------------------------------
  * broadcast_rows: out[b, r, :] = x[r, :]           x [rows, d] -> out [B, rows, d]
  * sum_broadcast:  dx[r, :] += Σ_b dout[b, r, :]    (its adjoint), summed in b order per element. */
-luna_status luna_cpu_broadcast_rows(luna_backend *be, float *out, const float *x, int B,
+luna_status luna_cpu_broadcast_rows(luna_backend *be, luna_act *out_, const luna_act *x_, int B,
                                     int64_t rows, int d) {
+    float *out = out_;
+    const float *x = x_;
     if (B < 0 || rows < 0 || d < 0)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT, "broadcast_rows: negative size");
     const int64_t m = rows * d;
@@ -168,8 +188,9 @@ luna_status luna_cpu_broadcast_rows(luna_backend *be, float *out, const float *x
     return LUNA_OK;
 }
 
-luna_status luna_cpu_sum_broadcast(luna_backend *be, float *dx, const float *dout, int B,
+luna_status luna_cpu_sum_broadcast(luna_backend *be, float *dx, const luna_act *dout_, int B,
                                    int64_t rows, int d) {
+    const float *dout = dout_;
     if (B < 0 || rows < 0 || d < 0)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT, "sum_broadcast: negative size");
     const int64_t m = rows * d;

@@ -46,9 +46,10 @@ static luna_status check_sizes(const char *op, int64_t n, int V, int d) {
 }
 
 /* tokens [n], table [V, d] -> out [n, d] = scale · table[tokens] (padding rows: zeros). */
-luna_status luna_cpu_embedding_forward(luna_backend *be, float *out, const float *table,
+luna_status luna_cpu_embedding_forward(luna_backend *be, luna_act *out_, const float *table,
                                        const int32_t *tokens, int64_t n, int V, int d, float scale,
                                        int padding_idx) {
+    float *out = out_;
     LUNA_TRY(check_sizes("embedding_forward", n, V, d));
     LUNA_TRY(check_tokens("embedding_forward", tokens, n, V));
     float *restrict o = out;
@@ -71,9 +72,10 @@ luna_status luna_cpu_embedding_forward(luna_backend *be, float *out, const float
 
 /* dout [n, d]: dtable [V, d] row tokens[i] += scale · dout[i] for tokens[i] != padding_idx.
  * Thread-owned column tiles; tokens visited in order 0..n-1 (deterministic, no atomics). */
-luna_status luna_cpu_embedding_backward(luna_backend *be, float *dtable, const float *dout,
+luna_status luna_cpu_embedding_backward(luna_backend *be, float *dtable, const luna_act *dout_,
                                         const int32_t *tokens, int64_t n, int V, int d, float scale,
                                         int padding_idx) {
+    const float *dout = dout_;
     LUNA_TRY(check_sizes("embedding_backward", n, V, d));
     LUNA_TRY(check_tokens("embedding_backward", tokens, n, V));
     int threads = be->num_threads;
@@ -122,8 +124,9 @@ static void fill_table(luna_backend *be, float *out, const double *f, int first_
     }
 }
 
-luna_status luna_cpu_sinusoidal_table(luna_backend *be, float *out, int first_pos, int npos,
+luna_status luna_cpu_sinusoidal_table(luna_backend *be, luna_act *out_, int first_pos, int npos,
                                       int d) {
+    float *out = out_;
     if (npos < 0 || d < 0)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT,
                           "sinusoidal_table: negative size (npos %d, d %d)", npos, d);
@@ -144,8 +147,9 @@ luna_status luna_cpu_sinusoidal_table(luna_backend *be, float *out, int first_po
  *   position(b, t) = padding_idx + Σ_{t' ≤ t} [tokens[b, t'] != padding_idx].
  * The n possible positions padding_idx+1 .. padding_idx+n are tabulated once in scratch
  * (table [n, d]), so a batch costs n·d sines, not B·n·d. */
-luna_status luna_cpu_positions_add(luna_backend *be, float *x, const int32_t *tokens, int B, int n,
-                                   int d, int padding_idx) {
+luna_status luna_cpu_positions_add(luna_backend *be, luna_act *x_, const int32_t *tokens, int B,
+                                   int n, int d, int padding_idx) {
+    float *x = x_;
     if (B < 0 || n < 0 || d < 0)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT,
                           "positions_add: negative size (B %d, n %d, d %d)", B, n, d);

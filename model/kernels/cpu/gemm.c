@@ -66,9 +66,12 @@ static int gemm_tile(int M, int N) {
  * Tile (i0, j0) of C_b needs rows i0.. of op(A_b) (A + i0·lda, or column offset A + i0 when
  * transposed) and columns j0.. of op(B_b) (B + j0, or B + j0·ldb when transposed). */
 luna_status luna_cpu_gemm(luna_backend *be, bool trans_a, bool trans_b, int M, int N, int K,
-                          float alpha, const float *A, int lda, int64_t stride_a, const float *B,
-                          int ldb, int64_t stride_b, float beta, float *C, int ldc,
-                          int64_t stride_c, int batch) {
+                          float alpha, const luna_act *A_, int lda, int64_t stride_a,
+                          const luna_act *B_, int ldb, int64_t stride_b, float beta, luna_act *C_,
+                          int ldc, int64_t stride_c, int batch) {
+    const float *A = A_;
+    const float *B = B_;
+    float *C = C_;
     if (M < 0 || N < 0 || K < 0 || batch < 0)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT,
                           "gemm: negative size (M %d, N %d, K %d, batch %d)", M, N, K, batch);
@@ -126,8 +129,10 @@ static luna_status check_linear(const char *op, int64_t rows, int in, int out) {
 }
 
 /* y [rows, out] = x [rows, in] · W [out, in]ᵀ (+ b [out]). */
-luna_status luna_cpu_linear_forward(luna_backend *be, float *y, const float *x, const float *W,
-                                    const float *b, int64_t rows, int in, int out) {
+luna_status luna_cpu_linear_forward(luna_backend *be, luna_act *y_, const luna_act *x_,
+                                    const float *W, const float *b, int64_t rows, int in, int out) {
+    float *y = y_;
+    const float *x = x_;
     LUNA_TRY(check_linear("linear_forward", rows, in, out));
     LUNA_TRY(luna_cpu_gemm(be, false, true, (int)rows, out, in, 1.0f, x, imax(in, 1), 0, W,
                            imax(in, 1), 0, 0.0f, y, imax(out, 1), 0, 1));
@@ -140,9 +145,12 @@ luna_status luna_cpu_linear_forward(luna_backend *be, float *y, const float *x, 
  *   dW [out, in]  += dyᵀ · x         (x [rows, in]; GEMM with beta = 1)
  *   db [out]      += Σ_rows dy       (deterministic column sums)
  * Any of dx, dW, db may be NULL (not wanted). */
-luna_status luna_cpu_linear_backward(luna_backend *be, float *dx, float *dW, float *db,
-                                     const float *dy, const float *x, const float *W, int64_t rows,
-                                     int in, int out, bool accumulate_dx) {
+luna_status luna_cpu_linear_backward(luna_backend *be, luna_act *dx_, float *dW, float *db,
+                                     const luna_act *dy_, const luna_act *x_, const float *W,
+                                     int64_t rows, int in, int out, bool accumulate_dx) {
+    float *dx = dx_;
+    const float *dy = dy_;
+    const float *x = x_;
     LUNA_TRY(check_linear("linear_backward", rows, in, out));
     if (dx)
         LUNA_TRY(luna_cpu_gemm(be, false, false, (int)rows, in, out, 1.0f, dy, imax(out, 1), 0, W,
@@ -155,8 +163,9 @@ luna_status luna_cpu_linear_backward(luna_backend *be, float *dx, float *dW, flo
 }
 
 /* y [rows, cols] += b [cols] (broadcast over rows). */
-luna_status luna_cpu_bias_add_forward(luna_backend *be, float *y, const float *b, int64_t rows,
+luna_status luna_cpu_bias_add_forward(luna_backend *be, luna_act *y_, const float *b, int64_t rows,
                                       int cols) {
+    float *y = y_;
     if (rows < 0 || cols < 0)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT, "bias_add_forward: negative size");
     float *restrict yy = y;
@@ -173,8 +182,9 @@ luna_status luna_cpu_bias_add_forward(luna_backend *be, float *y, const float *b
 
 /* db [cols] += Σ_r dy [r, cols]. Thread t owns columns [c0, c1) and sums rows 0..rows-1 in
  * order in double: bit-identical for any thread count. */
-luna_status luna_cpu_bias_add_backward(luna_backend *be, float *db, const float *dy, int64_t rows,
-                                       int cols) {
+luna_status luna_cpu_bias_add_backward(luna_backend *be, float *db, const luna_act *dy_,
+                                       int64_t rows, int cols) {
+    const float *dy = dy_;
     if (rows < 0 || cols < 0)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT, "bias_add_backward: negative size");
     int threads = be->num_threads;

@@ -31,9 +31,11 @@ static int col_tile(int cols, int threads) {
 }
 
 /* x [rows, d] -> y [rows, d], mean [rows], rstd [rows]; gamma, beta [d]. */
-luna_status luna_cpu_layer_norm_forward(luna_backend *be, float *y, float *mean, float *rstd,
-                                        const float *x, const float *gamma, const float *beta,
+luna_status luna_cpu_layer_norm_forward(luna_backend *be, luna_act *y_, float *mean, float *rstd,
+                                        const luna_act *x_, const float *gamma, const float *beta,
                                         int64_t rows, int d, float eps) {
+    float *y = y_;
+    const float *x = x_;
     if (rows < 0 || d <= 0)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT,
                           "layer_norm_forward: bad size (rows %lld, d %d; d must be positive)",
@@ -67,10 +69,13 @@ luna_status luna_cpu_layer_norm_forward(luna_backend *be, float *y, float *mean,
 
 /* dy, x [rows, d]; mean, rstd [rows]; gamma [d] -> dx [rows, d] (may alias dy);
  * dgamma, dbeta [d] += (either may be NULL: not wanted). */
-luna_status luna_cpu_layer_norm_backward(luna_backend *be, float *dx, float *dgamma, float *dbeta,
-                                         const float *dy, const float *x, const float *mean,
-                                         const float *rstd, const float *gamma, int64_t rows,
-                                         int d) {
+luna_status luna_cpu_layer_norm_backward(luna_backend *be, luna_act *dx_, float *dgamma,
+                                         float *dbeta, const luna_act *dy_, const luna_act *x_,
+                                         const float *mean, const float *rstd, const float *gamma,
+                                         int64_t rows, int d) {
+    float *dx = dx_;
+    const float *dy = dy_;
+    const float *x = x_;
     if (rows < 0 || d <= 0)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT,
                           "layer_norm_backward: bad size (rows %lld, d %d; d must be positive)",

@@ -19,9 +19,11 @@
 
 #define PAR_MIN_WORK 32768
 
-luna_status luna_cpu_softmax_forward(luna_backend *be, float *y, const float *x, int64_t rows,
-                                     int cols, const int32_t *valid_cols, int64_t rows_per_group,
-                                     int causal_period) {
+luna_status luna_cpu_softmax_forward(luna_backend *be, luna_act *y_, const luna_act *x_,
+                                     int64_t rows, int cols, const int32_t *valid_cols,
+                                     int64_t rows_per_group, int causal_period) {
+    float *y = y_;
+    const float *x = x_;
     if (rows < 0 || cols < 0)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT,
                           "softmax_forward: negative size (rows %lld, cols %d)", (long long)rows,
@@ -58,8 +60,11 @@ luna_status luna_cpu_softmax_forward(luna_backend *be, float *y, const float *x,
 }
 
 /* dy, y [rows, cols] -> dx [rows, cols] (may alias dy). */
-luna_status luna_cpu_softmax_backward(luna_backend *be, float *dx, const float *dy, const float *y,
-                                      int64_t rows, int cols) {
+luna_status luna_cpu_softmax_backward(luna_backend *be, luna_act *dx_, const luna_act *dy_,
+                                      const luna_act *y_, int64_t rows, int cols) {
+    float *dx = dx_;
+    const float *dy = dy_;
+    const float *y = y_;
     if (rows < 0 || cols < 0)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT,
                           "softmax_backward: negative size (rows %lld, cols %d)", (long long)rows,
