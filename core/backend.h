@@ -55,7 +55,13 @@ typedef struct luna_ops luna_ops;
  * pointer through it (the build uses -Wpointer-arith -Werror; an element may be 2 bytes), it
  * offsets with luna_act_at and allocates with luna_pass_alloc (model/pass.h), which count
  * elements of act_dtype. */
+#ifdef LUNA_STRICT_ACT
+/* Checking build (CMake target luna_strict_act_check): an incomplete type, so passing an fp32
+ * pointer where an activation is expected, or the reverse, is a compile error in model code. */
+typedef struct luna_act_opaque luna_act;
+#else
 typedef void luna_act;
+#endif
 
 /* ---- device memory ---------------------------------------------------------------------------
  * What a backend implements besides the ops (llm.c/ggml style vtable). Every call takes the
@@ -100,7 +106,7 @@ struct luna_backend {
 
 /* Element i of an activation buffer (i elements of be->act_dtype past p). */
 static inline luna_act *luna_act_at(const luna_backend *be, const luna_act *p, int64_t i) {
-    return (char *)p + i * (int64_t)luna_dtype_size(be->act_dtype);
+    return (luna_act *)((const char *)p + i * (int64_t)luna_dtype_size(be->act_dtype));
 }
 /* Bytes of n activation elements. */
 static inline size_t luna_act_bytes(const luna_backend *be, int64_t n) {

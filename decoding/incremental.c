@@ -455,11 +455,13 @@ static luna_status step(luna_incremental *inc, const int32_t *tokens, float *log
     LUNA_TRY(luna_mem_from_host(be, tok, tokens, (size_t)R * sizeof(int32_t)));
     /* x = √d·E[token] + sinusoid(padding_idx + 1 + t) */
     LUNA_TRY(luna_pass_alloc(&ps, &x, (int64_t)R * d, "target embeddings"));
-    LUNA_TRY(luna_pass_alloc(&ps, &pos, d, "target position"));
+    LUNA_TRY(luna_pass_alloc(&ps, &pos, (int64_t)(R + 1) * d, "target position"));
     LUNA_TRY(be->ops->embedding_forward(be, x, w->embed_tokens, tok, R, V, d, sqrtf((float)d),
                                         c->padding_idx));
+    luna_act *pos_rows = luna_act_at(be, pos, d); /* [R, d]: the step's sinusoid on every row */
     LUNA_TRY(be->ops->sinusoidal_table(be, pos, c->padding_idx + 1 + inc->step, 1, d));
-    LUNA_TRY(be->ops->bias_add_forward(be, x, pos, R, d));
+    LUNA_TRY(be->ops->broadcast_rows(be, pos_rows, pos, R, 1, d));
+    LUNA_TRY(be->ops->add(be, x, x, pos_rows, (int64_t)R * d));
     for (int i = 0; i < inc->layers; i++)
         LUNA_TRY(inc->luna ? luna_layer_step(inc, &ps, i, x, &x)
                            : transformer_layer_step(inc, &ps, i, x, &x));

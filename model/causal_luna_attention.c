@@ -120,8 +120,8 @@ static luna_status backward(const luna_pass *ps, const luna_attn_w *w, luna_attn
     /* 4. S = contraction(Q, K, Φ_d): dQ (into doh), dK, dΦ (second part) */
     LUNA_TRY(op->causal_contraction_backward(be, doh, dk, dphi2, da, act->q, act->k, act->phi_d, G,
                                              n, dh, L));
-    LUNA_TRY(op->axpy(be, dphi, 1.0f, dphi2, nL));
-    if (act->tied) LUNA_TRY(op->axpy(be, dk, 1.0f, dv, nd));
+    LUNA_TRY(op->add(be, dphi, dphi, dphi2, nL));
+    if (act->tied) LUNA_TRY(op->add(be, dk, dk, dv, nd));
 
     /* 2. Φ = dropout(φ(Z)), Z = pc P̃ᵀ: dZ (into dphi); dpc = dZ P̃; dP̃ = dZᵀ pc */
     LUNA_TRY(luna_pass_dropout_backward(ps, dphi, dphi, nL, ps->attention_dropout, act->site + 2));

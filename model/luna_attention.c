@@ -8,7 +8,7 @@ luna_status luna_linear_scaled(const luna_pass *ps, luna_act *y, const luna_act 
                                const luna_linear_w *w, int64_t rows, int in, int out, float scale) {
     luna_backend *be = ps->be;
     LUNA_TRY(be->ops->linear_forward(be, y, x, w->weight, w->bias, rows, in, out));
-    if (scale != 1.0f) LUNA_TRY(be->ops->scale(be, y, scale, rows * out));
+    if (scale != 1.0f) LUNA_TRY(be->ops->scale_act(be, y, scale, rows * out));
     return LUNA_OK;
 }
 
@@ -34,7 +34,7 @@ luna_status luna_project_heads_backward(const luna_pass *ps, const luna_act *dhe
     luna_act *dflat; /* [B, len, d] */
     LUNA_TRY(luna_pass_alloc(ps, &dflat, rows * d, "attention projection gradient"));
     luna_status st = be->ops->merge_heads(be, dflat, dheads, B, len, H, d / H);
-    if (st == LUNA_OK && scale != 1.0f) st = be->ops->scale(be, dflat, scale, rows * d);
+    if (st == LUNA_OK && scale != 1.0f) st = be->ops->scale_act(be, dflat, scale, rows * d);
     if (st == LUNA_OK)
         st = be->ops->linear_backward(be, dx, g->weight, g->bias, dflat, x, w->weight, rows, d, d,
                                       true);

@@ -336,7 +336,7 @@ static luna_status backward(luna_seq2seq *m, pass_state *s) {
         /* P0 = drop(broadcast(√d·P[:L] + sinusoid)): dP[:L] += √d Σ_b drop'(dp_b) */
         LUNA_TRY(luna_pass_dropout_backward(ps, dp, dp, (int64_t)B * L * d, ps->dropout,
                                             LUNA_SITE(LUNA_SITE_PROJECTED_EMBED, 0, 0)));
-        LUNA_TRY(op->scale(be, dp, emb_scale, (int64_t)B * L * d));
+        LUNA_TRY(op->scale_act(be, dp, emb_scale, (int64_t)B * L * d));
         LUNA_TRY(op->sum_broadcast(be, g->projected_embeddings, dp, B, L, d));
     }
     return LUNA_OK;

@@ -27,8 +27,8 @@
     } while (0)
 
 luna_status luna_cpu_relu_forward(luna_backend *be, luna_act *y_, const luna_act *x_, int64_t n) {
-    float *y = y_;
-    const float *x = x_;
+    float *y = (float *)y_;
+    const float *x = (const float *)x_;
     CHECK_ARGS("relu_forward", y && x);
 #pragma omp parallel for num_threads(be->num_threads) schedule(static) if (n > LUNA_PARALLEL_MIN)
     for (int64_t i = 0; i < n; i++)
@@ -38,9 +38,9 @@ luna_status luna_cpu_relu_forward(luna_backend *be, luna_act *y_, const luna_act
 
 luna_status luna_cpu_relu_backward(luna_backend *be, luna_act *dx_, const luna_act *dy_,
                                    const luna_act *x_, int64_t n) {
-    float *dx = dx_;
-    const float *dy = dy_;
-    const float *x = x_;
+    float *dx = (float *)dx_;
+    const float *dy = (const float *)dy_;
+    const float *x = (const float *)x_;
     CHECK_ARGS("relu_backward", dx && dy && x);
 #pragma omp parallel for num_threads(be->num_threads) schedule(static) if (n > LUNA_PARALLEL_MIN)
     for (int64_t i = 0; i < n; i++)
@@ -62,8 +62,8 @@ static inline float softplus_ln2_grad(float z) {
 
 luna_status luna_cpu_softplus_ln2_forward(luna_backend *be, luna_act *y_, const luna_act *x_,
                                           int64_t n) {
-    float *y = y_;
-    const float *x = x_;
+    float *y = (float *)y_;
+    const float *x = (const float *)x_;
     CHECK_ARGS("softplus_ln2_forward", y && x);
 #pragma omp parallel for num_threads(be->num_threads) schedule(static) if (n > LUNA_PARALLEL_MIN)
     for (int64_t i = 0; i < n; i++)
@@ -73,9 +73,9 @@ luna_status luna_cpu_softplus_ln2_forward(luna_backend *be, luna_act *y_, const 
 
 luna_status luna_cpu_softplus_ln2_backward(luna_backend *be, luna_act *dx_, const luna_act *dy_,
                                            const luna_act *x_, int64_t n) {
-    float *dx = dx_;
-    const float *dy = dy_;
-    const float *x = x_;
+    float *dx = (float *)dx_;
+    const float *dy = (const float *)dy_;
+    const float *x = (const float *)x_;
     CHECK_ARGS("softplus_ln2_backward", dx && dy && x);
 #pragma omp parallel for num_threads(be->num_threads) schedule(static) if (n > LUNA_PARALLEL_MIN)
     for (int64_t i = 0; i < n; i++)
@@ -85,8 +85,8 @@ luna_status luna_cpu_softplus_ln2_backward(luna_backend *be, luna_act *dx_, cons
 
 luna_status luna_cpu_elu_plus_one_forward(luna_backend *be, luna_act *y_, const luna_act *x_,
                                           int64_t n) {
-    float *y = y_;
-    const float *x = x_;
+    float *y = (float *)y_;
+    const float *x = (const float *)x_;
     CHECK_ARGS("elu_plus_one_forward", y && x);
 #pragma omp parallel for num_threads(be->num_threads) schedule(static) if (n > LUNA_PARALLEL_MIN)
     for (int64_t i = 0; i < n; i++)
@@ -96,9 +96,9 @@ luna_status luna_cpu_elu_plus_one_forward(luna_backend *be, luna_act *y_, const 
 
 luna_status luna_cpu_elu_plus_one_backward(luna_backend *be, luna_act *dx_, const luna_act *dy_,
                                            const luna_act *x_, int64_t n) {
-    float *dx = dx_;
-    const float *dy = dy_;
-    const float *x = x_;
+    float *dx = (float *)dx_;
+    const float *dy = (const float *)dy_;
+    const float *x = (const float *)x_;
     CHECK_ARGS("elu_plus_one_backward", dx && dy && x);
 #pragma omp parallel for num_threads(be->num_threads) schedule(static) if (n > LUNA_PARALLEL_MIN)
     for (int64_t i = 0; i < n; i++)

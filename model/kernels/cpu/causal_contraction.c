@@ -152,10 +152,10 @@ static luna_status check_shape(const char *what, int G, int n, int p, int q) {
 luna_status luna_cpu_causal_contraction_forward(luna_backend *be, luna_act *out_,
                                                 const luna_act *x_, const luna_act *a_,
                                                 const luna_act *b_, int G, int n, int p, int q) {
-    float *out = out_;
-    const float *x = x_;
-    const float *a = a_;
-    const float *b = b_;
+    float *out = (float *)out_;
+    const float *x = (const float *)x_;
+    const float *a = (const float *)a_;
+    const float *b = (const float *)b_;
     LUNA_TRY(check_shape("causal_contraction_forward", G, n, p, q));
     if ((int64_t)G * n * q == 0) return LUNA_OK;
     if (!out || (p > 0 && (!x || !a || !b)))
@@ -189,13 +189,13 @@ luna_status luna_cpu_causal_contraction_backward(luna_backend *be, luna_act *dx_
                                                  luna_act *db_, const luna_act *dout_,
                                                  const luna_act *x_, const luna_act *a_,
                                                  const luna_act *b_, int G, int n, int p, int q) {
-    float *dx = dx_;
-    float *da = da_;
-    float *db = db_;
-    const float *dout = dout_;
-    const float *x = x_;
-    const float *a = a_;
-    const float *b = b_;
+    float *dx = (float *)dx_;
+    float *da = (float *)da_;
+    float *db = (float *)db_;
+    const float *dout = (const float *)dout_;
+    const float *x = (const float *)x_;
+    const float *a = (const float *)a_;
+    const float *b = (const float *)b_;
     LUNA_TRY(check_shape("causal_contraction_backward", G, n, p, q));
     if ((int64_t)G * n * (p + q) == 0) return LUNA_OK;
     if (!dx || !da || !db || !dout || !x || !a || !b)

@@ -95,7 +95,7 @@ static luna_status check_args(const char *what, const void *out, const float *lo
 luna_status luna_cpu_cross_entropy_forward(luna_backend *be, float *loss, float *nll, float *lse,
                                            const luna_act *logits_, const int32_t *targets,
                                            int64_t N, int V, float epsilon, int padding_idx) {
-    const float *logits = logits_;
+    const float *logits = (const float *)logits_;
     LUNA_TRY(
         check_args("cross_entropy_forward", loss, logits, targets, N, V, epsilon, padding_idx));
     if (N > 0 && (!nll || !lse))
@@ -137,8 +137,8 @@ luna_status luna_cpu_cross_entropy_backward(luna_backend *be, luna_act *dlogits_
                                             const luna_act *logits_, const float *lse,
                                             const int32_t *targets, int64_t N, int V, float epsilon,
                                             int padding_idx, float grad_scale) {
-    float *dlogits = dlogits_;
-    const float *logits = logits_;
+    float *dlogits = (float *)dlogits_;
+    const float *logits = (const float *)logits_;
     LUNA_TRY(
         check_args("cross_entropy_backward", dlogits, logits, targets, N, V, epsilon, padding_idx));
     if (N > 0 && !lse)

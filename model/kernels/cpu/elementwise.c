@@ -56,16 +56,16 @@ static luna_status dropout_apply(luna_backend *be, const char *what, float *y, c
 
 luna_status luna_cpu_dropout_forward(luna_backend *be, luna_act *y_, const luna_act *x_, int64_t n,
                                      float p, luna_rng_key key) {
-    float *y = y_;
-    const float *x = x_;
+    float *y = (float *)y_;
+    const float *x = (const float *)x_;
     return dropout_apply(be, "dropout_forward", y, x, n, p, key);
 }
 
 /* dx = dy · keep / (1 − p) with the forward's mask (same key). dx may alias dy. */
 luna_status luna_cpu_dropout_backward(luna_backend *be, luna_act *dx_, const luna_act *dy_,
                                       int64_t n, float p, luna_rng_key key) {
-    float *dx = dx_;
-    const float *dy = dy_;
+    float *dx = (float *)dx_;
+    const float *dy = (const float *)dy_;
     return dropout_apply(be, "dropout_backward", dx, dy, n, p, key);
 }
 
@@ -81,9 +81,9 @@ luna_status luna_cpu_dropout_backward(luna_backend *be, luna_act *dx_, const lun
 /* y = a + b, all [n]. */
 luna_status luna_cpu_add(luna_backend *be, luna_act *y_, const luna_act *a_, const luna_act *b_,
                          int64_t n) {
-    float *y = y_;
-    const float *a = a_;
-    const float *b = b_;
+    float *y = (float *)y_;
+    const float *a = (const float *)a_;
+    const float *b = (const float *)b_;
     CHECK_N("add", y && a && b);
 #pragma omp parallel for num_threads(be->num_threads) schedule(static) if (n > LUNA_PARALLEL_MIN)
     for (int64_t i = 0; i < n; i++)
@@ -93,7 +93,7 @@ luna_status luna_cpu_add(luna_backend *be, luna_act *y_, const luna_act *a_, con
 
 /* y += alpha · x, both [n]. */
 luna_status luna_cpu_axpy(luna_backend *be, luna_act *y_, float alpha, const float *x, int64_t n) {
-    float *y = y_;
+    float *y = (float *)y_;
     CHECK_N("axpy", y && x);
 #pragma omp parallel for num_threads(be->num_threads) schedule(static) if (n > LUNA_PARALLEL_MIN)
     for (int64_t i = 0; i < n; i++)
@@ -157,15 +157,15 @@ static luna_status heads_permute(luna_backend *be, const char *what, float *rest
 
 luna_status luna_cpu_split_heads(luna_backend *be, luna_act *out_, const luna_act *x_, int B, int n,
                                  int H, int dh) {
-    float *out = out_;
-    const float *x = x_;
+    float *out = (float *)out_;
+    const float *x = (const float *)x_;
     return heads_permute(be, "split_heads", out, x, B, n, H, dh, true);
 }
 
 luna_status luna_cpu_merge_heads(luna_backend *be, luna_act *out_, const luna_act *x_, int B, int n,
                                  int H, int dh) {
-    float *out = out_;
-    const float *x = x_;
+    float *out = (float *)out_;
+    const float *x = (const float *)x_;
     return heads_permute(be, "merge_heads", out, x, B, n, H, dh, false);
 }
 
@@ -174,8 +174,8 @@ luna_status luna_cpu_merge_heads(luna_backend *be, luna_act *out_, const luna_ac
  * sum_broadcast:  dx[r, :] += Σ_b dout[b, r, :]    (its adjoint), summed in b order per element. */
 luna_status luna_cpu_broadcast_rows(luna_backend *be, luna_act *out_, const luna_act *x_, int B,
                                     int64_t rows, int d) {
-    float *out = out_;
-    const float *x = x_;
+    float *out = (float *)out_;
+    const float *x = (const float *)x_;
     if (B < 0 || rows < 0 || d < 0)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT, "broadcast_rows: negative size");
     const int64_t m = rows * d;
@@ -190,7 +190,7 @@ luna_status luna_cpu_broadcast_rows(luna_backend *be, luna_act *out_, const luna
 
 luna_status luna_cpu_sum_broadcast(luna_backend *be, float *dx, const luna_act *dout_, int B,
                                    int64_t rows, int d) {
-    const float *dout = dout_;
+    const float *dout = (const float *)dout_;
     if (B < 0 || rows < 0 || d < 0)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT, "sum_broadcast: negative size");
     const int64_t m = rows * d;

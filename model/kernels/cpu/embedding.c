@@ -49,7 +49,7 @@ static luna_status check_sizes(const char *op, int64_t n, int V, int d) {
 luna_status luna_cpu_embedding_forward(luna_backend *be, luna_act *out_, const float *table,
                                        const int32_t *tokens, int64_t n, int V, int d, float scale,
                                        int padding_idx) {
-    float *out = out_;
+    float *out = (float *)out_;
     LUNA_TRY(check_sizes("embedding_forward", n, V, d));
     LUNA_TRY(check_tokens("embedding_forward", tokens, n, V));
     float *restrict o = out;
@@ -75,7 +75,7 @@ luna_status luna_cpu_embedding_forward(luna_backend *be, luna_act *out_, const f
 luna_status luna_cpu_embedding_backward(luna_backend *be, float *dtable, const luna_act *dout_,
                                         const int32_t *tokens, int64_t n, int V, int d, float scale,
                                         int padding_idx) {
-    const float *dout = dout_;
+    const float *dout = (const float *)dout_;
     LUNA_TRY(check_sizes("embedding_backward", n, V, d));
     LUNA_TRY(check_tokens("embedding_backward", tokens, n, V));
     int threads = be->num_threads;
@@ -126,7 +126,7 @@ static void fill_table(luna_backend *be, float *out, const double *f, int first_
 
 luna_status luna_cpu_sinusoidal_table(luna_backend *be, luna_act *out_, int first_pos, int npos,
                                       int d) {
-    float *out = out_;
+    float *out = (float *)out_;
     if (npos < 0 || d < 0)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT,
                           "sinusoidal_table: negative size (npos %d, d %d)", npos, d);
@@ -149,7 +149,7 @@ luna_status luna_cpu_sinusoidal_table(luna_backend *be, luna_act *out_, int firs
  * (table [n, d]), so a batch costs n·d sines, not B·n·d. */
 luna_status luna_cpu_positions_add(luna_backend *be, luna_act *x_, const int32_t *tokens, int B,
                                    int n, int d, int padding_idx) {
-    float *x = x_;
+    float *x = (float *)x_;
     if (B < 0 || n < 0 || d < 0)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT,
                           "positions_add: negative size (B %d, n %d, d %d)", B, n, d);

@@ -69,9 +69,9 @@ luna_status luna_cpu_gemm(luna_backend *be, bool trans_a, bool trans_b, int M, i
                           float alpha, const luna_act *A_, int lda, int64_t stride_a,
                           const luna_act *B_, int ldb, int64_t stride_b, float beta, luna_act *C_,
                           int ldc, int64_t stride_c, int batch) {
-    const float *A = A_;
-    const float *B = B_;
-    float *C = C_;
+    const float *A = (const float *)A_;
+    const float *B = (const float *)B_;
+    float *C = (float *)C_;
     if (M < 0 || N < 0 || K < 0 || batch < 0)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT,
                           "gemm: negative size (M %d, N %d, K %d, batch %d)", M, N, K, batch);
@@ -131,8 +131,8 @@ static luna_status check_linear(const char *op, int64_t rows, int in, int out) {
 /* y [rows, out] = x [rows, in] · W [out, in]ᵀ (+ b [out]). */
 luna_status luna_cpu_linear_forward(luna_backend *be, luna_act *y_, const luna_act *x_,
                                     const float *W, const float *b, int64_t rows, int in, int out) {
-    float *y = y_;
-    const float *x = x_;
+    float *y = (float *)y_;
+    const float *x = (const float *)x_;
     LUNA_TRY(check_linear("linear_forward", rows, in, out));
     LUNA_TRY(luna_cpu_gemm(be, false, true, (int)rows, out, in, 1.0f, x, imax(in, 1), 0, W,
                            imax(in, 1), 0, 0.0f, y, imax(out, 1), 0, 1));
@@ -148,9 +148,9 @@ luna_status luna_cpu_linear_forward(luna_backend *be, luna_act *y_, const luna_a
 luna_status luna_cpu_linear_backward(luna_backend *be, luna_act *dx_, float *dW, float *db,
                                      const luna_act *dy_, const luna_act *x_, const float *W,
                                      int64_t rows, int in, int out, bool accumulate_dx) {
-    float *dx = dx_;
-    const float *dy = dy_;
-    const float *x = x_;
+    float *dx = (float *)dx_;
+    const float *dy = (const float *)dy_;
+    const float *x = (const float *)x_;
     LUNA_TRY(check_linear("linear_backward", rows, in, out));
     if (dx)
         LUNA_TRY(luna_cpu_gemm(be, false, false, (int)rows, in, out, 1.0f, dy, imax(out, 1), 0, W,
@@ -165,7 +165,7 @@ luna_status luna_cpu_linear_backward(luna_backend *be, luna_act *dx_, float *dW,
 /* y [rows, cols] += b [cols] (broadcast over rows). */
 luna_status luna_cpu_bias_add_forward(luna_backend *be, luna_act *y_, const float *b, int64_t rows,
                                       int cols) {
-    float *y = y_;
+    float *y = (float *)y_;
     if (rows < 0 || cols < 0)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT, "bias_add_forward: negative size");
     float *restrict yy = y;
@@ -184,7 +184,7 @@ luna_status luna_cpu_bias_add_forward(luna_backend *be, luna_act *y_, const floa
  * order in double: bit-identical for any thread count. */
 luna_status luna_cpu_bias_add_backward(luna_backend *be, float *db, const luna_act *dy_,
                                        int64_t rows, int cols) {
-    const float *dy = dy_;
+    const float *dy = (const float *)dy_;
     if (rows < 0 || cols < 0)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT, "bias_add_backward: negative size");
     int threads = be->num_threads;

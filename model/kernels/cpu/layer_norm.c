@@ -34,8 +34,8 @@ static int col_tile(int cols, int threads) {
 luna_status luna_cpu_layer_norm_forward(luna_backend *be, luna_act *y_, float *mean, float *rstd,
                                         const luna_act *x_, const float *gamma, const float *beta,
                                         int64_t rows, int d, float eps) {
-    float *y = y_;
-    const float *x = x_;
+    float *y = (float *)y_;
+    const float *x = (const float *)x_;
     if (rows < 0 || d <= 0)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT,
                           "layer_norm_forward: bad size (rows %lld, d %d; d must be positive)",
@@ -73,9 +73,9 @@ luna_status luna_cpu_layer_norm_backward(luna_backend *be, luna_act *dx_, float 
                                          float *dbeta, const luna_act *dy_, const luna_act *x_,
                                          const float *mean, const float *rstd, const float *gamma,
                                          int64_t rows, int d) {
-    float *dx = dx_;
-    const float *dy = dy_;
-    const float *x = x_;
+    float *dx = (float *)dx_;
+    const float *dy = (const float *)dy_;
+    const float *x = (const float *)x_;
     if (rows < 0 || d <= 0)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT,
                           "layer_norm_backward: bad size (rows %lld, d %d; d must be positive)",

@@ -22,8 +22,8 @@
 luna_status luna_cpu_softmax_forward(luna_backend *be, luna_act *y_, const luna_act *x_,
                                      int64_t rows, int cols, const int32_t *valid_cols,
                                      int64_t rows_per_group, int causal_period) {
-    float *y = y_;
-    const float *x = x_;
+    float *y = (float *)y_;
+    const float *x = (const float *)x_;
     if (rows < 0 || cols < 0)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT,
                           "softmax_forward: negative size (rows %lld, cols %d)", (long long)rows,
@@ -62,9 +62,9 @@ luna_status luna_cpu_softmax_forward(luna_backend *be, luna_act *y_, const luna_
 /* dy, y [rows, cols] -> dx [rows, cols] (may alias dy). */
 luna_status luna_cpu_softmax_backward(luna_backend *be, luna_act *dx_, const luna_act *dy_,
                                       const luna_act *y_, int64_t rows, int cols) {
-    float *dx = dx_;
-    const float *dy = dy_;
-    const float *y = y_;
+    float *dx = (float *)dx_;
+    const float *dy = (const float *)dy_;
+    const float *y = (const float *)y_;
     if (rows < 0 || cols < 0)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT,
                           "softmax_backward: negative size (rows %lld, cols %d)", (long long)rows,
