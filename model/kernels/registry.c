@@ -1,12 +1,13 @@
 /* The backend registry (registry.h): a table of names and constructors; the CUDA entry exists in
- * every build so that a build without CUDA can say so. */
+ * every build so that a build without CUDA can say so. LUNA_HAVE_CUDA_BACKEND is defined by
+ * CMakeLists.txt for -DLUNA_CUDA=ON builds that have the backend's sources. */
 #include "model/kernels/registry.h"
 
 #include <string.h>
 
 #include "model/kernels/cpu/backend_cpu.h"
 
-#ifdef LUNA_WITH_CUDA
+#ifdef LUNA_HAVE_CUDA_BACKEND
 luna_status luna_backend_cuda_create(luna_backend **out, const luna_backend_options *opt);
 #endif
 
@@ -14,7 +15,7 @@ static luna_status create_cpu(luna_backend **out, const luna_backend_options *op
     return luna_backend_cpu_create(out, opt->num_threads);
 }
 
-#ifdef LUNA_WITH_CUDA
+#ifdef LUNA_HAVE_CUDA_BACKEND
 static luna_status create_cuda(luna_backend **out, const luna_backend_options *opt) {
     return luna_backend_cuda_create(out, opt);
 }
