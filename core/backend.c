@@ -7,6 +7,7 @@
 #include "core/allocator.h"
 
 void *luna_mem_alloc(luna_backend *be, size_t bytes) {
+    __atomic_add_fetch(&be->alloc_calls, 1, __ATOMIC_RELAXED);
     void *p = be->mem->alloc(be, bytes);
     if (!p) return NULL;
     /* Counted with an atomic add: tensors may be created from several threads (data workers). */
@@ -34,6 +35,7 @@ luna_status luna_mem_from_host(luna_backend *be, void *dst, const void *host, si
     return bytes ? be->mem->from_host(be, dst, host, bytes) : LUNA_OK;
 }
 luna_status luna_mem_to_host(luna_backend *be, void *host, const void *src, size_t bytes) {
+    __atomic_add_fetch(&be->to_host_calls, 1, __ATOMIC_RELAXED);
     return bytes ? be->mem->to_host(be, host, src, bytes) : LUNA_OK;
 }
 luna_status luna_backend_synchronize(luna_backend *be) { return be->mem->synchronize(be); }

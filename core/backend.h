@@ -47,6 +47,7 @@
 #include "core/tensor.h"
 
 typedef struct luna_ops luna_ops;
+typedef struct luna_tensor_table luna_tensor_table; /* core/tensor_table.h */
 
 /* An activation buffer: device memory holding elements of the backend's `act_dtype` (fp32 on
  * CPU; bf16 or fp32 on CUDA). Ops take activations as `luna_act *` and parameters, their
@@ -94,8 +95,10 @@ struct luna_backend {
     const luna_ops *ops;
     const luna_backend_memory *mem;
 
-    size_t bytes_in_use; /* device bytes allocated through luna_mem_alloc and not yet released */
-    size_t peak_bytes;   /* high-water mark of bytes_in_use */
+    size_t bytes_in_use;  /* device bytes allocated through luna_mem_alloc and not yet released */
+    size_t peak_bytes;    /* high-water mark of bytes_in_use */
+    size_t alloc_calls;   /* luna_mem_alloc calls so far (tests: "no allocation in an update") */
+    size_t to_host_calls; /* luna_mem_to_host calls so far (tests: "one readback per update") */
 };
 
 #if defined(__GNUC__)
@@ -296,7 +299,8 @@ struct luna_ops {
     luna_status (*sum_broadcast)(luna_backend *be, float *dx, const luna_act *dout, int B,
                                  int64_t rows, int d);
 
-    /* ---- Optimizer updates (one parameter tensor of n elements; optim/optimizer.c) ----------
+    /* ---- Optimizer updates of ONE tensor (test-only: the reference the multi-tensor updates below
+     * are checked against, tests/test_optim_multi.c; optim/optimizer.c uses the multi ops) ------
      * g [n] is the (clipped) gradient and is only read; theta and the state [n] are updated in
      * place. Hyperparameters are doubles; every element is computed in double from the stored
      * fp32 values and each stored quantity is rounded to fp32 when written (later sub-steps read
@@ -325,6 +329,47 @@ struct luna_ops {
     luna_status (*adam_update)(luna_backend *be, float *theta, const float *g, float *exp_avg,
                                float *exp_avg_sq, int64_t n, int64_t step, double lr, double beta1,
                                double beta2, double eps, double weight_decay);
+
+    /* ---- Multi-tensor ops (clipping and the optimizer over the flat buffers, one launch each) -
+     * tt (core/tensor_table.h) describes N tensors inside flat buffers: tensor i of a buffer X is
+     * X[offsets[i], offsets[i] + numels[i]); the ops below take the buffers' base pointers. Each
+     * op equals the loop over i of the single-tensor op on tensor i, BIT FOR BIT (the same fixed
+     * blocks of 4096 elements, now numbered over the whole table, the same double accumulation
+     * and per-block/lane order), for any thread count. Per-block partials and per-tensor scalars
+     * live in tt->workspace: no op here allocates. Tensors of 0 elements are allowed.
+     *
+     * multi_sum_squares: result[i] = Σ x_i² = sum_squares(tensor i), rounded once to fp32;
+     *   result [N] device.
+     * clip_coefficients (spec apollo.md step 3, optim/clip.h), from sumsq [N] (the Σg² above):
+     *   mode 0 (each): norm = max_i sqrt(sumsq[i]) (NaN propagates), coef[i] = c(sqrt(sumsq[i]));
+     *   mode 1 (total): norm = sqrt(Σ_i sumsq[i]) (double, in order i = 0..N-1), coef[i] = c(norm);
+     *   c(x) = min(1, clip_norm / (x + 1e-6)) computed in double, stored as fp32.
+     *   finite = every sumsq[i] is finite (else norm = +Inf unless already NaN/Inf); when
+     *   !finite or clip_norm = 0 every coef[i] = 1 (nothing is scaled). summary [3] doubles:
+     *   {norm, finite ? 1 : 0, (some coef[i] < 1) ? 1 : 0}. coef [N], summary [3] device.
+     * multi_scale: x_i *= coef[i] (fp32 product, as `scale`), or x_i *= alpha for every i when
+     *   coef is NULL; a tensor whose factor is exactly 1 is left untouched (x·1 = x).
+     * multi_apollo_update / multi_adam_update: apollo_update / adam_update of every tensor i
+     *   (theta, g and the state are flat buffers in tt's layout) with step t_i = steps[i] + 1;
+     *   steps [N] int64 device counters, incremented by the op (the host keeps its own copy).
+     *   Apollo's per-tensor reductions (Σd⁴, ΣΔg·d, ΣB·d², max|Δg|, ΣD) are computed inside, in
+     *   the same launch: a reduction pass over all blocks, per-tensor scalars, then the
+     *   elementwise pass over all blocks (on a GPU: three kernels, no host round trip). */
+    luna_status (*multi_sum_squares)(luna_backend *be, float *result, const float *x,
+                                     const luna_tensor_table *tt);
+    luna_status (*clip_coefficients)(luna_backend *be, float *coef, double *summary,
+                                     const float *sumsq, int n, double clip_norm, int mode);
+    luna_status (*multi_scale)(luna_backend *be, float *x, const luna_tensor_table *tt,
+                               const float *coef, float alpha);
+    luna_status (*multi_apollo_update)(luna_backend *be, float *theta, const float *g,
+                                       float *exp_avg, float *approx_hessian, float *update,
+                                       const luna_tensor_table *tt, int64_t *steps, double lr,
+                                       double beta, double eps, double sigma, int rebound,
+                                       double weight_decay, int wd_type);
+    luna_status (*multi_adam_update)(luna_backend *be, float *theta, const float *g, float *exp_avg,
+                                     float *exp_avg_sq, const luna_tensor_table *tt, int64_t *steps,
+                                     double lr, double beta1, double beta2, double eps,
+                                     double weight_decay);
 };
 
 #endif

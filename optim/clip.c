@@ -1,9 +1,22 @@
 /* Gradient clipping with the non-finite check (see optim/clip.h). */
 #include "optim/clip.h"
 
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "core/tensor_table.h"
+
+_Static_assert(LUNA_CLIP_EACH == 0 && LUNA_CLIP_TOTAL == 1,
+               "mode codes of core/backend.h clip_coefficients");
+
+struct luna_clipper {
+    luna_backend *be;
+    luna_params *p;
+    luna_tensor_table *tt; /* the tensors with has_grad, in parameter order */
+    float *dev;            /* device: sumsq [N], coef [N] */
+    double *summary;       /* device [3]: norm, finite, clipped */
+    size_t dev_bytes;
+};
 
 luna_status luna_clip_mode_parse(const char *name, luna_clip_mode *out) {
     if (name && strcmp(name, "each") == 0)
@@ -21,9 +34,88 @@ const char *luna_clip_mode_name(luna_clip_mode mode) {
     return mode == LUNA_CLIP_EACH ? "each" : mode == LUNA_CLIP_TOTAL ? "total" : "?";
 }
 
-static double clip_coefficient(double clip_norm, double norm) {
-    double c = clip_norm / (norm + 1e-6);
-    return c < 1.0 ? c : 1.0;
+void luna_clipper_free(luna_clipper *c) {
+    if (!c) return;
+    luna_tensor_table_free(c->tt);
+    if (c->dev) luna_mem_release(c->be, c->dev, c->dev_bytes);
+    free(c);
+}
+
+luna_status luna_clipper_create(luna_clipper **out, luna_backend *be, luna_params *p) {
+    if (!out || !be || !p)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "clipper_create: NULL argument");
+    *out = NULL;
+    luna_clipper *c = calloc(1, sizeof *c);
+    int nt = p->num_tensors > 0 ? p->num_tensors : 0;
+    int64_t *offsets = malloc((size_t)(nt + 1) * sizeof *offsets);
+    int64_t *numels = malloc((size_t)(nt + 1) * sizeof *numels);
+    if (!c || !offsets || !numels) {
+        free(c);
+        free(offsets);
+        free(numels);
+        return luna_error(LUNA_ERR_OUT_OF_MEMORY, "clipper: out of host memory");
+    }
+    c->be = be;
+    c->p = p;
+    int n = 0;
+    for (int i = 0; i < nt; i++) {
+        if (!p->tensors[i].has_grad) continue;
+        offsets[n] = (int64_t)p->tensors[i].offset;
+        numels[n++] = (int64_t)p->tensors[i].numel;
+    }
+    luna_status st = luna_tensor_table_create(&c->tt, be, n, offsets, numels);
+    free(offsets);
+    free(numels);
+    if (st == LUNA_OK) {
+        /* sumsq and coef, then the summary (8-byte aligned: 2N floats rounded up to 8 bytes). */
+        size_t floats = ((size_t)2 * (size_t)n + 1) & ~(size_t)1;
+        c->dev_bytes = floats * sizeof(float) + 3 * sizeof(double);
+        c->dev = luna_mem_alloc(be, c->dev_bytes);
+        if (!c->dev)
+            st = luna_error(LUNA_ERR_OUT_OF_MEMORY, "clipper: cannot allocate %zu bytes on %s",
+                            c->dev_bytes, be->name);
+        else
+            c->summary = (double *)(void *)(c->dev + floats);
+    }
+    if (st != LUNA_OK) {
+        luna_clipper_free(c);
+        luna_error_prefix("clip_gradients");
+        return st;
+    }
+    *out = c;
+    return LUNA_OK;
+}
+
+luna_status luna_clipper_apply(luna_clipper *c, double clip_norm, luna_clip_mode mode,
+                               double *grad_norm, bool *clipped, bool *all_finite) {
+    if (grad_norm) *grad_norm = 0.0;
+    if (clipped) *clipped = false;
+    if (all_finite) *all_finite = true;
+    if (!c) return luna_error(LUNA_ERR_INVALID_ARGUMENT, "clip_gradients: NULL argument");
+    if (!(clip_norm >= 0.0))
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "--clip-norm %g: must be >= 0", clip_norm);
+    if (mode != LUNA_CLIP_EACH && mode != LUNA_CLIP_TOTAL)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "clip_gradients: unknown mode %d", (int)mode);
+    const int n = c->tt->num_tensors;
+    if (n == 0) return LUNA_OK;
+    luna_backend *be = c->be;
+    float *sumsq = c->dev, *coef = c->dev + n;
+    /* Σg² per tensor, the norm and coefficients, the scaling: all on the device. */
+    luna_status st = be->ops->multi_sum_squares(be, sumsq, c->p->grad, c->tt);
+    if (st == LUNA_OK)
+        st = be->ops->clip_coefficients(be, coef, c->summary, sumsq, n, clip_norm, (int)mode);
+    if (st == LUNA_OK && clip_norm != 0.0)
+        st = be->ops->multi_scale(be, c->p->grad, c->tt, coef, 1.0f);
+    double host[3] = {0.0, 1.0, 0.0};
+    if (st == LUNA_OK) st = luna_mem_to_host(be, host, c->summary, sizeof host);
+    if (st != LUNA_OK) {
+        luna_error_prefix("clip_gradients");
+        return st;
+    }
+    if (grad_norm) *grad_norm = host[0];
+    if (all_finite) *all_finite = host[1] != 0.0;
+    if (clipped) *clipped = host[2] != 0.0;
+    return LUNA_OK;
 }
 
 luna_status luna_clip_gradients(luna_backend *be, luna_params *p, double clip_norm,
@@ -37,66 +129,9 @@ luna_status luna_clip_gradients(luna_backend *be, luna_params *p, double clip_no
         return luna_error(LUNA_ERR_INVALID_ARGUMENT, "--clip-norm %g: must be >= 0", clip_norm);
     if (mode != LUNA_CLIP_EACH && mode != LUNA_CLIP_TOTAL)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT, "clip_gradients: unknown mode %d", (int)mode);
-    int nt = p->num_tensors;
-    if (nt <= 0) return LUNA_OK;
-
-    /* Σg² per tensor into one device array, then one copy to the host. */
-    size_t bytes = (size_t)nt * sizeof(float);
-    float *dev = luna_mem_alloc(be, bytes);
-    float *host = malloc(bytes);
-    if (!dev || !host) {
-        if (dev) luna_mem_release(be, dev, bytes);
-        free(host);
-        return luna_error(LUNA_ERR_OUT_OF_MEMORY, "clip_gradients: out of memory");
-    }
-    luna_status st = LUNA_OK;
-    for (int i = 0; i < nt && st == LUNA_OK; i++) {
-        const luna_param_info *info = &p->tensors[i];
-        if (!info->has_grad) continue;
-        st = be->ops->sum_squares(be, dev + i, p->grad + info->offset, (int64_t)info->numel);
-    }
-    if (st == LUNA_OK) st = luna_backend_synchronize(be);
-    if (st == LUNA_OK) st = luna_mem_to_host(be, host, dev, bytes);
-    luna_mem_release(be, dev, bytes);
-    if (st != LUNA_OK) {
-        free(host);
-        luna_error_prefix("clip_gradients");
-        return st;
-    }
-
-    /* Norms; a NaN/Inf element (or an fp32 overflow of Σg²) makes its Σg² non-finite. */
-    double total_sq = 0.0, max_norm = 0.0;
-    bool finite = true;
-    for (int i = 0; i < nt; i++) {
-        if (!p->tensors[i].has_grad) continue;
-        double sq = (double)host[i];
-        if (!isfinite(sq)) finite = false;
-        total_sq += sq;
-        double nrm = sqrt(sq);
-        if (!(nrm <= max_norm)) max_norm = nrm; /* NaN propagates */
-    }
-    double norm = mode == LUNA_CLIP_TOTAL ? sqrt(total_sq) : max_norm;
-    if (!finite && isfinite(norm)) norm = INFINITY;
-    if (grad_norm) *grad_norm = norm;
-    if (all_finite) *all_finite = finite;
-    if (!finite || clip_norm == 0.0) {
-        free(host);
-        return LUNA_OK;
-    }
-
-    bool any = false;
-    double total_coef = clip_coefficient(clip_norm, norm);
-    for (int i = 0; i < nt && st == LUNA_OK; i++) {
-        const luna_param_info *info = &p->tensors[i];
-        if (!info->has_grad) continue;
-        double coef = mode == LUNA_CLIP_TOTAL ? total_coef
-                                              : clip_coefficient(clip_norm, sqrt((double)host[i]));
-        if (coef >= 1.0) continue;
-        any = true;
-        st = be->ops->scale(be, p->grad + info->offset, (float)coef, (int64_t)info->numel);
-    }
-    free(host);
-    if (clipped) *clipped = any;
-    if (st != LUNA_OK) luna_error_prefix("clip_gradients");
+    luna_clipper *c = NULL;
+    LUNA_TRY(luna_clipper_create(&c, be, p));
+    luna_status st = luna_clipper_apply(c, clip_norm, mode, grad_norm, clipped, all_finite);
+    luna_clipper_free(c);
     return st;
 }

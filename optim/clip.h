@@ -10,9 +10,15 @@
  * Non-finite: if any gradient element is NaN or ±Inf (or a tensor's Σg² overflows fp32, which
  * fairseq's finiteness check on the norm also treats as overflow), *all_finite = false, NOTHING is
  * modified, *clipped = false and *grad_norm is the non-finite norm; the trainer skips the update.
- * Σg² per tensor comes from the backend's deterministic sum_squares op (double accumulation, fixed
- * blocking), combined on the host in double in parameter order: bit-identical for any thread
- * count. Any output pointer may be NULL.
+ * Σg² per tensor comes from the backend's deterministic multi_sum_squares op (all tensors in one
+ * launch; double accumulation, fixed blocking), the norm and the coefficients from its
+ * clip_coefficients op (combined in double in parameter order) and the scaling from multi_scale,
+ * so clipping runs on the device: bit-identical for any thread count, three launches and ONE
+ * readback (norm, finite, clipped) per update. Any output pointer may be NULL.
+ *
+ * A luna_clipper holds the tensor table of the parameters with has_grad and the device buffers,
+ * made once: luna_clipper_apply allocates nothing. luna_clip_gradients is the one-shot form
+ * (creates and frees a clipper: for tests and tools, not for a training loop).
  */
 #ifndef LUNA_OPTIM_CLIP_H
 #define LUNA_OPTIM_CLIP_H
@@ -24,6 +30,14 @@
 #include "core/status.h"
 
 typedef enum { LUNA_CLIP_EACH, LUNA_CLIP_TOTAL } luna_clip_mode;
+
+typedef struct luna_clipper luna_clipper;
+
+/* `p` (and `be`) must outlive the clipper; its tensor layout must not change. */
+luna_status luna_clipper_create(luna_clipper **out, luna_backend *be, luna_params *p);
+void luna_clipper_free(luna_clipper *c);
+luna_status luna_clipper_apply(luna_clipper *c, double clip_norm, luna_clip_mode mode,
+                               double *grad_norm, bool *clipped, bool *all_finite);
 
 luna_status luna_clip_gradients(luna_backend *be, luna_params *p, double clip_norm,
                                 luna_clip_mode mode, double *grad_norm, bool *clipped,

@@ -1,6 +1,9 @@
 /* Apollo and Adam over the parameter table (see optim/optimizer.h). The math lives in the backend
- * ops apollo_update / adam_update (model/kernels/cpu/optimizer_kernels.c is the specification);
- * this file owns the state blocks, the per-tensor step counters and the checkpoint description. */
+ * ops multi_apollo_update / multi_adam_update (model/kernels/cpu/optimizer_kernels.c is the
+ * specification): one launch updates every trainable tensor, described once by a tensor table
+ * (core/tensor_table.h). This file owns the state blocks, the per-tensor step counters (on the
+ * host, mirrored on the device for the ops) and the checkpoint description. An update allocates
+ * nothing and reads nothing back. */
 #include "optim/optimizer.h"
 
 #include <stdio.h>
@@ -8,6 +11,7 @@
 #include <string.h>
 
 #include "core/json.h"
+#include "core/tensor_table.h"
 
 #define MAX_STATE_KINDS 3
 
@@ -24,10 +28,13 @@ struct luna_optimizer {
     int num_kinds;                 /* state blocks: Apollo 3, Adam 2 */
     float *state[MAX_STATE_KINDS]; /* device [params->num_params] each, params->data's layout */
     const char *kind_names[MAX_STATE_KINDS];
-    int64_t *steps;    /* [params->num_tensors] */
-    int num_trainable; /* tensors with has_grad */
-    int *trainable;    /* [num_trainable] indices into params->tensors */
-    char **names;      /* [num_kinds * num_trainable] state tensor names */
+    int64_t *steps;        /* [params->num_tensors] */
+    int num_trainable;     /* tensors with has_grad */
+    int *trainable;        /* [num_trainable] indices into params->tensors */
+    char **names;          /* [num_kinds * num_trainable] state tensor names */
+    luna_tensor_table *tt; /* the trainable tensors, in parameter order */
+    int64_t *dev_steps;    /* device [num_trainable]: steps[trainable[j]], advanced by the ops */
+    int64_t *host_tmp;     /* [num_trainable] staging for uploads of the step counts */
 };
 
 void luna_optimizer_config_defaults(luna_optimizer_config *c, luna_optimizer_kind kind) {
@@ -141,9 +148,52 @@ void luna_optimizer_free(luna_optimizer *opt) {
         for (int i = 0; i < opt->num_kinds * opt->num_trainable; i++)
             free(opt->names[i]);
     free(opt->names);
+    luna_tensor_table_free(opt->tt);
+    if (opt->dev_steps)
+        luna_mem_release(opt->be, opt->dev_steps,
+                         (size_t)(opt->num_trainable + 1) * sizeof *opt->dev_steps);
+    free(opt->host_tmp);
     free(opt->steps);
     free(opt->trainable);
     free(opt);
+}
+
+/* Copies the host step counts of the trainable tensors to the device mirror. */
+static luna_status upload_steps(luna_optimizer *opt) {
+    for (int j = 0; j < opt->num_trainable; j++)
+        opt->host_tmp[j] = opt->steps[opt->trainable[j]];
+    luna_status st = luna_mem_from_host(opt->be, opt->dev_steps, opt->host_tmp,
+                                        (size_t)opt->num_trainable * sizeof *opt->host_tmp);
+    return st;
+}
+
+/* The tensor table of the trainable tensors and the device step counters. */
+static luna_status make_table(luna_optimizer *opt) {
+    int n = opt->num_trainable;
+    int64_t *offsets = malloc((size_t)(n + 1) * sizeof *offsets);
+    int64_t *numels = malloc((size_t)(n + 1) * sizeof *numels);
+    opt->host_tmp = malloc((size_t)(n + 1) * sizeof *opt->host_tmp);
+    if (!offsets || !numels || !opt->host_tmp) {
+        free(offsets);
+        free(numels);
+        return luna_error(LUNA_ERR_OUT_OF_MEMORY, "optimizer: out of host memory");
+    }
+    for (int j = 0; j < n; j++) {
+        const luna_param_info *info = &opt->params->tensors[opt->trainable[j]];
+        offsets[j] = (int64_t)info->offset;
+        numels[j] = (int64_t)info->numel;
+    }
+    luna_status st = luna_tensor_table_create(&opt->tt, opt->be, n, offsets, numels);
+    free(offsets);
+    free(numels);
+    if (st != LUNA_OK) return st;
+    opt->dev_steps = luna_mem_alloc(opt->be, (size_t)(n + 1) * sizeof *opt->dev_steps);
+    if (!opt->dev_steps)
+        return luna_error(LUNA_ERR_OUT_OF_MEMORY, "optimizer: cannot allocate step counters on %s",
+                          opt->be->name);
+    st = upload_steps(opt);
+    if (st == LUNA_OK) st = luna_backend_synchronize(opt->be); /* host_tmp is reused */
+    return st;
 }
 
 luna_status luna_optimizer_create(luna_optimizer **out, luna_backend *be,
@@ -199,6 +249,11 @@ luna_status luna_optimizer_create(luna_optimizer **out, luna_backend *be,
             return st;
         }
     }
+    luna_status st = make_table(opt);
+    if (st != LUNA_OK) {
+        luna_optimizer_free(opt);
+        return st;
+    }
     *out = opt;
     return LUNA_OK;
 oom:
@@ -213,28 +268,22 @@ luna_status luna_optimizer_step(luna_optimizer *opt, double lr) {
     luna_params *p = opt->params;
     luna_backend *be = opt->be;
     const luna_optimizer_config *c = &opt->cfg;
-    for (int j = 0; j < opt->num_trainable; j++) {
-        int i = opt->trainable[j];
-        const luna_param_info *info = &p->tensors[i];
-        int64_t n = (int64_t)info->numel, t = opt->steps[i] + 1;
-        float *theta = p->data + info->offset;
-        const float *g = p->grad + info->offset;
-        luna_status st;
-        if (c->kind == LUNA_OPTIMIZER_APOLLO)
-            st = be->ops->apollo_update(
-                be, theta, g, opt->state[0] + info->offset, opt->state[1] + info->offset,
-                opt->state[2] + info->offset, n, t, lr, c->apollo_beta, c->apollo_eps,
-                LUNA_APOLLO_SIGMA, (int)c->rebound, c->weight_decay, (int)c->weight_decay_type);
-        else
-            st = be->ops->adam_update(be, theta, g, opt->state[0] + info->offset,
-                                      opt->state[1] + info->offset, n, t, lr, c->adam_beta1,
-                                      c->adam_beta2, c->adam_eps, c->weight_decay);
-        if (st != LUNA_OK) {
-            luna_error_prefix("optimizer step, tensor %s", info->name);
-            return st;
-        }
-        opt->steps[i] = t;
+    luna_status st;
+    if (c->kind == LUNA_OPTIMIZER_APOLLO)
+        st = be->ops->multi_apollo_update(
+            be, p->data, p->grad, opt->state[0], opt->state[1], opt->state[2], opt->tt,
+            opt->dev_steps, lr, c->apollo_beta, c->apollo_eps, LUNA_APOLLO_SIGMA, (int)c->rebound,
+            c->weight_decay, (int)c->weight_decay_type);
+    else
+        st = be->ops->multi_adam_update(be, p->data, p->grad, opt->state[0], opt->state[1], opt->tt,
+                                        opt->dev_steps, lr, c->adam_beta1, c->adam_beta2,
+                                        c->adam_eps, c->weight_decay);
+    if (st != LUNA_OK) {
+        luna_error_prefix("optimizer step");
+        return st;
     }
+    for (int j = 0; j < opt->num_trainable; j++)
+        opt->steps[opt->trainable[j]]++;
     return LUNA_OK;
 }
 
@@ -414,7 +463,11 @@ luna_status luna_optimizer_state_from_json(luna_optimizer *opt, const char *json
     for (int i = 0; i < nt; i++)
         steps[i] = opt->params->tensors[i].has_grad ? -1 : 0;
     s = check_json(opt, root, steps);
-    if (s == LUNA_OK) memcpy(opt->steps, steps, (size_t)nt * sizeof *steps);
+    if (s == LUNA_OK) {
+        memcpy(opt->steps, steps, (size_t)nt * sizeof *steps);
+        s = upload_steps(opt);
+        if (s == LUNA_OK) s = luna_backend_synchronize(opt->be); /* host_tmp is reused */
+    }
     free(steps);
     luna_json_free(root);
     return s;

@@ -130,6 +130,7 @@ luna_status luna_trainer_create(luna_trainer **out, luna_train_options *o, luna_
     if (s == LUNA_OK) s = luna_seq2seq_create(&t->model, t->be, &o->model);
     if (s == LUNA_OK) s = luna_seq2seq_init(t->model, (uint64_t)o->seed);
     if (s == LUNA_OK) s = luna_optimizer_create(&t->opt, t->be, &o->optim, t->model->params);
+    if (s == LUNA_OK) s = luna_clipper_create(&t->clip, t->be, t->model->params);
     if (s == LUNA_OK && o->max_update != 0) {
         bool explicit_ = false;
         char *path = luna_trainer_restore_path(t, &explicit_);
@@ -153,6 +154,7 @@ luna_status luna_trainer_create(luna_trainer **out, luna_train_options *o, luna_
 
 void luna_trainer_free(luna_trainer *t) {
     if (!t) return;
+    luna_clipper_free(t->clip);
     luna_optimizer_free(t->opt);
     luna_seq2seq_free(t->model);
     luna_data_batch_free(t->batch);
@@ -286,8 +288,8 @@ static luna_status train_update(luna_trainer *t, int *got, bool *stepped) {
     if (finite) {
         LUNA_TRY(
             t->be->ops->scale(t->be, p->grad, (float)(1.0 / stats[2]), (int64_t)p->num_params));
-        LUNA_TRY(luna_clip_gradients(t->be, p, o->clip_norm, t->o->clip_mode, &gnorm, &clipped,
-                                     &finite));
+        LUNA_TRY(
+            luna_clipper_apply(t->clip, o->clip_norm, t->o->clip_mode, &gnorm, &clipped, &finite));
     }
     if (!finite) {
         t->skipped_updates++;

@@ -12,6 +12,7 @@
 #include <stdio.h>
 
 #include "model/seq2seq.h"
+#include "optim/clip.h"
 #include "optim/optimizer.h"
 #include "trainer/trainer.h"
 
@@ -41,6 +42,7 @@ struct luna_trainer {
     luna_data_batch *batch;
     luna_seq2seq *model;
     luna_optimizer *opt;
+    luna_clipper *clip; /* gradient clipping over the parameter table (made once) */
     char *src_lang, *tgt_lang;
     char *spm_bytes; /* spm.model of the data-bin (NULL when absent) */
     size_t spm_size;

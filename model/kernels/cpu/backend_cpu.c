@@ -55,6 +55,11 @@ static const luna_ops cpu_ops = {
     .sum_broadcast = luna_cpu_sum_broadcast,
     .apollo_update = luna_cpu_apollo_update,
     .adam_update = luna_cpu_adam_update,
+    .multi_sum_squares = luna_cpu_multi_sum_squares,
+    .clip_coefficients = luna_cpu_clip_coefficients,
+    .multi_scale = luna_cpu_multi_scale,
+    .multi_apollo_update = luna_cpu_multi_apollo_update,
+    .multi_adam_update = luna_cpu_multi_adam_update,
 };
 
 /* 256-byte aligned host memory: the arena's alignment, as cudaMalloc gives on the GPU. */

@@ -104,4 +104,20 @@ luna_status luna_cpu_adam_update(luna_backend *be, float *theta, const float *g,
                                  float *exp_avg_sq, int64_t n, int64_t step, double lr,
                                  double beta1, double beta2, double eps, double weight_decay);
 
+luna_status luna_cpu_multi_sum_squares(luna_backend *be, float *result, const float *x,
+                                       const luna_tensor_table *tt);
+luna_status luna_cpu_clip_coefficients(luna_backend *be, float *coef, double *summary,
+                                       const float *sumsq, int n, double clip_norm, int mode);
+luna_status luna_cpu_multi_scale(luna_backend *be, float *x, const luna_tensor_table *tt,
+                                 const float *coef, float alpha);
+luna_status luna_cpu_multi_apollo_update(luna_backend *be, float *theta, const float *g,
+                                         float *exp_avg, float *approx_hessian, float *update,
+                                         const luna_tensor_table *tt, int64_t *steps, double lr,
+                                         double beta, double eps, double sigma, int rebound,
+                                         double weight_decay, int wd_type);
+luna_status luna_cpu_multi_adam_update(luna_backend *be, float *theta, const float *g,
+                                       float *exp_avg, float *exp_avg_sq,
+                                       const luna_tensor_table *tt, int64_t *steps, double lr,
+                                       double beta1, double beta2, double eps, double weight_decay);
+
 #endif

@@ -9,11 +9,16 @@
  * decay) use reduce.c's fixed blocking — blocks of 4096 elements, each the sum of 8 lanes (element
  * j of the block goes to lane j mod 8, summed in increasing j), blocks combined in block order —
  * so results are bit-identical for any thread count: threads only choose who computes a block.
+ *
+ * The multi-tensor forms (multi_apollo_update, multi_adam_update) run the same per-element and
+ * per-block code over every block of a tensor table (core/tensor_table.h), so each tensor's result
+ * equals the single-tensor op's bit for bit; only the loops are flattened over all tensors.
  */
 #include <math.h>
 #include <stdint.h>
 
 #include "core/allocator.h"
+#include "core/tensor_table.h"
 #include "model/kernels/cpu/cpu_ops.h"
 
 #define OPT_BLOCK 4096
@@ -203,5 +208,196 @@ luna_status luna_cpu_adam_update(luna_backend *be, float *theta, const float *g,
         double denom = sqrt((double)v_new) + eps;
         th[i] = (float)((double)th[i] * keep - step_size * (double)m_new / denom);
     }
+    return LUNA_OK;
+}
+
+/* ---- multi-tensor forms ---------------------------------------------------------------------- */
+
+/* Block k of the table: its tensor, its first element in the flat buffers, its length, and its
+ * first element within the tensor. */
+typedef struct {
+    int tensor;
+    int64_t base, start, len;
+} table_block;
+
+static inline table_block block_of(const luna_tensor_table *tt, int64_t k) {
+    table_block b;
+    b.tensor = tt->block_tensor[k];
+    b.base = tt->offsets[b.tensor];
+    b.start = (k - tt->block_start[b.tensor]) * OPT_BLOCK;
+    int64_t rest = tt->numels[b.tensor] - b.start;
+    b.len = rest < OPT_BLOCK ? rest : OPT_BLOCK;
+    return b;
+}
+
+/* Per-tensor scalars of one Apollo step, in tt->workspace. */
+enum { AP_ALPHA, AP_DEN, AP_DELTA, AP_R, AP_EOA, AP_COEF, AP_NSCALARS };
+_Static_assert(AP_NSCALARS <= LUNA_TENSOR_TABLE_WORKSPACE_PER_TENSOR, "workspace per tensor");
+_Static_assert(OPT_BLOCK == LUNA_TENSOR_TABLE_BLOCK, "one blocking");
+
+luna_status luna_cpu_multi_apollo_update(luna_backend *be, float *theta, const float *g,
+                                         float *exp_avg, float *approx_hessian, float *update,
+                                         const luna_tensor_table *tt, int64_t *steps, double lr,
+                                         double beta, double eps, double sigma, int rebound,
+                                         double weight_decay, int wd_type) {
+    if (!tt || (tt->num_tensors > 0 && !steps) ||
+        (tt->num_elements > 0 && (!theta || !g || !exp_avg || !approx_hessian || !update)))
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "multi_apollo_update: null pointer");
+    if ((rebound != REBOUND_CONSTANT && rebound != REBOUND_BELIEF) || wd_type < WD_L2 ||
+        wd_type > WD_STABLE || !(beta >= 0.0 && beta < 1.0) || !(eps > 0.0) || !(sigma > 0.0))
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                          "multi_apollo_update: bad hyperparameters (beta %g, eps %g, sigma %g, "
+                          "rebound %d, weight decay type %d)",
+                          beta, eps, sigma, rebound, wd_type);
+    const int nt = tt->num_tensors;
+    const int64_t nblocks = tt->num_blocks;
+    apollo_partial *partials = (apollo_partial *)tt->workspace; /* [nblocks] (4 doubles each) */
+    double *dsum = tt->workspace + 4 * nblocks;                 /* [nblocks] */
+    double *sc = tt->workspace + LUNA_TENSOR_TABLE_WORKSPACE_PER_BLOCK * nblocks; /* [nt][8] */
+    _Static_assert(sizeof(apollo_partial) == 4 * sizeof(double), "partial layout");
+    const double l2 = wd_type == WD_L2 ? weight_decay : 0.0;
+    const bool stable = wd_type == WD_STABLE;
+    const double decoupled = wd_type == WD_DECOUPLED ? weight_decay : 0.0;
+
+    /* Pass 1: the reductions of steps 5–6 (old m, B, d) over every block. */
+#pragma omp parallel for num_threads(be->num_threads)                                              \
+    schedule(static) if (nblocks >= OPT_PARALLEL_MIN)
+    for (int64_t k = 0; k < nblocks; k++) {
+        table_block b = block_of(tt, k);
+        partials[k] =
+            apollo_block_reduce(theta + b.base, g + b.base, exp_avg + b.base,
+                                approx_hessian + b.base, update + b.base, b.start, b.len, l2);
+    }
+    /* Per-tensor scalars: partials combined in block order (as the single-tensor op). */
+    for (int i = 0; i < nt; i++) {
+        int64_t t = steps[i] + 1;
+        double s4 = 0.0, sgd = 0.0, sbd = 0.0, r = 0.0;
+        for (int64_t k = tt->block_start[i]; k < tt->block_start[i + 1]; k++) {
+            s4 += partials[k].s4;
+            sgd += partials[k].sgd;
+            sbd += partials[k].sbd;
+            double pr = partials[k].rmax;
+            r = (pr != pr || r != r) ? NAN : (pr > r ? pr : r);
+        }
+        double *x = sc + (size_t)i * LUNA_TENSOR_TABLE_WORKSPACE_PER_TENSOR;
+        const double alpha = (1.0 - beta) / (1.0 - pow(beta, (double)t));
+        const double eps_prime = rebound == REBOUND_CONSTANT ? eps / sigma : eps;
+        const double den = pow(s4, 0.25) + eps_prime;
+        x[AP_ALPHA] = alpha;
+        x[AP_DEN] = den;
+        x[AP_DELTA] = -alpha * sgd / (den * den) - sbd / (den * den);
+        x[AP_R] = r;
+        x[AP_EOA] = eps / alpha;
+    }
+
+    /* Pass 2: steps 4, 7, 8 (and 9–11 unless stable, which needs mean(D) first). */
+#pragma omp parallel for num_threads(be->num_threads)                                              \
+    schedule(static) if (nblocks >= OPT_PARALLEL_MIN)
+    for (int64_t k = 0; k < nblocks; k++) {
+        table_block b = block_of(tt, k);
+        const double *x = sc + (size_t)b.tensor * LUNA_TENSOR_TABLE_WORKSPACE_PER_TENSOR;
+        const double alpha = x[AP_ALPHA], den = x[AP_DEN], delta = x[AP_DELTA], r = x[AP_R],
+                     eps_over_alpha = x[AP_EOA];
+        float *restrict th = theta + b.base, *restrict m = exp_avg + b.base,
+                        *restrict Bh = approx_hessian + b.base, *restrict d = update + b.base;
+        const float *restrict gr = g + b.base;
+        double lane[OPT_LANES] = {0};
+        for (int64_t j = 0; j < b.len; j++) {
+            int64_t i = b.start + j;
+            double gp = (double)gr[i] + l2 * (double)th[i];
+            double dg = gp - (double)m[i];
+            float m_new = (float)((double)m[i] + alpha * dg);
+            double v = (double)d[i] / den;
+            float b_new = (float)((double)Bh[i] + delta * v * v);
+            m[i] = m_new;
+            Bh[i] = b_new;
+            double D = apollo_denominator((double)b_new, r, sigma, eps_over_alpha, rebound);
+            if (stable) {
+                lane[j % OPT_LANES] += D;
+                continue;
+            }
+            float d_new = (float)((double)m_new / D + decoupled * (double)th[i]);
+            d[i] = d_new;
+            th[i] = (float)((double)th[i] - lr * (double)d_new);
+        }
+        double s = 0.0;
+        for (int l = 0; l < OPT_LANES; l++)
+            s += lane[l];
+        dsum[k] = s;
+    }
+
+    if (stable) {
+        for (int i = 0; i < nt; i++) {
+            double total = 0.0;
+            for (int64_t k = tt->block_start[i]; k < tt->block_start[i + 1]; k++)
+                total += dsum[k];
+            sc[(size_t)i * LUNA_TENSOR_TABLE_WORKSPACE_PER_TENSOR + AP_COEF] =
+                weight_decay / (total / (double)tt->numels[i]);
+        }
+#pragma omp parallel for num_threads(be->num_threads)                                              \
+    schedule(static) if (nblocks >= OPT_PARALLEL_MIN)
+        for (int64_t k = 0; k < nblocks; k++) {
+            table_block b = block_of(tt, k);
+            const double *x = sc + (size_t)b.tensor * LUNA_TENSOR_TABLE_WORKSPACE_PER_TENSOR;
+            const double r = x[AP_R], eps_over_alpha = x[AP_EOA], coef = x[AP_COEF];
+            float *restrict th = theta + b.base, *restrict m = exp_avg + b.base,
+                            *restrict Bh = approx_hessian + b.base, *restrict d = update + b.base;
+            for (int64_t i = b.start; i < b.start + b.len; i++) {
+                double D = apollo_denominator((double)Bh[i], r, sigma, eps_over_alpha, rebound);
+                float d_new = (float)((double)m[i] / D + coef * (double)th[i]);
+                d[i] = d_new;
+                th[i] = (float)((double)th[i] - lr * (double)d_new);
+            }
+        }
+    }
+    for (int i = 0; i < nt; i++)
+        steps[i] += 1;
+    return LUNA_OK;
+}
+
+/* Per-tensor scalars of one Adam step, in tt->workspace. */
+enum { AD_STEP_SIZE, AD_KEEP, AD_NSCALARS };
+
+luna_status luna_cpu_multi_adam_update(luna_backend *be, float *theta, const float *g,
+                                       float *exp_avg, float *exp_avg_sq,
+                                       const luna_tensor_table *tt, int64_t *steps, double lr,
+                                       double beta1, double beta2, double eps,
+                                       double weight_decay) {
+    if (!tt || (tt->num_tensors > 0 && !steps) ||
+        (tt->num_elements > 0 && (!theta || !g || !exp_avg || !exp_avg_sq)))
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "multi_adam_update: null pointer");
+    if (!(beta1 >= 0.0 && beta1 < 1.0) || !(beta2 >= 0.0 && beta2 < 1.0) || !(eps > 0.0))
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                          "multi_adam_update: bad hyperparameters (betas %g %g, eps %g)", beta1,
+                          beta2, eps);
+    const int nt = tt->num_tensors;
+    const int64_t nblocks = tt->num_blocks;
+    double *sc = tt->workspace; /* [nt][AD_NSCALARS] */
+    for (int i = 0; i < nt; i++) {
+        int64_t t = steps[i] + 1;
+        const double bc1 = 1.0 - pow(beta1, (double)t), bc2 = 1.0 - pow(beta2, (double)t);
+        sc[(size_t)i * AD_NSCALARS + AD_STEP_SIZE] = lr * sqrt(bc2) / bc1;
+        sc[(size_t)i * AD_NSCALARS + AD_KEEP] = 1.0 - lr * weight_decay;
+    }
+#pragma omp parallel for num_threads(be->num_threads) schedule(static) if (nblocks > 16)
+    for (int64_t k = 0; k < nblocks; k++) {
+        table_block b = block_of(tt, k);
+        const double step_size = sc[(size_t)b.tensor * AD_NSCALARS + AD_STEP_SIZE],
+                     keep = sc[(size_t)b.tensor * AD_NSCALARS + AD_KEEP];
+        float *restrict th = theta + b.base, *restrict m = exp_avg + b.base,
+                        *restrict v = exp_avg_sq + b.base;
+        const float *restrict gr = g + b.base;
+        for (int64_t i = b.start; i < b.start + b.len; i++) {
+            double gi = (double)gr[i];
+            float m_new = (float)(beta1 * (double)m[i] + (1.0 - beta1) * gi);
+            float v_new = (float)(beta2 * (double)v[i] + (1.0 - beta2) * gi * gi);
+            m[i] = m_new;
+            v[i] = v_new;
+            double denom = sqrt((double)v_new) + eps;
+            th[i] = (float)((double)th[i] * keep - step_size * (double)m_new / denom);
+        }
+    }
+    for (int i = 0; i < nt; i++)
+        steps[i] += 1;
     return LUNA_OK;
 }

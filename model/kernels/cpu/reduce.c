@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "core/allocator.h"
+#include "core/tensor_table.h"
 #include "model/kernels/cpu/cpu_ops.h"
 
 #define LUNA_REDUCE_BLOCK 4096
@@ -126,6 +127,34 @@ luna_status luna_cpu_dot(luna_backend *be, float *result, const float *x, const 
 /* result = Σ x, x [n]. */
 luna_status luna_cpu_sum(luna_backend *be, float *result, const float *x, int64_t n) {
     return blocked_reduce(be, "sum", result, RED_SUM, x, NULL, n);
+}
+
+/* result[i] = Σ x_i² for every tensor i of the table (core/backend.h multi_sum_squares): the
+ * block partials of all tensors in one parallel pass (tt's global blocks are reduce.c's blocks),
+ * then each tensor's partials combined in block order, as blocked_reduce does. */
+luna_status luna_cpu_multi_sum_squares(luna_backend *be, float *result, const float *x,
+                                       const luna_tensor_table *tt) {
+    _Static_assert(LUNA_TENSOR_TABLE_BLOCK == LUNA_REDUCE_BLOCK, "one blocking");
+    if (!tt || (tt->num_tensors > 0 && !result) || (tt->num_elements > 0 && !x))
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "multi_sum_squares: null pointer");
+    const int64_t nblocks = tt->num_blocks;
+    double *partials = tt->workspace;
+    const int64_t *offsets = tt->offsets, *numels = tt->numels, *bstart = tt->block_start;
+    const int32_t *btensor = tt->block_tensor;
+#pragma omp parallel for num_threads(be->num_threads) schedule(static) if (nblocks > 4)
+    for (int64_t k = 0; k < nblocks; k++) {
+        int i = btensor[k];
+        int64_t start = (k - bstart[i]) * LUNA_REDUCE_BLOCK;
+        int64_t len = numels[i] - start < LUNA_REDUCE_BLOCK ? numels[i] - start : LUNA_REDUCE_BLOCK;
+        partials[k] = block_partial(RED_SQUARES, x + offsets[i] + start, NULL, len);
+    }
+    for (int i = 0; i < tt->num_tensors; i++) {
+        double total = 0.0;
+        for (int64_t k = bstart[i]; k < bstart[i + 1]; k++)
+            total += partials[k];
+        result[i] = (float)total;
+    }
+    return LUNA_OK;
 }
 
 /* result = max |x| (0 for n = 0; NaN if any x is NaN), x [n]. */

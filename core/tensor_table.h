@@ -1,0 +1,61 @@
+/* A device-resident description of N tensors inside flat buffers, for the multi-tensor ops of
+ * core/backend.h (multi_sum_squares, multi_scale, multi_adam_update, multi_apollo_update): one
+ * launch handles every tensor instead of one op per tensor.
+ *
+ * Tensor i occupies elements [offsets[i], offsets[i] + numels[i]) of each flat buffer the op is
+ * given (parameters, gradients and optimizer state share one layout). Every tensor is cut into
+ * blocks of LUNA_TENSOR_TABLE_BLOCK elements (the last block of a tensor may be shorter; a tensor
+ * of 0 elements has no block), numbered globally in tensor order: tensor i owns blocks
+ * [block_start[i], block_start[i + 1]) and block_tensor[k] names the tensor of block k. These are
+ * the fixed blocks of every deterministic reduction (reduce.c), so a per-tensor reduction over
+ * the table equals the single-tensor op bit for bit, and a device kernel can map one thread block
+ * to one table block.
+ *
+ * The table is built once (at optimizer or clipper creation) and uploaded with
+ * luna_mem_from_host; it also owns a device workspace large enough for the per-block partials and
+ * per-tensor scalars of every multi op (LUNA_TENSOR_TABLE_WORKSPACE_* below), so no op over it
+ * allocates. The host keeps a copy of the description (for launch planning and error messages).
+ */
+#ifndef LUNA_CORE_TENSOR_TABLE_H
+#define LUNA_CORE_TENSOR_TABLE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/backend.h"
+#include "core/status.h"
+
+#define LUNA_TENSOR_TABLE_BLOCK 4096 /* = reduce.c's LUNA_REDUCE_BLOCK (elements) */
+/* Workspace doubles per block and per tensor the multi ops may use (5 per block: Apollo's four
+ * reductions and ΣD; 8 per tensor: the derived per-tensor scalars). */
+#define LUNA_TENSOR_TABLE_WORKSPACE_PER_BLOCK 5
+#define LUNA_TENSOR_TABLE_WORKSPACE_PER_TENSOR 8
+
+struct luna_tensor_table {
+    luna_backend *be;
+    int num_tensors;
+    int64_t num_blocks;   /* Σ_i ceil(numels[i] / LUNA_TENSOR_TABLE_BLOCK) */
+    int64_t num_elements; /* Σ_i numels[i] */
+    int64_t max_numel;
+    /* device arrays (one allocation) */
+    const int64_t *offsets;      /* [num_tensors] elements from the start of a flat buffer */
+    const int64_t *numels;       /* [num_tensors] */
+    const int64_t *block_start;  /* [num_tensors + 1] */
+    const int32_t *block_tensor; /* [num_blocks] */
+    double *workspace;           /* device, workspace_doubles */
+    size_t workspace_doubles;
+    /* host copies */
+    int64_t *host_offsets, *host_numels, *host_block_start;
+    /* private */
+    void *dev_ints;
+    size_t dev_ints_bytes;
+};
+typedef struct luna_tensor_table luna_tensor_table;
+
+/* Builds the table of n ≥ 0 tensors (offsets[i] ≥ 0, numels[i] ≥ 0; host arrays, copied) on
+ * `be`'s device. Free with luna_tensor_table_free. */
+luna_status luna_tensor_table_create(luna_tensor_table **out, luna_backend *be, int n,
+                                     const int64_t *offsets, const int64_t *numels);
+void luna_tensor_table_free(luna_tensor_table *t);
+
+#endif

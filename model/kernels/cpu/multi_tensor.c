@@ -1,0 +1,82 @@
+/* Multi-tensor clipping ops over a tensor table (core/backend.h: clip_coefficients, multi_scale;
+ * multi_sum_squares is in reduce.c, the multi-tensor optimizer updates in optimizer_kernels.c).
+ * The clip coefficients are derived here, on the device side, so clipping needs no host round
+ * trip: the host reads back one 3-double summary per update. */
+#include <math.h>
+#include <stdint.h>
+
+#include "core/tensor_table.h"
+#include "model/kernels/cpu/cpu_ops.h"
+
+enum { CLIP_EACH = 0, CLIP_TOTAL = 1 };
+
+static double clip_coefficient(double clip_norm, double norm) {
+    double c = clip_norm / (norm + 1e-6);
+    return c < 1.0 ? c : 1.0;
+}
+
+/* coef [n], summary [3] = {norm, finite, clipped} from sumsq [n] (see core/backend.h). Serial:
+ * n is the number of tensors (a few hundred), and the order of the double sum is fixed. */
+luna_status luna_cpu_clip_coefficients(luna_backend *be, float *coef, double *summary,
+                                       const float *sumsq, int n, double clip_norm, int mode) {
+    (void)be;
+    if (!summary || n < 0 || (n > 0 && (!coef || !sumsq)) || !(clip_norm >= 0.0) ||
+        (mode != CLIP_EACH && mode != CLIP_TOTAL))
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                          "clip_coefficients: bad arguments (n %d, clip_norm %g, mode %d)", n,
+                          clip_norm, mode);
+    double total_sq = 0.0, max_norm = 0.0;
+    bool finite = true;
+    for (int i = 0; i < n; i++) {
+        double sq = (double)sumsq[i];
+        if (!isfinite(sq)) finite = false;
+        total_sq += sq;
+        double nrm = sqrt(sq);
+        if (!(nrm <= max_norm)) max_norm = nrm; /* NaN propagates */
+    }
+    double norm = mode == CLIP_TOTAL ? sqrt(total_sq) : max_norm;
+    if (!finite && isfinite(norm)) norm = INFINITY;
+    bool any = false;
+    const bool active = finite && clip_norm != 0.0;
+    const double total_coef = clip_coefficient(clip_norm, norm);
+    for (int i = 0; i < n; i++) {
+        double c = 1.0;
+        if (active)
+            c = mode == CLIP_TOTAL ? total_coef
+                                   : clip_coefficient(clip_norm, sqrt((double)sumsq[i]));
+        if (c < 1.0)
+            any = true;
+        else
+            c = 1.0;
+        coef[i] = (float)c;
+    }
+    summary[0] = norm;
+    summary[1] = finite ? 1.0 : 0.0;
+    summary[2] = any ? 1.0 : 0.0;
+    return LUNA_OK;
+}
+
+/* x_i *= coef[i] (or alpha) for every tensor i of the table, in parallel over the table's blocks;
+ * tensors whose factor is exactly 1 are skipped. */
+luna_status luna_cpu_multi_scale(luna_backend *be, float *x, const luna_tensor_table *tt,
+                                 const float *coef, float alpha) {
+    if (!tt || (tt->num_elements > 0 && !x))
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "multi_scale: null pointer");
+    if (!coef && alpha == 1.0f) return LUNA_OK;
+    const int64_t nblocks = tt->num_blocks;
+    const int64_t *offsets = tt->offsets, *numels = tt->numels, *bstart = tt->block_start;
+    const int32_t *btensor = tt->block_tensor;
+#pragma omp parallel for num_threads(be->num_threads) schedule(static) if (nblocks > 16)
+    for (int64_t k = 0; k < nblocks; k++) {
+        int i = btensor[k];
+        float a = coef ? coef[i] : alpha;
+        if (a == 1.0f) continue;
+        int64_t start = (k - bstart[i]) * LUNA_TENSOR_TABLE_BLOCK;
+        int64_t len = numels[i] - start < LUNA_TENSOR_TABLE_BLOCK ? numels[i] - start
+                                                                  : LUNA_TENSOR_TABLE_BLOCK;
+        float *restrict p = x + offsets[i] + start;
+        for (int64_t j = 0; j < len; j++)
+            p[j] *= a;
+    }
+    return LUNA_OK;
+}
