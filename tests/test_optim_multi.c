@@ -1,0 +1,376 @@
+/* Tests of the multi-tensor ops (core/backend.h: multi_sum_squares, clip_coefficients,
+ * multi_scale, multi_apollo_update, multi_adam_update over a core/tensor_table.h) and of the
+ * clipping and optimizer update built on them (optim/clip.c, optim/optimizer.c):
+ *  - every multi op equals the loop of the single-tensor op over the tensors BIT FOR BIT (many
+ *    tensors, odd sizes, one- and many-block tensors, a 0-element tensor, gaps in the layout,
+ *    per-tensor step counts), with 1 and 2 threads;
+ *  - an update (clip + optimizer step) allocates nothing and reads back from the device once;
+ *  - --clip-mode each vs total: per-tensor vs global norm and coefficients. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/backend.h"
+#include "core/tensor_table.h"
+#include "model/param_table.h"
+#include "optim/clip.h"
+#include "optim/optimizer.h"
+#include "tests/test_util.h"
+
+/* Sizes: 0, 1, odd, one block (4096) ± 1, several blocks, > OPT_PARALLEL_MIN blocks. */
+static const int64_t SIZES[] = {7,    0,     1,  4095, 4096, 4097, 12293, 33, 70001,
+                                1000, 16385, 64, 3,    8191, 511,  20000, 5,  2};
+#define NT ((int)(sizeof SIZES / sizeof SIZES[0]))
+#define GAP 13 /* floats between tensors: the flat layout need not be dense */
+
+typedef struct {
+    luna_backend *be;
+    int64_t offsets[NT], numels[NT];
+    size_t total; /* floats in a flat buffer */
+    luna_tensor_table *tt;
+} layout;
+
+static size_t flat_total(void) {
+    size_t off = 5;
+    for (int i = 0; i < NT; i++)
+        off += (size_t)SIZES[i] + GAP;
+    return off;
+}
+
+static void layout_make(layout *l, int threads) {
+    ck_assert_int_eq(luna_backend_cpu_create(&l->be, threads), LUNA_OK);
+    size_t off = 5;
+    for (int i = 0; i < NT; i++) {
+        l->offsets[i] = (int64_t)off;
+        l->numels[i] = SIZES[i];
+        off += (size_t)SIZES[i] + GAP;
+    }
+    l->total = off;
+    LUNA_CHECK_OK(luna_tensor_table_create(&l->tt, l->be, NT, l->offsets, l->numels));
+}
+
+static void layout_free(layout *l) {
+    luna_tensor_table_free(l->tt);
+    luna_backend_free(l->be);
+}
+
+/* A flat buffer with per-tensor magnitudes 10^(i mod 5 - 2). */
+static float *random_flat(const layout *l, uint64_t seed) {
+    luna_test_rng rng;
+    luna_test_rng_seed(&rng, seed);
+    float *x = luna_test_random_vector(&rng, l->total, -1.0f, 1.0f);
+    for (int i = 0; i < NT; i++)
+        for (int64_t j = 0; j < l->numels[i]; j++)
+            x[l->offsets[i] + j] *= powf(10.0f, (float)(i % 5 - 2));
+    return x;
+}
+
+static float *dup(const float *x, size_t n) {
+    float *y = malloc(n * sizeof *y);
+    memcpy(y, x, n * sizeof *y);
+    return y;
+}
+
+#define SAME(a, b, n, what) ck_assert_msg(memcmp(a, b, (n) * sizeof(float)) == 0, "%s differ", what)
+
+START_TEST(test_multi_sum_squares) {
+    float ref[NT], got[NT], got1[NT];
+    for (int threads = 1; threads <= 2; threads++) {
+        layout l;
+        layout_make(&l, threads);
+        float *x = random_flat(&l, 11);
+        for (int i = 0; i < NT; i++)
+            LUNA_CHECK_OK(l.be->ops->sum_squares(l.be, &ref[i], x + l.offsets[i], l.numels[i]));
+        LUNA_CHECK_OK(l.be->ops->multi_sum_squares(l.be, threads == 1 ? got1 : got, x, l.tt));
+        SAME(ref, threads == 1 ? got1 : got, NT, "multi_sum_squares vs sum_squares");
+        ck_assert(ref[1] == 0.0f); /* the empty tensor */
+        free(x);
+        layout_free(&l);
+    }
+    SAME(got1, got, NT, "multi_sum_squares with 1 and 2 threads");
+}
+END_TEST
+
+START_TEST(test_multi_scale) {
+    layout l;
+    layout_make(&l, 2);
+    float *x = random_flat(&l, 12), *ref = dup(x, l.total), *ref2 = dup(x, l.total);
+    float coef[NT];
+    for (int i = 0; i < NT; i++)
+        coef[i] = i % 3 == 0 ? 1.0f : 0.37f + 0.01f * (float)i;
+    for (int i = 0; i < NT; i++) {
+        LUNA_CHECK_OK(l.be->ops->scale(l.be, ref + l.offsets[i], coef[i], l.numels[i]));
+        LUNA_CHECK_OK(l.be->ops->scale(l.be, ref2 + l.offsets[i], 0.25f, l.numels[i]));
+    }
+    float *y = dup(x, l.total);
+    LUNA_CHECK_OK(l.be->ops->multi_scale(l.be, y, l.tt, coef, 1.0f));
+    SAME(ref, y, l.total, "multi_scale (per-tensor coefficients) vs scale");
+    memcpy(y, x, l.total * sizeof *y);
+    LUNA_CHECK_OK(l.be->ops->multi_scale(l.be, y, l.tt, NULL, 0.25f));
+    SAME(ref2, y, l.total, "multi_scale (one coefficient) vs scale");
+    free(x);
+    free(y);
+    free(ref);
+    free(ref2);
+    layout_free(&l);
+}
+END_TEST
+
+/* Runs `steps` updates of every tensor with the single-tensor op (reference) and the multi op,
+ * fresh gradients each step, per-tensor step counts that differ; compares everything bitwise. */
+static void check_optimizer(bool apollo, int rebound, int wd_type, double wd, int threads,
+                            float **final_theta) {
+    layout l;
+    layout_make(&l, threads);
+    const int kinds = apollo ? 3 : 2;
+    float *theta = random_flat(&l, 21), *rtheta = dup(theta, l.total);
+    float *state[3], *rstate[3];
+    for (int k = 0; k < kinds; k++) {
+        state[k] = luna_test_zeros(l.total);
+        rstate[k] = luna_test_zeros(l.total);
+    }
+    int64_t steps[NT], rsteps[NT];
+    for (int i = 0; i < NT; i++)
+        steps[i] = rsteps[i] = i % 3; /* e.g. a tensor added later */
+    luna_backend *be = l.be;
+    for (int s = 0; s < 4; s++) {
+        float *g = random_flat(&l, 100 + (uint64_t)s);
+        double lr = 0.01 * (s + 1);
+        for (int i = 0; i < NT; i++) {
+            int64_t o = l.offsets[i], n = l.numels[i], t = ++rsteps[i];
+            if (apollo)
+                LUNA_CHECK_OK(be->ops->apollo_update(be, rtheta + o, g + o, rstate[0] + o,
+                                                     rstate[1] + o, rstate[2] + o, n, t, lr, 0.9,
+                                                     1e-4, 0.01, rebound, wd, wd_type));
+            else
+                LUNA_CHECK_OK(be->ops->adam_update(be, rtheta + o, g + o, rstate[0] + o,
+                                                   rstate[1] + o, n, t, lr, 0.9, 0.98, 1e-8, wd));
+        }
+        if (apollo)
+            LUNA_CHECK_OK(be->ops->multi_apollo_update(be, theta, g, state[0], state[1], state[2],
+                                                       l.tt, steps, lr, 0.9, 1e-4, 0.01, rebound,
+                                                       wd, wd_type));
+        else
+            LUNA_CHECK_OK(be->ops->multi_adam_update(be, theta, g, state[0], state[1], l.tt, steps,
+                                                     lr, 0.9, 0.98, 1e-8, wd));
+        free(g);
+        SAME(rtheta, theta, l.total, "parameters");
+        for (int k = 0; k < kinds; k++)
+            SAME(rstate[k], state[k], l.total, "optimizer state");
+        ck_assert(memcmp(steps, rsteps, sizeof steps) == 0);
+    }
+    *final_theta = theta;
+    free(rtheta);
+    for (int k = 0; k < kinds; k++) {
+        free(state[k]);
+        free(rstate[k]);
+    }
+    layout_free(&l);
+}
+
+START_TEST(test_multi_apollo_update) {
+    for (int rebound = 0; rebound <= 1; rebound++)
+        for (int wd_type = 0; wd_type <= 2; wd_type++) {
+            float *t1, *t2;
+            check_optimizer(true, rebound, wd_type, 1e-3, 1, &t1);
+            check_optimizer(true, rebound, wd_type, 1e-3, 2, &t2);
+            SAME(t1, t2, flat_total(), "multi update with 1 and 2 threads");
+            free(t1);
+            free(t2);
+        }
+}
+END_TEST
+
+START_TEST(test_multi_adam_update) {
+    float *t1, *t2;
+    check_optimizer(false, 0, 0, 0.01, 1, &t1);
+    check_optimizer(false, 0, 0, 0.01, 2, &t2);
+    SAME(t1, t2, flat_total(), "multi update with 1 and 2 threads");
+    free(t1);
+    free(t2);
+}
+END_TEST
+
+START_TEST(test_empty_table) {
+    luna_backend *be;
+    ck_assert_int_eq(luna_backend_cpu_create(&be, 2), LUNA_OK);
+    luna_tensor_table *tt = NULL;
+    LUNA_CHECK_OK(luna_tensor_table_create(&tt, be, 0, NULL, NULL));
+    ck_assert_int_eq(tt->num_blocks, 0);
+    float dummy = 3.0f;
+    double summary[3];
+    LUNA_CHECK_OK(be->ops->multi_sum_squares(be, &dummy, &dummy, tt));
+    LUNA_CHECK_OK(be->ops->clip_coefficients(be, NULL, summary, NULL, 0, 1.0, 1));
+    ck_assert(summary[0] == 0.0 && summary[1] == 1.0 && summary[2] == 0.0);
+    LUNA_CHECK_OK(be->ops->multi_scale(be, &dummy, tt, NULL, 0.5f));
+    ck_assert(dummy == 3.0f);
+    luna_tensor_table_free(tt);
+    luna_backend_free(be);
+}
+END_TEST
+
+/* ---- clipping and the whole update over a parameter table ------------------------------------ */
+
+static luna_params *make_params(luna_backend *be) {
+    luna_params *p = calloc(1, sizeof *p);
+    p->be = be;
+    p->num_tensors = NT;
+    p->tensors = calloc(NT, sizeof *p->tensors);
+    size_t off = 0;
+    for (int i = 0; i < NT; i++) {
+        luna_param_info *t = &p->tensors[i];
+        snprintf(t->name, sizeof t->name, "t%d", i);
+        t->ndim = 1;
+        t->shape[0] = SIZES[i];
+        t->numel = (size_t)SIZES[i];
+        t->offset = off;
+        t->has_grad = i != 4; /* one frozen tensor */
+        off += t->numel + GAP;
+    }
+    p->num_params = off;
+    p->data = luna_mem_alloc(be, off * sizeof(float));
+    p->grad = luna_mem_alloc(be, off * sizeof(float));
+    LUNA_CHECK_OK(luna_mem_zero(be, p->data, off * sizeof(float)));
+    return p;
+}
+
+static void free_params(luna_params *p) {
+    luna_mem_release(p->be, p->data, p->num_params * sizeof(float));
+    luna_mem_release(p->be, p->grad, p->num_params * sizeof(float));
+    free(p->tensors);
+    free(p);
+}
+
+static void fill_grads(luna_params *p, uint64_t seed) {
+    luna_test_rng rng;
+    luna_test_rng_seed(&rng, seed);
+    float *g = luna_test_random_vector(&rng, p->num_params, -1.0f, 1.0f);
+    LUNA_CHECK_OK(luna_mem_from_host(p->be, p->grad, g, p->num_params * sizeof(float)));
+    free(g);
+}
+
+START_TEST(test_update_allocates_nothing_reads_back_once) {
+    for (int kind = 0; kind <= 1; kind++) {
+        luna_backend *be;
+        ck_assert_int_eq(luna_backend_cpu_create(&be, 2), LUNA_OK);
+        luna_params *p = make_params(be);
+        luna_optimizer_config cfg;
+        luna_optimizer_config_defaults(&cfg, kind ? LUNA_OPTIMIZER_ADAM : LUNA_OPTIMIZER_APOLLO);
+        cfg.weight_decay = 1e-4;
+        cfg.weight_decay_type = LUNA_WEIGHT_DECAY_STABLE;
+        luna_optimizer *opt = NULL;
+        luna_clipper *clip = NULL;
+        LUNA_CHECK_OK(luna_optimizer_create(&opt, be, &cfg, p));
+        LUNA_CHECK_OK(luna_clipper_create(&clip, be, p));
+        for (int u = 0; u < 3; u++) {
+            fill_grads(p, 40 + (uint64_t)u);
+            size_t allocs = be->alloc_calls, bytes = be->bytes_in_use, peak = be->peak_bytes;
+            size_t reads = be->to_host_calls;
+            double norm;
+            bool clipped, finite;
+            LUNA_CHECK_OK(luna_clipper_apply(clip, 1.0, u % 2 ? LUNA_CLIP_TOTAL : LUNA_CLIP_EACH,
+                                             &norm, &clipped, &finite));
+            LUNA_CHECK_OK(luna_optimizer_step(opt, 0.01));
+            ck_assert_msg(be->alloc_calls == allocs, "update %d: %zu allocations", u,
+                          be->alloc_calls - allocs);
+            ck_assert(be->bytes_in_use == bytes && be->peak_bytes == peak);
+            ck_assert_msg(be->to_host_calls - reads == 1, "update %d: %zu readbacks", u,
+                          be->to_host_calls - reads);
+            ck_assert(finite && clipped && norm > 1.0);
+        }
+        luna_clipper_free(clip);
+        luna_optimizer_free(opt);
+        free_params(p);
+        luna_backend_free(be);
+    }
+}
+END_TEST
+
+static double host_norm(const float *g, size_t n) {
+    double s = 0;
+    for (size_t i = 0; i < n; i++)
+        s += (double)g[i] * g[i];
+    return sqrt(s);
+}
+
+START_TEST(test_clip_each_vs_total) {
+    luna_backend *be;
+    ck_assert_int_eq(luna_backend_cpu_create(&be, 2), LUNA_OK);
+    luna_params *p = make_params(be);
+    luna_clipper *clip = NULL;
+    LUNA_CHECK_OK(luna_clipper_create(&clip, be, p));
+    float *g = malloc(p->num_params * sizeof *g), *out = malloc(p->num_params * sizeof *out);
+    const double c = 5.0;
+    for (int mode = 0; mode <= 1; mode++) {
+        /* Tensor norms spread around c: some tensors are clipped in "each", not all. */
+        luna_test_rng rng;
+        luna_test_rng_seed(&rng, 77);
+        luna_test_fill_uniform(&rng, g, p->num_params, -1.0f, 1.0f);
+        double norms[NT], total = 0, maxn = 0;
+        for (int i = 0; i < NT; i++) {
+            const luna_param_info *t = &p->tensors[i];
+            double n0 = host_norm(g + t->offset, t->numel);
+            double want = (i % 4) * 3.0; /* 0, 3, 6, 9 */
+            for (size_t j = 0; j < t->numel && n0 > 0; j++)
+                g[t->offset + j] = (float)(g[t->offset + j] * want / n0);
+            norms[i] = host_norm(g + t->offset, t->numel);
+            if (!t->has_grad) continue;
+            total += norms[i] * norms[i];
+            maxn = fmax(maxn, norms[i]);
+        }
+        total = sqrt(total);
+        LUNA_CHECK_OK(luna_mem_from_host(be, p->grad, g, p->num_params * sizeof(float)));
+        double norm;
+        bool clipped, finite;
+        LUNA_CHECK_OK(luna_clipper_apply(clip, c, (luna_clip_mode)mode, &norm, &clipped, &finite));
+        LUNA_CHECK_OK(luna_mem_to_host(be, out, p->grad, p->num_params * sizeof(float)));
+        ck_assert(finite && clipped);
+        double want_norm = mode == LUNA_CLIP_EACH ? maxn : total;
+        ck_assert_msg(fabs(norm - want_norm) <= 1e-6 * want_norm, "norm %g want %g", norm,
+                      want_norm);
+        for (int i = 0; i < NT; i++) {
+            const luna_param_info *t = &p->tensors[i];
+            double after = host_norm(out + t->offset, t->numel);
+            if (!t->has_grad || norms[i] == 0) {
+                ck_assert(memcmp(out + t->offset, g + t->offset, t->numel * sizeof(float)) == 0);
+                continue;
+            }
+            double ratio = after / norms[i];
+            if (mode == LUNA_CLIP_EACH) {
+                /* each: only tensors above c are scaled, each to norm c. */
+                if (norms[i] <= c)
+                    ck_assert(memcmp(out + t->offset, g + t->offset, t->numel * sizeof(float)) ==
+                              0);
+                else
+                    ck_assert_msg(fabs(after - c) <= 1e-5 * c, "t%d: norm %g after", i, after);
+            } else {
+                /* total: every tensor scaled by the same c / N. */
+                ck_assert_msg(fabs(ratio - c / (total + 1e-6)) <= 1e-5, "t%d: ratio %g", i, ratio);
+            }
+        }
+    }
+    free(g);
+    free(out);
+    luna_clipper_free(clip);
+    free_params(p);
+    luna_backend_free(be);
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("optim_multi");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_multi_sum_squares);
+    tcase_add_test(tc, test_multi_scale);
+    tcase_add_test(tc, test_multi_apollo_update);
+    tcase_add_test(tc, test_multi_adam_update);
+    tcase_add_test(tc, test_empty_table);
+    tcase_add_test(tc, test_update_allocates_nothing_reads_back_once);
+    tcase_add_test(tc, test_clip_each_vs_total);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) { return luna_test_run(suite()); }
