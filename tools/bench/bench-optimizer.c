@@ -1,0 +1,245 @@
+/* Time per update of gradient clipping + the optimizer step over a model's parameter table.
+ *
+ *   bench-optimizer [--arch luna_base_tied] [--vocab 32000] [--optimizer apollo|adam|both]
+ *                   [--clip-mode each|total] [--clip-norm 0.1] [--threads 1,2] [--reps 5]
+ *
+ * Two paths on the same gradients and state:
+ *   new: luna_clipper_apply + luna_optimizer_step (optim/): multi-tensor ops, one launch each,
+ *        one scalar readback, no allocation per update;
+ *   old: the per-tensor path these replaced (kept here for comparison): one sum_squares op per
+ *        tensor into a freshly allocated device array, a host array, one readback, the norm on
+ *        the host, one scale op per clipped tensor, one apollo_update / adam_update per tensor.
+ * The gradients are restored before every update (outside the timed region), so every timed
+ * update clips. Prints ms/update (best of --reps) and the ops launched per update. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/backend.h"
+#include "model/config.h"
+#include "model/kernels/cpu/backend_cpu.h"
+#include "model/param_table.h"
+#include "optim/clip.h"
+#include "optim/optimizer.h"
+
+static double now_seconds(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static void usage(void) {
+    printf("usage: bench-optimizer [--arch NAME] [--vocab V] [--optimizer apollo|adam|both]\n"
+           "                       [--clip-mode each|total] [--clip-norm C] [--threads LIST]\n"
+           "                       [--reps R]\n"
+           "  ms per update of clipping + optimizer step, old per-tensor path vs multi-tensor\n");
+}
+
+/* ---- the old path (per-tensor ops; what optim/clip.c and optim/optimizer.c did before) ----- */
+
+static double clip_coefficient(double clip_norm, double norm) {
+    double c = clip_norm / (norm + 1e-6);
+    return c < 1.0 ? c : 1.0;
+}
+
+static luna_status old_clip(luna_backend *be, luna_params *p, double clip_norm, luna_clip_mode mode,
+                            int *ops) {
+    int nt = p->num_tensors;
+    size_t bytes = (size_t)nt * sizeof(float);
+    float *dev = luna_mem_alloc(be, bytes);
+    float *host = malloc(bytes);
+    if (!dev || !host) return LUNA_ERR_OUT_OF_MEMORY;
+    luna_status st = LUNA_OK;
+    for (int i = 0; i < nt && st == LUNA_OK; i++) {
+        const luna_param_info *info = &p->tensors[i];
+        if (!info->has_grad) continue;
+        st = be->ops->sum_squares(be, dev + i, p->grad + info->offset, (int64_t)info->numel);
+        ++*ops;
+    }
+    if (st == LUNA_OK) st = luna_backend_synchronize(be);
+    if (st == LUNA_OK) st = luna_mem_to_host(be, host, dev, bytes);
+    luna_mem_release(be, dev, bytes);
+    double total_sq = 0.0, max_norm = 0.0;
+    for (int i = 0; i < nt; i++) {
+        if (!p->tensors[i].has_grad) continue;
+        total_sq += (double)host[i];
+        double nrm = sqrt((double)host[i]);
+        if (!(nrm <= max_norm)) max_norm = nrm;
+    }
+    double norm = mode == LUNA_CLIP_TOTAL ? sqrt(total_sq) : max_norm;
+    double total_coef = clip_coefficient(clip_norm, norm);
+    for (int i = 0; i < nt && st == LUNA_OK; i++) {
+        const luna_param_info *info = &p->tensors[i];
+        if (!info->has_grad) continue;
+        double coef = mode == LUNA_CLIP_TOTAL ? total_coef
+                                              : clip_coefficient(clip_norm, sqrt((double)host[i]));
+        if (coef >= 1.0) continue;
+        st = be->ops->scale(be, p->grad + info->offset, (float)coef, (int64_t)info->numel);
+        ++*ops;
+    }
+    free(host);
+    return st;
+}
+
+static luna_status old_step(luna_backend *be, luna_params *p, const luna_optimizer_config *c,
+                            float *state[3], int64_t t, double lr, int *ops) {
+    for (int i = 0; i < p->num_tensors; i++) {
+        const luna_param_info *info = &p->tensors[i];
+        if (!info->has_grad) continue;
+        int64_t n = (int64_t)info->numel;
+        size_t o = info->offset;
+        luna_status st;
+        if (c->kind == LUNA_OPTIMIZER_APOLLO)
+            st = be->ops->apollo_update(be, p->data + o, p->grad + o, state[0] + o, state[1] + o,
+                                        state[2] + o, n, t, lr, c->apollo_beta, c->apollo_eps,
+                                        LUNA_APOLLO_SIGMA, (int)c->rebound, c->weight_decay,
+                                        (int)c->weight_decay_type);
+        else
+            st = be->ops->adam_update(be, p->data + o, p->grad + o, state[0] + o, state[1] + o, n,
+                                      t, lr, c->adam_beta1, c->adam_beta2, c->adam_eps,
+                                      c->weight_decay);
+        if (st != LUNA_OK) return st;
+        ++*ops;
+    }
+    return LUNA_OK;
+}
+
+static void die(const char *what) {
+    fprintf(stderr, "bench-optimizer: %s: %s\n", what, luna_error_message());
+    exit(1);
+}
+
+int main(int argc, char **argv) {
+    const char *arch = "luna_base_tied", *which = "both", *mode_name = "each";
+    int vocab = 32000, reps = 5;
+    double clip_norm = 0.1;
+    char threads_list[64] = "1,2";
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage();
+            return 0;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "bench-optimizer: %s needs a value\n", argv[i]);
+            return 2;
+        }
+        if (!strcmp(argv[i], "--arch"))
+            arch = argv[++i];
+        else if (!strcmp(argv[i], "--vocab"))
+            vocab = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--optimizer"))
+            which = argv[++i];
+        else if (!strcmp(argv[i], "--clip-mode"))
+            mode_name = argv[++i];
+        else if (!strcmp(argv[i], "--clip-norm"))
+            clip_norm = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--reps"))
+            reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--threads"))
+            snprintf(threads_list, sizeof threads_list, "%s", argv[++i]);
+        else {
+            fprintf(stderr, "bench-optimizer: unknown option %s\n", argv[i]);
+            return 2;
+        }
+    }
+    luna_clip_mode mode;
+    if (luna_clip_mode_parse(mode_name, &mode) != LUNA_OK) die("--clip-mode");
+    if (reps <= 0 || vocab <= 4 || !(clip_norm > 0)) {
+        fprintf(stderr, "bench-optimizer: --reps, --vocab and --clip-norm must be positive\n");
+        return 2;
+    }
+    luna_config cfg;
+    if (luna_config_preset(&cfg, arch) != LUNA_OK) die("--arch");
+    cfg.vocab_size = vocab;
+    luna_backend *be;
+    if (luna_backend_cpu_create(&be, 1) != LUNA_OK) die("backend");
+    luna_params *p;
+    if (luna_params_create(&p, be, &cfg) != LUNA_OK) die("parameters");
+    if (luna_params_init(p, 1) != LUNA_OK) die("init");
+    /* Gradients: uniform, tensor norms of about 1 (so clip-norm 0.1 clips every tensor). */
+    size_t np = p->num_params;
+    float *g0 = malloc(np * sizeof *g0);
+    uint64_t s = 88172645463325252ull;
+    for (size_t i = 0; i < np; i++) {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        g0[i] = (float)((double)(s >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+    }
+    for (int i = 0; i < p->num_tensors; i++) {
+        const luna_param_info *t = &p->tensors[i];
+        float f = 1.0f / sqrtf((float)(t->numel ? t->numel : 1) / 3.0f);
+        for (size_t j = 0; j < t->numel; j++)
+            g0[t->offset + j] *= f;
+    }
+    int trainable = 0;
+    for (int i = 0; i < p->num_tensors; i++)
+        trainable += p->tensors[i].has_grad;
+    printf("bench-optimizer: %s, %zu parameters in %d tensors (%d trained), clip-mode %s, "
+           "clip-norm %g\n",
+           arch, np, p->num_tensors, trainable, mode_name, clip_norm);
+
+    for (int kind = 0; kind <= 1; kind++) {
+        if (strcmp(which, "both") && strcmp(which, kind ? "adam" : "apollo")) continue;
+        luna_optimizer_config oc;
+        luna_optimizer_config_defaults(&oc, kind ? LUNA_OPTIMIZER_ADAM : LUNA_OPTIMIZER_APOLLO);
+        luna_optimizer *opt;
+        luna_clipper *clip;
+        if (luna_optimizer_create(&opt, be, &oc, p) != LUNA_OK) die("optimizer");
+        if (luna_clipper_create(&clip, be, p) != LUNA_OK) die("clipper");
+        float *state[3] = {NULL, NULL, NULL};
+        for (int k = 0; k < 3; k++) {
+            state[k] = luna_mem_alloc(be, np * sizeof(float));
+            if (!state[k] || luna_mem_zero(be, state[k], np * sizeof(float)) != LUNA_OK)
+                die("old-path state");
+        }
+        char list[64], *save = NULL;
+        snprintf(list, sizeof list, "%s", threads_list);
+        for (char *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+            luna_backend_cpu_set_threads(be, atoi(tok));
+            for (int path = 0; path <= 1; path++) { /* 0 old, 1 new */
+                double best = 1e30;
+                int ops = 0;
+                size_t reads = 0, allocs = 0;
+                for (int r = 0; r <= reps; r++) { /* r = 0: warm-up */
+                    if (luna_mem_from_host(be, p->grad, g0, np * sizeof(float)) != LUNA_OK)
+                        die("gradients");
+                    size_t reads0 = be->to_host_calls, allocs0 = be->alloc_calls;
+                    int ops0 = 0;
+                    double t0 = now_seconds();
+                    luna_status st;
+                    if (path == 0) {
+                        st = old_clip(be, p, clip_norm, mode, &ops0);
+                        if (st == LUNA_OK)
+                            st = old_step(be, p, &oc, state, (int64_t)r + 1, 1e-4, &ops0);
+                    } else {
+                        double norm;
+                        bool clipped, finite;
+                        st = luna_clipper_apply(clip, clip_norm, mode, &norm, &clipped, &finite);
+                        if (st == LUNA_OK) st = luna_optimizer_step(opt, 1e-4);
+                        ops0 = 4; /* multi_sum_squares, clip_coefficients, multi_scale, update */
+                    }
+                    if (st == LUNA_OK) st = luna_backend_synchronize(be);
+                    double t = now_seconds() - t0;
+                    if (st != LUNA_OK) die(path ? "new path" : "old path");
+                    if (r > 0 && t < best) best = t;
+                    ops = ops0;
+                    reads = be->to_host_calls - reads0;
+                    allocs = be->alloc_calls - allocs0;
+                }
+                printf("  %-6s threads=%s %s path: %8.2f ms/update  (%d ops, %zu readbacks, %zu "
+                       "allocations per update)\n",
+                       kind ? "adam" : "apollo", tok, path ? "new" : "old", best * 1e3, ops, reads,
+                       allocs);
+            }
+        }
+        for (int k = 0; k < 3; k++)
+            luna_mem_release(be, state[k], np * sizeof(float));
+        luna_clipper_free(clip);
+        luna_optimizer_free(opt);
+    }
+    free(g0);
+    luna_params_free(p);
+    luna_backend_free(be);
+    return 0;
+}
