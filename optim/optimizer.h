@@ -6,8 +6,10 @@
  * plus a host-side step counter t per parameter tensor. All state starts at zero.
  *
  * luna_optimizer_step() updates every tensor with has_grad, reading params->grad (the already
- * clipped gradient; it is never modified) and writing params->data and the state through the
- * backend ops apollo_update / adam_update (core/backend.h), so the same code runs on the GPU.
+ * clipped gradient; it is never modified) and writing params->data and the state through ONE
+ * backend op, multi_apollo_update / multi_adam_update (core/backend.h) over a tensor table of the
+ * trainable tensors built at creation (core/tensor_table.h), so the same code runs on the GPU;
+ * an update allocates nothing and reads nothing back.
  * Tensors without has_grad are neither updated nor decayed, and their state stays zero.
  *
  * Precision: state and parameters are stored in fp32; each step computes every element in double
