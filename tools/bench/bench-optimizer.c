@@ -10,7 +10,8 @@
  *        tensor into a freshly allocated device array, a host array, one readback, the norm on
  *        the host, one scale op per clipped tensor, one apollo_update / adam_update per tensor.
  * The gradients are restored before every update (outside the timed region), so every timed
- * update clips. Prints ms/update (best of --reps) and the ops launched per update. */
+ * update clips. The paths alternate (the same machine load for both); prints ms/update (best
+ * and median of --reps) and the ops, readbacks and allocations per update. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -106,6 +107,11 @@ static luna_status old_step(luna_backend *be, luna_params *p, const luna_optimiz
     return LUNA_OK;
 }
 
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
 static void die(const char *what) {
     fprintf(stderr, "bench-optimizer: %s: %s\n", what, luna_error_message());
     exit(1);
@@ -146,8 +152,9 @@ int main(int argc, char **argv) {
     }
     luna_clip_mode mode;
     if (luna_clip_mode_parse(mode_name, &mode) != LUNA_OK) die("--clip-mode");
-    if (reps <= 0 || vocab <= 4 || !(clip_norm > 0)) {
-        fprintf(stderr, "bench-optimizer: --reps, --vocab and --clip-norm must be positive\n");
+    if (reps <= 0 || reps > 64 || vocab <= 4 || !(clip_norm > 0)) {
+        fprintf(stderr, "bench-optimizer: --reps (at most 64), --vocab and --clip-norm must be "
+                        "positive\n");
         return 2;
     }
     luna_config cfg;
@@ -197,11 +204,12 @@ int main(int argc, char **argv) {
         snprintf(list, sizeof list, "%s", threads_list);
         for (char *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
             luna_backend_cpu_set_threads(be, atoi(tok));
-            for (int path = 0; path <= 1; path++) { /* 0 old, 1 new */
-                double best = 1e30;
-                int ops = 0;
-                size_t reads = 0, allocs = 0;
-                for (int r = 0; r <= reps; r++) { /* r = 0: warm-up */
+            /* The two paths alternate, so both see the same machine load. */
+            double times[2][64];
+            int ops[2] = {0, 0};
+            size_t reads[2] = {0, 0}, allocs[2] = {0, 0};
+            for (int r = 0; r <= reps; r++) {           /* r = 0: warm-up */
+                for (int path = 0; path <= 1; path++) { /* 0 old, 1 new */
                     if (luna_mem_from_host(be, p->grad, g0, np * sizeof(float)) != LUNA_OK)
                         die("gradients");
                     size_t reads0 = be->to_host_calls, allocs0 = be->alloc_calls;
@@ -222,15 +230,18 @@ int main(int argc, char **argv) {
                     if (st == LUNA_OK) st = luna_backend_synchronize(be);
                     double t = now_seconds() - t0;
                     if (st != LUNA_OK) die(path ? "new path" : "old path");
-                    if (r > 0 && t < best) best = t;
-                    ops = ops0;
-                    reads = be->to_host_calls - reads0;
-                    allocs = be->alloc_calls - allocs0;
+                    if (r > 0) times[path][r - 1] = t;
+                    ops[path] = ops0;
+                    reads[path] = be->to_host_calls - reads0;
+                    allocs[path] = be->alloc_calls - allocs0;
                 }
-                printf("  %-6s threads=%s %s path: %8.2f ms/update  (%d ops, %zu readbacks, %zu "
-                       "allocations per update)\n",
-                       kind ? "adam" : "apollo", tok, path ? "new" : "old", best * 1e3, ops, reads,
-                       allocs);
+            }
+            for (int path = 0; path <= 1; path++) {
+                qsort(times[path], (size_t)reps, sizeof(double), cmp_double);
+                printf("  %-6s threads=%s %s path: %8.2f ms/update best, %8.2f median  (%d ops, "
+                       "%zu readbacks, %zu allocations per update)\n",
+                       kind ? "adam" : "apollo", tok, path ? "new" : "old", times[path][0] * 1e3,
+                       times[path][reps / 2] * 1e3, ops[path], reads[path], allocs[path]);
             }
         }
         for (int k = 0; k < 3; k++)

@@ -231,6 +231,7 @@ static inline table_block block_of(const luna_tensor_table *tt, int64_t k) {
 }
 
 /* Per-tensor scalars of one Apollo step, in tt->workspace. */
+#define APOLLO_CHUNK_BLOCKS 256 /* 1M elements */
 enum { AP_ALPHA, AP_DEN, AP_DELTA, AP_R, AP_EOA, AP_COEF, AP_NSCALARS };
 _Static_assert(AP_NSCALARS <= LUNA_TENSOR_TABLE_WORKSPACE_PER_TENSOR, "workspace per tensor");
 _Static_assert(OPT_BLOCK == LUNA_TENSOR_TABLE_BLOCK, "one blocking");
@@ -259,96 +260,108 @@ luna_status luna_cpu_multi_apollo_update(luna_backend *be, float *theta, const f
     const bool stable = wd_type == WD_STABLE;
     const double decoupled = wd_type == WD_DECOUPLED ? weight_decay : 0.0;
 
-    /* Pass 1: the reductions of steps 5–6 (old m, B, d) over every block. */
+    /* Chunks of consecutive tensors of at most APOLLO_CHUNK_BLOCKS blocks (a larger tensor is a
+     * chunk alone): a chunk's reduction pass and update pass run back to back while its
+     * parameters, gradients and state (5 arrays, 20 MB at most) are still in cache, as the two
+     * passes of the single-tensor op are. The chunking does not change any result. */
+    for (int t0 = 0; t0 < nt;) {
+        int t1 = t0 + 1;
+        while (t1 < nt && tt->block_start[t1 + 1] - tt->block_start[t0] <= APOLLO_CHUNK_BLOCKS)
+            t1++;
+        const int64_t k0 = tt->block_start[t0], k1 = tt->block_start[t1];
+        /* Pass 1: the reductions of steps 5–6 (old m, B, d) over the chunk's blocks. */
 #pragma omp parallel for num_threads(be->num_threads)                                              \
-    schedule(static) if (nblocks >= OPT_PARALLEL_MIN)
-    for (int64_t k = 0; k < nblocks; k++) {
-        table_block b = block_of(tt, k);
-        partials[k] =
-            apollo_block_reduce(theta + b.base, g + b.base, exp_avg + b.base,
-                                approx_hessian + b.base, update + b.base, b.start, b.len, l2);
-    }
-    /* Per-tensor scalars: partials combined in block order (as the single-tensor op). */
-    for (int i = 0; i < nt; i++) {
-        int64_t t = steps[i] + 1;
-        double s4 = 0.0, sgd = 0.0, sbd = 0.0, r = 0.0;
-        for (int64_t k = tt->block_start[i]; k < tt->block_start[i + 1]; k++) {
-            s4 += partials[k].s4;
-            sgd += partials[k].sgd;
-            sbd += partials[k].sbd;
-            double pr = partials[k].rmax;
-            r = (pr != pr || r != r) ? NAN : (pr > r ? pr : r);
+    schedule(static) if (k1 - k0 >= OPT_PARALLEL_MIN)
+        for (int64_t k = k0; k < k1; k++) {
+            table_block b = block_of(tt, k);
+            partials[k] =
+                apollo_block_reduce(theta + b.base, g + b.base, exp_avg + b.base,
+                                    approx_hessian + b.base, update + b.base, b.start, b.len, l2);
         }
-        double *x = sc + (size_t)i * LUNA_TENSOR_TABLE_WORKSPACE_PER_TENSOR;
-        const double alpha = (1.0 - beta) / (1.0 - pow(beta, (double)t));
-        const double eps_prime = rebound == REBOUND_CONSTANT ? eps / sigma : eps;
-        const double den = pow(s4, 0.25) + eps_prime;
-        x[AP_ALPHA] = alpha;
-        x[AP_DEN] = den;
-        x[AP_DELTA] = -alpha * sgd / (den * den) - sbd / (den * den);
-        x[AP_R] = r;
-        x[AP_EOA] = eps / alpha;
-    }
-
-    /* Pass 2: steps 4, 7, 8 (and 9–11 unless stable, which needs mean(D) first). */
-#pragma omp parallel for num_threads(be->num_threads)                                              \
-    schedule(static) if (nblocks >= OPT_PARALLEL_MIN)
-    for (int64_t k = 0; k < nblocks; k++) {
-        table_block b = block_of(tt, k);
-        const double *x = sc + (size_t)b.tensor * LUNA_TENSOR_TABLE_WORKSPACE_PER_TENSOR;
-        const double alpha = x[AP_ALPHA], den = x[AP_DEN], delta = x[AP_DELTA], r = x[AP_R],
-                     eps_over_alpha = x[AP_EOA];
-        float *restrict th = theta + b.base, *restrict m = exp_avg + b.base,
-                        *restrict Bh = approx_hessian + b.base, *restrict d = update + b.base;
-        const float *restrict gr = g + b.base;
-        double lane[OPT_LANES] = {0};
-        for (int64_t j = 0; j < b.len; j++) {
-            int64_t i = b.start + j;
-            double gp = (double)gr[i] + l2 * (double)th[i];
-            double dg = gp - (double)m[i];
-            float m_new = (float)((double)m[i] + alpha * dg);
-            double v = (double)d[i] / den;
-            float b_new = (float)((double)Bh[i] + delta * v * v);
-            m[i] = m_new;
-            Bh[i] = b_new;
-            double D = apollo_denominator((double)b_new, r, sigma, eps_over_alpha, rebound);
-            if (stable) {
-                lane[j % OPT_LANES] += D;
-                continue;
+        /* Per-tensor scalars: partials combined in block order (as the single-tensor op). */
+        for (int i = t0; i < t1; i++) {
+            int64_t t = steps[i] + 1;
+            double s4 = 0.0, sgd = 0.0, sbd = 0.0, r = 0.0;
+            for (int64_t k = tt->block_start[i]; k < tt->block_start[i + 1]; k++) {
+                s4 += partials[k].s4;
+                sgd += partials[k].sgd;
+                sbd += partials[k].sbd;
+                double pr = partials[k].rmax;
+                r = (pr != pr || r != r) ? NAN : (pr > r ? pr : r);
             }
-            float d_new = (float)((double)m_new / D + decoupled * (double)th[i]);
-            d[i] = d_new;
-            th[i] = (float)((double)th[i] - lr * (double)d_new);
+            double *x = sc + (size_t)i * LUNA_TENSOR_TABLE_WORKSPACE_PER_TENSOR;
+            const double alpha = (1.0 - beta) / (1.0 - pow(beta, (double)t));
+            const double eps_prime = rebound == REBOUND_CONSTANT ? eps / sigma : eps;
+            const double den = pow(s4, 0.25) + eps_prime;
+            x[AP_ALPHA] = alpha;
+            x[AP_DEN] = den;
+            x[AP_DELTA] = -alpha * sgd / (den * den) - sbd / (den * den);
+            x[AP_R] = r;
+            x[AP_EOA] = eps / alpha;
         }
-        double s = 0.0;
-        for (int l = 0; l < OPT_LANES; l++)
-            s += lane[l];
-        dsum[k] = s;
-    }
 
-    if (stable) {
-        for (int i = 0; i < nt; i++) {
-            double total = 0.0;
-            for (int64_t k = tt->block_start[i]; k < tt->block_start[i + 1]; k++)
-                total += dsum[k];
-            sc[(size_t)i * LUNA_TENSOR_TABLE_WORKSPACE_PER_TENSOR + AP_COEF] =
-                weight_decay / (total / (double)tt->numels[i]);
-        }
+        /* Pass 2: steps 4, 7, 8 (and 9–11 unless stable, which needs mean(D) first). */
 #pragma omp parallel for num_threads(be->num_threads)                                              \
-    schedule(static) if (nblocks >= OPT_PARALLEL_MIN)
-        for (int64_t k = 0; k < nblocks; k++) {
+    schedule(static) if (k1 - k0 >= OPT_PARALLEL_MIN)
+        for (int64_t k = k0; k < k1; k++) {
             table_block b = block_of(tt, k);
             const double *x = sc + (size_t)b.tensor * LUNA_TENSOR_TABLE_WORKSPACE_PER_TENSOR;
-            const double r = x[AP_R], eps_over_alpha = x[AP_EOA], coef = x[AP_COEF];
+            const double alpha = x[AP_ALPHA], den = x[AP_DEN], delta = x[AP_DELTA], r = x[AP_R],
+                         eps_over_alpha = x[AP_EOA];
             float *restrict th = theta + b.base, *restrict m = exp_avg + b.base,
                             *restrict Bh = approx_hessian + b.base, *restrict d = update + b.base;
-            for (int64_t i = b.start; i < b.start + b.len; i++) {
-                double D = apollo_denominator((double)Bh[i], r, sigma, eps_over_alpha, rebound);
-                float d_new = (float)((double)m[i] / D + coef * (double)th[i]);
+            const float *restrict gr = g + b.base;
+            double lane[OPT_LANES] = {0};
+            for (int64_t j = 0; j < b.len; j++) {
+                int64_t i = b.start + j;
+                double gp = (double)gr[i] + l2 * (double)th[i];
+                double dg = gp - (double)m[i];
+                float m_new = (float)((double)m[i] + alpha * dg);
+                double v = (double)d[i] / den;
+                float b_new = (float)((double)Bh[i] + delta * v * v);
+                m[i] = m_new;
+                Bh[i] = b_new;
+                double D = apollo_denominator((double)b_new, r, sigma, eps_over_alpha, rebound);
+                if (stable) {
+                    lane[j % OPT_LANES] += D;
+                    continue;
+                }
+                float d_new = (float)((double)m_new / D + decoupled * (double)th[i]);
                 d[i] = d_new;
                 th[i] = (float)((double)th[i] - lr * (double)d_new);
             }
+            double s = 0.0;
+            for (int l = 0; l < OPT_LANES; l++)
+                s += lane[l];
+            dsum[k] = s;
         }
+
+        if (stable) {
+            for (int i = t0; i < t1; i++) {
+                double total = 0.0;
+                for (int64_t k = tt->block_start[i]; k < tt->block_start[i + 1]; k++)
+                    total += dsum[k];
+                sc[(size_t)i * LUNA_TENSOR_TABLE_WORKSPACE_PER_TENSOR + AP_COEF] =
+                    weight_decay / (total / (double)tt->numels[i]);
+            }
+#pragma omp parallel for num_threads(be->num_threads)                                              \
+    schedule(static) if (k1 - k0 >= OPT_PARALLEL_MIN)
+            for (int64_t k = k0; k < k1; k++) {
+                table_block b = block_of(tt, k);
+                const double *x = sc + (size_t)b.tensor * LUNA_TENSOR_TABLE_WORKSPACE_PER_TENSOR;
+                const double r = x[AP_R], eps_over_alpha = x[AP_EOA], coef = x[AP_COEF];
+                float *restrict th = theta + b.base, *restrict m = exp_avg + b.base,
+                                *restrict Bh = approx_hessian + b.base,
+                                *restrict d = update + b.base;
+                for (int64_t i = b.start; i < b.start + b.len; i++) {
+                    double D = apollo_denominator((double)Bh[i], r, sigma, eps_over_alpha, rebound);
+                    float d_new = (float)((double)m[i] / D + coef * (double)th[i]);
+                    d[i] = d_new;
+                    th[i] = (float)((double)th[i] - lr * (double)d_new);
+                }
+            }
+        }
+        t0 = t1;
     }
     for (int i = 0; i < nt; i++)
         steps[i] += 1;
