@@ -18,9 +18,10 @@
 #include "optim/optimizer.h"
 #include "tests/test_util.h"
 
-/* Sizes: 0, 1, odd, one block (4096) ± 1, several blocks, > OPT_PARALLEL_MIN blocks. */
-static const int64_t SIZES[] = {7,    0,     1,  4095, 4096, 4097, 12293, 33, 70001,
-                                1000, 16385, 64, 3,    8191, 511,  20000, 5,  2};
+/* Sizes: 0, 1, odd, one block (4096) ± 1, several blocks, > OPT_PARALLEL_MIN blocks, and more
+ * than multi_apollo_update's chunk of 256 blocks (alone, and spread over several tensors). */
+static const int64_t SIZES[] = {7,  0, 1,       4095, 4096, 4097,   12293, 33, 70001, 1000,   16385,
+                                64, 3, 1048577, 8191, 511,  300000, 20000, 5,  2,     600000, 9};
 #define NT ((int)(sizeof SIZES / sizeof SIZES[0]))
 #define GAP 13 /* floats between tensors: the flat layout need not be dense */
 
