@@ -1,4 +1,5 @@
-/* Optimizer updates of one parameter tensor (core/backend.h: apollo_update, adam_update).
+/* Optimizer updates (core/backend.h): of one tensor (apollo_update, adam_update: the reference,
+ * test-only) and of every tensor of a table in one call (multi_apollo_update, multi_adam_update).
  *
  * Precision: parameters and state are stored in fp32. Each element is computed in double from
  * the stored fp32 values; a quantity is rounded to fp32 when it is stored, and later sub-steps of
