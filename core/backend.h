@@ -296,6 +296,26 @@ struct luna_ops {
     luna_status (*sum_broadcast)(luna_backend *be, float *dx, const luna_act *dout, int B,
                                  int64_t rows, int d);
 
+    /* ---- Decoding: row gathers and the next-token candidates ---------------------------------
+     * gather_rows: dst[i, 0:cols] = src[idx[i], 0:cols] for i in [0, n) (idx NULL: src[i]), rows
+     *   dst_stride / src_stride elements apart (activations). Reorders beams (index-select) and,
+     *   with idx NULL, writes a step's keys into a strided cache. dst and src must not overlap.
+     *   Indices outside [0, src_rows) are the caller's bug (not checked on a device).
+     * log_softmax_topk: per row r of logits [rows, V] (activations), in double:
+     *   lse_r = max + log Σ_j exp(x_rj − max),  lp_rj = (float)(x_rj − lse_r) + bias[j]
+     *   (bias [V] fp32, NULL: none; −inf bans a token), then
+     *   top_lp / top_idx [rows, k]: the k largest lp_rj, best first, ties by lower j first, a NaN
+     *   counted (and returned) as −inf; picked[r] = (float)(x_r,pick[r] − lse_r), without the
+     *   bias, for pick [rows] (NULL: none).
+     *   The host receives k candidates per row instead of V log-probs (beam search) or one
+     *   log-prob per row (scoring); k ≤ V, k = 0 allowed. */
+    luna_status (*gather_rows)(luna_backend *be, luna_act *dst, int64_t dst_stride,
+                               const luna_act *src, int64_t src_stride, const int32_t *idx,
+                               int64_t n, int64_t cols);
+    luna_status (*log_softmax_topk)(luna_backend *be, const luna_act *logits, const float *bias,
+                                    int64_t rows, int V, int k, float *top_lp, int32_t *top_idx,
+                                    const int32_t *pick, float *picked);
+
     /* ---- Optimizer updates (one parameter tensor of n elements; optim/optimizer.c) ----------
      * g [n] is the (clipped) gradient and is only read; theta and the state [n] are updated in
      * place. Hyperparameters are doubles; every element is computed in double from the stored
