@@ -5,13 +5,14 @@
  * shapes, causality (out_t ignores every position s > t), thread-count independence and scratch
  * discipline. */
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/allocator.h"
 #include "core/backend.h"
-#include "tests/test_util.h"
+#include "tests/backend_harness.h"
 
 typedef struct {
     luna_backend *be;
@@ -301,6 +302,52 @@ START_TEST(degenerate_shapes) {
 }
 END_TEST
 
+/* ---- the backend under test against the CPU reference ---------------------------------------- */
+typedef struct {
+    int G, n, p, q;
+} cmp_args;
+
+/* d[0] x, d[1] a, d[2] b, d[3] out / dout, d[4] dx, d[5] da, d[6] db. */
+static luna_status cmp_forward(luna_backend *be, void *const *d, const void *args) {
+    const cmp_args *s = args;
+    return be->ops->causal_contraction_forward(be, d[3], d[0], d[1], d[2], s->G, s->n, s->p, s->q);
+}
+static luna_status cmp_backward(luna_backend *be, void *const *d, const void *args) {
+    const cmp_args *s = args;
+    return be->ops->causal_contraction_backward(be, d[4], d[5], d[6], d[3], d[0], d[1], d[2], s->G,
+                                                s->n, s->p, s->q);
+}
+
+START_TEST(causal_matches_reference_backend) {
+    const cmp_args shapes[] = {{1, 1, 1, 1}, {3, 7, 5, 13}, {2, 13, 16, 7}, {5, 65, 9, 33}};
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        const cmp_args *s = &shapes[k];
+        size_t nxa = (size_t)s->G * s->n * s->p, nb = (size_t)s->G * s->n * s->q;
+        luna_test_rng rng;
+        luna_test_rng_seed(&rng, 130 + k);
+        float *x = luna_test_random_vector(&rng, nxa, -1, 1),
+              *a = luna_test_random_vector(&rng, nxa, 0, 1);
+        float *b = luna_test_random_vector(&rng, nb, -1, 1),
+              *dout = luna_test_random_vector(&rng, nb, -1, 1);
+        char what[48];
+        snprintf(what, sizeof what, "G %d n %d p %d q %d", s->G, s->n, s->p, s->q);
+        lh_buf bufs[] = {{x, nxa, LH_F32, LH_IN},     {a, nxa, LH_F32, LH_IN},
+                         {b, nb, LH_F32, LH_IN},      {dout, nb, LH_F32, LH_IN},
+                         {NULL, nxa, LH_F32, LH_OUT}, {NULL, nxa, LH_F32, LH_OUT},
+                         {NULL, nb, LH_F32, LH_OUT}};
+        lh_buf fw[] = {bufs[0], bufs[1], bufs[2], {NULL, nb, LH_F32, LH_OUT}};
+        ck_assert_int_eq(lh_compare("causal_contraction_forward", what, 2, cmp_forward, s, fw, 4),
+                         LUNA_OK);
+        ck_assert_int_eq(
+            lh_compare("causal_contraction_backward", what, 2, cmp_backward, s, bufs, 7), LUNA_OK);
+        free(x);
+        free(a);
+        free(b);
+        free(dout);
+    }
+}
+END_TEST
+
 static Suite *causal_suite(void) {
     Suite *s = suite_create("ops_causal");
     TCase *tc = tcase_create("causal");
@@ -311,6 +358,7 @@ static Suite *causal_suite(void) {
     tcase_add_test(tc, causality);
     tcase_add_test(tc, threads_and_scratch);
     tcase_add_test(tc, degenerate_shapes);
+    tcase_add_test(tc, causal_matches_reference_backend);
     suite_add_tcase(s, tc);
     return s;
 }

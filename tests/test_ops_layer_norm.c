@@ -1,12 +1,13 @@
 /* Tests of LayerNorm: forward against a naive double implementation, finite-difference gradients
  * for dx, dgamma and dbeta, dx aliasing dy, accumulation, and thread-count determinism. */
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/backend.h"
-#include "tests/test_util.h"
+#include "tests/backend_harness.h"
 
 #ifndef GC_EPS
 #define GC_EPS 3e-3
@@ -195,6 +196,86 @@ START_TEST(layer_norm_backward_alias_accumulate_deterministic) {
 }
 END_TEST
 
+/* ---- the backend under test against the CPU reference ---------------------------------------- */
+typedef struct {
+    int64_t rows;
+    int d;
+} cmp_args;
+
+/* d[0] x, d[1] gamma, d[2] beta, d[3] y / dy, d[4] mean, d[5] rstd, d[6] dx, d[7] dgamma,
+ * d[8] dbeta. */
+static luna_status cmp_forward(luna_backend *be, void *const *d, const void *args) {
+    const cmp_args *a = args;
+    return be->ops->layer_norm_forward(be, d[3], d[4], d[5], d[0], d[1], d[2], a->rows, a->d,
+                                       LN_EPS);
+}
+static luna_status cmp_backward(luna_backend *be, void *const *d, const void *args) {
+    const cmp_args *a = args;
+    return be->ops->layer_norm_backward(be, d[6], d[7], d[8], d[3], d[0], d[4], d[5], d[1], a->rows,
+                                        a->d);
+}
+
+START_TEST(layer_norm_matches_reference_backend) {
+    const int shapes[][2] = {{1, 1}, {7, 13}, {33, 5}, {130, 257}};
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        int rows = shapes[k][0], d = shapes[k][1];
+        size_t n = (size_t)rows * d;
+        luna_test_rng rng;
+        luna_test_rng_seed(&rng, 70 + k);
+        float *x = luna_test_random_vector(&rng, n, -3, 5),
+              *g = luna_test_random_vector(&rng, d, 0.5f, 1.5f);
+        float *b = luna_test_random_vector(&rng, d, -1, 1),
+              *dy = luna_test_random_vector(&rng, n, -1, 1);
+        float *mean = luna_test_zeros((size_t)rows), *rstd = luna_test_zeros((size_t)rows);
+        float *dg = luna_test_random_vector(&rng, d, -1, 1),
+              *db = luna_test_random_vector(&rng, d, -1, 1);
+        cmp_args a = {rows, d};
+        char what[32];
+        snprintf(what, sizeof what, "rows %d d %d", rows, d);
+        lh_buf fw[] = {{x, n, LH_F32, LH_IN},
+                       {g, (size_t)d, LH_F32, LH_IN},
+                       {b, (size_t)d, LH_F32, LH_IN},
+                       {NULL, n, LH_F32, LH_OUT},
+                       {NULL, (size_t)rows, LH_F32, LH_OUT},
+                       {NULL, (size_t)rows, LH_F32, LH_OUT}};
+        ck_assert_int_eq(lh_compare("layer_norm_forward", what, 2, cmp_forward, &a, fw, 6),
+                         LUNA_OK);
+        /* the statistics the backward reads: the reference's */
+        luna_backend *ref = lh_reference();
+        float *vx = lh_f32(ref, x, n), *vg = lh_f32(ref, g, (size_t)d),
+              *vb = lh_f32(ref, b, (size_t)d);
+        float *vy = lh_alloc(ref, n * sizeof(float)), *vm = lh_alloc(ref, (size_t)rows * 4);
+        float *vr = lh_alloc(ref, (size_t)rows * 4);
+        LUNA_CHECK_OK(ref->ops->layer_norm_forward(ref, vy, vm, vr, vx, vg, vb, rows, d, LN_EPS));
+        lh_download(ref, mean, vm, (size_t)rows * 4);
+        lh_download(ref, rstd, vr, (size_t)rows * 4);
+        float *bufs[] = {vx, vg, vb, vy, vm, vr};
+        for (int i = 0; i < 6; i++)
+            lh_free(ref, bufs[i]);
+        luna_backend_free(ref);
+        lh_buf bw[] = {{x, n, LH_F32, LH_IN},
+                       {g, (size_t)d, LH_F32, LH_IN},
+                       {b, (size_t)d, LH_F32, LH_IN},
+                       {dy, n, LH_F32, LH_IN},
+                       {mean, (size_t)rows, LH_F32, LH_IN},
+                       {rstd, (size_t)rows, LH_F32, LH_IN},
+                       {NULL, n, LH_F32, LH_OUT},
+                       {dg, (size_t)d, LH_F32, LH_OUT},
+                       {db, (size_t)d, LH_F32, LH_OUT}};
+        ck_assert_int_eq(lh_compare("layer_norm_backward", what, 2, cmp_backward, &a, bw, 9),
+                         LUNA_OK);
+        free(x);
+        free(g);
+        free(b);
+        free(dy);
+        free(mean);
+        free(rstd);
+        free(dg);
+        free(db);
+    }
+}
+END_TEST
+
 static Suite *layer_norm_suite(void) {
     Suite *s = suite_create("ops_layer_norm");
     TCase *tc = tcase_create("layer_norm");
@@ -202,6 +283,7 @@ static Suite *layer_norm_suite(void) {
     tcase_add_test(tc, layer_norm_forward_matches_naive_double);
     tcase_add_test(tc, layer_norm_gradients_match_finite_differences);
     tcase_add_test(tc, layer_norm_backward_alias_accumulate_deterministic);
+    tcase_add_test(tc, layer_norm_matches_reference_backend);
     suite_add_tcase(s, tc);
     return s;
 }
