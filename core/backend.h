@@ -152,7 +152,9 @@ struct luna_ops {
                                    const luna_act *dy, const luna_act *x, const float *W,
                                    int64_t rows, int in, int out, bool accumulate_dx);
 
-    /* ---- Bias: y[r, c] += b[c]; backward db[c] += Σ_r dy[r, c] ------------------------------ */
+    /* ---- Bias: y[r, c] += b[c]; backward db[c] += Σ_r dy[r, c] ------------------------------
+     * test-only: no production code calls them (linear_forward/backward take the bias); kept as
+     * the bias half of the linear op, compared across backends by tests/test_ops_linear.c. */
     luna_status (*bias_add_forward)(luna_backend *be, luna_act *y, const float *b, int64_t rows,
                                     int cols);
     luna_status (*bias_add_backward)(luna_backend *be, float *db, const luna_act *dy, int64_t rows,
@@ -261,7 +263,10 @@ struct luna_ops {
     /* ---- Reductions (device scalar results, accumulated in double, deterministic) ------------
      * sum_squares: Σ x² (L2² norm), sum_pow4: Σ x⁴ (L4⁴ norm), dot: Σ x·y, sum: Σ x,
      * max_abs: max |x|. Backward of the differentiable ones for a scalar upstream gradient g:
-     *   d(Σx²)/dx = 2x·g,  d(Σx⁴)/dx = 4x³·g,  d(Σxy) = (y·g, x·g); added (+=) into dx / dy. */
+     *   d(Σx²)/dx = 2x·g,  d(Σx⁴)/dx = 4x³·g,  d(Σxy) = (y·g, x·g); added (+=) into dx / dy.
+     * test-only: sum_pow4, dot, sum, max_abs and the three backward ops are called by no
+     * production code (gradient clipping uses sum_squares; Apollo fuses its norms into
+     * apollo_update); they are kept for the reduction suite (tests/test_ops_reduce.c). */
     luna_status (*sum_squares)(luna_backend *be, float *result, const float *x, int64_t n);
     luna_status (*sum_pow4)(luna_backend *be, float *result, const float *x, int64_t n);
     luna_status (*dot)(luna_backend *be, float *result, const float *x, const float *y, int64_t n);
@@ -286,7 +291,7 @@ struct luna_ops {
     luna_status (*axpy)(luna_backend *be, luna_act *y, float alpha, const float *x, int64_t n);
     luna_status (*scale)(luna_backend *be, float *x, float alpha, int64_t n); /* fp32 buffers */
     luna_status (*scale_act)(luna_backend *be, luna_act *x, float alpha, int64_t n);
-    luna_status (*fill)(luna_backend *be, float *x, float value, int64_t n);
+    luna_status (*fill)(luna_backend *be, float *x, float value, int64_t n); /* test-only */
     luna_status (*split_heads)(luna_backend *be, luna_act *out, const luna_act *x, int B, int n,
                                int H, int dh);
     luna_status (*merge_heads)(luna_backend *be, luna_act *out, const luna_act *x, int B, int n,
