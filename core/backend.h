@@ -155,7 +155,9 @@ struct luna_ops {
                                    const luna_act *dy, const luna_act *x, const float *W,
                                    int64_t rows, int in, int out, bool accumulate_dx);
 
-    /* ---- Bias: y[r, c] += b[c]; backward db[c] += Σ_r dy[r, c] ------------------------------ */
+    /* ---- Bias: y[r, c] += b[c]; backward db[c] += Σ_r dy[r, c] ------------------------------
+     * test-only: no production code calls them (linear_forward/backward take the bias); kept as
+     * the bias half of the linear op, compared across backends by tests/test_ops_linear.c. */
     luna_status (*bias_add_forward)(luna_backend *be, luna_act *y, const float *b, int64_t rows,
                                     int cols);
     luna_status (*bias_add_backward)(luna_backend *be, float *db, const luna_act *dy, int64_t rows,
@@ -264,7 +266,10 @@ struct luna_ops {
     /* ---- Reductions (device scalar results, accumulated in double, deterministic) ------------
      * sum_squares: Σ x² (L2² norm), sum_pow4: Σ x⁴ (L4⁴ norm), dot: Σ x·y, sum: Σ x,
      * max_abs: max |x|. Backward of the differentiable ones for a scalar upstream gradient g:
-     *   d(Σx²)/dx = 2x·g,  d(Σx⁴)/dx = 4x³·g,  d(Σxy) = (y·g, x·g); added (+=) into dx / dy. */
+     *   d(Σx²)/dx = 2x·g,  d(Σx⁴)/dx = 4x³·g,  d(Σxy) = (y·g, x·g); added (+=) into dx / dy.
+     * test-only: sum_pow4, dot, sum, max_abs and the three backward ops are called by no
+     * production code (gradient clipping uses sum_squares; Apollo fuses its norms into
+     * apollo_update); they are kept for the reduction suite (tests/test_ops_reduce.c). */
     luna_status (*sum_squares)(luna_backend *be, float *result, const float *x, int64_t n);
     luna_status (*sum_pow4)(luna_backend *be, float *result, const float *x, int64_t n);
     luna_status (*dot)(luna_backend *be, float *result, const float *x, const float *y, int64_t n);
@@ -289,7 +294,7 @@ struct luna_ops {
     luna_status (*axpy)(luna_backend *be, luna_act *y, float alpha, const float *x, int64_t n);
     luna_status (*scale)(luna_backend *be, float *x, float alpha, int64_t n); /* fp32 buffers */
     luna_status (*scale_act)(luna_backend *be, luna_act *x, float alpha, int64_t n);
-    luna_status (*fill)(luna_backend *be, float *x, float value, int64_t n);
+    luna_status (*fill)(luna_backend *be, float *x, float value, int64_t n); /* test-only */
     luna_status (*split_heads)(luna_backend *be, luna_act *out, const luna_act *x, int B, int n,
                                int H, int dh);
     luna_status (*merge_heads)(luna_backend *be, luna_act *out, const luna_act *x, int B, int n,
@@ -298,6 +303,26 @@ struct luna_ops {
                                   int64_t rows, int d);
     luna_status (*sum_broadcast)(luna_backend *be, float *dx, const luna_act *dout, int B,
                                  int64_t rows, int d);
+
+    /* ---- Decoding: row gathers and the next-token candidates ---------------------------------
+     * gather_rows: dst[i, 0:cols] = src[idx[i], 0:cols] for i in [0, n) (idx NULL: src[i]), rows
+     *   dst_stride / src_stride elements apart (activations). Reorders beams (index-select) and,
+     *   with idx NULL, writes a step's keys into a strided cache. dst and src must not overlap.
+     *   Indices outside [0, src_rows) are the caller's bug (not checked on a device).
+     * log_softmax_topk: per row r of logits [rows, V] (activations), in double:
+     *   lse_r = max + log Σ_j exp(x_rj − max),  lp_rj = (float)(x_rj − lse_r) + bias[j]
+     *   (bias [V] fp32, NULL: none; −inf bans a token), then
+     *   top_lp / top_idx [rows, k]: the k largest lp_rj, best first, ties by lower j first, a NaN
+     *   counted (and returned) as −inf; picked[r] = (float)(x_r,pick[r] − lse_r), without the
+     *   bias, for pick [rows] (NULL: none).
+     *   The host receives k candidates per row instead of V log-probs (beam search) or one
+     *   log-prob per row (scoring); k ≤ V, k = 0 allowed. */
+    luna_status (*gather_rows)(luna_backend *be, luna_act *dst, int64_t dst_stride,
+                               const luna_act *src, int64_t src_stride, const int32_t *idx,
+                               int64_t n, int64_t cols);
+    luna_status (*log_softmax_topk)(luna_backend *be, const luna_act *logits, const float *bias,
+                                    int64_t rows, int V, int k, float *top_lp, int32_t *top_idx,
+                                    const int32_t *pick, float *picked);
 
     /* ---- Optimizer updates of ONE tensor (test-only: the reference the multi-tensor updates below
      * are checked against, tests/test_optim_multi.c; optim/optimizer.c uses the multi ops) ------

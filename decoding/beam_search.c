@@ -71,7 +71,12 @@ typedef struct {
     cand *cands;             /* [S, K] */
     bool *is_eos;            /* [S, K] */
     int32_t *rows, *row_tok; /* [S·beam] */
-    float *lp;               /* [S·beam, V] */
+    float *top_lp;           /* [S·beam, K] each row's K best log-probs (after the token bias) */
+    int32_t *top_tok;        /* [S·beam, K] */
+    int32_t *pick;           /* [S·beam] </s> (for the rows that must end) */
+    float *picked;           /* [S·beam] log-prob of </s> without the bias */
+    float *bias;             /* [V] the token bias: <pad> banned, <unk> penalised, </s> banned
+                                before min_len */
 } search;
 
 static luna_status finalize(search *z, const luna_beam_options *o, luna_nbest *out, int r, int step,
@@ -100,7 +105,8 @@ static luna_status finalize(search *z, const luna_beam_options *o, luna_nbest *o
 
 static luna_status run_batch(luna_incremental *inc, const luna_beam_options *o, search *z,
                              luna_nbest *out) {
-    const int beam = z->beam, K = z->K, V = z->V, cap = z->cap;
+    const int beam = z->beam, K = z->K, cap = z->cap;
+    const int k_row = K < z->V ? K : z->V; /* candidates per row */
     int S = z->S;
     for (int s = 0; s < S; s++)
         z->active[s] = s;
@@ -112,32 +118,39 @@ static luna_status run_batch(luna_incremental *inc, const luna_beam_options *o, 
         const int R = S * beam;
         for (int r = 0; r < R; r++)
             z->row_tok[r] = z->tok[(size_t)r * cap + step];
-        LUNA_TRY(luna_incremental_step(inc, z->row_tok, z->lp));
-        for (int r = 0; r < R; r++) {
-            float *row = z->lp + (size_t)r * V;
-            const int b = z->active[r / beam];
-            for (int j = 0; j < V; j++)
-                if (isnan(row[j])) row[j] = -INFINITY;
-            row[z->pad] = -INFINITY;
-            row[z->unk] -= (float)o->unkpen;
-            if (step >= z->max_len[b]) {
-                for (int j = 0; j < V; j++)
-                    if (j != z->eos) row[j] = -INFINITY;
-            } else if (step < o->min_len) {
-                row[z->eos] = -INFINITY;
-            }
+        /* the bias: </s> banned before min_len (a sentence at max_len reads its </s> unbiased) */
+        if (step == 0 || step == o->min_len) {
+            z->bias[z->eos] = step < o->min_len ? -INFINITY : 0.0f;
+            LUNA_TRY(luna_incremental_set_token_bias(inc, z->bias));
         }
-        /* candidates and finalization, per sentence */
+        bool must_end = false;
+        for (int s = 0; s < S; s++)
+            must_end = must_end || step >= z->max_len[z->active[s]];
+        luna_step_output so = {.k = k_row,
+                               .top_log_probs = z->top_lp,
+                               .top_tokens = z->top_tok,
+                               .pick = must_end ? z->pick : NULL,
+                               .picked = z->picked};
+        LUNA_TRY(luna_incremental_step(inc, z->row_tok, &so));
+        /* candidates and finalization, per sentence: the top K of (score + log-prob) over the
+         * beams' candidates (each row's K best hold the sentence's K best) */
         int remaining = 0;
         for (int s = 0; s < S; s++) {
             cand *top = z->cands + (size_t)s * K;
+            const bool forced = step >= z->max_len[z->active[s]]; /* only </s> allowed */
             int n = 0;
             for (int k = 0; k < (step == 0 ? 1 : beam); k++) {
                 const int r = s * beam + k;
                 const double base = step ? z->sc[(size_t)r * cap + step - 1] : 0.0;
-                const float *row = z->lp + (size_t)r * V;
-                for (int j = 0; j < V; j++)
-                    topk_insert(top, &n, K, (cand){base + row[j], k, j});
+                if (forced) {
+                    const float lp = isnan(z->picked[r]) ? -INFINITY : z->picked[r];
+                    topk_insert(top, &n, K, (cand){base + lp, k, z->eos});
+                    continue;
+                }
+                const float *lp = z->top_lp + (size_t)r * k_row;
+                const int32_t *tk = z->top_tok + (size_t)r * k_row;
+                for (int j = 0; j < k_row; j++)
+                    topk_insert(top, &n, K, (cand){base + lp[j], k, tk[j]});
             }
             for (; n < K; n++)
                 top[n] = (cand){-INFINITY, 0, z->unk}; /* dead fillers */
@@ -240,10 +253,20 @@ luna_status luna_beam_search(luna_incremental *inc, const luna_beam_options *o,
     z.is_eos = malloc(sizeof(bool) * (size_t)S * z.K);
     z.rows = malloc(sizeof(int32_t) * R);
     z.row_tok = malloc(sizeof(int32_t) * R);
-    z.lp = malloc(sizeof(float) * R * z.V);
+    z.top_lp = malloc(sizeof(float) * R * z.K);
+    z.top_tok = malloc(sizeof(int32_t) * R * z.K);
+    z.pick = malloc(sizeof(int32_t) * R);
+    z.picked = malloc(sizeof(float) * R);
+    z.bias = calloc((size_t)z.V, sizeof(float));
     luna_status st = LUNA_OK;
+    for (size_t r = 0; z.pick && r < R; r++)
+        z.pick[r] = z.eos;
+    if (z.bias) {
+        z.bias[z.pad] = -INFINITY;
+        z.bias[z.unk] = -(float)o->unkpen;
+    }
     if (!z.max_len || !padded || !z.active || !z.tok || !z.tok2 || !z.sc || !z.sc2 || !z.ignore ||
-        !z.ignore2 || !z.cands || !z.is_eos || !z.rows || !z.row_tok || !z.lp)
+        !z.ignore2 || !z.cands || !z.is_eos || !z.rows || !z.row_tok || !z.top_lp || !z.top_tok || !z.pick || !z.picked || !z.bias)
         st =
             luna_error(LUNA_ERR_OUT_OF_MEMORY, "beam search: out of host memory (%d sentences)", S);
     for (int s = 0; s < S && st == LUNA_OK; s++) {
@@ -278,7 +301,11 @@ luna_status luna_beam_search(luna_incremental *inc, const luna_beam_options *o,
     free(z.is_eos);
     free(z.rows);
     free(z.row_tok);
-    free(z.lp);
+    free(z.top_lp);
+    free(z.top_tok);
+    free(z.pick);
+    free(z.picked);
+    free(z.bias);
     return st;
 }
 
@@ -356,9 +383,10 @@ static luna_status score_batch(luna_incremental *inc, const luna_token_seq *src,
             return luna_error(LUNA_ERR_INVALID_ARGUMENT, "score: target %d is empty", idx[s]);
     }
     int32_t *buf = malloc(sizeof(int32_t) * ((size_t)S * m + 2 * (size_t)S));
-    float *lp = malloc(sizeof(float) * (size_t)S * V);
+    int32_t *pick = malloc(sizeof(int32_t) * (size_t)S);
+    float *lp = malloc(sizeof(float) * (size_t)S);
     luna_status st =
-        buf && lp ? LUNA_OK : luna_error(LUNA_ERR_OUT_OF_MEMORY, "score: out of memory");
+        buf && pick && lp ? LUNA_OK : luna_error(LUNA_ERR_OUT_OF_MEMORY, "score: out of memory");
     int32_t *lens = buf ? buf + (size_t)S * m : NULL, *tok = lens ? lens + S : NULL;
     for (int s = 0; s < S && st == LUNA_OK; s++) {
         const luna_token_seq *x = &src[idx[s]];
@@ -374,8 +402,11 @@ static luna_status score_batch(luna_incremental *inc, const luna_token_seq *src,
             const luna_token_seq *y = &tgt[idx[s]];
             tok[s] = t == 0 ? LUNA_DICT_EOS : (t <= y->len ? y->tokens[t - 1] : c->padding_idx);
             if (tok[s] < 0 || tok[s] >= V) tok[s] = c->padding_idx; /* reported below */
+            pick[s] = t < y->len && y->tokens[t] >= 0 && y->tokens[t] < V ? y->tokens[t]
+                                                                          : c->padding_idx;
         }
-        st = luna_incremental_step(inc, tok, lp);
+        luna_step_output so = {.pick = pick, .picked = lp};
+        st = luna_incremental_step(inc, tok, &so);
         for (int s = 0; s < S && st == LUNA_OK; s++) {
             const luna_token_seq *y = &tgt[idx[s]];
             if (t >= y->len) continue;
@@ -383,10 +414,11 @@ static luna_status score_batch(luna_incremental *inc, const luna_token_seq *src,
                 st = luna_error(LUNA_ERR_INVALID_ARGUMENT,
                                 "score: target %d: token %d out of range", idx[s], y->tokens[t]);
             else
-                positional[idx[s]][t] = lp[(size_t)s * V + y->tokens[t]];
+                positional[idx[s]][t] = lp[s];
         }
     }
     free(buf);
+    free(pick);
     free(lp);
     return st;
 }

@@ -7,17 +7,11 @@
  * one old sentence (beam reordering within a sentence, removal of finished sentences, or the
  * expansion of one sentence's rows).
  *
- * State, Luna (spec §2–§4), per decoder layer:
- *   per row:      the causal state P̃ [H, L, dh], Σ K_s Φ_sᵀ [H, dh, L], Σ Φ_sᵀ V_s [H, L, dh]
- *                 (model/causal_luna_attention.h) and the step count t;
- *   per sentence: the cross-attention unpack keys/values c_proj(Y_P) [H, L, dh] (untied: k_proj
- *                 and v_proj), with Y_P = pack(P_layer, encoder output) computed once at begin.
- *   The decoder P of every layer depends on the source only (§4), so begin() runs the encoder,
- *   then walks P through the decoder layers' cross-attention packs; the encoder output is not
- *   kept. L = min(l, longest source) with the P mask (dynamic projection), or l (fixed).
- * State, transformer: per row a key/value cache [T_max, d] per layer (grows with the step up to
- *   max_steps, allocated at begin), per sentence the cross-attention keys/values [H, m, dh].
- *
+ * The network's part (encoder, the per-layer state and one decoder step) is model/decoder_step.h;
+ * this object owns the state (one arena whose size is fixed by begin: constant in the number of
+ * steps for Luna, the transformer's caches sized for max_steps), reorders it between steps
+ * (gather_rows on the device: beams within a sentence, finished sentences removed) and hands the
+ * search k candidates per row.
  * All state lives in one arena (luna_incremental_state_bytes: constant after begin); each step's
  * temporaries come from a scratch arena released before the step returns. No dropout.
  */
@@ -44,10 +38,30 @@ luna_status luna_incremental_begin(luna_incremental *inc, const int32_t *src_tok
                                    const int32_t *src_lengths, int S, int m, int beam,
                                    int max_steps);
 
+/* What a step hands back to the host (all host arrays, rows = luna_incremental_rows):
+ *   top_log_probs / top_tokens [rows, k]: the k most probable next tokens of each row, best
+ *     first (ties: lower token id first; NaN counted as −inf), log-probs in nats after the
+ *     token bias; k = 0: none. The beam search needs 2·beam per row, never the V log-probs.
+ *   picked [rows]: the log-prob of token pick[r] without the bias (scoring given targets, or
+ *     </s> of a row that must end); pick NULL: none.
+ * Log-probs are log_softmax(logits) computed in double, rounded to fp32, plus the bias. */
+typedef struct {
+    int k;
+    float *top_log_probs;
+    int32_t *top_tokens;
+    const int32_t *pick;
+    float *picked;
+} luna_step_output;
+
+/* A per-token bias added to every row's log-probs (host [V], copied; NULL: none), e.g. −inf for
+ * <pad>, −unkpen for <unk>, −inf for </s> before min_len. Kept until changed (begin keeps it). */
+luna_status luna_incremental_set_token_bias(luna_incremental *inc, const float *bias);
+
 /* One step for every active row: tokens [rows] (host; at step 0 usually </s>) are the previous
- * output tokens at position t = steps taken; log_probs [rows, V] (host) receives
- * log_softmax(logits) of the next token (computed in double, stored as float). */
-luna_status luna_incremental_step(luna_incremental *inc, const int32_t *tokens, float *log_probs);
+ * output tokens at position t = steps taken. The logits, log-softmax and top-k stay on the
+ * device; `out` receives the candidates. */
+luna_status luna_incremental_step(luna_incremental *inc, const int32_t *tokens,
+                                  const luna_step_output *out);
 
 /* New row i = old row rows[i] (host, new_rows entries, new_rows a multiple of beam, the beams
  * of each new sentence taken from one old sentence). Also removes rows (finished sentences). */

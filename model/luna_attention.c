@@ -51,27 +51,23 @@ luna_status luna_bgemm(luna_backend *be, bool ta, bool tb, int M, int N, int K, 
 
 /* ---- forward --------------------------------------------------------------------------------- */
 
-luna_status luna_attention_forward(const luna_pass *ps, const luna_attn_w *w, luna_attn_act *act,
-                                   const luna_act *x, const luna_act *p, const luna_act *c,
-                                   const int32_t *c_valid, const int32_t *p_valid, int B, int n,
-                                   int m, int L, int d, int H, bool tied, uint32_t site) {
+luna_status luna_attention_pack(const luna_pass *ps, const luna_attn_w *w, luna_attn_act *act,
+                                const luna_act *p, const luna_act *c, const int32_t *c_valid,
+                                int B, int m, int L, int d, int H, bool tied, uint32_t site) {
     luna_backend *be = ps->be;
     const luna_ops *op = be->ops;
     const int dh = d / H, G = B * H;
     const float scale = 1.0f / sqrtf((float)dh);
     *act = (luna_attn_act){.B = B,
-                           .n = n,
                            .m = m,
                            .L = L,
                            .d = d,
                            .H = H,
                            .tied = tied,
                            .site = site,
-                           .x = x,
                            .p = p,
                            .c = c,
-                           .c_valid = c_valid,
-                           .p_valid = p_valid};
+                           .c_valid = c_valid};
     const bool drop = luna_pass_drops(ps, ps->attention_dropout);
 
     /* pack: Qp [B,H,L,dh], Kc/Vc [B,H,m,dh] */
@@ -106,9 +102,7 @@ luna_status luna_attention_forward(const luna_pass *ps, const luna_attn_w *w, lu
         luna_arena_release(ps->arena, mark);
         LUNA_TRY(st);
     }
-
-    /* unpack: Q [B,H,n,dh], Kp/Vp [B,H,L,dh] */
-    LUNA_TRY(luna_project_heads(ps, &act->q, x, &w->q_proj, B, n, d, H, scale));
+    /* unpack keys/values Kp/Vp [B,H,L,dh]: they depend on P and the context only */
     if (tied) {
         LUNA_TRY(luna_project_heads(ps, &act->kp, act->yp, &w->c_proj, B, L, d, H, 1.0f));
         act->vp = act->kp;
@@ -116,15 +110,30 @@ luna_status luna_attention_forward(const luna_pass *ps, const luna_attn_w *w, lu
         LUNA_TRY(luna_project_heads(ps, &act->kp, act->yp, &w->k_proj, B, L, d, H, 1.0f));
         LUNA_TRY(luna_project_heads(ps, &act->vp, act->yp, &w->v_proj, B, L, d, H, 1.0f));
     }
+    return LUNA_OK;
+}
+
+luna_status luna_attention_unpack(const luna_pass *ps, const luna_attn_w *w, luna_attn_act *act,
+                                  const luna_act *x, const int32_t *p_valid, int n) {
+    luna_backend *be = ps->be;
+    const luna_ops *op = be->ops;
+    const int B = act->B, L = act->L, d = act->d, H = act->H, dh = d / H, G = B * H;
+    const float scale = 1.0f / sqrtf((float)dh);
+    act->x = x;
+    act->n = n;
+    act->p_valid = p_valid;
+    /* unpack: Q [B,H,n,dh] against Kp/Vp */
+    LUNA_TRY(luna_project_heads(ps, &act->q, x, &w->q_proj, B, n, d, H, scale));
     const int64_t un_n = (int64_t)G * n * L;
     LUNA_TRY(luna_pass_alloc(ps, &act->a, un_n, "unpack attention")); /* [B,H,n,L] */
     LUNA_TRY(luna_bgemm(be, false, true, n, L, dh, 1.0f, act->q, act->kp, 0.0f, act->a, G));
     LUNA_TRY(
         op->softmax_forward(be, act->a, act->a, (int64_t)G * n, L, p_valid, (int64_t)H * n, 0));
     act->a_d = act->a;
-    if (drop) {
+    if (luna_pass_drops(ps, ps->attention_dropout)) {
         LUNA_TRY(luna_pass_alloc(ps, &act->a_d, un_n, "unpack attention dropout"));
-        LUNA_TRY(luna_pass_dropout(ps, act->a_d, act->a, un_n, ps->attention_dropout, site + 1));
+        LUNA_TRY(
+            luna_pass_dropout(ps, act->a_d, act->a, un_n, ps->attention_dropout, act->site + 1));
     }
     /* O = merge(A_d Vp) [B,n,d]; Y_X = out_proj(O) */
     LUNA_TRY(luna_pass_alloc(ps, &act->o, (int64_t)B * n * d, "attention output"));
@@ -141,6 +150,14 @@ luna_status luna_attention_forward(const luna_pass *ps, const luna_attn_w *w, lu
     LUNA_TRY(luna_pass_alloc(ps, &act->y, (int64_t)B * n * d, "attention result"));
     return op->linear_forward(be, act->y, act->o, w->out_proj.weight, w->out_proj.bias,
                               (int64_t)B * n, d, d);
+}
+
+luna_status luna_attention_forward(const luna_pass *ps, const luna_attn_w *w, luna_attn_act *act,
+                                   const luna_act *x, const luna_act *p, const luna_act *c,
+                                   const int32_t *c_valid, const int32_t *p_valid, int B, int n,
+                                   int m, int L, int d, int H, bool tied, uint32_t site) {
+    LUNA_TRY(luna_attention_pack(ps, w, act, p, c, c_valid, B, m, L, d, H, tied, site));
+    return luna_attention_unpack(ps, w, act, x, p_valid, n);
 }
 
 /* ---- backward -------------------------------------------------------------------------------- */

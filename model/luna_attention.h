@@ -47,6 +47,17 @@ luna_status luna_attention_forward(const luna_pass *ps, const luna_attn_w *w, lu
                                    const int32_t *c_valid, const int32_t *p_valid, int B, int n,
                                    int m, int L, int d, int H, bool tied, uint32_t site);
 
+/* The two halves of luna_attention_forward (which is pack, then unpack):
+ * pack fills everything that depends on P and the context only (qp, kc, vc, a_pack, a_pack_d,
+ * yp and the unpack keys/values kp, vp); decoding runs it once per sentence (spec §4: the
+ * decoder's P does not depend on the target). unpack attends queries x [B, n, d] to act->kp/vp
+ * (q, a, a_d, o, y); a decoder step uses it with the beams of a sentence as its n queries. */
+luna_status luna_attention_pack(const luna_pass *ps, const luna_attn_w *w, luna_attn_act *act,
+                                const luna_act *p, const luna_act *c, const int32_t *c_valid,
+                                int B, int m, int L, int d, int H, bool tied, uint32_t site);
+luna_status luna_attention_unpack(const luna_pass *ps, const luna_attn_w *w, luna_attn_act *act,
+                                  const luna_act *x, const int32_t *p_valid, int n);
+
 /* dy [B, n, d] (gradient of Y_X), dyp [B, L, d] (gradient of Y_P, NULL = 0). Parameter
  * gradients go into g (+=); input gradients are ADDED into dx [B, n, d], dp [B, L, d],
  * dc [B, m, d] (dc may equal dx for self-attention). Temporaries are released before return. */

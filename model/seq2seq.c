@@ -136,6 +136,51 @@ static luna_status upload_i32(pass_state *s, int32_t **dev, const int32_t *host,
     return LUNA_OK;
 }
 
+luna_status luna_seq2seq_encode(const luna_pass *ps, const luna_config *c, const luna_weights *w,
+                               const int32_t *src, const luna_layer_dims *dims,
+                               luna_encoder_layer_act *acts, luna_arena_mark *marks,
+                               luna_act **x_src, luna_act **p0, luna_act **enc_out,
+                               luna_act **enc_p) {
+    luna_backend *be = ps->be;
+    const luna_ops *op = be->ops;
+    const int B = dims->B, mlen = dims->m, L = dims->L, d = c->encoder_embed_dim;
+    const int pad = c->padding_idx, V = c->vocab_size;
+    const float emb_scale = sqrtf((float)d);
+    /* encoder input and P0 */
+    LUNA_TRY(luna_pass_alloc(ps, x_src, (int64_t)B * mlen * d, "source embeddings"));
+    LUNA_TRY(op->embedding_forward(be, *x_src, w->embed_tokens, src, (int64_t)B * mlen, V, d,
+                                   emb_scale, pad));
+    LUNA_TRY(op->positions_add(be, *x_src, src, B, mlen, d, pad));
+    LUNA_TRY(luna_pass_dropout(ps, *x_src, *x_src, (int64_t)B * mlen * d, ps->dropout,
+                               LUNA_SITE(LUNA_SITE_ENCODER_EMBED, 0, 0)));
+    *p0 = NULL;
+    if (L > 0) {
+        LUNA_TRY(luna_pass_alloc(ps, p0, (int64_t)B * L * d, "projected embeddings"));
+        luna_arena_mark mark = luna_arena_get_mark(ps->arena);
+        luna_act *p1; /* [L, d] */
+        LUNA_TRY(luna_pass_alloc(ps, &p1, (int64_t)L * d, "projected embeddings"));
+        luna_status st = op->sinusoidal_table(be, p1, 0, L, d);
+        if (st == LUNA_OK)
+            st = op->axpy(be, p1, emb_scale, w->projected_embeddings, (int64_t)L * d);
+        if (st == LUNA_OK) st = op->broadcast_rows(be, *p0, p1, B, L, d);
+        luna_arena_release(ps->arena, mark);
+        LUNA_TRY(st);
+        LUNA_TRY(luna_pass_dropout(ps, *p0, *p0, (int64_t)B * L * d, ps->dropout,
+                                   LUNA_SITE(LUNA_SITE_PROJECTED_EMBED, 0, 0)));
+    }
+    /* encoder layers */
+    const luna_act *x = *x_src, *p = *p0;
+    for (int i = 0; i < c->encoder_layers; i++) {
+        if (marks) marks[i] = luna_arena_get_mark(ps->arena);
+        LUNA_TRY(luna_encoder_layer_forward(ps, c, &w->encoder[i], &acts[i], x, p, dims, i));
+        x = acts[i].x_out;
+        p = acts[i].p_out;
+    }
+    *enc_out = (luna_act *)x;
+    *enc_p = (luna_act *)p;
+    return LUNA_OK;
+}
+
 static luna_status forward(luna_seq2seq *m, pass_state *s, const luna_batch *b, bool training,
                            bool grads, uint64_t step) {
     const luna_config *c = &m->config;
@@ -187,40 +232,9 @@ static luna_status forward(luna_seq2seq *m, pass_state *s, const luna_batch *b, 
         LUNA_TRY(luna_pass_alloc(&s->ps, &s->ge, (int64_t)B * mlen * d, "gradients"));
     }
 
-    /* encoder input and P0 */
-    LUNA_TRY(luna_pass_alloc(&s->ps, &s->x_src, (int64_t)B * mlen * d, "source embeddings"));
-    LUNA_TRY(op->embedding_forward(be, s->x_src, w->embed_tokens, s->src, (int64_t)B * mlen, s->V,
-                                   d, emb_scale, pad));
-    LUNA_TRY(op->positions_add(be, s->x_src, s->src, B, mlen, d, pad));
-    LUNA_TRY(luna_pass_dropout(&s->ps, s->x_src, s->x_src, (int64_t)B * mlen * d, s->ps.dropout,
-                               LUNA_SITE(LUNA_SITE_ENCODER_EMBED, 0, 0)));
-    s->p0 = NULL;
-    if (L > 0) {
-        LUNA_TRY(luna_pass_alloc(&s->ps, &s->p0, (int64_t)B * L * d, "projected embeddings"));
-        luna_arena_mark mark = luna_arena_get_mark(m->arena);
-        luna_act *p1; /* [L, d] */
-        LUNA_TRY(luna_pass_alloc(&s->ps, &p1, (int64_t)L * d, "projected embeddings"));
-        st = op->sinusoidal_table(be, p1, 0, L, d);
-        if (st == LUNA_OK)
-            st = op->axpy(be, p1, emb_scale, w->projected_embeddings, (int64_t)L * d);
-        if (st == LUNA_OK) st = op->broadcast_rows(be, s->p0, p1, B, L, d);
-        luna_arena_release(m->arena, mark);
-        LUNA_TRY(st);
-        LUNA_TRY(luna_pass_dropout(&s->ps, s->p0, s->p0, (int64_t)B * L * d, s->ps.dropout,
-                                   LUNA_SITE(LUNA_SITE_PROJECTED_EMBED, 0, 0)));
-    }
-
-    /* encoder */
-    const luna_act *x = s->x_src, *p = s->p0;
-    for (int i = 0; i < c->encoder_layers; i++) {
-        m->enc_mark[i] = luna_arena_get_mark(m->arena);
-        LUNA_TRY(luna_encoder_layer_forward(&s->ps, c, &w->encoder[i], &m->enc_act[i], x, p,
-                                            &s->dims, i));
-        x = m->enc_act[i].x_out;
-        p = m->enc_act[i].p_out;
-    }
-    s->enc_out = (luna_act *)x;
-    s->enc_p = (luna_act *)p;
+    LUNA_TRY(luna_seq2seq_encode(&s->ps, c, w, s->src, &s->dims, m->enc_act, m->enc_mark,
+                                 &s->x_src, &s->p0, &s->enc_out, &s->enc_p));
+    const luna_act *x, *p = s->enc_p;
 
     /* decoder */
     LUNA_TRY(luna_pass_alloc(&s->ps, &s->x_tgt, (int64_t)B * n * d, "target embeddings"));

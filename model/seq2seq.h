@@ -80,6 +80,17 @@ LUNA_MUST_CHECK luna_status luna_seq2seq_zero_grad(luna_seq2seq *model);
 size_t luna_seq2seq_activation_peak(const luna_seq2seq *model);
 void luna_seq2seq_reset_activation_peak(luna_seq2seq *model);
 
+/* The encoder (spec §1, §4), shared by training and decoding: x_src = drop(√d·E[src] +
+ * pos(src)) [B, m, d], P0 = drop(broadcast_B(√d·P[:L] + sinusoid(0..L-1))) [B, L, d] (NULL when
+ * dims->L = 0), then the encoder layers, each layer's activations in acts[i] (marks[i]: the arena
+ * position before layer i, for backward; marks may be NULL). src: device tokens [B, m]. The
+ * final encoder output and P in *enc_out, *enc_p. Dropout only when ps->training. */
+luna_status luna_seq2seq_encode(const luna_pass *ps, const luna_config *c, const luna_weights *w,
+                               const int32_t *src, const luna_layer_dims *dims,
+                               luna_encoder_layer_act *acts, luna_arena_mark *marks,
+                               luna_act **x_src, luna_act **p0, luna_act **enc_out,
+                               luna_act **enc_p);
+
 /* Number of non-pad target tokens of a batch. */
 int64_t luna_batch_target_tokens(const luna_batch *batch, int padding_idx);
 

@@ -4,37 +4,36 @@
 
 #include "model/luna_attention.h"
 
-luna_status luna_mha_forward(const luna_pass *ps, const luna_attn_w *w, luna_mha_act *act,
-                             const luna_act *x, const luna_act *c, const int32_t *c_valid, int B,
-                             int n, int m, int d, int H, bool causal, uint32_t site) {
+luna_status luna_mha_keys(const luna_pass *ps, const luna_attn_w *w, luna_mha_act *act,
+                          const luna_act *c, const int32_t *c_valid, int B, int m, int d, int H,
+                          uint32_t site) {
+    *act = (luna_mha_act){
+        .B = B, .m = m, .d = d, .H = H, .site = site, .c = c, .c_valid = c_valid};
+    LUNA_TRY(luna_project_heads(ps, &act->k, c, &w->k_proj, B, m, d, H, 1.0f));
+    return luna_project_heads(ps, &act->v, c, &w->v_proj, B, m, d, H, 1.0f);
+}
+
+luna_status luna_mha_attend(const luna_pass *ps, const luna_attn_w *w, luna_mha_act *act,
+                            const luna_act *x, int n, bool causal) {
     luna_backend *be = ps->be;
     const luna_ops *op = be->ops;
-    const int dh = d / H, G = B * H;
+    const int B = act->B, m = act->m, d = act->d, H = act->H, dh = d / H, G = B * H;
     if (causal && n != m)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT, "causal attention needs n == m (%d, %d)", n,
                           m);
-    *act = (luna_mha_act){.B = B,
-                          .n = n,
-                          .m = m,
-                          .d = d,
-                          .H = H,
-                          .causal = causal,
-                          .site = site,
-                          .x = x,
-                          .c = c,
-                          .c_valid = c_valid};
+    act->x = x;
+    act->n = n;
+    act->causal = causal;
     LUNA_TRY(luna_project_heads(ps, &act->q, x, &w->q_proj, B, n, d, H, 1.0f / sqrtf((float)dh)));
-    LUNA_TRY(luna_project_heads(ps, &act->k, c, &w->k_proj, B, m, d, H, 1.0f));
-    LUNA_TRY(luna_project_heads(ps, &act->v, c, &w->v_proj, B, m, d, H, 1.0f));
     const int64_t nm = (int64_t)G * n * m;
     LUNA_TRY(luna_pass_alloc(ps, &act->a, nm, "attention probabilities")); /* [B,H,n,m] */
     LUNA_TRY(luna_bgemm(be, false, true, n, m, dh, 1.0f, act->q, act->k, 0.0f, act->a, G));
-    LUNA_TRY(op->softmax_forward(be, act->a, act->a, (int64_t)G * n, m, c_valid, (int64_t)H * n,
-                                 causal ? n : 0));
+    LUNA_TRY(op->softmax_forward(be, act->a, act->a, (int64_t)G * n, m, act->c_valid,
+                                 (int64_t)H * n, causal ? n : 0));
     act->a_d = act->a;
     if (luna_pass_drops(ps, ps->attention_dropout)) {
         LUNA_TRY(luna_pass_alloc(ps, &act->a_d, nm, "attention dropout"));
-        LUNA_TRY(luna_pass_dropout(ps, act->a_d, act->a, nm, ps->attention_dropout, site));
+        LUNA_TRY(luna_pass_dropout(ps, act->a_d, act->a, nm, ps->attention_dropout, act->site));
     }
     const int64_t nd = (int64_t)B * n * d;
     LUNA_TRY(luna_pass_alloc(ps, &act->o, nd, "attention output"));
@@ -51,6 +50,16 @@ luna_status luna_mha_forward(const luna_pass *ps, const luna_attn_w *w, luna_mha
     LUNA_TRY(luna_pass_alloc(ps, &act->y, nd, "attention result"));
     return op->linear_forward(be, act->y, act->o, w->out_proj.weight, w->out_proj.bias,
                               (int64_t)B * n, d, d);
+}
+
+luna_status luna_mha_forward(const luna_pass *ps, const luna_attn_w *w, luna_mha_act *act,
+                             const luna_act *x, const luna_act *c, const int32_t *c_valid, int B,
+                             int n, int m, int d, int H, bool causal, uint32_t site) {
+    if (causal && n != m)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "causal attention needs n == m (%d, %d)", n,
+                          m);
+    LUNA_TRY(luna_mha_keys(ps, w, act, c, c_valid, B, m, d, H, site));
+    return luna_mha_attend(ps, w, act, x, n, causal);
 }
 
 static luna_status backward(const luna_pass *ps, const luna_attn_w *w, luna_attn_w *g,

@@ -28,6 +28,14 @@ typedef struct {
 luna_status luna_mha_forward(const luna_pass *ps, const luna_attn_w *w, luna_mha_act *act,
                              const luna_act *x, const luna_act *c, const int32_t *c_valid, int B,
                              int n, int m, int d, int H, bool causal, uint32_t site);
+/* The two halves of luna_mha_forward: keys/values K, V [B, H, m, dh] from the context c (and
+ * the key mask), then the attention of queries x [B, n, d] to act->k, act->v. A decoder step
+ * attends the beams of a sentence (n = beam) to the source keys computed once. */
+luna_status luna_mha_keys(const luna_pass *ps, const luna_attn_w *w, luna_mha_act *act,
+                          const luna_act *c, const int32_t *c_valid, int B, int m, int d, int H,
+                          uint32_t site);
+luna_status luna_mha_attend(const luna_pass *ps, const luna_attn_w *w, luna_mha_act *act,
+                            const luna_act *x, int n, bool causal);
 /* Gradients ADDED into dx [B, n, d] and dc [B, m, d] (may be the same buffer). */
 luna_status luna_mha_backward(const luna_pass *ps, const luna_attn_w *w, luna_attn_w *g,
                               const luna_mha_act *act, const luna_act *dy, luna_act *dx,

@@ -3,15 +3,17 @@
  * against a naive O(n²) double implementation that literally forms the sum, finite-difference
  * gradients for x, a and b, the backward against the naive double gradient formulas on the Luna
  * shapes, causality (out_t ignores every position s > t), thread-count independence and scratch
- * discipline. */
+ * discipline, and the backend under test (LUNA_TEST_BACKEND) against the CPU reference. Ops get
+ * device buffers from the harness (tests/backend_harness.h). */
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/allocator.h"
 #include "core/backend.h"
-#include "tests/test_util.h"
+#include "tests/backend_harness.h"
 
 typedef struct {
     luna_backend *be;
@@ -54,16 +56,35 @@ static void free_case(causal_case *c) {
     free(c->db);
 }
 
+/* The ops run on device copies of the case's host arrays; outputs are read back. */
 static void forward(causal_case *c) {
-    luna_status st = c->be->ops->causal_contraction_forward(c->be, c->out, c->x, c->a, c->b, c->G,
-                                                            c->n, c->p, c->q);
+    luna_backend *be = c->be;
+    size_t np = (size_t)c->G * c->n * c->p, nq = (size_t)c->G * c->n * c->q;
+    float *x = lh_f32(be, c->x, np), *a = lh_f32(be, c->a, np), *b = lh_f32(be, c->b, nq);
+    float *out = lh_f32(be, c->out, nq);
+    luna_status st = be->ops->causal_contraction_forward(be, out, x, a, b, c->G, c->n, c->p, c->q);
     ck_assert_msg(st == LUNA_OK, "forward: %s", luna_error_message());
+    lh_download(be, c->out, out, nq * sizeof(float));
+    float *all[] = {x, a, b, out};
+    for (int i = 0; i < 4; i++)
+        lh_free(be, all[i]);
 }
 
 static void backward(causal_case *c) {
-    luna_status st = c->be->ops->causal_contraction_backward(c->be, c->dx, c->da, c->db, c->w, c->x,
-                                                             c->a, c->b, c->G, c->n, c->p, c->q);
+    luna_backend *be = c->be;
+    size_t np = (size_t)c->G * c->n * c->p, nq = (size_t)c->G * c->n * c->q;
+    float *x = lh_f32(be, c->x, np), *a = lh_f32(be, c->a, np), *b = lh_f32(be, c->b, nq);
+    float *w = lh_f32(be, c->w, nq), *dx = lh_f32(be, c->dx, np), *da = lh_f32(be, c->da, np);
+    float *db = lh_f32(be, c->db, nq);
+    luna_status st =
+        be->ops->causal_contraction_backward(be, dx, da, db, w, x, a, b, c->G, c->n, c->p, c->q);
     ck_assert_msg(st == LUNA_OK, "backward: %s", luna_error_message());
+    lh_download(be, c->dx, dx, np * sizeof(float));
+    lh_download(be, c->da, da, np * sizeof(float));
+    lh_download(be, c->db, db, nq * sizeof(float));
+    float *all[] = {x, a, b, w, dx, da, db};
+    for (int i = 0; i < 7; i++)
+        lh_free(be, all[i]);
 }
 
 /* S_t = (1/t) Σ_{s≤t} (x_t · a_s) b_s formed literally, in double: ref [G, n, q]. */
@@ -132,7 +153,7 @@ static const int shapes[][4] = {{1, 1, 1, 1},    {2, 1, 3, 5},    {3, 7, 5, 3}, 
 #define NSHAPES (int)(sizeof shapes / sizeof shapes[0])
 
 START_TEST(forward_matches_naive) {
-    luna_backend *be = luna_test_backend(2);
+    luna_backend *be = lh_backend(2);
     double worst = 0.0;
     for (int k = 0; k < NSHAPES; k++) {
         causal_case c =
@@ -154,7 +175,7 @@ START_TEST(forward_matches_naive) {
 END_TEST
 
 START_TEST(backward_matches_naive) {
-    luna_backend *be = luna_test_backend(2);
+    luna_backend *be = lh_backend(2);
     double worst = 0.0;
     for (int k = 0; k < NSHAPES; k++) {
         causal_case c = make_case(be, shapes[k][0], shapes[k][1], shapes[k][2], shapes[k][3],
@@ -191,7 +212,7 @@ static double causal_loss(void *ctx) {
 }
 
 START_TEST(gradcheck_x_a_b) {
-    luna_backend *be = luna_test_backend(2);
+    luna_backend *be = lh_backend(2);
     static const int small[][4] = {{1, 1, 1, 1}, {2, 5, 3, 4}, {1, 9, 7, 5},
                                    {2, 4, 1, 6}, {1, 6, 5, 1}, {1, 8, 16, 8}};
     double worst = 0.0;
@@ -219,7 +240,7 @@ END_TEST
 /* out_t depends on nothing at positions s > t: changing every future x_s, a_s, b_s leaves the
  * outputs up to t bit-identical (and does change later ones). */
 START_TEST(causality) {
-    luna_backend *be = luna_test_backend(2);
+    luna_backend *be = lh_backend(2);
     const int G = 3, n = 20, p = 8, q = 6, t0 = 9;
     causal_case c = make_case(be, G, n, p, q, 77);
     forward(&c);
@@ -252,16 +273,16 @@ END_TEST
 /* Threads take whole groups: outputs and gradients are bit-identical for 1, 2 and 3 threads; the
  * scratch state is given back. */
 START_TEST(threads_and_scratch) {
-    luna_backend *be = luna_test_backend(1);
+    luna_backend *be = lh_backend(1);
     causal_case c = make_case(be, 16, 64, 64, 32, 5);
     size_t np = (size_t)c.G * c.n * c.p, nq = (size_t)c.G * c.n * c.q;
     float *ref = malloc((2 * np + 2 * nq) * sizeof *ref);
     for (int threads = 1; threads <= 3; threads++) {
-        luna_backend_cpu_set_threads(be, threads);
-        size_t used = luna_arena_used_bytes(be->scratch);
+        lh_set_threads(be, threads);
+        size_t used = be->scratch ? luna_arena_used_bytes(be->scratch) : 0;
         forward(&c);
         backward(&c);
-        ck_assert_uint_eq(luna_arena_used_bytes(be->scratch), used);
+        if (be->scratch) ck_assert_uint_eq(luna_arena_used_bytes(be->scratch), used);
         float *got[4] = {c.out, c.dx, c.da, c.db};
         size_t len[4] = {nq, np, np, nq}, off = 0;
         for (int v = 0; v < 4; v++) {
@@ -279,8 +300,9 @@ START_TEST(threads_and_scratch) {
 END_TEST
 
 START_TEST(degenerate_shapes) {
-    luna_backend *be = luna_test_backend(2);
-    float dummy[4] = {1, 2, 3, 4};
+    luna_backend *be = lh_backend(2);
+    const float four[4] = {1, 2, 3, 4}, sevens[6] = {7, 7, 7, 7, 7, 7};
+    float *dummy = lh_f32(be, four, 4), *vout = lh_f32(be, sevens, 6);
     const luna_ops *ops = be->ops;
     ck_assert_int_eq(ops->causal_contraction_forward(be, dummy, dummy, dummy, dummy, 0, 3, 2, 2),
                      LUNA_OK);
@@ -292,12 +314,61 @@ START_TEST(degenerate_shapes) {
                                                       dummy, 1, 2, 2, -3),
                      LUNA_ERR_INVALID_ARGUMENT);
     /* p = 0: out = 0 (an empty dot product), overwritten. */
-    float out[6] = {7, 7, 7, 7, 7, 7};
-    ck_assert_int_eq(ops->causal_contraction_forward(be, out, dummy, dummy, dummy, 1, 2, 0, 3),
+    ck_assert_int_eq(ops->causal_contraction_forward(be, vout, dummy, dummy, dummy, 1, 2, 0, 3),
                      LUNA_OK);
+    float out[6];
+    lh_download(be, out, vout, sizeof out);
+    lh_free(be, dummy);
+    lh_free(be, vout);
     for (int i = 0; i < 6; i++)
         ck_assert_float_eq(out[i], 0.0f);
     luna_backend_free(be);
+}
+END_TEST
+
+/* ---- the backend under test against the CPU reference ---------------------------------------- */
+typedef struct {
+    int G, n, p, q;
+} cmp_args;
+
+/* d[0] x, d[1] a, d[2] b, d[3] out / dout, d[4] dx, d[5] da, d[6] db. */
+static luna_status cmp_forward(luna_backend *be, void *const *d, const void *args) {
+    const cmp_args *s = args;
+    return be->ops->causal_contraction_forward(be, d[3], d[0], d[1], d[2], s->G, s->n, s->p, s->q);
+}
+static luna_status cmp_backward(luna_backend *be, void *const *d, const void *args) {
+    const cmp_args *s = args;
+    return be->ops->causal_contraction_backward(be, d[4], d[5], d[6], d[3], d[0], d[1], d[2], s->G,
+                                                s->n, s->p, s->q);
+}
+
+START_TEST(causal_matches_reference_backend) {
+    const cmp_args shapes[] = {{1, 1, 1, 1}, {3, 7, 5, 13}, {2, 13, 16, 7}, {5, 65, 9, 33}};
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        const cmp_args *s = &shapes[k];
+        size_t nxa = (size_t)s->G * s->n * s->p, nb = (size_t)s->G * s->n * s->q;
+        luna_test_rng rng;
+        luna_test_rng_seed(&rng, 130 + k);
+        float *x = luna_test_random_vector(&rng, nxa, -1, 1),
+              *a = luna_test_random_vector(&rng, nxa, 0, 1);
+        float *b = luna_test_random_vector(&rng, nb, -1, 1),
+              *dout = luna_test_random_vector(&rng, nb, -1, 1);
+        char what[48];
+        snprintf(what, sizeof what, "G %d n %d p %d q %d", s->G, s->n, s->p, s->q);
+        lh_buf bufs[] = {{x, nxa, LH_F32, LH_IN},     {a, nxa, LH_F32, LH_IN},
+                         {b, nb, LH_F32, LH_IN},      {dout, nb, LH_F32, LH_IN},
+                         {NULL, nxa, LH_F32, LH_OUT}, {NULL, nxa, LH_F32, LH_OUT},
+                         {NULL, nb, LH_F32, LH_OUT}};
+        lh_buf fw[] = {bufs[0], bufs[1], bufs[2], {NULL, nb, LH_F32, LH_OUT}};
+        ck_assert_int_eq(lh_compare("causal_contraction_forward", what, 2, cmp_forward, s, fw, 4),
+                         LUNA_OK);
+        ck_assert_int_eq(
+            lh_compare("causal_contraction_backward", what, 2, cmp_backward, s, bufs, 7), LUNA_OK);
+        free(x);
+        free(a);
+        free(b);
+        free(dout);
+    }
 }
 END_TEST
 
@@ -311,6 +382,7 @@ static Suite *causal_suite(void) {
     tcase_add_test(tc, causality);
     tcase_add_test(tc, threads_and_scratch);
     tcase_add_test(tc, degenerate_shapes);
+    tcase_add_test(tc, causal_matches_reference_backend);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -3,12 +3,13 @@
  * finite-difference gradients of grad_scale · Σ loss, exact zeros on pad rows, in-place backward
  * (dlogits == logits), thread-count independence and argument errors. */
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/backend.h"
-#include "tests/test_util.h"
+#include "tests/backend_harness.h"
 
 #define PAD 1
 
@@ -243,6 +244,74 @@ START_TEST(argument_errors) {
 }
 END_TEST
 
+/* ---- the backend under test against the CPU reference ---------------------------------------- */
+typedef struct {
+    int64_t N;
+    int V;
+    float eps, scale;
+} cmp_args;
+
+/* d[0] logits, d[1] targets, d[2] loss, d[3] nll, d[4] lse, d[5] dlogits. */
+static luna_status cmp_forward(luna_backend *be, void *const *d, const void *args) {
+    const cmp_args *a = args;
+    return be->ops->cross_entropy_forward(be, d[2], d[3], d[4], d[0], d[1], a->N, a->V, a->eps,
+                                          PAD);
+}
+static luna_status cmp_backward(luna_backend *be, void *const *d, const void *args) {
+    const cmp_args *a = args;
+    return be->ops->cross_entropy_backward(be, d[5], d[0], d[4], d[1], a->N, a->V, a->eps, PAD,
+                                           a->scale);
+}
+
+START_TEST(cross_entropy_matches_reference_backend) {
+    const int shapes[][2] = {{1, 2}, {7, 13}, {37, 129}, {13, 1001}};
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++)
+        for (int ls = 0; ls < 2; ls++) {
+            int N = shapes[k][0], V = shapes[k][1];
+            size_t n = (size_t)N * V;
+            luna_test_rng rng;
+            luna_test_rng_seed(&rng, 110 + k);
+            float *logits = luna_test_random_vector(&rng, n, -8, 8);
+            int32_t *targets = malloc((size_t)N * sizeof *targets);
+            for (int r = 0; r < N; r++)
+                targets[r] =
+                    r % 3 == 1 ? PAD : (int32_t)luna_test_uniform(&rng, 0, (float)V - 0.5f);
+            cmp_args a = {N, V, ls ? 0.1f : 0.0f, 0.5f};
+            char what[48];
+            snprintf(what, sizeof what, "N %d V %d eps %g", N, V, (double)a.eps);
+            lh_buf fw[] = {{logits, n, LH_F32, LH_IN},
+                           {targets, (size_t)N, LH_I32, LH_IN},
+                           {NULL, (size_t)N, LH_F32, LH_OUT},
+                           {NULL, (size_t)N, LH_F32, LH_OUT},
+                           {NULL, (size_t)N, LH_F32, LH_OUT}};
+            ck_assert_int_eq(lh_compare("cross_entropy_forward", what, 2, cmp_forward, &a, fw, 5),
+                             LUNA_OK);
+            /* lse for the backward: the reference's */
+            luna_backend *ref = lh_reference();
+            float *vl = lh_f32(ref, logits, n), *v[3];
+            int32_t *vt = lh_i32(ref, targets, (size_t)N);
+            for (int i = 0; i < 3; i++)
+                v[i] = lh_alloc(ref, (size_t)N * sizeof(float));
+            LUNA_CHECK_OK(
+                ref->ops->cross_entropy_forward(ref, v[0], v[1], v[2], vl, vt, N, V, a.eps, PAD));
+            float *lse = lh_fetch_f32(ref, v[2], (size_t)N);
+            for (int i = 0; i < 3; i++)
+                lh_free(ref, v[i]);
+            lh_free(ref, vl);
+            lh_free(ref, vt);
+            luna_backend_free(ref);
+            lh_buf bw[] = {{logits, n, LH_F32, LH_IN},      {targets, (size_t)N, LH_I32, LH_IN},
+                           {NULL, 0, LH_F32, LH_IN},        {NULL, 0, LH_F32, LH_IN},
+                           {lse, (size_t)N, LH_F32, LH_IN}, {NULL, n, LH_F32, LH_OUT}};
+            ck_assert_int_eq(lh_compare("cross_entropy_backward", what, 2, cmp_backward, &a, bw, 6),
+                             LUNA_OK);
+            free(logits);
+            free(targets);
+            free(lse);
+        }
+}
+END_TEST
+
 static Suite *ce_suite(void) {
     Suite *s = suite_create("ops_cross_entropy");
     TCase *tc = tcase_create("cross_entropy");
@@ -251,6 +320,7 @@ static Suite *ce_suite(void) {
     tcase_add_test(tc, gradcheck_logits);
     tcase_add_test(tc, pad_rows_in_place_and_threads);
     tcase_add_test(tc, argument_errors);
+    tcase_add_test(tc, cross_entropy_matches_reference_backend);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -2,12 +2,13 @@
  * and padding tokens, accumulation, out-of-range ids, thread-count determinism) and the fairseq
  * sinusoidal positions against an independent double-precision formula. */
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/backend.h"
-#include "tests/test_util.h"
+#include "tests/backend_harness.h"
 
 #ifndef GC_RTOL
 #define GC_RTOL 2e-3
@@ -252,6 +253,62 @@ START_TEST(positions_add_follows_make_positions) {
 }
 END_TEST
 
+/* ---- the backend under test against the CPU reference ---------------------------------------- */
+typedef struct {
+    const char *op;
+    int64_t n;
+    int V, d, B, first;
+    float scale;
+} cmp_args;
+
+/* embedding: d[0] table / dtable, d[1] tokens, d[2] out / dout. sinusoidal_table: d[2] out.
+ * positions_add: d[1] tokens [B, n], d[2] x. */
+static luna_status cmp_run(luna_backend *be, void *const *d, const void *args) {
+    const cmp_args *a = args;
+    const luna_ops *o = be->ops;
+    if (!strcmp(a->op, "embedding_forward"))
+        return o->embedding_forward(be, d[2], d[0], d[1], a->n, a->V, a->d, a->scale, PAD);
+    if (!strcmp(a->op, "embedding_backward"))
+        return o->embedding_backward(be, d[0], d[2], d[1], a->n, a->V, a->d, a->scale, PAD);
+    if (!strcmp(a->op, "sinusoidal_table"))
+        return o->sinusoidal_table(be, d[2], a->first, (int)a->n, a->d);
+    return o->positions_add(be, d[2], d[1], a->B, (int)a->n, a->d, PAD); /* "positions_add" */
+}
+
+START_TEST(embedding_ops_match_reference_backend) {
+    const int shapes[][3] = {{1, 2, 1}, {7, 11, 13}, {65, 9, 6}, {130, 37, 33}}; /* n, V, d */
+    static const char *const ops[] = {"embedding_forward", "embedding_backward", "sinusoidal_table",
+                                      "positions_add"};
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        int n = shapes[k][0], V = shapes[k][1], d = shapes[k][2];
+        luna_test_rng rng;
+        luna_test_rng_seed(&rng, 90 + k);
+        size_t nt = (size_t)V * d, no = (size_t)n * d;
+        float *table = luna_test_random_vector(&rng, nt, -1, 1);
+        float *out = luna_test_random_vector(&rng, no, -1, 1);
+        int32_t *tokens = malloc((size_t)n * sizeof *tokens);
+        for (int i = 0; i < n; i++) /* repeated ids (accumulation) and pads */
+            tokens[i] = i % 4 == 3 ? PAD : (int32_t)luna_test_uniform(&rng, 0, (float)V - 0.5f);
+        for (size_t i = 0; i < 4; i++) {
+            cmp_args a = {ops[i], n, V, d, 1, 3 + (int)k, 0.75f};
+            if (i == 3 && n % 5 == 0) { /* positions_add: [B, n/B] */
+                a.B = 5;
+                a.n = n / 5;
+            }
+            lh_buf bufs[] = {{table, nt, LH_F32, i == 1 ? LH_OUT : LH_IN},
+                             {tokens, (size_t)n, LH_I32, LH_IN},
+                             {out, no, LH_F32, i == 1 ? LH_IN : LH_OUT}};
+            char what[48];
+            snprintf(what, sizeof what, "n %d V %d d %d", n, V, d);
+            ck_assert_int_eq(lh_compare(ops[i], what, 2, cmp_run, &a, bufs, 3), LUNA_OK);
+        }
+        free(table);
+        free(out);
+        free(tokens);
+    }
+}
+END_TEST
+
 static Suite *embedding_suite(void) {
     Suite *s = suite_create("ops_embedding");
     TCase *tc = tcase_create("embedding_positions");
@@ -262,6 +319,7 @@ static Suite *embedding_suite(void) {
     tcase_add_test(tc, embedding_rejects_out_of_range_ids);
     tcase_add_test(tc, sinusoidal_table_matches_formula);
     tcase_add_test(tc, positions_add_follows_make_positions);
+    tcase_add_test(tc, embedding_ops_match_reference_backend);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1,12 +1,15 @@
 /* Tests of LayerNorm: forward against a naive double implementation, finite-difference gradients
- * for dx, dgamma and dbeta, dx aliasing dy, accumulation, and thread-count determinism. */
+ * for dx, dgamma and dbeta, dx aliasing dy, accumulation, thread-count determinism, and the backend
+ * under test (LUNA_TEST_BACKEND) against the CPU reference. Ops get device buffers from the harness
+ * (tests/backend_harness.h). */
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/backend.h"
-#include "tests/test_util.h"
+#include "tests/backend_harness.h"
 
 #ifndef GC_EPS
 #define GC_EPS 3e-3
@@ -19,8 +22,50 @@
 #endif
 #define LN_EPS 1e-5f
 
+/* The ops on device copies of host arrays (the checks below read host arrays): inputs uploaded,
+ * outputs (and the accumulated dgamma, dbeta) uploaded, computed and read back. */
+static luna_status ln_forward(luna_backend *be, float *y, float *mean, float *rstd, const float *x,
+                              const float *g, const float *b, int rows, int d) {
+    size_t n = (size_t)rows * d;
+    float *vx = lh_f32(be, x, n), *vg = lh_f32(be, g, (size_t)d), *vb = lh_f32(be, b, (size_t)d);
+    float *vy = lh_alloc(be, n * 4), *vm = lh_alloc(be, (size_t)rows * 4);
+    float *vr = lh_alloc(be, (size_t)rows * 4);
+    luna_status st = be->ops->layer_norm_forward(be, vy, vm, vr, vx, vg, vb, rows, d, LN_EPS);
+    if (st == LUNA_OK) {
+        lh_download(be, y, vy, n * 4);
+        lh_download(be, mean, vm, (size_t)rows * 4);
+        lh_download(be, rstd, vr, (size_t)rows * 4);
+    }
+    float *all[] = {vx, vg, vb, vy, vm, vr};
+    for (int i = 0; i < 6; i++)
+        lh_free(be, all[i]);
+    return st;
+}
+
+/* dx may be dy (the op then runs with dx aliasing dy on the device too). */
+static luna_status ln_backward(luna_backend *be, float *dx, float *dg, float *db, const float *dy,
+                               const float *x, const float *mean, const float *rstd, const float *g,
+                               int rows, int d) {
+    size_t n = (size_t)rows * d;
+    float *vdy = lh_f32(be, dy, n), *vx = lh_f32(be, x, n), *vm = lh_f32(be, mean, (size_t)rows);
+    float *vr = lh_f32(be, rstd, (size_t)rows), *vg = lh_f32(be, g, (size_t)d);
+    float *vdx = dx == dy ? vdy : lh_alloc(be, n * 4);
+    float *vdg = lh_f32(be, dg, (size_t)d), *vdb = lh_f32(be, db, (size_t)d);
+    luna_status st = be->ops->layer_norm_backward(be, vdx, vdg, vdb, vdy, vx, vm, vr, vg, rows, d);
+    if (st == LUNA_OK) {
+        lh_download(be, dx, vdx, n * 4);
+        lh_download(be, dg, vdg, (size_t)d * 4);
+        lh_download(be, db, vdb, (size_t)d * 4);
+    }
+    if (vdx != vdy) lh_free(be, vdx);
+    float *all[] = {vdy, vx, vm, vr, vg, vdg, vdb};
+    for (int i = 0; i < 7; i++)
+        lh_free(be, all[i]);
+    return st;
+}
+
 START_TEST(layer_norm_forward_matches_naive_double) {
-    luna_backend *be = luna_test_backend(2);
+    luna_backend *be = lh_backend(2);
     static const int shapes[][2] = {{1, 1}, {3, 5}, {7, 33}, {64, 512}, {1, 2}, {200, 257}};
     static const float offsets[] = {0.0f, 10.0f}; /* a large mean tests the accumulation */
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
@@ -34,8 +79,7 @@ START_TEST(layer_norm_forward_matches_naive_double) {
                   *b = luna_test_random_vector(&rng, d, -1, 1);
             float *y = luna_test_zeros((size_t)rows * d), *mean = luna_test_zeros(rows),
                   *rstd = luna_test_zeros(rows);
-            ck_assert_int_eq(
-                be->ops->layer_norm_forward(be, y, mean, rstd, x, g, b, rows, d, LN_EPS), LUNA_OK);
+            ck_assert_int_eq(ln_forward(be, y, mean, rstd, x, g, b, rows, d), LUNA_OK);
             for (int r = 0; r < rows; r++) {
                 const float *xr = x + (size_t)r * d;
                 double m = 0, v = 0;
@@ -76,14 +120,14 @@ typedef struct {
 
 static double ln_loss(void *p) {
     ln_ctx *c = p;
-    luna_status st = c->be->ops->layer_norm_forward(c->be, c->y, c->mean, c->rstd, c->x, c->gamma,
-                                                    c->beta, c->rows, c->d, LN_EPS);
+    luna_status st =
+        ln_forward(c->be, c->y, c->mean, c->rstd, c->x, c->gamma, c->beta, c->rows, c->d);
     LUNA_EXPECT(st == LUNA_OK, "%s", luna_error_message());
     return luna_test_weighted_sum(c->y, c->w, (size_t)c->rows * c->d);
 }
 
 START_TEST(layer_norm_gradients_match_finite_differences) {
-    luna_backend *be = luna_test_backend(2);
+    luna_backend *be = lh_backend(2);
     static const int shapes[][2] = {{1, 1}, {3, 5}, {7, 33}, {1, 3}, {5, 64}, {3, 1}};
     double worst[3] = {0, 0, 0};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
@@ -103,8 +147,7 @@ START_TEST(layer_norm_gradients_match_finite_differences) {
                     d};
         ln_loss(&c); /* mean, rstd for the backward */
         float *dx = luna_test_zeros(n), *dg = luna_test_zeros(d), *db = luna_test_zeros(d);
-        ck_assert_int_eq(be->ops->layer_norm_backward(be, dx, dg, db, c.w, c.x, c.mean, c.rstd,
-                                                      c.gamma, rows, d),
+        ck_assert_int_eq(ln_backward(be, dx, dg, db, c.w, c.x, c.mean, c.rstd, c.gamma, rows, d),
                          LUNA_OK);
         worst[0] = fmax(worst[0], luna_test_gradcheck("layer_norm dx", ln_loss, &c, c.x, n, dx,
                                                       GC_EPS, GC_RTOL, GC_FLOOR));
@@ -131,7 +174,7 @@ END_TEST
 
 /* dx may alias dy; dgamma/dbeta accumulate; 1 and 2 threads give bit-identical results. */
 START_TEST(layer_norm_backward_alias_accumulate_deterministic) {
-    luna_backend *be = luna_test_backend(2);
+    luna_backend *be = lh_backend(2);
     luna_test_rng rng;
     luna_test_rng_seed(&rng, 9);
     const int rows = 1001, d = 257;
@@ -143,8 +186,7 @@ START_TEST(layer_norm_backward_alias_accumulate_deterministic) {
     float *y = luna_test_zeros(n), *mean = luna_test_zeros(rows), *rstd = luna_test_zeros(rows);
     float *dg0 = luna_test_random_vector(&rng, d, -1, 1),
           *db0 = luna_test_random_vector(&rng, d, -1, 1);
-    ck_assert_int_eq(be->ops->layer_norm_forward(be, y, mean, rstd, x, g, b, rows, d, LN_EPS),
-                     LUNA_OK);
+    ck_assert_int_eq(ln_forward(be, y, mean, rstd, x, g, b, rows, d), LUNA_OK);
     float *dx[3], *dg[3], *db[3];
     for (int t = 0; t < 3; t++) {
         dx[t] = malloc(sizeof(float) * n);
@@ -152,21 +194,16 @@ START_TEST(layer_norm_backward_alias_accumulate_deterministic) {
         db[t] = luna_test_zeros(d);
     }
     /* 0: 2 threads, separate dx; 1: 1 thread, separate; 2: 2 threads, dx aliasing dy. */
-    luna_backend_cpu_set_threads(be, 2);
-    ck_assert_int_eq(
-        be->ops->layer_norm_backward(be, dx[0], dg[0], db[0], dy, x, mean, rstd, g, rows, d),
-        LUNA_OK);
-    luna_backend_cpu_set_threads(be, 1);
-    ck_assert_int_eq(
-        be->ops->layer_norm_backward(be, dx[1], dg[1], db[1], dy, x, mean, rstd, g, rows, d),
-        LUNA_OK);
-    luna_backend_cpu_set_threads(be, 2);
+    lh_set_threads(be, 2);
+    ck_assert_int_eq(ln_backward(be, dx[0], dg[0], db[0], dy, x, mean, rstd, g, rows, d), LUNA_OK);
+    lh_set_threads(be, 1);
+    ck_assert_int_eq(ln_backward(be, dx[1], dg[1], db[1], dy, x, mean, rstd, g, rows, d), LUNA_OK);
+    lh_set_threads(be, 2);
     memcpy(dx[2], dy, sizeof(float) * n);
     memcpy(dg[2], dg0, sizeof(float) * d);
     memcpy(db[2], db0, sizeof(float) * d);
-    ck_assert_int_eq(
-        be->ops->layer_norm_backward(be, dx[2], dg[2], db[2], dx[2], x, mean, rstd, g, rows, d),
-        LUNA_OK);
+    ck_assert_int_eq(ln_backward(be, dx[2], dg[2], db[2], dx[2], x, mean, rstd, g, rows, d),
+                     LUNA_OK);
     ck_assert_int_eq(memcmp(dx[0], dx[1], sizeof(float) * n), 0);
     ck_assert_int_eq(memcmp(dg[0], dg[1], sizeof(float) * d), 0);
     ck_assert_int_eq(memcmp(db[0], db[1], sizeof(float) * d), 0);
@@ -195,6 +232,86 @@ START_TEST(layer_norm_backward_alias_accumulate_deterministic) {
 }
 END_TEST
 
+/* ---- the backend under test against the CPU reference ---------------------------------------- */
+typedef struct {
+    int64_t rows;
+    int d;
+} cmp_args;
+
+/* d[0] x, d[1] gamma, d[2] beta, d[3] y / dy, d[4] mean, d[5] rstd, d[6] dx, d[7] dgamma,
+ * d[8] dbeta. */
+static luna_status cmp_forward(luna_backend *be, void *const *d, const void *args) {
+    const cmp_args *a = args;
+    return be->ops->layer_norm_forward(be, d[3], d[4], d[5], d[0], d[1], d[2], a->rows, a->d,
+                                       LN_EPS);
+}
+static luna_status cmp_backward(luna_backend *be, void *const *d, const void *args) {
+    const cmp_args *a = args;
+    return be->ops->layer_norm_backward(be, d[6], d[7], d[8], d[3], d[0], d[4], d[5], d[1], a->rows,
+                                        a->d);
+}
+
+START_TEST(layer_norm_matches_reference_backend) {
+    const int shapes[][2] = {{1, 1}, {7, 13}, {33, 5}, {130, 257}};
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        int rows = shapes[k][0], d = shapes[k][1];
+        size_t n = (size_t)rows * d;
+        luna_test_rng rng;
+        luna_test_rng_seed(&rng, 70 + k);
+        float *x = luna_test_random_vector(&rng, n, -3, 5),
+              *g = luna_test_random_vector(&rng, d, 0.5f, 1.5f);
+        float *b = luna_test_random_vector(&rng, d, -1, 1),
+              *dy = luna_test_random_vector(&rng, n, -1, 1);
+        float *mean = luna_test_zeros((size_t)rows), *rstd = luna_test_zeros((size_t)rows);
+        float *dg = luna_test_random_vector(&rng, d, -1, 1),
+              *db = luna_test_random_vector(&rng, d, -1, 1);
+        cmp_args a = {rows, d};
+        char what[32];
+        snprintf(what, sizeof what, "rows %d d %d", rows, d);
+        lh_buf fw[] = {{x, n, LH_F32, LH_IN},
+                       {g, (size_t)d, LH_F32, LH_IN},
+                       {b, (size_t)d, LH_F32, LH_IN},
+                       {NULL, n, LH_F32, LH_OUT},
+                       {NULL, (size_t)rows, LH_F32, LH_OUT},
+                       {NULL, (size_t)rows, LH_F32, LH_OUT}};
+        ck_assert_int_eq(lh_compare("layer_norm_forward", what, 2, cmp_forward, &a, fw, 6),
+                         LUNA_OK);
+        /* the statistics the backward reads: the reference's */
+        luna_backend *ref = lh_reference();
+        float *vx = lh_f32(ref, x, n), *vg = lh_f32(ref, g, (size_t)d),
+              *vb = lh_f32(ref, b, (size_t)d);
+        float *vy = lh_alloc(ref, n * sizeof(float)), *vm = lh_alloc(ref, (size_t)rows * 4);
+        float *vr = lh_alloc(ref, (size_t)rows * 4);
+        LUNA_CHECK_OK(ref->ops->layer_norm_forward(ref, vy, vm, vr, vx, vg, vb, rows, d, LN_EPS));
+        lh_download(ref, mean, vm, (size_t)rows * 4);
+        lh_download(ref, rstd, vr, (size_t)rows * 4);
+        float *bufs[] = {vx, vg, vb, vy, vm, vr};
+        for (int i = 0; i < 6; i++)
+            lh_free(ref, bufs[i]);
+        luna_backend_free(ref);
+        lh_buf bw[] = {{x, n, LH_F32, LH_IN},
+                       {g, (size_t)d, LH_F32, LH_IN},
+                       {b, (size_t)d, LH_F32, LH_IN},
+                       {dy, n, LH_F32, LH_IN},
+                       {mean, (size_t)rows, LH_F32, LH_IN},
+                       {rstd, (size_t)rows, LH_F32, LH_IN},
+                       {NULL, n, LH_F32, LH_OUT},
+                       {dg, (size_t)d, LH_F32, LH_OUT},
+                       {db, (size_t)d, LH_F32, LH_OUT}};
+        ck_assert_int_eq(lh_compare("layer_norm_backward", what, 2, cmp_backward, &a, bw, 9),
+                         LUNA_OK);
+        free(x);
+        free(g);
+        free(b);
+        free(dy);
+        free(mean);
+        free(rstd);
+        free(dg);
+        free(db);
+    }
+}
+END_TEST
+
 static Suite *layer_norm_suite(void) {
     Suite *s = suite_create("ops_layer_norm");
     TCase *tc = tcase_create("layer_norm");
@@ -202,6 +319,7 @@ static Suite *layer_norm_suite(void) {
     tcase_add_test(tc, layer_norm_forward_matches_naive_double);
     tcase_add_test(tc, layer_norm_gradients_match_finite_differences);
     tcase_add_test(tc, layer_norm_backward_alias_accumulate_deterministic);
+    tcase_add_test(tc, layer_norm_matches_reference_backend);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -2,12 +2,13 @@
  * alpha/beta), Linear and bias add (forward vs naive, finite-difference gradients, accumulation
  * semantics) and bit-identical backward results for 1 and 2 threads. */
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/backend.h"
-#include "tests/test_util.h"
+#include "tests/backend_harness.h"
 
 /* fp32 tolerances for the gradient checks (see the perturbation notes in the report). */
 #ifndef GC_RTOL
@@ -425,6 +426,99 @@ START_TEST(backward_bit_identical_across_thread_counts) {
 }
 END_TEST
 
+/* ---- the backend under test against the CPU reference ---------------------------------------- */
+typedef struct {
+    const char *op;
+    bool ta, tb, acc;
+    int M, N, K, batch, rows, in, out;
+    float alpha, beta;
+} cmp_args;
+
+/* gemm: d[0] A, d[1] B, d[2] C. linear: d[0] x, d[1] W, d[2] b, d[3] y / dy, d[4] dx, d[5] dW,
+ * d[6] db. bias_add: d[0] y / dy, d[1] b / db. */
+static luna_status cmp_run(luna_backend *be, void *const *d, const void *args) {
+    const cmp_args *a = args;
+    const luna_ops *o = be->ops;
+    if (!strcmp(a->op, "gemm")) {
+        int lda = a->ta ? a->M : a->K, ldb = a->tb ? a->K : a->N;
+        return o->gemm(be, a->ta, a->tb, a->M, a->N, a->K, a->alpha, d[0], lda,
+                       (int64_t)a->M * a->K, d[1], ldb, (int64_t)a->K * a->N, a->beta, d[2], a->N,
+                       (int64_t)a->M * a->N, a->batch);
+    }
+    if (!strcmp(a->op, "linear_forward"))
+        return o->linear_forward(be, d[3], d[0], d[1], a->acc ? d[2] : NULL, a->rows, a->in,
+                                 a->out);
+    if (!strcmp(a->op, "linear_backward"))
+        return o->linear_backward(be, d[4], d[5], d[6], d[3], d[0], d[1], a->rows, a->in, a->out,
+                                  a->acc);
+    if (!strcmp(a->op, "bias_add_forward"))
+        return o->bias_add_forward(be, d[0], d[1], a->rows, a->out);
+    return o->bias_add_backward(be, d[1], d[0], a->rows, a->out); /* "bias_add_backward" */
+}
+
+static float *cmp_vec(uint64_t seed, size_t n) {
+    luna_test_rng rng;
+    luna_test_rng_seed(&rng, seed);
+    return luna_test_random_vector(&rng, n, -1.0f, 1.0f);
+}
+
+START_TEST(linear_ops_match_reference_backend) {
+    const int shapes[][4] = {{1, 1, 1, 1}, {7, 13, 5, 3}, {33, 17, 65, 1}, {13, 9, 200, 2}};
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        int M = shapes[k][0], N = shapes[k][1], K = shapes[k][2], batch = shapes[k][3];
+        size_t na = (size_t)M * K * batch, nb = (size_t)K * N * batch, nc = (size_t)M * N * batch;
+        float *A = cmp_vec(10 + k, na), *B = cmp_vec(20 + k, nb), *C = cmp_vec(30 + k, nc);
+        for (int t = 0; t < 4; t++) {
+            cmp_args a = {"gemm", t & 1, t >> 1, false,        M, N, K, batch, 0,
+                          0,      0,     0.5f,   t ? 0.25f : 0};
+            lh_buf bufs[] = {
+                {A, na, LH_F32, LH_IN}, {B, nb, LH_F32, LH_IN}, {C, nc, LH_F32, LH_OUT}};
+            char what[64];
+            snprintf(what, sizeof what, "M %d N %d K %d batch %d trans %d", M, N, K, batch, t);
+            ck_assert_int_eq(lh_compare("gemm", what, 2, cmp_run, &a, bufs, 3), LUNA_OK);
+        }
+        free(A);
+        free(B);
+        free(C);
+    }
+    const int lshapes[][3] = {{1, 1, 1}, {7, 13, 5}, {37, 13, 29}, {130, 65, 17}};
+    for (size_t k = 0; k < sizeof lshapes / sizeof lshapes[0]; k++) {
+        int rows = lshapes[k][0], in = lshapes[k][1], out = lshapes[k][2];
+        size_t nx = (size_t)rows * in, nw = (size_t)out * in, ny = (size_t)rows * out;
+        float *x = cmp_vec(40 + k, nx), *W = cmp_vec(50 + k, nw), *b = cmp_vec(60 + k, (size_t)out);
+        float *y = cmp_vec(70 + k, ny), *dx = cmp_vec(80 + k, nx), *dW = cmp_vec(90 + k, nw);
+        float *db = cmp_vec(100 + k, (size_t)out);
+        static const char *const ops[] = {"linear_forward", "linear_backward", "bias_add_forward",
+                                          "bias_add_backward"};
+        for (size_t i = 0; i < 4; i++)
+            for (int acc = 0; acc < 2; acc++) {
+                cmp_args a = {ops[i], false, false, acc, 0, 0, 0, 0, rows, in, out, 0, 0};
+                bool bias = i >= 2;
+                lh_buf lin[] = {
+                    {x, nx, LH_F32, LH_IN},           {W, nw, LH_F32, LH_IN},
+                    {b, (size_t)out, LH_F32, LH_IN},  {y, ny, LH_F32, i ? LH_IN : LH_OUT},
+                    {dx, nx, LH_F32, LH_OUT},         {dW, nw, LH_F32, LH_OUT},
+                    {db, (size_t)out, LH_F32, LH_OUT}};
+                lh_buf bia[] = {{y, ny, LH_F32, i == 2 ? LH_OUT : LH_IN},
+                                {i == 2 ? b : db, (size_t)out, LH_F32, i == 2 ? LH_IN : LH_OUT}};
+                char what[64];
+                snprintf(what, sizeof what, "rows %d in %d out %d %s", rows, in, out,
+                         acc ? "bias/accumulate" : "");
+                ck_assert_int_eq(
+                    lh_compare(ops[i], what, 2, cmp_run, &a, bias ? bia : lin, bias ? 2 : 7),
+                    LUNA_OK);
+            }
+        free(x);
+        free(W);
+        free(b);
+        free(y);
+        free(dx);
+        free(dW);
+        free(db);
+    }
+}
+END_TEST
+
 static Suite *linear_suite(void) {
     Suite *s = suite_create("ops_linear");
     TCase *tc = tcase_create("gemm_linear_bias");
@@ -438,6 +532,7 @@ static Suite *linear_suite(void) {
     tcase_add_test(tc, linear_backward_accumulation_semantics);
     tcase_add_test(tc, bias_add_gradient_and_accumulation);
     tcase_add_test(tc, backward_bit_identical_across_thread_counts);
+    tcase_add_test(tc, linear_ops_match_reference_backend);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1,13 +1,15 @@
 /* Tests of the masked softmax: forward against a naive double implementation under every kind of
  * mask (valid lengths 0, partial, full, beyond cols; causal; both), in-place use, large logits,
- * finite-difference gradients through the backward, dx aliasing dy and thread determinism. */
+ * finite-difference gradients through the backward, dx aliasing dy, thread determinism, and the
+ * backend under test (LUNA_TEST_BACKEND) against the CPU reference on odd shapes. Every op buffer
+ * is device memory from the harness (tests/backend_harness.h). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/backend.h"
-#include "tests/test_util.h"
+#include "tests/backend_harness.h"
 
 #ifndef GC_EPS
 #define GC_EPS 3e-3
@@ -46,13 +48,19 @@ static int ref_valid(const mask_case *m, int r) {
     return v < 0 ? 0 : (v > m->cols ? m->cols : v);
 }
 
-static luna_status run_forward(luna_backend *be, const mask_case *m, float *y, const float *x) {
-    return be->ops->softmax_forward(be, y, x, m->rows, m->cols, m->valid_cols, m->rows_per_group,
+static size_t ngroups(const mask_case *m) {
+    return m->valid_cols ? (size_t)(m->rows + m->rows_per_group - 1) / m->rows_per_group : 0;
+}
+
+/* valid: the device copy of m->valid_cols (NULL without one). */
+static luna_status run_forward(luna_backend *be, const mask_case *m, float *y, const float *x,
+                               const int32_t *valid) {
+    return be->ops->softmax_forward(be, y, x, m->rows, m->cols, valid, m->rows_per_group,
                                     m->causal_period);
 }
 
 START_TEST(softmax_forward_matches_naive_with_masks) {
-    luna_backend *be = luna_test_backend(2);
+    luna_backend *be = lh_backend(2);
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
         for (int big = 0; big < 2; big++) {
             const mask_case *m = &cases[k];
@@ -60,11 +68,13 @@ START_TEST(softmax_forward_matches_naive_with_masks) {
             luna_test_rng rng;
             luna_test_rng_seed(&rng, 30 + k);
             /* big: logits around 1000 (exp would overflow without the max subtraction). */
-            float *x = luna_test_random_vector(&rng, n, big ? 990 : -4, big ? 1010 : 4);
-            float *y = luna_test_random_vector(&rng, n, 5, 6), *yi = malloc(n * sizeof *yi);
-            ck_assert_int_eq(run_forward(be, m, y, x), LUNA_OK);
-            memcpy(yi, x, n * sizeof *yi);
-            ck_assert_int_eq(run_forward(be, m, yi, yi), LUNA_OK); /* in place */
+            float *x;
+            float *dx_ = lh_random_f32(be, &rng, n, big ? 990 : -4, big ? 1010 : 4, &x);
+            float *dy = lh_random_f32(be, &rng, n, 5, 6, NULL), *dyi = lh_f32(be, x, n);
+            int32_t *valid = m->valid_cols ? lh_i32(be, m->valid_cols, ngroups(m)) : NULL;
+            ck_assert_int_eq(run_forward(be, m, dy, dx_, valid), LUNA_OK);
+            ck_assert_int_eq(run_forward(be, m, dyi, dyi, valid), LUNA_OK); /* in place */
+            float *y = lh_fetch_f32(be, dy, n), *yi = lh_fetch_f32(be, dyi, n);
             ck_assert_int_eq(memcmp(y, yi, n * sizeof *y), 0);
             for (int r = 0; r < m->rows; r++) {
                 int v = ref_valid(m, r);
@@ -89,17 +99,24 @@ START_TEST(softmax_forward_matches_naive_with_masks) {
             free(x);
             free(y);
             free(yi);
+            lh_free(be, dx_);
+            lh_free(be, dy);
+            lh_free(be, dyi);
+            lh_free(be, valid);
         }
     luna_backend_free(be);
 }
 END_TEST
 
 START_TEST(softmax_rejects_bad_group_size) {
-    luna_backend *be = luna_test_backend(1);
-    float x[4] = {0};
-    const int32_t valid[1] = {2};
+    luna_backend *be = lh_backend(1);
+    float *x = lh_f32(be, NULL, 4);
+    const int32_t valid_host[1] = {2};
+    int32_t *valid = lh_i32(be, valid_host, 1);
     ck_assert_int_eq(be->ops->softmax_forward(be, x, x, 2, 2, valid, 0, 0),
                      LUNA_ERR_INVALID_ARGUMENT);
+    lh_free(be, x);
+    lh_free(be, valid);
     luna_backend_free(be);
 }
 END_TEST
@@ -107,30 +124,42 @@ END_TEST
 typedef struct {
     luna_backend *be;
     const mask_case *m;
-    float *x, *y, *w;
+    float *x, *y, *w; /* host */
+    float *dx, *dy;   /* device copies of x and y */
+    int32_t *valid;   /* device copy of m->valid_cols */
 } sm_ctx;
 
 static double sm_loss(void *p) {
     sm_ctx *c = p;
-    luna_status st = run_forward(c->be, c->m, c->y, c->x);
+    size_t n = (size_t)c->m->rows * c->m->cols;
+    lh_upload(c->be, c->dx, c->x, n * sizeof(float));
+    luna_status st = run_forward(c->be, c->m, c->dy, c->dx, c->valid);
     LUNA_EXPECT(st == LUNA_OK, "%s", luna_error_message());
-    return luna_test_weighted_sum(c->y, c->w, (size_t)c->m->rows * c->m->cols);
+    lh_download(c->be, c->y, c->dy, n * sizeof(float));
+    return luna_test_weighted_sum(c->y, c->w, n);
 }
 
 START_TEST(softmax_gradient_matches_finite_differences) {
-    luna_backend *be = luna_test_backend(2);
+    luna_backend *be = lh_backend(2);
     double worst = 0;
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         const mask_case *m = &cases[k];
         size_t n = (size_t)m->rows * m->cols;
         luna_test_rng rng;
         luna_test_rng_seed(&rng, 40 + k);
-        sm_ctx c = {be, m, luna_test_random_vector(&rng, n, -2, 2),
+        sm_ctx c = {be,
+                    m,
+                    luna_test_random_vector(&rng, n, -2, 2),
                     luna_test_random_vector(&rng, n, 0, 0),
-                    luna_test_random_vector(&rng, n, -1, 1)};
+                    luna_test_random_vector(&rng, n, -1, 1),
+                    lh_alloc(be, n * sizeof(float)),
+                    lh_alloc(be, n * sizeof(float)),
+                    m->valid_cols ? lh_i32(be, m->valid_cols, ngroups(m)) : NULL};
         sm_loss(&c);
-        float *dx = luna_test_random_vector(&rng, n, 7, 8); /* overwritten */
-        ck_assert_int_eq(be->ops->softmax_backward(be, dx, c.w, c.y, m->rows, m->cols), LUNA_OK);
+        float *ddx = lh_random_f32(be, &rng, n, 7, 8, NULL); /* overwritten */
+        float *dw = lh_f32(be, c.w, n);
+        ck_assert_int_eq(be->ops->softmax_backward(be, ddx, dw, c.dy, m->rows, m->cols), LUNA_OK);
+        float *dx = lh_fetch_f32(be, ddx, n);
         for (int r = 0; r < m->rows; r++)
             for (int c2 = ref_valid(m, r); c2 < m->cols; c2++)
                 LUNA_EXPECT(dx[(size_t)r * m->cols + c2] == 0.0f,
@@ -142,6 +171,11 @@ START_TEST(softmax_gradient_matches_finite_differences) {
         free(c.y);
         free(c.w);
         free(dx);
+        lh_free(be, c.dx);
+        lh_free(be, c.dy);
+        lh_free(be, c.valid);
+        lh_free(be, ddx);
+        lh_free(be, dw);
     }
     printf("softmax: worst gradcheck error %.3g\n", worst);
     luna_backend_free(be);
@@ -150,36 +184,96 @@ END_TEST
 
 /* dx may alias dy; 1 and 2 threads give bit-identical forward and backward results. */
 START_TEST(softmax_alias_and_thread_determinism) {
-    luna_backend *be = luna_test_backend(2);
+    luna_backend *be = lh_backend(2);
     luna_test_rng rng;
     luna_test_rng_seed(&rng, 50);
     const int rows = 600, cols = 97;
-    size_t n = (size_t)rows * cols;
-    int32_t valid[6] = {97, 50, 0, 1, 96, 200};
-    float *x = luna_test_random_vector(&rng, n, -5, 5),
-          *dy = luna_test_random_vector(&rng, n, -1, 1);
-    float *y[2], *dx[3];
+    size_t n = (size_t)rows * cols, bytes = n * sizeof(float);
+    const int32_t valid_host[6] = {97, 50, 0, 1, 96, 200};
+    int32_t *valid = lh_i32(be, valid_host, 6);
+    float *x = lh_random_f32(be, &rng, n, -5, 5, NULL),
+          *dy = lh_random_f32(be, &rng, n, -1, 1, NULL);
+    float *y[2], *dx[3], *h[5];
     for (int t = 0; t < 2; t++) {
-        luna_backend_cpu_set_threads(be, 2 - t);
-        y[t] = malloc(n * sizeof(float));
-        dx[t] = malloc(n * sizeof(float));
+        lh_set_threads(be, 2 - t);
+        y[t] = lh_alloc(be, bytes);
+        dx[t] = lh_alloc(be, bytes);
         ck_assert_int_eq(be->ops->softmax_forward(be, y[t], x, rows, cols, valid, 100, 97),
                          LUNA_OK);
         ck_assert_int_eq(be->ops->softmax_backward(be, dx[t], dy, y[t], rows, cols), LUNA_OK);
     }
-    ck_assert_int_eq(memcmp(y[0], y[1], n * sizeof(float)), 0);
-    ck_assert_int_eq(memcmp(dx[0], dx[1], n * sizeof(float)), 0);
-    dx[2] = malloc(n * sizeof(float));
-    memcpy(dx[2], dy, n * sizeof(float));
+    dx[2] = lh_alloc(be, bytes);
+    LUNA_CHECK_OK(luna_mem_copy(be, dx[2], dy, bytes));
     ck_assert_int_eq(be->ops->softmax_backward(be, dx[2], dx[2], y[0], rows, cols), LUNA_OK);
-    ck_assert_int_eq(memcmp(dx[0], dx[2], n * sizeof(float)), 0);
     for (int t = 0; t < 2; t++)
-        free(y[t]);
+        h[t] = lh_fetch_f32(be, y[t], n);
     for (int t = 0; t < 3; t++)
-        free(dx[t]);
-    free(x);
-    free(dy);
+        h[2 + t] = lh_fetch_f32(be, dx[t], n);
+    ck_assert_int_eq(memcmp(h[0], h[1], bytes), 0);
+    ck_assert_int_eq(memcmp(h[2], h[3], bytes), 0);
+    ck_assert_int_eq(memcmp(h[2], h[4], bytes), 0);
+    for (int t = 0; t < 5; t++)
+        free(h[t]);
+    for (int t = 0; t < 2; t++)
+        lh_free(be, y[t]);
+    for (int t = 0; t < 3; t++)
+        lh_free(be, dx[t]);
+    lh_free(be, x);
+    lh_free(be, dy);
+    lh_free(be, valid);
     luna_backend_free(be);
+}
+END_TEST
+
+/* ---- the backend under test against the CPU reference ---------------------------------------- */
+static luna_status cmp_forward(luna_backend *be, void *const *d, const void *args) {
+    const mask_case *m = args;
+    return be->ops->softmax_forward(be, d[1], d[0], m->rows, m->cols, m->valid_cols ? d[2] : NULL,
+                                    m->rows_per_group, m->causal_period);
+}
+static luna_status cmp_backward(luna_backend *be, void *const *d, const void *args) {
+    const mask_case *m = args;
+    return be->ops->softmax_backward(be, d[0], d[1], d[2], m->rows, m->cols);
+}
+
+START_TEST(softmax_matches_reference_backend) {
+    static const int32_t valid_odd[] = {13, 4, 0, 9, 20, 1, 7};
+    const mask_case odd[] = {
+        {7, 13, NULL, 0, 0},
+        {49, 13, valid_odd, 7, 0},
+        {21, 13, NULL, 0, 7},
+        {49, 13, valid_odd, 7, 7},
+        cases[4],
+    };
+    for (size_t k = 0; k < sizeof odd / sizeof odd[0]; k++) {
+        const mask_case *m = &odd[k];
+        size_t n = (size_t)m->rows * m->cols;
+        luna_test_rng rng;
+        luna_test_rng_seed(&rng, 60 + k);
+        float *x = luna_test_random_vector(&rng, n, -6, 6), *y = luna_test_zeros(n);
+        float *dy = luna_test_random_vector(&rng, n, -1, 1);
+        char what[64];
+        snprintf(what, sizeof what, "rows %d cols %d case %zu", m->rows, m->cols, k);
+        lh_buf fb[] = {{x, n, LH_F32, LH_IN},
+                       {NULL, n, LH_F32, LH_OUT},
+                       {m->valid_cols, ngroups(m), LH_I32, LH_IN}};
+        ck_assert_int_eq(lh_compare("softmax_forward", what, 2, cmp_forward, m, fb, 3), LUNA_OK);
+        /* the backward from the reference's y (computed here on the CPU) */
+        luna_backend *ref = lh_reference();
+        float *dyv = lh_f32(ref, y, n), *dxv = lh_f32(ref, x, n);
+        int32_t *dv = m->valid_cols ? lh_i32(ref, m->valid_cols, ngroups(m)) : NULL;
+        LUNA_CHECK_OK(run_forward(ref, m, dyv, dxv, dv));
+        lh_download(ref, y, dyv, n * sizeof(float));
+        lh_free(ref, dyv);
+        lh_free(ref, dxv);
+        lh_free(ref, dv);
+        luna_backend_free(ref);
+        lh_buf bb[] = {{NULL, n, LH_F32, LH_OUT}, {dy, n, LH_F32, LH_IN}, {y, n, LH_F32, LH_IN}};
+        ck_assert_int_eq(lh_compare("softmax_backward", what, 2, cmp_backward, m, bb, 3), LUNA_OK);
+        free(x);
+        free(y);
+        free(dy);
+    }
 }
 END_TEST
 
@@ -191,6 +285,7 @@ static Suite *softmax_suite(void) {
     tcase_add_test(tc, softmax_rejects_bad_group_size);
     tcase_add_test(tc, softmax_gradient_matches_finite_differences);
     tcase_add_test(tc, softmax_alias_and_thread_determinism);
+    tcase_add_test(tc, softmax_matches_reference_backend);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -104,6 +104,13 @@ luna_status luna_cpu_adam_update(luna_backend *be, float *theta, const float *g,
                                  float *exp_avg_sq, int64_t n, int64_t step, double lr,
                                  double beta1, double beta2, double eps, double weight_decay);
 
+luna_status luna_cpu_gather_rows(luna_backend *be, luna_act *dst, int64_t dst_stride,
+                                 const luna_act *src, int64_t src_stride, const int32_t *idx,
+                                 int64_t n, int64_t cols);
+luna_status luna_cpu_log_softmax_topk(luna_backend *be, const luna_act *logits, const float *bias,
+                                      int64_t rows, int V, int k, float *top_lp, int32_t *top_idx,
+                                      const int32_t *pick, float *picked);
+
 luna_status luna_cpu_multi_sum_squares(luna_backend *be, float *result, const float *x,
                                        const luna_tensor_table *tt);
 luna_status luna_cpu_clip_coefficients(luna_backend *be, float *coef, double *summary,

@@ -1,0 +1,256 @@
+#include "model/decoder_step.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/luna_attention.h"
+#include "model/softmax_attention.h"
+
+int luna_decoder_projection_slots(const luna_config *c, int longest) {
+    if (c->arch != LUNA_ARCH_LUNA) return 0;
+    return c->fix_projection_length || longest > c->projection_length ? c->projection_length
+                                                                      : longest;
+}
+
+/* ---- begin ----------------------------------------------------------------------------------- */
+
+/* Luna layer: the causal state of P (per sentence, expanded to rows: P̃ is the same for the beams
+ * of a sentence) and the cross-attention pack. *p becomes the next layer's P. */
+static luna_status luna_layer_begin(luna_seq2seq *model, const luna_pass *pst, const luna_pass *ps,
+                                    const luna_decoder_dims *dims, const luna_decoder_layer_w *lw,
+                                    const int32_t *expand, const int32_t *src_valid,
+                                    const luna_act *e, const luna_act **p, bool last,
+                                    luna_decoder_layer_state *ls) {
+    const luna_config *c = &model->config;
+    luna_backend *be = ps->be;
+    const int S = dims->S, R = dims->R, m = dims->m, L = dims->L;
+    const int d = c->decoder_embed_dim, H = c->decoder_attention_heads;
+    const bool tied = !c->untie_luna_kv;
+    const int64_t Ld = (int64_t)L * d;
+    luna_causal_state *rs = &ls->causal;
+    *rs = (luna_causal_state){.B = R,
+                              .L = L,
+                              .d = d,
+                              .H = H,
+                              .tied = tied,
+                              .activation = c->causal_activation,
+                              .p_valid = dims->row_valid};
+    LUNA_TRY(luna_pass_alloc(pst, &rs->pt, R * Ld, "causal state"));
+    LUNA_TRY(luna_pass_alloc(pst, &rs->ksum, R * Ld, "causal state"));
+    LUNA_TRY(luna_pass_alloc(pst, &rs->vsum, R * Ld, "causal state"));
+    LUNA_TRY(luna_mem_zero(be, rs->ksum, luna_act_bytes(be, R * Ld)));
+    LUNA_TRY(luna_mem_zero(be, rs->vsum, luna_act_bytes(be, R * Ld)));
+    luna_arena_mark mark = luna_arena_get_mark(ps->arena);
+    luna_causal_state cs; /* per sentence */
+    luna_status st = luna_causal_state_init(be, ps->arena, &lw->self_attn, &cs, *p, NULL, S, L, d,
+                                            H, tied, c->causal_activation);
+    if (st == LUNA_OK) st = be->ops->gather_rows(be, rs->pt, Ld, cs.pt, Ld, expand, R, Ld);
+    luna_arena_release(ps->arena, mark);
+    LUNA_TRY(st);
+
+    /* cross-attention: the pack of the training code, once per sentence; keep c_proj(Y_P) */
+    luna_attn_act a;
+    LUNA_TRY(luna_attention_pack(ps, &lw->encoder_attn, &a, *p, e, src_valid, S, m, L, d, H, tied,
+                                 0));
+    LUNA_TRY(luna_pass_alloc(pst, &ls->kp, S * Ld, "cross keys"));
+    LUNA_TRY(luna_mem_copy(be, ls->kp, a.kp, luna_act_bytes(be, S * Ld)));
+    ls->vp = ls->kp;
+    if (!tied) {
+        LUNA_TRY(luna_pass_alloc(pst, &ls->vp, S * Ld, "cross values"));
+        LUNA_TRY(luna_mem_copy(be, ls->vp, a.vp, luna_act_bytes(be, S * Ld)));
+    }
+    /* P of the next layer = LN_p(p + Y_P) (the last layer's is unused) */
+    if (!last) {
+        luna_resnorm_act pa;
+        LUNA_TRY(luna_resnorm_forward(ps, &lw->encoder_atten_proj_layer_norm, &pa, *p, a.yp,
+                                      (int64_t)S * L, d, 0.0f, 0));
+        *p = pa.y;
+    }
+    return LUNA_OK;
+}
+
+static luna_status transformer_layer_begin(luna_seq2seq *model, const luna_pass *pst,
+                                           const luna_decoder_dims *dims,
+                                           const luna_decoder_layer_w *lw,
+                                           const int32_t *src_valid, const luna_act *e,
+                                           luna_decoder_layer_state *ls) {
+    const luna_config *c = &model->config;
+    const int d = c->decoder_embed_dim, H = c->decoder_attention_heads;
+    luna_mha_act ka;
+    LUNA_TRY(luna_mha_keys(pst, &lw->encoder_attn, &ka, e, src_valid, dims->S, dims->m, d, H, 0));
+    ls->cross_k = ka.k;
+    ls->cross_v = ka.v;
+    const int64_t cache = (int64_t)dims->R * dims->max_steps * d;
+    LUNA_TRY(luna_pass_alloc(pst, &ls->self_k, cache, "key cache"));
+    return luna_pass_alloc(pst, &ls->self_v, cache, "value cache");
+}
+
+static luna_status begin(luna_seq2seq *model, const luna_pass *pst, const luna_pass *ps,
+                         const int32_t *src, const int32_t *src_valid, const int32_t *p_valid,
+                         const luna_decoder_dims *dims, luna_decoder_layer_state *layers) {
+    const luna_config *c = &model->config;
+    luna_backend *be = ps->be;
+    const luna_weights *w = &model->params->w;
+    const int S = dims->S, R = dims->R;
+    luna_layer_dims ld = {
+        .B = S, .n = 1, .m = dims->m, .L = dims->L, .src_valid = src_valid, .p_valid = p_valid};
+    luna_encoder_layer_act *acts = calloc((size_t)c->encoder_layers, sizeof *acts);
+    if (!acts) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of host memory");
+    luna_act *x_src, *p0, *e, *p;
+    luna_status st =
+        luna_seq2seq_encode(ps, c, w, src, &ld, acts, NULL, &x_src, &p0, &e, &p);
+    free(acts);
+    LUNA_TRY(st);
+    int32_t *expand = NULL; /* [R] row -> sentence (device) */
+    if (dims->L > 0) {
+        int32_t *host = malloc(sizeof(int32_t) * (size_t)R);
+        if (!host) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of host memory");
+        for (int r = 0; r < R; r++)
+            host[r] = r / dims->beam;
+        st = luna_pass_alloc_i32(ps, &expand, R, "row sentences");
+        if (st == LUNA_OK) st = luna_mem_from_host(be, expand, host, sizeof(int32_t) * (size_t)R);
+        free(host);
+        LUNA_TRY(st);
+    }
+    const luna_act *pl = p;
+    for (int i = 0; i < c->decoder_layers; i++) {
+        memset(&layers[i], 0, sizeof layers[i]);
+        if (dims->L > 0)
+            LUNA_TRY(luna_layer_begin(model, pst, ps, dims, &w->decoder[i], expand, src_valid, e,
+                                      &pl, i + 1 == c->decoder_layers, &layers[i]));
+        else
+            LUNA_TRY(transformer_layer_begin(model, pst, dims, &w->decoder[i], src_valid, e,
+                                             &layers[i]));
+    }
+    return LUNA_OK;
+}
+
+luna_status luna_decoder_begin(luna_seq2seq *model, luna_arena *state, luna_arena *scratch,
+                               const int32_t *src, const int32_t *src_valid,
+                               const int32_t *p_valid, const luna_decoder_dims *dims,
+                               luna_decoder_layer_state *layers) {
+    luna_pass ps = {.be = model->be, .arena = scratch}, pst = {.be = model->be, .arena = state};
+    if ((model->config.arch == LUNA_ARCH_LUNA) != (dims->L > 0))
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "decoder: %d P slots for this architecture",
+                          dims->L);
+    luna_arena_mark mark = luna_arena_get_mark(scratch);
+    luna_status st = begin(model, &pst, &ps, src, src_valid, p_valid, dims, layers);
+    luna_arena_release(scratch, mark);
+    return st;
+}
+
+/* ---- one step -------------------------------------------------------------------------------- */
+
+/* x_out = LN(x + FFN(x)) */
+static luna_status ffn_block(const luna_pass *ps, const luna_config *c,
+                             const luna_decoder_layer_w *w, const luna_act *x, int64_t R,
+                             luna_act **out) {
+    const int d = c->decoder_embed_dim;
+    luna_ffn_act f;
+    luna_resnorm_act r;
+    LUNA_TRY(luna_ffn_forward(ps, &w->fc1, &w->fc2, &f, x, R, d, c->decoder_ffn_embed_dim, 0));
+    LUNA_TRY(luna_resnorm_forward(ps, &w->final_layer_norm, &r, x, f.out, R, d, 0.0f, 0));
+    *out = r.y;
+    return LUNA_OK;
+}
+
+static luna_status luna_layer_step(const luna_pass *ps, const luna_config *c,
+                                   const luna_decoder_dims *dims, const luna_decoder_layer_w *w,
+                                   luna_decoder_layer_state *ls, const luna_act *x,
+                                   luna_act **out) {
+    luna_backend *be = ps->be;
+    const int R = dims->R, d = c->decoder_embed_dim, H = c->decoder_attention_heads;
+    luna_act *y;
+    luna_resnorm_act r1, r2;
+    /* x1 = LN(x + CausalLuna(x)) */
+    LUNA_TRY(luna_pass_alloc(ps, &y, (int64_t)R * d, "causal attention result"));
+    LUNA_TRY(luna_causal_attention_step(be, ps->arena, &w->self_attn, &ls->causal, x, y));
+    LUNA_TRY(luna_resnorm_forward(ps, &w->self_attn_layer_norm, &r1, x, y, R, d, 0.0f, 0));
+    /* x2 = LN(x1 + unpack(x1)): the beams of sentence s are its `beam` queries */
+    luna_attn_act a = {.B = dims->S,
+                       .L = dims->L,
+                       .d = d,
+                       .H = H,
+                       .tied = !c->untie_luna_kv,
+                       .kp = ls->kp,
+                       .vp = ls->vp};
+    LUNA_TRY(luna_attention_unpack(ps, &w->encoder_attn, &a, r1.y, dims->sent_valid, dims->beam));
+    LUNA_TRY(luna_resnorm_forward(ps, &w->encoder_attn_layer_norm, &r2, r1.y, a.y, R, d, 0.0f, 0));
+    return ffn_block(ps, c, w, r2.y, R, out);
+}
+
+static luna_status transformer_layer_step(const luna_pass *ps, const luna_config *c,
+                                          const luna_decoder_dims *dims,
+                                          const luna_decoder_layer_w *w,
+                                          luna_decoder_layer_state *ls, const luna_act *x,
+                                          luna_act **out) {
+    luna_backend *be = ps->be;
+    const luna_ops *op = be->ops;
+    const int R = dims->R, d = c->decoder_embed_dim, H = c->decoder_attention_heads, dh = d / H;
+    const int t = dims->step, T = t + 1, G = R * H;
+    const int64_t cache_stride = (int64_t)dims->max_steps * dh; /* between (row, head) groups */
+    luna_act *q, *k, *v, *s, *o, *y;
+    luna_resnorm_act r1, r2;
+    /* q, k, v [R, H, 1, dh]; cache[r, h, t] = k, v (one strided write each) */
+    LUNA_TRY(luna_project_heads(ps, &q, x, &w->self_attn.q_proj, R, 1, d, H,
+                                1.0f / sqrtf((float)dh)));
+    LUNA_TRY(luna_project_heads(ps, &k, x, &w->self_attn.k_proj, R, 1, d, H, 1.0f));
+    LUNA_TRY(luna_project_heads(ps, &v, x, &w->self_attn.v_proj, R, 1, d, H, 1.0f));
+    LUNA_TRY(op->gather_rows(be, luna_act_at(be, ls->self_k, (int64_t)t * dh), cache_stride, k, dh,
+                             NULL, G, dh));
+    LUNA_TRY(op->gather_rows(be, luna_act_at(be, ls->self_v, (int64_t)t * dh), cache_stride, v, dh,
+                             NULL, G, dh));
+    /* per (row, head): s = q·K[:T]ᵀ, softmax, o = s·V[:T] — one batched GEMM each */
+    LUNA_TRY(luna_pass_alloc(ps, &s, (int64_t)G * T, "self-attention scores"));
+    LUNA_TRY(luna_pass_alloc(ps, &o, (int64_t)R * d, "self-attention output"));
+    LUNA_TRY(op->gemm(be, false, true, 1, T, dh, 1.0f, q, dh, dh, ls->self_k, dh, cache_stride,
+                      0.0f, s, T, T, G));
+    LUNA_TRY(op->softmax_forward(be, s, s, G, T, NULL, 1, 0));
+    /* [R, H, 1, dh] is [R, d]: heads merged already */
+    LUNA_TRY(op->gemm(be, false, false, 1, dh, T, 1.0f, s, T, T, ls->self_v, dh, cache_stride, 0.0f,
+                      o, dh, dh, G));
+    LUNA_TRY(luna_pass_alloc(ps, &y, (int64_t)R * d, "self-attention result"));
+    LUNA_TRY(op->linear_forward(be, y, o, w->self_attn.out_proj.weight, w->self_attn.out_proj.bias,
+                                R, d, d));
+    LUNA_TRY(luna_resnorm_forward(ps, &w->self_attn_layer_norm, &r1, x, y, R, d, 0.0f, 0));
+    /* cross-attention to the sentence's keys/values, the beams as queries */
+    luna_mha_act a = {.B = dims->S,
+                      .m = dims->m,
+                      .d = d,
+                      .H = H,
+                      .c_valid = dims->sent_valid,
+                      .k = ls->cross_k,
+                      .v = ls->cross_v};
+    LUNA_TRY(luna_mha_attend(ps, &w->encoder_attn, &a, r1.y, dims->beam, false));
+    LUNA_TRY(luna_resnorm_forward(ps, &w->encoder_attn_layer_norm, &r2, r1.y, a.y, R, d, 0.0f, 0));
+    return ffn_block(ps, c, w, r2.y, R, out);
+}
+
+luna_status luna_decoder_step(const luna_pass *ps, luna_seq2seq *model,
+                              const luna_decoder_dims *dims, luna_decoder_layer_state *layers,
+                              const int32_t *tokens, luna_act **logits) {
+    const luna_config *c = &model->config;
+    luna_backend *be = ps->be;
+    const luna_weights *w = &model->params->w;
+    const int R = dims->R, d = c->decoder_embed_dim, V = c->vocab_size;
+    if (dims->step >= dims->max_steps)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "decoder: step %d exceeds max_steps %d",
+                          dims->step + 1, dims->max_steps);
+    /* x = √d·E[token] + sinusoid(padding_idx + 1 + t) (fairseq's position of target step t) */
+    luna_act *x, *pos;
+    LUNA_TRY(luna_pass_alloc(ps, &x, (int64_t)R * d, "target embeddings"));
+    LUNA_TRY(luna_pass_alloc(ps, &pos, (int64_t)(R + 1) * d, "target position"));
+    LUNA_TRY(be->ops->embedding_forward(be, x, w->embed_tokens, tokens, R, V, d, sqrtf((float)d),
+                                        c->padding_idx));
+    luna_act *pos_rows = luna_act_at(be, pos, d); /* [R, d]: the step's sinusoid on every row */
+    LUNA_TRY(be->ops->sinusoidal_table(be, pos, c->padding_idx + 1 + dims->step, 1, d));
+    LUNA_TRY(be->ops->broadcast_rows(be, pos_rows, pos, R, 1, d));
+    LUNA_TRY(be->ops->add(be, x, x, pos_rows, (int64_t)R * d));
+    for (int i = 0; i < c->decoder_layers; i++)
+        LUNA_TRY(dims->L > 0
+                     ? luna_layer_step(ps, c, dims, &w->decoder[i], &layers[i], x, &x)
+                     : transformer_layer_step(ps, c, dims, &w->decoder[i], &layers[i], x, &x));
+    LUNA_TRY(luna_pass_alloc(ps, logits, (int64_t)R * V, "logits"));
+    return be->ops->linear_forward(be, *logits, x, w->embed_tokens, NULL, R, d, V);
+}

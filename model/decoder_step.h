@@ -1,0 +1,65 @@
+/* The model's math for incremental decoding (spec §3, §4): encode once, prepare each decoder
+ * layer's state, then one target position at a time for every row. The state's lifetime,
+ * reordering and the search live in decoding/ (decoding/incremental.h); this file is the network.
+ *
+ * Rows and sentences: S source sentences, each with `beam` adjacent rows (R = S·beam). What
+ * depends on the source only is kept per sentence; what depends on the target prefix, per row.
+ *
+ * Luna decoder layer i (spec §4: the decoder's P depends on the source only):
+ *   begin: P_i walks through the layers' cross-attention packs, P_{i+1} = LN_p(P_i + Y_P,i);
+ *          per sentence the unpack keys/values c_proj(Y_P,i) [S, H, L, dh] (pack done by
+ *          luna_attention_pack, the training code); per row the causal state of P_i
+ *          (model/causal_luna_attention.h: P̃, Σ K Φᵀ, Σ Φᵀ V), whose size does not grow with t.
+ *   step:  x1 = LN(x + CausalLuna_step(x)); x2 = LN(x1 + unpack(x1)) with the beams of a
+ *          sentence as the unpack's queries (luna_attention_unpack); x3 = LN(x2 + FFN(x2)).
+ * Transformer decoder layer:
+ *   begin: per sentence the cross-attention keys/values [S, H, m, dh] (luna_mha_keys); per row a
+ *          key/value cache [R, H, T_max, dh] (head-major: one batched GEMM over rows × heads).
+ *   step:  the step's key/value written at position t of the cache (gather_rows, strided), one
+ *          batched GEMM for the scores and one for the output over R·H groups; cross-attention
+ *          by luna_mha_attend with the beams of a sentence as queries.
+ */
+#ifndef LUNA_DECODER_STEP_H
+#define LUNA_DECODER_STEP_H
+
+#include "model/causal_luna_attention.h"
+#include "model/layers.h"
+#include "model/seq2seq.h"
+
+/* One decoder layer's incremental state (device memory owned by the caller's state arena). */
+typedef struct {
+    luna_causal_state causal;    /* Luna: per row; causal.p_valid is the row P mask */
+    luna_act *kp, *vp;           /* Luna: [S, H, L, dh] unpack keys/values (vp == kp: tied) */
+    luna_act *self_k, *self_v;   /* transformer: [R, H, T_max, dh] key/value cache */
+    luna_act *cross_k, *cross_v; /* transformer: [S, H, m, dh] */
+} luna_decoder_layer_state;
+
+/* Sizes of a decoding batch. The masks are device int32 arrays owned by the caller. */
+typedef struct {
+    int S, beam, R;   /* sentences, rows per sentence, rows (S·beam) */
+    int m;            /* source length (padded) */
+    int L;            /* Luna: P slots (0: transformer) */
+    int max_steps;    /* transformer: cache capacity T_max */
+    int step;         /* positions decoded so far (t of the next step, 0-based) */
+    int32_t *row_valid;  /* [R] Luna P mask per row (causal step), NULL: none */
+    int32_t *sent_valid; /* [S] Luna P mask / transformer source length per sentence, NULL: none */
+} luna_decoder_dims;
+
+/* P slots for a batch whose longest source has `longest` tokens (0 for the transformer). */
+int luna_decoder_projection_slots(const luna_config *c, int longest);
+
+/* Encode src (device [S, m]) with masks src_valid [S] and p_valid [S] (NULL when fixed) and
+ * set up layers[decoder_layers]: per-sentence and per-row state from `state` (kept), temporaries
+ * from `scratch` (released). Requires dims->row_valid / sent_valid uploaded by the caller. */
+luna_status luna_decoder_begin(luna_seq2seq *model, luna_arena *state, luna_arena *scratch,
+                               const int32_t *src, const int32_t *src_valid,
+                               const int32_t *p_valid, const luna_decoder_dims *dims,
+                               luna_decoder_layer_state *layers);
+
+/* One step for all rows: tokens (device [R]) at position dims->step -> logits [R, V] (from
+ * ps->arena; activations). Updates the per-row state (Luna sums, transformer caches). */
+luna_status luna_decoder_step(const luna_pass *ps, luna_seq2seq *model,
+                              const luna_decoder_dims *dims, luna_decoder_layer_state *layers,
+                              const int32_t *tokens, luna_act **logits);
+
+#endif
