@@ -70,6 +70,11 @@ static const lh_op_row rows[] = {
     {"sum_broadcast", LH_ACCUM, "test_ops_elementwise"},
     {"apollo_update", LH_ACCUM, "test_ops_optimizer"},
     {"adam_update", LH_EXACT, "test_ops_optimizer"},
+    {"multi_sum_squares", LH_ACCUM, "test_ops_multi_tensor"},
+    {"clip_coefficients", LH_ACCUM, "test_ops_multi_tensor"},
+    {"multi_scale", LH_EXACT, "test_ops_multi_tensor"},
+    {"multi_apollo_update", LH_ACCUM, "test_ops_multi_tensor"},
+    {"multi_adam_update", LH_EXACT, "test_ops_multi_tensor"},
     {NULL, LH_EXACT, NULL},
 };
 
