@@ -1,7 +1,10 @@
 /* Tests of the label-smoothed cross entropy (model/kernels/cpu/cross_entropy.c, spec §8):
  * forward against a naive double implementation (ε = 0 and 0.1, pad rows ignored, huge logits),
  * finite-difference gradients of grad_scale · Σ loss, exact zeros on pad rows, in-place backward
- * (dlogits == logits), thread-count independence and argument errors. */
+ * (dlogits == logits), thread-count independence and argument errors; and both ops on the backend
+ * under test (LUNA_TEST_BACKEND) against the CPU reference. Ops get device buffers from the
+ * harness (tests/backend_harness.h): a case's host arrays are uploaded for each call and the
+ * outputs read back. */
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -30,9 +33,9 @@ static ce_case make_case(luna_backend *be, int64_t N, int V, float eps, float of
     luna_test_rng rng;
     luna_test_rng_seed(&rng, seed);
     c.logits = malloc((size_t)(N * V) * sizeof(float));
-    c.loss = malloc((size_t)N * sizeof(float));
-    c.nll = malloc((size_t)N * sizeof(float));
-    c.lse = malloc((size_t)N * sizeof(float));
+    c.loss = calloc((size_t)N, sizeof(float));
+    c.nll = calloc((size_t)N, sizeof(float));
+    c.lse = calloc((size_t)N, sizeof(float));
     c.targets = malloc((size_t)N * sizeof(int32_t));
     luna_test_fill_uniform(&rng, c.logits, (size_t)(N * V), -4.0f, 4.0f);
     for (int64_t r = 0; r < N; r++) {
@@ -57,15 +60,52 @@ static void free_case(ce_case *c) {
     free(c->targets);
 }
 
+/* The forward on device copies of the case's logits and targets, with vocabulary size V and
+ * padding_idx `pad`; loss, nll and lse read back when it succeeds. */
+static luna_status ce_forward(ce_case *c, int V, int pad) {
+    luna_backend *be = c->be;
+    size_t N = (size_t)c->N;
+    float *vz = lh_f32(be, c->logits, (size_t)(c->N * c->V));
+    int32_t *vt = lh_i32(be, c->targets, N);
+    float *vloss = lh_alloc(be, N * 4), *vnll = lh_alloc(be, N * 4), *vlse = lh_alloc(be, N * 4);
+    luna_status st =
+        be->ops->cross_entropy_forward(be, vloss, vnll, vlse, vz, vt, c->N, V, c->eps, pad);
+    if (st == LUNA_OK) {
+        lh_download(be, c->loss, vloss, N * 4);
+        lh_download(be, c->nll, vnll, N * 4);
+        lh_download(be, c->lse, vlse, N * 4);
+    }
+    void *all[] = {vz, vt, vloss, vnll, vlse};
+    for (int i = 0; i < 5; i++)
+        lh_free(be, all[i]);
+    return st;
+}
+
+/* The backward from `logits` and the case's lse and targets into dlogits (read back when it
+ * succeeds); dlogits == logits runs it in place on the device too. */
+static luna_status ce_backward(ce_case *c, float *dlogits, const float *logits) {
+    luna_backend *be = c->be;
+    size_t n = (size_t)(c->N * c->V);
+    float *vz = lh_f32(be, logits, n), *vd = dlogits == logits ? vz : lh_alloc(be, n * 4);
+    float *vlse = lh_f32(be, c->lse, (size_t)c->N);
+    int32_t *vt = lh_i32(be, c->targets, (size_t)c->N);
+    luna_status st = be->ops->cross_entropy_backward(be, vd, vz, vlse, vt, c->N, c->V, c->eps, PAD,
+                                                     c->grad_scale);
+    if (st == LUNA_OK) lh_download(be, dlogits, vd, n * 4);
+    if (vd != vz) lh_free(be, vd);
+    lh_free(be, vz);
+    lh_free(be, vlse);
+    lh_free(be, vt);
+    return st;
+}
+
 static void forward(ce_case *c) {
-    luna_status st = c->be->ops->cross_entropy_forward(c->be, c->loss, c->nll, c->lse, c->logits,
-                                                       c->targets, c->N, c->V, c->eps, PAD);
+    luna_status st = ce_forward(c, c->V, PAD);
     ck_assert_msg(st == LUNA_OK, "forward: %s", luna_error_message());
 }
 
 static void backward(ce_case *c, float *dlogits, const float *logits) {
-    luna_status st = c->be->ops->cross_entropy_backward(c->be, dlogits, logits, c->lse, c->targets,
-                                                        c->N, c->V, c->eps, PAD, c->grad_scale);
+    luna_status st = ce_backward(c, dlogits, logits);
     ck_assert_msg(st == LUNA_OK, "backward: %s", luna_error_message());
 }
 
@@ -89,7 +129,7 @@ static void naive(const ce_case *c, double *loss, double *nll, double *lse) {
 }
 
 START_TEST(forward_matches_naive) {
-    luna_backend *be = luna_test_backend(2);
+    luna_backend *be = lh_backend(2);
     const int Vs[] = {1, 2, 37, 1000, 40624};
     const float offsets[] = {0.0f, 1000.0f, -3000.0f};
     double worst = 0.0;
@@ -147,7 +187,7 @@ static double ce_loss(void *ctx) {
 }
 
 START_TEST(gradcheck_logits) {
-    luna_backend *be = luna_test_backend(2);
+    luna_backend *be = lh_backend(2);
     const int shapes[][2] = {{1, 1}, {1, 2}, {4, 5}, {7, 37}, {3, 64}};
     double worst = 0.0;
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++)
@@ -173,7 +213,7 @@ END_TEST
 /* Pad rows: gradient exactly 0 even when their logits are garbage (NaN); in-place backward
  * (dlogits == logits) equals the out-of-place one bit for bit; 1, 2, 3 threads agree. */
 START_TEST(pad_rows_in_place_and_threads) {
-    luna_backend *be = luna_test_backend(1);
+    luna_backend *be = lh_backend(1);
     ce_case c = make_case(be, 67, 3001, 0.1f, 0.0f, 9); /* N·V above the threading threshold */
     for (int64_t r = 0; r < c.N; r++)
         if (c.targets[r] == PAD) c.logits[r * c.V + 5] = NAN;
@@ -181,7 +221,7 @@ START_TEST(pad_rows_in_place_and_threads) {
     float *ref = malloc(count * sizeof *ref), *inplace = malloc(count * sizeof *inplace);
     float ref_loss[67];
     for (int threads = 1; threads <= 3; threads++) {
-        luna_backend_cpu_set_threads(be, threads);
+        lh_set_threads(be, threads);
         forward(&c);
         if (threads == 1) {
             memcpy(ref_loss, c.loss, sizeof ref_loss);
@@ -218,26 +258,19 @@ START_TEST(pad_rows_in_place_and_threads) {
 END_TEST
 
 START_TEST(argument_errors) {
-    luna_backend *be = luna_test_backend(1);
+    luna_backend *be = lh_backend(1);
     ce_case c = make_case(be, 3, 10, 0.1f, 0.0f, 1);
     c.targets[0] = 10; /* outside [0, V) */
-    ck_assert_int_eq(be->ops->cross_entropy_forward(be, c.loss, c.nll, c.lse, c.logits, c.targets,
-                                                    c.N, c.V, 0.1f, PAD),
-                     LUNA_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(ce_forward(&c, c.V, PAD), LUNA_ERR_INVALID_ARGUMENT);
     ck_assert_ptr_nonnull(strstr(luna_error_message(), "outside the vocabulary"));
     c.targets[0] = -2;
-    ck_assert_int_eq(be->ops->cross_entropy_backward(be, c.logits, c.logits, c.lse, c.targets, c.N,
-                                                     c.V, 0.1f, PAD, 1.0f),
-                     LUNA_ERR_INVALID_ARGUMENT);
+    c.grad_scale = 1.0f;
+    ck_assert_int_eq(ce_backward(&c, c.logits, c.logits), LUNA_ERR_INVALID_ARGUMENT);
     c.targets[0] = 3;
-    ck_assert_int_eq(be->ops->cross_entropy_forward(be, c.loss, c.nll, c.lse, c.logits, c.targets,
-                                                    c.N, 0, 0.1f, PAD),
-                     LUNA_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(ce_forward(&c, 0, PAD), LUNA_ERR_INVALID_ARGUMENT);
     /* padding_idx outside the vocabulary (PyTorch's ignore_index = −100 style) is fine. */
     c.targets[1] = -100;
-    ck_assert_int_eq(be->ops->cross_entropy_forward(be, c.loss, c.nll, c.lse, c.logits, c.targets,
-                                                    c.N, c.V, 0.1f, -100),
-                     LUNA_OK);
+    ck_assert_int_eq(ce_forward(&c, c.V, -100), LUNA_OK);
     ck_assert_float_eq(c.loss[1], 0.0f);
     free_case(&c);
     luna_backend_free(be);

@@ -1,6 +1,8 @@
 /* Tests of the embedding group: token embedding forward/backward (finite differences with repeated
  * and padding tokens, accumulation, out-of-range ids, thread-count determinism) and the fairseq
- * sinusoidal positions against an independent double-precision formula. */
+ * sinusoidal positions against an independent double-precision formula; and every op on the
+ * backend under test (LUNA_TEST_BACKEND) against the CPU reference. Ops get device buffers from
+ * the harness (tests/backend_harness.h); the checks read them back. */
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -18,10 +20,61 @@
 #endif
 #define PAD 1 /* fairseq's padding_idx */
 
+/* ---- The ops on device copies of host arrays ---------------------------------------------------
+ * Inputs uploaded; outputs (and what they accumulate into) uploaded, computed and read back. */
+static luna_status emb_fwd(luna_backend *be, float *out, const float *table, const int32_t *tokens,
+                           int n, int V, int d, float scale) {
+    size_t no = (size_t)n * d, nt = (size_t)V * d;
+    float *vt = lh_f32(be, table, nt), *vo = lh_alloc(be, no * sizeof(float));
+    int32_t *vtok = lh_i32(be, tokens, (size_t)n);
+    luna_status st = be->ops->embedding_forward(be, vo, vt, vtok, n, V, d, scale, PAD);
+    if (st == LUNA_OK) lh_download(be, out, vo, no * sizeof(float));
+    lh_free(be, vt);
+    lh_free(be, vo);
+    lh_free(be, vtok);
+    return st;
+}
+
+/* dtable accumulates: its contents are uploaded, and read back whatever the status (so that a
+ * failing call can be checked to write nothing). */
+static luna_status emb_bwd(luna_backend *be, float *dtable, const float *dout,
+                           const int32_t *tokens, int n, int V, int d, float scale) {
+    size_t no = (size_t)n * d, nt = (size_t)V * d;
+    float *vt = lh_f32(be, dtable, nt), *vo = lh_f32(be, dout, no);
+    int32_t *vtok = lh_i32(be, tokens, (size_t)n);
+    luna_status st = be->ops->embedding_backward(be, vt, vo, vtok, n, V, d, scale, PAD);
+    lh_download(be, dtable, vt, nt * sizeof(float));
+    lh_free(be, vt);
+    lh_free(be, vo);
+    lh_free(be, vtok);
+    return st;
+}
+
+static luna_status sin_table(luna_backend *be, float *out, int first, int npos, int d) {
+    size_t n = (size_t)npos * d;
+    float *vo = lh_alloc(be, n * sizeof(float));
+    luna_status st = be->ops->sinusoidal_table(be, vo, first, npos, d);
+    if (st == LUNA_OK) lh_download(be, out, vo, n * sizeof(float));
+    lh_free(be, vo);
+    return st;
+}
+
+/* x [B, N, d] in place. */
+static luna_status pos_add(luna_backend *be, float *x, const int32_t *tokens, int B, int N, int d) {
+    size_t n = (size_t)B * N * d;
+    float *vx = lh_f32(be, x, n);
+    int32_t *vtok = lh_i32(be, tokens, (size_t)B * N);
+    luna_status st = be->ops->positions_add(be, vx, vtok, B, N, d, PAD);
+    if (st == LUNA_OK) lh_download(be, x, vx, n * sizeof(float));
+    lh_free(be, vx);
+    lh_free(be, vtok);
+    return st;
+}
+
 /* ---- Token embedding ------------------------------------------------------------------------- */
 
 START_TEST(embedding_forward_scales_rows_and_zeroes_pads) {
-    luna_backend *be = luna_test_backend(2);
+    luna_backend *be = lh_backend(2);
     luna_test_rng rng;
     luna_test_rng_seed(&rng, 1);
     const int V = 6, d = 5, n = 7;
@@ -29,8 +82,7 @@ START_TEST(embedding_forward_scales_rows_and_zeroes_pads) {
     float *table = luna_test_random_vector(&rng, V * d, -1, 1),
           *out = luna_test_random_vector(&rng, n * d, -1, 1);
     const float scale = 2.2360679f; /* √5 */
-    ck_assert_int_eq(be->ops->embedding_forward(be, out, table, tokens, n, V, d, scale, PAD),
-                     LUNA_OK);
+    ck_assert_int_eq(emb_fwd(be, out, table, tokens, n, V, d, scale), LUNA_OK);
     for (int i = 0; i < n; i++)
         for (int c = 0; c < d; c++) {
             float want = tokens[i] == PAD ? 0.0f : scale * table[tokens[i] * d + c];
@@ -53,14 +105,13 @@ typedef struct {
 
 static double emb_loss(void *p) {
     emb_ctx *c = p;
-    luna_status st = c->be->ops->embedding_forward(c->be, c->out, c->table, c->tokens, c->n, c->V,
-                                                   c->d, c->scale, PAD);
+    luna_status st = emb_fwd(c->be, c->out, c->table, c->tokens, c->n, c->V, c->d, c->scale);
     LUNA_EXPECT(st == LUNA_OK, "%s", luna_error_message());
     return luna_test_weighted_sum(c->out, c->w, (size_t)c->n * c->d);
 }
 
 START_TEST(embedding_gradient_matches_finite_differences) {
-    luna_backend *be = luna_test_backend(2);
+    luna_backend *be = lh_backend(2);
     /* Repeated tokens (4 three times), padding tokens, V = 1 and d = 1 edge cases. */
     static const int32_t tok_a[] = {4, PAD, 0, 4, 2, 4, PAD, 5};
     static const int32_t tok_b[] = {0};
@@ -84,8 +135,7 @@ START_TEST(embedding_gradient_matches_finite_differences) {
                      d,
                      1.7f};
         float *dtable = calloc(V * d, sizeof(float));
-        ck_assert_int_eq(
-            be->ops->embedding_backward(be, dtable, c.w, c.tokens, n, V, d, c.scale, PAD), LUNA_OK);
+        ck_assert_int_eq(emb_bwd(be, dtable, c.w, c.tokens, n, V, d, c.scale), LUNA_OK);
         if (V > PAD)
             for (int j = 0; j < d; j++)
                 ck_assert_float_eq(dtable[PAD * d + j], 0.0f);
@@ -104,7 +154,7 @@ END_TEST
 /* dtable accumulates (+=) and the result does not depend on the thread count (heavily repeated
  * tokens, more columns than one tile). */
 START_TEST(embedding_backward_accumulates_deterministically) {
-    luna_backend *be = luna_test_backend(2);
+    luna_backend *be = lh_backend(2);
     luna_test_rng rng;
     luna_test_rng_seed(&rng, 3);
     const int V = 7, d = 100, n = 5000;
@@ -115,11 +165,10 @@ START_TEST(embedding_backward_accumulates_deterministically) {
           *d0 = luna_test_random_vector(&rng, V * d, -1, 1);
     float *dt[2];
     for (int t = 0; t < 2; t++) {
-        luna_backend_cpu_set_threads(be, 2 - t);
+        lh_set_threads(be, 2 - t);
         dt[t] = malloc(sizeof(float) * V * d);
         memcpy(dt[t], d0, sizeof(float) * V * d);
-        ck_assert_int_eq(be->ops->embedding_backward(be, dt[t], dout, tokens, n, V, d, 0.5f, PAD),
-                         LUNA_OK);
+        ck_assert_int_eq(emb_bwd(be, dt[t], dout, tokens, n, V, d, 0.5f), LUNA_OK);
     }
     ck_assert_int_eq(memcmp(dt[0], dt[1], sizeof(float) * V * d), 0);
     for (int v = 0; v < V; v++)
@@ -141,14 +190,12 @@ START_TEST(embedding_backward_accumulates_deterministically) {
 END_TEST
 
 START_TEST(embedding_rejects_out_of_range_ids) {
-    luna_backend *be = luna_test_backend(1);
+    luna_backend *be = lh_backend(1);
     float table[4 * 3] = {0}, out[4 * 3], dtable[4 * 3] = {0}, dout[4 * 3] = {1, 1, 1, 1, 1, 1};
     const int32_t big[4] = {0, 3, 4, 1}, neg[4] = {2, -1, 0, 0};
-    ck_assert_int_eq(be->ops->embedding_forward(be, out, table, big, 4, 4, 3, 1.0f, PAD),
-                     LUNA_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(emb_fwd(be, out, table, big, 4, 4, 3, 1.0f), LUNA_ERR_INVALID_ARGUMENT);
     ck_assert_ptr_nonnull(strstr(luna_error_message(), "token id 4 at position 2"));
-    ck_assert_int_eq(be->ops->embedding_backward(be, dtable, dout, neg, 4, 4, 3, 1.0f, PAD),
-                     LUNA_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(emb_bwd(be, dtable, dout, neg, 4, 4, 3, 1.0f), LUNA_ERR_INVALID_ARGUMENT);
     ck_assert_ptr_nonnull(strstr(luna_error_message(), "token id -1 at position 1"));
     for (int i = 0; i < 12; i++)
         ck_assert_float_eq(dtable[i], 0.0f); /* nothing written */
@@ -168,14 +215,14 @@ static double pe_ref(int pos, int i, int d) {
 }
 
 START_TEST(sinusoidal_table_matches_formula) {
-    luna_backend *be = luna_test_backend(2);
+    luna_backend *be = lh_backend(2);
     static const int dims[] = {1, 2, 3, 4, 7, 8, 33, 512};
     static const int firsts[] = {0, 2, 1000};
     for (size_t a = 0; a < sizeof dims / sizeof dims[0]; a++)
         for (size_t b = 0; b < 3; b++) {
             int d = dims[a], first = firsts[b], npos = 37;
             float *out = malloc(sizeof(float) * npos * d);
-            ck_assert_int_eq(be->ops->sinusoidal_table(be, out, first, npos, d), LUNA_OK);
+            ck_assert_int_eq(sin_table(be, out, first, npos, d), LUNA_OK);
             for (int j = 0; j < npos; j++)
                 for (int i = 0; i < d; i++) {
                     double want = pe_ref(first + j, i, d);
@@ -191,7 +238,7 @@ START_TEST(sinusoidal_table_matches_formula) {
      */
     float pe[6];
     static const double ang[3] = {2.0, 0.02, 2e-4};
-    ck_assert_int_eq(be->ops->sinusoidal_table(be, pe, 2, 1, 6), LUNA_OK);
+    ck_assert_int_eq(sin_table(be, pe, 2, 1, 6), LUNA_OK);
     for (int i = 0; i < 3; i++) {
         ck_assert_float_eq_tol(pe[i], sin(ang[i]), 1e-7);
         ck_assert_float_eq_tol(pe[3 + i], cos(ang[i]), 1e-7);
@@ -201,7 +248,7 @@ START_TEST(sinusoidal_table_matches_formula) {
 END_TEST
 
 START_TEST(positions_add_follows_make_positions) {
-    luna_backend *be = luna_test_backend(2);
+    luna_backend *be = lh_backend(2);
     enum { B = 5, N = 7 };
     const int32_t tokens[B * N] = {
         8,   9,   10,  4,   2,   PAD, PAD, /* right padding */
@@ -218,7 +265,7 @@ START_TEST(positions_add_follows_make_positions) {
         float *x0 = luna_test_random_vector(&rng, (size_t)B * N * d, -1, 1);
         float *x = malloc(sizeof(float) * B * N * d);
         memcpy(x, x0, sizeof(float) * B * N * d);
-        ck_assert_int_eq(be->ops->positions_add(be, x, tokens, B, N, d, PAD), LUNA_OK);
+        ck_assert_int_eq(pos_add(be, x, tokens, B, N, d), LUNA_OK);
         for (int b = 0; b < B; b++) {
             int count = 0, first_pos = -1;
             for (int t = 0; t < N; t++) {
@@ -241,8 +288,8 @@ START_TEST(positions_add_follows_make_positions) {
         }
         /* Same rows as the table op (used by incremental decoding): bit-identical. */
         float *pe = malloc(sizeof(float) * 4 * d), *z = calloc((size_t)N * d, sizeof(float));
-        ck_assert_int_eq(be->ops->sinusoidal_table(be, pe, 2, 4, d), LUNA_OK);
-        ck_assert_int_eq(be->ops->positions_add(be, z, tokens + N, 1, N, d, PAD), LUNA_OK);
+        ck_assert_int_eq(sin_table(be, pe, 2, 4, d), LUNA_OK);
+        ck_assert_int_eq(pos_add(be, z, tokens + N, 1, N, d), LUNA_OK);
         ck_assert_int_eq(memcmp(z + 3 * d, pe, sizeof(float) * 4 * d), 0);
         free(pe);
         free(z);

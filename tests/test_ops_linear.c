@@ -1,6 +1,8 @@
 /* Tests of the GEMM group: batched GEMM against a naive triple loop (all transposes, strides,
  * alpha/beta), Linear and bias add (forward vs naive, finite-difference gradients, accumulation
- * semantics) and bit-identical backward results for 1 and 2 threads. */
+ * semantics) and bit-identical backward results for 1 and 2 threads; and every op on the backend
+ * under test (LUNA_TEST_BACKEND) against the CPU reference. Ops get device buffers from the
+ * harness (tests/backend_harness.h); the checks read them back. */
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -22,6 +24,82 @@
 #define EXPECT_CLOSE(got, want, tol)                                                               \
     LUNA_EXPECT(fabs((double)(got) - (double)(want)) <= (tol), "%s = %.8g, want %.8g (line %d)",   \
                 #got, (double)(got), (double)(want), __LINE__)
+
+/* ---- The ops on device copies of host arrays ---------------------------------------------------
+ * Inputs uploaded; outputs (and what they accumulate into) uploaded, computed and read back. A NULL
+ * host array is a NULL device pointer (the op skips it). */
+static float *up(luna_backend *be, const float *host, size_t n) {
+    return host ? lh_f32(be, host, n) : NULL;
+}
+/* Read back (when the op succeeded) and free a device copy. */
+static void down(luna_backend *be, luna_status st, float *host, float *dev, size_t n) {
+    if (!dev) return;
+    if (st == LUNA_OK && host) lh_download(be, host, dev, n * sizeof(float));
+    lh_free(be, dev);
+}
+
+/* gemm with A [na], B [nb], C [nc] the whole strided arrays. */
+static luna_status gemm_dev(luna_backend *be, bool ta, bool tb, int M, int N, int K, float alpha,
+                            const float *A, size_t na, int lda, int64_t sa, const float *B,
+                            size_t nb, int ldb, int64_t sb, float beta, float *C, size_t nc,
+                            int ldc, int64_t sc, int batch) {
+    float *vA = up(be, A, na), *vB = up(be, B, nb), *vC = up(be, C, nc);
+    luna_status st = be->ops->gemm(be, ta, tb, M, N, K, alpha, vA, lda, sa, vB, ldb, sb, beta, vC,
+                                   ldc, sc, batch);
+    down(be, st, NULL, vA, na);
+    down(be, st, NULL, vB, nb);
+    down(be, st, C, vC, nc);
+    return st;
+}
+
+static luna_status linear_fwd(luna_backend *be, float *y, const float *x, const float *W,
+                              const float *b, int rows, int in, int out) {
+    size_t nx = (size_t)rows * in, nw = (size_t)out * in, ny = (size_t)rows * out;
+    float *vx = up(be, x, nx), *vW = up(be, W, nw), *vb = up(be, b, (size_t)out);
+    float *vy = lh_alloc(be, ny * sizeof(float));
+    luna_status st = be->ops->linear_forward(be, vy, vx, vW, vb, rows, in, out);
+    down(be, st, NULL, vx, nx);
+    down(be, st, NULL, vW, nw);
+    down(be, st, NULL, vb, (size_t)out);
+    down(be, st, y, vy, ny);
+    return st;
+}
+
+/* dx, db may be NULL (skipped); dx's contents are uploaded too (accumulate_dx reads them). */
+static luna_status linear_bwd(luna_backend *be, float *dx, float *dW, float *db, const float *dy,
+                              const float *x, const float *W, int rows, int in, int out,
+                              bool accumulate_dx) {
+    size_t nx = (size_t)rows * in, nw = (size_t)out * in, ny = (size_t)rows * out;
+    float *vdx = up(be, dx, nx), *vdW = up(be, dW, nw), *vdb = up(be, db, (size_t)out);
+    float *vdy = up(be, dy, ny), *vx = up(be, x, nx), *vW = up(be, W, nw);
+    luna_status st =
+        be->ops->linear_backward(be, vdx, vdW, vdb, vdy, vx, vW, rows, in, out, accumulate_dx);
+    down(be, st, dx, vdx, nx);
+    down(be, st, dW, vdW, nw);
+    down(be, st, db, vdb, (size_t)out);
+    down(be, st, NULL, vdy, ny);
+    down(be, st, NULL, vx, nx);
+    down(be, st, NULL, vW, nw);
+    return st;
+}
+
+static luna_status bias_fwd(luna_backend *be, float *y, const float *b, int rows, int cols) {
+    size_t n = (size_t)rows * cols;
+    float *vy = up(be, y, n), *vb = up(be, b, (size_t)cols);
+    luna_status st = be->ops->bias_add_forward(be, vy, vb, rows, cols);
+    down(be, st, y, vy, n);
+    down(be, st, NULL, vb, (size_t)cols);
+    return st;
+}
+
+static luna_status bias_bwd(luna_backend *be, float *db, const float *dy, int rows, int cols) {
+    size_t n = (size_t)rows * cols;
+    float *vdb = up(be, db, (size_t)cols), *vdy = up(be, dy, n);
+    luna_status st = be->ops->bias_add_backward(be, vdb, vdy, rows, cols);
+    down(be, st, db, vdb, (size_t)cols);
+    down(be, st, NULL, vdy, n);
+    return st;
+}
 
 /* ---- GEMM vs naive --------------------------------------------------------------------------- */
 
@@ -51,9 +129,9 @@ static void check_gemm_case(luna_backend *be, bool ta, bool tb, int M, int N, in
             for (int i = 0; i < M; i++)
                 for (int j = 0; j < N; j++)
                     C[b * sc + (int64_t)i * ldc + j] = NAN;
-    ck_assert_int_eq(
-        be->ops->gemm(be, ta, tb, M, N, K, alpha, A, lda, sa, B, ldb, sb, beta, C, ldc, sc, batch),
-        LUNA_OK);
+    ck_assert_int_eq(gemm_dev(be, ta, tb, M, N, K, alpha, A, na, lda, sa, B, nb, ldb, sb, beta, C,
+                              nc, ldc, sc, batch),
+                     LUNA_OK);
     for (int b = 0; b < batch; b++) {
         const float *Ab = A + b * sa, *Bb = B + b * sb;
         for (int i = 0; i < M; i++)
@@ -89,7 +167,7 @@ static void check_gemm_case(luna_backend *be, bool ta, bool tb, int M, int N, in
 }
 
 START_TEST(gemm_matches_naive_all_transposes) {
-    luna_backend *be = luna_test_backend(2);
+    luna_backend *be = lh_backend(2);
     static const int shapes[][3] = {{1, 1, 1},   {3, 5, 7},    {7, 33, 5},
                                     {33, 1, 17}, {16, 16, 64}, {5, 7, 0}};
     static const float betas[] = {0.0f, 1.0f, -0.5f};
@@ -114,7 +192,7 @@ END_TEST
 
 /* The batch-parallel path and the serial path give bit-identical results. */
 START_TEST(gemm_batch_threads_bit_identical) {
-    luna_backend *be = luna_test_backend(2);
+    luna_backend *be = lh_backend(2);
     luna_test_rng rng;
     luna_test_rng_seed(&rng, 99);
     const int M = 30, N = 32, K = 64, batch = 24;
@@ -122,12 +200,13 @@ START_TEST(gemm_batch_threads_bit_identical) {
     float *B = luna_test_random_vector(&rng, (size_t)K * N * batch, -1, 1);
     float *C1 = luna_test_zeros((size_t)M * N * batch),
           *C2 = luna_test_zeros((size_t)M * N * batch);
-    ck_assert_int_eq(be->ops->gemm(be, false, false, M, N, K, 1.0f, A, K, (int64_t)M * K, B, N,
-                                   (int64_t)K * N, 0.0f, C2, N, (int64_t)M * N, batch),
+    const size_t na = (size_t)M * K * batch, nb = (size_t)K * N * batch, nc = (size_t)M * N * batch;
+    ck_assert_int_eq(gemm_dev(be, false, false, M, N, K, 1.0f, A, na, K, (int64_t)M * K, B, nb, N,
+                              (int64_t)K * N, 0.0f, C2, nc, N, (int64_t)M * N, batch),
                      LUNA_OK);
-    luna_backend_cpu_set_threads(be, 1);
-    ck_assert_int_eq(be->ops->gemm(be, false, false, M, N, K, 1.0f, A, K, (int64_t)M * K, B, N,
-                                   (int64_t)K * N, 0.0f, C1, N, (int64_t)M * N, batch),
+    lh_set_threads(be, 1);
+    ck_assert_int_eq(gemm_dev(be, false, false, M, N, K, 1.0f, A, na, K, (int64_t)M * K, B, nb, N,
+                              (int64_t)K * N, 0.0f, C1, nc, N, (int64_t)M * N, batch),
                      LUNA_OK);
     ck_assert_int_eq(memcmp(C1, C2, sizeof(float) * M * N * batch), 0);
     free(A);
@@ -142,7 +221,7 @@ END_TEST
  * ldc = batch·N; parallel), and stride_c = 0 with beta = 1 (every product summed into one C, in
  * batch order). */
 START_TEST(gemm_interleaved_and_shared_outputs) {
-    luna_backend *be = luna_test_backend(2);
+    luna_backend *be = lh_backend(2);
     luna_test_rng rng;
     luna_test_rng_seed(&rng, 12);
     const int M = 37, N = 19, K = 23, batch = 6;
@@ -154,9 +233,10 @@ START_TEST(gemm_interleaved_and_shared_outputs) {
     for (int shared = 0; shared < 2; shared++) {
         memcpy(C, C0, sizeof(float) * M * batch * N);
         int ldc = shared ? N : batch * N;
-        ck_assert_int_eq(be->ops->gemm(be, false, false, M, N, K, 1.0f, A, K, (int64_t)M * K, B, N,
-                                       (int64_t)K * N, shared ? 1.0f : 0.0f, C, ldc, shared ? 0 : N,
-                                       batch),
+        ck_assert_int_eq(gemm_dev(be, false, false, M, N, K, 1.0f, A, (size_t)batch * M * K, K,
+                                  (int64_t)M * K, B, (size_t)batch * K * N, N, (int64_t)K * N,
+                                  shared ? 1.0f : 0.0f, C, (size_t)M * batch * N, ldc,
+                                  shared ? 0 : N, batch),
                          LUNA_OK);
         for (int i = 0; i < M; i++)
             for (int j = 0; j < N; j++) {
@@ -181,8 +261,8 @@ START_TEST(gemm_interleaved_and_shared_outputs) {
 END_TEST
 
 START_TEST(gemm_rejects_bad_arguments) {
-    luna_backend *be = luna_test_backend(1);
-    float A[16] = {0}, B[16] = {0}, C[16] = {0};
+    luna_backend *be = lh_backend(1);
+    float *A = lh_f32(be, NULL, 16), *B = lh_f32(be, NULL, 16), *C = lh_f32(be, NULL, 16);
     ck_assert_int_eq(be->ops->gemm(be, false, false, 2, 2, 3, 1, A, 2, 0, B, 2, 0, 0, C, 2, 0, 1),
                      LUNA_ERR_INVALID_ARGUMENT);
     ck_assert_ptr_nonnull(strstr(luna_error_message(), "lda 2 < 3"));
@@ -190,6 +270,9 @@ START_TEST(gemm_rejects_bad_arguments) {
                      LUNA_ERR_INVALID_ARGUMENT);
     ck_assert_int_eq(be->ops->gemm(be, false, false, -1, 2, 3, 1, A, 3, 0, B, 2, 0, 0, C, 2, 0, 1),
                      LUNA_ERR_INVALID_ARGUMENT);
+    lh_free(be, A);
+    lh_free(be, B);
+    lh_free(be, C);
     luna_backend_free(be);
 }
 END_TEST
@@ -204,14 +287,13 @@ typedef struct {
 
 static double linear_loss(void *p) {
     linear_ctx *c = p;
-    luna_status st =
-        c->be->ops->linear_forward(c->be, c->y, c->x, c->W, c->b, c->rows, c->in, c->out);
+    luna_status st = linear_fwd(c->be, c->y, c->x, c->W, c->b, c->rows, c->in, c->out);
     LUNA_EXPECT(st == LUNA_OK, "%s", luna_error_message());
     return luna_test_weighted_sum(c->y, c->w, (size_t)c->rows * c->out);
 }
 
 START_TEST(linear_forward_matches_naive) {
-    luna_backend *be = luna_test_backend(2);
+    luna_backend *be = lh_backend(2);
     luna_test_rng rng;
     luna_test_rng_seed(&rng, 5);
     const int rows = 7, in = 33, out = 5;
@@ -219,8 +301,7 @@ START_TEST(linear_forward_matches_naive) {
           *W = luna_test_random_vector(&rng, out * in, -1, 1);
     float *b = luna_test_random_vector(&rng, out, -1, 1), *y = luna_test_zeros(rows * out);
     for (int with_bias = 0; with_bias < 2; with_bias++) {
-        ck_assert_int_eq(be->ops->linear_forward(be, y, x, W, with_bias ? b : NULL, rows, in, out),
-                         LUNA_OK);
+        ck_assert_int_eq(linear_fwd(be, y, x, W, with_bias ? b : NULL, rows, in, out), LUNA_OK);
         for (int r = 0; r < rows; r++)
             for (int o = 0; o < out; o++) {
                 double s = with_bias ? b[o] : 0.0;
@@ -238,7 +319,7 @@ START_TEST(linear_forward_matches_naive) {
 END_TEST
 
 START_TEST(linear_gradients_match_finite_differences) {
-    luna_backend *be = luna_test_backend(2);
+    luna_backend *be = lh_backend(2);
     static const int shapes[][3] = {{1, 1, 1}, {3, 5, 7}, {7, 33, 5}, {1, 5, 33}, {7, 1, 3}};
     double worst = 0;
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
@@ -256,8 +337,7 @@ START_TEST(linear_gradients_match_finite_differences) {
                         out};
         float *dx = luna_test_zeros(rows * in), *dW = luna_test_zeros(out * in),
               *db = luna_test_zeros(out);
-        ck_assert_int_eq(
-            be->ops->linear_backward(be, dx, dW, db, c.w, c.x, c.W, rows, in, out, false), LUNA_OK);
+        ck_assert_int_eq(linear_bwd(be, dx, dW, db, c.w, c.x, c.W, rows, in, out, false), LUNA_OK);
         worst = fmax(worst, luna_test_gradcheck("linear dx", linear_loss, &c, c.x, rows * in, dx,
                                                 1e-2, GC_RTOL, GC_FLOOR));
         worst = fmax(worst, luna_test_gradcheck("linear dW", linear_loss, &c, c.W, out * in, dW,
@@ -280,7 +360,7 @@ END_TEST
 
 /* dW and db accumulate; dx is overwritten (NaN-safe) unless accumulate_dx; NULL skips. */
 START_TEST(linear_backward_accumulation_semantics) {
-    luna_backend *be = luna_test_backend(2);
+    luna_backend *be = lh_backend(2);
     luna_test_rng rng;
     luna_test_rng_seed(&rng, 8);
     const int rows = 6, in = 9, out = 4;
@@ -297,8 +377,7 @@ START_TEST(linear_backward_accumulation_semantics) {
             dx[i] = acc ? dx0[i] : NAN;
         memcpy(dW, dW0, sizeof(float) * out * in);
         memcpy(db, db0, sizeof(float) * out);
-        ck_assert_int_eq(be->ops->linear_backward(be, dx, dW, db, dy, x, W, rows, in, out, acc),
-                         LUNA_OK);
+        ck_assert_int_eq(linear_bwd(be, dx, dW, db, dy, x, W, rows, in, out, acc), LUNA_OK);
         for (int r = 0; r < rows; r++)
             for (int k = 0; k < in; k++) {
                 double s = acc ? dx0[r * in + k] : 0.0;
@@ -321,8 +400,7 @@ START_TEST(linear_backward_accumulation_semantics) {
     }
     /* NULL dx and db: only dW moves. */
     memcpy(dW, dW0, sizeof(float) * out * in);
-    ck_assert_int_eq(be->ops->linear_backward(be, NULL, dW, NULL, dy, x, W, rows, in, out, false),
-                     LUNA_OK);
+    ck_assert_int_eq(linear_bwd(be, NULL, dW, NULL, dy, x, W, rows, in, out, false), LUNA_OK);
     ck_assert_int_ne(memcmp(dW, dW0, sizeof(float) * out * in), 0);
     free(x);
     free(W);
@@ -348,13 +426,13 @@ typedef struct {
 static double bias_loss(void *p) {
     bias_ctx *c = p;
     memcpy(c->y, c->y0, sizeof(float) * c->rows * c->cols);
-    LUNA_EXPECT(c->be->ops->bias_add_forward(c->be, c->y, c->b, c->rows, c->cols) == LUNA_OK, "%s",
+    LUNA_EXPECT(bias_fwd(c->be, c->y, c->b, c->rows, c->cols) == LUNA_OK, "%s",
                 luna_error_message());
     return luna_test_weighted_sum(c->y, c->w, (size_t)c->rows * c->cols);
 }
 
 START_TEST(bias_add_gradient_and_accumulation) {
-    luna_backend *be = luna_test_backend(2);
+    luna_backend *be = lh_backend(2);
     static const int shapes[][2] = {{1, 1}, {3, 5}, {7, 33}, {1, 5}, {7, 1}, {700, 70}};
     double worst = 0;
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
@@ -370,7 +448,7 @@ START_TEST(bias_add_gradient_and_accumulation) {
                       cols};
         float *db0 = luna_test_random_vector(&rng, cols, -1, 1), *db = malloc(sizeof(float) * cols);
         memcpy(db, db0, sizeof(float) * cols);
-        ck_assert_int_eq(be->ops->bias_add_backward(be, db, c.w, rows, cols), LUNA_OK);
+        ck_assert_int_eq(bias_bwd(be, db, c.w, rows, cols), LUNA_OK);
         for (int j = 0; j < cols; j++)
             db[j] -= db0[j]; /* the increment */
         worst = fmax(worst, luna_test_gradcheck("bias_add db", bias_loss, &c, c.b, cols, db, 1e-2,
@@ -390,7 +468,7 @@ END_TEST
 /* Backward results with 1 and 2 threads are bit-identical (shapes large enough that both the
  * OpenMP regions and OpenBLAS actually use 2 threads). */
 START_TEST(backward_bit_identical_across_thread_counts) {
-    luna_backend *be = luna_test_backend(2);
+    luna_backend *be = lh_backend(2);
     luna_test_rng rng;
     luna_test_rng_seed(&rng, 77);
     const int rows = 515, in = 257, out = 259;
@@ -399,15 +477,14 @@ START_TEST(backward_bit_identical_across_thread_counts) {
     float *dy = luna_test_random_vector(&rng, (size_t)rows * out, -1, 1);
     float *dx[2], *dW[2], *db[2], *db2[2];
     for (int t = 0; t < 2; t++) {
-        luna_backend_cpu_set_threads(be, 2 - t);
+        lh_set_threads(be, 2 - t);
         dx[t] = luna_test_zeros((size_t)rows * in);
         dW[t] = luna_test_zeros((size_t)out * in);
         db[t] = luna_test_zeros(out);
         db2[t] = luna_test_zeros(out);
-        ck_assert_int_eq(
-            be->ops->linear_backward(be, dx[t], dW[t], db[t], dy, x, W, rows, in, out, false),
-            LUNA_OK);
-        ck_assert_int_eq(be->ops->bias_add_backward(be, db2[t], dy, rows, out), LUNA_OK);
+        ck_assert_int_eq(linear_bwd(be, dx[t], dW[t], db[t], dy, x, W, rows, in, out, false),
+                         LUNA_OK);
+        ck_assert_int_eq(bias_bwd(be, db2[t], dy, rows, out), LUNA_OK);
     }
     ck_assert_int_eq(memcmp(dx[0], dx[1], sizeof(float) * rows * in), 0);
     ck_assert_int_eq(memcmp(dW[0], dW[1], sizeof(float) * out * in), 0);

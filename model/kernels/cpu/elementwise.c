@@ -17,7 +17,7 @@
  *
  * The mask is never stored: backward regenerates keep(i) from (key, i). Element i's 32 random
  * bits are word i%4 of the Philox block i/4, drawn eight blocks at a time by
- * luna_rng_bits_blocks (core/rng.c). tests/test_ops_elementwise.c checks that keep(i) here
+ * luna_rng_bits_blocks (core/rng.c). tests/test_ops_activations.c checks that keep(i) here
  * equals luna_rng_dropout_keep(key, i, p) for every i. */
 
 /* y = x · keep / (1 − p) (dropped elements are x·0: a NaN input stays NaN, as in PyTorch).

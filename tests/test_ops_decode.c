@@ -1,0 +1,387 @@
+/* Tests of the decoding ops (core/backend.h, "Decoding"; model/kernels/cpu/decode_select.c):
+ * gather_rows (index-select with repeats and permutations, idx NULL as a strided copy, padding
+ * between rows untouched, bad sizes rejected) and log_softmax_topk (the k best log-probs of each
+ * row against a host reference computed in double as documented: best first, ties by lower index,
+ * NaN as -inf, the bias banning and penalising tokens, pick/picked unbiased). Both against a host
+ * loop on the backend under test (LUNA_TEST_BACKEND) and, EXACT, against the CPU reference. Ops
+ * get device buffers from the harness (tests/backend_harness.h). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/backend.h"
+#include "tests/backend_harness.h"
+
+/* ---- gather_rows ------------------------------------------------------------------------------
+ */
+typedef struct {
+    int64_t dst_stride, src_stride, n, cols;
+    bool with_idx;
+} gather_args;
+
+/* d[0] dst [n, dst_stride], d[1] src [src_rows, src_stride], d[2] idx [n]. */
+static luna_status run_gather(luna_backend *be, void *const *d, const void *args) {
+    const gather_args *a = args;
+    return be->ops->gather_rows(be, d[0], a->dst_stride, d[1], a->src_stride,
+                                a->with_idx ? d[2] : NULL, a->n, a->cols);
+}
+
+/* One case on the backend under test: dst (prefilled with `dst0`) against a host loop, everything
+ * outside the gathered columns untouched; then the same case against the CPU reference. */
+static void check_gather(const int32_t *idx, int src_rows, int64_t n, int64_t cols,
+                         int64_t dst_stride, int64_t src_stride, uint64_t seed) {
+    size_t nsrc = (size_t)(src_rows * src_stride), ndst = (size_t)(n * dst_stride);
+    luna_test_rng rng;
+    luna_test_rng_seed(&rng, seed);
+    float *src = luna_test_random_vector(&rng, nsrc, -4, 4);
+    float *dst0 = luna_test_random_vector(&rng, ndst, 10, 20); /* disjoint from src's values */
+    float *got = malloc((ndst ? ndst : 1) * sizeof *got);
+    ck_assert_ptr_nonnull(got);
+    char what[96];
+    snprintf(what, sizeof what, "n %lld cols %lld strides %lld/%lld %s", (long long)n,
+             (long long)cols, (long long)dst_stride, (long long)src_stride,
+             idx ? "idx" : "idx NULL");
+
+    luna_backend *be = lh_backend(2);
+    float *vdst = lh_f32(be, dst0, ndst), *vsrc = lh_f32(be, src, nsrc);
+    int32_t *vidx = idx ? lh_i32(be, idx, (size_t)n) : NULL;
+    LUNA_CHECK_OK(be->ops->gather_rows(be, vdst, dst_stride, vsrc, src_stride, vidx, n, cols));
+    lh_download(be, got, vdst, ndst * sizeof *got);
+    for (int64_t i = 0; i < n; i++) {
+        int64_t from = idx ? idx[i] : i;
+        for (int64_t c = 0; c < dst_stride; c++) {
+            float want = c < cols ? src[from * src_stride + c] : dst0[i * dst_stride + c];
+            LUNA_EXPECT(memcmp(&got[i * dst_stride + c], &want, sizeof want) == 0,
+                        "gather_rows [%s]: dst[%lld][%lld] = %.9g, want %.9g", what, (long long)i,
+                        (long long)c, (double)got[i * dst_stride + c], (double)want);
+        }
+    }
+    lh_free(be, vdst);
+    lh_free(be, vsrc);
+    lh_free(be, vidx);
+    luna_backend_free(be);
+
+    gather_args a = {dst_stride, src_stride, n, cols, idx != NULL};
+    int32_t none = 0;
+    lh_buf bufs[] = {{dst0, ndst, LH_F32, LH_OUT},
+                     {src, nsrc, LH_F32, LH_IN},
+                     {idx ? idx : &none, idx ? (size_t)n : 1, LH_I32, LH_IN}};
+    ck_assert_int_eq(lh_compare("gather_rows", what, 2, run_gather, &a, bufs, 3), LUNA_OK);
+    free(src);
+    free(dst0);
+    free(got);
+}
+
+START_TEST(gather_rows_values_and_reference) {
+    const int64_t n = 7, cols = 13;
+    static const int32_t perm[7] = {6, 2, 0, 5, 1, 3, 4};     /* a permutation of 7 source rows */
+    static const int32_t repeats[7] = {3, 3, 0, 8, 3, 10, 0}; /* repeats, out of 11 source rows */
+    static const int strides[] = {13, 17, 29};
+    uint64_t seed = 1;
+    for (int ds = 0; ds < 3; ds++)
+        for (int ss = 0; ss < 3; ss++) {
+            check_gather(perm, 7, n, cols, strides[ds], strides[ss], seed++);
+            check_gather(repeats, 11, n, cols, strides[ds], strides[ss], seed++);
+            check_gather(NULL, 7, n, cols, strides[ds], strides[ss], seed++); /* strided copy */
+        }
+    /* Large enough for the threaded path (n·cols ≥ 65536), reversed. */
+    int32_t rev[300];
+    for (int i = 0; i < 300; i++)
+        rev[i] = 299 - i;
+    check_gather(rev, 300, 300, 250, 251, 257, seed++);
+    /* Nothing to do: n = 0, cols = 0. */
+    check_gather(perm, 7, 0, cols, 17, 13, seed++);
+    check_gather(perm, 7, n, 0, 17, 13, seed++);
+}
+END_TEST
+
+START_TEST(gather_rows_rejects_bad_sizes) {
+    static const int32_t idx[7] = {0, 1, 2, 3, 4, 5, 6};
+    static const int64_t bad[][4] = {/* dst_stride, src_stride, n, cols */
+                                     {13, 13, -1, 13},
+                                     {13, 13, 7, -1},
+                                     {12, 13, 7, 13},
+                                     {13, 12, 7, 13},
+                                     {-5, 13, 7, 13}};
+    float src[7 * 13], dst[7 * 13];
+    for (int i = 0; i < 7 * 13; i++) {
+        src[i] = (float)i;
+        dst[i] = -1.0f;
+    }
+    luna_backend *be = lh_backend(1);
+    float *vdst = lh_f32(be, dst, 7 * 13), *vsrc = lh_f32(be, src, 7 * 13);
+    int32_t *vidx = lh_i32(be, idx, 7);
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        const int64_t *b = bad[k];
+        luna_status st = be->ops->gather_rows(be, vdst, b[0], vsrc, b[1], vidx, b[2], b[3]);
+        ck_assert_msg(st == LUNA_ERR_INVALID_ARGUMENT, "case %zu: status %d", k, st);
+        ck_assert_ptr_nonnull(strstr(luna_error_message(), "gather_rows"));
+        luna_error_clear();
+        /* and the same status on the reference */
+        gather_args a = {b[0], b[1], b[2], b[3], true};
+        lh_buf bufs[] = {
+            {dst, 7 * 13, LH_F32, LH_OUT}, {src, 7 * 13, LH_F32, LH_IN}, {idx, 7, LH_I32, LH_IN}};
+        ck_assert_int_eq(lh_compare("gather_rows", "bad sizes", 1, run_gather, &a, bufs, 3),
+                         LUNA_ERR_INVALID_ARGUMENT);
+    }
+    float got[7 * 13];
+    lh_download(be, got, vdst, sizeof got);
+    ck_assert_int_eq(memcmp(got, dst, sizeof got), 0); /* untouched */
+    lh_free(be, vdst);
+    lh_free(be, vsrc);
+    lh_free(be, vidx);
+    luna_backend_free(be);
+}
+END_TEST
+
+/* ---- log_softmax_topk --------------------------------------------------------------------------
+ * The host reference, exactly as core/backend.h documents it: per row, in double,
+ *   lse = max + log Σ exp(x − max),  lp_j = (float)(x_j − lse) + bias[j]  (NaN: −inf),
+ * all V sorted by lp descending, then j ascending (ties by lower index), the first k kept; picked
+ * without the bias. */
+typedef struct {
+    float lp;
+    int32_t j;
+} scored;
+
+static int by_lp_then_index(const void *pa, const void *pb) {
+    const scored *a = pa, *b = pb;
+    if (a->lp != b->lp) return a->lp > b->lp ? -1 : 1;
+    return (a->j > b->j) - (a->j < b->j);
+}
+
+static void topk_reference(const float *x, const float *bias, int V, int k, const int32_t *pick,
+                           float *top_lp, int32_t *top_idx, float *picked) {
+    float mx = -INFINITY;
+    for (int j = 0; j < V; j++)
+        mx = fmaxf(mx, x[j]);
+    double sum = 0.0;
+    for (int j = 0; j < V; j++)
+        sum += exp((double)x[j] - (double)mx);
+    const double lse = (double)mx + log(sum);
+    if (pick) *picked = (float)((double)x[*pick] - lse);
+    scored *all = malloc((size_t)V * sizeof *all);
+    ck_assert_ptr_nonnull(all);
+    for (int j = 0; j < V; j++) {
+        float lp = (float)((double)x[j] - lse);
+        if (bias) lp += bias[j];
+        all[j] = (scored){isnan(lp) ? -INFINITY : lp, j};
+    }
+    qsort(all, (size_t)V, sizeof *all, by_lp_then_index);
+    for (int i = 0; i < k; i++) {
+        top_lp[i] = all[i].lp;
+        top_idx[i] = all[i].j;
+    }
+    free(all);
+}
+
+typedef struct {
+    int64_t rows;
+    int V, k;
+    bool with_bias, with_pick;
+} topk_args;
+
+/* d[0] logits [rows, V], d[1] bias [V], d[2] top_lp [rows, k], d[3] top_idx [rows, k],
+ * d[4] pick [rows], d[5] picked [rows]. */
+static luna_status run_topk(luna_backend *be, void *const *d, const void *args) {
+    const topk_args *a = args;
+    return be->ops->log_softmax_topk(be, d[0], a->with_bias ? d[1] : NULL, a->rows, a->V, a->k,
+                                     a->k ? d[2] : NULL, a->k ? d[3] : NULL,
+                                     a->with_pick ? d[4] : NULL, a->with_pick ? d[5] : NULL);
+}
+
+/* Same bits, or both NaN (a NaN's payload is not specified). */
+static bool same_float(float a, float b) {
+    return memcmp(&a, &b, sizeof a) == 0 || (isnan(a) && isnan(b));
+}
+
+/* Logits with exact ties (values on a grid of 1/4), a row with a NaN logit, and a bias with bans
+ * (−inf), penalties, a NaN entry and a penalty on the picked token. */
+static void make_topk_inputs(int rows, int V, uint64_t seed, float *x, float *bias, int32_t *pick) {
+    luna_test_rng rng;
+    luna_test_rng_seed(&rng, seed);
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < V; j++) {
+            float u = luna_test_uniform(&rng, 0, 1);
+            x[(size_t)r * V + j] = r == 1 ? floorf(u * 3.0f) * 0.5f /* few values: many ties */
+                                          : floorf(u * 24.0f) * 0.25f - 3.0f;
+        }
+    if (rows > 3) x[(size_t)3 * V + V / 2] = NAN; /* row 3: every lp NaN, returned as −inf */
+    if (rows > 4)
+        for (int j = 0; j < V; j++) /* row 4: one clear winner and a run of ties after it */
+            x[(size_t)4 * V + j] = j == V - 1 ? 5.0f : j % 2 ? 1.0f : -1.0f;
+    for (int j = 0; j < V; j++)
+        bias[j] = 0.0f;
+    bias[V - 1] = -INFINITY; /* banned: row 4's winner drops to the end */
+    bias[2 % V] = -0.75f;    /* penalties on the grid: ties with other tokens */
+    bias[5 % V] = -0.25f;
+    if (V > 8) bias[7] = NAN; /* lp NaN: −inf */
+    for (int r = 0; r < rows; r++)
+        pick[r] = (int32_t)((r * 7 + 2) % V); /* row 0 picks token 2: penalised, picked is not */
+}
+
+static void check_topk(int rows, int V, int k, bool with_bias, bool with_pick, uint64_t seed) {
+    size_t nx = (size_t)rows * V, nk = (size_t)rows * k;
+    float *x = malloc(nx * sizeof *x), *bias = malloc((size_t)V * sizeof *bias);
+    int32_t *pick = malloc((size_t)rows * sizeof *pick);
+    float *want_lp = malloc((nk ? nk : 1) * sizeof(float)), *got_lp = malloc((nk ? nk : 1) * 4);
+    int32_t *want_idx = malloc((nk ? nk : 1) * 4), *got_idx = malloc((nk ? nk : 1) * 4);
+    float want_picked[8], got_picked[8];
+    ck_assert_int_le(rows, 8);
+    ck_assert(x && bias && pick && want_lp && got_lp && want_idx && got_idx);
+    make_topk_inputs(rows, V, seed, x, bias, pick);
+    for (int r = 0; r < rows; r++)
+        topk_reference(x + (size_t)r * V, with_bias ? bias : NULL, V, k,
+                       with_pick ? &pick[r] : NULL, want_lp + (size_t)r * k,
+                       want_idx + (size_t)r * k, &want_picked[r]);
+    char what[96];
+    snprintf(what, sizeof what, "rows %d V %d k %d%s%s", rows, V, k, with_bias ? " bias" : "",
+             with_pick ? " pick" : "");
+
+    luna_backend *be = lh_backend(2);
+    float *vx = lh_f32(be, x, nx), *vbias = lh_f32(be, bias, (size_t)V);
+    float *vlp = k ? lh_alloc(be, nk * 4) : NULL;
+    int32_t *vidx = k ? lh_alloc(be, nk * 4) : NULL;
+    int32_t *vpick = lh_i32(be, pick, (size_t)rows);
+    float *vpicked = lh_alloc(be, (size_t)rows * 4);
+    LUNA_CHECK_OK(be->ops->log_softmax_topk(be, vx, with_bias ? vbias : NULL, rows, V, k, vlp, vidx,
+                                            with_pick ? vpick : NULL, with_pick ? vpicked : NULL));
+    if (k) {
+        lh_download(be, got_lp, vlp, nk * 4);
+        lh_download(be, got_idx, vidx, nk * 4);
+    }
+    if (with_pick) lh_download(be, got_picked, vpicked, (size_t)rows * 4);
+    for (int r = 0; r < rows; r++) {
+        for (int i = 0; i < k; i++) {
+            size_t e = (size_t)r * k + (size_t)i;
+            LUNA_EXPECT(got_idx[e] == want_idx[e] && same_float(got_lp[e], want_lp[e]),
+                        "log_softmax_topk [%s]: row %d rank %d: token %d lp %.9g, want token %d "
+                        "lp %.9g",
+                        what, r, i, got_idx[e], (double)got_lp[e], want_idx[e], (double)want_lp[e]);
+        }
+        if (with_pick)
+            LUNA_EXPECT(same_float(got_picked[r], want_picked[r]),
+                        "log_softmax_topk [%s]: picked[%d] (token %d) = %.9g, want %.9g", what, r,
+                        pick[r], (double)got_picked[r], (double)want_picked[r]);
+    }
+    void *all[] = {vx, vbias, vlp, vidx, vpick, vpicked};
+    for (int i = 0; i < 6; i++)
+        lh_free(be, all[i]);
+    luna_backend_free(be);
+
+    /* EXACT against the CPU reference (rows are independent: no reduction order to differ). */
+    topk_args a = {rows, V, k, with_bias, with_pick};
+    lh_buf bufs[] = {{x, nx, LH_F32, LH_IN},
+                     {bias, (size_t)V, LH_F32, LH_IN},
+                     {NULL, nk ? nk : 1, LH_F32, LH_OUT},
+                     {NULL, nk ? nk : 1, LH_I32, LH_OUT},
+                     {pick, (size_t)rows, LH_I32, LH_IN},
+                     {NULL, (size_t)rows, LH_F32, with_pick ? LH_OUT : LH_IN}};
+    ck_assert_int_eq(lh_compare("log_softmax_topk", what, 2, run_topk, &a, bufs, 6), LUNA_OK);
+    free(x);
+    free(bias);
+    free(pick);
+    free(want_lp);
+    free(got_lp);
+    free(want_idx);
+    free(got_idx);
+}
+
+START_TEST(log_softmax_topk_matches_host_reference) {
+    static const int Vs[] = {37, 1000};
+    uint64_t seed = 100;
+    for (int v = 0; v < 2; v++) {
+        int V = Vs[v];
+        const int ks[] = {0, 1, 8, V};
+        for (int ki = 0; ki < 4; ki++)
+            for (int mode = 0; mode < 4; mode++)
+                check_topk(5, V, ks[ki], mode & 1, mode & 2, seed++);
+    }
+    /* rows·V ≥ 65536: the CPU's threaded path (2 threads against the 1-thread reference). */
+    check_topk(8, 10000, 8, true, true, seed++);
+    check_topk(8, 10000, 10000, false, true, seed++);
+}
+END_TEST
+
+/* The properties the reference encodes, checked on hand-made rows (so that a wrong reference
+ * cannot hide a wrong op): ties by lower index, a ban, a penalty, NaN last, picked unbiased. */
+START_TEST(log_softmax_topk_known_values) {
+    enum { V = 6 };
+    /* row 0: ties 2.0 at j = 1, 3, 4; row 1: all equal; row 2: a NaN logit */
+    const float x[3 * V] = {0.0f, 2.0f, 1.0f, 2.0f, 2.0f, -1.0f, 0.5f, 0.5f, 0.5f,
+                            0.5f, 0.5f, 0.5f, 1.0f, NAN,  3.0f,  0.0f, 0.0f, 0.0f};
+    /* bias: token 4 banned, token 3 penalised */
+    const float bias[V] = {0.0f, 0.0f, 0.0f, -0.5f, -INFINITY, 0.0f};
+    const int32_t pick[3] = {4, 0, 2};
+    float lp[3 * V], picked[3];
+    int32_t idx[3 * V];
+    luna_backend *be = lh_backend(1);
+    float *vx = lh_f32(be, x, 3 * V), *vb = lh_f32(be, bias, V), *vlp = lh_alloc(be, sizeof lp);
+    int32_t *vidx = lh_alloc(be, sizeof idx), *vpick = lh_i32(be, pick, 3);
+    float *vpicked = lh_alloc(be, sizeof picked);
+    for (int biased = 0; biased < 2; biased++) {
+        LUNA_CHECK_OK(be->ops->log_softmax_topk(be, vx, biased ? vb : NULL, 3, V, V, vlp, vidx,
+                                                vpick, vpicked));
+        lh_download(be, lp, vlp, sizeof lp);
+        lh_download(be, idx, vidx, sizeof idx);
+        lh_download(be, picked, vpicked, sizeof picked);
+        /* the documented lse, summed in index order */
+        const double lse0 = 2.0 + log(exp(-2.0) + 1.0 + exp(-1.0) + 1.0 + 1.0 + exp(-3.0));
+        const float top0 = (float)(2.0 - lse0), lp1 = (float)(0.5 - (0.5 + log(6.0)));
+        static const int32_t order0[2][V] = {{1, 3, 4, 2, 0, 5}, {1, 3, 2, 0, 5, 4}};
+        static const int32_t order1[2][V] = {{0, 1, 2, 3, 4, 5}, {0, 1, 2, 5, 3, 4}};
+        for (int i = 0; i < V; i++) {
+            ck_assert_int_eq(idx[i], order0[biased][i]);
+            ck_assert_int_eq(idx[V + i], order1[biased][i]);
+            ck_assert_int_eq(idx[2 * V + i], i); /* NaN row: all −inf, in index order */
+            ck_assert(isinf(lp[2 * V + i]) && lp[2 * V + i] < 0);
+        }
+        ck_assert(lp[0] == top0);
+        if (biased) { /* token 3 penalised by 0.5, token 4 banned */
+            ck_assert(lp[1] == top0 - 0.5f && lp[V - 1] == -INFINITY);
+            ck_assert(lp[V + 4] == lp1 - 0.5f && lp[V + 5] == -INFINITY);
+        } else {
+            ck_assert(lp[1] == top0 && lp[2] == top0 && lp[V - 1] == (float)(-1.0 - lse0));
+        }
+        ck_assert(lp[V + 0] == lp1 && lp[V + 3] == lp1);
+        /* picked: the unbiased log-prob, token 4 of row 0 banned by the bias or not */
+        ck_assert(picked[0] == top0);
+        ck_assert(picked[1] == lp1);
+        ck_assert(isnan(picked[2]));
+    }
+    /* bad sizes and a pick out of range */
+    ck_assert_int_eq(be->ops->log_softmax_topk(be, vx, NULL, 3, V, V + 1, vlp, vidx, NULL, NULL),
+                     LUNA_ERR_INVALID_ARGUMENT);
+    luna_error_clear();
+    ck_assert_int_eq(be->ops->log_softmax_topk(be, vx, NULL, 3, V, -1, vlp, vidx, NULL, NULL),
+                     LUNA_ERR_INVALID_ARGUMENT);
+    luna_error_clear();
+    if (be->device == LUNA_DEVICE_CPU) { /* the CPU checks the picks (a device need not) */
+        const int32_t bad_pick[3] = {0, V, 0};
+        lh_upload(be, vpick, bad_pick, sizeof bad_pick);
+        ck_assert_int_eq(
+            be->ops->log_softmax_topk(be, vx, NULL, 3, V, 1, vlp, vidx, vpick, vpicked),
+            LUNA_ERR_INVALID_ARGUMENT);
+        luna_error_clear();
+    }
+    void *all[] = {vx, vb, vlp, vidx, vpick, vpicked};
+    for (int i = 0; i < 6; i++)
+        lh_free(be, all[i]);
+    luna_backend_free(be);
+}
+END_TEST
+
+static Suite *decode_suite(void) {
+    Suite *s = suite_create("ops_decode");
+    TCase *tc = tcase_create("decode");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, gather_rows_values_and_reference);
+    tcase_add_test(tc, gather_rows_rejects_bad_sizes);
+    tcase_add_test(tc, log_softmax_topk_matches_host_reference);
+    tcase_add_test(tc, log_softmax_topk_known_values);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) { return luna_test_run(decode_suite()); }
