@@ -20,6 +20,7 @@
 #include "trainer/communicator.h"
 #include "trainer/options.h"
 #include "trainer/trainer.h"
+#include "tools/program_start.h"
 
 #define PROG "luna-train"
 
@@ -41,6 +42,7 @@ static void install_signal_handlers(void) {
 }
 
 int main(int argc, char **argv) {
+    luna_program_start("luna-train", argv);
     static luna_train_options opts;
     if (luna_train_options_parse(&opts, argc, argv) != LUNA_OK) {
         fprintf(stderr, PROG ": %s\n", luna_error_message());

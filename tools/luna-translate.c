@@ -35,6 +35,7 @@
 #include "model/checkpoint.h"
 #include "model/kernels/registry.h"
 #include "core/options_registry.h"
+#include "tools/program_start.h"
 
 #define PROG "luna-translate"
 
@@ -504,6 +505,7 @@ static void program_free(program *p) {
 }
 
 int main(int argc, char **argv) {
+    luna_program_start("luna-translate", argv);
     int rc = parse_args(argc, argv);
     if (rc >= 0) return rc;
     program p;

@@ -19,6 +19,7 @@
 #include "core/backend.h"
 #include "core/rng.h"
 #include "model/kernels/cpu/backend_cpu.h"
+#include "tools/program_start.h"
 
 enum { B = 32, H = 8, N = 64, DH = 64, L = 32, REPEATS = 30 };
 
@@ -70,6 +71,7 @@ static double time_op(luna_backend *be, int which, int G, int p, int q, float *b
 }
 
 int main(int argc, char **argv) {
+    luna_program_start("bench-causal", argv);
     int thread_counts[8] = {1, 2}, nthreads = 2;
     if (argc > 1) {
         nthreads = 0;

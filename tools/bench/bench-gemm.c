@@ -13,6 +13,7 @@
 
 #include "core/backend.h"
 #include "model/kernels/cpu/backend_cpu.h"
+#include "tools/program_start.h"
 
 static double now_seconds(void) {
     struct timespec t;
@@ -26,6 +27,7 @@ static void usage(void) {
 }
 
 int main(int argc, char **argv) {
+    luna_program_start("bench-gemm", argv);
     int M = 512, N = 2048, K = 512, reps = 30;
     char threads_list[64] = "1,2";
     for (int i = 1; i < argc; i++) {

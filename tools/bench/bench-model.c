@@ -15,6 +15,7 @@
 
 #include "model/seq2seq.h"
 #include "model/kernels/cpu/backend_cpu.h"
+#include "tools/program_start.h"
 
 static double now(void) {
     struct timespec ts;
@@ -44,6 +45,7 @@ static int parse_int(const char *flag, const char *s, int lo) {
 }
 
 int main(int argc, char **argv) {
+    luna_program_start("bench-model", argv);
     const char *arch = "luna_base_tied";
     int threads = 0, B = 128, M = 32, N = 32, V = 32000, L = 32, warmup = 1, steps = 3;
     double dropout = 0.1, attention_dropout = 0.1, activation_dropout = 0.1;

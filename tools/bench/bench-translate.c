@@ -28,6 +28,7 @@
 #include "data/checkpoint_vocab.h"
 #include "model/checkpoint.h"
 #include "model/kernels/cpu/backend_cpu.h"
+#include "tools/program_start.h"
 
 static double now(void) {
     struct timespec ts;
@@ -41,6 +42,7 @@ static int fail(void) {
 }
 
 int main(int argc, char **argv) {
+    luna_program_start("bench-translate", argv);
     const char *ckpt = NULL, *input = NULL, *preset = NULL, *dump_ids = NULL, *ids_file = NULL;
     long threads = 2, limit = 0, vocab = 40624, sentences = 64, src_len = 30, max_tokens = 6000,
          batch_size = 128;
