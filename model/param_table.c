@@ -164,7 +164,8 @@ static luna_status alloc_views(luna_weights *w, const luna_config *c) {
     return LUNA_OK;
 }
 
-luna_status luna_params_create(luna_params **out, luna_backend *be, const luna_config *config) {
+static luna_status create(luna_params **out, luna_backend *be, const luna_config *config,
+                          bool init) {
     *out = NULL;
     LUNA_TRY(luna_config_validate(config));
     luna_params *p = calloc(1, sizeof *p);
@@ -192,7 +193,8 @@ luna_status luna_params_create(luna_params **out, luna_backend *be, const luna_c
         walker wg = {.base = p->grad};
         walk(&wg, config, &p->g);
         st = luna_params_zero_grad(p);
-        if (st == LUNA_OK) st = luna_params_init(p, 1);
+        if (st == LUNA_OK && init) st = luna_params_init(p, 1);
+        if (st == LUNA_OK && !init) st = luna_mem_zero(be, p->data, n * sizeof(float));
     }
     if (st != LUNA_OK) {
         luna_params_free(p);
@@ -200,6 +202,15 @@ luna_status luna_params_create(luna_params **out, luna_backend *be, const luna_c
     }
     *out = p;
     return LUNA_OK;
+}
+
+luna_status luna_params_create(luna_params **out, luna_backend *be, const luna_config *config) {
+    return create(out, be, config, true);
+}
+
+luna_status luna_params_create_zero(luna_params **out, luna_backend *be,
+                                    const luna_config *config) {
+    return create(out, be, config, false);
 }
 
 void luna_params_free(luna_params *p) {

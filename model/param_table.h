@@ -50,6 +50,10 @@ typedef struct {
 
 /* Allocates both buffers (parameters initialised with seed 1, gradients zero). */
 luna_status luna_params_create(luna_params **out, luna_backend *be, const luna_config *config);
+/* The same with the parameters zero instead of initialised: for a caller that loads them next
+ * (a checkpoint), which saves the seeded initialisation's time. */
+luna_status luna_params_create_zero(luna_params **out, luna_backend *be,
+                                    const luna_config *config);
 void luna_params_free(luna_params *p);
 
 /* Seeded initialisation per spec §5, computed on the host with luna_rng (stream id per tensor,

@@ -4,7 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-luna_status luna_seq2seq_create(luna_seq2seq **out, luna_backend *be, const luna_config *config) {
+static luna_status create(luna_seq2seq **out, luna_backend *be, const luna_config *config,
+                          bool init) {
     *out = NULL;
     LUNA_TRY(luna_config_validate(config));
     luna_seq2seq *m = calloc(1, sizeof *m);
@@ -12,7 +13,8 @@ luna_status luna_seq2seq_create(luna_seq2seq **out, luna_backend *be, const luna
     m->config = *config;
     m->be = be;
     m->seed = 1;
-    luna_status st = luna_params_create(&m->params, be, config);
+    luna_status st = init ? luna_params_create(&m->params, be, config)
+                          : luna_params_create_zero(&m->params, be, config);
     if (st == LUNA_OK) st = luna_arena_create(&m->arena, be, (size_t)64 << 20);
     if (st == LUNA_OK) {
         m->enc_act = calloc((size_t)config->encoder_layers, sizeof *m->enc_act);
@@ -28,6 +30,15 @@ luna_status luna_seq2seq_create(luna_seq2seq **out, luna_backend *be, const luna
     }
     *out = m;
     return LUNA_OK;
+}
+
+luna_status luna_seq2seq_create(luna_seq2seq **out, luna_backend *be, const luna_config *config) {
+    return create(out, be, config, true);
+}
+
+luna_status luna_seq2seq_create_zero(luna_seq2seq **out, luna_backend *be,
+                                     const luna_config *config) {
+    return create(out, be, config, false);
 }
 
 void luna_seq2seq_free(luna_seq2seq *m) {

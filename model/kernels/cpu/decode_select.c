@@ -79,7 +79,7 @@ luna_status luna_cpu_log_softmax_topk(luna_backend *be, const luna_act *logits_,
         const float *x = logits + r * V;
         float mx = -INFINITY;
         for (int j = 0; j < V; j++)
-            mx = fmaxf(mx, x[j]);
+            mx = x[j] > mx ? x[j] : mx; /* = fmaxf (a NaN never wins), inlined */
         double sum = 0.0;
         for (int j = 0; j < V; j++)
             sum += exp((double)x[j] - (double)mx);
