@@ -324,6 +324,18 @@ struct luna_ops {
                                     int64_t rows, int V, int k, float *top_lp, int32_t *top_idx,
                                     const int32_t *pick, float *picked);
 
+    /* ---- Weights held constant (decoding) -----------------------------------------------------
+     * hold_weights: W [out, in] (fp32, a Linear weight) will not change until release_weights(W);
+     *   the backend may keep it in a layout its linear_forward(W) uses faster (CPU: 16-column
+     *   panels for a small-batch kernel, model/kernels/cpu/held_weights.c; a backend may keep
+     *   nothing). Holds of one W are counted (each needs its release). linear_forward with a held W
+     *   equals the unheld op within the GEMM tolerance above and is deterministic. Decoding holds
+     *   the decoder's weights for its lifetime (model/decoder_step.h); training holds nothing.
+     * release_weights: ends one hold; the last drops what hold_weights kept (W NULL: no-op; a W not held is an error).
+     *   W must be released before its memory is freed or reused. */
+    luna_status (*hold_weights)(luna_backend *be, const float *W, int out, int in);
+    luna_status (*release_weights)(luna_backend *be, const float *W);
+
     /* ---- Optimizer updates of ONE tensor (test-only: the reference the multi-tensor updates below
      * are checked against, tests/test_optim_multi.c; optim/optimizer.c uses the multi ops) ------
      * g [n] is the (clipped) gradient and is only read; theta and the state [n] are updated in

@@ -20,6 +20,7 @@ struct luna_incremental {
     int32_t *sent_valid;  /* [S at begin] device: sent_host, or NULL when not masked */
     float *bias;          /* [V] device token bias (luna_mem_alloc), NULL: none */
     luna_decoder_layer_state *ls; /* [layers] */
+    bool held;                    /* the decoder's weights are held (luna_decoder_hold_weights) */
 };
 
 luna_status luna_incremental_create(luna_incremental **out, luna_seq2seq *model) {
@@ -44,6 +45,9 @@ luna_status luna_incremental_create(luna_incremental **out, luna_seq2seq *model)
                 : luna_error(LUNA_ERR_OUT_OF_MEMORY, "incremental decoding: out of memory");
     if (st == LUNA_OK) st = luna_arena_create(&inc->state, inc->be, (size_t)16 << 20);
     if (st == LUNA_OK) st = luna_arena_create(&inc->scratch, inc->be, (size_t)32 << 20);
+    /* the decoder's weights stay constant while this state exists */
+    if (st == LUNA_OK) st = luna_decoder_hold_weights(model, true);
+    if (st == LUNA_OK) inc->held = true;
     if (st != LUNA_OK) {
         luna_incremental_free(inc);
         return st;
@@ -54,6 +58,7 @@ luna_status luna_incremental_create(luna_incremental **out, luna_seq2seq *model)
 
 void luna_incremental_free(luna_incremental *inc) {
     if (!inc) return;
+    if (inc->held) (void)luna_decoder_hold_weights(inc->model, false);
     luna_arena_free(inc->state);
     luna_arena_free(inc->scratch);
     if (inc->bias) luna_mem_release(inc->be, inc->bias, sizeof(float) * (size_t)inc->V);

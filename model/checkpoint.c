@@ -123,7 +123,7 @@ luna_status luna_checkpoint_load_model(const char *path, luna_backend *be, luna_
         luna_safetensors_close(st);
         return s;
     }
-    s = luna_seq2seq_create_zero(&mdl, be, &m.config);
+    s = luna_seq2seq_create_for_inference(&mdl, be, &m.config);
     if (s == LUNA_OK) s = luna_params_load(mdl->params, st);
     luna_safetensors_close(st);
     if (s != LUNA_OK) {

@@ -51,8 +51,8 @@ static luna_status luna_layer_begin(luna_seq2seq *model, const luna_pass *pst, c
 
     /* cross-attention: the pack of the training code, once per sentence; keep c_proj(Y_P) */
     luna_attn_act a;
-    LUNA_TRY(luna_attention_pack(ps, &lw->encoder_attn, &a, *p, e, src_valid, S, m, L, d, H, tied,
-                                 0));
+    LUNA_TRY(
+        luna_attention_pack(ps, &lw->encoder_attn, &a, *p, e, src_valid, S, m, L, d, H, tied, 0));
     LUNA_TRY(luna_pass_alloc(pst, &ls->kp, S * Ld, "cross keys"));
     LUNA_TRY(luna_mem_copy(be, ls->kp, a.kp, luna_act_bytes(be, S * Ld)));
     ls->vp = ls->kp;
@@ -72,9 +72,8 @@ static luna_status luna_layer_begin(luna_seq2seq *model, const luna_pass *pst, c
 
 static luna_status transformer_layer_begin(luna_seq2seq *model, const luna_pass *pst,
                                            const luna_decoder_dims *dims,
-                                           const luna_decoder_layer_w *lw,
-                                           const int32_t *src_valid, const luna_act *e,
-                                           luna_decoder_layer_state *ls) {
+                                           const luna_decoder_layer_w *lw, const int32_t *src_valid,
+                                           const luna_act *e, luna_decoder_layer_state *ls) {
     const luna_config *c = &model->config;
     const int d = c->decoder_embed_dim, H = c->decoder_attention_heads;
     luna_mha_act ka;
@@ -98,8 +97,7 @@ static luna_status begin(luna_seq2seq *model, const luna_pass *pst, const luna_p
     luna_encoder_layer_act *acts = calloc((size_t)c->encoder_layers, sizeof *acts);
     if (!acts) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of host memory");
     luna_act *x_src, *p0, *e, *p;
-    luna_status st =
-        luna_seq2seq_encode(ps, c, w, src, &ld, acts, NULL, &x_src, &p0, &e, &p);
+    luna_status st = luna_seq2seq_encode(ps, c, w, src, &ld, acts, NULL, &x_src, &p0, &e, &p);
     free(acts);
     LUNA_TRY(st);
     int32_t *expand = NULL; /* [R] row -> sentence (device) */
@@ -127,9 +125,8 @@ static luna_status begin(luna_seq2seq *model, const luna_pass *pst, const luna_p
 }
 
 luna_status luna_decoder_begin(luna_seq2seq *model, luna_arena *state, luna_arena *scratch,
-                               const int32_t *src, const int32_t *src_valid,
-                               const int32_t *p_valid, const luna_decoder_dims *dims,
-                               luna_decoder_layer_state *layers) {
+                               const int32_t *src, const int32_t *src_valid, const int32_t *p_valid,
+                               const luna_decoder_dims *dims, luna_decoder_layer_state *layers) {
     luna_pass ps = {.be = model->be, .arena = scratch}, pst = {.be = model->be, .arena = state};
     if ((model->config.arch == LUNA_ARCH_LUNA) != (dims->L > 0))
         return luna_error(LUNA_ERR_INVALID_ARGUMENT, "decoder: %d P slots for this architecture",
@@ -193,8 +190,8 @@ static luna_status transformer_layer_step(const luna_pass *ps, const luna_config
     luna_act *q, *k, *v, *s, *o, *y;
     luna_resnorm_act r1, r2;
     /* q, k, v [R, H, 1, dh]; cache[r, h, t] = k, v (one strided write each) */
-    LUNA_TRY(luna_project_heads(ps, &q, x, &w->self_attn.q_proj, R, 1, d, H,
-                                1.0f / sqrtf((float)dh)));
+    LUNA_TRY(
+        luna_project_heads(ps, &q, x, &w->self_attn.q_proj, R, 1, d, H, 1.0f / sqrtf((float)dh)));
     LUNA_TRY(luna_project_heads(ps, &k, x, &w->self_attn.k_proj, R, 1, d, H, 1.0f));
     LUNA_TRY(luna_project_heads(ps, &v, x, &w->self_attn.v_proj, R, 1, d, H, 1.0f));
     LUNA_TRY(op->gather_rows(be, luna_act_at(be, ls->self_k, (int64_t)t * dh), cache_stride, k, dh,
@@ -253,4 +250,49 @@ luna_status luna_decoder_step(const luna_pass *ps, luna_seq2seq *model,
                      : transformer_layer_step(ps, c, dims, &w->decoder[i], &layers[i], x, &x));
     LUNA_TRY(luna_pass_alloc(ps, logits, (int64_t)R * V, "logits"));
     return be->ops->linear_forward(be, *logits, x, w->embed_tokens, NULL, R, d, V);
+}
+
+/* ---- held weights ---------------------------------------------------------------------------- */
+
+static luna_status hold_one(luna_backend *be, const luna_linear_w *l, int in, int out, bool hold) {
+    if (!l->weight) return LUNA_OK;
+    return hold ? be->ops->hold_weights(be, l->weight, out, in)
+                : be->ops->release_weights(be, l->weight);
+}
+
+static luna_status hold_attention(luna_backend *be, const luna_attn_w *a, int d, bool hold) {
+    const luna_linear_w *all[] = {&a->pq_proj, &a->q_proj, &a->pc_proj, &a->c_proj,  &a->pk_proj,
+                                  &a->pv_proj, &a->k_proj, &a->v_proj,  &a->out_proj};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        LUNA_TRY(hold_one(be, all[i], d, d, hold));
+    return LUNA_OK;
+}
+
+luna_status luna_decoder_hold_weights(luna_seq2seq *model, bool hold) {
+    luna_backend *be = model->be;
+    const luna_config *c = &model->config;
+    const luna_weights *w = &model->params->w;
+    const int d = c->decoder_embed_dim, ffn = c->decoder_ffn_embed_dim;
+    luna_status first = LUNA_OK; /* releasing goes on past an error, so nothing stays held */
+    const int de = c->encoder_embed_dim, ffn_e = c->encoder_ffn_embed_dim;
+    for (int i = 0; i < c->encoder_layers; i++) { /* luna_decoder_begin encodes each batch */
+        const luna_encoder_layer_w *l = &w->encoder[i];
+        luna_status st = hold_attention(be, &l->self_attn, de, hold);
+        if (st == LUNA_OK || !hold) st = hold_one(be, &l->fc1, de, ffn_e, hold);
+        if (st == LUNA_OK || !hold) st = hold_one(be, &l->fc2, ffn_e, de, hold);
+        if (st != LUNA_OK && first == LUNA_OK) first = st;
+        if (st != LUNA_OK && hold) return st;
+    }
+    for (int i = 0; i < c->decoder_layers; i++) {
+        const luna_decoder_layer_w *l = &w->decoder[i];
+        luna_status st = hold_attention(be, &l->self_attn, d, hold);
+        if (st == LUNA_OK || !hold) st = hold_attention(be, &l->encoder_attn, d, hold);
+        if (st == LUNA_OK || !hold) st = hold_one(be, &l->fc1, d, ffn, hold);
+        if (st == LUNA_OK || !hold) st = hold_one(be, &l->fc2, ffn, d, hold);
+        if (st != LUNA_OK && first == LUNA_OK) first = st;
+        if (st != LUNA_OK && hold) return st;
+    }
+    luna_linear_w out = {.weight = w->embed_tokens};
+    luna_status st = hold_one(be, &out, d, c->vocab_size, hold);
+    return first != LUNA_OK ? first : st;
 }

@@ -45,6 +45,12 @@ typedef struct {
     int32_t *sent_valid; /* [S] Luna P mask / transformer source length per sentence, NULL: none */
 } luna_decoder_dims;
 
+/* Decoding reads the model's weights many times and never changes them: hold (true) asks the
+ * backend to keep every Linear weight (encoder, decoder) and the output projection in its fastest layout
+ * for as long as decoding runs (core/backend.h, hold_weights); hold false releases them. The
+ * weights must not change, and must be released before the model is freed. */
+luna_status luna_decoder_hold_weights(luna_seq2seq *model, bool hold);
+
 /* P slots for a batch whose longest source has `longest` tokens (0 for the transformer). */
 int luna_decoder_projection_slots(const luna_config *c, int longest);
 

@@ -181,18 +181,20 @@ static luna_status create(luna_params **out, luna_backend *be, const luna_config
     if (st == LUNA_OK) st = alloc_views(&p->g, config);
     if (st == LUNA_OK) {
         p->data = luna_mem_alloc(be, n * sizeof(float));
-        p->grad = luna_mem_alloc(be, n * sizeof(float));
-        if (!p->data || !p->grad)
+        p->grad = init ? luna_mem_alloc(be, n * sizeof(float)) : NULL;
+        if (!p->data || (init && !p->grad))
             st = luna_error(LUNA_ERR_OUT_OF_MEMORY,
-                            "parameters: cannot allocate 2 x %zu bytes on the %s device",
-                            n * sizeof(float), be->name);
+                            "parameters: cannot allocate %d x %zu bytes on the %s device",
+                            init ? 2 : 1, n * sizeof(float), be->name);
     }
     if (st == LUNA_OK) {
         walker wk = {.tensors = p->tensors, .base = p->data};
         walk(&wk, config, &p->w);
-        walker wg = {.base = p->grad};
-        walk(&wg, config, &p->g);
-        st = luna_params_zero_grad(p);
+        if (p->grad) {
+            walker wg = {.base = p->grad};
+            walk(&wg, config, &p->g);
+            st = luna_params_zero_grad(p);
+        }
         if (st == LUNA_OK && init) st = luna_params_init(p, 1);
         if (st == LUNA_OK && !init) st = luna_mem_zero(be, p->data, n * sizeof(float));
     }
@@ -208,8 +210,8 @@ luna_status luna_params_create(luna_params **out, luna_backend *be, const luna_c
     return create(out, be, config, true);
 }
 
-luna_status luna_params_create_zero(luna_params **out, luna_backend *be,
-                                    const luna_config *config) {
+luna_status luna_params_create_for_inference(luna_params **out, luna_backend *be,
+                                             const luna_config *config) {
     return create(out, be, config, false);
 }
 
@@ -257,6 +259,9 @@ luna_status luna_params_init(luna_params *p, uint64_t seed) {
 }
 
 luna_status luna_params_zero_grad(luna_params *p) {
+    if (!p->grad)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                          "parameters created for inference have no gradients to zero");
     return luna_mem_zero(p->be, p->grad, p->num_params * sizeof(float));
 }
 

@@ -50,9 +50,10 @@ typedef struct {
 
 /* Allocates both buffers (parameters initialised with seed 1, gradients zero). */
 luna_status luna_params_create(luna_params **out, luna_backend *be, const luna_config *config);
-/* The same with the parameters zero instead of initialised: for a caller that loads them next
- * (a checkpoint), which saves the seeded initialisation's time. */
-luna_status luna_params_create_zero(luna_params **out, luna_backend *be,
+/* For inference (a caller that loads the parameters next, from a checkpoint): the parameters
+ * zero instead of initialised (the seeded initialisation's time saved) and no gradient buffer
+ * (grad NULL, g's views NULL: half the memory); backward passes need luna_params_create. */
+luna_status luna_params_create_for_inference(luna_params **out, luna_backend *be,
                                     const luna_config *config);
 void luna_params_free(luna_params *p);
 

@@ -14,7 +14,7 @@ static luna_status create(luna_seq2seq **out, luna_backend *be, const luna_confi
     m->be = be;
     m->seed = 1;
     luna_status st = init ? luna_params_create(&m->params, be, config)
-                          : luna_params_create_zero(&m->params, be, config);
+                          : luna_params_create_for_inference(&m->params, be, config);
     if (st == LUNA_OK) st = luna_arena_create(&m->arena, be, (size_t)64 << 20);
     if (st == LUNA_OK) {
         m->enc_act = calloc((size_t)config->encoder_layers, sizeof *m->enc_act);
@@ -36,7 +36,7 @@ luna_status luna_seq2seq_create(luna_seq2seq **out, luna_backend *be, const luna
     return create(out, be, config, true);
 }
 
-luna_status luna_seq2seq_create_zero(luna_seq2seq **out, luna_backend *be,
+luna_status luna_seq2seq_create_for_inference(luna_seq2seq **out, luna_backend *be,
                                      const luna_config *config) {
     return create(out, be, config, false);
 }
@@ -300,6 +300,9 @@ static luna_status sum_losses(luna_seq2seq *m, pass_state *s, int64_t N, double 
 }
 
 static luna_status backward(luna_seq2seq *m, pass_state *s) {
+    if (!m->params->grad)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                          "backward: the model was created for inference (no gradient buffer)");
     const luna_config *c = &m->config;
     luna_backend *be = m->be;
     const luna_ops *op = be->ops;

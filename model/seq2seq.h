@@ -55,8 +55,9 @@ struct luna_seq2seq {
 /* Build the model: parameters initialised per spec §5 with seed 1 (see luna_seq2seq_init),
  * gradients zero, an activation arena on the backend's device. */
 luna_status luna_seq2seq_create(luna_seq2seq **out, luna_backend *be, const luna_config *config);
-/* The same with zero parameters, for a caller that loads them (model/checkpoint.c). */
-luna_status luna_seq2seq_create_zero(luna_seq2seq **out, luna_backend *be,
+/* For inference (model/checkpoint.c loads the parameters next): zero parameters and no gradient
+ * buffer (luna_params_create_for_inference); luna_seq2seq_backward then fails. */
+luna_status luna_seq2seq_create_for_inference(luna_seq2seq **out, luna_backend *be,
                                      const luna_config *config);
 void luna_seq2seq_free(luna_seq2seq *model);
 

@@ -150,6 +150,11 @@ START_TEST(test_roundtrip) {
     const luna_params *p = f.model->params;
     ck_assert_uint_eq(m2->params->num_params, p->num_params);
     ck_assert(memcmp(m2->params->data, p->data, p->num_params * sizeof(float)) == 0);
+    /* a model loaded for inference has no gradient buffer: a backward pass is a clear error */
+    ck_assert_ptr_null(m2->params->grad);
+    ck_assert_int_eq(luna_seq2seq_zero_grad(m2), LUNA_ERR_INVALID_ARGUMENT);
+    ck_assert_ptr_nonnull(strstr(luna_error_message(), "inference"));
+    luna_error_clear();
     ck_assert(luna_dictionary_same_symbols(sd, f.dict, NULL));
     ck_assert(luna_dictionary_same_symbols(td, f.dict, NULL));
     ck_assert_ptr_nonnull(spm);

@@ -53,6 +53,8 @@ static const luna_ops cpu_ops = {
     .merge_heads = luna_cpu_merge_heads,
     .gather_rows = luna_cpu_gather_rows,
     .log_softmax_topk = luna_cpu_log_softmax_topk,
+    .hold_weights = luna_cpu_hold_weights,
+    .release_weights = luna_cpu_release_weights,
     .broadcast_rows = luna_cpu_broadcast_rows,
     .sum_broadcast = luna_cpu_sum_broadcast,
     .apollo_update = luna_cpu_apollo_update,
@@ -92,6 +94,11 @@ static luna_status cpu_synchronize(luna_backend *be) {
     return LUNA_OK;
 }
 
+static void cpu_destroy(luna_backend *be) {
+    luna_cpu_held_free(be->impl); /* weights held and not released */
+    be->impl = NULL;
+}
+
 static const luna_backend_memory cpu_memory = {
     .alloc = cpu_alloc,
     .release = cpu_release,
@@ -100,7 +107,7 @@ static const luna_backend_memory cpu_memory = {
     .from_host = cpu_copy,
     .to_host = cpu_copy,
     .synchronize = cpu_synchronize,
-    .destroy = NULL,
+    .destroy = cpu_destroy,
 };
 
 void luna_backend_cpu_set_threads(luna_backend *be, int num_threads) {

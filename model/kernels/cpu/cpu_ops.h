@@ -11,6 +11,15 @@ luna_status luna_cpu_gemm(luna_backend *be, bool trans_a, bool trans_b, int M, i
                           int ldc, int64_t stride_c, int batch);
 luna_status luna_cpu_linear_forward(luna_backend *be, luna_act *y, const luna_act *x,
                                     const float *W, const float *b, int64_t rows, int in, int out);
+/* Held weights (held_weights.c): the CPU state behind hold/release_weights, kept in be->impl. */
+typedef struct luna_cpu_held luna_cpu_held;
+luna_status luna_cpu_hold_weights(luna_backend *be, const float *W, int out, int in);
+luna_status luna_cpu_release_weights(luna_backend *be, const float *W);
+void luna_cpu_held_free(luna_cpu_held *h);
+/* y = x·Wᵀ (+ b) through the held panels of W; false (nothing written) when W is not held with
+ * this shape, so the caller goes on to OpenBLAS. */
+bool luna_cpu_held_linear(luna_backend *be, float *y, const float *x, const float *W,
+                          const float *b, int64_t rows, int in, int out);
 luna_status luna_cpu_linear_backward(luna_backend *be, luna_act *dx, float *dW, float *db,
                                      const luna_act *dy, const luna_act *x, const float *W,
                                      int64_t rows, int in, int out, bool accumulate_dx);

@@ -134,6 +134,7 @@ luna_status luna_cpu_linear_forward(luna_backend *be, luna_act *y_, const luna_a
     float *y = (float *)y_;
     const float *x = (const float *)x_;
     LUNA_TRY(check_linear("linear_forward", rows, in, out));
+    if (be->impl && luna_cpu_held_linear(be, y, x, W, b, rows, in, out)) return LUNA_OK;
     LUNA_TRY(luna_cpu_gemm(be, false, true, (int)rows, out, in, 1.0f, x, imax(in, 1), 0, W,
                            imax(in, 1), 0, 0.0f, y, imax(out, 1), 0, 1));
     if (b) LUNA_TRY(luna_cpu_bias_add_forward(be, y, b, rows, out));

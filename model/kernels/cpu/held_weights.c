@@ -1,0 +1,205 @@
+/* Weights held constant (decoding): hold_weights / release_weights and the small-batch Linear
+ * that uses them (core/backend.h, "Weights held constant").
+ *
+ * Why: a decoding step multiplies a few hundred rows (sentences × beam) by every decoder weight
+ * and by the [V, d] output embedding. OpenBLAS packs both operands into its panel layout on every
+ * call; with so few rows, packing W (read W, write the panel, read the panel again) costs about
+ * as much as the multiplication itself (perf on a transformer 3+3 d256, beam 4, 32 sentences:
+ * sgemm_incopy 29% of the run, sgemm_kernel 28%). Held weights are packed once, when decoding
+ * starts, into 16-column panels:
+ *
+ *   Wp[p][k][j] = W[16p + j, k]      (p < ceil(out/16), k < in, j < 16; zero past `out`)
+ *
+ * and y[i, n] = Σ_k x[i, k] · W[n, k] (+ b[n]) is computed by an AVX2/FMA micro-kernel on 6 rows ×
+ * 16 columns (12 accumulator registers, the shape of OpenBLAS's own Haswell kernel), one fused
+ * multiply-add per k in ascending order from 0, then + b. Every output element is computed the
+ * same way whatever the thread count or the rows around it (threads split the panels): results
+ * are deterministic, and equal OpenBLAS's within the GEMM tolerance of the backend contract (its
+ * kernel splits K into blocks and orders the accumulation differently, so not bit for bit).
+ * Without AVX2/FMA hold_weights keeps nothing and linear_forward stays on OpenBLAS. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/backend.h"
+#include "model/kernels/cpu/cpu_ops.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define HAVE_X86_KERNEL 1
+#else
+#define HAVE_X86_KERNEL 0
+#endif
+
+#define PANEL 16 /* output columns per panel: two 8-float AVX registers */
+#define MR 6     /* rows per micro-kernel call */
+
+typedef struct {
+    const float *W; /* the caller's weights (the key) */
+    int out, in;
+    int refs;      /* holds not yet released (two decoders on one model share the panels) */
+    float *panels; /* [ceil(out/16)][in][16] */
+} held_weight;
+
+struct luna_cpu_held {
+    held_weight *items;
+    int count, cap;
+    int last; /* index of the last hit: decoding looks the same few weights up in turn */
+};
+
+static held_weight *find(luna_cpu_held *h, const float *W) {
+    if (!h || !W) return NULL;
+    if (h->last < h->count && h->items[h->last].W == W) return &h->items[h->last];
+    for (int i = 0; i < h->count; i++)
+        if (h->items[i].W == W) {
+            h->last = i;
+            return &h->items[i];
+        }
+    return NULL;
+}
+
+static bool kernel_available(void) {
+#if HAVE_X86_KERNEL
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+    return false;
+#endif
+}
+
+luna_status luna_cpu_hold_weights(luna_backend *be, const float *W, int out, int in) {
+    if (!W || out <= 0 || in <= 0)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "hold_weights: W %p, out %d, in %d",
+                          (const void *)W, out, in);
+    if (!kernel_available()) return LUNA_OK; /* nothing to gain: linear_forward uses OpenBLAS */
+    luna_cpu_held *h = be->impl;
+    if (!h) {
+        h = calloc(1, sizeof *h);
+        if (!h) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "hold_weights: out of memory");
+        be->impl = h;
+    }
+    held_weight *old = find(h, W);
+    if (old) {
+        if (old->out != out || old->in != in)
+            return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                              "hold_weights: W is held as [%d, %d], not [%d, %d]", old->out,
+                              old->in, out, in);
+        old->refs++; /* held already: the weights are constant, the panels still hold */
+        return LUNA_OK;
+    }
+    if (h->count == h->cap) {
+        int cap = h->cap ? 2 * h->cap : 32;
+        held_weight *items = realloc(h->items, sizeof *items * (size_t)cap);
+        if (!items) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "hold_weights: out of memory");
+        h->items = items;
+        h->cap = cap;
+    }
+    const int np = (out + PANEL - 1) / PANEL;
+    float *p = NULL;
+    if (posix_memalign((void **)&p, 64, sizeof(float) * (size_t)np * in * PANEL) != 0)
+        return luna_error(LUNA_ERR_OUT_OF_MEMORY, "hold_weights: out of memory for [%d, %d]", out,
+                          in);
+#pragma omp parallel for num_threads(be->num_threads) schedule(static)
+    for (int q = 0; q < np; q++)
+        for (int k = 0; k < in; k++)
+            for (int j = 0; j < PANEL; j++) {
+                const int n = q * PANEL + j;
+                p[((size_t)q * in + k) * PANEL + j] = n < out ? W[(size_t)n * in + k] : 0.0f;
+            }
+    h->items[h->count++] = (held_weight){W, out, in, 1, p};
+    return LUNA_OK;
+}
+
+luna_status luna_cpu_release_weights(luna_backend *be, const float *W) {
+    luna_cpu_held *h = be->impl;
+    if (!W) return LUNA_OK;
+    if (!kernel_available()) return LUNA_OK;
+    held_weight *it = find(h, W);
+    if (!it)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "release_weights: %p is not held",
+                          (const void *)W);
+    if (--it->refs > 0) return LUNA_OK;
+    free(it->panels);
+    *it = h->items[--h->count];
+    h->last = 0;
+    return LUNA_OK;
+}
+
+void luna_cpu_held_free(luna_cpu_held *h) {
+    if (!h) return;
+    for (int i = 0; i < h->count; i++)
+        free(h->items[i].panels);
+    free(h->items);
+    free(h);
+}
+
+#if HAVE_X86_KERNEL
+/* y[i, j] = Σ_k x[i, k] · wp[k][j] for i < mr (≤ 6), j < 16, stored to acc[i][16]. mr is a
+ * constant at every call site, so the loop over rows unrolls into 2·mr live accumulators. */
+__attribute__((target("avx2,fma"), always_inline)) static inline void
+micro_kernel(const int mr, const float *x, int64_t ldx, const float *wp, int K, float *acc) {
+    __m256 c[MR][2];
+    for (int i = 0; i < MR; i++)
+        c[i][0] = c[i][1] = _mm256_setzero_ps();
+    for (int k = 0; k < K; k++) {
+        const __m256 w0 = _mm256_load_ps(wp + (size_t)k * PANEL);
+        const __m256 w1 = _mm256_load_ps(wp + (size_t)k * PANEL + 8);
+        for (int i = 0; i < MR; i++) {
+            if (i >= mr) continue;
+            const __m256 a = _mm256_broadcast_ss(x + i * ldx + k);
+            c[i][0] = _mm256_fmadd_ps(a, w0, c[i][0]);
+            c[i][1] = _mm256_fmadd_ps(a, w1, c[i][1]);
+        }
+    }
+    for (int i = 0; i < mr; i++) {
+        _mm256_storeu_ps(acc + i * PANEL, c[i][0]);
+        _mm256_storeu_ps(acc + i * PANEL + 8, c[i][1]);
+    }
+}
+
+__attribute__((target("avx2,fma"))) static void
+panel_rows(const held_weight *hw, int q, const float *x, const float *b, float *y, int64_t rows) {
+    const int K = hw->in, N = hw->out;
+    const float *wp = hw->panels + (size_t)q * K * PANEL;
+    const int n0 = q * PANEL, nn = N - n0 < PANEL ? N - n0 : PANEL;
+    float acc[MR * PANEL];
+    for (int64_t i0 = 0; i0 < rows; i0 += MR) {
+        const int mr = rows - i0 < MR ? (int)(rows - i0) : MR;
+        const float *xi = x + i0 * K;
+        switch (mr) {
+        case 6: micro_kernel(6, xi, K, wp, K, acc); break;
+        case 5: micro_kernel(5, xi, K, wp, K, acc); break;
+        case 4: micro_kernel(4, xi, K, wp, K, acc); break;
+        case 3: micro_kernel(3, xi, K, wp, K, acc); break;
+        case 2: micro_kernel(2, xi, K, wp, K, acc); break;
+        default: micro_kernel(1, xi, K, wp, K, acc); break;
+        }
+        for (int i = 0; i < mr; i++) {
+            float *yr = y + (i0 + i) * N + n0;
+            const float *ar = acc + i * PANEL;
+            if (b)
+                for (int j = 0; j < nn; j++)
+                    yr[j] = ar[j] + b[n0 + j];
+            else
+                memcpy(yr, ar, sizeof(float) * (size_t)nn);
+        }
+    }
+}
+#endif
+
+bool luna_cpu_held_linear(luna_backend *be, float *y, const float *x, const float *W,
+                          const float *b, int64_t rows, int in, int out) {
+#if HAVE_X86_KERNEL
+    held_weight *hw = find(be->impl, W);
+    if (!hw || hw->in != in || hw->out != out || rows <= 0) return false;
+    const int np = (out + PANEL - 1) / PANEL;
+    /* threads split the panels; small products stay on one thread (fork/join costs ~µs) */
+    const int threads = rows * (int64_t)in * out >= 65536 ? be->num_threads : 1;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int q = 0; q < np; q++)
+        panel_rows(hw, q, x, b, y, rows);
+    return true;
+#else
+    (void)be, (void)y, (void)x, (void)W, (void)b, (void)rows, (void)in, (void)out;
+    return false;
+#endif
+}
