@@ -17,7 +17,7 @@
 
 namespace luna_emu {
 
-thread_local thread_state *current = nullptr;
+thread_state *current = nullptr;
 
 namespace {
 

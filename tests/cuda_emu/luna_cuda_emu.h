@@ -45,7 +45,8 @@ struct thread_state {
     dim3 bdim;
     dim3 gdim;
 };
-extern thread_local thread_state *current;
+/* The running fiber's variables (launches are serialised, so one global suffices). */
+extern thread_state *current;
 
 enum warp_kind {
     W_SYNC, W_SHFL_IDX, W_SHFL_UP, W_SHFL_DOWN, W_SHFL_XOR, W_BALLOT, W_ANY, W_ALL,
