@@ -102,6 +102,29 @@ __global__ void barrier_block_kernel(float *out) {
     if (t == 0) out[0] = v + s[0];
 }
 
+// The example of README.md: warp sums by shuffles, then across warps through shared memory.
+__global__ void row_sum_kernel(float *out, const float *x, int d) {
+    LUNA_SHARED(float, partial, 8);
+    const int t = threadIdx.x;
+    float v = 0.0f;
+    for (int i = t; i < d; i += blockDim.x) v += x[(size_t)blockIdx.x * d + i];
+    for (int m = 16; m > 0; m /= 2) v += __shfl_xor_sync(k_full, v, m);
+    if (t % 32 == 0) partial[t / 32] = v;
+    __syncthreads();
+    if (t == 0) {
+        float s = 0.0f;
+        for (int w = 0; w < (int)blockDim.x / 32; w++) s += partial[w];
+        out[blockIdx.x] = s;
+    }
+}
+
+// Lanes 0-15 wait at __syncwarp(full mask) while lanes 16-31 wait at __syncthreads: deadlock.
+__global__ void divergent_sync_kernel(float *out) {
+    if (threadIdx.x < 16) __syncwarp(k_full);
+    else __syncthreads();
+    out[threadIdx.x] = 1.0f;
+}
+
 int blocks_for(int n, int threads) { return (n + threads - 1) / threads; }
 
 } // namespace
@@ -155,6 +178,16 @@ cudaError_t selftest_template_scale(float *y, const float *x, int n, int k) {
 
 cudaError_t selftest_read_past_end(float *out, const float *x, int n) {
     LUNA_LAUNCH(read_past_end_kernel, 1, 32, 0, 0, out, x, n);
+    return cudaGetLastError();
+}
+
+cudaError_t selftest_row_sum(float *out, const float *x, int rows, int d) {
+    LUNA_LAUNCH(row_sum_kernel, rows, 256, 0, 0, out, x, d);
+    return cudaGetLastError();
+}
+
+cudaError_t selftest_divergent_sync(float *out) {
+    LUNA_LAUNCH(divergent_sync_kernel, 1, 32, 0, 0, out);
     return cudaGetLastError();
 }
 

@@ -34,6 +34,10 @@ cudaError_t selftest_transpose(float *out, const float *in, int rows, int cols);
 cudaError_t selftest_template_scale(float *y, const float *x, int n, int k);
 /* Reads x[n] (one past the end): AddressSanitizer must report it. */
 cudaError_t selftest_read_past_end(float *out, const float *x, int n);
+/* out[r] = Σ_j x[r, j] for x [rows, d]: one 256-thread block per row (README.md's example). */
+cudaError_t selftest_row_sum(float *out, const float *x, int rows, int d);
+/* Half a warp at __syncwarp, the other half at __syncthreads: a deadlock the harness names. */
+cudaError_t selftest_divergent_sync(float *out);
 /* The benchmark kernel: one block of 256 threads, 4 barriers. */
 cudaError_t selftest_barrier_block(float *out);
 

@@ -142,6 +142,13 @@ START_TEST(test_partial_syncthreads) {
 }
 END_TEST
 
+START_TEST(test_divergent_barriers_deadlock) {
+    luna_emu_set_error_mode(LUNA_EMU_RECORD);
+    float *outd = dev_alloc(32 * sizeof(float));
+    expect_kernel_error(selftest_divergent_sync(outd), "lane 16 waits at __syncthreads instead (deadlock)");
+}
+END_TEST
+
 START_TEST(test_host_pointer_argument) {
     luna_emu_set_error_mode(LUNA_EMU_RECORD);
     float host[4] = {0}, *xd = dev_alloc(4 * sizeof(float));
@@ -203,6 +210,21 @@ START_TEST(test_transpose_2d_shared_and_template_launch) {
         for (int i = 0; i < 100; i++) ck_assert_float_eq(t[i], x[i] * (float)k);
     }
     cudaFree(xd), cudaFree(td), free(x), free(t);
+}
+END_TEST
+
+START_TEST(test_row_sum_readme_example) {
+    const int rows = 5, d = 1000;
+    float *x = random_vector((size_t)rows * d, 16), *xd = dev_upload(x, (size_t)rows * d);
+    float *outd = dev_alloc(rows * sizeof(float)), out[5];
+    ck_assert_int_eq(selftest_row_sum(outd, xd, rows, d), cudaSuccess);
+    download(out, outd, sizeof out);
+    for (int r = 0; r < rows; r++) {
+        double ref = 0.0;
+        for (int j = 0; j < d; j++) ref += x[r * d + j];
+        ck_assert_double_le(fabs(out[r] - ref), 1e-4);
+    }
+    cudaFree(xd), cudaFree(outd), free(x);
 }
 END_TEST
 
@@ -274,7 +296,9 @@ static Suite *cuda_emu_suite(void) {
     tcase_add_test(tc, test_missing_barrier_caught);
     tcase_add_test(tc, test_shuffle_mask_names_exited_lane);
     tcase_add_test(tc, test_partial_syncthreads);
+    tcase_add_test(tc, test_divergent_barriers_deadlock);
     tcase_add_test(tc, test_host_pointer_argument);
+    tcase_add_test(tc, test_row_sum_readme_example);
     tcase_add_test(tc, test_bf16_round_trip);
     tcase_add_test(tc, test_transpose_2d_shared_and_template_launch);
     tcase_add_test(tc, test_runtime_argument_checks);
