@@ -63,7 +63,8 @@ const size_t k_algo_workspace = 1 << 20;           // what the emulated algorith
 
 std::set<const void *> g_objects; // live handles and descriptors
 
-cublasStatus_t lt_error(cublasStatus_t st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+cublasStatus_t lt_error(cublasStatus_t st, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 cublasStatus_t lt_error(cublasStatus_t st, const char *fmt, ...) {
     char msg[512];
     va_list ap;
@@ -75,7 +76,8 @@ cublasStatus_t lt_error(cublasStatus_t st, const char *fmt, ...) {
     return st;
 }
 
-template <class T> cublasStatus_t set_attr(T &field, const void *buf, size_t size, const char *what) {
+template <class T>
+cublasStatus_t set_attr(T &field, const void *buf, size_t size, const char *what) {
     if (!buf || size != sizeof(T))
         return lt_error(CUBLAS_STATUS_INVALID_VALUE, "%s: %zu bytes given, the attribute has %zu",
                         what, size, sizeof(T));
@@ -112,50 +114,70 @@ struct problem {
 };
 
 // Validates the descriptors (shared by the heuristic and the matmul).
-cublasStatus_t validate(cublasLtHandle_t h, const lt_desc *d, const lt_layout *const l[4], problem *p) {
+cublasStatus_t validate(cublasLtHandle_t h, const lt_desc *d, const lt_layout *const l[4],
+                        problem *p) {
     static const char *const names[4] = {"A", "B", "C", "D"};
     if (!g_objects.count(h) || !g_objects.count(d))
         return lt_error(CUBLAS_STATUS_NOT_INITIALIZED, "unknown handle or matmul descriptor");
     for (int i = 0; i < 4; i++) {
-        if (!g_objects.count(l[i])) return lt_error(CUBLAS_STATUS_INVALID_VALUE, "unknown layout %s", names[i]);
+        if (!g_objects.count(l[i]))
+            return lt_error(CUBLAS_STATUS_INVALID_VALUE, "unknown layout %s", names[i]);
         if (l[i]->order != CUBLASLT_ORDER_COL)
-            return lt_error(CUBLAS_STATUS_NOT_SUPPORTED, "layout %s: only CUBLASLT_ORDER_COL is emulated", names[i]);
+            return lt_error(CUBLAS_STATUS_NOT_SUPPORTED,
+                            "layout %s: only CUBLASLT_ORDER_COL is emulated", names[i]);
         if (l[i]->type != CUDA_R_32F && l[i]->type != CUDA_R_16BF)
-            return lt_error(CUBLAS_STATUS_NOT_SUPPORTED, "layout %s: type %u (CUDA_R_32F, CUDA_R_16BF only)", names[i], l[i]->type);
+            return lt_error(CUBLAS_STATUS_NOT_SUPPORTED,
+                            "layout %s: type %u (CUDA_R_32F, CUDA_R_16BF only)", names[i],
+                            l[i]->type);
         if (l[i]->rows == 0 || l[i]->cols == 0 || l[i]->ld < (int64_t)l[i]->rows)
-            return lt_error(CUBLAS_STATUS_INVALID_VALUE, "layout %s: %llu x %llu with ld %lld (ld must be >= rows)",
-                            names[i], (unsigned long long)l[i]->rows, (unsigned long long)l[i]->cols, (long long)l[i]->ld);
+            return lt_error(CUBLAS_STATUS_INVALID_VALUE,
+                            "layout %s: %llu x %llu with ld %lld (ld must be >= rows)", names[i],
+                            (unsigned long long)l[i]->rows, (unsigned long long)l[i]->cols,
+                            (long long)l[i]->ld);
         if (l[i]->batch < 1 || l[i]->batch != l[0]->batch)
-            return lt_error(CUBLAS_STATUS_INVALID_VALUE, "layout %s: batch count %d, A has %d", names[i], l[i]->batch, l[0]->batch);
+            return lt_error(CUBLAS_STATUS_INVALID_VALUE, "layout %s: batch count %d, A has %d",
+                            names[i], l[i]->batch, l[0]->batch);
     }
-    if (l[0]->type != l[1]->type || l[2]->type != l[3]->type || (l[0]->type == CUDA_R_32F && l[3]->type != CUDA_R_32F))
-        return lt_error(CUBLAS_STATUS_NOT_SUPPORTED, "types A %u B %u C %u D %u (A = B, C = D, fp32 A needs fp32 D)",
-                        l[0]->type, l[1]->type, l[2]->type, l[3]->type);
+    if (l[0]->type != l[1]->type || l[2]->type != l[3]->type ||
+        (l[0]->type == CUDA_R_32F && l[3]->type != CUDA_R_32F))
+        return lt_error(CUBLAS_STATUS_NOT_SUPPORTED,
+                        "types A %u B %u C %u D %u (A = B, C = D, fp32 A needs fp32 D)", l[0]->type,
+                        l[1]->type, l[2]->type, l[3]->type);
     if ((d->compute != CUBLAS_COMPUTE_32F && d->compute != CUBLAS_COMPUTE_32F_PEDANTIC &&
-         d->compute != CUBLAS_COMPUTE_32F_FAST_TF32 && d->compute != CUBLAS_COMPUTE_32F_FAST_16BF) ||
+         d->compute != CUBLAS_COMPUTE_32F_FAST_TF32 &&
+         d->compute != CUBLAS_COMPUTE_32F_FAST_16BF) ||
         d->scale_type != CUDA_R_32F)
-        return lt_error(CUBLAS_STATUS_NOT_SUPPORTED, "compute type %d / scale type %d (32F variants, CUDA_R_32F)",
+        return lt_error(CUBLAS_STATUS_NOT_SUPPORTED,
+                        "compute type %d / scale type %d (32F variants, CUDA_R_32F)",
                         (int)d->compute, d->scale_type);
     if (d->transc != CUBLAS_OP_N || (d->transa != CUBLAS_OP_N && d->transa != CUBLAS_OP_T) ||
         (d->transb != CUBLAS_OP_N && d->transb != CUBLAS_OP_T))
-        return lt_error(CUBLAS_STATUS_NOT_SUPPORTED, "transa %d transb %d transc %d (N or T; C: N)", d->transa, d->transb, d->transc);
+        return lt_error(CUBLAS_STATUS_NOT_SUPPORTED, "transa %d transb %d transc %d (N or T; C: N)",
+                        d->transa, d->transb, d->transc);
     const bool ta = d->transa == CUBLAS_OP_T, tb = d->transb == CUBLAS_OP_T;
     p->m = ta ? l[0]->cols : l[0]->rows;
     p->k = ta ? l[0]->rows : l[0]->cols;
     p->n = tb ? l[1]->rows : l[1]->cols;
     if ((tb ? l[1]->cols : l[1]->rows) != p->k || l[2]->rows != p->m || l[2]->cols != p->n ||
         l[3]->rows != p->m || l[3]->cols != p->n)
-        return lt_error(CUBLAS_STATUS_INVALID_VALUE, "shapes: op(A) %llux%llu, op(B) %llux%llu, C %llux%llu, D %llux%llu",
-                        (unsigned long long)p->m, (unsigned long long)p->k, (unsigned long long)(tb ? l[1]->cols : l[1]->rows),
-                        (unsigned long long)p->n, (unsigned long long)l[2]->rows, (unsigned long long)l[2]->cols,
-                        (unsigned long long)l[3]->rows, (unsigned long long)l[3]->cols);
-    if (l[3]->batch > 1 && (uint64_t)(l[3]->stride < 0 ? -l[3]->stride : l[3]->stride) < (l[3]->cols - 1) * (uint64_t)l[3]->ld + l[3]->rows)
-        return lt_error(CUBLAS_STATUS_INVALID_VALUE, "D's batches overlap (stride %lld)", (long long)l[3]->stride);
+        return lt_error(CUBLAS_STATUS_INVALID_VALUE,
+                        "shapes: op(A) %llux%llu, op(B) %llux%llu, C %llux%llu, D %llux%llu",
+                        (unsigned long long)p->m, (unsigned long long)p->k,
+                        (unsigned long long)(tb ? l[1]->cols : l[1]->rows),
+                        (unsigned long long)p->n, (unsigned long long)l[2]->rows,
+                        (unsigned long long)l[2]->cols, (unsigned long long)l[3]->rows,
+                        (unsigned long long)l[3]->cols);
+    if (l[3]->batch > 1 && (uint64_t)(l[3]->stride < 0 ? -l[3]->stride : l[3]->stride) <
+                               (l[3]->cols - 1) * (uint64_t)l[3]->ld + l[3]->rows)
+        return lt_error(CUBLAS_STATUS_INVALID_VALUE, "D's batches overlap (stride %lld)",
+                        (long long)l[3]->stride);
     if (d->epilogue != CUBLASLT_EPILOGUE_DEFAULT && d->epilogue != CUBLASLT_EPILOGUE_RELU &&
         d->epilogue != CUBLASLT_EPILOGUE_BIAS && d->epilogue != CUBLASLT_EPILOGUE_RELU_BIAS)
-        return lt_error(CUBLAS_STATUS_NOT_SUPPORTED, "epilogue %u (DEFAULT, RELU, BIAS, RELU_BIAS)", d->epilogue);
+        return lt_error(CUBLAS_STATUS_NOT_SUPPORTED, "epilogue %u (DEFAULT, RELU, BIAS, RELU_BIAS)",
+                        d->epilogue);
     const int32_t bias_type = d->bias_type < 0 ? (int32_t)l[3]->type : d->bias_type;
-    if ((d->epilogue & CUBLASLT_EPILOGUE_BIAS) && bias_type != CUDA_R_32F && bias_type != (int32_t)l[3]->type)
+    if ((d->epilogue & CUBLASLT_EPILOGUE_BIAS) && bias_type != CUDA_R_32F &&
+        bias_type != (int32_t)l[3]->type)
         return lt_error(CUBLAS_STATUS_NOT_SUPPORTED, "bias type %d", bias_type);
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -172,7 +194,8 @@ cublasStatus_t cublasLtCreate(cublasLtHandle_t *h) {
     return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasLtDestroy(cublasLtHandle_t h) {
-    if (!g_objects.erase(h)) return lt_error(CUBLAS_STATUS_NOT_INITIALIZED, "cublasLtDestroy: unknown handle");
+    if (!g_objects.erase(h))
+        return lt_error(CUBLAS_STATUS_NOT_INITIALIZED, "cublasLtDestroy: unknown handle");
     delete h;
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -189,7 +212,8 @@ const char *cublasLtGetStatusName(cublasStatus_t st) {
 }
 const char *cublasLtGetStatusString(cublasStatus_t st) { return cublasLtGetStatusName(st); }
 
-cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *out, cublasComputeType_t compute, cudaDataType_t scale) {
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *out, cublasComputeType_t compute,
+                                        cudaDataType_t scale) {
     lt_desc *d = new lt_desc;
     d->compute = compute;
     d->scale_type = scale;
@@ -199,30 +223,40 @@ cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *out, cublasCompute
 }
 cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t desc) {
     lt_desc *d = reinterpret_cast<lt_desc *>(desc);
-    if (!g_objects.erase(d)) return lt_error(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmulDescDestroy: unknown descriptor");
+    if (!g_objects.erase(d))
+        return lt_error(CUBLAS_STATUS_INVALID_VALUE,
+                        "cublasLtMatmulDescDestroy: unknown descriptor");
     delete d;
     return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr,
-                                              const void *buf, size_t size) {
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc,
+                                              cublasLtMatmulDescAttributes_t attr, const void *buf,
+                                              size_t size) {
     lt_desc *d = reinterpret_cast<lt_desc *>(desc);
-    if (!g_objects.count(d)) return lt_error(CUBLAS_STATUS_INVALID_VALUE, "unknown matmul descriptor");
+    if (!g_objects.count(d))
+        return lt_error(CUBLAS_STATUS_INVALID_VALUE, "unknown matmul descriptor");
     switch (attr) {
     case CUBLASLT_MATMUL_DESC_COMPUTE_TYPE: return set_attr(d->compute, buf, size, "COMPUTE_TYPE");
     case CUBLASLT_MATMUL_DESC_SCALE_TYPE: return set_attr(d->scale_type, buf, size, "SCALE_TYPE");
-    case CUBLASLT_MATMUL_DESC_POINTER_MODE: return set_attr(d->pointer_mode, buf, size, "POINTER_MODE");
+    case CUBLASLT_MATMUL_DESC_POINTER_MODE:
+        return set_attr(d->pointer_mode, buf, size, "POINTER_MODE");
     case CUBLASLT_MATMUL_DESC_TRANSA: return set_attr(d->transa, buf, size, "TRANSA");
     case CUBLASLT_MATMUL_DESC_TRANSB: return set_attr(d->transb, buf, size, "TRANSB");
     case CUBLASLT_MATMUL_DESC_TRANSC: return set_attr(d->transc, buf, size, "TRANSC");
     case CUBLASLT_MATMUL_DESC_EPILOGUE: return set_attr(d->epilogue, buf, size, "EPILOGUE");
     case CUBLASLT_MATMUL_DESC_BIAS_POINTER: return set_attr(d->bias, buf, size, "BIAS_POINTER");
-    case CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE: return set_attr(d->bias_stride, buf, size, "BIAS_BATCH_STRIDE");
-    case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: return set_attr(d->bias_type, buf, size, "BIAS_DATA_TYPE");
-    default: return lt_error(CUBLAS_STATUS_NOT_SUPPORTED, "matmul descriptor attribute %d is not emulated", (int)attr);
+    case CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE:
+        return set_attr(d->bias_stride, buf, size, "BIAS_BATCH_STRIDE");
+    case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE:
+        return set_attr(d->bias_type, buf, size, "BIAS_DATA_TYPE");
+    default:
+        return lt_error(CUBLAS_STATUS_NOT_SUPPORTED,
+                        "matmul descriptor attribute %d is not emulated", (int)attr);
     }
 }
 
-cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *out, cudaDataType type, uint64_t rows, uint64_t cols, int64_t ld) {
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *out, cudaDataType type,
+                                          uint64_t rows, uint64_t cols, int64_t ld) {
     lt_layout *l = new lt_layout;
     l->type = type, l->rows = rows, l->cols = cols, l->ld = ld;
     g_objects.insert(l);
@@ -231,11 +265,13 @@ cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *out, cudaDataT
 }
 cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t layout) {
     lt_layout *l = reinterpret_cast<lt_layout *>(layout);
-    if (!g_objects.erase(l)) return lt_error(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatrixLayoutDestroy: unknown layout");
+    if (!g_objects.erase(l))
+        return lt_error(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatrixLayoutDestroy: unknown layout");
     delete l;
     return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t layout, cublasLtMatrixLayoutAttribute_t attr,
+cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t layout,
+                                                cublasLtMatrixLayoutAttribute_t attr,
                                                 const void *buf, size_t size) {
     lt_layout *l = reinterpret_cast<lt_layout *>(layout);
     if (!g_objects.count(l)) return lt_error(CUBLAS_STATUS_INVALID_VALUE, "unknown matrix layout");
@@ -246,8 +282,11 @@ cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t layout, c
     case CUBLASLT_MATRIX_LAYOUT_COLS: return set_attr(l->cols, buf, size, "LAYOUT_COLS");
     case CUBLASLT_MATRIX_LAYOUT_LD: return set_attr(l->ld, buf, size, "LAYOUT_LD");
     case CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT: return set_attr(l->batch, buf, size, "BATCH_COUNT");
-    case CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET: return set_attr(l->stride, buf, size, "STRIDED_BATCH_OFFSET");
-    default: return lt_error(CUBLAS_STATUS_NOT_SUPPORTED, "matrix layout attribute %d is not emulated", (int)attr);
+    case CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET:
+        return set_attr(l->stride, buf, size, "STRIDED_BATCH_OFFSET");
+    default:
+        return lt_error(CUBLAS_STATUS_NOT_SUPPORTED, "matrix layout attribute %d is not emulated",
+                        (int)attr);
     }
 }
 
@@ -259,33 +298,47 @@ cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *out) {
 }
 cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t pref) {
     lt_pref *p = reinterpret_cast<lt_pref *>(pref);
-    if (!g_objects.erase(p)) return lt_error(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmulPreferenceDestroy: unknown preference");
+    if (!g_objects.erase(p))
+        return lt_error(CUBLAS_STATUS_INVALID_VALUE,
+                        "cublasLtMatmulPreferenceDestroy: unknown preference");
     delete p;
     return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_t attr,
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t pref,
+                                                    cublasLtMatmulPreferenceAttributes_t attr,
                                                     const void *buf, size_t size) {
     lt_pref *p = reinterpret_cast<lt_pref *>(pref);
-    if (!g_objects.count(p)) return lt_error(CUBLAS_STATUS_INVALID_VALUE, "unknown matmul preference");
+    if (!g_objects.count(p))
+        return lt_error(CUBLAS_STATUS_INVALID_VALUE, "unknown matmul preference");
     switch (attr) {
-    case CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES: return set_attr(p->max_workspace, buf, size, "MAX_WORKSPACE_BYTES");
-    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES: return set_attr(p->align[0], buf, size, "MIN_ALIGNMENT_A_BYTES");
-    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES: return set_attr(p->align[1], buf, size, "MIN_ALIGNMENT_B_BYTES");
-    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES: return set_attr(p->align[2], buf, size, "MIN_ALIGNMENT_C_BYTES");
-    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES: return set_attr(p->align[3], buf, size, "MIN_ALIGNMENT_D_BYTES");
-    default: return lt_error(CUBLAS_STATUS_NOT_SUPPORTED, "preference attribute %d is not emulated", (int)attr);
+    case CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES:
+        return set_attr(p->max_workspace, buf, size, "MAX_WORKSPACE_BYTES");
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES:
+        return set_attr(p->align[0], buf, size, "MIN_ALIGNMENT_A_BYTES");
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES:
+        return set_attr(p->align[1], buf, size, "MIN_ALIGNMENT_B_BYTES");
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES:
+        return set_attr(p->align[2], buf, size, "MIN_ALIGNMENT_C_BYTES");
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES:
+        return set_attr(p->align[3], buf, size, "MIN_ALIGNMENT_D_BYTES");
+    default:
+        return lt_error(CUBLAS_STATUS_NOT_SUPPORTED, "preference attribute %d is not emulated",
+                        (int)attr);
     }
 }
 
-cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t A,
-                                              cublasLtMatrixLayout_t B, cublasLtMatrixLayout_t C, cublasLtMatrixLayout_t D,
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t desc,
+                                              cublasLtMatrixLayout_t A, cublasLtMatrixLayout_t B,
+                                              cublasLtMatrixLayout_t C, cublasLtMatrixLayout_t D,
                                               cublasLtMatmulPreference_t pref, int requested,
-                                              cublasLtMatmulHeuristicResult_t results[], int *returned) {
+                                              cublasLtMatmulHeuristicResult_t results[],
+                                              int *returned) {
     const lt_layout *l[4] = {reinterpret_cast<lt_layout *>(A), reinterpret_cast<lt_layout *>(B),
                              reinterpret_cast<lt_layout *>(C), reinterpret_cast<lt_layout *>(D)};
     const lt_pref *p = reinterpret_cast<const lt_pref *>(pref);
     if (!g_objects.count(p) || requested < 1 || !results || !returned)
-        return lt_error(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmulAlgoGetHeuristic: bad preference or result array");
+        return lt_error(CUBLAS_STATUS_INVALID_VALUE,
+                        "cublasLtMatmulAlgoGetHeuristic: bad preference or result array");
     *returned = 0;
     problem pr;
     cublasStatus_t st = validate(h, reinterpret_cast<lt_desc *>(desc), l, &pr);
@@ -293,7 +346,8 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
     memset(&results[0], 0, sizeof results[0]);
     uint64_t *a = results[0].algo.data;
     a[0] = k_algo_magic;
-    for (int i = 0; i < 4; i++) a[1 + i] = p->align[i] < 16 ? p->align[i] : 16;
+    for (int i = 0; i < 4; i++)
+        a[1 + i] = p->align[i] < 16 ? p->align[i] : 16;
     a[5] = p->max_workspace < k_algo_workspace ? p->max_workspace : k_algo_workspace;
     results[0].workspaceSize = a[5];
     results[0].state = CUBLAS_STATUS_SUCCESS;
@@ -302,87 +356,111 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
     return CUBLAS_STATUS_SUCCESS;
 }
 
-cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, const void *alpha, const void *A,
-                              cublasLtMatrixLayout_t Adesc, const void *B, cublasLtMatrixLayout_t Bdesc,
-                              const void *beta, const void *C, cublasLtMatrixLayout_t Cdesc, void *D,
-                              cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t *algo, void *workspace,
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, const void *alpha,
+                              const void *A, cublasLtMatrixLayout_t Adesc, const void *B,
+                              cublasLtMatrixLayout_t Bdesc, const void *beta, const void *C,
+                              cublasLtMatrixLayout_t Cdesc, void *D, cublasLtMatrixLayout_t Ddesc,
+                              const cublasLtMatmulAlgo_t *algo, void *workspace,
                               size_t workspace_bytes, cudaStream_t stream) {
     static const char *const names[4] = {"A", "B", "C", "D"};
     const lt_desc *d = reinterpret_cast<const lt_desc *>(desc);
-    const lt_layout *l[4] = {reinterpret_cast<lt_layout *>(Adesc), reinterpret_cast<lt_layout *>(Bdesc),
-                             reinterpret_cast<lt_layout *>(Cdesc), reinterpret_cast<lt_layout *>(Ddesc)};
+    const lt_layout *l[4] = {
+        reinterpret_cast<lt_layout *>(Adesc), reinterpret_cast<lt_layout *>(Bdesc),
+        reinterpret_cast<lt_layout *>(Cdesc), reinterpret_cast<lt_layout *>(Ddesc)};
     problem pr;
     cublasStatus_t st = validate(h, d, l, &pr);
     if (st) return st;
     if (sticky_error() != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED;
-    if (!stream_valid(stream)) return lt_error(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmul: unknown stream");
-    if (!alpha || !beta) return lt_error(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmul: alpha or beta is NULL");
+    if (!stream_valid(stream))
+        return lt_error(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmul: unknown stream");
+    if (!alpha || !beta)
+        return lt_error(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmul: alpha or beta is NULL");
     const bool dev_scalars = d->pointer_mode == CUBLASLT_POINTER_MODE_DEVICE;
     if (dev_scalars && (!device_range(alpha, 4) || !device_range(beta, 4)))
-        return lt_error(CUBLAS_STATUS_INVALID_VALUE, "POINTER_MODE_DEVICE: alpha/beta are not device memory");
+        return lt_error(CUBLAS_STATUS_INVALID_VALUE,
+                        "POINTER_MODE_DEVICE: alpha/beta are not device memory");
     const float al = *static_cast<const float *>(alpha), be = *static_cast<const float *>(beta);
     const void *ptr[4] = {A, B, C, D};
     if (!C && be == 0.0f) ptr[2] = nullptr;
     if (C == D && (l[2]->ld != l[3]->ld || l[2]->stride != l[3]->stride))
-        return lt_error(CUBLAS_STATUS_INVALID_VALUE, "in place (C == D) needs equal C and D layouts");
+        return lt_error(CUBLAS_STATUS_INVALID_VALUE,
+                        "in place (C == D) needs equal C and D layouts");
     for (int i = 0; i < 4; i++) {
         if (i == 2 && !ptr[2]) continue;
         const size_t es = elem_size(l[i]->type);
         if (!ptr[i] || !device_range(ptr[i], extent(*l[i]) * es))
-            return lt_error(CUBLAS_STATUS_INVALID_VALUE, "matrix %s (%p, %llu elements) is not inside one device allocation",
+            return lt_error(CUBLAS_STATUS_INVALID_VALUE,
+                            "matrix %s (%p, %llu elements) is not inside one device allocation",
                             names[i], ptr[i], (unsigned long long)extent(*l[i]));
         size_t need = algo ? (size_t)algo->data[1 + i] : es;
         if (need < es) need = es;
         if (!aligned(ptr[i], need))
-            return lt_error(CUBLAS_STATUS_INVALID_VALUE, "matrix %s at %p is not %zu-byte aligned (the algorithm's requirement)",
+            return lt_error(CUBLAS_STATUS_INVALID_VALUE,
+                            "matrix %s at %p is not %zu-byte aligned (the algorithm's requirement)",
                             names[i], ptr[i], need);
     }
     if (algo && algo->data[0] != k_algo_magic)
-        return lt_error(CUBLAS_STATUS_INVALID_VALUE, "algo does not come from cublasLtMatmulAlgoGetHeuristic");
+        return lt_error(CUBLAS_STATUS_INVALID_VALUE,
+                        "algo does not come from cublasLtMatmulAlgoGetHeuristic");
     const size_t ws_need = algo ? (size_t)algo->data[5] : 0;
     if (workspace_bytes < ws_need || (workspace_bytes && !device_range(workspace, workspace_bytes)))
-        return lt_error(CUBLAS_STATUS_INVALID_VALUE, "workspace %p of %zu bytes (the algorithm needs %zu of device memory)",
+        return lt_error(CUBLAS_STATUS_INVALID_VALUE,
+                        "workspace %p of %zu bytes (the algorithm needs %zu of device memory)",
                         workspace, workspace_bytes, ws_need);
     const uint32_t btype = d->bias_type < 0 ? l[3]->type : (uint32_t)d->bias_type;
     const int64_t batch = l[0]->batch;
     if (d->epilogue & CUBLASLT_EPILOGUE_BIAS) {
-        uint64_t n = (uint64_t)(batch - 1) * (uint64_t)(d->bias_stride < 0 ? -d->bias_stride : d->bias_stride) + pr.m;
-        if (!d->bias || !device_range(d->bias, n * elem_size(btype)) || !aligned(d->bias, elem_size(btype)))
-            return lt_error(CUBLAS_STATUS_INVALID_VALUE, "bias %p (%llu elements) is not inside one device allocation",
-                            d->bias, (unsigned long long)n);
+        uint64_t n = (uint64_t)(batch - 1) *
+                         (uint64_t)(d->bias_stride < 0 ? -d->bias_stride : d->bias_stride) +
+                     pr.m;
+        if (!d->bias || !device_range(d->bias, n * elem_size(btype)) ||
+            !aligned(d->bias, elem_size(btype)))
+            return lt_error(CUBLAS_STATUS_INVALID_VALUE,
+                            "bias %p (%llu elements) is not inside one device allocation", d->bias,
+                            (unsigned long long)n);
     }
     const bool ta = d->transa == CUBLAS_OP_T, tb = d->transb == CUBLAS_OP_T;
-    const int round_bits = d->compute == CUBLAS_COMPUTE_32F_FAST_TF32 ? 10 : d->compute == CUBLAS_COMPUTE_32F_FAST_16BF ? 7 : 23;
+    const int round_bits = d->compute == CUBLAS_COMPUTE_32F_FAST_TF32   ? 10
+                           : d->compute == CUBLAS_COMPUTE_32F_FAST_16BF ? 7
+                                                                        : 23;
     const uint64_t M = pr.m, N = pr.n, K = pr.k;
     std::vector<double> a(M * K), b(K * N); // op(A) row-major, op(B) column-major
     std::vector<float> out(M * N);
     for (int64_t bi = 0; bi < batch; bi++) {
-        const int64_t oa = bi * l[0]->stride, ob = bi * l[1]->stride, oc = bi * l[2]->stride, od = bi * l[3]->stride;
+        const int64_t oa = bi * l[0]->stride, ob = bi * l[1]->stride, oc = bi * l[2]->stride,
+                      od = bi * l[3]->stride;
         for (uint64_t i = 0; i < M; i++)
             for (uint64_t k = 0; k < K; k++) {
-                float v = load(A, l[0]->type, oa + (int64_t)(ta ? k + i * l[0]->ld : i + k * l[0]->ld));
+                float v =
+                    load(A, l[0]->type, oa + (int64_t)(ta ? k + i * l[0]->ld : i + k * l[0]->ld));
                 a[i * K + k] = round_bits < 23 ? round_mantissa(v, round_bits) : v;
             }
         for (uint64_t j = 0; j < N; j++)
             for (uint64_t k = 0; k < K; k++) {
-                float v = load(B, l[1]->type, ob + (int64_t)(tb ? j + k * l[1]->ld : k + j * l[1]->ld));
+                float v =
+                    load(B, l[1]->type, ob + (int64_t)(tb ? j + k * l[1]->ld : k + j * l[1]->ld));
                 b[j * K + k] = round_bits < 23 ? round_mantissa(v, round_bits) : v;
             }
         for (uint64_t j = 0; j < N; j++)
             for (uint64_t i = 0; i < M; i++) {
                 double acc = 0.0;
-                for (uint64_t k = 0; k < K; k++) acc += a[i * K + k] * b[j * K + k];
+                for (uint64_t k = 0; k < K; k++)
+                    acc += a[i * K + k] * b[j * K + k];
                 double v = al * acc;
-                if (be != 0.0f) v += be * (double)load(C, l[2]->type, oc + (int64_t)(i + j * l[2]->ld));
-                if (d->epilogue & CUBLASLT_EPILOGUE_BIAS) v += load(d->bias, btype, bi * d->bias_stride + (int64_t)i);
+                if (be != 0.0f)
+                    v += be * (double)load(C, l[2]->type, oc + (int64_t)(i + j * l[2]->ld));
+                if (d->epilogue & CUBLASLT_EPILOGUE_BIAS)
+                    v += load(d->bias, btype, bi * d->bias_stride + (int64_t)i);
                 if ((d->epilogue & CUBLASLT_EPILOGUE_RELU) && !(v > 0.0)) v = 0.0;
                 out[j * M + i] = (float)v;
             }
         for (uint64_t j = 0; j < N; j++) // stored after every read of C (C may be D)
             for (uint64_t i = 0; i < M; i++) {
                 int64_t at = od + (int64_t)(i + j * l[3]->ld);
-                if (l[3]->type == CUDA_R_16BF) static_cast<__nv_bfloat16 *>(D)[at] = __float2bfloat16_rn(out[j * M + i]);
-                else static_cast<float *>(D)[at] = out[j * M + i];
+                if (l[3]->type == CUDA_R_16BF)
+                    static_cast<__nv_bfloat16 *>(D)[at] = __float2bfloat16_rn(out[j * M + i]);
+                else
+                    static_cast<float *>(D)[at] = out[j * M + i];
             }
     }
     return CUBLAS_STATUS_SUCCESS;

@@ -83,11 +83,13 @@ cudaError_t check_copy(const char *fn, void *dst, const void *src, size_t n, cud
     if ((unsigned)kind > (unsigned)cudaMemcpyDefault)
         return api_error(cudaErrorInvalidMemcpyDirection, false, "%s: kind %d", fn, (int)kind);
     if (dst_dev ? !in_kind(dst, n, false) : is_device(dst))
-        return api_error(cudaErrorInvalidValue, false, "%s: destination %p (%zu bytes) is %s", fn,
-                         dst, n, dst_dev ? "not inside one device allocation" : "device memory, kind says host");
+        return api_error(
+            cudaErrorInvalidValue, false, "%s: destination %p (%zu bytes) is %s", fn, dst, n,
+            dst_dev ? "not inside one device allocation" : "device memory, kind says host");
     if (src_dev ? !in_kind(src, n, false) : is_device(src))
-        return api_error(cudaErrorInvalidValue, false, "%s: source %p (%zu bytes) is %s", fn, src,
-                         n, src_dev ? "not inside one device allocation" : "device memory, kind says host");
+        return api_error(
+            cudaErrorInvalidValue, false, "%s: source %p (%zu bytes) is %s", fn, src, n,
+            src_dev ? "not inside one device allocation" : "device memory, kind says host");
     if ((const char *)dst < (const char *)src + n && (const char *)src < (const char *)dst + n)
         return api_error(cudaErrorInvalidValue, false, "%s: source and destination overlap", fn);
     return cudaSuccess;
@@ -95,7 +97,9 @@ cudaError_t check_copy(const char *fn, void *dst, const void *src, size_t n, cud
 
 cudaError_t stream_check(const char *fn, cudaStream_t s) {
     if (g_sticky) return g_sticky;
-    if (!stream_valid(s)) return api_error(cudaErrorInvalidResourceHandle, false, "%s: unknown stream %p", fn, (void *)s);
+    if (!stream_valid(s))
+        return api_error(cudaErrorInvalidResourceHandle, false, "%s: unknown stream %p", fn,
+                         (void *)s);
     return cudaSuccess;
 }
 
@@ -105,7 +109,8 @@ cudaError_t alloc(void **p, size_t bytes, bool pinned, const char *fn) {
     if (g_sticky) return g_sticky;
     if (bytes == 0) return cudaSuccess;
     if (bytes > k_total_memory - g_device_bytes || posix_memalign(p, 256, bytes) != 0)
-        return api_error(cudaErrorMemoryAllocation, false, "%s: out of memory (%zu bytes)", fn, bytes);
+        return api_error(cudaErrorMemoryAllocation, false, "%s: out of memory (%zu bytes)", fn,
+                         bytes);
     if (!pinned) memset(*p, 0xff, bytes), g_device_bytes += bytes;
     g_allocs[(uintptr_t)*p] = allocation{bytes, pinned};
     return cudaSuccess;
@@ -115,8 +120,9 @@ cudaError_t release(void *p, bool pinned, const char *fn) {
     if (!p) return cudaSuccess;
     auto it = g_allocs.find((uintptr_t)p);
     if (it == g_allocs.end() || it->second.pinned != pinned)
-        return api_error(cudaErrorInvalidValue, false, "%s: %p is not the start of a live %s allocation",
-                         fn, p, pinned ? "cudaMallocHost" : "cudaMalloc");
+        return api_error(cudaErrorInvalidValue, false,
+                         "%s: %p is not the start of a live %s allocation", fn, p,
+                         pinned ? "cudaMallocHost" : "cudaMalloc");
     if (!pinned) g_device_bytes -= it->second.bytes;
     g_allocs.erase(it);
     free(p);
@@ -170,7 +176,8 @@ int func_max_dynamic_shared(const void *func) {
 }
 bool check_launch_pointer(const char *kernel, int index, const void *p) {
     std::lock_guard<std::recursive_mutex> lock(g_mu);
-    if (!p || find(p, nullptr) || (p && find((const char *)p - 1, nullptr))) return true; // or one past the end
+    if (!p || find(p, nullptr) || (p && find((const char *)p - 1, nullptr)))
+        return true; // or one past the end
     api_error(cudaErrorIllegalAddress, true,
               "kernel %s: pointer argument %d (%p) is not device memory (a host pointer?)", kernel,
               index, p);
@@ -185,21 +192,36 @@ using namespace luna_emu;
 
 extern "C" {
 
-cudaError_t cudaMalloc(void **p, size_t bytes) { LOCK; return alloc(p, bytes, false, "cudaMalloc"); }
+cudaError_t cudaMalloc(void **p, size_t bytes) {
+    LOCK;
+    return alloc(p, bytes, false, "cudaMalloc");
+}
 cudaError_t cudaMallocAsync(void **p, size_t bytes, cudaStream_t s) {
     LOCK;
     cudaError_t e = stream_check("cudaMallocAsync", s);
     return e ? e : alloc(p, bytes, false, "cudaMallocAsync");
 }
-cudaError_t cudaFree(void *p) { LOCK; return release(p, false, "cudaFree"); }
+cudaError_t cudaFree(void *p) {
+    LOCK;
+    return release(p, false, "cudaFree");
+}
 cudaError_t cudaFreeAsync(void *p, cudaStream_t s) {
     LOCK;
     cudaError_t e = stream_check("cudaFreeAsync", s);
     return e ? e : release(p, false, "cudaFreeAsync");
 }
-cudaError_t cudaMallocHost(void **p, size_t bytes) { LOCK; return alloc(p, bytes, true, "cudaMallocHost"); }
-cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned) { LOCK; return alloc(p, bytes, true, "cudaHostAlloc"); }
-cudaError_t cudaFreeHost(void *p) { LOCK; return release(p, true, "cudaFreeHost"); }
+cudaError_t cudaMallocHost(void **p, size_t bytes) {
+    LOCK;
+    return alloc(p, bytes, true, "cudaMallocHost");
+}
+cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned) {
+    LOCK;
+    return alloc(p, bytes, true, "cudaHostAlloc");
+}
+cudaError_t cudaFreeHost(void *p) {
+    LOCK;
+    return release(p, true, "cudaFreeHost");
+}
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind) {
     LOCK;
@@ -207,27 +229,34 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind
     if (!e && n) memcpy(dst, src, n);
     return e;
 }
-cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cudaStream_t s) {
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind,
+                            cudaStream_t s) {
     LOCK;
     cudaError_t e = stream_check("cudaMemcpyAsync", s);
     if (!e) e = check_copy("cudaMemcpyAsync", dst, src, n, kind);
     if (!e && n) memcpy(dst, src, n);
     return e;
 }
-cudaError_t cudaMemset(void *p, int value, size_t n) { return cudaMemsetAsync(p, value, n, nullptr); }
+cudaError_t cudaMemset(void *p, int value, size_t n) {
+    return cudaMemsetAsync(p, value, n, nullptr);
+}
 cudaError_t cudaMemsetAsync(void *p, int value, size_t n, cudaStream_t s) {
     LOCK;
     cudaError_t e = stream_check("cudaMemset", s);
     if (e || n == 0) return e;
     if (!in_kind(p, n, false))
-        return api_error(cudaErrorInvalidValue, false, "cudaMemset: %p (%zu bytes) is not inside one device allocation", p, n);
+        return api_error(cudaErrorInvalidValue, false,
+                         "cudaMemset: %p (%zu bytes) is not inside one device allocation", p, n);
     memset(p, value, n);
     return cudaSuccess;
 }
-cudaError_t cudaMemcpyToSymbol(const void *symbol, const void *src, size_t n, size_t offset, cudaMemcpyKind kind) {
+cudaError_t cudaMemcpyToSymbol(const void *symbol, const void *src, size_t n, size_t offset,
+                               cudaMemcpyKind kind) {
     LOCK;
-    if (kind != cudaMemcpyHostToDevice && kind != cudaMemcpyDeviceToDevice && kind != cudaMemcpyDefault)
-        return api_error(cudaErrorInvalidMemcpyDirection, false, "cudaMemcpyToSymbol: kind %d", (int)kind);
+    if (kind != cudaMemcpyHostToDevice && kind != cudaMemcpyDeviceToDevice &&
+        kind != cudaMemcpyDefault)
+        return api_error(cudaErrorInvalidMemcpyDirection, false, "cudaMemcpyToSymbol: kind %d",
+                         (int)kind);
     memcpy((char *)const_cast<void *>(symbol) + offset, src, n); // a __constant__/__device__ global
     return g_sticky;
 }
@@ -248,12 +277,19 @@ cudaError_t cudaStreamCreate(cudaStream_t *s) { return cudaStreamCreateWithFlags
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
     LOCK;
     if (!g_streams.erase(s))
-        return api_error(cudaErrorInvalidResourceHandle, false, "cudaStreamDestroy: unknown stream %p", (void *)s);
+        return api_error(cudaErrorInvalidResourceHandle, false,
+                         "cudaStreamDestroy: unknown stream %p", (void *)s);
     delete s;
     return cudaSuccess;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t s) { LOCK; return stream_check("cudaStreamSynchronize", s); }
-cudaError_t cudaStreamQuery(cudaStream_t s) { LOCK; return stream_check("cudaStreamQuery", s); }
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+    LOCK;
+    return stream_check("cudaStreamSynchronize", s);
+}
+cudaError_t cudaStreamQuery(cudaStream_t s) {
+    LOCK;
+    return stream_check("cudaStreamQuery", s);
+}
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t ev, unsigned) {
     LOCK;
     cudaError_t e = stream_check("cudaStreamWaitEvent", s);
@@ -280,21 +316,28 @@ cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t s) {
     LOCK;
     cudaError_t e = stream_check("cudaEventRecord", s);
     if (e) return e;
-    if (!g_events.count(ev)) return api_error(cudaErrorInvalidResourceHandle, false, "cudaEventRecord: unknown event");
+    if (!g_events.count(ev))
+        return api_error(cudaErrorInvalidResourceHandle, false, "cudaEventRecord: unknown event");
     ev->ms = now_ms();
     return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
     LOCK;
-    if (!g_events.count(ev)) return api_error(cudaErrorInvalidResourceHandle, false, "cudaEventSynchronize: unknown event");
+    if (!g_events.count(ev))
+        return api_error(cudaErrorInvalidResourceHandle, false,
+                         "cudaEventSynchronize: unknown event");
     return g_sticky;
 }
 cudaError_t cudaEventQuery(cudaEvent_t ev) { return cudaEventSynchronize(ev); }
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
     LOCK;
-    if (!g_events.count(a) || !g_events.count(b) || ((a->flags | b->flags) & cudaEventDisableTiming))
-        return api_error(cudaErrorInvalidResourceHandle, false, "cudaEventElapsedTime: unknown event or one without timing");
-    if (a->ms < 0 || b->ms < 0) return api_error(cudaErrorInvalidResourceHandle, false, "cudaEventElapsedTime: event not recorded");
+    if (!g_events.count(a) || !g_events.count(b) ||
+        ((a->flags | b->flags) & cudaEventDisableTiming))
+        return api_error(cudaErrorInvalidResourceHandle, false,
+                         "cudaEventElapsedTime: unknown event or one without timing");
+    if (a->ms < 0 || b->ms < 0)
+        return api_error(cudaErrorInvalidResourceHandle, false,
+                         "cudaEventElapsedTime: event not recorded");
     *ms = (float)(b->ms - a->ms);
     return cudaSuccess;
 }
@@ -305,24 +348,44 @@ cudaError_t cudaGetLastError(void) {
     g_last = g_sticky;
     return e;
 }
-cudaError_t cudaPeekAtLastError(void) { LOCK; return g_last; }
-cudaError_t cudaDeviceSynchronize(void) { LOCK; return g_sticky; }
+cudaError_t cudaPeekAtLastError(void) {
+    LOCK;
+    return g_last;
+}
+cudaError_t cudaDeviceSynchronize(void) {
+    LOCK;
+    return g_sticky;
+}
 cudaError_t cudaDeviceReset(void) {
     LOCK;
-    for (auto &a : g_allocs) free((void *)a.first);
+    for (auto &a : g_allocs)
+        free((void *)a.first);
     g_allocs.clear();
     g_device_bytes = 0;
     g_last = g_sticky = cudaSuccess;
     g_message.clear();
     return cudaSuccess;
 }
-cudaError_t cudaGetDeviceCount(int *n) { *n = 1; return cudaSuccess; }
-cudaError_t cudaSetDevice(int d) {
-    return d == 0 ? cudaSuccess : api_error(cudaErrorInvalidDevice, false, "cudaSetDevice(%d): one device", d);
+cudaError_t cudaGetDeviceCount(int *n) {
+    *n = 1;
+    return cudaSuccess;
 }
-cudaError_t cudaGetDevice(int *d) { *d = 0; return cudaSuccess; }
-cudaError_t cudaDriverGetVersion(int *v) { *v = CUDART_VERSION; return cudaSuccess; }
-cudaError_t cudaRuntimeGetVersion(int *v) { *v = CUDART_VERSION; return cudaSuccess; }
+cudaError_t cudaSetDevice(int d) {
+    return d == 0 ? cudaSuccess
+                  : api_error(cudaErrorInvalidDevice, false, "cudaSetDevice(%d): one device", d);
+}
+cudaError_t cudaGetDevice(int *d) {
+    *d = 0;
+    return cudaSuccess;
+}
+cudaError_t cudaDriverGetVersion(int *v) {
+    *v = CUDART_VERSION;
+    return cudaSuccess;
+}
+cudaError_t cudaRuntimeGetVersion(int *v) {
+    *v = CUDART_VERSION;
+    return cudaSuccess;
+}
 cudaError_t cudaFuncSetAttribute(const void *func, cudaFuncAttribute attr, int value) {
     LOCK;
     if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) g_func_shared[func] = value;
@@ -331,7 +394,8 @@ cudaError_t cudaFuncSetAttribute(const void *func, cudaFuncAttribute attr, int v
 
 // An H100-like device (sm_90, 132 SMs, 80 GiB).
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int device) {
-    if (device != 0) return api_error(cudaErrorInvalidDevice, false, "cudaGetDeviceProperties(%d)", device);
+    if (device != 0)
+        return api_error(cudaErrorInvalidDevice, false, "cudaGetDeviceProperties(%d)", device);
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "luna-cuda-emu (CPU)");
     p->totalGlobalMem = k_total_memory;
@@ -365,20 +429,24 @@ cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr attr, int device) {
     case cudaDevAttrComputeCapabilityMinor: *v = p.minor; break;
     case cudaDevAttrMaxThreadsPerMultiProcessor: *v = p.maxThreadsPerMultiProcessor; break;
     case cudaDevAttrL2CacheSize: *v = p.l2CacheSize; break;
-    default: return api_error(cudaErrorInvalidValue, false, "cudaDeviceGetAttribute: attribute %d not emulated", (int)attr);
+    default:
+        return api_error(cudaErrorInvalidValue, false,
+                         "cudaDeviceGetAttribute: attribute %d not emulated", (int)attr);
     }
     return cudaSuccess;
 }
 
 const char *cudaGetErrorName(cudaError_t e) {
     switch (e) {
-#define C(x) case x: return #x;
-    C(cudaSuccess) C(cudaErrorInvalidValue) C(cudaErrorMemoryAllocation)
-    C(cudaErrorInvalidConfiguration) C(cudaErrorInvalidMemcpyDirection) C(cudaErrorInvalidDevice)
-    C(cudaErrorInvalidResourceHandle) C(cudaErrorIllegalAddress) C(cudaErrorLaunchFailure)
-    C(cudaErrorNoDevice) C(cudaErrorNotSupported)
+#define C(x)                                                                                       \
+    case x: return #x;
+        C(cudaSuccess)
+        C(cudaErrorInvalidValue) C(cudaErrorMemoryAllocation) C(cudaErrorInvalidConfiguration)
+            C(cudaErrorInvalidMemcpyDirection) C(cudaErrorInvalidDevice)
+                C(cudaErrorInvalidResourceHandle) C(cudaErrorIllegalAddress)
+                    C(cudaErrorLaunchFailure) C(cudaErrorNoDevice) C(cudaErrorNotSupported)
 #undef C
-    default: return "cudaErrorUnknown";
+                        default : return "cudaErrorUnknown";
     }
 }
 const char *cudaGetErrorString(cudaError_t e) {
@@ -396,8 +464,17 @@ const char *cudaGetErrorString(cudaError_t e) {
     }
 }
 
-void luna_emu_set_error_mode(luna_emu_error_mode mode) { LOCK; g_error_mode = mode; }
-const char *luna_emu_last_error(void) { LOCK; return g_message.c_str(); }
-uint64_t luna_emu_device_bytes(void) { LOCK; return g_device_bytes; }
+void luna_emu_set_error_mode(luna_emu_error_mode mode) {
+    LOCK;
+    g_error_mode = mode;
+}
+const char *luna_emu_last_error(void) {
+    LOCK;
+    return g_message.c_str();
+}
+uint64_t luna_emu_device_bytes(void) {
+    LOCK;
+    return g_device_bytes;
+}
 
 } // extern "C"

@@ -99,8 +99,8 @@ stack_slot &slot_stack(int slot) {
     stack_slot &s = g_pool[(size_t)slot];
     if (!s.lo) {
         size_t page = (size_t)sysconf(_SC_PAGESIZE), size = stack_bytes();
-        void *m = mmap(nullptr, size + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                       -1, 0);
+        void *m =
+            mmap(nullptr, size + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (m == MAP_FAILED) {
             fprintf(stderr, "luna-cuda-emu: out of memory for fiber stacks\n");
             abort();
@@ -135,12 +135,12 @@ void fiber_make(fiber *f, int slot, void (*entry)(void *), void *arg) {
     asm volatile("fnstcw %0" : "=m"(fpucw));
     sp[0] = fpucw;
     sp[1] = mxcsr;
-    sp[2] = 0;                  // r15
-    sp[3] = 0;                  // r14
-    sp[4] = (uint64_t)entry;    // r13
-    sp[5] = (uint64_t)arg;      // r12
-    sp[6] = 0;                  // rbx
-    sp[7] = 0;                  // rbp
+    sp[2] = 0;               // r15
+    sp[3] = 0;               // r14
+    sp[4] = (uint64_t)entry; // r13
+    sp[5] = (uint64_t)arg;   // r12
+    sp[6] = 0;               // rbx
+    sp[7] = 0;               // rbp
     sp[8] = (uint64_t)&luna_emu_start;
     f->sp = sp;
 #else

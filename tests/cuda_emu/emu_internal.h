@@ -11,11 +11,12 @@
 
 namespace luna_emu {
 
-/* ---- fibers (emu_fiber.cc): a stack and a saved context --------------------------------------- */
+/* ---- fibers (emu_fiber.cc): a stack and a saved context ---------------------------------------
+ */
 struct fiber {
-    void *sp = nullptr;       /* saved stack pointer (x86-64 switch) */
-    void *uctx = nullptr;     /* ucontext_t (other architectures) */
-    char *stack = nullptr;    /* lowest usable byte */
+    void *sp = nullptr;    /* saved stack pointer (x86-64 switch) */
+    void *uctx = nullptr;  /* ucontext_t (other architectures) */
+    char *stack = nullptr; /* lowest usable byte */
     size_t stack_size = 0;
     void *asan_fake = nullptr; /* AddressSanitizer's fake stack while switched out */
 };
@@ -28,7 +29,8 @@ void fiber_yield(fiber *f, bool finished);
 /* First thing a fiber's entry calls (AddressSanitizer bookkeeping). */
 void fiber_started();
 
-/* ---- the fake runtime (emu_cudart.cc) --------------------------------------------------------- */
+/* ---- the fake runtime (emu_cudart.cc) ---------------------------------------------------------
+ */
 /* Records err (sticky: it stays until cudaDeviceReset) and the message; prints the message. */
 cudaError_t api_error(cudaError_t err, bool sticky, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

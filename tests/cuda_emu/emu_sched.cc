@@ -22,14 +22,14 @@ thread_state *current = nullptr;
 namespace {
 
 enum { RUNNABLE, AT_BLOCK, AT_WARP, DONE };
-const char *const k_warp_names[] = {"__syncwarp", "__shfl_sync", "__shfl_up_sync",
-                                    "__shfl_down_sync", "__shfl_xor_sync", "__ballot_sync",
-                                    "__any_sync", "__all_sync", "__match_any_sync",
+const char *const k_warp_names[] = {"__syncwarp",        "__shfl_sync",       "__shfl_up_sync",
+                                    "__shfl_down_sync",  "__shfl_xor_sync",   "__ballot_sync",
+                                    "__any_sync",        "__all_sync",        "__match_any_sync",
                                     "__reduce_add_sync", "__reduce_min_sync", "__reduce_max_sync"};
 const char *const k_block_names[] = {"__syncthreads", "__syncthreads_count", "__syncthreads_and",
                                      "__syncthreads_or"};
-const size_t k_static_shared_max = 48 * 1024;  // per block, as on every CUDA GPU
-const size_t k_dynamic_shared_max = 232448;    // sm_90 opt-in maximum (227 KiB)
+const size_t k_static_shared_max = 48 * 1024; // per block, as on every CUDA GPU
+const size_t k_dynamic_shared_max = 232448;   // sm_90 opt-in maximum (227 KiB)
 
 struct emu_thread {
     thread_state st;
@@ -73,7 +73,8 @@ void init_order() {
         g_order = LUNA_EMU_RANDOM;
         g_seed = g_rng = env[6] ? strtoull(env + 7, nullptr, 10) : 1;
     } else {
-        fprintf(stderr, "luna-cuda-emu: LUNA_EMU_ORDER=%s is not forward, reverse or random[:SEED]\n", env);
+        fprintf(stderr,
+                "luna-cuda-emu: LUNA_EMU_ORDER=%s is not forward, reverse or random[:SEED]\n", env);
         abort();
     }
 }
@@ -86,11 +87,14 @@ uint64_t next_random() { // splitmix64
 }
 
 template <class T> void arrange(std::vector<T> &v) {
-    for (size_t i = 0; i < v.size(); i++) v[i] = (T)i;
+    for (size_t i = 0; i < v.size(); i++)
+        v[i] = (T)i;
     if (g_order == LUNA_EMU_REVERSE) {
-        for (size_t i = 0; i < v.size() / 2; i++) std::swap(v[i], v[v.size() - 1 - i]);
+        for (size_t i = 0; i < v.size() / 2; i++)
+            std::swap(v[i], v[v.size() - 1 - i]);
     } else if (g_order == LUNA_EMU_RANDOM) {
-        for (size_t i = v.size(); i > 1; i--) std::swap(v[i - 1], v[next_random() % i]);
+        for (size_t i = v.size(); i > 1; i--)
+            std::swap(v[i - 1], v[next_random() % i]);
     }
 }
 
@@ -108,8 +112,10 @@ void kernel_error(const emu_thread *t, const char *fmt, ...) {
                  t->st.tid.y, t->st.tid.z, t->linear / 32, t->linear % 32);
     const uint3 b = g_threads.empty() ? uint3{0, 0, 0} : g_threads[0].st.bid;
     char order[48];
-    if (g_order == LUNA_EMU_RANDOM) snprintf(order, sizeof order, "random:%llu", (unsigned long long)g_seed);
-    else snprintf(order, sizeof order, "%s", luna_emu_order_name(g_order));
+    if (g_order == LUNA_EMU_RANDOM)
+        snprintf(order, sizeof order, "random:%llu", (unsigned long long)g_seed);
+    else
+        snprintf(order, sizeof order, "%s", luna_emu_order_name(g_order));
     api_error(cudaErrorLaunchFailure, true, "kernel %s, block (%u,%u,%u)%s, order %s: %s",
               g_block.d->name, b.x, b.y, b.z, where, order, what);
     if (error_mode() == LUNA_EMU_ABORT) abort();
@@ -144,10 +150,22 @@ int shuffle_source(int kind, int lane, int b, int width) {
     int seg = 32 - width, max_lane = (lane & seg) | ((kind == W_SHFL_UP ? 0 : 31) & ~seg), j;
     bool ok;
     switch (kind) {
-    case W_SHFL_UP: j = lane - b; ok = j >= max_lane; break;
-    case W_SHFL_DOWN: j = lane + b; ok = j <= max_lane; break;
-    case W_SHFL_XOR: j = lane ^ b; ok = j <= max_lane; break;
-    default: j = (lane & seg) | (b & ~seg & 31); ok = j <= max_lane; break;
+    case W_SHFL_UP:
+        j = lane - b;
+        ok = j >= max_lane;
+        break;
+    case W_SHFL_DOWN:
+        j = lane + b;
+        ok = j <= max_lane;
+        break;
+    case W_SHFL_XOR:
+        j = lane ^ b;
+        ok = j <= max_lane;
+        break;
+    default:
+        j = (lane & seg) | (b & ~seg & 31);
+        ok = j <= max_lane;
+        break;
     }
     return ok ? j : lane;
 }
@@ -197,10 +215,14 @@ bool release_warp_group(emu_thread &t) {
                 if (!(m >> c & 1)) continue;
                 uint64_t v = g_threads[(size_t)(base + c)].value;
                 int64_t x = u.arg ? (int64_t)(int32_t)(uint32_t)v : (int64_t)(uint32_t)v;
-                if (u.kind == W_MATCH_ANY) r |= (uint64_t)(v == u.value) << c;
-                else if (u.kind == W_REDUCE_ADD) acc += x;
-                else if (u.kind == W_REDUCE_MIN) acc = c == __builtin_ctz(m) || x < acc ? x : acc;
-                else acc = c == __builtin_ctz(m) || x > acc ? x : acc;
+                if (u.kind == W_MATCH_ANY)
+                    r |= (uint64_t)(v == u.value) << c;
+                else if (u.kind == W_REDUCE_ADD)
+                    acc += x;
+                else if (u.kind == W_REDUCE_MIN)
+                    acc = c == __builtin_ctz(m) || x < acc ? x : acc;
+                else
+                    acc = c == __builtin_ctz(m) || x > acc ? x : acc;
             }
             if (u.kind != W_MATCH_ANY) r = (uint32_t)acc;
         }
@@ -305,7 +327,8 @@ void run_block(uint3 bid, std::vector<int> &order) {
             if (g_block.failed) break;
         }
     } while (!g_block.failed && resolve());
-    for (shared_alloc &a : g_block.shared) free(a.ptr);
+    for (shared_alloc &a : g_block.shared)
+        free(a.ptr);
     g_block.shared.clear();
     free(g_block.dynamic);
 }
@@ -345,9 +368,10 @@ void *shared_static(const void *key, size_t bytes, const char *name) {
     if (g_block.static_bytes > k_static_shared_max ||
         g_block.static_bytes + g_block.d->shmem > k_dynamic_shared_max) {
         char what[200];
-        snprintf(what, sizeof what, "LUNA_SHARED %s: %zu bytes of static shared memory (+ %zu "
-                 "dynamic) exceed 48 KiB static / 227 KiB in all", name, g_block.static_bytes,
-                 g_block.d->shmem);
+        snprintf(what, sizeof what,
+                 "LUNA_SHARED %s: %zu bytes of static shared memory (+ %zu "
+                 "dynamic) exceed 48 KiB static / 227 KiB in all",
+                 name, g_block.static_bytes, g_block.d->shmem);
         fiber_error(what);
     }
     void *p = malloc(bytes);
@@ -387,12 +411,12 @@ void run(const launch_desc &d) {
                   d.grid.x, d.grid.y, d.grid.z, d.block.x, d.block.y, d.block.z);
         return;
     }
-    if (d.shmem > 48 * 1024 && (d.shmem > k_dynamic_shared_max ||
-                                (size_t)func_max_dynamic_shared(d.func) < d.shmem)) {
+    if (d.shmem > 48 * 1024 &&
+        (d.shmem > k_dynamic_shared_max || (size_t)func_max_dynamic_shared(d.func) < d.shmem)) {
         api_error(cudaErrorInvalidValue, false,
                   "kernel %s: %zu bytes of dynamic shared memory need cudaFuncSetAttribute("
-                  "cudaFuncAttributeMaxDynamicSharedMemorySize) and at most %zu", d.name, d.shmem,
-                  k_dynamic_shared_max);
+                  "cudaFuncAttributeMaxDynamicSharedMemorySize) and at most %zu",
+                  d.name, d.shmem, k_dynamic_shared_max);
         return;
     }
     g_block.d = &d;
@@ -404,7 +428,8 @@ void run(const launch_desc &d) {
     for (uint64_t i = 0; i < blocks && !g_block.failed; i++) {
         uint64_t b = block_order[i];
         run_block(uint3{(unsigned)(b % d.grid.x), (unsigned)(b / d.grid.x % d.grid.y),
-                        (unsigned)(b / ((uint64_t)d.grid.x * d.grid.y))}, order);
+                        (unsigned)(b / ((uint64_t)d.grid.x * d.grid.y))},
+                  order);
     }
     g_block.failed = false;
     g_block.d = nullptr;

@@ -49,8 +49,18 @@ struct thread_state {
 extern thread_state *current;
 
 enum warp_kind {
-    W_SYNC, W_SHFL_IDX, W_SHFL_UP, W_SHFL_DOWN, W_SHFL_XOR, W_BALLOT, W_ANY, W_ALL,
-    W_MATCH_ANY, W_REDUCE_ADD, W_REDUCE_MIN, W_REDUCE_MAX
+    W_SYNC,
+    W_SHFL_IDX,
+    W_SHFL_UP,
+    W_SHFL_DOWN,
+    W_SHFL_XOR,
+    W_BALLOT,
+    W_ANY,
+    W_ALL,
+    W_MATCH_ANY,
+    W_REDUCE_ADD,
+    W_REDUCE_MIN,
+    W_REDUCE_MAX
 };
 enum block_kind { B_SYNC, B_COUNT, B_AND, B_OR };
 
@@ -124,26 +134,28 @@ void launch(const char *name, void (*kernel)(P...), dim3 grid, dim3 block, size_
     using tuple = std::tuple<typename std::decay<P>::type...>;
     closure<void (*)(P...), tuple> c{kernel, tuple(std::forward<A>(args)...)};
     if (!check_args(name, c.args, std::index_sequence_for<P...>{})) return;
-    launch_desc d{name, reinterpret_cast<const void *>(kernel), grid, block, shmem, stream, &c,
-                  &thunk<decltype(c)>};
+    launch_desc d{name,  reinterpret_cast<const void *>(kernel),
+                  grid,  block,
+                  shmem, stream,
+                  &c,    &thunk<decltype(c)>};
     run(d);
 }
 
 } // namespace luna_emu
 
 /* ---- launch and shared memory (the nvcc definitions are in cuda_compat.h) ------------------- */
-#define LUNA_LAUNCH(kernel, grid, block, shmem, stream, ...)                                      \
+#define LUNA_LAUNCH(kernel, grid, block, shmem, stream, ...)                                       \
     ::luna_emu::launch(#kernel, kernel, grid, block, shmem, stream, ##__VA_ARGS__)
 
-#define LUNA_EMU_SHARED_ARRAY_(type, name, dims)                                                  \
-    typedef type luna_emu_shared_t_##name dims;                                                   \
-    static const char luna_emu_shared_key_##name = 0;                                             \
-    luna_emu_shared_t_##name &name = *static_cast<luna_emu_shared_t_##name *>(                   \
-        ::luna_emu::shared_static(&luna_emu_shared_key_##name, sizeof(luna_emu_shared_t_##name),  \
-                                  #name))
+#define LUNA_EMU_SHARED_ARRAY_(type, name, dims)                                                   \
+    typedef type luna_emu_shared_t_##name dims;                                                    \
+    static const char luna_emu_shared_key_##name = 0;                                              \
+    luna_emu_shared_t_##name &name =                                                               \
+        *static_cast<luna_emu_shared_t_##name *>(::luna_emu::shared_static(                        \
+            &luna_emu_shared_key_##name, sizeof(luna_emu_shared_t_##name), #name))
 #define LUNA_SHARED(type, name, count) LUNA_EMU_SHARED_ARRAY_(type, name, [count])
 #define LUNA_SHARED_2D(type, name, rows, cols) LUNA_EMU_SHARED_ARRAY_(type, name, [rows][cols])
-#define LUNA_DYNAMIC_SHARED(type, name)                                                           \
+#define LUNA_DYNAMIC_SHARED(type, name)                                                            \
     type *const name = static_cast<type *>(::luna_emu::shared_dynamic())
 
 /* A plain __shared__ would be one copy per fiber here: refuse it at compile time. */
@@ -165,52 +177,76 @@ inline void __syncthreads() { luna_emu::block_barrier(luna_emu::B_SYNC, 0); }
 inline int __syncthreads_count(int p) { return luna_emu::block_barrier(luna_emu::B_COUNT, p); }
 inline int __syncthreads_and(int p) { return luna_emu::block_barrier(luna_emu::B_AND, p); }
 inline int __syncthreads_or(int p) { return luna_emu::block_barrier(luna_emu::B_OR, p); }
-inline void __syncwarp(unsigned mask = 0xffffffffu) { luna_emu::warp_op(luna_emu::W_SYNC, mask, 0, 0, 32); }
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+    luna_emu::warp_op(luna_emu::W_SYNC, mask, 0, 0, 32);
+}
 inline unsigned __activemask() { return luna_emu::active_mask(); }
 inline void __threadfence() {}
 inline void __threadfence_block() {}
 
 template <class T> inline T __shfl_sync(unsigned mask, T v, int src, int width = 32) {
-    return luna_emu::from_bits<T>(luna_emu::warp_op(luna_emu::W_SHFL_IDX, mask, luna_emu::to_bits(v), src, width));
+    return luna_emu::from_bits<T>(
+        luna_emu::warp_op(luna_emu::W_SHFL_IDX, mask, luna_emu::to_bits(v), src, width));
 }
 template <class T> inline T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32) {
-    return luna_emu::from_bits<T>(luna_emu::warp_op(luna_emu::W_SHFL_UP, mask, luna_emu::to_bits(v), (int)delta, width));
+    return luna_emu::from_bits<T>(
+        luna_emu::warp_op(luna_emu::W_SHFL_UP, mask, luna_emu::to_bits(v), (int)delta, width));
 }
 template <class T> inline T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
-    return luna_emu::from_bits<T>(luna_emu::warp_op(luna_emu::W_SHFL_DOWN, mask, luna_emu::to_bits(v), (int)delta, width));
+    return luna_emu::from_bits<T>(
+        luna_emu::warp_op(luna_emu::W_SHFL_DOWN, mask, luna_emu::to_bits(v), (int)delta, width));
 }
 template <class T> inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
-    return luna_emu::from_bits<T>(luna_emu::warp_op(luna_emu::W_SHFL_XOR, mask, luna_emu::to_bits(v), lane_mask, width));
+    return luna_emu::from_bits<T>(
+        luna_emu::warp_op(luna_emu::W_SHFL_XOR, mask, luna_emu::to_bits(v), lane_mask, width));
 }
 inline unsigned __ballot_sync(unsigned mask, int pred) {
     return (unsigned)luna_emu::warp_op(luna_emu::W_BALLOT, mask, pred != 0, 0, 32);
 }
-inline int __any_sync(unsigned mask, int pred) { return (int)luna_emu::warp_op(luna_emu::W_ANY, mask, pred != 0, 0, 32); }
-inline int __all_sync(unsigned mask, int pred) { return (int)luna_emu::warp_op(luna_emu::W_ALL, mask, pred != 0, 0, 32); }
+inline int __any_sync(unsigned mask, int pred) {
+    return (int)luna_emu::warp_op(luna_emu::W_ANY, mask, pred != 0, 0, 32);
+}
+inline int __all_sync(unsigned mask, int pred) {
+    return (int)luna_emu::warp_op(luna_emu::W_ALL, mask, pred != 0, 0, 32);
+}
 template <class T> inline unsigned __match_any_sync(unsigned mask, T v) {
     return (unsigned)luna_emu::warp_op(luna_emu::W_MATCH_ANY, mask, luna_emu::to_bits(v), 0, 32);
 }
-#define LUNA_EMU_REDUCE_(fn, kind)                                                                \
-    inline unsigned fn(unsigned mask, unsigned v) { return (unsigned)luna_emu::warp_op(kind, mask, v, 0, 32); } \
-    inline int fn(unsigned mask, int v) { return (int)luna_emu::warp_op(kind, mask, (uint32_t)v, 1, 32); }
+#define LUNA_EMU_REDUCE_(fn, kind)                                                                 \
+    inline unsigned fn(unsigned mask, unsigned v) {                                                \
+        return (unsigned)luna_emu::warp_op(kind, mask, v, 0, 32);                                  \
+    }                                                                                              \
+    inline int fn(unsigned mask, int v) {                                                          \
+        return (int)luna_emu::warp_op(kind, mask, (uint32_t)v, 1, 32);                             \
+    }
 LUNA_EMU_REDUCE_(__reduce_add_sync, luna_emu::W_REDUCE_ADD)
 LUNA_EMU_REDUCE_(__reduce_min_sync, luna_emu::W_REDUCE_MIN)
 LUNA_EMU_REDUCE_(__reduce_max_sync, luna_emu::W_REDUCE_MAX)
 #undef LUNA_EMU_REDUCE_
 
 /* ---- atomics: fibers of a launch share one OS thread, so plain read-modify-write is atomic --- */
-#define LUNA_EMU_ATOMIC_(name, T, expr)                                                           \
-    inline T name(T *a, T v) { T o = *a; *a = (expr); return o; }
-#define LUNA_EMU_ATOMIC_INT_(T)                                                                   \
-    LUNA_EMU_ATOMIC_(atomicAdd, T, (T)((std::make_unsigned<T>::type)o + (std::make_unsigned<T>::type)v)) \
-    LUNA_EMU_ATOMIC_(atomicSub, T, (T)((std::make_unsigned<T>::type)o - (std::make_unsigned<T>::type)v)) \
-    LUNA_EMU_ATOMIC_(atomicExch, T, v)                                                            \
-    LUNA_EMU_ATOMIC_(atomicMin, T, v < o ? v : o)                                                 \
-    LUNA_EMU_ATOMIC_(atomicMax, T, v > o ? v : o)                                                 \
-    LUNA_EMU_ATOMIC_(atomicAnd, T, o & v)                                                         \
-    LUNA_EMU_ATOMIC_(atomicOr, T, o | v)                                                          \
-    LUNA_EMU_ATOMIC_(atomicXor, T, o ^ v)                                                         \
-    inline T atomicCAS(T *a, T cmp, T v) { T o = *a; if (o == cmp) *a = v; return o; }
+#define LUNA_EMU_ATOMIC_(name, T, expr)                                                            \
+    inline T name(T *a, T v) {                                                                     \
+        T o = *a;                                                                                  \
+        *a = (expr);                                                                               \
+        return o;                                                                                  \
+    }
+#define LUNA_EMU_ATOMIC_INT_(T)                                                                    \
+    LUNA_EMU_ATOMIC_(atomicAdd, T,                                                                 \
+                     (T)((std::make_unsigned<T>::type)o + (std::make_unsigned<T>::type)v))         \
+    LUNA_EMU_ATOMIC_(atomicSub, T,                                                                 \
+                     (T)((std::make_unsigned<T>::type)o - (std::make_unsigned<T>::type)v))         \
+    LUNA_EMU_ATOMIC_(atomicExch, T, v)                                                             \
+    LUNA_EMU_ATOMIC_(atomicMin, T, v < o ? v : o)                                                  \
+    LUNA_EMU_ATOMIC_(atomicMax, T, v > o ? v : o)                                                  \
+    LUNA_EMU_ATOMIC_(atomicAnd, T, o &v)                                                           \
+    LUNA_EMU_ATOMIC_(atomicOr, T, o | v)                                                           \
+    LUNA_EMU_ATOMIC_(atomicXor, T, o ^ v)                                                          \
+    inline T atomicCAS(T *a, T cmp, T v) {                                                         \
+        T o = *a;                                                                                  \
+        if (o == cmp) *a = v;                                                                      \
+        return o;                                                                                  \
+    }
 LUNA_EMU_ATOMIC_INT_(int)
 LUNA_EMU_ATOMIC_INT_(unsigned int)
 LUNA_EMU_ATOMIC_INT_(unsigned long long)
@@ -218,7 +254,8 @@ LUNA_EMU_ATOMIC_INT_(long long)
 LUNA_EMU_ATOMIC_(atomicAdd, float, o + v)
 LUNA_EMU_ATOMIC_(atomicAdd, double, o + v)
 LUNA_EMU_ATOMIC_(atomicExch, float, v)
-LUNA_EMU_ATOMIC_(atomicAdd, __nv_bfloat16, __float2bfloat16(__bfloat162float(o) + __bfloat162float(v)))
+LUNA_EMU_ATOMIC_(atomicAdd, __nv_bfloat16,
+                 __float2bfloat16(__bfloat162float(o) + __bfloat162float(v)))
 LUNA_EMU_ATOMIC_(atomicInc, unsigned int, o >= v ? 0u : o + 1u)
 LUNA_EMU_ATOMIC_(atomicDec, unsigned int, (o == 0u || o > v) ? v : o - 1u)
 #undef LUNA_EMU_ATOMIC_INT_
@@ -244,17 +281,27 @@ inline float __fmaf_rn(float x, float y, float z) { return std::fma(x, y, z); }
 inline double __dadd_rn(double x, double y) { return x + y; }
 inline double __dmul_rn(double x, double y) { return x * y; }
 inline double __fma_rn(double x, double y, double z) { return std::fma(x, y, z); }
-inline float __saturatef(float x) { return x >= 1.0f ? 1.0f : (x > 0.0f ? x : 0.0f); } /* NaN -> 0 */
+inline float __saturatef(float x) {
+    return x >= 1.0f ? 1.0f : (x > 0.0f ? x : 0.0f);
+} /* NaN -> 0 */
 inline float normcdff(float x) { return 0.5f * std::erfc(-x * 0.70710678118654752f); }
 inline int __float2int_rn(float x) { return (int)std::nearbyint(x); }
 inline int __float2int_rz(float x) { return (int)x; }
 inline float __int2float_rn(int x) { return (float)x; }
 inline int __float_as_int(float x) { return luna_emu::from_bits<int>(luna_emu::to_bits(x)); }
-inline unsigned __float_as_uint(float x) { return luna_emu::from_bits<unsigned>(luna_emu::to_bits(x)); }
+inline unsigned __float_as_uint(float x) {
+    return luna_emu::from_bits<unsigned>(luna_emu::to_bits(x));
+}
 inline float __int_as_float(int x) { return luna_emu::from_bits<float>(luna_emu::to_bits(x)); }
-inline float __uint_as_float(unsigned x) { return luna_emu::from_bits<float>(luna_emu::to_bits(x)); }
-inline long long __double_as_longlong(double x) { return luna_emu::from_bits<long long>(luna_emu::to_bits(x)); }
-inline double __longlong_as_double(long long x) { return luna_emu::from_bits<double>(luna_emu::to_bits(x)); }
+inline float __uint_as_float(unsigned x) {
+    return luna_emu::from_bits<float>(luna_emu::to_bits(x));
+}
+inline long long __double_as_longlong(double x) {
+    return luna_emu::from_bits<long long>(luna_emu::to_bits(x));
+}
+inline double __longlong_as_double(long long x) {
+    return luna_emu::from_bits<double>(luna_emu::to_bits(x));
+}
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
 inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz((unsigned)x); }
@@ -263,14 +310,17 @@ inline int __ffs(int x) { return __builtin_ffs(x); }
 inline int __ffsll(long long x) { return __builtin_ffsll(x); }
 inline unsigned __brev(unsigned x) {
     unsigned r = 0;
-    for (int i = 0; i < 32; i++) r |= ((x >> i) & 1u) << (31 - i);
+    for (int i = 0; i < 32; i++)
+        r |= ((x >> i) & 1u) << (31 - i);
     return r;
 }
-inline unsigned __umulhi(unsigned x, unsigned y) { return (unsigned)(((unsigned long long)x * y) >> 32); }
+inline unsigned __umulhi(unsigned x, unsigned y) {
+    return (unsigned)(((unsigned long long)x * y) >> 32);
+}
 template <class T> inline T __ldg(const T *p) { return *p; }
 /* CUDA's global min/max overloads (integers and floats). */
-#define LUNA_EMU_MINMAX_(T)                                                                       \
-    inline T min(T a, T b) { return b < a ? b : a; }                                              \
+#define LUNA_EMU_MINMAX_(T)                                                                        \
+    inline T min(T a, T b) { return b < a ? b : a; }                                               \
     inline T max(T a, T b) { return a < b ? b : a; }
 LUNA_EMU_MINMAX_(int)
 LUNA_EMU_MINMAX_(unsigned int)

@@ -33,7 +33,8 @@ __global__ void block_sum_dynamic_kernel(float *out, const float *x, int n) {
     if (t == 0) out[blockIdx.x] = s[0];
 }
 
-__global__ void warp_sum_kernel(float *out, unsigned *ballot, float *prefix, const float *x, int n) {
+__global__ void warp_sum_kernel(float *out, unsigned *ballot, float *prefix, const float *x,
+                                int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x, lane = threadIdx.x % 32;
     if (i >= n) return; // n is a multiple of 32: whole warps leave
     float v = x[i], p = v;
@@ -42,7 +43,8 @@ __global__ void warp_sum_kernel(float *out, unsigned *ballot, float *prefix, con
         float up = __shfl_up_sync(k_full, p, d);
         if (lane >= d) p += up;
     }
-    for (int m = 16; m > 0; m /= 2) v += __shfl_xor_sync(k_full, v, m);
+    for (int m = 16; m > 0; m /= 2)
+        v += __shfl_xor_sync(k_full, v, m);
     prefix[i] = p;
     if (lane == 0) out[i / 32] = v, ballot[i / 32] = b;
 }
@@ -107,21 +109,26 @@ __global__ void row_sum_kernel(float *out, const float *x, int d) {
     LUNA_SHARED(float, partial, 8);
     const int t = threadIdx.x;
     float v = 0.0f;
-    for (int i = t; i < d; i += blockDim.x) v += x[(size_t)blockIdx.x * d + i];
-    for (int m = 16; m > 0; m /= 2) v += __shfl_xor_sync(k_full, v, m);
+    for (int i = t; i < d; i += blockDim.x)
+        v += x[(size_t)blockIdx.x * d + i];
+    for (int m = 16; m > 0; m /= 2)
+        v += __shfl_xor_sync(k_full, v, m);
     if (t % 32 == 0) partial[t / 32] = v;
     __syncthreads();
     if (t == 0) {
         float s = 0.0f;
-        for (int w = 0; w < (int)blockDim.x / 32; w++) s += partial[w];
+        for (int w = 0; w < (int)blockDim.x / 32; w++)
+            s += partial[w];
         out[blockIdx.x] = s;
     }
 }
 
 // Lanes 0-15 wait at __syncwarp(full mask) while lanes 16-31 wait at __syncthreads: deadlock.
 __global__ void divergent_sync_kernel(float *out) {
-    if (threadIdx.x < 16) __syncwarp(k_full);
-    else __syncthreads();
+    if (threadIdx.x < 16)
+        __syncwarp(k_full);
+    else
+        __syncthreads();
     out[threadIdx.x] = 1.0f;
 }
 
@@ -137,8 +144,8 @@ cudaError_t selftest_block_sum(float *out, const float *x, int n, int missing_ba
 }
 
 cudaError_t selftest_block_sum_dynamic(float *out, const float *x, int n, int threads) {
-    LUNA_LAUNCH(block_sum_dynamic_kernel, blocks_for(n, threads), threads,
-                threads * sizeof(float), 0, out, x, n);
+    LUNA_LAUNCH(block_sum_dynamic_kernel, blocks_for(n, threads), threads, threads * sizeof(float),
+                0, out, x, n);
     return cudaGetLastError();
 }
 

@@ -38,7 +38,8 @@ static float *random_vector(size_t n, uint64_t seed) {
 static void expect_kernel_error(cudaError_t got, const char *what) {
     ck_assert_int_eq(got, cudaErrorLaunchFailure);
     ck_assert_int_eq(cudaDeviceSynchronize(), cudaErrorLaunchFailure);
-    ck_assert_msg(strstr(luna_emu_last_error(), what), "message '%s' lacks '%s'", luna_emu_last_error(), what);
+    ck_assert_msg(strstr(luna_emu_last_error(), what), "message '%s' lacks '%s'",
+                  luna_emu_last_error(), what);
     ck_assert_int_eq(cudaDeviceReset(), cudaSuccess);
 }
 
@@ -46,12 +47,14 @@ static void expect_kernel_error(cudaError_t got, const char *what) {
 static int block_sum_ok(int n, int missing_barrier) {
     float *x = random_vector((size_t)n, 11), *xd = dev_upload(x, (size_t)n);
     int blocks = (n + 255) / 256, ok = 1;
-    float *outd = dev_alloc((size_t)blocks * sizeof(float)), *out = malloc((size_t)blocks * sizeof(float));
+    float *outd = dev_alloc((size_t)blocks * sizeof(float)),
+          *out = malloc((size_t)blocks * sizeof(float));
     ck_assert_int_eq(selftest_block_sum(outd, xd, n, missing_barrier), cudaSuccess);
     download(out, outd, (size_t)blocks * sizeof(float));
     for (int b = 0; b < blocks; b++) {
         double ref = 0.0;
-        for (int i = b * 256; i < n && i < (b + 1) * 256; i++) ref += x[i];
+        for (int i = b * 256; i < n && i < (b + 1) * 256; i++)
+            ref += x[i];
         if (!(fabs(out[b] - ref) <= 1e-5 * 256)) ok = 0;
     }
     cudaFree(xd), cudaFree(outd), free(x), free(out);
@@ -75,7 +78,8 @@ START_TEST(test_block_sum_dynamic_shared) {
         download(out, outd, (size_t)blocks * sizeof(float));
         for (int b = 0; b < blocks; b++) {
             double ref = 0.0;
-            for (int i = b * threads; i < n && i < (b + 1) * threads; i++) ref += x[i];
+            for (int i = b * threads; i < n && i < (b + 1) * threads; i++)
+                ref += x[i];
             ck_assert_double_le(fabs(out[b] - ref), 1e-4);
         }
         cudaFree(xd), cudaFree(outd), free(x);
@@ -92,7 +96,8 @@ START_TEST(test_warp_ops) {
     unsigned *balld = dev_alloc(warps * sizeof(unsigned)), ball[10];
     float sum[10], pref[320];
     ck_assert_int_eq(selftest_warp_sum(sumd, balld, prefd, xd, n), cudaSuccess);
-    download(sum, sumd, sizeof sum), download(ball, balld, sizeof ball), download(pref, prefd, sizeof pref);
+    download(sum, sumd, sizeof sum), download(ball, balld, sizeof ball),
+        download(pref, prefd, sizeof pref);
     for (int w = 0; w < warps; w++) {
         double ref = 0.0, run = 0.0;
         unsigned bits = 0;
@@ -145,7 +150,8 @@ END_TEST
 START_TEST(test_divergent_barriers_deadlock) {
     luna_emu_set_error_mode(LUNA_EMU_RECORD);
     float *outd = dev_alloc(32 * sizeof(float));
-    expect_kernel_error(selftest_divergent_sync(outd), "lane 16 waits at __syncthreads instead (deadlock)");
+    expect_kernel_error(selftest_divergent_sync(outd),
+                        "lane 16 waits at __syncthreads instead (deadlock)");
 }
 END_TEST
 
@@ -173,10 +179,12 @@ START_TEST(test_bf16_round_trip) {
     float x[N], y[N], s[N];
     luna_test_rng rng;
     luna_test_rng_seed(&rng, 14);
-    const float special[] = {1.00390625f, 1.01171875f, -1.00390625f, 3.3895314e38f, 1e-40f,
-                             -0.0f, INFINITY, -INFINITY, NAN, 65504.0f, 1.0f / 3.0f};
+    const float special[] = {1.00390625f, 1.01171875f, -1.00390625f, 3.3895314e38f,
+                             1e-40f,      -0.0f,       INFINITY,     -INFINITY,
+                             NAN,         65504.0f,    1.0f / 3.0f};
     for (int i = 0; i < N; i++)
-        x[i] = i < 11 ? special[i] : luna_test_uniform(&rng, -4.0f, 4.0f) * powf(2.0f, (float)(i % 40 - 20));
+        x[i] = i < 11 ? special[i]
+                      : luna_test_uniform(&rng, -4.0f, 4.0f) * powf(2.0f, (float)(i % 40 - 20));
     float *xd = dev_upload(x, N), *yd = dev_alloc(sizeof y), *sd = dev_alloc(sizeof s);
     ck_assert_int_eq(selftest_bf16(yd, sd, xd, N), cudaSuccess);
     download(y, yd, sizeof y), download(s, sd, sizeof s);
@@ -199,15 +207,18 @@ END_TEST
 START_TEST(test_transpose_2d_shared_and_template_launch) {
     const int rows = 37, cols = 70;
     float *x = random_vector((size_t)rows * cols, 15), *xd = dev_upload(x, (size_t)rows * cols);
-    float *td = dev_alloc((size_t)rows * cols * sizeof(float)), *t = malloc((size_t)rows * cols * sizeof(float));
+    float *td = dev_alloc((size_t)rows * cols * sizeof(float)),
+          *t = malloc((size_t)rows * cols * sizeof(float));
     ck_assert_int_eq(selftest_transpose(td, xd, rows, cols), cudaSuccess);
     download(t, td, (size_t)rows * cols * sizeof(float));
     for (int r = 0; r < rows; r++)
-        for (int c = 0; c < cols; c++) ck_assert_float_eq(t[c * rows + r], x[r * cols + c]);
+        for (int c = 0; c < cols; c++)
+            ck_assert_float_eq(t[c * rows + r], x[r * cols + c]);
     for (int k = 2; k <= 3; k++) {
         ck_assert_int_eq(selftest_template_scale(td, xd, 100, k), cudaSuccess);
         download(t, td, 100 * sizeof(float));
-        for (int i = 0; i < 100; i++) ck_assert_float_eq(t[i], x[i] * (float)k);
+        for (int i = 0; i < 100; i++)
+            ck_assert_float_eq(t[i], x[i] * (float)k);
     }
     cudaFree(xd), cudaFree(td), free(x), free(t);
 }
@@ -221,7 +232,8 @@ START_TEST(test_row_sum_readme_example) {
     download(out, outd, sizeof out);
     for (int r = 0; r < rows; r++) {
         double ref = 0.0;
-        for (int j = 0; j < d; j++) ref += x[r * d + j];
+        for (int j = 0; j < d; j++)
+            ref += x[r * d + j];
         ck_assert_double_le(fabs(out[r] - ref), 1e-4);
     }
     cudaFree(xd), cudaFree(outd), free(x);
@@ -232,11 +244,16 @@ END_TEST
 START_TEST(test_runtime_argument_checks) {
     float host[64] = {0}, *d = dev_alloc(64 * sizeof(float)), *d2 = dev_alloc(16 * sizeof(float));
     ck_assert_int_eq(cudaMemcpy(d, host, sizeof host, cudaMemcpyHostToDevice), cudaSuccess);
-    ck_assert_int_eq(cudaMemcpy(d, d2, 16, cudaMemcpyHostToDevice), cudaErrorInvalidValue);     /* src is device */
-    ck_assert_int_eq(cudaMemcpy(host, d, sizeof host, cudaMemcpyHostToDevice), cudaErrorInvalidValue);
-    ck_assert_int_eq(cudaMemcpy(host, d2, 17 * sizeof(float), cudaMemcpyDeviceToHost), cudaErrorInvalidValue);
-    ck_assert_int_eq(cudaMemcpy(d2, d + 1, 16 * sizeof(float), cudaMemcpyDeviceToDevice), cudaSuccess);
-    ck_assert_int_eq(cudaMemcpy(d, d + 1, 16, cudaMemcpyDeviceToDevice), cudaErrorInvalidValue); /* overlap */
+    ck_assert_int_eq(cudaMemcpy(d, d2, 16, cudaMemcpyHostToDevice),
+                     cudaErrorInvalidValue); /* src is device */
+    ck_assert_int_eq(cudaMemcpy(host, d, sizeof host, cudaMemcpyHostToDevice),
+                     cudaErrorInvalidValue);
+    ck_assert_int_eq(cudaMemcpy(host, d2, 17 * sizeof(float), cudaMemcpyDeviceToHost),
+                     cudaErrorInvalidValue);
+    ck_assert_int_eq(cudaMemcpy(d2, d + 1, 16 * sizeof(float), cudaMemcpyDeviceToDevice),
+                     cudaSuccess);
+    ck_assert_int_eq(cudaMemcpy(d, d + 1, 16, cudaMemcpyDeviceToDevice),
+                     cudaErrorInvalidValue); /* overlap */
     ck_assert_int_eq(cudaMemset(d2, 0, 16 * sizeof(float) + 1), cudaErrorInvalidValue);
     ck_assert_int_eq(cudaGetLastError(), cudaErrorInvalidValue); /* non-sticky: cleared */
     ck_assert_int_eq(cudaGetLastError(), cudaSuccess);
@@ -256,7 +273,8 @@ START_TEST(test_runtime_argument_checks) {
     ck_assert_int_eq(cudaFree(d2), cudaSuccess);
     ck_assert_uint_eq(luna_emu_device_bytes(), 0);
     /* an invalid configuration is a non-sticky launch error */
-    ck_assert_int_eq(selftest_block_sum_dynamic(NULL, NULL, 1, 2048), cudaErrorInvalidConfiguration);
+    ck_assert_int_eq(selftest_block_sum_dynamic(NULL, NULL, 1, 2048),
+                     cudaErrorInvalidConfiguration);
     ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
     int count = 0;
     ck_assert_int_eq(cudaGetDeviceCount(&count), cudaSuccess);
@@ -273,7 +291,8 @@ START_TEST(test_launch_rate) {
     double seconds = 0.0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     do {
-        for (int i = 0; i < 100; i++) ck_assert_int_eq(selftest_barrier_block(outd), cudaSuccess);
+        for (int i = 0; i < 100; i++)
+            ck_assert_int_eq(selftest_barrier_block(outd), cudaSuccess);
         launches += 100;
         clock_gettime(CLOCK_MONOTONIC, &t1);
         seconds = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);

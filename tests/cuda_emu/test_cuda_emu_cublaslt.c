@@ -29,7 +29,7 @@ typedef struct {
     cublasLtEpilogue_t epilogue;
     cudaDataType_t in, out; /* A/B type, C/D (and bias) type */
     float alpha, beta;
-    int pad;                /* ld = rows + pad */
+    int pad; /* ld = rows + pad */
 } gemm_case;
 
 /* Host matrix of `rows`×`cols` (column-major, ld, batch·stride) as `type`, with its float
@@ -55,47 +55,72 @@ static void *make_matrix(luna_test_rng *rng, cudaDataType_t type, size_t elems, 
     return d;
 }
 
-static cublasLtMatrixLayout_t layout(cudaDataType_t type, int rows, int cols, int64_t ld, int batch, int64_t stride) {
+static cublasLtMatrixLayout_t layout(cudaDataType_t type, int rows, int cols, int64_t ld, int batch,
+                                     int64_t stride) {
     cublasLtMatrixLayout_t l;
-    ck_assert_int_eq(cublasLtMatrixLayoutCreate(&l, type, (uint64_t)rows, (uint64_t)cols, ld), CUBLAS_STATUS_SUCCESS);
-    ck_assert_int_eq(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof batch), CUBLAS_STATUS_SUCCESS);
-    ck_assert_int_eq(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride), CUBLAS_STATUS_SUCCESS);
+    ck_assert_int_eq(cublasLtMatrixLayoutCreate(&l, type, (uint64_t)rows, (uint64_t)cols, ld),
+                     CUBLAS_STATUS_SUCCESS);
+    ck_assert_int_eq(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch,
+                                                      sizeof batch),
+                     CUBLAS_STATUS_SUCCESS);
+    ck_assert_int_eq(cublasLtMatrixLayoutSetAttribute(
+                         l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride),
+                     CUBLAS_STATUS_SUCCESS);
     return l;
 }
 
 /* Runs one case through the heuristic and cublasLtMatmul; returns the max error relative to
  * max|reference| (after checking it against the tolerance of the output type). */
 static void run_case(cublasLtHandle_t h, const gemm_case *c, luna_test_rng *rng) {
-    const int ar = c->ta ? c->k : c->m, ac = c->ta ? c->m : c->k, br = c->tb ? c->n : c->k, bc = c->tb ? c->k : c->n;
+    const int ar = c->ta ? c->k : c->m, ac = c->ta ? c->m : c->k, br = c->tb ? c->n : c->k,
+              bc = c->tb ? c->k : c->n;
     const int64_t lda = ar + c->pad, ldb = br + c->pad, ldc = c->m + c->pad;
     const int64_t sa = lda * ac + 3, sb = ldb * bc + 1, sc = ldc * c->n + 2; /* odd batch strides */
-    const size_t na = (size_t)(sa * c->batch), nb = (size_t)(sb * c->batch), nc = (size_t)(sc * c->batch);
-    float *va = malloc(na * 4), *vb = malloc(nb * 4), *vc = malloc(nc * 4), vbias[64], *got = malloc(nc * 4);
+    const size_t na = (size_t)(sa * c->batch), nb = (size_t)(sb * c->batch),
+                 nc = (size_t)(sc * c->batch);
+    float *va = malloc(na * 4), *vb = malloc(nb * 4), *vc = malloc(nc * 4), vbias[64],
+          *got = malloc(nc * 4);
     void *A = make_matrix(rng, c->in, na, va), *B = make_matrix(rng, c->in, nb, vb);
-    void *C = make_matrix(rng, c->out, nc, vc), *bias = make_matrix(rng, c->out, (size_t)c->m, vbias);
+    void *C = make_matrix(rng, c->out, nc, vc),
+         *bias = make_matrix(rng, c->out, (size_t)c->m, vbias);
     cublasLtMatmulDesc_t desc;
-    ck_assert_int_eq(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), CUBLAS_STATUS_SUCCESS);
-    cublasOperation_t ta = c->ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb = c->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-    ck_assert_int_eq(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), CUBLAS_STATUS_SUCCESS);
-    ck_assert_int_eq(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), CUBLAS_STATUS_SUCCESS);
-    ck_assert_int_eq(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &c->epilogue, sizeof c->epilogue), CUBLAS_STATUS_SUCCESS);
+    ck_assert_int_eq(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+                     CUBLAS_STATUS_SUCCESS);
+    cublasOperation_t ta = c->ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                      tb = c->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    ck_assert_int_eq(
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta),
+        CUBLAS_STATUS_SUCCESS);
+    ck_assert_int_eq(
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb),
+        CUBLAS_STATUS_SUCCESS);
+    ck_assert_int_eq(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                    &c->epilogue, sizeof c->epilogue),
+                     CUBLAS_STATUS_SUCCESS);
     if (c->epilogue & CUBLASLT_EPILOGUE_BIAS)
-        ck_assert_int_eq(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias), CUBLAS_STATUS_SUCCESS);
-    cublasLtMatrixLayout_t la = layout(c->in, ar, ac, lda, c->batch, sa), lb = layout(c->in, br, bc, ldb, c->batch, sb);
+        ck_assert_int_eq(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                        &bias, sizeof bias),
+                         CUBLAS_STATUS_SUCCESS);
+    cublasLtMatrixLayout_t la = layout(c->in, ar, ac, lda, c->batch, sa),
+                           lb = layout(c->in, br, bc, ldb, c->batch, sb);
     cublasLtMatrixLayout_t lc = layout(c->out, c->m, c->n, ldc, c->batch, sc);
     cublasLtMatmulPreference_t pref;
     uint64_t ws_max = 1 << 22;
     ck_assert_int_eq(cublasLtMatmulPreferenceCreate(&pref), CUBLAS_STATUS_SUCCESS);
-    ck_assert_int_eq(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_max, sizeof ws_max), CUBLAS_STATUS_SUCCESS);
+    ck_assert_int_eq(cublasLtMatmulPreferenceSetAttribute(
+                         pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_max, sizeof ws_max),
+                     CUBLAS_STATUS_SUCCESS);
     cublasLtMatmulHeuristicResult_t res;
     int found = 0;
-    ck_assert_int_eq(cublasLtMatmulAlgoGetHeuristic(h, desc, la, lb, lc, lc, pref, 1, &res, &found), CUBLAS_STATUS_SUCCESS);
+    ck_assert_int_eq(cublasLtMatmulAlgoGetHeuristic(h, desc, la, lb, lc, lc, pref, 1, &res, &found),
+                     CUBLAS_STATUS_SUCCESS);
     ck_assert_int_eq(found, 1);
     void *ws = NULL;
     ck_assert_int_eq(cudaMalloc(&ws, res.workspaceSize), cudaSuccess);
     /* D = C (in place), as a GEMM with beta accumulates. */
-    ck_assert_int_eq(cublasLtMatmul(h, desc, &c->alpha, A, la, B, lb, &c->beta, C, lc, C, lc, &res.algo, ws,
-                                    res.workspaceSize, 0), CUBLAS_STATUS_SUCCESS);
+    ck_assert_int_eq(cublasLtMatmul(h, desc, &c->alpha, A, la, B, lb, &c->beta, C, lc, C, lc,
+                                    &res.algo, ws, res.workspaceSize, 0),
+                     CUBLAS_STATUS_SUCCESS);
     size_t es = c->out == CUDA_R_16BF ? 2 : 4;
     unsigned char *raw = malloc(nc * es);
     ck_assert_int_eq(cudaMemcpy(raw, C, nc * es, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -131,10 +156,13 @@ static void run_case(cublasLtHandle_t h, const gemm_case *c, luna_test_rng *rng)
             for (int i = c->m; i < ldc && b * sc + i + j * ldc < (int64_t)nc; i++)
                 ck_assert_float_eq(got[b * sc + i + j * ldc], vc[b * sc + i + j * ldc]);
     double tol = c->out == CUDA_R_16BF ? 1.0 / 256 : 1e-6;
-    ck_assert_msg(max_err <= tol * max_ref, "m %d n %d k %d ta %d tb %d batch %d epi %d in %d out %d: error %g of %g",
-                  c->m, c->n, c->k, c->ta, c->tb, c->batch, (int)c->epilogue, (int)c->in, (int)c->out, max_err, max_ref);
+    ck_assert_msg(max_err <= tol * max_ref,
+                  "m %d n %d k %d ta %d tb %d batch %d epi %d in %d out %d: error %g of %g", c->m,
+                  c->n, c->k, c->ta, c->tb, c->batch, (int)c->epilogue, (int)c->in, (int)c->out,
+                  max_err, max_ref);
     cublasLtMatmulPreferenceDestroy(pref);
-    cublasLtMatrixLayoutDestroy(la), cublasLtMatrixLayoutDestroy(lb), cublasLtMatrixLayoutDestroy(lc);
+    cublasLtMatrixLayoutDestroy(la), cublasLtMatrixLayoutDestroy(lb),
+        cublasLtMatrixLayoutDestroy(lc);
     cublasLtMatmulDescDestroy(desc);
     cudaFree(A), cudaFree(B), cudaFree(C), cudaFree(bias), cudaFree(ws);
     free(va), free(vb), free(vc), free(got), free(raw);
@@ -142,9 +170,11 @@ static void run_case(cublasLtHandle_t h, const gemm_case *c, luna_test_rng *rng)
 
 START_TEST(test_gemm_against_reference) {
     static const int shapes[][3] = {{1, 1, 1}, {7, 5, 3}, {33, 17, 65}, {64, 1, 9}, {3, 40, 2}};
-    static const cublasLtEpilogue_t epilogues[] = {CUBLASLT_EPILOGUE_DEFAULT, CUBLASLT_EPILOGUE_BIAS,
-                                                   CUBLASLT_EPILOGUE_RELU, CUBLASLT_EPILOGUE_RELU_BIAS};
-    static const cudaDataType_t types[][2] = {{CUDA_R_32F, CUDA_R_32F}, {CUDA_R_16BF, CUDA_R_16BF}, {CUDA_R_16BF, CUDA_R_32F}};
+    static const cublasLtEpilogue_t epilogues[] = {CUBLASLT_EPILOGUE_DEFAULT,
+                                                   CUBLASLT_EPILOGUE_BIAS, CUBLASLT_EPILOGUE_RELU,
+                                                   CUBLASLT_EPILOGUE_RELU_BIAS};
+    static const cudaDataType_t types[][2] = {
+        {CUDA_R_32F, CUDA_R_32F}, {CUDA_R_16BF, CUDA_R_16BF}, {CUDA_R_16BF, CUDA_R_32F}};
     cublasLtHandle_t h;
     ck_assert_int_eq(cublasLtCreate(&h), CUBLAS_STATUS_SUCCESS);
     luna_test_rng rng;
@@ -154,8 +184,18 @@ START_TEST(test_gemm_against_reference) {
         for (int t = 0; t < 4; t++)
             for (int e = 0; e < 4; e++)
                 for (int ty = 0; ty < 3; ty++) {
-                    gemm_case c = {shapes[s][0], shapes[s][1], shapes[s][2], t & 1, t >> 1, 1 + (s + t + e) % 3,
-                                   epilogues[e], types[ty][0], types[ty][1], 0.75f, (e + ty) % 2 ? 0.5f : 0.0f, (s + ty) % 3};
+                    gemm_case c = {shapes[s][0],
+                                   shapes[s][1],
+                                   shapes[s][2],
+                                   t & 1,
+                                   t >> 1,
+                                   1 + (s + t + e) % 3,
+                                   epilogues[e],
+                                   types[ty][0],
+                                   types[ty][1],
+                                   0.75f,
+                                   (e + ty) % 2 ? 0.5f : 0.0f,
+                                   (s + ty) % 3};
                     run_case(h, &c, &rng);
                     cases++;
                 }
@@ -169,75 +209,101 @@ START_TEST(test_argument_checks) {
     cublasLtHandle_t h;
     ck_assert_int_eq(cublasLtCreate(&h), CUBLAS_STATUS_SUCCESS);
     cublasLtMatmulDesc_t desc;
-    ck_assert_int_eq(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), CUBLAS_STATUS_SUCCESS);
+    ck_assert_int_eq(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+                     CUBLAS_STATUS_SUCCESS);
     float *buf = NULL, alpha = 1.0f, beta = 0.0f;
     ck_assert_int_eq(cudaMalloc((void **)&buf, 4096 * sizeof(float)), cudaSuccess);
     ck_assert_int_eq(cudaMemset(buf, 0, 4096 * sizeof(float)), cudaSuccess);
-    cublasLtMatrixLayout_t a = layout(CUDA_R_32F, 8, 4, 8, 1, 0), b = layout(CUDA_R_32F, 4, 6, 4, 1, 0);
+    cublasLtMatrixLayout_t a = layout(CUDA_R_32F, 8, 4, 8, 1, 0),
+                           b = layout(CUDA_R_32F, 4, 6, 4, 1, 0);
     cublasLtMatrixLayout_t d = layout(CUDA_R_32F, 8, 6, 8, 1, 0);
-    ck_assert_int_eq(cublasLtMatmul(h, desc, &alpha, buf, a, buf + 64, b, &beta, buf + 128, d, buf + 128, d, NULL, NULL, 0, 0),
+    ck_assert_int_eq(cublasLtMatmul(h, desc, &alpha, buf, a, buf + 64, b, &beta, buf + 128, d,
+                                    buf + 128, d, NULL, NULL, 0, 0),
                      CUBLAS_STATUS_SUCCESS);
     /* a leading dimension below the rows */
     cublasLtMatrixLayout_t bad_ld = layout(CUDA_R_32F, 8, 4, 7, 1, 0);
-    ck_assert_int_eq(cublasLtMatmul(h, desc, &alpha, buf, bad_ld, buf + 64, b, &beta, buf + 128, d, buf + 128, d, NULL, NULL, 0, 0),
+    ck_assert_int_eq(cublasLtMatmul(h, desc, &alpha, buf, bad_ld, buf + 64, b, &beta, buf + 128, d,
+                                    buf + 128, d, NULL, NULL, 0, 0),
                      CUBLAS_STATUS_INVALID_VALUE);
     ck_assert(strstr(luna_emu_last_error(), "ld must be >= rows"));
     /* inner dimensions that differ (A 8×4, B 5×6) */
     cublasLtMatrixLayout_t b5 = layout(CUDA_R_32F, 5, 6, 5, 1, 0);
-    ck_assert_int_eq(cublasLtMatmul(h, desc, &alpha, buf, a, buf + 64, b5, &beta, buf + 128, d, buf + 128, d, NULL, NULL, 0, 0),
+    ck_assert_int_eq(cublasLtMatmul(h, desc, &alpha, buf, a, buf + 64, b5, &beta, buf + 128, d,
+                                    buf + 128, d, NULL, NULL, 0, 0),
                      CUBLAS_STATUS_INVALID_VALUE);
     /* a matrix running past the end of its allocation */
-    ck_assert_int_eq(cublasLtMatmul(h, desc, &alpha, buf + 4096 - 16, a, buf + 64, b, &beta, buf + 128, d, buf + 128, d, NULL, NULL, 0, 0),
+    ck_assert_int_eq(cublasLtMatmul(h, desc, &alpha, buf + 4096 - 16, a, buf + 64, b, &beta,
+                                    buf + 128, d, buf + 128, d, NULL, NULL, 0, 0),
                      CUBLAS_STATUS_INVALID_VALUE);
     /* attribute of the wrong size (BIAS_BATCH_STRIDE is int64_t) */
     int32_t small = 5;
-    ck_assert_int_eq(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, &small, sizeof small),
+    ck_assert_int_eq(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE,
+                                                    &small, sizeof small),
                      CUBLAS_STATUS_INVALID_VALUE);
     /* the heuristic's algorithm assumes 16-byte aligned matrices (preference default 256) and
      * its workspace; a 4-byte aligned A, or no workspace, is refused */
     cublasLtMatmulPreference_t pref;
     uint64_t ws_max = 1 << 20;
     ck_assert_int_eq(cublasLtMatmulPreferenceCreate(&pref), CUBLAS_STATUS_SUCCESS);
-    ck_assert_int_eq(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_max, sizeof ws_max),
+    ck_assert_int_eq(cublasLtMatmulPreferenceSetAttribute(
+                         pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_max, sizeof ws_max),
                      CUBLAS_STATUS_SUCCESS);
     cublasLtMatmulHeuristicResult_t res;
     int found = 0;
-    ck_assert_int_eq(cublasLtMatmulAlgoGetHeuristic(h, desc, a, b, d, d, pref, 1, &res, &found), CUBLAS_STATUS_SUCCESS);
+    ck_assert_int_eq(cublasLtMatmulAlgoGetHeuristic(h, desc, a, b, d, d, pref, 1, &res, &found),
+                     CUBLAS_STATUS_SUCCESS);
     void *ws = NULL;
     ck_assert_int_eq(cudaMalloc(&ws, res.workspaceSize), cudaSuccess);
-    ck_assert_int_eq(cublasLtMatmul(h, desc, &alpha, buf + 1, a, buf + 64, b, &beta, buf + 128, d, buf + 128, d, &res.algo, ws,
-                                    res.workspaceSize, 0), CUBLAS_STATUS_INVALID_VALUE);
+    ck_assert_int_eq(cublasLtMatmul(h, desc, &alpha, buf + 1, a, buf + 64, b, &beta, buf + 128, d,
+                                    buf + 128, d, &res.algo, ws, res.workspaceSize, 0),
+                     CUBLAS_STATUS_INVALID_VALUE);
     ck_assert(strstr(luna_emu_last_error(), "16-byte aligned"));
-    ck_assert_int_eq(cublasLtMatmul(h, desc, &alpha, buf, a, buf + 64, b, &beta, buf + 128, d, buf + 128, d, &res.algo, ws,
-                                    res.workspaceSize, 0), CUBLAS_STATUS_SUCCESS);
-    ck_assert_int_eq(cublasLtMatmul(h, desc, &alpha, buf, a, buf + 64, b, &beta, buf + 128, d, buf + 128, d, &res.algo, NULL, 0, 0),
+    ck_assert_int_eq(cublasLtMatmul(h, desc, &alpha, buf, a, buf + 64, b, &beta, buf + 128, d,
+                                    buf + 128, d, &res.algo, ws, res.workspaceSize, 0),
+                     CUBLAS_STATUS_SUCCESS);
+    ck_assert_int_eq(cublasLtMatmul(h, desc, &alpha, buf, a, buf + 64, b, &beta, buf + 128, d,
+                                    buf + 128, d, &res.algo, NULL, 0, 0),
                      CUBLAS_STATUS_INVALID_VALUE);
     /* with a 4-byte minimum alignment in the preference, the same call is fine */
     uint32_t four = 4;
-    ck_assert_int_eq(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &four, sizeof four),
+    ck_assert_int_eq(cublasLtMatmulPreferenceSetAttribute(
+                         pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &four, sizeof four),
                      CUBLAS_STATUS_SUCCESS);
-    ck_assert_int_eq(cublasLtMatmulAlgoGetHeuristic(h, desc, a, b, d, d, pref, 1, &res, &found), CUBLAS_STATUS_SUCCESS);
-    ck_assert_int_eq(cublasLtMatmul(h, desc, &alpha, buf + 1, a, buf + 64, b, &beta, buf + 128, d, buf + 128, d, &res.algo, ws,
-                                    res.workspaceSize, 0), CUBLAS_STATUS_SUCCESS);
+    ck_assert_int_eq(cublasLtMatmulAlgoGetHeuristic(h, desc, a, b, d, d, pref, 1, &res, &found),
+                     CUBLAS_STATUS_SUCCESS);
+    ck_assert_int_eq(cublasLtMatmul(h, desc, &alpha, buf + 1, a, buf + 64, b, &beta, buf + 128, d,
+                                    buf + 128, d, &res.algo, ws, res.workspaceSize, 0),
+                     CUBLAS_STATUS_SUCCESS);
     /* a BIAS epilogue without a bias pointer; an epilogue that is not emulated */
     cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-    ck_assert_int_eq(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi), CUBLAS_STATUS_SUCCESS);
-    ck_assert_int_eq(cublasLtMatmul(h, desc, &alpha, buf, a, buf + 64, b, &beta, buf + 128, d, buf + 128, d, NULL, NULL, 0, 0),
+    ck_assert_int_eq(
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi),
+        CUBLAS_STATUS_SUCCESS);
+    ck_assert_int_eq(cublasLtMatmul(h, desc, &alpha, buf, a, buf + 64, b, &beta, buf + 128, d,
+                                    buf + 128, d, NULL, NULL, 0, 0),
                      CUBLAS_STATUS_INVALID_VALUE);
     epi = CUBLASLT_EPILOGUE_GELU;
-    ck_assert_int_eq(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi), CUBLAS_STATUS_SUCCESS);
-    ck_assert_int_eq(cublasLtMatmul(h, desc, &alpha, buf, a, buf + 64, b, &beta, buf + 128, d, buf + 128, d, NULL, NULL, 0, 0),
+    ck_assert_int_eq(
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi),
+        CUBLAS_STATUS_SUCCESS);
+    ck_assert_int_eq(cublasLtMatmul(h, desc, &alpha, buf, a, buf + 64, b, &beta, buf + 128, d,
+                                    buf + 128, d, NULL, NULL, 0, 0),
                      CUBLAS_STATUS_NOT_SUPPORTED);
     /* D's batches overlapping (stride below ld·cols) */
-    cublasLtMatrixLayout_t a2 = layout(CUDA_R_32F, 8, 4, 8, 2, 32), b2 = layout(CUDA_R_32F, 4, 6, 4, 2, 24);
+    cublasLtMatrixLayout_t a2 = layout(CUDA_R_32F, 8, 4, 8, 2, 32),
+                           b2 = layout(CUDA_R_32F, 4, 6, 4, 2, 24);
     cublasLtMatrixLayout_t d2 = layout(CUDA_R_32F, 8, 6, 8, 2, 40);
     epi = CUBLASLT_EPILOGUE_DEFAULT;
-    ck_assert_int_eq(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi), CUBLAS_STATUS_SUCCESS);
-    ck_assert_int_eq(cublasLtMatmul(h, desc, &alpha, buf, a2, buf + 64, b2, &beta, buf + 128, d2, buf + 128, d2, NULL, NULL, 0, 0),
+    ck_assert_int_eq(
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi),
+        CUBLAS_STATUS_SUCCESS);
+    ck_assert_int_eq(cublasLtMatmul(h, desc, &alpha, buf, a2, buf + 64, b2, &beta, buf + 128, d2,
+                                    buf + 128, d2, NULL, NULL, 0, 0),
                      CUBLAS_STATUS_INVALID_VALUE);
     ck_assert(strstr(luna_emu_last_error(), "overlap"));
     cublasLtMatrixLayout_t layouts[] = {a, b, d, bad_ld, b5, a2, b2, d2};
-    for (int i = 0; i < 8; i++) cublasLtMatrixLayoutDestroy(layouts[i]);
+    for (int i = 0; i < 8; i++)
+        cublasLtMatrixLayoutDestroy(layouts[i]);
     cublasLtMatmulPreferenceDestroy(pref);
     cublasLtMatmulDescDestroy(desc);
     cublasLtDestroy(h);
@@ -257,10 +323,13 @@ START_TEST(test_fast_tf32_rounds_inputs) {
     const cublasComputeType_t compute[2] = {CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F_FAST_TF32};
     for (int i = 0; i < 2; i++) {
         cublasLtMatmulDesc_t desc;
-        ck_assert_int_eq(cublasLtMatmulDescCreate(&desc, compute[i], CUDA_R_32F), CUBLAS_STATUS_SUCCESS);
-        ck_assert_int_eq(cublasLtMatmul(h, desc, &alpha, buf, one, buf + 1, one, &beta, buf + 2, one, buf + 2, one, NULL, NULL, 0, 0),
+        ck_assert_int_eq(cublasLtMatmulDescCreate(&desc, compute[i], CUDA_R_32F),
                          CUBLAS_STATUS_SUCCESS);
-        ck_assert_int_eq(cudaMemcpy(&out[i], buf + 2, sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+        ck_assert_int_eq(cublasLtMatmul(h, desc, &alpha, buf, one, buf + 1, one, &beta, buf + 2,
+                                        one, buf + 2, one, NULL, NULL, 0, 0),
+                         CUBLAS_STATUS_SUCCESS);
+        ck_assert_int_eq(cudaMemcpy(&out[i], buf + 2, sizeof(float), cudaMemcpyDeviceToHost),
+                         cudaSuccess);
         cublasLtMatmulDescDestroy(desc);
     }
     ck_assert_float_eq(out[0], 1.0f + 1.0f / 4096);

@@ -21,12 +21,12 @@
 #include <cuda_runtime.h>
 
 #define LUNA_CUDA_EMU 0
-#define LUNA_LAUNCH(kernel, grid, block, shmem, stream, ...)                                      \
+#define LUNA_LAUNCH(kernel, grid, block, shmem, stream, ...)                                       \
     kernel<<<grid, block, shmem, stream>>>(__VA_ARGS__)
 #define LUNA_SHARED(type, name, count) __shared__ type name[count]
 #define LUNA_SHARED_2D(type, name, rows, cols) __shared__ type name[rows][cols]
-#define LUNA_DYNAMIC_SHARED(type, name)                                                           \
-    extern __shared__ __align__(16) unsigned char luna_dynamic_shared_[];                         \
+#define LUNA_DYNAMIC_SHARED(type, name)                                                            \
+    extern __shared__ __align__(16) unsigned char luna_dynamic_shared_[];                          \
     type *const name = reinterpret_cast<type *>(luna_dynamic_shared_)
 
 #else
