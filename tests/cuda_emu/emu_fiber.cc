@@ -3,6 +3,7 @@
 // swapcontext makes a sigprocmask system call per switch and is only the fallback on other
 // architectures. Stacks come from a pool (one per thread slot of a block, reused by every block
 // and launch), each mmap-ed with a guard page below it, so a stack overflow faults at once.
+// -DLUNA_EMU_UCONTEXT forces the swapcontext path (for comparison).
 // Under AddressSanitizer every switch is announced (__sanitizer_{start,finish}_switch_fiber).
 #include <sys/mman.h>
 #include <unistd.h>
@@ -21,14 +22,17 @@
 #define LUNA_EMU_ASAN 0
 #endif
 
-#if !defined(__x86_64__)
+#if defined(__x86_64__) && !defined(LUNA_EMU_UCONTEXT)
+#define LUNA_EMU_ASM_SWITCH 1
+#else
+#define LUNA_EMU_ASM_SWITCH 0
 #include <ucontext.h>
 #endif
 
 namespace luna_emu {
 namespace {
 
-#if defined(__x86_64__)
+#if LUNA_EMU_ASM_SWITCH
 // luna_emu_swap(save, to): pushes the callee-saved state, stores rsp in *save, loads `to` and
 // pops the state saved there. luna_emu_start is where a new fiber "returns" to: r12 = argument,
 // r13 = entry (set by fiber_make), with rsp 16-byte aligned before the call as the ABI wants.
@@ -123,7 +127,7 @@ void fiber_make(fiber *f, int slot, void (*entry)(void *), void *arg) {
     // Frames of fibers abandoned earlier on this stack may have left poisoned redzones.
     __asan_unpoison_memory_region(s.lo, s.size);
 #endif
-#if defined(__x86_64__)
+#if LUNA_EMU_ASM_SWITCH
     // From the new stack pointer up: x87 cw / MXCSR (16 bytes), r15 r14 r13 r12 rbx rbp, return
     // address luna_emu_start at top - 8; after its `ret` rsp = top is 16-aligned, so the callee
     // of luna_emu_start's call begins with rsp = 8 (mod 16), as the ABI wants.
@@ -159,7 +163,7 @@ void fiber_switch_to(fiber *f) {
     void *fake = nullptr;
     __sanitizer_start_switch_fiber(&fake, f->stack, f->stack_size);
 #endif
-#if defined(__x86_64__)
+#if LUNA_EMU_ASM_SWITCH
     luna_emu_swap(&g_sched_sp, f->sp);
 #else
     swapcontext(&g_sched_uctx, (ucontext_t *)f->uctx);
@@ -175,7 +179,7 @@ void fiber_yield(fiber *f, bool finished) {
                                    g_sched_stack_size);
 #endif
     (void)finished;
-#if defined(__x86_64__)
+#if LUNA_EMU_ASM_SWITCH
     luna_emu_swap(&f->sp, g_sched_sp);
 #else
     swapcontext((ucontext_t *)f->uctx, &g_sched_uctx);
