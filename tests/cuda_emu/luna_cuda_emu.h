@@ -164,6 +164,10 @@ void launch(const char *name, void (*kernel)(P...), dim3 grid, dim3 block, size_
 #ifndef __launch_bounds__
 #define __launch_bounds__(...)
 #endif
+/* Empty rather than __attribute__((noinline)): libstdc++ writes __attribute__((__noinline__)). */
+#ifndef __noinline__
+#define __noinline__
+#endif
 
 /* ---- built-in variables ---------------------------------------------------------------------- */
 #define threadIdx (static_cast<const uint3 &>(::luna_emu::current->tid))
