@@ -9,7 +9,8 @@
 #   luna_cuda_emu_sources(TARGET a.cu ...)  compile .cu files of TARGET with g++ against the
 #                                        harness (each through a generated one-line .cc that
 #                                        includes it) and link luna_cuda_emu
-# Tests: label "cuda-emu" (and "cpu", so tools/test.sh runs them); ctest -L cuda-emu.
+# Tests: label "cuda-emu" (and "cpu", so tools/test.sh runs them); ctest -L cuda-emu. Under
+# -DLUNA_CUDA_EMU=ON the op suites also run on the CUDA backend in every thread order.
 if(NOT CUDAToolkit_FOUND)
   find_package(CUDAToolkit QUIET)
 endif()
@@ -76,4 +77,24 @@ function(luna_cuda_emu_tests)
                          ENVIRONMENT "ASAN_OPTIONS=abort_on_error=0:detect_leaks=0"
                          PASS_REGULAR_EXPRESSION "heap-buffer-overflow.*READ of size 4")
   endif()
+endfunction()
+
+# Under -DLUNA_CUDA_EMU=ON with backend sources: every op suite (test_ops_*) once more on the CUDA
+# backend (LUNA_TEST_BACKEND=cuda) in each thread order, as test_ops_<name>_cuda_emu_<order>.
+function(luna_cuda_emu_backend_tests)
+  if(NOT LUNA_CUDA_EMU OR NOT LUNA_CUDA_EMU_CU)
+    return()
+  endif()
+  foreach(src ${ARGN})
+    get_filename_component(name ${src} NAME_WE)
+    if(NOT name MATCHES "^test_ops_")
+      continue()
+    endif()
+    foreach(order forward reverse random:7)
+      string(REPLACE ":" "_" test "${name}_cuda_emu_${order}")
+      add_test(NAME ${test} COMMAND ${name})
+      set_tests_properties(${test} PROPERTIES LABELS "cpu;cuda-emu" TIMEOUT 900
+                           ENVIRONMENT "LUNA_TEST_BACKEND=cuda;LUNA_EMU_ORDER=${order};OMP_NUM_THREADS=2;OPENBLAS_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE")
+    endforeach()
+  endforeach()
 endfunction()
