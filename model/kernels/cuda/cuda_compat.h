@@ -1,0 +1,40 @@
+/* The vendor header of the CUDA kernels: the only file that differs between a real build (nvcc)
+ * and the CPU execution harness (g++ -x c++ with tests/cuda_emu/, see its README.md). Every .cu
+ * file of the CUDA backend includes it first, and then uses only:
+ *
+ *   LUNA_LAUNCH(kernel, grid, block, shmem, stream, args...)   launch (never <<<...>>>); a
+ *       template kernel with commas goes in parentheses: LUNA_LAUNCH((k<float, 4>), ...)
+ *   LUNA_SHARED(type, name, count)              static shared array   type name[count]
+ *   LUNA_SHARED_2D(type, name, rows, cols)      static shared array   type name[rows][cols]
+ *   LUNA_DYNAMIC_SHARED(type, name)             type *name = the launch's dynamic shared memory
+ *   explicit masks in every warp intrinsic (__shfl_xor_sync(0xffffffffu, ...), __syncwarp(m))
+ *
+ * Under nvcc these are the plain CUDA constructs; under the harness each CUDA thread is a fiber
+ * and shared memory is per-block storage of the harness. LUNA_CUDA_EMU is 1 under the harness,
+ * 0 under nvcc (kernels should not need it). */
+#ifndef LUNA_KERNELS_CUDA_COMPAT_H
+#define LUNA_KERNELS_CUDA_COMPAT_H
+
+#if defined(__CUDACC__)
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#define LUNA_CUDA_EMU 0
+#define LUNA_LAUNCH(kernel, grid, block, shmem, stream, ...)                                       \
+    kernel<<<grid, block, shmem, stream>>>(__VA_ARGS__)
+#define LUNA_SHARED(type, name, count) __shared__ type name[count]
+#define LUNA_SHARED_2D(type, name, rows, cols) __shared__ type name[rows][cols]
+#define LUNA_DYNAMIC_SHARED(type, name)                                                            \
+    extern __shared__ __align__(16) unsigned char luna_dynamic_shared_[];                          \
+    type *const name = reinterpret_cast<type *>(luna_dynamic_shared_)
+
+#else
+
+/* tests/cuda_emu/ is on the include path of targets built with the harness (CMake target
+ * luna_cuda_emu); angle brackets keep model/kernels/ free of a tests/ include. */
+#include <luna_cuda_emu.h>
+
+#endif
+
+#endif
