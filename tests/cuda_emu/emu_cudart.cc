@@ -366,7 +366,14 @@ cudaError_t cudaDeviceReset(void) {
     g_message.clear();
     return cudaSuccess;
 }
+/* One device; LUNA_EMU_NO_DEVICE=1 answers as a machine without a usable driver does (what the
+ * real runtime returns on this project's GPU-less machines), to test that path. */
 cudaError_t cudaGetDeviceCount(int *n) {
+    const char *none = getenv("LUNA_EMU_NO_DEVICE");
+    if (none && *none && strcmp(none, "0") != 0) {
+        *n = 0;
+        return api_error(cudaErrorInsufficientDriver, false, "cudaGetDeviceCount: no device");
+    }
     *n = 1;
     return cudaSuccess;
 }
@@ -445,6 +452,7 @@ const char *cudaGetErrorName(cudaError_t e) {
             C(cudaErrorInvalidMemcpyDirection) C(cudaErrorInvalidDevice)
                 C(cudaErrorInvalidResourceHandle) C(cudaErrorIllegalAddress)
                     C(cudaErrorLaunchFailure) C(cudaErrorNoDevice) C(cudaErrorNotSupported)
+                        C(cudaErrorInsufficientDriver)
 #undef C
                         default : return "cudaErrorUnknown";
     }
@@ -460,6 +468,8 @@ const char *cudaGetErrorString(cudaError_t e) {
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
     case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
     case cudaErrorLaunchFailure: return "unspecified launch failure";
+    case cudaErrorInsufficientDriver:
+        return "CUDA driver version is insufficient for CUDA runtime version";
     default: return cudaGetErrorName(e);
     }
 }
