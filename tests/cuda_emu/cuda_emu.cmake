@@ -79,10 +79,10 @@ function(luna_cuda_emu_tests)
   endif()
 endfunction()
 
-# Under -DLUNA_CUDA_EMU=ON with backend sources: every op suite (test_ops_*) once more on the CUDA
+# Under -DLUNA_CUDA_EMU=ON with the backend (model/kernels/cuda/backend_cuda.c): every op suite (test_ops_*) once more on the CUDA
 # backend (LUNA_TEST_BACKEND=cuda) in each thread order, as test_ops_<name>_cuda_emu_<order>.
 function(luna_cuda_emu_backend_tests)
-  if(NOT LUNA_CUDA_EMU OR NOT LUNA_CUDA_EMU_CU)
+  if(NOT LUNA_CUDA_EMU OR NOT EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/model/kernels/cuda/backend_cuda.c)
     return()
   endif()
   foreach(src ${ARGN})

@@ -278,12 +278,23 @@ inline float __fdividef(float x, float y) { return x / y; }
 inline float __fdiv_rn(float x, float y) { return x / y; }
 inline float __frcp_rn(float x) { return 1.0f / x; }
 inline float __fsqrt_rn(float x) { return std::sqrt(x); }
-inline float __fadd_rn(float x, float y) { return x + y; }
-inline float __fsub_rn(float x, float y) { return x - y; }
-inline float __fmul_rn(float x, float y) { return x * y; }
+/* The _rn add/sub/mul are never contracted into an FMA by nvcc; g++ (GNU mode: -ffp-contract=fast)
+ * would fuse x * y + z once these are inlined, so the result is pinned in a register first. */
+template <typename T> inline T luna_emu_no_contract(T v) {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+    __asm__("" : "+x"(v));
+#else
+    volatile T w = v;
+    v = w;
+#endif
+    return v;
+}
+inline float __fadd_rn(float x, float y) { return luna_emu_no_contract(x + y); }
+inline float __fsub_rn(float x, float y) { return luna_emu_no_contract(x - y); }
+inline float __fmul_rn(float x, float y) { return luna_emu_no_contract(x * y); }
 inline float __fmaf_rn(float x, float y, float z) { return std::fma(x, y, z); }
-inline double __dadd_rn(double x, double y) { return x + y; }
-inline double __dmul_rn(double x, double y) { return x * y; }
+inline double __dadd_rn(double x, double y) { return luna_emu_no_contract(x + y); }
+inline double __dmul_rn(double x, double y) { return luna_emu_no_contract(x * y); }
 inline double __fma_rn(double x, double y, double z) { return std::fma(x, y, z); }
 inline float __saturatef(float x) {
     return x >= 1.0f ? 1.0f : (x > 0.0f ? x : 0.0f);

@@ -1,0 +1,60 @@
+/* Launchers of the CUDA backend's kernels (the .cu files of model/kernels/cuda/), callable from C.
+ * Each enqueues its kernel on `stream` and returns the launch's status (cudaGetLastError); argument
+ * checks are the caller's (the backend's op wrappers, with luna statuses).
+ *
+ * Activations are `void *` with `bf16` saying their storage: 0 = fp32, 1 = bf16 (__nv_bfloat16).
+ * Kernels load activations to fp32, compute in fp32 exactly as the CPU backend does (the same
+ * operations in the same order; no contraction into fused multiply-adds where the CPU has none),
+ * and round once when they store (round to nearest even for bf16). fp32 buffers (parameters,
+ * gradients) are `float *`. Semantics of each: the op of the same name in core/backend.h. */
+#ifndef LUNA_KERNELS_CUDA_KERNELS_H
+#define LUNA_KERNELS_CUDA_KERNELS_H
+
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "core/philox.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- elementwise.cu ---- */
+cudaError_t luna_cuda_add(cudaStream_t s, int bf16, void *y, const void *a, const void *b,
+                          int64_t n);
+cudaError_t luna_cuda_axpy(cudaStream_t s, int bf16, void *y, float alpha, const float *x,
+                           int64_t n);
+cudaError_t luna_cuda_scale(cudaStream_t s, float *x, float alpha, int64_t n);
+cudaError_t luna_cuda_scale_act(cudaStream_t s, int bf16, void *x, float alpha, int64_t n);
+cudaError_t luna_cuda_fill(cudaStream_t s, float *x, float value, int64_t n);
+cudaError_t luna_cuda_relu_forward(cudaStream_t s, int bf16, void *y, const void *x, int64_t n);
+cudaError_t luna_cuda_relu_backward(cudaStream_t s, int bf16, void *dx, const void *dy,
+                                    const void *x, int64_t n);
+cudaError_t luna_cuda_softplus_ln2_forward(cudaStream_t s, int bf16, void *y, const void *x,
+                                           int64_t n);
+cudaError_t luna_cuda_softplus_ln2_backward(cudaStream_t s, int bf16, void *dx, const void *dy,
+                                            const void *x, int64_t n);
+cudaError_t luna_cuda_elu_plus_one_forward(cudaStream_t s, int bf16, void *y, const void *x,
+                                           int64_t n);
+cudaError_t luna_cuda_elu_plus_one_backward(cudaStream_t s, int bf16, void *dx, const void *dy,
+                                            const void *x, int64_t n);
+/* y = x · keep / (1 − p) with keep from core/philox.h (the CPU's masks, bit for bit); p in
+ * (0, 1) (p = 0 is a copy, done by the caller). Forward and backward are the same map. */
+cudaError_t luna_cuda_dropout(cudaStream_t s, int bf16, void *y, const void *x, int64_t n, float p,
+                              luna_rng_key key);
+/* split (1) or merge (0) heads: [B, n, H, dh] <-> [B, H, n, dh]; out must not overlap x. */
+cudaError_t luna_cuda_heads_permute(cudaStream_t s, int bf16, void *out, const void *x, int B,
+                                    int n, int H, int dh, int split);
+cudaError_t luna_cuda_broadcast_rows(cudaStream_t s, int bf16, void *out, const void *x, int B,
+                                     int64_t rows, int d);
+/* dst[i, 0:cols] = src[idx ? idx[i] : i, 0:cols], rows dst_stride / src_stride apart. */
+cudaError_t luna_cuda_gather_rows(cudaStream_t s, int bf16, void *dst, int64_t dst_stride,
+                                  const void *src, int64_t src_stride, const int32_t *idx,
+                                  int64_t n, int64_t cols);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

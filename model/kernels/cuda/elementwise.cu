@@ -1,0 +1,272 @@
+/* Elementwise and layout kernels of the CUDA backend (cuda_kernels.h; the CPU references are
+ * model/kernels/cpu/elementwise.c and activations.c). One thread per element in grid-stride loops;
+ * each element computed from its own inputs, so results never depend on the launch shape.
+ *
+ * Bit-equality with the CPU in fp32: the CPU is compiled as ISO C (no contraction), so where it
+ * computes a·b + c as two roundings these kernels use __fmul_rn / __fadd_rn (nvcc would otherwise
+ * fuse them into one FMA). Transcendentals (expf, log1pf) are the CUDA library's: within 2 ulp of
+ * the CPU's libm on a GPU (exact under the CPU execution harness, which calls libm). */
+#include "model/kernels/cuda/cuda_compat.h"
+
+#include "core/philox.h"
+#include "model/kernels/cuda/cuda_kernels.h"
+
+namespace {
+
+constexpr int kThreads = 256;
+
+/* Blocks for n elements in a grid-stride loop: enough to fill a GPU, never more than needed. */
+inline unsigned blocks_for(int64_t n) {
+    const int64_t b = (n + kThreads - 1) / kThreads;
+    return (unsigned)(b < 4096 ? (b > 0 ? b : 1) : 4096);
+}
+
+/* Activation storage: T = float or __nv_bfloat16, loaded to fp32, stored rounded once. */
+__device__ inline float load(const float *p, int64_t i) { return p[i]; }
+__device__ inline float load(const __nv_bfloat16 *p, int64_t i) { return __bfloat162float(p[i]); }
+__device__ inline void store(float *p, int64_t i, float v) { p[i] = v; }
+__device__ inline void store(__nv_bfloat16 *p, int64_t i, float v) {
+    p[i] = __float2bfloat16_rn(v);
+}
+
+#define GRID_STRIDE(i, n)                                                                          \
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                      \
+         i += (int64_t)gridDim.x * blockDim.x)
+
+template <typename T> __global__ void add_kernel(T *y, const T *a, const T *b, int64_t n) {
+    GRID_STRIDE(i, n) store(y, i, __fadd_rn(load(a, i), load(b, i)));
+}
+
+template <typename T> __global__ void axpy_kernel(T *y, float alpha, const float *x, int64_t n) {
+    GRID_STRIDE(i, n) store(y, i, __fadd_rn(load(y, i), __fmul_rn(alpha, x[i])));
+}
+
+template <typename T> __global__ void scale_kernel(T *x, float alpha, int64_t n) {
+    GRID_STRIDE(i, n) store(x, i, __fmul_rn(load(x, i), alpha));
+}
+
+__global__ void fill_kernel(float *x, float value, int64_t n) { GRID_STRIDE(i, n) x[i] = value; }
+
+/* relu: max(x, 0) with NaN kept (x < 0 ? 0 : x + 0, as the CPU); φ'(x) = x > 0. */
+template <typename T> __global__ void relu_fwd_kernel(T *y, const T *x, int64_t n) {
+    GRID_STRIDE(i, n) {
+        const float v = load(x, i);
+        store(y, i, v < 0.0f ? 0.0f : __fadd_rn(v, 0.0f));
+    }
+}
+template <typename T> __global__ void relu_bwd_kernel(T *dx, const T *dy, const T *x, int64_t n) {
+    GRID_STRIDE(i, n) store(dx, i, load(x, i) > 0.0f ? load(dy, i) : 0.0f);
+}
+
+/* softplus with β = ln 2 and PyTorch's threshold 20 (activations.c). */
+constexpr float kBeta = 0.6931471805599453f, kThreshold = 20.0f;
+template <typename T> __global__ void softplus_fwd_kernel(T *y, const T *x, int64_t n) {
+    GRID_STRIDE(i, n) {
+        const float z = load(x, i), bz = __fmul_rn(kBeta, z);
+        store(y, i, bz > kThreshold ? z : __fdiv_rn(log1pf(expf(bz)), kBeta));
+    }
+}
+template <typename T>
+__global__ void softplus_bwd_kernel(T *dx, const T *dy, const T *x, int64_t n) {
+    GRID_STRIDE(i, n) {
+        const float bz = __fmul_rn(kBeta, load(x, i));
+        float g = 1.0f;
+        if (!(bz > kThreshold)) {
+            const float e = expf(bz);
+            g = __fdiv_rn(e, __fadd_rn(1.0f, e));
+        }
+        store(dx, i, __fmul_rn(load(dy, i), g));
+    }
+}
+
+template <typename T> __global__ void elu1_fwd_kernel(T *y, const T *x, int64_t n) {
+    GRID_STRIDE(i, n) {
+        const float v = load(x, i);
+        store(y, i, v > 0.0f ? __fadd_rn(v, 1.0f) : expf(v));
+    }
+}
+template <typename T> __global__ void elu1_bwd_kernel(T *dx, const T *dy, const T *x, int64_t n) {
+    GRID_STRIDE(i, n) {
+        const float v = load(x, i), g = load(dy, i);
+        store(dx, i, v > 0.0f ? g : __fmul_rn(g, expf(v)));
+    }
+}
+
+/* y = x · (keep ? 1/(1−p) : 0), keep from core/philox.h: the CPU's mask by construction. */
+template <typename T>
+__global__ void dropout_kernel(T *y, const T *x, int64_t n, float p, float scale,
+                               luna_rng_key key) {
+    GRID_STRIDE(i, n) {
+        const float u = luna_rng_uniform(key, (uint64_t)i);
+        store(y, i, __fmul_rn(load(x, i), u >= p ? scale : 0.0f));
+    }
+}
+
+/* out[b, h, t, :] = x[b, t, h, :] (split) or the inverse (merge); one thread per element. */
+template <typename T>
+__global__ void heads_kernel(T *out, const T *x, int B, int n, int H, int dh, int split) {
+    const int64_t total = (int64_t)B * n * H * dh;
+    GRID_STRIDE(i, total) {
+        const int64_t e = i % dh, r = i / dh; /* r indexes the (b, ·, ·) rows of the output */
+        int64_t b, h, t;
+        if (split) { /* out [B, H, n, dh] */
+            t = r % n, h = (r / n) % H, b = r / ((int64_t)n * H);
+            out[i] = x[(((b * n + t) * H + h) * dh) + e];
+        } else { /* out [B, n, H, dh] */
+            h = r % H, t = (r / H) % n, b = r / ((int64_t)H * n);
+            out[i] = x[(((b * H + h) * n + t) * dh) + e];
+        }
+    }
+}
+
+template <typename T> __global__ void broadcast_kernel(T *out, const T *x, int B, int64_t m) {
+    GRID_STRIDE(i, (int64_t)B * m) out[i] = x[i % m];
+}
+
+template <typename T>
+__global__ void gather_kernel(T *dst, int64_t dst_stride, const T *src, int64_t src_stride,
+                              const int32_t *idx, int64_t n, int64_t cols) {
+    GRID_STRIDE(i, n * cols) {
+        const int64_t r = i / cols, c = i % cols;
+        const int64_t from = idx ? idx[r] : r;
+        dst[r * dst_stride + c] = src[from * src_stride + c];
+    }
+}
+
+typedef __nv_bfloat16 bf16_t;
+
+} // namespace
+
+#define A(T, p) static_cast<T *>(p)
+#define CA(T, p) static_cast<const T *>(p)
+
+extern "C" {
+
+cudaError_t luna_cuda_add(cudaStream_t s, int bf16, void *y, const void *a, const void *b,
+                          int64_t n) {
+    if (n <= 0) return cudaSuccess;
+    if (bf16)
+        LUNA_LAUNCH(add_kernel<bf16_t>, blocks_for(n), kThreads, 0, s, A(bf16_t, y), CA(bf16_t, a),
+                    CA(bf16_t, b), n);
+    else
+        LUNA_LAUNCH(add_kernel<float>, blocks_for(n), kThreads, 0, s, A(float, y), CA(float, a),
+                    CA(float, b), n);
+    return cudaGetLastError();
+}
+
+cudaError_t luna_cuda_axpy(cudaStream_t s, int bf16, void *y, float alpha, const float *x,
+                           int64_t n) {
+    if (n <= 0) return cudaSuccess;
+    if (bf16)
+        LUNA_LAUNCH(axpy_kernel<bf16_t>, blocks_for(n), kThreads, 0, s, A(bf16_t, y), alpha, x, n);
+    else
+        LUNA_LAUNCH(axpy_kernel<float>, blocks_for(n), kThreads, 0, s, A(float, y), alpha, x, n);
+    return cudaGetLastError();
+}
+
+cudaError_t luna_cuda_scale(cudaStream_t s, float *x, float alpha, int64_t n) {
+    if (n <= 0) return cudaSuccess;
+    LUNA_LAUNCH(scale_kernel<float>, blocks_for(n), kThreads, 0, s, x, alpha, n);
+    return cudaGetLastError();
+}
+
+cudaError_t luna_cuda_scale_act(cudaStream_t s, int bf16, void *x, float alpha, int64_t n) {
+    if (n <= 0) return cudaSuccess;
+    if (bf16)
+        LUNA_LAUNCH(scale_kernel<bf16_t>, blocks_for(n), kThreads, 0, s, A(bf16_t, x), alpha, n);
+    else
+        LUNA_LAUNCH(scale_kernel<float>, blocks_for(n), kThreads, 0, s, A(float, x), alpha, n);
+    return cudaGetLastError();
+}
+
+cudaError_t luna_cuda_fill(cudaStream_t s, float *x, float value, int64_t n) {
+    if (n <= 0) return cudaSuccess;
+    LUNA_LAUNCH(fill_kernel, blocks_for(n), kThreads, 0, s, x, value, n);
+    return cudaGetLastError();
+}
+
+#define UNARY(name, kernel)                                                                        \
+    cudaError_t name(cudaStream_t s, int bf16, void *y, const void *x, int64_t n) {                \
+        if (n <= 0) return cudaSuccess;                                                            \
+        if (bf16)                                                                                  \
+            LUNA_LAUNCH(kernel<bf16_t>, blocks_for(n), kThreads, 0, s, A(bf16_t, y),               \
+                        CA(bf16_t, x), n);                                                         \
+        else                                                                                       \
+            LUNA_LAUNCH(kernel<float>, blocks_for(n), kThreads, 0, s, A(float, y), CA(float, x),   \
+                        n);                                                                        \
+        return cudaGetLastError();                                                                 \
+    }
+#define BACKWARD(name, kernel)                                                                     \
+    cudaError_t name(cudaStream_t s, int bf16, void *dx, const void *dy, const void *x,            \
+                     int64_t n) {                                                                  \
+        if (n <= 0) return cudaSuccess;                                                            \
+        if (bf16)                                                                                  \
+            LUNA_LAUNCH(kernel<bf16_t>, blocks_for(n), kThreads, 0, s, A(bf16_t, dx),              \
+                        CA(bf16_t, dy), CA(bf16_t, x), n);                                         \
+        else                                                                                       \
+            LUNA_LAUNCH(kernel<float>, blocks_for(n), kThreads, 0, s, A(float, dx), CA(float, dy), \
+                        CA(float, x), n);                                                          \
+        return cudaGetLastError();                                                                 \
+    }
+
+UNARY(luna_cuda_relu_forward, relu_fwd_kernel)
+BACKWARD(luna_cuda_relu_backward, relu_bwd_kernel)
+UNARY(luna_cuda_softplus_ln2_forward, softplus_fwd_kernel)
+BACKWARD(luna_cuda_softplus_ln2_backward, softplus_bwd_kernel)
+UNARY(luna_cuda_elu_plus_one_forward, elu1_fwd_kernel)
+BACKWARD(luna_cuda_elu_plus_one_backward, elu1_bwd_kernel)
+
+cudaError_t luna_cuda_dropout(cudaStream_t s, int bf16, void *y, const void *x, int64_t n, float p,
+                              luna_rng_key key) {
+    if (n <= 0) return cudaSuccess;
+    const float scale = 1.0f / (1.0f - p); /* host-side, as the CPU computes it */
+    if (bf16)
+        LUNA_LAUNCH(dropout_kernel<bf16_t>, blocks_for(n), kThreads, 0, s, A(bf16_t, y),
+                    CA(bf16_t, x), n, p, scale, key);
+    else
+        LUNA_LAUNCH(dropout_kernel<float>, blocks_for(n), kThreads, 0, s, A(float, y), CA(float, x),
+                    n, p, scale, key);
+    return cudaGetLastError();
+}
+
+cudaError_t luna_cuda_heads_permute(cudaStream_t s, int bf16, void *out, const void *x, int B,
+                                    int n, int H, int dh, int split) {
+    const int64_t total = (int64_t)B * n * H * dh;
+    if (total <= 0) return cudaSuccess;
+    if (bf16)
+        LUNA_LAUNCH(heads_kernel<bf16_t>, blocks_for(total), kThreads, 0, s, A(bf16_t, out),
+                    CA(bf16_t, x), B, n, H, dh, split);
+    else
+        LUNA_LAUNCH(heads_kernel<float>, blocks_for(total), kThreads, 0, s, A(float, out),
+                    CA(float, x), B, n, H, dh, split);
+    return cudaGetLastError();
+}
+
+cudaError_t luna_cuda_broadcast_rows(cudaStream_t s, int bf16, void *out, const void *x, int B,
+                                     int64_t rows, int d) {
+    const int64_t m = rows * d, total = (int64_t)B * m;
+    if (total <= 0) return cudaSuccess;
+    if (bf16)
+        LUNA_LAUNCH(broadcast_kernel<bf16_t>, blocks_for(total), kThreads, 0, s, A(bf16_t, out),
+                    CA(bf16_t, x), B, m);
+    else
+        LUNA_LAUNCH(broadcast_kernel<float>, blocks_for(total), kThreads, 0, s, A(float, out),
+                    CA(float, x), B, m);
+    return cudaGetLastError();
+}
+
+cudaError_t luna_cuda_gather_rows(cudaStream_t s, int bf16, void *dst, int64_t dst_stride,
+                                  const void *src, int64_t src_stride, const int32_t *idx,
+                                  int64_t n, int64_t cols) {
+    const int64_t total = n * cols;
+    if (total <= 0) return cudaSuccess;
+    if (bf16)
+        LUNA_LAUNCH(gather_kernel<bf16_t>, blocks_for(total), kThreads, 0, s, A(bf16_t, dst),
+                    dst_stride, CA(bf16_t, src), src_stride, idx, n, cols);
+    else
+        LUNA_LAUNCH(gather_kernel<float>, blocks_for(total), kThreads, 0, s, A(float, dst),
+                    dst_stride, CA(float, src), src_stride, idx, n, cols);
+    return cudaGetLastError();
+}
+
+} // extern "C"
