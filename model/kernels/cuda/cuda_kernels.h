@@ -53,6 +53,13 @@ cudaError_t luna_cuda_gather_rows(cudaStream_t s, int bf16, void *dst, int64_t d
                                   const void *src, int64_t src_stride, const int32_t *idx,
                                   int64_t n, int64_t cols);
 
+/* ---- softmax.cu (rows < 2^31: one block per row) ---- */
+cudaError_t luna_cuda_softmax_forward(cudaStream_t s, int bf16, void *y, const void *x,
+                                      int64_t rows, int cols, const int32_t *valid_cols,
+                                      int64_t rows_per_group, int causal_period);
+cudaError_t luna_cuda_softmax_backward(cudaStream_t s, int bf16, void *dx, const void *dy,
+                                       const void *y, int64_t rows, int cols);
+
 #ifdef __cplusplus
 }
 #endif
