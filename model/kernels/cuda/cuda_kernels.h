@@ -60,6 +60,16 @@ cudaError_t luna_cuda_softmax_forward(cudaStream_t s, int bf16, void *y, const v
 cudaError_t luna_cuda_softmax_backward(cudaStream_t s, int bf16, void *dx, const void *dy,
                                        const void *y, int64_t rows, int cols);
 
+/* ---- layer_norm.cu (rows < 2^31) ---- */
+cudaError_t luna_cuda_layer_norm_forward(cudaStream_t s, int bf16, void *y, float *mean,
+                                         float *rstd, const void *x, const float *gamma,
+                                         const float *beta, int64_t rows, int d, float eps);
+/* dgamma, dbeta accumulated (either NULL: not wanted), before dx (which may alias dy). */
+cudaError_t luna_cuda_layer_norm_backward(cudaStream_t s, int bf16, void *dx, float *dgamma,
+                                          float *dbeta, const void *dy, const void *x,
+                                          const float *mean, const float *rstd, const float *gamma,
+                                          int64_t rows, int d);
+
 #ifdef __cplusplus
 }
 #endif
