@@ -53,6 +53,10 @@ cudaError_t luna_cuda_gather_rows(cudaStream_t s, int bf16, void *dst, int64_t d
                                   const void *src, int64_t src_stride, const int32_t *idx,
                                   int64_t n, int64_t cols);
 
+/* C_b = beta · C_b for C_b [M, N] (row stride ldc) at b·stride, b < batch; beta = 0: zeros. */
+cudaError_t luna_cuda_scale_matrix(cudaStream_t s, int bf16, void *c, int M, int N, int ldc,
+                                   int64_t stride, int batch, float beta);
+
 /* ---- softmax.cu (rows < 2^31: one block per row) ---- */
 cudaError_t luna_cuda_softmax_forward(cudaStream_t s, int bf16, void *y, const void *x,
                                       int64_t rows, int cols, const int32_t *valid_cols,

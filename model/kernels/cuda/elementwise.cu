@@ -133,6 +133,18 @@ __global__ void gather_kernel(T *dst, int64_t dst_stride, const T *src, int64_t 
     }
 }
 
+/* C_b[i, j] = beta · C_b[i, j] (beta = 0 writes zeros: C not read) for a strided batch. */
+template <typename T>
+__global__ void scale_matrix_kernel(T *c, int M, int N, int ldc, int64_t stride, int batch,
+                                    float beta) {
+    const int64_t mn = (int64_t)M * N;
+    GRID_STRIDE(i, mn * batch) {
+        const int64_t b = i / mn, r = (i % mn) / N, col = i % N;
+        const int64_t at = b * stride + r * ldc + col;
+        store(c, at, beta == 0.0f ? 0.0f : __fmul_rn(beta, load(c, at)));
+    }
+}
+
 typedef __nv_bfloat16 bf16_t;
 
 } // namespace
@@ -266,6 +278,19 @@ cudaError_t luna_cuda_gather_rows(cudaStream_t s, int bf16, void *dst, int64_t d
     else
         LUNA_LAUNCH(gather_kernel<float>, blocks_for(total), kThreads, 0, s, A(float, dst),
                     dst_stride, CA(float, src), src_stride, idx, n, cols);
+    return cudaGetLastError();
+}
+
+cudaError_t luna_cuda_scale_matrix(cudaStream_t s, int bf16, void *c, int M, int N, int ldc,
+                                   int64_t stride, int batch, float beta) {
+    const int64_t total = (int64_t)M * N * batch;
+    if (total <= 0) return cudaSuccess;
+    if (bf16)
+        LUNA_LAUNCH(scale_matrix_kernel<bf16_t>, blocks_for(total), kThreads, 0, s, A(bf16_t, c), M,
+                    N, ldc, stride, batch, beta);
+    else
+        LUNA_LAUNCH(scale_matrix_kernel<float>, blocks_for(total), kThreads, 0, s, A(float, c), M,
+                    N, ldc, stride, batch, beta);
     return cudaGetLastError();
 }
 

@@ -1,0 +1,149 @@
+/* The CUDA backend's GEMM through cuBLASLt (model/kernels/cuda/gemm_lt.c) under the harness's
+ * fake cuBLASLt (which checks leading dimensions, alignment, workspace and computes in double)
+ * against the CPU backend's gemm and linear_forward: all four transpose combinations, sizes 1 and
+ * odd, leading dimensions larger than the rows, strided batches, alpha/beta (beta = 0 with NaN
+ * in C), K = 0, the bias epilogue as linear_forward's bias. fp32 within the ACCUM tier (1e-5
+ * relative to the magnitude of the result); bf16 storage within bf16 rounding of the result. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/kernels/cpu/backend_cpu.h"
+#include "model/kernels/cuda/device_runtime.h"
+#include "model/kernels/cuda/gemm_lt.h"
+#include "tests/test_util.h"
+
+static void *dev(const void *host, size_t bytes) {
+    void *d = NULL;
+    ck_assert_int_eq(cudaMalloc(&d, bytes ? bytes : 1), cudaSuccess);
+    if (host && bytes)
+        ck_assert_int_eq(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    return d;
+}
+static void down(void *host, const void *d, size_t bytes) {
+    ck_assert_int_eq(cudaMemcpy(host, d, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+}
+
+static luna_cuda_blas blas_create(void) {
+    luna_cuda_blas b = {.workspace_bytes = (size_t)4 << 20};
+    ck_assert_int_eq(cublasLtCreate(&b.lt), CUBLAS_STATUS_SUCCESS);
+    ck_assert_int_eq(cudaMalloc(&b.workspace, b.workspace_bytes), cudaSuccess);
+    return b;
+}
+static void blas_free(luna_cuda_blas *b) {
+    cublasLtDestroy(b->lt);
+    cudaFree(b->workspace);
+}
+
+/* Σ_k |a|·|b| bound per element: |K|·max|A|·max|B| with inputs in [-1, 1] → K (+|beta C|). */
+static void check_case(luna_backend *cpu, luna_cuda_blas *blas, int M, int N, int K, int ta, int tb,
+                       int batch, int pad, float alpha, float beta) {
+    const int lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
+    const int64_t sa = (int64_t)(ta ? K : M) * lda + 3, sb = (int64_t)(tb ? N : K) * ldb + 1,
+                  sc = (int64_t)M * ldc + 5;
+    const size_t na = (size_t)(sa * batch), nb = (size_t)(sb * batch), nc = (size_t)(sc * batch);
+    luna_test_rng rng;
+    luna_test_rng_seed(&rng, (uint64_t)(M * 7919 + N * 31 + K + ta * 2 + tb + batch * 101));
+    float *A = luna_test_random_vector(&rng, na, -1.0f, 1.0f);
+    float *B = luna_test_random_vector(&rng, nb, -1.0f, 1.0f);
+    float *C = luna_test_random_vector(&rng, nc, -1.0f, 1.0f);
+    if (beta == 0.0f)
+        for (size_t i = 0; i < nc; i++)
+            C[i] = NAN; /* beta = 0: C must not be read */
+    float *dA = dev(A, 4 * na), *dB = dev(B, 4 * nb), *dC = dev(C, 4 * nc), *got = malloc(4 * nc);
+    LUNA_CHECK_OK(cpu->ops->gemm(cpu, ta, tb, M, N, K, alpha, A, lda, sa, B, ldb, sb, beta, C, ldc,
+                                 sc, batch));
+    LUNA_CHECK_OK(luna_cuda_gemm(blas, 0, 0, ta, tb, M, N, K, alpha, dA, lda, sa, dB, ldb, sb, beta,
+                                 dC, ldc, sc, batch, NULL));
+    down(got, dC, 4 * nc);
+    const double tol = 1e-5 * ((double)K * fabs(alpha) + fabs(beta) + 1.0);
+    for (int b = 0; b < batch; b++)
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) {
+                const size_t at = (size_t)(b * sc + (int64_t)i * ldc + j);
+                ck_assert_msg(fabs(got[at] - C[at]) <= tol,
+                              "gemm M %d N %d K %d ta %d tb %d batch %d: C[%d][%d][%d] = %.9g, "
+                              "CPU %.9g",
+                              M, N, K, ta, tb, batch, b, i, j, (double)got[at], (double)C[at]);
+            }
+    /* padding between rows and batches is untouched (C's NaN / random values stay) */
+    for (int b = 0; b < batch; b++)
+        for (int i = 0; i < M; i++)
+            for (int j = N; j < ldc; j++) {
+                const size_t at = (size_t)(b * sc + (int64_t)i * ldc + j);
+                ck_assert_msg(memcmp(&got[at], &C[at], 4) == 0, "gemm wrote padding at %zu", at);
+            }
+    cudaFree(dA), cudaFree(dB), cudaFree(dC);
+    free(A), free(B), free(C), free(got);
+}
+
+START_TEST(gemm_matches_cpu) {
+    luna_backend *cpu;
+    LUNA_CHECK_OK(luna_backend_cpu_create(&cpu, 1));
+    luna_cuda_blas blas = blas_create();
+    const int shapes[][5] = {{1, 1, 1, 1, 0},    {7, 13, 5, 1, 2},   {33, 17, 65, 3, 0},
+                             {13, 9, 200, 2, 1}, {64, 48, 32, 1, 0}, {5, 3, 0, 2, 1}};
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++)
+        for (int t = 0; t < 4; t++) {
+            const int *s = shapes[k];
+            check_case(cpu, &blas, s[0], s[1], s[2], t & 1, t >> 1, s[3], s[4], 1.0f, 0.0f);
+            check_case(cpu, &blas, s[0], s[1], s[2], t & 1, t >> 1, s[3], s[4], 0.5f, 0.25f);
+        }
+    blas_free(&blas);
+    luna_backend_free(cpu);
+}
+END_TEST
+
+/* linear_forward y = x Wᵀ + b as the backend will call it: gemm(ta 0, tb 1) with the bias epilogue.
+ */
+START_TEST(bias_epilogue_is_linear_forward) {
+    luna_backend *cpu;
+    LUNA_CHECK_OK(luna_backend_cpu_create(&cpu, 1));
+    luna_cuda_blas blas = blas_create();
+    const int shapes[][3] = {{1, 1, 1}, {7, 13, 5}, {37, 13, 29}, {130, 65, 17}};
+    for (size_t k = 0; k < 4; k++) {
+        const int rows = shapes[k][0], in = shapes[k][1], out = shapes[k][2];
+        luna_test_rng rng;
+        luna_test_rng_seed(&rng, 40 + k);
+        float *x = luna_test_random_vector(&rng, (size_t)rows * in, -1.0f, 1.0f);
+        float *W = luna_test_random_vector(&rng, (size_t)out * in, -1.0f, 1.0f);
+        float *b = luna_test_random_vector(&rng, (size_t)out, -1.0f, 1.0f);
+        float *y = malloc(4 * (size_t)rows * out), *got = malloc(4 * (size_t)rows * out);
+        LUNA_CHECK_OK(cpu->ops->linear_forward(cpu, y, x, W, b, rows, in, out));
+        float *dx = dev(x, 4 * (size_t)rows * in), *dW = dev(W, 4 * (size_t)out * in);
+        float *db = dev(b, 4 * (size_t)out), *dy = dev(NULL, 4 * (size_t)rows * out);
+        LUNA_CHECK_OK(luna_cuda_gemm(&blas, 0, 0, false, true, rows, out, in, 1.0f, dx, in, 0, dW,
+                                     in, 0, 0.0f, dy, out, 0, 1, db));
+        down(got, dy, 4 * (size_t)rows * out);
+        for (int64_t i = 0; i < (int64_t)rows * out; i++)
+            ck_assert_msg(fabs(got[i] - y[i]) <= 1e-5 * (in + 2),
+                          "linear rows %d in %d out %d: y[%lld] = %.9g, CPU %.9g", rows, in, out,
+                          (long long)i, (double)got[i], (double)y[i]);
+        cudaFree(dx), cudaFree(dW), cudaFree(db), cudaFree(dy);
+        free(x), free(W), free(b), free(y), free(got);
+    }
+    /* a bad leading dimension is refused by cuBLASLt's checks, as a luna status */
+    float *d = dev(NULL, 4 * 64);
+    ck_assert_int_ne(luna_cuda_gemm(&blas, 0, 0, false, false, 4, 4, 4, 1.0f, d, 2, 0, d, 4, 0,
+                                    0.0f, d, 4, 0, 1, NULL),
+                     LUNA_OK);
+    ck_assert_ptr_nonnull(strstr(luna_error_message(), "cuBLASLt"));
+    luna_error_clear();
+    cudaFree(d);
+    blas_free(&blas);
+    luna_backend_free(cpu);
+}
+END_TEST
+
+static Suite *gemm_suite(void) {
+    Suite *s = suite_create("cuda_gemm");
+    TCase *tc = tcase_create("gemm");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, gemm_matches_cpu);
+    tcase_add_test(tc, bias_epilogue_is_linear_forward);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) { return luna_test_run(gemm_suite()); }
