@@ -57,6 +57,20 @@ cudaError_t luna_cuda_gather_rows(cudaStream_t s, int bf16, void *dst, int64_t d
 cudaError_t luna_cuda_scale_matrix(cudaStream_t s, int bf16, void *c, int M, int N, int ldc,
                                    int64_t stride, int batch, float beta);
 
+/* ---- embedding.cu ---- */
+/* A token outside [0, V) gives a NaN row and sets *bad = 1 (bad: device int, or NULL). */
+cudaError_t luna_cuda_embedding_forward(cudaStream_t s, int bf16, void *out, const float *table,
+                                        const int32_t *tokens, int64_t n, int V, int d, float scale,
+                                        int padding_idx, int *bad);
+cudaError_t luna_cuda_embedding_backward(cudaStream_t s, int bf16, float *dtable, const void *dout,
+                                         const int32_t *tokens, int64_t n, int V, int d,
+                                         float scale, int padding_idx);
+cudaError_t luna_cuda_sinusoidal_table(cudaStream_t s, int bf16, void *out, int first_pos, int npos,
+                                       int d);
+/* counts: device scratch [B·n] int32. */
+cudaError_t luna_cuda_positions_add(cudaStream_t s, int bf16, void *x, const int32_t *tokens, int B,
+                                    int n, int d, int padding_idx, int32_t *counts);
+
 /* ---- softmax.cu (rows < 2^31: one block per row) ---- */
 cudaError_t luna_cuda_softmax_forward(cudaStream_t s, int bf16, void *y, const void *x,
                                       int64_t rows, int cols, const int32_t *valid_cols,

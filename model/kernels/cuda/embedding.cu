@@ -1,0 +1,172 @@
+/* Token embeddings and sinusoidal positions (core/backend.h; CPU reference
+ * model/kernels/cpu/embedding.c, which these follow operation by operation).
+ *
+ * embedding_forward: one thread per output element, out = scale·table[token] (zeros for the
+ *   padding token). A token outside [0, V) reads nothing: its row becomes NaN and *bad is set
+ *   to 1 (the backend reports it at its next synchronisation; the CPU reports it at once).
+ * embedding_backward: one thread per column c adds the tokens' rows in token order,
+ *   dtable[tok, c] += scale·dout[i, c] — the CPU's order, so bit-identical and deterministic
+ *   without atomics (a sort-by-token segmented sum is the faster design for long batches).
+ * sinusoidal_table / positions_add: angles pos·f_i and sin/cos in double, rounded once, as the
+ *   CPU; positions_add counts each sentence's real tokens first (one thread per sentence, into
+ *   `counts` [B·n] scratch), then adds PE(padding_idx + count) to non-pad rows. */
+#include "model/kernels/cuda/cuda_compat.h"
+
+#include "model/kernels/cuda/cuda_kernels.h"
+
+namespace {
+
+constexpr int kThreads = 256;
+
+inline unsigned blocks_for(int64_t n) {
+    const int64_t b = (n + kThreads - 1) / kThreads;
+    return (unsigned)(b < 4096 ? (b > 0 ? b : 1) : 4096);
+}
+
+__device__ inline float load(const float *p, int64_t i) { return p[i]; }
+__device__ inline float load(const __nv_bfloat16 *p, int64_t i) { return __bfloat162float(p[i]); }
+__device__ inline void store(float *p, int64_t i, float v) { p[i] = v; }
+__device__ inline void store(__nv_bfloat16 *p, int64_t i, float v) {
+    p[i] = __float2bfloat16_rn(v);
+}
+
+#define GRID_STRIDE(i, n)                                                                          \
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                      \
+         i += (int64_t)gridDim.x * blockDim.x)
+
+template <typename T>
+__global__ void emb_fwd_kernel(T *out, const float *table, const int32_t *tokens, int64_t n, int V,
+                               int d, float scale, int padding_idx, int *bad) {
+    GRID_STRIDE(e, n * d) {
+        const int64_t i = e / d, c = e % d;
+        const int tok = tokens[i];
+        float v;
+        if (tok < 0 || tok >= V) {
+            v = __int_as_float(0x7fc00000); /* NaN: visible, and no out-of-bounds read */
+            if (bad) *bad = 1;
+        } else {
+            v = tok == padding_idx ? 0.0f : __fmul_rn(scale, table[(int64_t)tok * d + c]);
+        }
+        store(out, e, v);
+    }
+}
+
+template <typename T>
+__global__ void emb_bwd_kernel(float *dtable, const T *dout, const int32_t *tokens, int64_t n,
+                               int V, int d, float scale, int padding_idx) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= d) return;
+    for (int64_t i = 0; i < n; i++) {
+        const int tok = tokens[i];
+        if (tok == padding_idx || tok < 0 || tok >= V) continue;
+        float *row = dtable + (int64_t)tok * d + c;
+        *row = __fadd_rn(*row, __fmul_rn(scale, load(dout, i * d + c)));
+    }
+}
+
+/* f_i = exp(−i·ln(10000)/(half − 1)) in double (half = 1: f_0 = 1), as the CPU. */
+__device__ inline double frequency(int i, int half) {
+    const double c = half > 1 ? log(10000.0) / (double)(half - 1) : 0.0;
+    return exp((double)i * -c);
+}
+
+/* PE(pos)[col] for a row of width d. */
+__device__ inline float pe(double pos, int col, int d) {
+    const int half = d / 2;
+    if (col >= 2 * half) return 0.0f; /* d odd: the last feature */
+    const int i = col < half ? col : col - half;
+    const double a = __dmul_rn(pos, frequency(i, half));
+    return (float)(col < half ? sin(a) : cos(a));
+}
+
+template <typename T> __global__ void sin_table_kernel(T *out, int first_pos, int npos, int d) {
+    GRID_STRIDE(e, (int64_t)npos * d) {
+        const int64_t j = e / d;
+        store(out, e, pe((double)first_pos + (double)j, (int)(e % d), d));
+    }
+}
+
+__global__ void count_kernel(int32_t *counts, const int32_t *tokens, int B, int n,
+                             int padding_idx) {
+    const int b = blockIdx.x * blockDim.x + threadIdx.x;
+    if (b >= B) return;
+    int32_t k = 0;
+    for (int t = 0; t < n; t++) {
+        const int64_t i = (int64_t)b * n + t;
+        counts[i] = tokens[i] == padding_idx ? 0 : ++k;
+    }
+}
+
+template <typename T>
+__global__ void positions_add_kernel(T *x, const int32_t *counts, int64_t rows, int d,
+                                     int padding_idx) {
+    GRID_STRIDE(e, rows * d) {
+        const int32_t k = counts[e / d];
+        if (k == 0) continue;
+        const float p = pe((double)(padding_idx + k), (int)(e % d), d);
+        store(x, e, __fadd_rn(load(x, e), p));
+    }
+}
+
+typedef __nv_bfloat16 bf16_t;
+
+} // namespace
+
+extern "C" {
+
+cudaError_t luna_cuda_embedding_forward(cudaStream_t s, int bf16, void *out, const float *table,
+                                        const int32_t *tokens, int64_t n, int V, int d, float scale,
+                                        int padding_idx, int *bad) {
+    if (n <= 0 || d <= 0) return cudaSuccess;
+    if (bf16)
+        LUNA_LAUNCH(emb_fwd_kernel<bf16_t>, blocks_for(n * d), kThreads, 0, s,
+                    static_cast<bf16_t *>(out), table, tokens, n, V, d, scale, padding_idx, bad);
+    else
+        LUNA_LAUNCH(emb_fwd_kernel<float>, blocks_for(n * d), kThreads, 0, s,
+                    static_cast<float *>(out), table, tokens, n, V, d, scale, padding_idx, bad);
+    return cudaGetLastError();
+}
+
+cudaError_t luna_cuda_embedding_backward(cudaStream_t s, int bf16, float *dtable, const void *dout,
+                                         const int32_t *tokens, int64_t n, int V, int d,
+                                         float scale, int padding_idx) {
+    if (n <= 0 || d <= 0) return cudaSuccess;
+    const unsigned blocks = (unsigned)((d + kThreads - 1) / kThreads);
+    if (bf16)
+        LUNA_LAUNCH(emb_bwd_kernel<bf16_t>, blocks, kThreads, 0, s, dtable,
+                    static_cast<const bf16_t *>(dout), tokens, n, V, d, scale, padding_idx);
+    else
+        LUNA_LAUNCH(emb_bwd_kernel<float>, blocks, kThreads, 0, s, dtable,
+                    static_cast<const float *>(dout), tokens, n, V, d, scale, padding_idx);
+    return cudaGetLastError();
+}
+
+cudaError_t luna_cuda_sinusoidal_table(cudaStream_t s, int bf16, void *out, int first_pos, int npos,
+                                       int d) {
+    if (npos <= 0 || d <= 0) return cudaSuccess;
+    const int64_t total = (int64_t)npos * d;
+    if (bf16)
+        LUNA_LAUNCH(sin_table_kernel<bf16_t>, blocks_for(total), kThreads, 0, s,
+                    static_cast<bf16_t *>(out), first_pos, npos, d);
+    else
+        LUNA_LAUNCH(sin_table_kernel<float>, blocks_for(total), kThreads, 0, s,
+                    static_cast<float *>(out), first_pos, npos, d);
+    return cudaGetLastError();
+}
+
+cudaError_t luna_cuda_positions_add(cudaStream_t s, int bf16, void *x, const int32_t *tokens, int B,
+                                    int n, int d, int padding_idx, int32_t *counts) {
+    if (B <= 0 || n <= 0 || d <= 0) return cudaSuccess;
+    LUNA_LAUNCH(count_kernel, (unsigned)((B + kThreads - 1) / kThreads), kThreads, 0, s, counts,
+                tokens, B, n, padding_idx);
+    const int64_t rows = (int64_t)B * n;
+    if (bf16)
+        LUNA_LAUNCH(positions_add_kernel<bf16_t>, blocks_for(rows * d), kThreads, 0, s,
+                    static_cast<bf16_t *>(x), counts, rows, d, padding_idx);
+    else
+        LUNA_LAUNCH(positions_add_kernel<float>, blocks_for(rows * d), kThreads, 0, s,
+                    static_cast<float *>(x), counts, rows, d, padding_idx);
+    return cudaGetLastError();
+}
+
+} // extern "C"
