@@ -71,6 +71,27 @@ cudaError_t luna_cuda_sinusoidal_table(cudaStream_t s, int bf16, void *out, int 
 cudaError_t luna_cuda_positions_add(cudaStream_t s, int bf16, void *x, const int32_t *tokens, int B,
                                     int n, int d, int padding_idx, int32_t *counts);
 
+/* ---- reduce.cu: the CPU's blocked order, bit-identical; partials: device scratch of
+ * ceil(n / 4096) doubles (the tensor table's workspace for the multi op) ---- */
+cudaError_t luna_cuda_sum_squares(cudaStream_t s, float *result, const float *x, int64_t n,
+                                  double *partials);
+cudaError_t luna_cuda_sum_pow4(cudaStream_t s, float *result, const float *x, int64_t n,
+                               double *partials);
+cudaError_t luna_cuda_dot(cudaStream_t s, float *result, const float *x, const float *y, int64_t n,
+                          double *partials);
+cudaError_t luna_cuda_sum(cudaStream_t s, float *result, const float *x, int64_t n,
+                          double *partials);
+/* result [num_tensors]; the table's device arrays (core/tensor_table.h). */
+cudaError_t luna_cuda_multi_sum_squares(cudaStream_t s, float *result, const float *x,
+                                        int num_tensors, int64_t num_blocks, const int64_t *offsets,
+                                        const int64_t *numels, const int64_t *block_start,
+                                        const int32_t *block_tensor, double *partials);
+cudaError_t luna_cuda_max_abs(cudaStream_t s, float *result, const float *x, int64_t n);
+cudaError_t luna_cuda_sum_squares_backward(cudaStream_t s, float *dx, const float *x, float g,
+                                           int64_t n);
+cudaError_t luna_cuda_sum_pow4_backward(cudaStream_t s, float *dx, const float *x, float g,
+                                        int64_t n);
+
 /* ---- softmax.cu (rows < 2^31: one block per row) ---- */
 cudaError_t luna_cuda_softmax_forward(cudaStream_t s, int bf16, void *y, const void *x,
                                       int64_t rows, int cols, const int32_t *valid_cols,
