@@ -266,6 +266,10 @@ LUNA_EMU_ATOMIC_(atomicDec, unsigned int, (o == 0u || o > v) ? v : o - 1u)
 #undef LUNA_EMU_ATOMIC_
 
 /* ---- math and bit intrinsics (exact versions of CUDA's) -------------------------------------- */
+/* CUDA device code sees the classification functions unqualified, as C does. */
+using std::isfinite;
+using std::isinf;
+using std::isnan;
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline double rsqrt(double x) { return 1.0 / std::sqrt(x); }
 inline float __expf(float x) { return std::exp(x); }

@@ -92,6 +92,22 @@ cudaError_t luna_cuda_sum_squares_backward(cudaStream_t s, float *dx, const floa
 cudaError_t luna_cuda_sum_pow4_backward(cudaStream_t s, float *dx, const float *x, float g,
                                         int64_t n);
 
+/* ---- optimizer.cu: clipping and Adam over a tensor table's device arrays ---- */
+cudaError_t luna_cuda_clip_coefficients(cudaStream_t s, float *coef, double *summary,
+                                        const float *sumsq, int n, double clip_norm, int mode);
+cudaError_t luna_cuda_multi_scale(cudaStream_t s, float *x, int64_t num_blocks,
+                                  const int64_t *offsets, const int64_t *numels,
+                                  const int64_t *block_start, const int32_t *block_tensor,
+                                  const float *coef, float alpha);
+/* workspace: ≥ 2·num_tensors doubles; steps [num_tensors] advanced by one. */
+cudaError_t luna_cuda_multi_adam_update(cudaStream_t s, float *theta, const float *g,
+                                        float *exp_avg, float *exp_avg_sq, int num_tensors,
+                                        int64_t num_blocks, const int64_t *offsets,
+                                        const int64_t *numels, const int64_t *block_start,
+                                        const int32_t *block_tensor, double *workspace,
+                                        int64_t *steps, double lr, double beta1, double beta2,
+                                        double eps, double weight_decay);
+
 /* ---- softmax.cu (rows < 2^31: one block per row) ---- */
 cudaError_t luna_cuda_softmax_forward(cudaStream_t s, int bf16, void *y, const void *x,
                                       int64_t rows, int cols, const int32_t *valid_cols,
