@@ -2,7 +2,8 @@
  * the CPU backend's clip_coefficients, multi_scale and multi_adam_update: bit-equal coefficients
  * and summary (each/total, a non-finite norm, clip_norm 0, nothing clipped), scaling by
  * coefficients and by one alpha, and three Adam steps with weight decay over a table with an
- * empty tensor, gaps and multi-block tensors (parameters, both moments and the step counters). */
+ * empty tensor, gaps and multi-block tensors (parameters, both moments and the step counters);
+ * three Apollo steps for both rebounds and the three weight-decay types (θ, m, B, d, steps). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -116,12 +117,74 @@ START_TEST(scale_and_adam_bit_equal) {
 }
 END_TEST
 
+/* Apollo: three steps for each rebound × weight-decay type, bit-equal to the CPU. */
+START_TEST(apollo_bit_equal) {
+    luna_backend *cpu;
+    LUNA_CHECK_OK(luna_backend_cpu_create(&cpu, 2));
+    enum { T = 4 };
+    const int64_t numels[T] = {7, 0, 8193, 4096};
+    int64_t offsets[T], total = 0;
+    for (int i = 0; i < T; i++)
+        offsets[i] = total + 1, total += numels[i] + 1;
+    luna_tensor_table *tt;
+    LUNA_CHECK_OK(luna_tensor_table_create(&tt, cpu, T, offsets, numels));
+    int64_t *d_off = dev(tt->host_offsets, 8 * T), *d_num = dev(tt->host_numels, 8 * T);
+    int64_t *d_bs = dev(tt->host_block_start, 8 * (T + 1));
+    int32_t *d_bt = dev(tt->block_tensor, 4 * (size_t)tt->num_blocks);
+    double *ws = dev(NULL, 8 * (size_t)(5 * tt->num_blocks + 8 * T));
+    float *got = malloc(4 * (size_t)total);
+    for (int rebound = 0; rebound < 2; rebound++)
+        for (int wd = 0; wd < 3; wd++) {
+            luna_test_rng rng;
+            luna_test_rng_seed(&rng, 100 + rebound * 3 + wd);
+            float *st[4];
+            float *dst[4];
+            for (int q = 0; q < 4; q++) { /* theta, m, B, d */
+                st[q] = luna_test_random_vector(&rng, (size_t)total, -0.5f, 0.5f);
+                dst[q] = dev(st[q], 4 * total);
+            }
+            int64_t steps[T] = {0, 0, 4, 1}, gsteps[T];
+            int64_t *d_steps = dev(steps, sizeof steps);
+            for (int step = 0; step < 3; step++) {
+                float *g = luna_test_random_vector(&rng, (size_t)total, -1.0f, 1.0f);
+                float *d_g = dev(g, 4 * total);
+                LUNA_CHECK_OK(cpu->ops->multi_apollo_update(cpu, st[0], g, st[1], st[2], st[3], tt,
+                                                            steps, 0.01, 0.9, 1e-4, 0.01, rebound,
+                                                            1e-4, wd));
+                ck_assert_int_eq(luna_cuda_multi_apollo_update(0, dst[0], d_g, dst[1], dst[2],
+                                                               dst[3], T, tt->num_blocks, d_off,
+                                                               d_num, d_bs, d_bt, ws, d_steps, 0.01,
+                                                               0.9, 1e-4, 0.01, rebound, 1e-4, wd),
+                                 cudaSuccess);
+                for (int q = 0; q < 4; q++) {
+                    down(got, dst[q], 4 * total);
+                    ck_assert_msg(memcmp(got, st[q], 4 * total) == 0,
+                                  "apollo rebound %d wd %d step %d: state %d differs", rebound, wd,
+                                  step, q);
+                }
+                down(gsteps, d_steps, sizeof gsteps);
+                ck_assert(memcmp(gsteps, steps, sizeof steps) == 0);
+                cudaFree(d_g);
+                free(g);
+            }
+            for (int q = 0; q < 4; q++)
+                cudaFree(dst[q]), free(st[q]);
+            cudaFree(d_steps);
+        }
+    cudaFree(d_off), cudaFree(d_num), cudaFree(d_bs), cudaFree(d_bt), cudaFree(ws);
+    free(got);
+    luna_tensor_table_free(tt);
+    luna_backend_free(cpu);
+}
+END_TEST
+
 static Suite *optimizer_suite(void) {
     Suite *s = suite_create("cuda_optimizer");
     TCase *tc = tcase_create("optimizer");
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, clip_coefficients_bit_equal);
     tcase_add_test(tc, scale_and_adam_bit_equal);
+    tcase_add_test(tc, apollo_bit_equal);
     suite_add_tcase(s, tc);
     return s;
 }

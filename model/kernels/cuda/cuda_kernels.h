@@ -108,6 +108,16 @@ cudaError_t luna_cuda_multi_adam_update(cudaStream_t s, float *theta, const floa
                                         int64_t *steps, double lr, double beta1, double beta2,
                                         double eps, double weight_decay);
 
+/* workspace: the table's (5·num_blocks + 8·num_tensors doubles); steps advanced by one. */
+cudaError_t luna_cuda_multi_apollo_update(cudaStream_t s, float *theta, const float *g,
+                                          float *exp_avg, float *approx_hessian, float *update,
+                                          int num_tensors, int64_t num_blocks,
+                                          const int64_t *offsets, const int64_t *numels,
+                                          const int64_t *block_start, const int32_t *block_tensor,
+                                          double *workspace, int64_t *steps, double lr, double beta,
+                                          double eps, double sigma, int rebound,
+                                          double weight_decay, int wd_type);
+
 /* ---- softmax.cu (rows < 2^31: one block per row) ---- */
 cudaError_t luna_cuda_softmax_forward(cudaStream_t s, int bf16, void *y, const void *x,
                                       int64_t rows, int cols, const int32_t *valid_cols,

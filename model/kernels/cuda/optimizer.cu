@@ -5,6 +5,8 @@
  *   multi_scale: a block per 4096-element table block; factor 1 skipped.
  *   multi_adam_update: per-tensor scalars (step size from pow and sqrt in double, keep) by one
  *   thread per tensor, which also advances steps[i]; then a block per table block.
+ *   multi_apollo_update: the reductions, per-tensor scalars, the update (and for the stable
+ *   decay ΣD, its coefficient and a last pass): five kernels, no host round trip.
  * Under the CPU execution harness math is libm's, so results equal the CPU bit for bit; on a GPU
  * CUDA's double pow may differ from glibc's by an ulp of the step size (parameters within
  * 1e-15 relative per update). */
@@ -118,6 +120,160 @@ __global__ void multi_adam_kernel(float *theta, const float *g, float *exp_avg, 
                      beta1, beta2, eps, step_size, keep);
 }
 
+/* ---- Apollo (spec apollo.md; optimizer_kernels.c): the CPU's lanes exactly. A CUDA block of 8
+ * threads per table block, thread l being lane l (elements j ≡ l mod 8 of the block, in
+ * increasing j), so every double sum has the CPU's order; bit-identical under the harness. */
+constexpr int kLanes = 8;
+enum { REBOUND_CONSTANT = 0, REBOUND_BELIEF = 1 };
+enum { WD_L2 = 0, WD_DECOUPLED = 1, WD_STABLE = 2 };
+enum { AP_ALPHA, AP_DEN, AP_DELTA, AP_R, AP_EOA, AP_COEF, AP_PER_TENSOR = 8 };
+
+__device__ inline double nan_max(double a, double r) {
+    const double qnan = __longlong_as_double(0x7ff8000000000000LL);
+    return (a != a || r != r) ? qnan : (a > r ? a : r);
+}
+
+__device__ inline double apollo_denominator(double b, double r, double sigma, double eps_over_alpha,
+                                            int rebound) {
+    const double a = fabs(b);
+    if (rebound == REBOUND_BELIEF) return __dadd_rn(a > r ? a : r, eps_over_alpha);
+    return a > sigma ? a : sigma;
+}
+
+/* Pass 1: per block, Σd⁴, ΣΔg·d, ΣB·d² (lanes in order) and max|Δg| on the OLD state. */
+__global__ void apollo_reduce_kernel(const float *theta, const float *g, const float *m,
+                                     const float *B, const float *d, Table t, double l2,
+                                     double *partials) {
+    LUNA_SHARED_2D(double, lanes, 4, kLanes);
+    int ti;
+    int64_t base, start, len;
+    block_of(t, blockIdx.x, &ti, &base, &start, &len);
+    double s4 = 0.0, sgd = 0.0, sbd = 0.0, rmax = 0.0;
+    for (int64_t j = threadIdx.x; j < len; j += kLanes) {
+        const int64_t i = base + start + j;
+        const double gp = __dadd_rn((double)g[i], __dmul_rn(l2, (double)theta[i]));
+        const double dg = gp - (double)m[i];
+        const double dd = (double)d[i];
+        const double d2 = __dmul_rn(dd, dd);
+        s4 = __dadd_rn(s4, __dmul_rn(d2, d2));
+        sgd = __dadd_rn(sgd, __dmul_rn(dg, dd));
+        sbd = __dadd_rn(sbd, __dmul_rn((double)B[i], d2));
+        rmax = nan_max(fabs(dg), rmax);
+    }
+    lanes[0][threadIdx.x] = s4, lanes[1][threadIdx.x] = sgd, lanes[2][threadIdx.x] = sbd;
+    lanes[3][threadIdx.x] = rmax;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double p[4] = {0.0, 0.0, 0.0, 0.0};
+        for (int l = 0; l < kLanes; l++) {
+            for (int q = 0; q < 3; q++)
+                p[q] = __dadd_rn(p[q], lanes[q][l]);
+            p[3] = nan_max(lanes[3][l], p[3]);
+        }
+        for (int q = 0; q < 4; q++)
+            partials[4 * (int64_t)blockIdx.x + q] = p[q];
+    }
+}
+
+/* Per-tensor scalars from the partials in block order; advances steps. */
+__global__ void apollo_scalars_kernel(double *sc, const double *partials, int64_t *steps,
+                                      const int64_t *block_start, int nt, double beta, double eps,
+                                      double sigma, int rebound) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= nt) return;
+    const int64_t t = steps[i] + 1;
+    double s4 = 0.0, sgd = 0.0, sbd = 0.0, r = 0.0;
+    for (int64_t k = block_start[i]; k < block_start[i + 1]; k++) {
+        s4 = __dadd_rn(s4, partials[4 * k]);
+        sgd = __dadd_rn(sgd, partials[4 * k + 1]);
+        sbd = __dadd_rn(sbd, partials[4 * k + 2]);
+        r = nan_max(partials[4 * k + 3], r);
+    }
+    double *x = sc + (size_t)i * AP_PER_TENSOR;
+    const double alpha = (1.0 - beta) / (1.0 - pow(beta, (double)t));
+    const double eps_prime = rebound == REBOUND_CONSTANT ? eps / sigma : eps;
+    const double den = __dadd_rn(pow(s4, 0.25), eps_prime);
+    const double den2 = __dmul_rn(den, den);
+    x[AP_ALPHA] = alpha;
+    x[AP_DEN] = den;
+    x[AP_DELTA] = __dmul_rn(-alpha, sgd) / den2 - sbd / den2;
+    x[AP_R] = r;
+    x[AP_EOA] = eps / alpha;
+    steps[i] = t;
+}
+
+/* Pass 2: m, B, then d and θ (unless stable: ΣD per block, lanes in order, into dsum). */
+__global__ void apollo_update_kernel(float *theta, const float *g, float *m, float *Bh, float *d,
+                                     Table t, const double *sc, double l2, double sigma,
+                                     int rebound, double decoupled, double lr, int stable,
+                                     double *dsum) {
+    LUNA_SHARED(double, lane_d, kLanes);
+    int ti;
+    int64_t base, start, len;
+    block_of(t, blockIdx.x, &ti, &base, &start, &len);
+    const double *x = sc + (size_t)ti * AP_PER_TENSOR;
+    const double alpha = x[AP_ALPHA], den = x[AP_DEN], delta = x[AP_DELTA], r = x[AP_R],
+                 eoa = x[AP_EOA];
+    double dsum_lane = 0.0;
+    for (int64_t j = threadIdx.x; j < len; j += kLanes) {
+        const int64_t i = base + start + j;
+        const double gp = __dadd_rn((double)g[i], __dmul_rn(l2, (double)theta[i]));
+        const double dg = gp - (double)m[i];
+        const float m_new = (float)__dadd_rn((double)m[i], __dmul_rn(alpha, dg));
+        const double v = (double)d[i] / den;
+        const float b_new = (float)__dadd_rn((double)Bh[i], __dmul_rn(__dmul_rn(delta, v), v));
+        m[i] = m_new;
+        Bh[i] = b_new;
+        const double D = apollo_denominator((double)b_new, r, sigma, eoa, rebound);
+        if (stable) {
+            dsum_lane = __dadd_rn(dsum_lane, D);
+            continue;
+        }
+        const float d_new =
+            (float)__dadd_rn((double)m_new / D, __dmul_rn(decoupled, (double)theta[i]));
+        d[i] = d_new;
+        theta[i] = (float)((double)theta[i] - __dmul_rn(lr, (double)d_new));
+    }
+    if (!stable) return; /* uniform across the block: no thread waits at a barrier alone */
+    lane_d[threadIdx.x] = dsum_lane;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double s = 0.0;
+        for (int l = 0; l < kLanes; l++)
+            s = __dadd_rn(s, lane_d[l]);
+        dsum[blockIdx.x] = s;
+    }
+}
+
+/* Stable weight decay: coef_i = wd / (ΣD_i / n_i), blocks in order. */
+__global__ void apollo_stable_coef_kernel(double *sc, const double *dsum,
+                                          const int64_t *block_start, const int64_t *numels, int nt,
+                                          double weight_decay) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= nt) return;
+    double total = 0.0;
+    for (int64_t k = block_start[i]; k < block_start[i + 1]; k++)
+        total = __dadd_rn(total, dsum[k]);
+    sc[(size_t)i * AP_PER_TENSOR + AP_COEF] = weight_decay / (total / (double)numels[i]);
+}
+
+__global__ void apollo_stable_kernel(float *theta, const float *m, const float *Bh, float *d,
+                                     Table t, const double *sc, double sigma, int rebound,
+                                     double lr) {
+    int ti;
+    int64_t base, start, len;
+    block_of(t, blockIdx.x, &ti, &base, &start, &len);
+    const double *x = sc + (size_t)ti * AP_PER_TENSOR;
+    const double r = x[AP_R], eoa = x[AP_EOA], coef = x[AP_COEF];
+    for (int64_t j = threadIdx.x; j < len; j += blockDim.x) {
+        const int64_t i = base + start + j;
+        const double D = apollo_denominator((double)Bh[i], r, sigma, eoa, rebound);
+        const float d_new = (float)__dadd_rn((double)m[i] / D, __dmul_rn(coef, (double)theta[i]));
+        d[i] = d_new;
+        theta[i] = (float)((double)theta[i] - __dmul_rn(lr, (double)d_new));
+    }
+}
+
 } // namespace
 
 extern "C" {
@@ -152,6 +308,42 @@ cudaError_t luna_cuda_multi_adam_update(cudaStream_t s, float *theta, const floa
         const Table t = {offsets, numels, block_start, block_tensor};
         LUNA_LAUNCH(multi_adam_kernel, (unsigned)num_blocks, kThreads, 0, s, theta, g, exp_avg,
                     exp_avg_sq, t, static_cast<const double *>(workspace), beta1, beta2, eps);
+    }
+    return cudaGetLastError();
+}
+
+cudaError_t luna_cuda_multi_apollo_update(cudaStream_t s, float *theta, const float *g,
+                                          float *exp_avg, float *approx_hessian, float *update,
+                                          int num_tensors, int64_t num_blocks,
+                                          const int64_t *offsets, const int64_t *numels,
+                                          const int64_t *block_start, const int32_t *block_tensor,
+                                          double *workspace, int64_t *steps, double lr, double beta,
+                                          double eps, double sigma, int rebound,
+                                          double weight_decay, int wd_type) {
+    if (num_tensors <= 0) return cudaSuccess;
+    const Table t = {offsets, numels, block_start, block_tensor};
+    /* the table's workspace: [4·blocks] partials, [blocks] ΣD, then [8 per tensor] scalars
+     * (LUNA_TENSOR_TABLE_WORKSPACE_PER_BLOCK = 5, _PER_TENSOR = 8) */
+    double *partials = workspace, *dsum = workspace + 4 * num_blocks,
+           *sc = workspace + 5 * num_blocks;
+    const double l2 = wd_type == WD_L2 ? weight_decay : 0.0;
+    const double decoupled = wd_type == WD_DECOUPLED ? weight_decay : 0.0;
+    const int stable = wd_type == WD_STABLE;
+    const unsigned tblocks = (unsigned)((num_tensors + 127) / 128);
+    if (num_blocks > 0)
+        LUNA_LAUNCH(apollo_reduce_kernel, (unsigned)num_blocks, kLanes, 0, s, theta, g, exp_avg,
+                    approx_hessian, update, t, l2, partials);
+    LUNA_LAUNCH(apollo_scalars_kernel, tblocks, 128, 0, s, sc, partials, steps, block_start,
+                num_tensors, beta, eps, sigma, rebound);
+    if (num_blocks > 0)
+        LUNA_LAUNCH(apollo_update_kernel, (unsigned)num_blocks, kLanes, 0, s, theta, g, exp_avg,
+                    approx_hessian, update, t, static_cast<const double *>(sc), l2, sigma, rebound,
+                    decoupled, lr, stable, dsum);
+    if (stable && num_blocks > 0) {
+        LUNA_LAUNCH(apollo_stable_coef_kernel, tblocks, 128, 0, s, sc, dsum, block_start, numels,
+                    num_tensors, weight_decay);
+        LUNA_LAUNCH(apollo_stable_kernel, (unsigned)num_blocks, kThreads, 0, s, theta, exp_avg,
+                    approx_hessian, update, t, static_cast<const double *>(sc), sigma, rebound, lr);
     }
     return cudaGetLastError();
 }
