@@ -118,6 +118,17 @@ cudaError_t luna_cuda_multi_apollo_update(cudaStream_t s, float *theta, const fl
                                           double eps, double sigma, int rebound,
                                           double weight_decay, int wd_type);
 
+/* ---- cross_entropy.cu (N < 2^31 rows); bad: device int set to 1 for a target outside
+ * [0, V) other than padding_idx (that row is NaN), or NULL ---- */
+cudaError_t luna_cuda_cross_entropy_forward(cudaStream_t s, int bf16, float *loss, float *nll,
+                                            float *lse, const void *logits, const int32_t *targets,
+                                            int64_t N, int V, float epsilon, int padding_idx,
+                                            int *bad);
+cudaError_t luna_cuda_cross_entropy_backward(cudaStream_t s, int bf16, void *dlogits,
+                                             const void *logits, const float *lse,
+                                             const int32_t *targets, int64_t N, int V,
+                                             float epsilon, int padding_idx, float grad_scale);
+
 /* ---- softmax.cu (rows < 2^31: one block per row) ---- */
 cudaError_t luna_cuda_softmax_forward(cudaStream_t s, int bf16, void *y, const void *x,
                                       int64_t rows, int cols, const int32_t *valid_cols,

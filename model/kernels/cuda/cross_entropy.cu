@@ -1,0 +1,157 @@
+/* Log-softmax + label-smoothed cross entropy (core/backend.h; CPU reference
+ * model/kernels/cpu/cross_entropy.c, same formulas): a 256-thread block per row.
+ * Forward: m = max z (order-free), Σ exp(z − m) and Σ z in double by a fixed tree, lse, nll and
+ *   loss formed in double and rounded once; pad rows all zero.
+ * Backward: dz = grad_scale·exp(z − lse) − grad_scale·ε/V, then at the target − grad_scale·(1−ε)
+ *   (the CPU's order of roundings); pad rows zero; dz may alias z (each element is read, then
+ *   written, by one thread).
+ * exp is CUDA's expf here and the CPU's vectorised vexpf there (both ≤ 2 ulp): results agree
+ * within the tiers of the contract (loss ACCUM, gradient NORM), not bit for bit.
+ * A target outside [0, V) (not the padding index) is not read: its row gets NaN and *bad = 1. */
+#include "model/kernels/cuda/cuda_compat.h"
+
+#include "model/kernels/cuda/cuda_kernels.h"
+
+namespace {
+
+constexpr int kThreads = 256, kWarps = kThreads / 32;
+
+__device__ inline float load(const float *p, int64_t i) { return p[i]; }
+__device__ inline float load(const __nv_bfloat16 *p, int64_t i) { return __bfloat162float(p[i]); }
+__device__ inline void store(float *p, int64_t i, float v) { p[i] = v; }
+__device__ inline void store(__nv_bfloat16 *p, int64_t i, float v) {
+    p[i] = __float2bfloat16_rn(v);
+}
+
+__device__ inline double block_sum(double v, double *partial) {
+    for (int m = 16; m > 0; m /= 2)
+        v += __shfl_xor_sync(0xffffffffu, v, m);
+    if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = v;
+    __syncthreads();
+    double total = 0.0;
+    for (int w = 0; w < kWarps; w++)
+        total += partial[w];
+    __syncthreads();
+    return total;
+}
+
+__device__ inline float block_max(float v, float *partial) {
+    for (int m = 16; m > 0; m /= 2) {
+        const float o = __shfl_xor_sync(0xffffffffu, v, m);
+        v = o > v ? o : v;
+    }
+    if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = v;
+    __syncthreads();
+    float total = partial[0];
+    for (int w = 1; w < kWarps; w++)
+        total = partial[w] > total ? partial[w] : total;
+    __syncthreads();
+    return total;
+}
+
+template <typename T>
+__global__ void ce_fwd_kernel(float *loss, float *nll, float *lse, const T *logits,
+                              const int32_t *targets, int V, float epsilon, int padding_idx,
+                              int *bad) {
+    LUNA_SHARED(double, dpart, kWarps);
+    LUNA_SHARED(float, fpart, kWarps);
+    const int64_t r = blockIdx.x;
+    const int y = targets[r];
+    if (y == padding_idx) {
+        if (threadIdx.x == 0) loss[r] = nll[r] = lse[r] = 0.0f;
+        return; /* the whole block leaves: no barrier is left waiting */
+    }
+    const float qnan = __int_as_float(0x7fc00000);
+    if (y < 0 || y >= V) {
+        if (threadIdx.x == 0) {
+            loss[r] = nll[r] = lse[r] = qnan;
+            if (bad) *bad = 1;
+        }
+        return;
+    }
+    const T *z = logits + r * (int64_t)V;
+    float m = load(z, 0);
+    double zsum = 0.0;
+    for (int v = threadIdx.x; v < V; v += kThreads) {
+        const float zv = load(z, v);
+        m = zv > m ? zv : m;
+        zsum += (double)zv;
+    }
+    m = block_max(m, fpart);
+    zsum = block_sum(zsum, dpart);
+    double esum = 0.0;
+    for (int v = threadIdx.x; v < V; v += kThreads)
+        esum += (double)expf(__fsub_rn(load(z, v), m));
+    esum = block_sum(esum, dpart);
+    if (threadIdx.x == 0) {
+        const double eps = epsilon;
+        const double row_lse = (double)m + log(esum);
+        const double row_nll = row_lse - (double)load(z, y);
+        const double smooth = row_lse - zsum / (double)V;
+        lse[r] = (float)row_lse;
+        nll[r] = (float)row_nll;
+        loss[r] = (float)__dadd_rn(__dmul_rn(1.0 - eps, row_nll), __dmul_rn(eps, smooth));
+    }
+}
+
+template <typename T>
+__global__ void ce_bwd_kernel(T *dz, const T *logits, const float *lse, const int32_t *targets,
+                              int V, int padding_idx, float grad_scale, float smooth,
+                              float target_term) {
+    const int64_t r = blockIdx.x;
+    const int y = targets[r];
+    const T *z = logits + r * (int64_t)V;
+    T *d = dz + r * (int64_t)V;
+    if (y == padding_idx) {
+        for (int v = threadIdx.x; v < V; v += kThreads)
+            store(d, v, 0.0f);
+        return;
+    }
+    const bool valid = y >= 0 && y < V;
+    const float row_lse = lse[r];
+    for (int v = threadIdx.x; v < V; v += kThreads) {
+        float g = __fsub_rn(__fmul_rn(grad_scale, expf(__fsub_rn(load(z, v), row_lse))), smooth);
+        if (v == y) g = __fsub_rn(g, target_term);
+        store(d, v, valid ? g : __int_as_float(0x7fc00000));
+    }
+}
+
+typedef __nv_bfloat16 bf16_t;
+
+} // namespace
+
+extern "C" {
+
+cudaError_t luna_cuda_cross_entropy_forward(cudaStream_t s, int bf16, float *loss, float *nll,
+                                            float *lse, const void *logits, const int32_t *targets,
+                                            int64_t N, int V, float epsilon, int padding_idx,
+                                            int *bad) {
+    if (N <= 0 || V <= 0) return cudaSuccess;
+    if (bf16)
+        LUNA_LAUNCH(ce_fwd_kernel<bf16_t>, (unsigned)N, kThreads, 0, s, loss, nll, lse,
+                    static_cast<const bf16_t *>(logits), targets, V, epsilon, padding_idx, bad);
+    else
+        LUNA_LAUNCH(ce_fwd_kernel<float>, (unsigned)N, kThreads, 0, s, loss, nll, lse,
+                    static_cast<const float *>(logits), targets, V, epsilon, padding_idx, bad);
+    return cudaGetLastError();
+}
+
+cudaError_t luna_cuda_cross_entropy_backward(cudaStream_t s, int bf16, void *dlogits,
+                                             const void *logits, const float *lse,
+                                             const int32_t *targets, int64_t N, int V,
+                                             float epsilon, int padding_idx, float grad_scale) {
+    if (N <= 0 || V <= 0) return cudaSuccess;
+    const float smooth = grad_scale * (epsilon / (float)V); /* host: as the CPU computes them */
+    const float target_term = grad_scale * (1.0f - epsilon);
+    if (bf16)
+        LUNA_LAUNCH(ce_bwd_kernel<bf16_t>, (unsigned)N, kThreads, 0, s,
+                    static_cast<bf16_t *>(dlogits), static_cast<const bf16_t *>(logits), lse,
+                    targets, V, padding_idx, grad_scale, smooth, target_term);
+    else
+        LUNA_LAUNCH(ce_bwd_kernel<float>, (unsigned)N, kThreads, 0, s,
+                    static_cast<float *>(dlogits), static_cast<const float *>(logits), lse, targets,
+                    V, padding_idx, grad_scale, smooth, target_term);
+    return cudaGetLastError();
+}
+
+} // extern "C"

@@ -1,0 +1,135 @@
+/* The CUDA cross-entropy kernels (model/kernels/cuda/cross_entropy.cu) under the harness against
+ * the CPU backend: loss, nll and lse (ACCUM: 1e-5 relative) and dlogits (NORM: 1e-6, here 2e-6
+ * since the two sides' exp differ by up to 2 ulp each) for V = 1, 7, 1000 and 7792 with label
+ * smoothing 0 and 0.1, pad rows, gradient scale, in place (dlogits = logits); bf16 logits within
+ * bf16 rounding; a target outside the vocabulary gives NaN and the device flag. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/kernels/cpu/backend_cpu.h"
+#include "model/kernels/cuda/cuda_kernels.h"
+#include "tests/test_util.h"
+
+static uint16_t to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+static float from_bf16(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static void *dev(const void *host, size_t bytes) {
+    void *d = NULL;
+    ck_assert_int_eq(cudaMalloc(&d, bytes ? bytes : 1), cudaSuccess);
+    if (host && bytes)
+        ck_assert_int_eq(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    return d;
+}
+static void down(void *host, const void *d, size_t bytes) {
+    ck_assert_int_eq(cudaMemcpy(host, d, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+}
+static void close_enough(const float *want, const float *got, int64_t n, double tol,
+                         const char *what) {
+    for (int64_t i = 0; i < n; i++) {
+        const double w = want[i], g = got[i], scale = fabs(w) > 1.0 ? fabs(w) : 1.0;
+        ck_assert_msg(fabs(g - w) <= tol * scale, "%s: element %lld: CUDA %.9g, CPU %.9g", what,
+                      (long long)i, g, w);
+    }
+}
+
+static void check(luna_backend *cpu, int N, int V, float eps, int bf16) {
+    const int pad = 1;
+    const int64_t n = (int64_t)N * V;
+    luna_test_rng rng;
+    luna_test_rng_seed(&rng, (uint64_t)(N * 7 + V));
+    float *z = luna_test_random_vector(&rng, (size_t)n, -6.0f, 6.0f);
+    int32_t *y = malloc(4 * (size_t)N);
+    for (int r = 0; r < N; r++)
+        y[r] = r % 4 == 3 ? pad : (r * 7 + 2) % V;
+    void *dz;
+    if (bf16) {
+        uint16_t *h = malloc(2 * (size_t)n);
+        for (int64_t i = 0; i < n; i++)
+            h[i] = to_bf16(z[i]), z[i] = from_bf16(h[i]);
+        dz = dev(h, 2 * (size_t)n);
+        free(h);
+    } else {
+        dz = dev(z, 4 * (size_t)n);
+    }
+    int32_t *dy = dev(y, 4 * (size_t)N);
+    float loss[64], nll[64], lse[64], gl[64], gn[64], ge[64];
+    LUNA_CHECK_OK(cpu->ops->cross_entropy_forward(cpu, loss, nll, lse, z, y, N, V, eps, pad));
+    float *dloss = dev(NULL, 4 * N), *dnll = dev(NULL, 4 * N), *dlse = dev(NULL, 4 * N);
+    ck_assert_int_eq(
+        luna_cuda_cross_entropy_forward(0, bf16, dloss, dnll, dlse, dz, dy, N, V, eps, pad, NULL),
+        cudaSuccess);
+    down(gl, dloss, 4 * N), down(gn, dnll, 4 * N), down(ge, dlse, 4 * N);
+    char what[80];
+    snprintf(what, sizeof what, "cross_entropy N %d V %d eps %g %s", N, V, (double)eps,
+             bf16 ? "bf16" : "fp32");
+    close_enough(loss, gl, N, 1e-5, what);
+    close_enough(nll, gn, N, 1e-5, what);
+    close_enough(lse, ge, N, 1e-5, what);
+    /* backward in place, from the CPU's lse */
+    ck_assert_int_eq(cudaMemcpy(dlse, lse, 4 * N, cudaMemcpyHostToDevice), cudaSuccess);
+    float *grad = malloc(4 * (size_t)n), *got = malloc(4 * (size_t)n);
+    LUNA_CHECK_OK(cpu->ops->cross_entropy_backward(cpu, grad, z, lse, y, N, V, eps, pad, 0.5f));
+    ck_assert_int_eq(
+        luna_cuda_cross_entropy_backward(0, bf16, dz, dz, dlse, dy, N, V, eps, pad, 0.5f),
+        cudaSuccess);
+    if (bf16) {
+        uint16_t *h = malloc(2 * (size_t)n);
+        down(h, dz, 2 * (size_t)n);
+        for (int64_t i = 0; i < n; i++)
+            got[i] = from_bf16(h[i]), grad[i] = from_bf16(to_bf16(grad[i]));
+        free(h);
+        close_enough(grad, got, n, 1.0 / 128, what);
+    } else {
+        down(got, dz, 4 * (size_t)n);
+        close_enough(grad, got, n, 2e-6, what);
+    }
+    cudaFree(dz), cudaFree(dy), cudaFree(dloss), cudaFree(dnll), cudaFree(dlse);
+    free(z), free(y), free(grad), free(got);
+}
+
+START_TEST(cross_entropy_matches_cpu) {
+    luna_backend *cpu;
+    LUNA_CHECK_OK(luna_backend_cpu_create(&cpu, 1));
+    const int shapes[][2] = {{4, 1}, {9, 7}, {13, 1000}, {6, 7792}};
+    for (int k = 0; k < 4; k++)
+        for (int bf16 = 0; bf16 < 2; bf16++) {
+            check(cpu, shapes[k][0], shapes[k][1], 0.0f, bf16);
+            check(cpu, shapes[k][0], shapes[k][1], 0.1f, bf16);
+        }
+    /* a target outside the vocabulary */
+    float z[6] = {1, 2, 3, 4, 5, 6}, out[2];
+    int32_t y[2] = {2, 9};
+    int zero = 0, flag = 0;
+    float *dz = dev(z, sizeof z), *dl = dev(NULL, 8), *dn = dev(NULL, 8), *de = dev(NULL, 8);
+    int32_t *dy = dev(y, sizeof y);
+    int *dbad = dev(&zero, sizeof zero);
+    ck_assert_int_eq(luna_cuda_cross_entropy_forward(0, 0, dl, dn, de, dz, dy, 2, 3, 0.1f, 1, dbad),
+                     cudaSuccess);
+    down(out, dl, 8), down(&flag, dbad, sizeof flag);
+    ck_assert(!isnan(out[0]) && isnan(out[1]) && flag == 1);
+    cudaFree(dz), cudaFree(dl), cudaFree(dn), cudaFree(de), cudaFree(dy), cudaFree(dbad);
+    luna_backend_free(cpu);
+}
+END_TEST
+
+static Suite *ce_suite(void) {
+    Suite *s = suite_create("cuda_cross_entropy");
+    TCase *tc = tcase_create("cross_entropy");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, cross_entropy_matches_cpu);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) { return luna_test_run(ce_suite()); }
