@@ -257,6 +257,58 @@ START_TEST(layout_ops_equal_cpu) {
 }
 END_TEST
 
+/* Column sums and broadcasts: sum_broadcast (fp32 in b order), bias_add forward, bias_add
+ * backward (double in row order) — bit-equal to the CPU, fp32 and bf16 inputs. */
+START_TEST(sums_and_bias_equal_cpu) {
+    luna_backend *cpu;
+    LUNA_CHECK_OK(luna_backend_cpu_create(&cpu, 2));
+    const int shapes[][3] = {{1, 1, 1}, {3, 7, 5}, {4, 130, 33}, {2, 300, 257}};
+    for (size_t k = 0; k < 4; k++)
+        for (int bf16 = 0; bf16 < 2; bf16++) {
+            const int B = shapes[k][0], rows = shapes[k][1], d = shapes[k][2];
+            const int64_t m = (int64_t)rows * d;
+            float *dout = inputs(1 + k, B * m), *acc = inputs(2 + k, m), *bias = inputs(3 + k, d);
+            for (int64_t i = 0; i < B * m; i++) /* finite values only here */
+                dout[i] = isfinite(dout[i]) ? dout[i] : 0.5f;
+            for (int64_t i = 0; i < m; i++)
+                acc[i] = isfinite(acc[i]) ? acc[i] : 0.25f;
+            for (int i = 0; i < d; i++)
+                bias[i] = isfinite(bias[i]) ? bias[i] : 1.0f;
+            uint16_t *h = malloc(2 * (size_t)(B * m));
+            for (int64_t i = 0; i < B * m && bf16; i++)
+                h[i] = to_bf16(dout[i]), dout[i] = from_bf16(h[i]);
+            void *ddout =
+                bf16 ? dev_copy(h, 2 * (size_t)(B * m)) : dev_copy(dout, 4 * (size_t)(B * m));
+            float *dacc = dev_copy(acc, 4 * m), *dbias = dev_copy(bias, 4 * (size_t)d);
+            float *got = malloc(4 * (size_t)(B * m));
+            LUNA_CHECK_OK(cpu->ops->sum_broadcast(cpu, acc, dout, B, rows, d));
+            ck_assert_int_eq(luna_cuda_sum_broadcast(0, bf16, dacc, ddout, B, rows, d),
+                             cudaSuccess);
+            host_copy(got, dacc, 4 * m);
+            same_bits(acc, got, m, "sum_broadcast");
+            /* bias backward over all B·rows rows of dout, into the bias */
+            LUNA_CHECK_OK(cpu->ops->bias_add_backward(cpu, bias, dout, (int64_t)B * rows, d));
+            ck_assert_int_eq(
+                luna_cuda_bias_add_backward(0, bf16, dbias, ddout, (int64_t)B * rows, d),
+                cudaSuccess);
+            host_copy(got, dbias, 4 * (size_t)d);
+            same_bits(bias, got, d, "bias_add_backward");
+            /* bias forward onto dout (fp32 only: the CPU op is fp32) */
+            if (!bf16) {
+                LUNA_CHECK_OK(cpu->ops->bias_add_forward(cpu, dout, bias, (int64_t)B * rows, d));
+                ck_assert_int_eq(
+                    luna_cuda_bias_add_forward(0, 0, ddout, dbias, (int64_t)B * rows, d),
+                    cudaSuccess);
+                host_copy(got, ddout, 4 * (size_t)(B * m));
+                same_bits(dout, got, B * m, "bias_add_forward");
+            }
+            cudaFree(ddout), cudaFree(dacc), cudaFree(dbias);
+            free(dout), free(acc), free(bias), free(h), free(got);
+        }
+    luna_backend_free(cpu);
+}
+END_TEST
+
 static Suite *elementwise_suite(void) {
     Suite *s = suite_create("cuda_elementwise");
     TCase *tc = tcase_create("elementwise");
@@ -264,6 +316,7 @@ static Suite *elementwise_suite(void) {
     tcase_add_test(tc, elementwise_ops_equal_cpu);
     tcase_add_test(tc, fp32_scale_and_fill);
     tcase_add_test(tc, layout_ops_equal_cpu);
+    tcase_add_test(tc, sums_and_bias_equal_cpu);
     suite_add_tcase(s, tc);
     return s;
 }

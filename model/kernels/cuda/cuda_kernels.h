@@ -53,6 +53,14 @@ cudaError_t luna_cuda_gather_rows(cudaStream_t s, int bf16, void *dst, int64_t d
                                   const void *src, int64_t src_stride, const int32_t *idx,
                                   int64_t n, int64_t cols);
 
+/* dx [rows·d] += Σ_b dout[b] in b order (fp32, as the CPU). */
+cudaError_t luna_cuda_sum_broadcast(cudaStream_t s, int bf16, float *dx, const void *dout, int B,
+                                    int64_t rows, int d);
+cudaError_t luna_cuda_bias_add_forward(cudaStream_t s, int bf16, void *y, const float *b,
+                                       int64_t rows, int cols);
+/* db [cols] += Σ_r dy[r] in row order in double (one thread per column: the CPU's order). */
+cudaError_t luna_cuda_bias_add_backward(cudaStream_t s, int bf16, float *db, const void *dy,
+                                        int64_t rows, int cols);
 /* C_b = beta · C_b for C_b [M, N] (row stride ldc) at b·stride, b < batch; beta = 0: zeros. */
 cudaError_t luna_cuda_scale_matrix(cudaStream_t s, int bf16, void *c, int M, int N, int ldc,
                                    int64_t stride, int batch, float beta);

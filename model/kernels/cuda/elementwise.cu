@@ -145,6 +145,34 @@ __global__ void scale_matrix_kernel(T *c, int M, int N, int ldc, int64_t stride,
     }
 }
 
+/* dx[i] += Σ_b dout[b, i] in b order, in fp32 (sum_broadcast), one thread per element. */
+template <typename T>
+__global__ void sum_broadcast_kernel(float *dx, const T *dout, int B, int64_t m) {
+    GRID_STRIDE(i, m) {
+        float acc = dx[i];
+        for (int b = 0; b < B; b++)
+            acc = __fadd_rn(acc, load(dout, (int64_t)b * m + i));
+        dx[i] = acc;
+    }
+}
+
+/* y[r, c] += b[c] (bias_add_forward). */
+template <typename T>
+__global__ void bias_add_kernel(T *y, const float *b, int64_t rows, int cols) {
+    GRID_STRIDE(i, rows * cols) store(y, i, __fadd_rn(load(y, i), b[i % cols]));
+}
+
+/* db[c] += Σ_r dy[r, c] in row order in double, one thread per column (bias_add_backward). */
+template <typename T>
+__global__ void column_sum_kernel(float *db, const T *dy, int64_t rows, int cols) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= cols) return;
+    double acc = 0.0;
+    for (int64_t r = 0; r < rows; r++)
+        acc = __dadd_rn(acc, (double)load(dy, r * cols + c));
+    db[c] = (float)__dadd_rn((double)db[c], acc);
+}
+
 typedef __nv_bfloat16 bf16_t;
 
 } // namespace
@@ -278,6 +306,45 @@ cudaError_t luna_cuda_gather_rows(cudaStream_t s, int bf16, void *dst, int64_t d
     else
         LUNA_LAUNCH(gather_kernel<float>, blocks_for(total), kThreads, 0, s, A(float, dst),
                     dst_stride, CA(float, src), src_stride, idx, n, cols);
+    return cudaGetLastError();
+}
+
+cudaError_t luna_cuda_sum_broadcast(cudaStream_t s, int bf16, float *dx, const void *dout, int B,
+                                    int64_t rows, int d) {
+    const int64_t m = rows * d;
+    if (m <= 0 || B <= 0) return cudaSuccess;
+    if (bf16)
+        LUNA_LAUNCH(sum_broadcast_kernel<bf16_t>, blocks_for(m), kThreads, 0, s, dx,
+                    CA(bf16_t, dout), B, m);
+    else
+        LUNA_LAUNCH(sum_broadcast_kernel<float>, blocks_for(m), kThreads, 0, s, dx, CA(float, dout),
+                    B, m);
+    return cudaGetLastError();
+}
+
+cudaError_t luna_cuda_bias_add_forward(cudaStream_t s, int bf16, void *y, const float *b,
+                                       int64_t rows, int cols) {
+    const int64_t n = rows * cols;
+    if (n <= 0) return cudaSuccess;
+    if (bf16)
+        LUNA_LAUNCH(bias_add_kernel<bf16_t>, blocks_for(n), kThreads, 0, s, A(bf16_t, y), b, rows,
+                    cols);
+    else
+        LUNA_LAUNCH(bias_add_kernel<float>, blocks_for(n), kThreads, 0, s, A(float, y), b, rows,
+                    cols);
+    return cudaGetLastError();
+}
+
+cudaError_t luna_cuda_bias_add_backward(cudaStream_t s, int bf16, float *db, const void *dy,
+                                        int64_t rows, int cols) {
+    if (rows <= 0 || cols <= 0) return cudaSuccess;
+    const unsigned blocks = (unsigned)((cols + kThreads - 1) / kThreads);
+    if (bf16)
+        LUNA_LAUNCH(column_sum_kernel<bf16_t>, blocks, kThreads, 0, s, db, CA(bf16_t, dy), rows,
+                    cols);
+    else
+        LUNA_LAUNCH(column_sum_kernel<float>, blocks, kThreads, 0, s, db, CA(float, dy), rows,
+                    cols);
     return cudaGetLastError();
 }
 
