@@ -5,14 +5,15 @@
  * log_softmax_topk computes what the host-side code before it did (lse in double; each log-prob
  * rounded to fp32, then the bias added in fp32), so translations are unchanged; rows are
  * independent, so any thread count gives the same bits. The Σ exp runs through a vectorisable
- * double exp (exp_nonpositive, within 1 ulp of libm's) in four interleaved partial sums: 4-5x
- * faster than libm's scalar exp, which was 11% of a transformer's decoding time; lse moves by
- * ~1e-16 relative, far below the fp32 rounding of the log-probs. */
+ * double exp (core/exp_double.h, shared with CUDA; within 1 ulp of libm's) in four interleaved
+ * partial sums: 4-5x faster than libm's scalar exp, which was 11% of a transformer's decoding time;
+ * lse moves by ~1e-16 relative, far below the fp32 rounding of the log-probs. */
 #include <math.h>
 #include <omp.h>
 #include <string.h>
 
 #include "core/allocator.h"
+#include "core/exp_double.h"
 #include "model/kernels/cpu/cpu_ops.h"
 
 luna_status luna_cpu_gather_rows(luna_backend *be, luna_act *dst_, int64_t dst_stride,
@@ -36,47 +37,10 @@ luna_status luna_cpu_gather_rows(luna_backend *be, luna_act *dst_, int64_t dst_s
     return LUNA_OK;
 }
 
-/* exp(t) in double for t ≤ 0, t = −inf (→ 0) or NaN (→ NaN): t = n·ln2 + r with |r| ≤ ln2/2,
- * exp(r) by its Taylor series to degree 13 (truncation < 4e-18 relative), times 2^n built in the
- * exponent bits. Below −708 (2^n subnormal) it returns 0: such terms cannot move a sum that holds
- * exp(0) = 1 from the row's maximum. Branch-free, so the caller's loop vectorises. */
-static inline double exp_nonpositive(double t) {
-    const double log2e = 1.4426950408889634, ln2_hi = 6.93147180369123816490e-01,
-                 ln2_lo = 1.90821492927058770002e-10, shifter = 0x1.8p52;
-    const double tc = t < -708.0 ? -708.0 : t; /* keeps n in the normal exponent range; NaN stays */
-    /* n = round(tc·log2e): adding 1.5·2^52 leaves the rounded integer in the low mantissa bits */
-    const double kd = tc * log2e + shifter;
-    const double n = kd - shifter;
-    const double r = fma(-n, ln2_lo, fma(-n, ln2_hi, tc));
-    double p = 1.0 / 6227020800.0; /* 1/13!; Horner in fused multiply-adds */
-    p = fma(p, r, 1.0 / 479001600.0);
-    p = fma(p, r, 1.0 / 39916800.0);
-    p = fma(p, r, 1.0 / 3628800.0);
-    p = fma(p, r, 1.0 / 362880.0);
-    p = fma(p, r, 1.0 / 40320.0);
-    p = fma(p, r, 1.0 / 5040.0);
-    p = fma(p, r, 1.0 / 720.0);
-    p = fma(p, r, 1.0 / 120.0);
-    p = fma(p, r, 1.0 / 24.0);
-    p = fma(p, r, 1.0 / 6.0);
-    p = fma(p, r, 0.5);
-    p = fma(p, r, 1.0);
-    p = fma(p, r, 1.0);
-    /* bit casts through unions (defined in C11), which the vectoriser follows */
-    const union {
-        double d;
-        int64_t i;
-    } k = {.d = kd}, sh = {.d = shifter};
-    const union {
-        int64_t i;
-        double d;
-    } scale = {.i = (k.i - sh.i + 1023) << 52}; /* 2^n */
-    return t < -708.0 ? 0.0 : p * scale.d;
-}
-
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
-/* exp_nonpositive on four lanes: the same operations (fused multiply-adds), so the same bits. */
+/* luna_exp_nonpositive (core/exp_double.h) on four lanes: the same operations (fused
+ * multiply-adds), so the same bits. */
 __attribute__((target("avx2,fma"))) static inline __m256d exp4(__m256d t) {
     const __m256d lim = _mm256_set1_pd(-708.0), shifter = _mm256_set1_pd(0x1.8p52);
     const __m256d tc = _mm256_max_pd(t, lim); /* NaN rows are handled by the caller */
@@ -118,7 +82,7 @@ __attribute__((target("avx2,fma"))) static double sum_exp_avx2(const float *x, i
     double lane[4];
     _mm256_storeu_pd(lane, acc);
     for (; j < V; j++)
-        lane[0] += exp_nonpositive((double)x[j] - (double)mx);
+        lane[0] += luna_exp_nonpositive((double)x[j] - (double)mx);
     return (lane[0] + lane[1]) + (lane[2] + lane[3]);
 }
 #endif
@@ -134,9 +98,9 @@ static double sum_exp(const float *x, int V, float mx) {
     int j = 0;
     for (; j + 4 <= V; j += 4)
         for (int l = 0; l < 4; l++)
-            lane[l] += exp_nonpositive((double)x[j + l] - (double)mx);
+            lane[l] += luna_exp_nonpositive((double)x[j + l] - (double)mx);
     for (; j < V; j++)
-        lane[0] += exp_nonpositive((double)x[j] - (double)mx);
+        lane[0] += luna_exp_nonpositive((double)x[j] - (double)mx);
     return (lane[0] + lane[1]) + (lane[2] + lane[3]);
 }
 

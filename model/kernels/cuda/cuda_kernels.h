@@ -137,6 +137,11 @@ cudaError_t luna_cuda_cross_entropy_backward(cudaStream_t s, int bf16, void *dlo
                                              const int32_t *targets, int64_t N, int V,
                                              float epsilon, int padding_idx, float grad_scale);
 
+/* ---- decode_select.cu: the k best log-probs per row (k ≤ V) and the picked one ---- */
+cudaError_t luna_cuda_log_softmax_topk(cudaStream_t s, int bf16, const void *logits,
+                                       const float *bias, int64_t rows, int V, int k, float *top_lp,
+                                       int32_t *top_idx, const int32_t *pick, float *picked);
+
 /* ---- softmax.cu (rows < 2^31: one block per row) ---- */
 cudaError_t luna_cuda_softmax_forward(cudaStream_t s, int bf16, void *y, const void *x,
                                       int64_t rows, int cols, const int32_t *valid_cols,
