@@ -15,9 +15,10 @@
 
 #include "core/host_device.h"
 
-/* a·b rounded once, never fused with a following addition (nvcc fuses unless told; ISO C never
+/* a·b rounded once, never fused with a following addition (nvcc fuses device code unless told;
+ * its host pass is unused here; ISO C never
  * does, and the CPU execution harness's __dmul_rn is not fused either). */
-#if defined(__CUDACC__) || (defined(LUNA_CUDA_EMU) && LUNA_CUDA_EMU)
+#if defined(__CUDA_ARCH__) || (defined(LUNA_CUDA_EMU) && LUNA_CUDA_EMU)
 #define LUNA_DMUL_RN(a, b) __dmul_rn((a), (b))
 #else
 #define LUNA_DMUL_RN(a, b) ((a) * (b))
