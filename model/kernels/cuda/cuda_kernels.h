@@ -142,6 +142,15 @@ cudaError_t luna_cuda_log_softmax_topk(cudaStream_t s, int bf16, const void *log
                                        const float *bias, int64_t rows, int V, int k, float *top_lp,
                                        int32_t *top_idx, const int32_t *pick, float *picked);
 
+/* ---- causal_contraction.cu (p, q ≤ 256: cudaErrorInvalidValue otherwise) ---- */
+cudaError_t luna_cuda_causal_contraction_forward(cudaStream_t s, int bf16, void *out, const void *x,
+                                                 const void *a, const void *b, int G, int n, int p,
+                                                 int q);
+cudaError_t luna_cuda_causal_contraction_backward(cudaStream_t s, int bf16, void *dx, void *da,
+                                                  void *db, const void *dout, const void *x,
+                                                  const void *a, const void *b, int G, int n, int p,
+                                                  int q);
+
 /* ---- softmax.cu (rows < 2^31: one block per row) ---- */
 cudaError_t luna_cuda_softmax_forward(cudaStream_t s, int bf16, void *y, const void *x,
                                       int64_t rows, int cols, const int32_t *valid_cols,
