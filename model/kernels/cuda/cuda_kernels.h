@@ -151,6 +151,17 @@ cudaError_t luna_cuda_causal_contraction_backward(cudaStream_t s, int bf16, void
                                                   const void *a, const void *b, int G, int n, int p,
                                                   int q);
 
+/* The single-tensor updates (test-only references of core/backend.h) at step `step` (≥ 1), over
+ * n elements; workspace: 5·ceil(n/4096) + 8 doubles. */
+cudaError_t luna_cuda_adam_update(cudaStream_t s, float *theta, const float *g, float *exp_avg,
+                                  float *exp_avg_sq, int64_t n, int64_t step, double lr,
+                                  double beta1, double beta2, double eps, double weight_decay,
+                                  double *workspace);
+cudaError_t luna_cuda_apollo_update(cudaStream_t s, float *theta, const float *g, float *exp_avg,
+                                    float *approx_hessian, float *update, int64_t n, int64_t step,
+                                    double lr, double beta, double eps, double sigma, int rebound,
+                                    double weight_decay, int wd_type, double *workspace);
+
 /* ---- softmax.cu (rows < 2^31: one block per row) ---- */
 cudaError_t luna_cuda_softmax_forward(cudaStream_t s, int bf16, void *y, const void *x,
                                       int64_t rows, int cols, const int32_t *valid_cols,

@@ -55,14 +55,23 @@ __global__ void clip_kernel(float *coef, double *summary, const float *sumsq, in
     summary[2] = any ? 1.0 : 0.0;
 }
 
+/* The tensor table's device arrays, or (block_tensor NULL) one tensor of single_n elements at
+ * offset 0 in num_blocks blocks: the single-tensor reference ops apollo_update / adam_update. */
 struct Table {
     const int64_t *offsets, *numels, *block_start;
     const int32_t *block_tensor;
+    int64_t single_n, num_blocks;
 };
 
 /* Block k of the table: tensor, first flat element of the tensor, start within it, length. */
 __device__ inline void block_of(const Table &t, int64_t k, int *tensor, int64_t *base,
                                 int64_t *start, int64_t *len) {
+    if (!t.block_tensor) {
+        *tensor = 0, *base = 0, *start = k * kBlock;
+        const int64_t rest = t.single_n - *start;
+        *len = rest < kBlock ? rest : kBlock;
+        return;
+    }
     *tensor = t.block_tensor[k];
     *base = t.offsets[*tensor];
     *start = (k - t.block_start[*tensor]) * kBlock;
@@ -83,15 +92,15 @@ __global__ void multi_scale_kernel(float *x, Table t, const float *coef, float a
 
 enum { STEP_SIZE = 0, KEEP = 1, NSCALARS = 2 };
 
-__global__ void adam_scalars_kernel(double *sc, int64_t *steps, int nt, double lr, double beta1,
-                                    double beta2, double weight_decay) {
+__global__ void adam_scalars_kernel(double *sc, int64_t *steps, int64_t step0, int nt, double lr,
+                                    double beta1, double beta2, double weight_decay) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= nt) return;
-    const int64_t t = steps[i] + 1;
+    const int64_t t = steps ? steps[i] + 1 : step0;
     const double bc1 = 1.0 - pow(beta1, (double)t), bc2 = 1.0 - pow(beta2, (double)t);
     sc[(size_t)i * NSCALARS + STEP_SIZE] = __dmul_rn(lr, sqrt(bc2)) / bc1;
     sc[(size_t)i * NSCALARS + KEEP] = 1.0 - __dmul_rn(lr, weight_decay);
-    steps[i] = t;
+    if (steps) steps[i] = t;
 }
 
 /* One element of Adam, as optimizer_kernels.c. */
@@ -177,13 +186,15 @@ __global__ void apollo_reduce_kernel(const float *theta, const float *g, const f
 
 /* Per-tensor scalars from the partials in block order; advances steps. */
 __global__ void apollo_scalars_kernel(double *sc, const double *partials, int64_t *steps,
-                                      const int64_t *block_start, int nt, double beta, double eps,
-                                      double sigma, int rebound) {
+                                      int64_t step0, const int64_t *block_start, int64_t num_blocks,
+                                      int nt, double beta, double eps, double sigma, int rebound) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= nt) return;
-    const int64_t t = steps[i] + 1;
+    const int64_t t = steps ? steps[i] + 1 : step0;
     double s4 = 0.0, sgd = 0.0, sbd = 0.0, r = 0.0;
-    for (int64_t k = block_start[i]; k < block_start[i + 1]; k++) {
+    const int64_t k0 = block_start ? block_start[i] : 0,
+                  k1 = block_start ? block_start[i + 1] : num_blocks;
+    for (int64_t k = k0; k < k1; k++) {
         s4 = __dadd_rn(s4, partials[4 * k]);
         sgd = __dadd_rn(sgd, partials[4 * k + 1]);
         sbd = __dadd_rn(sbd, partials[4 * k + 2]);
@@ -199,7 +210,7 @@ __global__ void apollo_scalars_kernel(double *sc, const double *partials, int64_
     x[AP_DELTA] = __dmul_rn(-alpha, sgd) / den2 - sbd / den2;
     x[AP_R] = r;
     x[AP_EOA] = eps / alpha;
-    steps[i] = t;
+    if (steps) steps[i] = t;
 }
 
 /* Pass 2: m, B, then d and θ (unless stable: ΣD per block, lanes in order, into dsum). */
@@ -246,15 +257,17 @@ __global__ void apollo_update_kernel(float *theta, const float *g, float *m, flo
 }
 
 /* Stable weight decay: coef_i = wd / (ΣD_i / n_i), blocks in order. */
-__global__ void apollo_stable_coef_kernel(double *sc, const double *dsum,
-                                          const int64_t *block_start, const int64_t *numels, int nt,
+__global__ void apollo_stable_coef_kernel(double *sc, const double *dsum, Table tb, int nt,
                                           double weight_decay) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= nt) return;
     double total = 0.0;
-    for (int64_t k = block_start[i]; k < block_start[i + 1]; k++)
+    const int64_t k0 = tb.block_tensor ? tb.block_start[i] : 0,
+                  k1 = tb.block_tensor ? tb.block_start[i + 1] : tb.num_blocks;
+    for (int64_t k = k0; k < k1; k++)
         total = __dadd_rn(total, dsum[k]);
-    sc[(size_t)i * AP_PER_TENSOR + AP_COEF] = weight_decay / (total / (double)numels[i]);
+    const int64_t n = tb.block_tensor ? tb.numels[i] : tb.single_n;
+    sc[(size_t)i * AP_PER_TENSOR + AP_COEF] = weight_decay / (total / (double)n);
 }
 
 __global__ void apollo_stable_kernel(float *theta, const float *m, const float *Bh, float *d,
@@ -289,8 +302,53 @@ cudaError_t luna_cuda_multi_scale(cudaStream_t s, float *x, int64_t num_blocks,
                                   const int64_t *block_start, const int32_t *block_tensor,
                                   const float *coef, float alpha) {
     if (num_blocks <= 0 || (!coef && alpha == 1.0f)) return cudaSuccess;
-    const Table t = {offsets, numels, block_start, block_tensor};
+    const Table t = {offsets, numels, block_start, block_tensor, -1, num_blocks};
     LUNA_LAUNCH(multi_scale_kernel, (unsigned)num_blocks, kThreads, 0, s, x, t, coef, alpha);
+    return cudaGetLastError();
+}
+
+/* The launches of one Adam or Apollo update over `t` (a table, or a single tensor with step0). */
+static cudaError_t adam(cudaStream_t s, float *theta, const float *g, float *exp_avg,
+                        float *exp_avg_sq, int num_tensors, const Table &t, double *workspace,
+                        int64_t *steps, int64_t step0, double lr, double beta1, double beta2,
+                        double eps, double weight_decay) {
+    LUNA_LAUNCH(adam_scalars_kernel, (unsigned)((num_tensors + 127) / 128), 128, 0, s, workspace,
+                steps, step0, num_tensors, lr, beta1, beta2, weight_decay);
+    if (t.num_blocks > 0)
+        LUNA_LAUNCH(multi_adam_kernel, (unsigned)t.num_blocks, kThreads, 0, s, theta, g, exp_avg,
+                    exp_avg_sq, t, static_cast<const double *>(workspace), beta1, beta2, eps);
+    return cudaGetLastError();
+}
+
+static cudaError_t apollo(cudaStream_t s, float *theta, const float *g, float *exp_avg,
+                          float *approx_hessian, float *update, int num_tensors, const Table &t,
+                          double *workspace, int64_t *steps, int64_t step0, double lr, double beta,
+                          double eps, double sigma, int rebound, double weight_decay, int wd_type) {
+    const int64_t num_blocks = t.num_blocks;
+    /* the workspace: [4·blocks] partials, [blocks] ΣD, then [8 per tensor] scalars (the tensor
+     * table's LUNA_TENSOR_TABLE_WORKSPACE_PER_BLOCK = 5, _PER_TENSOR = 8) */
+    double *partials = workspace, *dsum = workspace + 4 * num_blocks,
+           *sc = workspace + 5 * num_blocks;
+    const double l2 = wd_type == WD_L2 ? weight_decay : 0.0;
+    const double decoupled = wd_type == WD_DECOUPLED ? weight_decay : 0.0;
+    const int stable = wd_type == WD_STABLE;
+    const unsigned tblocks = (unsigned)((num_tensors + 127) / 128);
+    if (num_blocks > 0)
+        LUNA_LAUNCH(apollo_reduce_kernel, (unsigned)num_blocks, kLanes, 0, s, theta, g, exp_avg,
+                    approx_hessian, update, t, l2, partials);
+    LUNA_LAUNCH(apollo_scalars_kernel, tblocks, 128, 0, s, sc, partials, steps, step0,
+                t.block_tensor ? t.block_start : nullptr, num_blocks, num_tensors, beta, eps, sigma,
+                rebound);
+    if (num_blocks > 0)
+        LUNA_LAUNCH(apollo_update_kernel, (unsigned)num_blocks, kLanes, 0, s, theta, g, exp_avg,
+                    approx_hessian, update, t, static_cast<const double *>(sc), l2, sigma, rebound,
+                    decoupled, lr, stable, dsum);
+    if (stable && num_blocks > 0) {
+        LUNA_LAUNCH(apollo_stable_coef_kernel, tblocks, 128, 0, s, sc, dsum, t, num_tensors,
+                    weight_decay);
+        LUNA_LAUNCH(apollo_stable_kernel, (unsigned)num_blocks, kThreads, 0, s, theta, exp_avg,
+                    approx_hessian, update, t, static_cast<const double *>(sc), sigma, rebound, lr);
+    }
     return cudaGetLastError();
 }
 
@@ -302,14 +360,19 @@ cudaError_t luna_cuda_multi_adam_update(cudaStream_t s, float *theta, const floa
                                         int64_t *steps, double lr, double beta1, double beta2,
                                         double eps, double weight_decay) {
     if (num_tensors <= 0) return cudaSuccess;
-    LUNA_LAUNCH(adam_scalars_kernel, (unsigned)((num_tensors + 127) / 128), 128, 0, s, workspace,
-                steps, num_tensors, lr, beta1, beta2, weight_decay);
-    if (num_blocks > 0) {
-        const Table t = {offsets, numels, block_start, block_tensor};
-        LUNA_LAUNCH(multi_adam_kernel, (unsigned)num_blocks, kThreads, 0, s, theta, g, exp_avg,
-                    exp_avg_sq, t, static_cast<const double *>(workspace), beta1, beta2, eps);
-    }
-    return cudaGetLastError();
+    const Table t = {offsets, numels, block_start, block_tensor, -1, num_blocks};
+    return adam(s, theta, g, exp_avg, exp_avg_sq, num_tensors, t, workspace, steps, 0, lr, beta1,
+                beta2, eps, weight_decay);
+}
+
+cudaError_t luna_cuda_adam_update(cudaStream_t s, float *theta, const float *g, float *exp_avg,
+                                  float *exp_avg_sq, int64_t n, int64_t step, double lr,
+                                  double beta1, double beta2, double eps, double weight_decay,
+                                  double *workspace) {
+    if (n <= 0) return cudaSuccess;
+    const Table t = {nullptr, nullptr, nullptr, nullptr, n, (n + kBlock - 1) / kBlock};
+    return adam(s, theta, g, exp_avg, exp_avg_sq, 1, t, workspace, nullptr, step, lr, beta1, beta2,
+                eps, weight_decay);
 }
 
 cudaError_t luna_cuda_multi_apollo_update(cudaStream_t s, float *theta, const float *g,
@@ -321,31 +384,19 @@ cudaError_t luna_cuda_multi_apollo_update(cudaStream_t s, float *theta, const fl
                                           double eps, double sigma, int rebound,
                                           double weight_decay, int wd_type) {
     if (num_tensors <= 0) return cudaSuccess;
-    const Table t = {offsets, numels, block_start, block_tensor};
-    /* the table's workspace: [4·blocks] partials, [blocks] ΣD, then [8 per tensor] scalars
-     * (LUNA_TENSOR_TABLE_WORKSPACE_PER_BLOCK = 5, _PER_TENSOR = 8) */
-    double *partials = workspace, *dsum = workspace + 4 * num_blocks,
-           *sc = workspace + 5 * num_blocks;
-    const double l2 = wd_type == WD_L2 ? weight_decay : 0.0;
-    const double decoupled = wd_type == WD_DECOUPLED ? weight_decay : 0.0;
-    const int stable = wd_type == WD_STABLE;
-    const unsigned tblocks = (unsigned)((num_tensors + 127) / 128);
-    if (num_blocks > 0)
-        LUNA_LAUNCH(apollo_reduce_kernel, (unsigned)num_blocks, kLanes, 0, s, theta, g, exp_avg,
-                    approx_hessian, update, t, l2, partials);
-    LUNA_LAUNCH(apollo_scalars_kernel, tblocks, 128, 0, s, sc, partials, steps, block_start,
-                num_tensors, beta, eps, sigma, rebound);
-    if (num_blocks > 0)
-        LUNA_LAUNCH(apollo_update_kernel, (unsigned)num_blocks, kLanes, 0, s, theta, g, exp_avg,
-                    approx_hessian, update, t, static_cast<const double *>(sc), l2, sigma, rebound,
-                    decoupled, lr, stable, dsum);
-    if (stable && num_blocks > 0) {
-        LUNA_LAUNCH(apollo_stable_coef_kernel, tblocks, 128, 0, s, sc, dsum, block_start, numels,
-                    num_tensors, weight_decay);
-        LUNA_LAUNCH(apollo_stable_kernel, (unsigned)num_blocks, kThreads, 0, s, theta, exp_avg,
-                    approx_hessian, update, t, static_cast<const double *>(sc), sigma, rebound, lr);
-    }
-    return cudaGetLastError();
+    const Table t = {offsets, numels, block_start, block_tensor, -1, num_blocks};
+    return apollo(s, theta, g, exp_avg, approx_hessian, update, num_tensors, t, workspace, steps, 0,
+                  lr, beta, eps, sigma, rebound, weight_decay, wd_type);
+}
+
+cudaError_t luna_cuda_apollo_update(cudaStream_t s, float *theta, const float *g, float *exp_avg,
+                                    float *approx_hessian, float *update, int64_t n, int64_t step,
+                                    double lr, double beta, double eps, double sigma, int rebound,
+                                    double weight_decay, int wd_type, double *workspace) {
+    if (n <= 0) return cudaSuccess;
+    const Table t = {nullptr, nullptr, nullptr, nullptr, n, (n + kBlock - 1) / kBlock};
+    return apollo(s, theta, g, exp_avg, approx_hessian, update, 1, t, workspace, nullptr, step, lr,
+                  beta, eps, sigma, rebound, weight_decay, wd_type);
 }
 
 } // extern "C"
