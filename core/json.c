@@ -262,7 +262,70 @@ static luna_status parse_number(parser *p, luna_json *v) {
 
 static luna_status parse_value(parser *p, luna_json *v);
 
+/* Duplicate-key detection in O(1) per key: an open-addressing table of item indices (+1, 0 is
+ * empty) over the keys parsed so far, kept at most half full. Only objects with more than
+ * KEY_INDEX_MIN keys build one; smaller ones compare linearly. */
+#define KEY_INDEX_MIN 16
+
+typedef struct {
+    size_t *slots;
+    size_t capacity; /* a power of two, or 0 */
+} key_index;
+
+static uint64_t key_hash(const char *s) { /* FNV-1a */
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+static void key_index_put(key_index *ix, const luna_json *obj, size_t item) {
+    size_t mask = ix->capacity - 1;
+    for (size_t i = (size_t)key_hash(obj->keys[item]) & mask;; i = (i + 1) & mask)
+        if (!ix->slots[i]) {
+            ix->slots[i] = item + 1;
+            return;
+        }
+}
+
+/* Whether `key` is already a key of obj (items [0, obj->length)); false with *oom on failure. */
+static bool key_seen(key_index *ix, const luna_json *obj, const char *key, bool *oom) {
+    if (obj->length < KEY_INDEX_MIN) {
+        for (size_t i = 0; i < obj->length; i++)
+            if (strcmp(obj->keys[i], key) == 0) return true;
+        return false;
+    }
+    if (2 * (obj->length + 1) > ix->capacity) { /* (re)build, at least twice as large */
+        size_t cap = 64;
+        while (cap < 4 * (obj->length + 1))
+            cap *= 2;
+        size_t *slots = calloc(cap, sizeof *slots);
+        if (!slots) {
+            *oom = true;
+            return false;
+        }
+        free(ix->slots);
+        ix->slots = slots;
+        ix->capacity = cap;
+        for (size_t i = 0; i < obj->length; i++)
+            key_index_put(ix, obj, i);
+    }
+    size_t mask = ix->capacity - 1;
+    for (size_t i = (size_t)key_hash(key) & mask; ix->slots[i]; i = (i + 1) & mask)
+        if (strcmp(obj->keys[ix->slots[i] - 1], key) == 0) return true;
+    return false;
+}
+
+static luna_status parse_container_items(parser *p, luna_json *v, bool object, key_index *ix);
+
 static luna_status parse_container(parser *p, luna_json *v, bool object) {
+    key_index ix = {0};
+    luna_status st = parse_container_items(p, v, object, &ix);
+    free(ix.slots);
+    return st;
+}
+
+static luna_status parse_container_items(parser *p, luna_json *v, bool object, key_index *ix) {
     size_t start = p->pos++;
     if (++p->depth > 512) return fail(p, start, "nesting too deep");
     v->type = object ? LUNA_JSON_OBJECT : LUNA_JSON_ARRAY;
@@ -292,9 +355,14 @@ static luna_status parse_container(parser *p, luna_json *v, bool object) {
                 return fail(p, p->pos, "expected a string key");
             size_t key_at = p->pos, key_len;
             LUNA_TRY(parse_string(p, &key, &key_len));
-            if (strlen(key) != key_len || luna_json_get(v, key)) {
+            bool oom = false;
+            if (strlen(key) != key_len || key_seen(ix, v, key, &oom)) {
                 free(key);
                 return fail(p, key_at, "duplicate object key");
+            }
+            if (oom) {
+                free(key);
+                return luna_error(LUNA_ERR_OUT_OF_MEMORY, "JSON: out of memory");
             }
             skip_ws(p);
             if (p->pos >= p->len || p->text[p->pos] != ':') {
@@ -306,6 +374,7 @@ static luna_status parse_container(parser *p, luna_json *v, bool object) {
         memset(&v->items[v->length], 0, sizeof v->items[0]);
         if (object) v->keys[v->length] = key;
         v->length++; /* counted now so that an error below frees it */
+        if (object && ix->capacity) key_index_put(ix, v, v->length - 1);
         LUNA_TRY(parse_value(p, &v->items[v->length - 1]));
         skip_ws(p);
         if (p->pos >= p->len)

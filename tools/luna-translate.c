@@ -18,6 +18,7 @@
  *
  * Exit status: 0 success, 1 bad input or failure (one line on stderr), 2 usage error.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -335,6 +336,17 @@ static double now(void) {
     return ts.tv_sec + 1e-9 * ts.tv_nsec;
 }
 
+/* Whether stdout has lost output so far (every sentence checks, so a full disk stops the run at
+ * once); `final` also flushes. A failed write sets the stream's error flag even when a later
+ * flush has nothing left to write, so checking only the last fflush is not enough. */
+static luna_status check_stdout(bool final) {
+    errno = 0;
+    if ((final && fflush(stdout) != 0) || ferror(stdout))
+        return luna_error(LUNA_ERR_IO, "stdout: write error: %s (output is incomplete)",
+                          errno ? strerror(errno) : "unknown error");
+    return LUNA_OK;
+}
+
 static luna_status write_translations(program *p, size_t n) {
     const bool fs = !strcmp(opt.output_format, "fairseq");
     for (size_t i = 0; i < n; i++) {
@@ -364,8 +376,9 @@ static luna_status write_translations(program *p, size_t n) {
             }
             free(d);
         }
+        LUNA_TRY(check_stdout(false));
     }
-    return fflush(stdout) ? luna_error(LUNA_ERR_IO, "stdout: write error") : LUNA_OK;
+    return check_stdout(true);
 }
 
 static luna_status write_scores(program *p, size_t n) {
@@ -378,6 +391,7 @@ static luna_status write_scores(program *p, size_t n) {
         const double avg2 = len ? (float)(sum / len / M_LN2) : 0.0;
         if (!fs) {
             print_float(stdout, avg2), putchar('\n');
+            LUNA_TRY(check_stdout(false));
             continue;
         }
         printf("S-%zu\t", i);
@@ -390,8 +404,9 @@ static luna_status write_scores(program *p, size_t n) {
         for (int t = 0; t < len; t++)
             printf("%s%.4f", t ? " " : "", p->pos[i][t] / M_LN2);
         putchar('\n');
+        LUNA_TRY(check_stdout(false));
     }
-    return fflush(stdout) ? luna_error(LUNA_ERR_IO, "stdout: write error") : LUNA_OK;
+    return check_stdout(true);
 }
 
 static luna_status run(program *p) {
@@ -512,8 +527,16 @@ int main(int argc, char **argv) {
     memset(&p, 0, sizeof p);
     luna_status st = run(&p);
     program_free(&p);
+    /* The last chance to see a lost write (e.g. the error came from stdio's own buffering). */
+    bool closed = false;
+    if (st == LUNA_OK) {
+        closed = true;
+        if (fclose(stdout) != 0)
+            st = luna_error(LUNA_ERR_IO, "stdout: write error: %s (output is incomplete)",
+                            strerror(errno));
+    }
     if (st != LUNA_OK) {
-        fflush(stdout);
+        if (!closed) fflush(stdout);
         fprintf(stderr, PROG ": %s\n", luna_error_message());
         return 1;
     }

@@ -368,6 +368,7 @@ static luna_status restore_optimizer(luna_trainer *t, const luna_safetensors *st
                 "optimizer state (resume with --reset-optimizer to start a fresh one)");
             return s;
         }
+        LUNA_TRY(luna_safetensors_check_finite(st, found));
         LUNA_TRY(luna_mem_from_host(t->be, view.data, found->data, luna_tensor_bytes(&view)));
     }
     return LUNA_OK;
