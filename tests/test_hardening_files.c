@@ -26,9 +26,11 @@ static void teardown(void) {
     free(dir);
 }
 
+/* CPU time of this process: a bound that holds on a loaded machine (the quadratic parser took
+ * over 60 s of CPU for these inputs; the linear one takes about 0.1 s). */
 static double seconds(void) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
     return ts.tv_sec + 1e-9 * ts.tv_nsec;
 }
 
@@ -67,7 +69,7 @@ START_TEST(json_many_keys_linear) {
     luna_json *v;
     LUNA_CHECK_OK(luna_json_parse(&v, text, len, NULL));
     double secs = seconds() - t0;
-    ck_assert_msg(secs < 2.0, "200k keys took %.2f s", secs);
+    ck_assert_msg(secs < 5.0, "200k keys took %.2f s of CPU", secs);
     ck_assert_uint_eq(v->length, n);
     ck_assert_uint_eq(luna_json_get(v, "k123456")->uint_value, 123456);
     luna_json_free(v);
@@ -103,7 +105,7 @@ START_TEST(safetensors_many_tensors_linear) {
     luna_safetensors *st;
     LUNA_CHECK_OK(luna_safetensors_open(&st, path));
     double secs = seconds() - t0;
-    ck_assert_msg(secs < 2.0, "200k tensors took %.2f s", secs);
+    ck_assert_msg(secs < 5.0, "200k tensors took %.2f s of CPU", secs);
     ck_assert_int_eq(luna_safetensors_count(st), (int)n);
     luna_safetensors_close(st);
     free(path);

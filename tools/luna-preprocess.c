@@ -365,6 +365,12 @@ static luna_status run(void) {
 
     luna_staged_dir *stage = NULL;
     LUNA_TRY(luna_staged_dir_create(&stage, opt.destdir));
+    const char *stale_example;
+    size_t stale = luna_staged_dir_stale_removed(stage, &stale_example);
+    if (stale)
+        printf(PROG ": note: removed %zu staging director%s of an earlier run that no longer "
+                    "runs (e.g. %s)\n",
+               stale, stale == 1 ? "y" : "ies", stale_example);
     const char *dir = luna_staged_dir_path(stage);
     luna_spm *spm = NULL;
     luna_dictionary *dicts[2] = {NULL, NULL};

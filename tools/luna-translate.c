@@ -340,7 +340,7 @@ static double now(void) {
  * once); `final` also flushes. A failed write sets the stream's error flag even when a later
  * flush has nothing left to write, so checking only the last fflush is not enough. */
 static luna_status check_stdout(bool final) {
-    errno = 0;
+    /* errno is the failed write's: checked right after each sentence's writes. */
     if ((final && fflush(stdout) != 0) || ferror(stdout))
         return luna_error(LUNA_ERR_IO, "stdout: write error: %s (output is incomplete)",
                           errno ? strerror(errno) : "unknown error");
