@@ -15,6 +15,7 @@
 #include "data/dictionary.h"
 #include "model/checkpoint.h"
 #include "model/param_table.h"
+#include "model/seq2seq.h"
 #include "tests/test_util.h"
 #include "trainer/options.h"
 
@@ -236,6 +237,39 @@ START_TEST(integer_option_overflow) {
 }
 END_TEST
 
+/* Before: the allocation failure for an absurd configuration said "out of memory" without
+ * naming the checkpoint whose configuration asked for it. */
+START_TEST(absurd_config_names_checkpoint) {
+    luna_config c;
+    LUNA_CHECK_OK(luna_config_preset(&c, "luna_tiny"));
+    c.vocab_size = 1000;
+    c.encoder_embed_dim = c.decoder_embed_dim = 65536;
+    c.encoder_ffn_embed_dim = c.decoder_ffn_embed_dim = 65536;
+    c.encoder_layers = c.decoder_layers = 1000; /* ~5e13 parameters: 200 TB */
+    char *config;
+    LUNA_CHECK_OK(luna_config_to_json(&c, &config));
+    const luna_st_metadata meta[] = {
+        {"format", LUNA_CHECKPOINT_FORMAT}, {"config", config},     {"src_dict", "a 1\n"},
+        {"tgt_dict", "a 1\n"},              {"spm_model", ""},      {"source_lang", "en"},
+        {"target_lang", "de"},
+    };
+    char *path = path_of("huge.safetensors");
+    float x = 0;
+    luna_st_tensor t = {.name = "x", .dtype = LUNA_F32, .ndim = 1, .shape = {1}, .data = &x};
+    LUNA_CHECK_OK(luna_safetensors_write(path, &t, 1, meta, 7));
+    luna_backend *be = luna_test_backend(1);
+    luna_seq2seq *model = NULL;
+    luna_status s = luna_checkpoint_load_model(path, be, &model, NULL);
+    ck_assert_int_ne(s, LUNA_OK);
+    ck_assert_ptr_null(model);
+    const char *m = luna_error_message();
+    ck_assert_msg(strstr(m, path) && !strchr(m, '\n'), "message: %s", m);
+    luna_backend_free(be);
+    free(path);
+    free(config);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("hardening_files");
     TCase *tc = tcase_create("hostile");
@@ -248,6 +282,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, nonfinite_weights_refused);
     tcase_add_test(tc, dictionary_negative_count);
     tcase_add_test(tc, integer_option_overflow);
+    tcase_add_test(tc, absurd_config_names_checkpoint);
     suite_add_tcase(s, tc);
     return s;
 }
