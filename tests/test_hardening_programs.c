@@ -143,7 +143,7 @@ static void suite_setup(void) {
     save_checkpoint(in_dir("a.safetensors"));
     /* Many lines, so that the output outgrows stdio's buffer (the lost writes were those). */
     FILE *f = fopen(in_dir("in.txt"), "w");
-    for (int i = 0; i < 400; i++)
+    for (int i = 0; i < 200; i++)
         fprintf(f, "the cat sat on the mat %d\n", i);
     fclose(f);
     luna_synthetic_options so;
@@ -195,6 +195,24 @@ START_TEST(translate_to_full_device_fails) {
     }
     result r = run(translate, cases[0], NULL); /* the same to a file works */
     ck_assert_msg(r.status == 0, "%s", r.err);
+}
+END_TEST
+
+/* Before: --max-len-b 4294967301 was cast to int (5) and --beam 99999999999999999999 saturated;
+ * now both are usage errors (status 2) naming the option. */
+START_TEST(translate_integer_options_in_range) {
+    const char *const *cases[] = {
+        ARGS("a.safetensors", "--input", "in.txt", "--max-len-b", "4294967301"),
+        ARGS("a.safetensors", "--input", "in.txt", "--beam", "99999999999999999999"),
+        ARGS("a.safetensors", "--input", "in.txt", "--batch-size", "4294967296"),
+    };
+    const char *names[] = {"--max-len-b", "--beam", "--batch-size"};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        result r = run(translate, cases[i], NULL);
+        ck_assert_msg(r.status == 2 && strstr(r.err, names[i]) &&
+                          strchr(r.err, '\n') == r.err + strlen(r.err) - 1,
+                      "%s: exit %d: %s", names[i], r.status, r.err);
+    }
 }
 END_TEST
 
@@ -410,6 +428,7 @@ static Suite *suite(void) {
     tcase_set_timeout(tc, 300);
     tcase_add_unchecked_fixture(tc, suite_setup, suite_teardown);
     tcase_add_test(tc, translate_to_full_device_fails);
+    tcase_add_test(tc, translate_integer_options_in_range);
     tcase_add_test(tc, nonfinite_weights_refused_by_every_program);
     tcase_add_test(tc, second_trainer_on_save_dir_refused);
     tcase_add_test(tc, stale_lock_and_temporaries_cleaned);

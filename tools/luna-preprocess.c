@@ -117,8 +117,10 @@ static int parse_args(int argc, char **argv) {
         return luna_options_usage_error(PROG, "%s", "--no-spm and --spm-model exclude each other");
     if (opt.workers < 1 || opt.workers > 1024)
         return luna_options_usage_error(PROG, "%s", "--workers must be between 1 and 1024");
-    if (opt.bpe_vocab_size < 8)
-        return luna_options_usage_error(PROG, "%s", "--bpe-vocab-size must be at least 8");
+    if (opt.bpe_vocab_size < 8 || opt.bpe_vocab_size > 100000000)
+        return luna_options_usage_error(PROG, "%s", "--bpe-vocab-size must be in 8..100000000");
+    if (opt.padding_factor < 1 || opt.padding_factor > 1000000)
+        return luna_options_usage_error(PROG, "%s", "--padding-factor must be in 1..1000000");
     if (opt.max_line_bytes < 1)
         return luna_options_usage_error(PROG, "%s", "--max-line-bytes must be positive");
     if (!(opt.character_coverage > 0.0 && opt.character_coverage <= 1.0))

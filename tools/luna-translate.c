@@ -119,6 +119,17 @@ static int parse_args(int argc, char **argv) {
         return luna_options_usage_error(PROG, "%s", "--threads must be in 1..1024");
     if (opt.max_input_tokens < 2)
         return luna_options_usage_error(PROG, "%s", "--max-input-tokens must be at least 2");
+    /* Passed on as int: larger values would wrap (2^32 + 5 into 5) instead of failing. */
+    const struct {
+        const char *name;
+        int64_t value;
+    } as_int[] = {{"--min-len", opt.min_len},       {"--max-len-b", opt.max_len_b},
+                  {"--max-tokens", opt.max_tokens}, {"--batch-size", opt.batch_size},
+                  {"--max-input-tokens", opt.max_input_tokens}};
+    for (size_t i = 0; i < sizeof as_int / sizeof as_int[0]; i++)
+        if (as_int[i].value > 1000000000)
+            return luna_options_usage_error(PROG, "%s must be at most 1000000000 (got %lld)",
+                                            as_int[i].name, (long long)as_int[i].value);
     if (opt.score_reference != (opt.reference != NULL))
         return luna_options_usage_error(PROG, "%s",
                                         "--score-reference and --reference FILE go together");
