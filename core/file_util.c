@@ -25,10 +25,16 @@ struct luna_atomic_file {
     bool failed;
 };
 
-/* Temporary names are made unique with pid + a process-wide counter + clock bits; O_EXCL makes
- * a collision (e.g. a leftover from a crashed run) retry instead of clobbering. We do not use
- * mkstemp() because it creates mode 0600 files and fixing the mode needs the process umask. */
+/* Temporary names are made unique with pid + a process-wide counter; O_EXCL makes a collision
+ * (e.g. a leftover from a crashed run with the same pid) retry instead of clobbering. We do not
+ * use mkstemp() because it creates mode 0600 files and fixing the mode needs the process umask.
+ * The pid in the name lets a later run see that the writer is gone (core/dir_lock.h). */
 static atomic_uint_fast64_t temp_counter;
+
+void luna_temp_name(char *buf, size_t size, const char *path) {
+    uint64_t n = atomic_fetch_add(&temp_counter, 1);
+    snprintf(buf, size, "%s.tmp-%ld-%llx", path, (long)getpid(), (unsigned long long)n);
+}
 
 static char *dir_of(const char *path) {
     const char *slash = strrchr(path, '/');
@@ -72,12 +78,8 @@ luna_status luna_atomic_file_create(luna_atomic_file **out, const char *path) {
         luna_atomic_file_free(f);
         return luna_error(LUNA_ERR_OUT_OF_MEMORY, "%s: out of memory creating the file", path);
     }
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
     for (int attempt = 0; attempt < 100; attempt++) {
-        uint64_t n = atomic_fetch_add(&temp_counter, 1);
-        snprintf(f->tmp_path, tmp_len, "%s.tmp-%ld-%llx", path, (long)getpid(),
-                 (unsigned long long)(n ^ ((uint64_t)ts.tv_nsec << 16)));
+        luna_temp_name(f->tmp_path, tmp_len, path);
         f->fd = open(f->tmp_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
         if (f->fd >= 0 || errno != EEXIST) break;
     }

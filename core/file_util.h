@@ -19,8 +19,13 @@
 
 typedef struct luna_atomic_file luna_atomic_file;
 
-/* Start writing `path`: creates "<path>.tmp-XXXXXX" next to it (same filesystem, so the final
- * rename is atomic). Nothing at `path` changes until luna_atomic_file_commit(). */
+/* "<path>.tmp-<pid>-<n>" into buf: a temporary name next to `path`, n counting this process's
+ * temporaries (create it with O_EXCL and try the next name on EEXIST, e.g. the leftover of a
+ * dead process that had the same pid). core/dir_lock.h removes those of dead processes. */
+void luna_temp_name(char *buf, size_t size, const char *path);
+
+/* Start writing `path`: creates a temporary (luna_temp_name) next to it (same filesystem, so the
+ * final rename is atomic). Nothing at `path` changes until luna_atomic_file_commit(). */
 luna_status luna_atomic_file_create(luna_atomic_file **out, const char *path);
 
 /* Append n bytes (buffered). After a failure the file can only be freed. */

@@ -262,7 +262,70 @@ static luna_status parse_number(parser *p, luna_json *v) {
 
 static luna_status parse_value(parser *p, luna_json *v);
 
+/* Duplicate-key detection in O(1) per key: an open-addressing table of item indices (+1, 0 is
+ * empty) over the keys parsed so far, kept at most half full. Only objects with more than
+ * KEY_INDEX_MIN keys build one; smaller ones compare linearly. */
+#define KEY_INDEX_MIN 16
+
+typedef struct {
+    size_t *slots;
+    size_t capacity; /* a power of two, or 0 */
+} key_index;
+
+static uint64_t key_hash(const char *s) { /* FNV-1a */
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+static void key_index_put(key_index *ix, const luna_json *obj, size_t item) {
+    size_t mask = ix->capacity - 1;
+    for (size_t i = (size_t)key_hash(obj->keys[item]) & mask;; i = (i + 1) & mask)
+        if (!ix->slots[i]) {
+            ix->slots[i] = item + 1;
+            return;
+        }
+}
+
+/* Whether `key` is already a key of obj (items [0, obj->length)); false with *oom on failure. */
+static bool key_seen(key_index *ix, const luna_json *obj, const char *key, bool *oom) {
+    if (obj->length < KEY_INDEX_MIN) {
+        for (size_t i = 0; i < obj->length; i++)
+            if (strcmp(obj->keys[i], key) == 0) return true;
+        return false;
+    }
+    if (2 * (obj->length + 1) > ix->capacity) { /* (re)build, at least twice as large */
+        size_t cap = 64;
+        while (cap < 4 * (obj->length + 1))
+            cap *= 2;
+        size_t *slots = calloc(cap, sizeof *slots);
+        if (!slots) {
+            *oom = true;
+            return false;
+        }
+        free(ix->slots);
+        ix->slots = slots;
+        ix->capacity = cap;
+        for (size_t i = 0; i < obj->length; i++)
+            key_index_put(ix, obj, i);
+    }
+    size_t mask = ix->capacity - 1;
+    for (size_t i = (size_t)key_hash(key) & mask; ix->slots[i]; i = (i + 1) & mask)
+        if (strcmp(obj->keys[ix->slots[i] - 1], key) == 0) return true;
+    return false;
+}
+
+static luna_status parse_container_items(parser *p, luna_json *v, bool object, key_index *ix);
+
 static luna_status parse_container(parser *p, luna_json *v, bool object) {
+    key_index ix = {0};
+    luna_status st = parse_container_items(p, v, object, &ix);
+    free(ix.slots);
+    return st;
+}
+
+static luna_status parse_container_items(parser *p, luna_json *v, bool object, key_index *ix) {
     size_t start = p->pos++;
     if (++p->depth > 512) return fail(p, start, "nesting too deep");
     v->type = object ? LUNA_JSON_OBJECT : LUNA_JSON_ARRAY;
@@ -292,9 +355,14 @@ static luna_status parse_container(parser *p, luna_json *v, bool object) {
                 return fail(p, p->pos, "expected a string key");
             size_t key_at = p->pos, key_len;
             LUNA_TRY(parse_string(p, &key, &key_len));
-            if (strlen(key) != key_len || luna_json_get(v, key)) {
+            bool oom = false;
+            if (strlen(key) != key_len || key_seen(ix, v, key, &oom)) {
                 free(key);
                 return fail(p, key_at, "duplicate object key");
+            }
+            if (oom) {
+                free(key);
+                return luna_error(LUNA_ERR_OUT_OF_MEMORY, "JSON: out of memory");
             }
             skip_ws(p);
             if (p->pos >= p->len || p->text[p->pos] != ':') {
@@ -306,6 +374,7 @@ static luna_status parse_container(parser *p, luna_json *v, bool object) {
         memset(&v->items[v->length], 0, sizeof v->items[0]);
         if (object) v->keys[v->length] = key;
         v->length++; /* counted now so that an error below frees it */
+        if (object && ix->capacity) key_index_put(ix, v, v->length - 1);
         LUNA_TRY(parse_value(p, &v->items[v->length - 1]));
         skip_ws(p);
         if (p->pos >= p->len)
@@ -398,162 +467,4 @@ const char *luna_json_type_name(luna_json_type type) {
     case LUNA_JSON_OBJECT: return "object";
     }
     return "?";
-}
-
-/* ---- writer ---------------------------------------------------------------------------------- */
-
-void luna_json_writer_init(luna_json_writer *w) {
-    memset(w, 0, sizeof *w);
-    w->first[0] = true;
-}
-
-static void append(luna_json_writer *w, const char *s, size_t n) {
-    if (w->failed) return;
-    if (w->length + n + 1 > w->capacity) {
-        size_t cap = w->capacity ? w->capacity : 256;
-        while (cap < w->length + n + 1)
-            cap *= 2;
-        char *data = realloc(w->data, cap);
-        if (!data) {
-            w->failed = true;
-            return;
-        }
-        w->data = data;
-        w->capacity = cap;
-    }
-    memcpy(w->data + w->length, s, n);
-    w->length += n;
-    w->data[w->length] = '\0';
-}
-
-static void append_str(luna_json_writer *w, const char *s) { append(w, s, strlen(s)); }
-
-/* Separator before a value (or key) at the current depth. */
-static void before_value(luna_json_writer *w) {
-    if (w->after_key) {
-        w->after_key = false;
-        return;
-    }
-    if (!w->first[w->depth]) append(w, ",", 1);
-    w->first[w->depth] = false;
-}
-
-static void open_container(luna_json_writer *w, const char *bracket) {
-    before_value(w);
-    append_str(w, bracket);
-    if (w->depth + 1 >= LUNA_JSON_MAX_DEPTH) {
-        w->failed = true;
-        return;
-    }
-    w->first[++w->depth] = true;
-}
-
-static void close_container(luna_json_writer *w, const char *bracket) {
-    if (w->depth == 0 || w->after_key) {
-        w->failed = true;
-        return;
-    }
-    w->depth--;
-    append_str(w, bracket);
-}
-
-void luna_json_begin_object(luna_json_writer *w) { open_container(w, "{"); }
-void luna_json_end_object(luna_json_writer *w) { close_container(w, "}"); }
-void luna_json_begin_array(luna_json_writer *w) { open_container(w, "["); }
-void luna_json_end_array(luna_json_writer *w) { close_container(w, "]"); }
-
-static void write_escaped(luna_json_writer *w, const char *s) {
-    append(w, "\"", 1);
-    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
-        char esc[8];
-        switch (*c) {
-        case '"': append(w, "\\\"", 2); break;
-        case '\\': append(w, "\\\\", 2); break;
-        case '\n': append(w, "\\n", 2); break;
-        case '\r': append(w, "\\r", 2); break;
-        case '\t': append(w, "\\t", 2); break;
-        default:
-            if (*c < 0x20) {
-                snprintf(esc, sizeof esc, "\\u%04x", *c);
-                append_str(w, esc);
-            } else {
-                append(w, (const char *)c, 1);
-            }
-        }
-    }
-    append(w, "\"", 1);
-}
-
-void luna_json_key(luna_json_writer *w, const char *key) {
-    before_value(w);
-    write_escaped(w, key);
-    append(w, ":", 1);
-    w->after_key = true;
-}
-
-void luna_json_string(luna_json_writer *w, const char *s) {
-    before_value(w);
-    write_escaped(w, s);
-}
-
-void luna_json_int(luna_json_writer *w, int64_t v) {
-    char buf[32];
-    snprintf(buf, sizeof buf, "%lld", (long long)v);
-    before_value(w);
-    append_str(w, buf);
-}
-
-void luna_json_uint(luna_json_writer *w, uint64_t v) {
-    char buf[32];
-    snprintf(buf, sizeof buf, "%llu", (unsigned long long)v);
-    before_value(w);
-    append_str(w, buf);
-}
-
-void luna_json_double(luna_json_writer *w, double v) {
-    before_value(w);
-    if (!isfinite(v)) {
-        append_str(w, "null");
-        return;
-    }
-    char buf[40];
-    if (v == floor(v) && fabs(v) < 1e15) { /* integral: 900, not the shortest form 9e+02 */
-        snprintf(buf, sizeof buf, "%.0f", v);
-        append_str(w, buf);
-        return;
-    }
-    for (int precision = 1; precision <= 17; precision++) {
-        snprintf(buf, sizeof buf, "%.*g", precision, v);
-        if (strtod(buf, NULL) == v) break;
-    }
-    append_str(w, buf);
-}
-
-void luna_json_bool(luna_json_writer *w, bool v) {
-    before_value(w);
-    append_str(w, v ? "true" : "false");
-}
-
-void luna_json_null(luna_json_writer *w) {
-    before_value(w);
-    append_str(w, "null");
-}
-
-luna_status luna_json_writer_finish(luna_json_writer *w, char **text, size_t *length) {
-    if (w->failed || w->depth != 0 || w->after_key || !w->data) {
-        bool oom = w->failed && w->depth == 0;
-        luna_json_writer_free(w);
-        return oom ? luna_error(LUNA_ERR_OUT_OF_MEMORY, "JSON writer: out of memory")
-                   : luna_error(LUNA_ERR_INTERNAL, "JSON writer: unbalanced or empty document");
-    }
-    *text = w->data;
-    if (length) *length = w->length;
-    w->data = NULL;
-    luna_json_writer_init(w);
-    return LUNA_OK;
-}
-
-void luna_json_writer_free(luna_json_writer *w) {
-    free(w->data);
-    luna_json_writer_init(w);
 }

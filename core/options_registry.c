@@ -1,6 +1,7 @@
 /* The table-driven options registry (see options_registry.h). */
 #include "core/options_registry.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -40,9 +41,14 @@ static luna_status set_value(void *base, const luna_option_spec *s, const char *
         *(const char **)field(base, s) = v;
         break;
     case LUNA_OPT_INT: {
+        errno = 0;
         long long x = strtoll(v, &end, 10);
         if (!*v || *end)
             return luna_error(LUNA_ERR_INVALID_ARGUMENT, "%s: '%s' is not an integer", s->name, v);
+        if (errno == ERANGE) /* strtoll saturates: 99999999999999999999 is not INT64_MAX */
+            return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                              "%s: '%s' is out of range (at most %lld, at least %lld)", s->name, v,
+                              (long long)INT64_MAX, (long long)INT64_MIN);
         *(int64_t *)field(base, s) = x;
         break;
     }

@@ -173,8 +173,10 @@ static luna_status parse_entry(luna_safetensors *st, const char *name, const lun
             s->uint_value > ((uint64_t)1 << 48))
             return bad(st, 8 + s->offset, "invalid dimension", name);
         t->shape[k] = (int64_t)s->uint_value;
+        /* Checked before multiplying: [2^16, 2^48] must not wrap to 0 elements. */
+        if (s->uint_value != 0 && numel > ((uint64_t)1 << 48) / s->uint_value)
+            return bad(st, 8 + s->offset, "tensor too large", name);
         numel *= s->uint_value;
-        if (numel > ((uint64_t)1 << 48)) return bad(st, 8 + s->offset, "tensor too large", name);
     }
     const luna_json *b = &offs->items[0], *en = &offs->items[1];
     if (b->type != LUNA_JSON_NUMBER || !b->is_int || b->is_negative ||
@@ -325,6 +327,45 @@ const luna_st_tensor *luna_safetensors_find(const luna_safetensors *st, const ch
 const char *luna_safetensors_metadata(const luna_safetensors *st, const char *key) {
     const luna_json *v = luna_json_get(st->metadata, key);
     return v ? v->string : NULL;
+}
+
+/* Index of the first element whose exponent bits are all ones (NaN or +-Inf), or n. The data may
+ * be unaligned (foreign files), hence memcpy of a constant size (a plain load); blocks of 1024
+ * with an OR-reduction keep the common all-finite case vectorised and memory-bound. */
+#define FIRST_NONFINITE(NAME, TYPE, MASK)                                                          \
+    static size_t NAME(const uint8_t *data, size_t n) {                                          \
+        for (size_t start = 0; start < n; start += 1024) {                                        \
+            size_t end = n - start < 1024 ? n : start + 1024;                                     \
+            TYPE any = 0;                                                                         \
+            for (size_t i = start; i < end; i++) {                                                \
+                TYPE bits;                                                                        \
+                memcpy(&bits, data + i * sizeof bits, sizeof bits);                               \
+                any |= (TYPE)((bits & MASK) == MASK);                                             \
+            }                                                                                     \
+            if (!any) continue;                                                                   \
+            for (size_t i = start; i < end; i++) {                                                \
+                TYPE bits;                                                                        \
+                memcpy(&bits, data + i * sizeof bits, sizeof bits);                               \
+                if ((bits & MASK) == MASK) return i;                                              \
+            }                                                                                     \
+        }                                                                                         \
+        return n;                                                                                 \
+    }
+FIRST_NONFINITE(first_nonfinite_f32, uint32_t, 0x7f800000u)
+FIRST_NONFINITE(first_nonfinite_bf16, uint16_t, (uint16_t)0x7f80u)
+
+luna_status luna_safetensors_check_finite(const luna_safetensors *st, const luna_st_tensor *t) {
+    if (t->dtype != LUNA_F32 && t->dtype != LUNA_BF16) return LUNA_OK;
+    size_t elem = luna_dtype_size((luna_dtype)t->dtype), n = t->nbytes / elem;
+    size_t i = elem == 4 ? first_nonfinite_f32(t->data, n) : first_nonfinite_bf16(t->data, n);
+    if (i == n) return LUNA_OK;
+    uint32_t bits = 0;
+    memcpy(&bits, (const uint8_t *)t->data + i * elem, elem);
+    bool nan = elem == 4 ? (bits & 0x007fffffu) != 0 : (bits & 0x7fu) != 0;
+    return luna_error(LUNA_ERR_NUMERIC,
+                      "%s: tensor '%s': non-finite value (%s) at element %zu (the checkpoint is "
+                      "damaged or was saved after training diverged; use an earlier one)",
+                      st->path, t->name, nan ? "nan" : "inf", i);
 }
 
 luna_status luna_safetensors_expect(const luna_safetensors *st, const char *name, luna_dtype dtype,

@@ -54,6 +54,12 @@ const luna_st_tensor *luna_safetensors_find(const luna_safetensors *st, const ch
 /* Metadata value (NULL if absent). */
 const char *luna_safetensors_metadata(const luna_safetensors *st, const char *key);
 
+/* LUNA_ERR_NUMERIC with one line "FILE: tensor 'NAME': non-finite value (nan|inf) at element I
+ * ..." when an F32 or BF16 tensor holds a NaN or an infinity; LUNA_OK otherwise (other dtypes
+ * always pass). Every loader of weights calls it, so a damaged or diverged checkpoint is refused
+ * at load instead of translating to empty lines. */
+luna_status luna_safetensors_check_finite(const luna_safetensors *st, const luna_st_tensor *t);
+
 /* Find `name` and check its dtype and shape; LUNA_ERR_MISMATCH (or LUNA_ERR_FORMAT if missing)
  * with one line "FILE: tensor 'NAME': shape [..] (F32), expected [..] (F32)". */
 luna_status luna_safetensors_expect(const luna_safetensors *st, const char *name, luna_dtype dtype,

@@ -320,6 +320,13 @@ luna_status luna_dictionary_load_from_memory(luna_dictionary **out, const char *
                 name, lineno, (int)(n < 80 ? n : 80), line);
             break;
         }
+        if (count < 0) {
+            st = luna_error(LUNA_ERR_FORMAT,
+                            "%s:%ld: negative count %" PRId64 " for '%.*s' (counts are "
+                            "occurrences: 0 or more)",
+                            name, lineno, count, (int)(sp < 80 ? sp : 80), line);
+            break;
+        }
         size_t wlen = (size_t)sp;
         if (memchr(line, '\0', wlen)) {
             st = luna_error(LUNA_ERR_FORMAT, "%s:%ld: token contains a NUL byte", name, lineno);

@@ -8,10 +8,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/dir_lock.h"
 #include "core/file_util.h"
 
 struct luna_staged_dir {
     char *dest, *parent, *path;
+    size_t stale_removed;
+    char stale_example[256];
 };
 
 luna_status luna_make_dirs(const char *path) {
@@ -70,6 +73,36 @@ void luna_staged_dir_free(luna_staged_dir *s) {
     free(s);
 }
 
+/* Remove "<parent>/.<name>.staging-<pid>-XXXXXX" directories whose pid no longer runs (a
+ * luna-preprocess killed before its commit); those of live processes are theirs. */
+static void remove_stale_staging(luna_staged_dir *s, const char *name) {
+    DIR *d = opendir(s->parent);
+    if (!d) return;
+    size_t n = strlen(name);
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        const char *q = e->d_name;
+        if (q[0] != '.' || strncmp(q + 1, name, n) != 0 || strncmp(q + 1 + n, ".staging-", 9) != 0)
+            continue;
+        char *end;
+        long pid = strtol(q + 1 + n + 9, &end, 10);
+        if (end == q + 1 + n + 9 || *end != '-' || luna_process_alive(pid)) continue;
+        char *path = luna_path_join(s->parent, q);
+        if (!path) continue;
+        remove_tree(path);
+        if (!luna_path_exists(path)) {
+            if (!s->stale_removed) snprintf(s->stale_example, sizeof s->stale_example, "%s", q);
+            s->stale_removed++;
+        }
+        free(path);
+    }
+    closedir(d);
+}
+
+size_t luna_staged_dir_stale_removed(const luna_staged_dir *s, const char **example) {
+    if (example) *example = s->stale_example;
+    return s->stale_removed;
+}
+
 luna_status luna_staged_dir_create(luna_staged_dir **out, const char *dest) {
     *out = NULL;
     luna_staged_dir *s = calloc(1, sizeof *s);
@@ -98,8 +131,9 @@ luna_status luna_staged_dir_create(luna_staged_dir **out, const char *dest) {
         st = luna_error(LUNA_ERR_IO, "%s: exists and is not a directory (choose another --destdir)",
                         s->dest);
     if (st == LUNA_OK) st = luna_make_dirs(s->parent);
+    if (st == LUNA_OK) remove_stale_staging(s, name);
     if (st == LUNA_OK) {
-        snprintf(tmp_path, len, "%s/.%s.staging-XXXXXX", s->parent, name);
+        snprintf(tmp_path, len, "%s/.%s.staging-%ld-XXXXXX", s->parent, name, (long)getpid());
         if (!mkdtemp(tmp_path))
             st = luna_error(
                 LUNA_ERR_IO,

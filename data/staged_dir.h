@@ -9,13 +9,19 @@
 #ifndef LUNA_DATA_STAGED_DIR_H
 #define LUNA_DATA_STAGED_DIR_H
 
+#include <stddef.h>
+
 #include "core/status.h"
 
 typedef struct luna_staged_dir luna_staged_dir;
 
-/* Create "<parent>/.<name>.staging-XXXXXX" for destination "<parent>/<name>" (creating the
- * parent directories if needed). The destination, if it exists, must be a directory. */
+/* Create "<parent>/.<name>.staging-<pid>-XXXXXX" for destination "<parent>/<name>" (creating
+ * the parent directories if needed). The destination, if it exists, must be a directory. Staging
+ * directories of the same destination left by processes that no longer run (killed before their
+ * commit) are removed first; luna_staged_dir_stale_removed() says how many (the caller prints
+ * the notice) and names the first in *example. */
 luna_status luna_staged_dir_create(luna_staged_dir **out, const char *dest);
+size_t luna_staged_dir_stale_removed(const luna_staged_dir *s, const char **example);
 
 /* The staging directory (write files here) and the destination. */
 const char *luna_staged_dir_path(const luna_staged_dir *s);

@@ -73,12 +73,14 @@ luna_status luna_checkpoint_open(luna_safetensors **out, const char *path) {
     LUNA_TRY(luna_safetensors_open(&st, path));
     const char *format = luna_safetensors_metadata(st, "format");
     if (!format || strcmp(format, LUNA_CHECKPOINT_FORMAT) != 0) {
+        /* The message is formatted before closing: `format` points into the file's header. */
+        luna_status s = luna_error(
+            LUNA_ERR_FORMAT,
+            "%s: __metadata__.format is %s%s%s, expected \"" LUNA_CHECKPOINT_FORMAT
+            "\" (not a luna checkpoint; convert it first)",
+            path, format ? "\"" : "", format ? format : "missing", format ? "\"" : "");
         luna_safetensors_close(st);
-        return luna_error(LUNA_ERR_FORMAT,
-                          "%s: __metadata__.format is %s%s%s, expected \"" LUNA_CHECKPOINT_FORMAT
-                          "\" (not a luna checkpoint; convert it first)",
-                          path, format ? "\"" : "", format ? format : "missing",
-                          format ? "\"" : "");
+        return s;
     }
     for (size_t i = 0; i < sizeof REQUIRED_KEYS / sizeof REQUIRED_KEYS[0]; i++)
         if (!luna_safetensors_metadata(st, REQUIRED_KEYS[i])) {
@@ -124,6 +126,8 @@ luna_status luna_checkpoint_load_model(const char *path, luna_backend *be, luna_
         return s;
     }
     s = luna_seq2seq_create_for_inference(&mdl, be, &m.config);
+    if (s != LUNA_OK) /* e.g. out of memory for an absurd configuration: say whose it is */
+        luna_error_prefix("%s: building the model of its __metadata__.config", path);
     if (s == LUNA_OK) s = luna_params_load(mdl->params, st);
     luna_safetensors_close(st);
     if (s != LUNA_OK) {

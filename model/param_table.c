@@ -330,11 +330,19 @@ luna_status luna_params_load(luna_params *p, const luna_safetensors *st) {
                               path, name);
     }
     float *host = malloc(p->num_params * sizeof(float));
-    if (!host) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "%s: out of host memory", path);
+    if (!host)
+        return luna_error(LUNA_ERR_OUT_OF_MEMORY,
+                          "%s: out of host memory for %zu parameters (%.1f GiB)", path,
+                          p->num_params, (double)p->num_params * sizeof(float) / (1 << 30));
     for (int i = 0; i < p->num_tensors; i++) {
         const luna_param_info *t = &p->tensors[i];
         const luna_st_tensor *found;
         luna_status s = luna_safetensors_expect(st, t->name, LUNA_F32, t->ndim, t->shape, &found);
+        if (s != LUNA_OK) {
+            free(host);
+            return s;
+        }
+        s = luna_safetensors_check_finite(st, found);
         if (s != LUNA_OK) {
             free(host);
             return s;

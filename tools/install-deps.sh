@@ -5,6 +5,7 @@
 #   tools/install-deps.sh              build, test and run dependencies
 #   tools/install-deps.sh --reference  also python3-torch (regenerating the PyTorch oracle fixtures, benchmarks)
 #   tools/install-deps.sh --mpi        also OpenMPI (the LUNA_MPI build option)
+#   tools/install-deps.sh --fuzz       also clang with libFuzzer and libomp (tools/fuzz.sh)
 set -euo pipefail
 
 packages=(
@@ -18,7 +19,8 @@ for arg in "$@"; do
   case "$arg" in
     --reference) packages+=(python3-torch python3-numpy) ;;
     --mpi) packages+=(libopenmpi-dev openmpi-bin) ;;
-    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+    --fuzz) packages+=(clang libclang-rt-dev libomp-dev) ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
     *) echo "install-deps.sh: unknown option '$arg' (try --help)" >&2; exit 2 ;;
   esac
 done

@@ -167,7 +167,7 @@ static luna_status average(char **paths, int n) {
         sum = calloc(np ? np : 1, sizeof *sum);
         host = malloc(sizeof(float) * (np ? np : 1));
         if (!sum || !host)
-            st = luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory (%zu parameters)", np);
+            st = luna_error(LUNA_ERR_OUT_OF_MEMORY, "%s: out of memory averaging its %zu parameters", paths[0], np);
     }
     if (st == LUNA_OK) st = luna_params_create(&p, be, &model->config);
     for (int i = 0; i < n && st == LUNA_OK; i++) {

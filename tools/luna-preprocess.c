@@ -117,8 +117,10 @@ static int parse_args(int argc, char **argv) {
         return luna_options_usage_error(PROG, "%s", "--no-spm and --spm-model exclude each other");
     if (opt.workers < 1 || opt.workers > 1024)
         return luna_options_usage_error(PROG, "%s", "--workers must be between 1 and 1024");
-    if (opt.bpe_vocab_size < 8)
-        return luna_options_usage_error(PROG, "%s", "--bpe-vocab-size must be at least 8");
+    if (opt.bpe_vocab_size < 8 || opt.bpe_vocab_size > 100000000)
+        return luna_options_usage_error(PROG, "%s", "--bpe-vocab-size must be in 8..100000000");
+    if (opt.padding_factor < 1 || opt.padding_factor > 1000000)
+        return luna_options_usage_error(PROG, "%s", "--padding-factor must be in 1..1000000");
     if (opt.max_line_bytes < 1)
         return luna_options_usage_error(PROG, "%s", "--max-line-bytes must be positive");
     if (!(opt.character_coverage > 0.0 && opt.character_coverage <= 1.0))
@@ -365,6 +367,12 @@ static luna_status run(void) {
 
     luna_staged_dir *stage = NULL;
     LUNA_TRY(luna_staged_dir_create(&stage, opt.destdir));
+    const char *stale_example;
+    size_t stale = luna_staged_dir_stale_removed(stage, &stale_example);
+    if (stale)
+        printf(PROG ": note: removed %zu staging director%s of an earlier run that no longer "
+                    "runs (e.g. %s)\n",
+               stale, stale == 1 ? "y" : "ies", stale_example);
     const char *dir = luna_staged_dir_path(stage);
     luna_spm *spm = NULL;
     luna_dictionary *dicts[2] = {NULL, NULL};

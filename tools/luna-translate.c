@@ -18,6 +18,7 @@
  *
  * Exit status: 0 success, 1 bad input or failure (one line on stderr), 2 usage error.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -118,6 +119,17 @@ static int parse_args(int argc, char **argv) {
         return luna_options_usage_error(PROG, "%s", "--threads must be in 1..1024");
     if (opt.max_input_tokens < 2)
         return luna_options_usage_error(PROG, "%s", "--max-input-tokens must be at least 2");
+    /* Passed on as int: larger values would wrap (2^32 + 5 into 5) instead of failing. */
+    const struct {
+        const char *name;
+        int64_t value;
+    } as_int[] = {{"--min-len", opt.min_len},       {"--max-len-b", opt.max_len_b},
+                  {"--max-tokens", opt.max_tokens}, {"--batch-size", opt.batch_size},
+                  {"--max-input-tokens", opt.max_input_tokens}};
+    for (size_t i = 0; i < sizeof as_int / sizeof as_int[0]; i++)
+        if (as_int[i].value > 1000000000)
+            return luna_options_usage_error(PROG, "%s must be at most 1000000000 (got %lld)",
+                                            as_int[i].name, (long long)as_int[i].value);
     if (opt.score_reference != (opt.reference != NULL))
         return luna_options_usage_error(PROG, "%s",
                                         "--score-reference and --reference FILE go together");
@@ -335,6 +347,17 @@ static double now(void) {
     return ts.tv_sec + 1e-9 * ts.tv_nsec;
 }
 
+/* Whether stdout has lost output so far (every sentence checks, so a full disk stops the run at
+ * once); `final` also flushes. A failed write sets the stream's error flag even when a later
+ * flush has nothing left to write, so checking only the last fflush is not enough. */
+static luna_status check_stdout(bool final) {
+    /* errno is the failed write's: checked right after each sentence's writes. */
+    if ((final && fflush(stdout) != 0) || ferror(stdout))
+        return luna_error(LUNA_ERR_IO, "stdout: write error: %s (output is incomplete)",
+                          errno ? strerror(errno) : "unknown error");
+    return LUNA_OK;
+}
+
 static luna_status write_translations(program *p, size_t n) {
     const bool fs = !strcmp(opt.output_format, "fairseq");
     for (size_t i = 0; i < n; i++) {
@@ -364,8 +387,9 @@ static luna_status write_translations(program *p, size_t n) {
             }
             free(d);
         }
+        LUNA_TRY(check_stdout(false));
     }
-    return fflush(stdout) ? luna_error(LUNA_ERR_IO, "stdout: write error") : LUNA_OK;
+    return check_stdout(true);
 }
 
 static luna_status write_scores(program *p, size_t n) {
@@ -378,6 +402,7 @@ static luna_status write_scores(program *p, size_t n) {
         const double avg2 = len ? (float)(sum / len / M_LN2) : 0.0;
         if (!fs) {
             print_float(stdout, avg2), putchar('\n');
+            LUNA_TRY(check_stdout(false));
             continue;
         }
         printf("S-%zu\t", i);
@@ -390,8 +415,9 @@ static luna_status write_scores(program *p, size_t n) {
         for (int t = 0; t < len; t++)
             printf("%s%.4f", t ? " " : "", p->pos[i][t] / M_LN2);
         putchar('\n');
+        LUNA_TRY(check_stdout(false));
     }
-    return fflush(stdout) ? luna_error(LUNA_ERR_IO, "stdout: write error") : LUNA_OK;
+    return check_stdout(true);
 }
 
 static luna_status run(program *p) {
@@ -512,8 +538,16 @@ int main(int argc, char **argv) {
     memset(&p, 0, sizeof p);
     luna_status st = run(&p);
     program_free(&p);
+    /* The last chance to see a lost write (e.g. the error came from stdio's own buffering). */
+    bool closed = false;
+    if (st == LUNA_OK) {
+        closed = true;
+        if (fclose(stdout) != 0)
+            st = luna_error(LUNA_ERR_IO, "stdout: write error: %s (output is incomplete)",
+                            strerror(errno));
+    }
     if (st != LUNA_OK) {
-        fflush(stdout);
+        if (!closed) fflush(stdout);
         fprintf(stderr, PROG ": %s\n", luna_error_message());
         return 1;
     }

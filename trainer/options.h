@@ -54,7 +54,7 @@ typedef struct {
     /* checkpoints */
     const char *save_dir, *restore_file;
     int64_t save_interval, save_interval_updates, keep_interval_updates, keep_last_epochs;
-    bool no_save, no_epoch_checkpoints, reset_optimizer, reset_dataloader;
+    bool no_save, no_epoch_checkpoints, reset_optimizer, reset_dataloader, reset_lr_scheduler;
     /* runtime and logging */
     int64_t seed, threads, log_interval;
     const char *device, *log_format;

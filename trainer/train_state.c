@@ -171,12 +171,17 @@ static luna_status training_state_json(const luna_trainer *t, char **out) {
 
 /* ---- saving ---------------------------------------------------------------------------------- */
 
-/* dst becomes another name of src (hard link, atomically replacing dst), else false. */
+/* dst becomes another name of src (hard link, atomically replacing dst), else false. The link is
+ * made under a unique temporary name (luna_temp_name): never one another writer could share. */
 static bool link_into_place(const char *src, const char *dst) {
     char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp-link", dst);
-    unlink(tmp);
-    if (link(src, tmp) != 0) return false;
+    int rc = -1;
+    for (int attempt = 0; attempt < 100 && rc != 0; attempt++) {
+        luna_temp_name(tmp, sizeof tmp, dst);
+        rc = link(src, tmp);
+        if (rc != 0 && errno != EEXIST) return false;
+    }
+    if (rc != 0) return false;
     if (rename(tmp, dst) != 0) {
         unlink(tmp);
         return false;
@@ -368,6 +373,7 @@ static luna_status restore_optimizer(luna_trainer *t, const luna_safetensors *st
                 "optimizer state (resume with --reset-optimizer to start a fresh one)");
             return s;
         }
+        LUNA_TRY(luna_safetensors_check_finite(st, found));
         LUNA_TRY(luna_mem_from_host(t->be, view.data, found->data, luna_tensor_bytes(&view)));
     }
     return LUNA_OK;
@@ -436,6 +442,7 @@ static luna_status restore_from(luna_trainer *t, const luna_safetensors *st,
         else
             off = (int64_t)(done / (uint64_t)world);
     }
+    if (s == LUNA_OK) s = luna_trainer_check_resume_options(t, path, state);
     if (s == LUNA_OK && !t->o->reset_optimizer) s = restore_optimizer(t, st, state);
     if (s == LUNA_OK && !t->o->reset_dataloader) {
         s = luna_batch_iterator_seek(t->it, (uint64_t)ep, (uint64_t)off);

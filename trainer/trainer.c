@@ -10,6 +10,7 @@
 #include "model/kernels/registry.h"
 #include "core/file_util.h"
 #include "optim/clip.h"
+#include "data/sentencepiece.h"
 #include "optim/lr_scheduler.h"
 
 double luna_trainer_now(void) {
@@ -62,6 +63,12 @@ static luna_status open_data(luna_trainer *t) {
     if (!spm_path) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
     luna_status s = LUNA_OK;
     if (luna_path_exists(spm_path)) s = luna_read_file(spm_path, &t->spm_bytes, &t->spm_size);
+    if (s == LUNA_OK && t->spm_bytes) {
+        /* Every checkpoint embeds it: a corrupt one must stop the run now, not at translation. */
+        luna_spm *spm = NULL;
+        s = luna_spm_load_from_memory(&spm, t->spm_bytes, t->spm_size, spm_path);
+        luna_spm_free(spm);
+    }
     free(spm_path);
     return s;
 }
@@ -101,6 +108,23 @@ static luna_status make_batches(luna_trainer *t) {
     return luna_data_batch_create(&t->batch);
 }
 
+/* One trainer per --save-dir (core/dir_lock.h), then the debris of dead ones removed. */
+static luna_status lock_save_dir(luna_trainer *t) {
+    const char *dir = t->o->save_dir;
+    long stale = 0;
+    LUNA_TRY(luna_dir_lock_acquire(&t->save_dir_lock, dir, "--save-dir", &stale));
+    if (stale > 0 && !luna_process_alive(stale))
+        luna_log_message(t, "note: --save-dir %s: took over the lock of pid %ld, which ended "
+                            "without releasing it", dir, stale);
+    size_t removed = 0;
+    char example[256];
+    LUNA_TRY(luna_remove_stale_temporaries(dir, &removed, example, sizeof example));
+    if (removed)
+        luna_log_message(t, "note: --save-dir %s: removed %zu stale temporary file(s) of "
+                            "processes that no longer run (e.g. %s)", dir, removed, example);
+    return LUNA_OK;
+}
+
 luna_status luna_trainer_create(luna_trainer **out, luna_train_options *o, luna_communicator *comm,
                                 FILE *log) {
     *out = NULL;
@@ -118,8 +142,10 @@ luna_status luna_trainer_create(luna_trainer **out, luna_train_options *o, luna_
     luna_backend_options backend_options = luna_backend_options_default();
     backend_options.num_threads = (int)o->threads;
     /* --save-dir first: an unwritable one must fail before any expensive work. */
-    if (o->max_update != 0 && !o->no_save && comm->rank == 0)
+    if (o->max_update != 0 && !o->no_save && comm->rank == 0) {
         s = luna_trainer_check_save_dir(o->save_dir);
+        if (s == LUNA_OK) s = lock_save_dir(t);
+    }
     if (s == LUNA_OK) s = luna_backend_create(&t->be, o->device, &backend_options);
     if (s == LUNA_OK) s = open_data(t);
     if (s == LUNA_OK) s = make_batches(t);
@@ -168,6 +194,7 @@ void luna_trainer_free(luna_trainer *t) {
     free(t->spm_bytes);
     free(t->src_lang);
     free(t->tgt_lang);
+    luna_dir_lock_release(t->save_dir_lock);
     free(t);
 }
 

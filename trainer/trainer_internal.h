@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "core/dir_lock.h"
+#include "core/json.h"
 #include "model/seq2seq.h"
 #include "optim/clip.h"
 #include "optim/optimizer.h"
@@ -32,6 +34,7 @@ typedef struct {
 struct luna_trainer {
     luna_train_options *o;
     luna_communicator *comm;
+    luna_dir_lock *save_dir_lock; /* rank 0, when it writes checkpoints */
     FILE *log;
     bool progress; /* progress line on stderr (a terminal) */
 
@@ -78,6 +81,14 @@ char *luna_trainer_restore_path(const luna_trainer *t, bool *explicit_);
  * --reset-optimizer, counters and iterator position unless --reset-dataloader), after checking
  * that it matches the data-bin (languages, dictionaries) and the architecture. */
 luna_status luna_trainer_restore(luna_trainer *t, const char *path);
+
+/* Resume compatibility: the options that define the run (seed, batch sizes, update frequency,
+ * optimizer and its hyperparameters, dropout, the learning-rate schedule, ...) must equal those
+ * in training_state.args of checkpoint `path`, unless --reset-dataloader, --reset-optimizer or
+ * --reset-lr-scheduler allows their group to change. LUNA_ERR_MISMATCH naming the option and
+ * both values otherwise (resume_check.c). */
+luna_status luna_trainer_check_resume_options(const luna_trainer *t, const char *path,
+                                              const luna_json *state);
 
 /* Write the current state as the given checkpoint names (file names inside --save-dir): the
  * first is written, the others are hard links (or copies). Then apply the retention rules. */
