@@ -22,7 +22,7 @@ static const struct {
     {"seed", RESET_DATALOADER},
     {"max_tokens", RESET_DATALOADER},
     {"max_sentences", RESET_DATALOADER},
-    {"update_freq", RESET_DATALOADER},
+    {"update_freq", RESET_DATALOADER}, /* compared as batches per update: × the rank count */
     {"required_batch_size_multiple", RESET_DATALOADER},
     {"max_source_positions", RESET_DATALOADER},
     {"max_target_positions", RESET_DATALOADER},
@@ -104,6 +104,25 @@ luna_status luna_trainer_check_resume_options(const luna_trainer *t, const char 
         const luna_json *was = luna_json_get(saved, DEFINING[i].key);
         const luna_json *is = luna_json_get(now, DEFINING[i].key);
         if (!was || !is || same_value(was, is)) continue; /* absent: an older checkpoint */
+        if (strcmp(DEFINING[i].key, "update_freq") == 0 && was->is_int && is->is_int) {
+            /* W ranks × F equals one process × W·F (the same batches per update, in the same
+             * order: resume across rank counts, tests/test_trainer_mpi.c) */
+            const luna_json *ws = luna_json_get(state, "world_size");
+            const uint64_t saved_ranks =
+                ws && ws->is_int && ws->uint_value > 0 ? ws->uint_value : 1;
+            const uint64_t ranks = t->comm->world_size > 0 ? (uint64_t)t->comm->world_size : 1;
+            const uint64_t before = was->uint_value * saved_ranks, after = is->uint_value * ranks;
+            if (before == after) continue;
+            s = luna_error(LUNA_ERR_MISMATCH,
+                           "%s: --update-freq is %llu (%llu batches per update on %llu rank(s)) "
+                           "but the checkpoint was trained with %llu (%llu batches per update on "
+                           "%llu rank(s)); resume with the same batches per update, pass "
+                           "--reset-dataloader to change it, or use another --save-dir",
+                           path, (unsigned long long)is->uint_value, (unsigned long long)after,
+                           (unsigned long long)ranks, (unsigned long long)was->uint_value,
+                           (unsigned long long)before, (unsigned long long)saved_ranks);
+            break;
+        }
         char option[64], a[64], b[64];
         snprintf(option, sizeof option, "--%s", DEFINING[i].key);
         for (char *c = option + 2; *c; c++)
