@@ -10,28 +10,10 @@
 
 #include "model/kernels/cpu/backend_cpu.h"
 #include "model/kernels/cuda/cuda_kernels.h"
+#include "tests/cuda/emu_util.h"
 #include "tests/test_util.h"
 
-static uint16_t to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-static float from_bf16(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static void *dev(const void *host, size_t bytes) {
-    void *d = NULL;
-    ck_assert_int_eq(cudaMalloc(&d, bytes ? bytes : 1), cudaSuccess);
-    if (host && bytes)
-        ck_assert_int_eq(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice), cudaSuccess);
-    return d;
-}
-static void *up(float *h, size_t n, int bf16) { /* bf16: rounds h in place */
+static void *up_act(float *h, size_t n, int bf16) { /* bf16: rounds h in place */
     if (!bf16) return dev(h, 4 * n);
     uint16_t *b = malloc(2 * n);
     for (size_t i = 0; i < n; i++)
@@ -40,7 +22,7 @@ static void *up(float *h, size_t n, int bf16) { /* bf16: rounds h in place */
     free(b);
     return d;
 }
-static void down(float *h, const void *d, size_t n, int bf16) {
+static void down_act(float *h, const void *d, size_t n, int bf16) {
     if (!bf16) {
         ck_assert_int_eq(cudaMemcpy(h, d, 4 * n, cudaMemcpyDeviceToHost), cudaSuccess);
         return;
@@ -78,8 +60,8 @@ START_TEST(causal_contraction_matches_cpu) {
             float *a = luna_test_random_vector(&rng, np, -1.0f, 1.0f);
             float *b = luna_test_random_vector(&rng, nq, 0.0f, 1.0f);
             float *d = luna_test_random_vector(&rng, nq, -1.0f, 1.0f);
-            void *dx_ = up(x, np, bf16), *da_ = up(a, np, bf16), *db_ = up(b, nq, bf16),
-                 *dd_ = up(d, nq, bf16);
+            void *dx_ = up_act(x, np, bf16), *da_ = up_act(a, np, bf16), *db_ = up_act(b, nq, bf16),
+                 *dd_ = up_act(d, nq, bf16);
             const size_t es = bf16 ? 2 : 4;
             void *dout = dev(NULL, es * nq), *gx = dev(NULL, es * np), *ga = dev(NULL, es * np),
                  *gb = dev(NULL, es * nq);
@@ -92,18 +74,18 @@ START_TEST(causal_contraction_matches_cpu) {
             ck_assert_int_eq(
                 luna_cuda_causal_contraction_forward(0, bf16, dout, dx_, da_, db_, G, n, p, q),
                 cudaSuccess);
-            down(got, dout, nq, bf16);
+            down_act(got, dout, nq, bf16);
             compare(out, got, nq, 0.0, bf16, what);
             LUNA_CHECK_OK(
                 cpu->ops->causal_contraction_backward(cpu, cx, ca, cb, d, x, a, b, G, n, p, q));
             ck_assert_int_eq(luna_cuda_causal_contraction_backward(0, bf16, gx, ga, gb, dd_, dx_,
                                                                    da_, db_, G, n, p, q),
                              cudaSuccess);
-            down(got, gx, np, bf16);
+            down_act(got, gx, np, bf16);
             compare(cx, got, np, 0.0, bf16, what);
-            down(got, ga, np, bf16);
+            down_act(got, ga, np, bf16);
             compare(ca, got, np, 1e-5, bf16, what);
-            down(got, gb, nq, bf16);
+            down_act(got, gb, nq, bf16);
             compare(cb, got, nq, 1e-5, bf16, what);
             cudaFree(dx_), cudaFree(da_), cudaFree(db_), cudaFree(dd_), cudaFree(dout);
             cudaFree(gx), cudaFree(ga), cudaFree(gb);

@@ -16,24 +16,12 @@
 #include "luna_cuda_emu_api.h"
 #include "model/kernels/cpu/backend_cpu.h"
 #include "model/kernels/cuda/cuda_kernels.h"
+#include "tests/cuda/emu_util.h"
 #include "tests/test_util.h"
 
 static const int sizes[] = {1, 7, 1001, 70001};
 
 /* ---- bf16 on the host: round to nearest even (NaN stays a quiet NaN) ---- */
-static uint16_t to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-static float from_bf16(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 
 /* Inputs: uniform in [-30, 30] with special values sprinkled in. */
 static float *inputs(uint64_t seed, int64_t n) {

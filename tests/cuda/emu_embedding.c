@@ -12,31 +12,9 @@
 
 #include "model/kernels/cpu/backend_cpu.h"
 #include "model/kernels/cuda/cuda_kernels.h"
+#include "tests/cuda/emu_util.h"
 #include "tests/test_util.h"
 
-static uint16_t to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-static float from_bf16(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static void *dev(const void *host, size_t bytes) {
-    void *d = NULL;
-    ck_assert_int_eq(cudaMalloc(&d, bytes ? bytes : 1), cudaSuccess);
-    if (host && bytes)
-        ck_assert_int_eq(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice), cudaSuccess);
-    return d;
-}
-static void down(void *host, const void *d, size_t bytes) {
-    ck_assert_int_eq(cudaMemcpy(host, d, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
-}
 /* Activations of a device buffer as floats (bf16 widened). */
 static void down_act(float *h, const void *d, int64_t n, int bf16) {
     if (!bf16) {

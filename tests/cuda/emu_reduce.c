@@ -10,15 +10,9 @@
 #include "core/tensor_table.h"
 #include "model/kernels/cpu/backend_cpu.h"
 #include "model/kernels/cuda/cuda_kernels.h"
+#include "tests/cuda/emu_util.h"
 #include "tests/test_util.h"
 
-static void *dev(const void *host, size_t bytes) {
-    void *d = NULL;
-    ck_assert_int_eq(cudaMalloc(&d, bytes ? bytes : 1), cudaSuccess);
-    if (host && bytes)
-        ck_assert_int_eq(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice), cudaSuccess);
-    return d;
-}
 static float down1(const float *d) {
     float v;
     ck_assert_int_eq(cudaMemcpy(&v, d, 4, cudaMemcpyDeviceToHost), cudaSuccess);

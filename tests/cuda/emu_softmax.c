@@ -11,41 +11,10 @@
 
 #include "model/kernels/cpu/backend_cpu.h"
 #include "model/kernels/cuda/cuda_kernels.h"
+#include "tests/cuda/emu_util.h"
 #include "tests/test_util.h"
 
-static uint16_t to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-static float from_bf16(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static void *dev(const void *host, size_t bytes) {
-    void *d = NULL;
-    ck_assert_int_eq(cudaMalloc(&d, bytes ? bytes : 1), cudaSuccess);
-    if (host && bytes)
-        ck_assert_int_eq(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice), cudaSuccess);
-    return d;
-}
-static void down(void *host, const void *d, size_t bytes) {
-    ck_assert_int_eq(cudaMemcpy(host, d, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
-}
-
 /* |got − want| ≤ tol · max(1, |want|) elementwise (rows of probabilities are ≤ 1). */
-static void close_enough(const float *want, const float *got, int64_t n, double tol,
-                         const char *what) {
-    for (int64_t i = 0; i < n; i++) {
-        const double w = want[i], g = got[i], scale = fabs(w) > 1.0 ? fabs(w) : 1.0;
-        ck_assert_msg(fabs(g - w) <= tol * scale || (isnan(w) && isnan(g)),
-                      "%s: element %lld: CUDA %.9g, CPU %.9g", what, (long long)i, g, w);
-    }
-}
 
 typedef struct {
     int rows, cols, group, causal;

@@ -16,18 +16,12 @@
  * then a prefix over chunks) is the faster design for long n when the cost model asks for it. */
 #include "model/kernels/cuda/cuda_compat.h"
 
+#include "model/kernels/cuda/act_io.cuh"
 #include "model/kernels/cuda/cuda_kernels.h"
 
 namespace {
 
 constexpr int kMaxDim = 256;
-
-__device__ inline float load(const float *p, int64_t i) { return p[i]; }
-__device__ inline float load(const __nv_bfloat16 *p, int64_t i) { return __bfloat162float(p[i]); }
-__device__ inline void store(float *p, int64_t i, float v) { p[i] = v; }
-__device__ inline void store(__nv_bfloat16 *p, int64_t i, float v) {
-    p[i] = __float2bfloat16_rn(v);
-}
 
 /* One scan: state M [r, c], thread j < c keeps column j; per position t:
  *   M[k, j] = fma(u_t[k], v_t[j], M[k, j]);  out_t[j] = (Σ_k w_t[k]·M[k, j])·(1/(t+1)).

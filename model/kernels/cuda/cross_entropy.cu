@@ -10,18 +10,12 @@
  * A target outside [0, V) (not the padding index) is not read: its row gets NaN and *bad = 1. */
 #include "model/kernels/cuda/cuda_compat.h"
 
+#include "model/kernels/cuda/act_io.cuh"
 #include "model/kernels/cuda/cuda_kernels.h"
 
 namespace {
 
 constexpr int kThreads = 256, kWarps = kThreads / 32;
-
-__device__ inline float load(const float *p, int64_t i) { return p[i]; }
-__device__ inline float load(const __nv_bfloat16 *p, int64_t i) { return __bfloat162float(p[i]); }
-__device__ inline void store(float *p, int64_t i, float v) { p[i] = v; }
-__device__ inline void store(__nv_bfloat16 *p, int64_t i, float v) {
-    p[i] = __float2bfloat16_rn(v);
-}
 
 __device__ inline double block_sum(double v, double *partial) {
     for (int m = 16; m > 0; m /= 2)

@@ -11,12 +11,10 @@
 #include "model/kernels/cuda/cuda_compat.h"
 
 #include "core/exp_double.h"
+#include "model/kernels/cuda/act_io.cuh"
 #include "model/kernels/cuda/cuda_kernels.h"
 
 namespace {
-
-__device__ inline float load(const float *p, int64_t i) { return p[i]; }
-__device__ inline float load(const __nv_bfloat16 *p, int64_t i) { return __bfloat162float(p[i]); }
 
 template <typename T>
 __global__ void topk_kernel(const T *logits, const float *bias, int64_t rows, int V, int k,

@@ -9,6 +9,7 @@
 #include "model/kernels/cuda/cuda_compat.h"
 
 #include "core/philox.h"
+#include "model/kernels/cuda/act_io.cuh"
 #include "model/kernels/cuda/cuda_kernels.h"
 
 namespace {
@@ -22,17 +23,6 @@ inline unsigned blocks_for(int64_t n) {
 }
 
 /* Activation storage: T = float or __nv_bfloat16, loaded to fp32, stored rounded once. */
-__device__ inline float load(const float *p, int64_t i) { return p[i]; }
-__device__ inline float load(const __nv_bfloat16 *p, int64_t i) { return __bfloat162float(p[i]); }
-__device__ inline void store(float *p, int64_t i, float v) { p[i] = v; }
-__device__ inline void store(__nv_bfloat16 *p, int64_t i, float v) {
-    p[i] = __float2bfloat16_rn(v);
-}
-
-#define GRID_STRIDE(i, n)                                                                          \
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                      \
-         i += (int64_t)gridDim.x * blockDim.x)
-
 template <typename T> __global__ void add_kernel(T *y, const T *a, const T *b, int64_t n) {
     GRID_STRIDE(i, n) store(y, i, __fadd_rn(load(a, i), load(b, i)));
 }

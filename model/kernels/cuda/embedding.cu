@@ -12,6 +12,7 @@
  *   `counts` [B·n] scratch), then adds PE(padding_idx + count) to non-pad rows. */
 #include "model/kernels/cuda/cuda_compat.h"
 
+#include "model/kernels/cuda/act_io.cuh"
 #include "model/kernels/cuda/cuda_kernels.h"
 
 namespace {
@@ -22,17 +23,6 @@ inline unsigned blocks_for(int64_t n) {
     const int64_t b = (n + kThreads - 1) / kThreads;
     return (unsigned)(b < 4096 ? (b > 0 ? b : 1) : 4096);
 }
-
-__device__ inline float load(const float *p, int64_t i) { return p[i]; }
-__device__ inline float load(const __nv_bfloat16 *p, int64_t i) { return __bfloat162float(p[i]); }
-__device__ inline void store(float *p, int64_t i, float v) { p[i] = v; }
-__device__ inline void store(__nv_bfloat16 *p, int64_t i, float v) {
-    p[i] = __float2bfloat16_rn(v);
-}
-
-#define GRID_STRIDE(i, n)                                                                          \
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                      \
-         i += (int64_t)gridDim.x * blockDim.x)
 
 template <typename T>
 __global__ void emb_fwd_kernel(T *out, const float *table, const int32_t *tokens, int64_t n, int V,

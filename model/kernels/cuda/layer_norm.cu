@@ -10,18 +10,12 @@
  * The row sums' order differs from the CPU's simd lanes: equal within the NORM tier (1e-6). */
 #include "model/kernels/cuda/cuda_compat.h"
 
+#include "model/kernels/cuda/act_io.cuh"
 #include "model/kernels/cuda/cuda_kernels.h"
 
 namespace {
 
 constexpr int kThreads = 128, kWarps = kThreads / 32;
-
-__device__ inline float load(const float *p, int64_t i) { return p[i]; }
-__device__ inline float load(const __nv_bfloat16 *p, int64_t i) { return __bfloat162float(p[i]); }
-__device__ inline void store(float *p, int64_t i, float v) { p[i] = v; }
-__device__ inline void store(__nv_bfloat16 *p, int64_t i, float v) {
-    p[i] = __float2bfloat16_rn(v);
-}
 
 /* Σ over the block of one double per thread in a fixed order; every thread gets the total. */
 __device__ inline double block_sum(double v, double *partial) {

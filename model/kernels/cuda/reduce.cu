@@ -11,6 +11,7 @@
  * Backward ops are elementwise, with the CPU's roundings (c·x then +, no FMA). */
 #include "model/kernels/cuda/cuda_compat.h"
 
+#include "model/kernels/cuda/act_io.cuh"
 #include "model/kernels/cuda/cuda_kernels.h"
 
 namespace {
@@ -98,10 +99,6 @@ __global__ void max_abs_kernel(float *result, const float *x, int64_t n) {
         *result = nan ? __int_as_float(0x7fc00000) : best;
     }
 }
-
-#define GRID_STRIDE(i, n)                                                                          \
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                      \
-         i += (int64_t)gridDim.x * blockDim.x)
 
 /* dx += c·x (pow: c·(x·x·x)) with the CPU's roundings. */
 __global__ void pow_backward_kernel(float *dx, const float *x, float c, int64_t n, int cube) {
