@@ -18,7 +18,7 @@
 
 typedef enum {
     LUNA_F32 = 0,
-    LUNA_BF16, /* planned: the GPU backend's mixed-precision activations */
+    LUNA_BF16, /* the CUDA backend's activations in --precision bf16 */
     LUNA_I32,
 } luna_dtype;
 

@@ -38,7 +38,7 @@ static const entry backends[] = {
 static const char *const names[] = {"cpu", "cuda", NULL};
 
 luna_backend_options luna_backend_options_default(void) {
-    return (luna_backend_options){.num_threads = 0, .device_id = -1, .bf16 = false};
+    return (luna_backend_options){.num_threads = 0, .device_id = -1, .bf16 = false, .tf32 = false};
 }
 
 const char *const *luna_backend_names(void) { return names; }

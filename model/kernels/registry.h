@@ -20,6 +20,8 @@ typedef struct {
     int num_threads; /* CPU threads (0: the OpenMP default); host threads of a device backend */
     int device_id;   /* CUDA: the GPU ordinal (-1: the current/first one) */
     bool bf16;       /* device backends: keep activations in bf16 (default: fp32 for checking) */
+    bool tf32;       /* CUDA, fp32 activations: GEMMs may use TF32 tensor cores (10-bit mantissa
+                        inputs, fp32 accumulation); off by default, so fp32 means fp32 */
 } luna_backend_options;
 
 luna_backend_options luna_backend_options_default(void);

@@ -94,7 +94,7 @@ function(luna_cuda_emu_backend_tests)
       string(REPLACE ":" "_" test "${name}_cuda_emu_${order}")
       add_test(NAME ${test} COMMAND ${name})
       set_tests_properties(${test} PROPERTIES LABELS "cpu;cuda-emu" TIMEOUT 900
-                           ENVIRONMENT "LUNA_TEST_BACKEND=cuda;LUNA_EMU_ORDER=${order};OMP_NUM_THREADS=2;OPENBLAS_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE")
+                           ENVIRONMENT "LUNA_TEST_BACKEND=cuda;LUNA_EMU_ORDER=${order};LUNA_CUDA_CACHE=0;CK_TIMEOUT_MULTIPLIER=10;OMP_NUM_THREADS=2;OPENBLAS_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE")
     endforeach()
   endforeach()
 endfunction()

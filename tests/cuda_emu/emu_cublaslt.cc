@@ -167,8 +167,14 @@ cublasStatus_t validate(cublasLtHandle_t h, const lt_desc *d, const lt_layout *c
                         (unsigned long long)p->n, (unsigned long long)l[2]->rows,
                         (unsigned long long)l[2]->cols, (unsigned long long)l[3]->rows,
                         (unsigned long long)l[3]->cols);
-    if (l[3]->batch > 1 && (uint64_t)(l[3]->stride < 0 ? -l[3]->stride : l[3]->stride) <
-                               (l[3]->cols - 1) * (uint64_t)l[3]->ld + l[3]->rows)
+    // Batches of D are disjoint when stacked (stride ≥ one matrix's span) or interleaved within
+    // each column (rows ≤ stride and the last batch's rows end within ld: heads side by side).
+    const uint64_t dstride = (uint64_t)(l[3]->stride < 0 ? -l[3]->stride : l[3]->stride);
+    const bool stacked = dstride >= (l[3]->cols - 1) * (uint64_t)l[3]->ld + l[3]->rows;
+    const bool interleaved =
+        dstride >= l[3]->rows &&
+        (uint64_t)(l[3]->batch - 1) * dstride + l[3]->rows <= (uint64_t)l[3]->ld;
+    if (l[3]->batch > 1 && !stacked && !interleaved)
         return lt_error(CUBLAS_STATUS_INVALID_VALUE, "D's batches overlap (stride %lld)",
                         (long long)l[3]->stride);
     if (d->epilogue != CUBLASLT_EPILOGUE_DEFAULT && d->epilogue != CUBLASLT_EPILOGUE_RELU &&

@@ -65,6 +65,9 @@ cudaError_t luna_cuda_bias_add_backward(cudaStream_t s, int bf16, float *db, con
 cudaError_t luna_cuda_scale_matrix(cudaStream_t s, int bf16, void *c, int M, int N, int ldc,
                                    int64_t stride, int batch, float beta);
 
+/* dst [n] bf16 = src [n] fp32 rounded to nearest even (the bf16 copies of weights). */
+cudaError_t luna_cuda_convert_to_bf16(cudaStream_t s, void *dst, const float *src, int64_t n);
+
 /* ---- embedding.cu ---- */
 /* A token outside [0, V) gives a NaN row and sets *bad = 1 (bad: device int, or NULL). */
 cudaError_t luna_cuda_embedding_forward(cudaStream_t s, int bf16, void *out, const float *table,
@@ -78,6 +81,12 @@ cudaError_t luna_cuda_sinusoidal_table(cudaStream_t s, int bf16, void *out, int 
 /* counts: device scratch [B·n] int32. */
 cudaError_t luna_cuda_positions_add(cudaStream_t s, int bf16, void *x, const int32_t *tokens, int B,
                                     int n, int d, int padding_idx, int32_t *counts);
+
+/* *first_bad = min(*first_bad, i) for every i < n (< 2^31) with ids[i] outside [0, V), except
+ * ids equal to `exempt` when has_exempt (a padding target); an integer atomicMin, so the result
+ * (the first bad position) does not depend on the schedule. */
+cudaError_t luna_cuda_find_bad_id_launch(cudaStream_t s, const int32_t *ids, int64_t n, int V, int exempt,
+                                         int has_exempt, int *first_bad);
 
 /* ---- reduce.cu: the CPU's blocked order, bit-identical; partials: device scratch of
  * ceil(n / 4096) doubles (the tensor table's workspace for the multi op) ---- */

@@ -147,4 +147,10 @@ luna_status luna_cuda_cache_release(luna_cuda_cache *c, void *ptr) {
                       "CUDA allocator: %p was not allocated by this allocator", ptr);
 }
 
+size_t luna_cuda_cache_block_size(const luna_cuda_cache *c, const void *ptr) {
+    for (size_t i = 0; i < c->count; i++)
+        if (c->blocks[i].ptr == ptr) return c->blocks[i].size;
+    return 0;
+}
+
 luna_cuda_cache_stats luna_cuda_cache_get_stats(const luna_cuda_cache *c) { return c->stats; }

@@ -55,6 +55,8 @@ luna_status luna_cuda_cache_alloc(luna_cuda_cache *c, size_t bytes, void **ptr);
 /* Return a block to its free list (NULL: no-op; a pointer not from this cache: error). The
  * caller must have ordered the release after the work that uses the block (same stream). */
 luna_status luna_cuda_cache_release(luna_cuda_cache *c, void *ptr);
+/* The size class of the block at ptr (0 when ptr is not a block of this cache). */
+size_t luna_cuda_cache_block_size(const luna_cuda_cache *c, const void *ptr);
 /* cudaFree every cached (released) block. */
 luna_status luna_cuda_cache_trim(luna_cuda_cache *c);
 luna_cuda_cache_stats luna_cuda_cache_get_stats(const luna_cuda_cache *c);

@@ -37,6 +37,10 @@ template <typename T> __global__ void scale_kernel(T *x, float alpha, int64_t n)
 
 __global__ void fill_kernel(float *x, float value, int64_t n) { GRID_STRIDE(i, n) x[i] = value; }
 
+__global__ void convert_to_bf16_kernel(__nv_bfloat16 *y, const float *x, int64_t n) {
+    GRID_STRIDE(i, n) store(y, i, x[i]);
+}
+
 /* relu: max(x, 0) with NaN kept (x < 0 ? 0 : x + 0, as the CPU); φ'(x) = x > 0. */
 template <typename T> __global__ void relu_fwd_kernel(T *y, const T *x, int64_t n) {
     GRID_STRIDE(i, n) {
@@ -212,6 +216,13 @@ cudaError_t luna_cuda_scale_act(cudaStream_t s, int bf16, void *x, float alpha, 
 cudaError_t luna_cuda_fill(cudaStream_t s, float *x, float value, int64_t n) {
     if (n <= 0) return cudaSuccess;
     LUNA_LAUNCH(fill_kernel, blocks_for(n), kThreads, 0, s, x, value, n);
+    return cudaGetLastError();
+}
+
+cudaError_t luna_cuda_convert_to_bf16(cudaStream_t s, void *dst, const float *src, int64_t n) {
+    if (n <= 0) return cudaSuccess;
+    LUNA_LAUNCH(convert_to_bf16_kernel, blocks_for(n), kThreads, 0, s,
+                static_cast<__nv_bfloat16 *>(dst), src, n);
     return cudaGetLastError();
 }
 

@@ -160,3 +160,22 @@ cudaError_t luna_cuda_positions_add(cudaStream_t s, int bf16, void *x, const int
 }
 
 } // extern "C"
+
+namespace {
+__global__ void find_bad_id_kernel(const int32_t *ids, int64_t n, int V, int exempt,
+                                   int has_exempt, int *first_bad) {
+    GRID_STRIDE(i, n) {
+        const int32_t t = ids[i];
+        if ((t < 0 || t >= V) && !(has_exempt && t == exempt)) atomicMin(first_bad, (int)i);
+    }
+}
+} // namespace
+
+cudaError_t luna_cuda_find_bad_id_launch(cudaStream_t s, const int32_t *ids, int64_t n, int V,
+                                         int exempt, int has_exempt, int *first_bad) {
+    if (n <= 0) return cudaSuccess;
+    const int64_t blocks = (n + 255) / 256;
+    LUNA_LAUNCH(find_bad_id_kernel, (unsigned)(blocks < 1024 ? blocks : 1024), 256, 0, s, ids, n,
+                V, exempt, has_exempt, first_bad);
+    return cudaGetLastError();
+}

@@ -37,6 +37,15 @@ luna_status luna_cuda_gemm(const luna_cuda_blas *b, cudaStream_t s, int bf16, bo
                            int64_t stride_a, const void *B, int ldb, int64_t stride_b, float beta,
                            void *C, int ldc, int64_t stride_c, int batch, const void *bias);
 
+/* The same with the inputs' and the result's storage given apart: bf16 A and B with an fp32 C
+ * (weight gradients in bf16 mode: dW += dyᵀ·x accumulated in the fp32 master gradient), or one
+ * type for all three; bias [N] of C's type. */
+luna_status luna_cuda_gemm_ex(const luna_cuda_blas *b, cudaStream_t s, int ab_bf16, int c_bf16,
+                              bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                              const void *A, int lda, int64_t stride_a, const void *B, int ldb,
+                              int64_t stride_b, float beta, void *C, int ldc, int64_t stride_c,
+                              int batch, const void *bias);
+
 #ifdef __cplusplus
 }
 #endif

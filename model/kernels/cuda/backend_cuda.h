@@ -1,0 +1,83 @@
+/* The CUDA backend's private state, shared by its files: backend_cuda.c (creation, the memory
+ * vtable, device error flags), cuda_ops.c (the op table over the kernel launchers) and
+ * weight_copies.c (bf16 copies of the fp32 weights, and the holds of hold_weights).
+ *
+ * One device, one compute stream, one cuBLASLt handle; device memory from the caching allocator
+ * (device_runtime.h). Not thread-safe beyond the allocator (which data workers may call). */
+#ifndef LUNA_KERNELS_CUDA_BACKEND_CUDA_H
+#define LUNA_KERNELS_CUDA_BACKEND_CUDA_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "core/backend.h"
+#include "model/kernels/cuda/device_runtime.h"
+#include "model/kernels/cuda/gemm_lt.h"
+
+/* A bf16 copy of an fp32 weight (bf16 mode): converted on first use by linear, valid until an
+ * op or memory call writes any byte of the fp32 original (then reconverted on next use). */
+typedef struct {
+    uintptr_t src;   /* the fp32 weight (device address) */
+    size_t numel;
+    void *copy;      /* numel bf16 values, from the allocator */
+    bool valid;
+} luna_cuda_weight_copy;
+
+/* A weight held by hold_weights (counted; nothing is kept for it on CUDA: cuBLASLt reads the
+ * weight, or its bf16 copy, as it is). */
+typedef struct {
+    const float *W;
+    int out, in; /* the shape it was held with */
+    int count;
+} luna_cuda_hold;
+
+typedef struct {
+    int device;
+    bool bf16;          /* activations bf16 (else fp32) */
+    bool cache_memory;  /* false (LUNA_CUDA_CACHE=0): exact cudaMalloc/cudaFree per allocation */
+    cudaStream_t stream;
+    luna_cuda_cache *cache;
+    pthread_mutex_t alloc_lock; /* the allocator is shared with data-loading threads */
+    luna_cuda_blas blas;
+    int *first_bad;     /* device int: luna_cuda_find_bad_id's result */
+    luna_cuda_weight_copy *copies;
+    size_t ncopies, cap_copies;
+    luna_cuda_hold *holds;
+    size_t nholds, cap_holds;
+} luna_cuda_impl;
+
+static inline luna_cuda_impl *luna_cuda_impl_of(const luna_backend *be) {
+    return (luna_cuda_impl *)be->impl;
+}
+
+/* The op table (cuda_ops.c). */
+extern const luna_ops luna_cuda_ops;
+
+/* Device memory [p, p + bytes) is about to be written (or freed): bf16 copies of any weight
+ * overlapping it become stale (freed: dropped). */
+void luna_cuda_weights_written(luna_backend *be, const void *p, size_t bytes);
+void luna_cuda_weights_freed(luna_backend *be, const void *p);
+/* The bf16 copy of W [numel] (converted now when stale), for linear in bf16 mode. */
+luna_status luna_cuda_weight_bf16(luna_backend *be, const float *W, size_t numel,
+                                  const void **copy);
+luna_status luna_cuda_hold_weights(luna_backend *be, const float *W, int out, int in);
+luna_status luna_cuda_release_weights(luna_backend *be, const float *W);
+/* Frees every copy and hold (backend teardown). */
+void luna_cuda_weights_clear(luna_backend *be);
+
+/* Token ids live on the device, so the ops that must reject ids outside [0, V) (embedding, cross
+ * entropy, the picked tokens of log_softmax_topk) check them with a kernel and read the answer
+ * back: *pos = the first position i with ids[i] outside [0, V) and not *exempt (exempt NULL:
+ * none), and *id = ids[*pos]; *pos = -1 when every id is good. Waits for the stream. */
+luna_status luna_cuda_find_bad_id(luna_backend *be, const int32_t *ids, int64_t n, int V,
+                                  const int *exempt, int64_t *pos, int32_t *id);
+
+/* Raw allocation outside the counted luna_mem_alloc (the backend's own buffers). */
+void *luna_cuda_raw_alloc(luna_backend *be, size_t bytes);
+void luna_cuda_raw_release(luna_backend *be, void *p);
+
+#endif
