@@ -43,10 +43,11 @@
 /* ---- options: one registry table drives parsing and --help (core/options_registry.h) ---- */
 
 typedef struct {
-    const char *checkpoint, *input, *output_format, *device, *reference;
-    int64_t beam, max_len_b, min_len, nbest, max_tokens, batch_size, threads, max_input_tokens;
+    const char *checkpoint, *input, *output_format, *device, *precision, *reference;
+    int64_t beam, max_len_b, min_len, nbest, max_tokens, batch_size, threads, max_input_tokens,
+        device_id;
     double lenpen, max_len_a, unkpen;
-    bool score_reference, quiet;
+    bool score_reference, quiet, tf32;
 } options;
 
 static options opt;
@@ -75,6 +76,9 @@ static const luna_option_spec OPTIONS[] = {
     {"--max-tokens", LUNA_OPT_INT, "6000", G_RUN, "N", NULL, F(max_tokens), "padded source tokens per batch (0: no limit)"},
     {"--batch-size", LUNA_OPT_INT, "128", G_RUN, "N", NULL, F(batch_size), "sentences per batch (0: no limit)"},
     {"--device", LUNA_OPT_CHOICE, "cpu", G_RUN, "D", "cpu|cuda", F(device), "where to run"},
+    {"--device-id", LUNA_OPT_INT, "-1", G_RUN, "N", NULL, F(device_id), "the GPU of --device cuda (-1: the first)"},
+    {"--precision", LUNA_OPT_CHOICE, "auto", G_RUN, "P", "auto|fp32|bf16", F(precision), "activations on --device cuda (auto: fp32, the CPU's translations; bf16: faster)"},
+    {"--tf32", LUNA_OPT_FLAG, NULL, G_RUN, NULL, NULL, F(tf32), "--device cuda --precision fp32: let GEMMs use TF32 tensor cores"},
     {"--threads", LUNA_OPT_INT, "2", G_RUN, "N", NULL, F(threads), "CPU threads"},
 };
 /* clang-format on */
@@ -105,6 +109,10 @@ static int parse_args(int argc, char **argv) {
     if (missing)
         return luna_options_usage_error(PROG, "--device %s: %s; use --device cpu", opt.device,
                                         missing);
+    luna_backend_options bo = luna_backend_options_default();
+    if (luna_backend_options_set_precision(&bo, opt.device, opt.precision, opt.tf32, false) !=
+        LUNA_OK)
+        return luna_options_usage_error(PROG, "%s", luna_error_message());
     if (opt.beam < 1 || opt.beam > 1024)
         return luna_options_usage_error(PROG, "%s", "--beam must be in 1..1024");
     if (opt.nbest < 1 || opt.nbest > opt.beam)
@@ -423,6 +431,8 @@ static luna_status write_scores(program *p, size_t n) {
 static luna_status run(program *p) {
     luna_backend_options bo = luna_backend_options_default();
     bo.num_threads = (int)opt.threads;
+    bo.device_id = (int)opt.device_id;
+    LUNA_TRY(luna_backend_options_set_precision(&bo, opt.device, opt.precision, opt.tf32, false));
     LUNA_TRY(luna_backend_create(&p->be, opt.device, &bo));
     LUNA_TRY(luna_checkpoint_load_model(opt.checkpoint, p->be, &p->model, &p->meta));
     LUNA_TRY(luna_checkpoint_load_vocab(opt.checkpoint, p->model->config.vocab_size, &p->src_dict,

@@ -82,6 +82,9 @@ static const luna_option_spec SPECS[] = {
     {"--reset-lr-scheduler", LUNA_OPT_FLAG, NULL, G_CKPT, NULL, NULL, F(reset_lr_scheduler), "when resuming, allow another --lr, --lr-scheduler, --warmup-* or --milestones (the new schedule from the current update on)"},
     {"--seed", LUNA_OPT_INT, "1", G_RUN, "N", NULL, F(seed), "seed of the initialisation, dropout and batch order"},
     {"--device", LUNA_OPT_CHOICE, "cpu", G_RUN, "D", "cpu|cuda", F(device), "where to train"},
+    {"--device-id", LUNA_OPT_INT, "-1", G_RUN, "N", NULL, F(device_id), "the GPU of --device cuda (-1: the first, or the local rank's under MPI)"},
+    {"--precision", LUNA_OPT_CHOICE, "auto", G_RUN, "P", "auto|fp32|bf16", F(precision), "activations on --device cuda: bf16 (fp32 master weights, gradients and optimizer) or fp32; auto: bf16 on cuda, fp32 on cpu"},
+    {"--tf32", LUNA_OPT_FLAG, NULL, G_RUN, NULL, NULL, F(tf32), "--device cuda --precision fp32: let GEMMs use TF32 tensor cores"},
     {"--threads", LUNA_OPT_INT, "0", G_RUN, "N", NULL, F(threads), "CPU threads (0: OpenMP's default)"},
     {"--log-interval", LUNA_OPT_INT, "100", G_RUN, "N", NULL, F(log_interval), "log every N updates"},
     {"--log-format", LUNA_OPT_CHOICE, "simple", G_RUN, "F", "simple|json", F(log_format), "simple: fairseq-like lines; json: one object per line"},
@@ -304,6 +307,9 @@ static luna_status check_ranges(const luna_train_options *o) {
         return bad("--threads must be <= 1024 (got %lld)", (long long)o->threads);
     const char *missing = luna_backend_missing(o->device);
     if (missing) return bad("--device %s: %s; use --device cpu", o->device, missing);
+    luna_backend_options bo = luna_backend_options_default();
+    if (luna_backend_options_set_precision(&bo, o->device, o->precision, o->tf32, true) != LUNA_OK)
+        return bad("%s", luna_error_message());
     if (!*o->save_dir) return bad("--save-dir must not be empty");
     return LUNA_OK;
 }

@@ -56,9 +56,9 @@ typedef struct {
     int64_t save_interval, save_interval_updates, keep_interval_updates, keep_last_epochs;
     bool no_save, no_epoch_checkpoints, reset_optimizer, reset_dataloader, reset_lr_scheduler;
     /* runtime and logging */
-    int64_t seed, threads, log_interval;
-    const char *device, *log_format;
-    bool no_progress_bar;
+    int64_t seed, threads, log_interval, device_id;
+    const char *device, *precision, *log_format;
+    bool no_progress_bar, tf32;
 
     /* which options were given on the command line (index into the registry) */
     bool set[LUNA_TRAIN_MAX_OPTIONS];

@@ -125,6 +125,18 @@ static luna_status lock_save_dir(luna_trainer *t) {
     return LUNA_OK;
 }
 
+/* The GPU of this rank when --device-id is not given: one GPU per rank, by the launcher's local
+ * rank (Open MPI, Slurm, MPICH/Intel MPI), else the first. */
+static int default_device_id(const luna_communicator *comm) {
+    if (comm->world_size <= 1) return -1;
+    const char *vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        if (v && *v) return atoi(v);
+    }
+    return -1;
+}
+
 luna_status luna_trainer_create(luna_trainer **out, luna_train_options *o, luna_communicator *comm,
                                 FILE *log) {
     *out = NULL;
@@ -141,11 +153,15 @@ luna_status luna_trainer_create(luna_trainer **out, luna_train_options *o, luna_
     luna_status s = LUNA_OK;
     luna_backend_options backend_options = luna_backend_options_default();
     backend_options.num_threads = (int)o->threads;
+    backend_options.device_id = o->device_id >= 0 ? (int)o->device_id : default_device_id(comm);
     /* --save-dir first: an unwritable one must fail before any expensive work. */
     if (o->max_update != 0 && !o->no_save && comm->rank == 0) {
         s = luna_trainer_check_save_dir(o->save_dir);
         if (s == LUNA_OK) s = lock_save_dir(t);
     }
+    if (s == LUNA_OK)
+        s = luna_backend_options_set_precision(&backend_options, o->device, o->precision, o->tf32,
+                                               true);
     if (s == LUNA_OK) s = luna_backend_create(&t->be, o->device, &backend_options);
     if (s == LUNA_OK) s = open_data(t);
     if (s == LUNA_OK) s = make_batches(t);

@@ -41,6 +41,29 @@ luna_backend_options luna_backend_options_default(void) {
     return (luna_backend_options){.num_threads = 0, .device_id = -1, .bf16 = false, .tf32 = false};
 }
 
+luna_status luna_backend_options_set_precision(luna_backend_options *o, const char *device,
+                                               const char *precision, bool tf32, bool training) {
+    const bool cpu = strcmp(device, "cpu") == 0;
+    if (strcmp(precision, "auto") == 0)
+        o->bf16 = !cpu && training;
+    else if (strcmp(precision, "fp32") == 0)
+        o->bf16 = false;
+    else if (strcmp(precision, "bf16") == 0)
+        o->bf16 = true;
+    else
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                          "--precision %s: unknown (auto, fp32 or bf16)", precision);
+    if (cpu && o->bf16)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                          "--precision bf16: the CPU backend computes in fp32 only (use --device "
+                          "cuda, or --precision fp32)");
+    if (tf32 && (cpu || o->bf16))
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                          "--tf32: applies to --device cuda with --precision fp32 only");
+    o->tf32 = tf32;
+    return LUNA_OK;
+}
+
 const char *const *luna_backend_names(void) { return names; }
 
 const char *luna_backend_missing(const char *name) {

@@ -30,6 +30,13 @@ luna_backend_options luna_backend_options_default(void);
 luna_status luna_backend_create(luna_backend **out, const char *name,
                                 const luna_backend_options *opt);
 
+/* The programs' --precision (auto|fp32|bf16) and --tf32 into o->bf16 / o->tf32 for `device`:
+ * auto is bf16 on a device backend when `training` (mixed-precision training, the paper's
+ * setting) and fp32 otherwise (decoding gives the CPU's translations unless asked); bf16 and
+ * --tf32 on the CPU are errors (one line naming the option). */
+luna_status luna_backend_options_set_precision(luna_backend_options *o, const char *device,
+                                               const char *precision, bool tf32, bool training);
+
 /* Every backend name the registry knows, NULL-terminated. */
 const char *const *luna_backend_names(void);
 /* NULL when this build can create `name`, else one line saying why not (for option checks). */

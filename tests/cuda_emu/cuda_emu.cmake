@@ -79,15 +79,15 @@ function(luna_cuda_emu_tests)
   endif()
 endfunction()
 
-# Under -DLUNA_CUDA_EMU=ON with the backend (model/kernels/cuda/backend_cuda.c): every op suite (test_ops_*) once more on the CUDA
-# backend (LUNA_TEST_BACKEND=cuda) in each thread order, as test_ops_<name>_cuda_emu_<order>.
+# Under -DLUNA_CUDA_EMU=ON with the backend (model/kernels/cuda/backend_cuda.c): every op suite (test_ops_*) and
+# whole-model suite (test_backend_*) once more on the CUDA backend (LUNA_TEST_BACKEND=cuda) in each thread order, as test_ops_<name>_cuda_emu_<order>.
 function(luna_cuda_emu_backend_tests)
   if(NOT LUNA_CUDA_EMU OR NOT EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/model/kernels/cuda/backend_cuda.c)
     return()
   endif()
   foreach(src ${ARGN})
     get_filename_component(name ${src} NAME_WE)
-    if(NOT name MATCHES "^test_ops_")
+    if(NOT name MATCHES "^test_(ops|backend)_")
       continue()
     endif()
     foreach(order forward reverse random:7)

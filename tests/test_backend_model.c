@@ -1,0 +1,233 @@
+/* Whole models on the backend under test (LUNA_TEST_BACKEND) against the CPU backend: luna_tiny
+ * and transformer_tiny at odd sizes, the same seeded parameters on both, then
+ *   - forward (no dropout): logits and loss within 1e-5 relative (the project's numerics target);
+ *   - a training forward/backward WITH dropout: loss within 1e-5 and every parameter's gradient
+ *     within 1e-4 relative to that gradient's largest entry — which also shows the dropout masks
+ *     are the CPU's (a single differing mask element moves a gradient far more than 1e-4);
+ *   - on a device backend, the same in bf16 activations, within the bounds stated below.
+ * With LUNA_TEST_BACKEND=cpu the backend under test is the CPU with 2 threads against 1 thread,
+ * which the backend contract requires to be bit-identical. Under -DLUNA_CUDA_EMU=ON this runs
+ * the CUDA backend through the CPU execution harness in every thread order. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/kernels/registry.h"
+#include "model/seq2seq.h"
+#include "tests/backend_harness.h"
+#include "tests/test_util.h"
+
+enum { B = 3, M = 7, N = 6, V = 29 };
+
+/* bf16 activations (one rounding per stored activation; fp32 master weights, gradients and
+ * accumulation): the loss within 0.2% and each gradient within 15% in relative L2 norm. Measured
+ * on these models under the harness: loss 6.6e-4, gradients 0.5%–7.7%, the largest in the first
+ * layers (the rounding of every activation on the way back adds up with depth; LUNA_TEST_VERBOSE=1
+ * prints every tensor). A wrong bf16 kernel (a transposed weight copy, a dropped rounding mode)
+ * gives errors of order 1. */
+#define BF16_LOSS_RTOL 2e-3
+#define BF16_GRAD_RTOL 0.15
+
+typedef struct {
+    int32_t src[B * M], src_len[B], prev[B * N], tgt[B * N];
+    luna_batch batch;
+} test_batch;
+
+/* Right-padded sentences of different lengths (one source as long as the batch, one of 2). */
+static void make_batch(test_batch *t, uint64_t seed) {
+    const int src_lens[B] = {M, 4, 2}, tgt_lens[B] = {3, N, 5};
+    luna_test_rng rng;
+    luna_test_rng_seed(&rng, seed);
+    for (int b = 0; b < B; b++) {
+        for (int i = 0; i < M; i++) {
+            int tok = 4 + (int)luna_test_uniform(&rng, 0, V - 4 - 1e-3f);
+            t->src[b * M + i] = i < src_lens[b] - 1 ? tok : i == src_lens[b] - 1 ? 2 : 1;
+        }
+        t->src_len[b] = src_lens[b];
+        int y[N];
+        for (int i = 0; i < N; i++)
+            y[i] = 4 + (int)luna_test_uniform(&rng, 0, V - 4 - 1e-3f);
+        y[tgt_lens[b] - 1] = 2;
+        for (int i = 0; i < N; i++) {
+            t->tgt[b * N + i] = i < tgt_lens[b] ? y[i] : 1;
+            t->prev[b * N + i] = i == 0 ? 2 : i < tgt_lens[b] ? y[i - 1] : 1;
+        }
+    }
+    t->batch = (luna_batch){.B = B,
+                            .src_len = M,
+                            .tgt_len = N,
+                            .src_tokens = t->src,
+                            .src_lengths = t->src_len,
+                            .prev_output_tokens = t->prev,
+                            .target = t->tgt};
+}
+
+static luna_config tiny(const char *arch, double dropout) {
+    luna_config c;
+    ck_assert_int_eq(luna_config_preset(&c, arch), LUNA_OK);
+    c.vocab_size = V;
+    c.encoder_embed_dim = c.decoder_embed_dim = 18;
+    c.encoder_ffn_embed_dim = c.decoder_ffn_embed_dim = 27;
+    c.encoder_attention_heads = c.decoder_attention_heads = 3;
+    c.dropout = c.attention_dropout = c.activation_dropout = dropout;
+    return c;
+}
+
+static float *fetch(luna_backend *be, const float *dev, size_t n) {
+    float *h = malloc(n * sizeof *h);
+    ck_assert_ptr_nonnull(h);
+    LUNA_CHECK_OK(luna_mem_to_host(be, h, dev, n * sizeof *h));
+    return h;
+}
+
+static double max_abs(const float *x, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++)
+        m = fmax(m, fabs((double)x[i]));
+    return m;
+}
+
+/* max_i |got_i − ref_i| / max(max_i |ref_i|, floor): the error relative to the result's scale.
+ * floor > 0 for gradients that are zero in exact arithmetic (a key bias under softmax attention
+ * gets none: softmax ignores a constant added to a row), whose reference is rounding noise. */
+static double rel_linf(const float *got, const float *ref, size_t n, double floor) {
+    double err = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double d = fabs((double)got[i] - ref[i]);
+        err = isnan(d) ? INFINITY : fmax(err, d);
+    }
+    return err / fmax(fmax(max_abs(ref, n), floor), 1e-30);
+}
+
+/* ‖got − ref‖₂ / max(‖ref‖₂, floor·√n): bf16's rounding is noise spread over every element, so
+ * its bound is on the norm of the error, as mixed-precision training is usually judged. */
+static double rel_l2(const float *got, const float *ref, size_t n, double floor) {
+    double e = 0, r = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double d = (double)got[i] - ref[i];
+        e += d * d, r += (double)ref[i] * ref[i];
+    }
+    return isnan(e) ? INFINITY : sqrt(e) / fmax(fmax(sqrt(r), floor * sqrt((double)n)), 1e-30);
+}
+
+static bool bit_exact_expected(const luna_backend *be) { return be->device == LUNA_DEVICE_CPU; }
+
+static void check_close(const char *what, const char *arch, double err, double tol, bool exact) {
+    if (exact)
+        ck_assert_msg(err == 0.0, "%s %s: CPU 2 threads differ from 1 thread (%.3g)", arch, what,
+                      err);
+    else
+        ck_assert_msg(err <= tol, "%s %s: relative error %.3g > %.3g", arch, what, err, tol);
+}
+
+/* Forward without dropout: logits and loss. */
+static void compare_forward(const char *arch, luna_backend *dev) {
+    luna_backend *ref = lh_reference();
+    luna_config c = tiny(arch, 0.0);
+    luna_seq2seq *mr, *md;
+    LUNA_CHECK_OK(luna_seq2seq_create(&mr, ref, &c));
+    LUNA_CHECK_OK(luna_seq2seq_create(&md, dev, &c));
+    test_batch t;
+    make_batch(&t, 5);
+    float *lr = malloc(sizeof(float) * B * N * V), *ld = malloc(sizeof(float) * B * N * V);
+    double loss_r, nll_r, loss_d, nll_d;
+    LUNA_CHECK_OK(luna_seq2seq_forward(mr, &t.batch, &loss_r, &nll_r, lr));
+    LUNA_CHECK_OK(luna_seq2seq_forward(md, &t.batch, &loss_d, &nll_d, ld));
+    const double el = rel_linf(ld, lr, (size_t)B * N * V, 0);
+    const double eloss = fabs(loss_d - loss_r) / fabs(loss_r);
+    printf("%s on %s: forward logits %.3g, loss %.3g (relative)\n", arch, dev->name, el, eloss);
+    check_close("logits", arch, el, 1e-5, bit_exact_expected(dev));
+    check_close("loss", arch, eloss, 1e-5, bit_exact_expected(dev));
+    free(lr), free(ld);
+    luna_seq2seq_free(mr), luna_seq2seq_free(md);
+    luna_backend_free(ref);
+}
+
+/* Training forward/backward with dropout (step 3): loss and every gradient. */
+static void compare_training(const char *arch, luna_backend *dev, bool l2, double loss_tol,
+                             double grad_tol, double *worst_loss, double *worst_grad) {
+    luna_backend *ref = lh_reference();
+    luna_config c = tiny(arch, 0.2);
+    luna_seq2seq *mr, *md;
+    LUNA_CHECK_OK(luna_seq2seq_create(&mr, ref, &c));
+    LUNA_CHECK_OK(luna_seq2seq_create(&md, dev, &c));
+    ck_assert_uint_eq(mr->params->num_params, md->params->num_params);
+    test_batch t;
+    make_batch(&t, 9);
+    double loss_r, nll_r, loss_d, nll_d;
+    LUNA_CHECK_OK(luna_seq2seq_forward_backward(mr, &t.batch, 3, &loss_r, &nll_r));
+    LUNA_CHECK_OK(luna_seq2seq_forward_backward(md, &t.batch, 3, &loss_d, &nll_d));
+    const bool exact = bit_exact_expected(dev);
+    const double eloss = fabs(loss_d - loss_r) / fabs(loss_r);
+    check_close("training loss", arch, eloss, loss_tol, exact);
+    *worst_loss = fmax(*worst_loss, eloss);
+    const size_t n = mr->params->num_params;
+    float *gr = fetch(ref, mr->params->grad, n), *gd = fetch(dev, md->params->grad, n);
+    const double floor = 1e-3 * max_abs(gr, n); /* 1e-3 of the model's largest gradient */
+    for (int i = 0; i < mr->params->num_tensors; i++) {
+        const luna_param_info *p = &mr->params->tensors[i];
+        if (!p->has_grad) continue;
+        const double e = l2 ? rel_l2(gd + p->offset, gr + p->offset, p->numel, floor)
+                            : rel_linf(gd + p->offset, gr + p->offset, p->numel, floor);
+        char what[200];
+        snprintf(what, sizeof what, "gradient of %s", p->name);
+        if (getenv("LUNA_TEST_VERBOSE")) printf("  %s %s: %.3g\n", arch, what, e);
+        check_close(what, arch, e, grad_tol, exact);
+        *worst_grad = fmax(*worst_grad, e);
+    }
+    free(gr), free(gd);
+    luna_seq2seq_free(mr), luna_seq2seq_free(md);
+    luna_backend_free(ref);
+}
+
+static const char *const archs[] = {"luna_tiny", "transformer_tiny"};
+
+START_TEST(fp32_forward_matches_cpu) {
+    luna_backend *dev = lh_backend(2);
+    compare_forward(archs[_i], dev);
+    luna_backend_free(dev);
+}
+END_TEST
+
+START_TEST(fp32_training_step_matches_cpu) {
+    luna_backend *dev = lh_backend(2);
+    double wl = 0, wg = 0;
+    compare_training(archs[_i], dev, false, 1e-5, 1e-4, &wl, &wg);
+    printf("%s on %s: training loss %.3g, worst gradient %.3g (relative)\n", archs[_i], dev->name,
+           wl, wg);
+    luna_backend_free(dev);
+}
+END_TEST
+
+/* bf16 activations: only a device backend has them (the CPU is fp32 only). */
+START_TEST(bf16_training_step_within_bounds) {
+    if (strcmp(lh_backend_name(), "cpu") == 0) {
+        printf("bf16: the CPU backend has fp32 activations only (nothing to compare)\n");
+        return;
+    }
+    luna_backend_options o = luna_backend_options_default();
+    o.bf16 = true;
+    luna_backend *dev;
+    LUNA_CHECK_OK(luna_backend_create(&dev, lh_backend_name(), &o));
+    ck_assert_int_eq(dev->act_dtype, LUNA_BF16);
+    double wl = 0, wg = 0;
+    compare_training(archs[_i], dev, true, BF16_LOSS_RTOL, BF16_GRAD_RTOL, &wl, &wg);
+    printf("%s on %s bf16: training loss %.3g, worst gradient %.3g (relative)\n", archs[_i],
+           dev->name, wl, wg);
+    luna_backend_free(dev);
+}
+END_TEST
+
+static Suite *backend_model_suite(void) {
+    Suite *s = suite_create("backend_model");
+    TCase *tc = tcase_create("model");
+    tcase_set_timeout(tc, 600);
+    tcase_add_loop_test(tc, fp32_forward_matches_cpu, 0, 2);
+    tcase_add_loop_test(tc, fp32_training_step_matches_cpu, 0, 2);
+    tcase_add_loop_test(tc, bf16_training_step_within_bounds, 0, 2);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) { return luna_test_run(backend_model_suite()); }
