@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # Build luna and run its test suite (CTest + Check), doing its own setup on a fresh machine.
 #
-#   tools/test.sh              install deps, configure build/ with -Werror, build, run all CPU tests
+#   tools/test.sh              install deps, configure build/ with -Werror, build, run all CPU tests;
+#                              then, where the CUDA toolkit's headers are installed, build the CUDA
+#                              backend against the CPU execution harness in build-emu/
+#                              (-DLUNA_CUDA_EMU=ON) and run the op, model and program suites on it
+#                              (LUNA_TEST_BACKEND=cuda, every thread order; label cuda-emu)
+#   tools/test.sh --no-cuda-emu  skip that second build
 #   tools/test.sh --sanitize   the same in build-asan/ with AddressSanitizer + UBSan
 #   tools/test.sh --gpu        also run the tests labelled gpu (needs a CUDA build and a GPU)
 #   tools/test.sh --mpi        build with -DLUNA_MPI=ON in build-mpi/ (OpenMPI from install-deps.sh
@@ -16,6 +21,7 @@ labels=(-L cpu)
 deps=1
 mpi=0
 gpu=0
+cuda_emu=1
 ctest_extra=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -24,7 +30,8 @@ while [ $# -gt 0 ]; do
     --mpi) cmake_flags+=(-DLUNA_MPI=ON); mpi=1 ;;
     --no-deps) deps=0 ;;
     --) shift; ctest_extra=("$@"); break ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    --no-cuda-emu) cuda_emu=0 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "test.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
   esac
   shift
@@ -52,3 +59,18 @@ fi
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 ctest --test-dir "$build" --output-on-failure -j"$jobs" "${labels[@]}" "${ctest_extra[@]}"
+# The CUDA backend through the CPU execution harness (tests/cuda_emu/README.md): its own build,
+# since its programs and tests link the harness instead of the CUDA libraries. Only the suites that
+# run on the backend (<suite>_cuda_emu_<order>) run there; build/ ran everything else.
+if [ "$cuda_emu" -eq 1 ] && [ "$build" = "$root/build" ] && [ ${#ctest_extra[@]} -eq 0 ]; then
+  if grep -q "CUDA harness  ON" "$build.configure.log"; then
+    emu="$root/build-emu"
+    cmake -S "$root" -B "$emu" -DLUNA_WERROR=ON -DLUNA_CUDA_EMU=ON >"$emu.configure.log" 2>&1 \
+      || { cat "$emu.configure.log"; exit 1; }
+    echo "=== the CUDA backend under the CPU execution harness (build-emu/, label cuda-emu) ==="
+    cmake --build "$emu" -j"$jobs"
+    ctest --test-dir "$emu" --output-on-failure -j"$jobs" -L cuda-emu -R '_cuda_emu_(forward|reverse|random_7)$'
+  else
+    echo "note: no CUDA toolkit headers (cuda_runtime_api.h, cublasLt.h) found: the CUDA backend's harness suites are not run"
+  fi
+fi

@@ -3,6 +3,7 @@
  *   bench-model [--arch luna_base_tied] [--threads N] [--batch 128] [--src-len 32]
  *               [--tgt-len 32] [--vocab 32000] [--projection-length 32] [--dropout 0.1]
  *               [--attention-dropout 0.1] [--activation-dropout 0.1] [--warmup 1] [--steps 3]
+ *               [--device cpu|cuda] [--precision auto|fp32|bf16] [--tf32]
  *
  * Prints target tokens/s, seconds per step and the activation arena's peak bytes. The batch is
  * random tokens of full length (no padding), so every position does work.
@@ -14,7 +15,7 @@
 #include <time.h>
 
 #include "model/seq2seq.h"
-#include "model/kernels/cpu/backend_cpu.h"
+#include "model/kernels/registry.h"
 #include "tools/program_start.h"
 
 static double now(void) {
@@ -28,10 +29,12 @@ static void usage(FILE *f) {
             "usage: bench-model [--arch NAME] [--threads N] [--batch B] [--src-len M]\n"
             "                   [--tgt-len N] [--vocab V] [--projection-length L] [--dropout P]\n"
             "                   [--attention-dropout P] [--activation-dropout P]\n"
-            "                   [--warmup K] [--steps S]\n"
+            "                   [--warmup K] [--steps S] [--device cpu|cuda]\n"
+            "                   [--precision auto|fp32|bf16] [--tf32]\n"
             "Forward+backward time of the model on one synthetic batch (default: luna_base_tied,\n"
             "l=32, V=32000, all three dropouts 0.1 as in the WMT recipe, 128 x 32 target\n"
-            "tokens, sources of 32).\n");
+            "tokens, sources of 32). --device cuda: activations in bf16 unless --precision fp32\n"
+            "(auto = bf16 on cuda, as luna-train).\n");
 }
 
 static int parse_int(const char *flag, const char *s, int lo) {
@@ -46,7 +49,8 @@ static int parse_int(const char *flag, const char *s, int lo) {
 
 int main(int argc, char **argv) {
     luna_program_start("bench-model", argv);
-    const char *arch = "luna_base_tied";
+    const char *arch = "luna_base_tied", *device = "cpu", *precision = "auto";
+    bool tf32 = false;
     int threads = 0, B = 128, M = 32, N = 32, V = 32000, L = 32, warmup = 1, steps = 3;
     double dropout = 0.1, attention_dropout = 0.1, activation_dropout = 0.1;
     static const struct option options[] = {
@@ -62,6 +66,9 @@ int main(int argc, char **argv) {
         {"activation-dropout", required_argument, NULL, 'R'},
         {"warmup", required_argument, NULL, 'w'},
         {"steps", required_argument, NULL, 's'},
+        {"device", required_argument, NULL, 'D'},
+        {"precision", required_argument, NULL, 'P'},
+        {"tf32", no_argument, NULL, 'T'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -80,6 +87,9 @@ int main(int argc, char **argv) {
         case 'R': activation_dropout = atof(optarg); break;
         case 'w': warmup = parse_int("--warmup", optarg, 0); break;
         case 's': steps = parse_int("--steps", optarg, 1); break;
+        case 'D': device = optarg; break;
+        case 'P': precision = optarg; break;
+        case 'T': tf32 = true; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -101,7 +111,10 @@ int main(int argc, char **argv) {
 
     luna_backend *be;
     luna_seq2seq *model;
-    if (luna_backend_cpu_create(&be, threads) != LUNA_OK ||
+    luna_backend_options bo = luna_backend_options_default();
+    bo.num_threads = threads;
+    if (luna_backend_options_set_precision(&bo, device, precision, tf32, true) != LUNA_OK ||
+        luna_backend_create(&be, device, &bo) != LUNA_OK ||
         luna_seq2seq_create(&model, be, &cfg) != LUNA_OK) {
         fprintf(stderr, "bench-model: %s\n", luna_error_message());
         return 1;
@@ -132,8 +145,10 @@ int main(int argc, char **argv) {
     char desc[512];
     luna_config_describe(&cfg, desc, sizeof desc);
     printf("bench-model: %s\n", desc);
-    printf("bench-model: %zu parameters, batch %d x %d target tokens (sources %d), %d threads\n",
-           model->params->num_params, B, N, M, be->num_threads);
+    printf("bench-model: %zu parameters, batch %d x %d target tokens (sources %d), device %s "
+           "(%s activations), %d threads\n",
+           model->params->num_params, B, N, M, be->name, bo.bf16 ? "bf16" : "fp32",
+           be->num_threads);
     double loss = 0, total = 0;
     for (int s = 0; s < warmup + steps; s++) {
         double t0 = now();

@@ -4,6 +4,7 @@
  *                   [--max-len-b 200] [--max-tokens 6000] [--batch-size 128] [--limit N]
  *   bench-translate CHECKPOINT --ids IDS [...]   (dictionary ids per line, without </s>)
  *   bench-translate --preset NAME [--vocab 40624] [--sentences 64] [--src-len 30] [...]
+ *   any form: [--device cpu|cuda] [--precision auto|fp32|bf16] (auto: fp32, as luna-translate)
  *
  * The first form translates the raw text INPUT (SentencePiece from the checkpoint); the second
  * builds a randomly initialised model (e.g. luna_base_tied) and random sources, for timing
@@ -27,7 +28,7 @@
 #include "model/seq2seq.h"
 #include "data/checkpoint_vocab.h"
 #include "model/checkpoint.h"
-#include "model/kernels/cpu/backend_cpu.h"
+#include "model/kernels/registry.h"
 #include "tools/program_start.h"
 
 static double now(void) {
@@ -44,6 +45,7 @@ static int fail(void) {
 int main(int argc, char **argv) {
     luna_program_start("bench-translate", argv);
     const char *ckpt = NULL, *input = NULL, *preset = NULL, *dump_ids = NULL, *ids_file = NULL;
+    const char *device = "cpu", *precision = "auto";
     long threads = 2, limit = 0, vocab = 40624, sentences = 64, src_len = 30, max_tokens = 6000,
          batch_size = 128;
     bool json = false, print_hyps = false;
@@ -56,7 +58,7 @@ int main(int argc, char **argv) {
         if (!strcmp(a, "--help")) {
             printf("usage: bench-translate CHECKPOINT INPUT [--beam N] [--threads N] [--lenpen F]\n"
                    "         [--max-len-a F] [--max-len-b N] [--max-tokens N] [--batch-size N]\n"
-                   "         [--limit N] [--json]\n"
+                   "         [--limit N] [--json] [--device cpu|cuda] [--precision auto|fp32|bf16]\n"
                    "       bench-translate --preset NAME [--vocab N] [--sentences N] [--src-len N]"
                    " ...\n");
             return 0;
@@ -78,6 +80,10 @@ int main(int argc, char **argv) {
             o.beam = atoi(v);
         else if (!strcmp(a, "--threads"))
             threads = atol(v);
+        else if (!strcmp(a, "--device"))
+            device = v;
+        else if (!strcmp(a, "--precision"))
+            precision = v;
         else if (!strcmp(a, "--lenpen"))
             o.lenpen = atof(v);
         else if (!strcmp(a, "--max-len-a"))
@@ -110,7 +116,11 @@ int main(int argc, char **argv) {
         return fprintf(stderr, "bench-translate: give CHECKPOINT INPUT or --preset NAME\n"), 2;
 
     luna_backend *be;
-    if (luna_backend_cpu_create(&be, (int)threads) != LUNA_OK) return fail();
+    luna_backend_options bo = luna_backend_options_default();
+    bo.num_threads = (int)threads;
+    if (luna_backend_options_set_precision(&bo, device, precision, false, false) != LUNA_OK ||
+        luna_backend_create(&be, device, &bo) != LUNA_OK)
+        return fail();
     luna_seq2seq *model = NULL;
     luna_dictionary *dict = NULL;
     luna_spm *spm = NULL;

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# For the first real GPU: build luna with CUDA and check the CUDA backend on the hardware it was
+# written for but never ran on (README, "GPU"). Prints one summary at the end; exit status 0 only
+# when every step passed.
+#
+#   tools/gpu-check.sh [--no-sanitizer] [--quick]
+#
+# Steps (each one summary line):
+#   1. build       -DLUNA_CUDA=ON in build-gpu/ (nvcc, sm_80 + sm_90a, -Werror)
+#   2. gpu tests   ctest -L gpu: every op suite, the whole-model suite and the program suite on
+#                  the CUDA backend against the CPU backend (the suites the CPU execution harness
+#                  runs in CI), with the real CUDA runtime and the real cuBLASLt — so the cuBLASLt
+#                  cases the fake cuBLASLt passes in CI are checked against the real library
+#   3. sanitizer   compute-sanitizer memcheck, racecheck and synccheck over the op suites
+#                  (LUNA_CUDA_CACHE=0: exact allocations, so memcheck sees each buffer's end)
+#   4. benchmarks  bench-model (luna_base_tied, bf16 and fp32) and bench-translate (luna_demo
+#                  preset, beam 4) on the GPU; --quick: smaller batches
+# Nothing here is run by CI (no GPU there); tools/test.sh --gpu runs step 2 alone.
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="$root/build-gpu"
+sanitizer=1
+quick=0
+for a in "$@"; do
+  case "$a" in
+    --no-sanitizer) sanitizer=0 ;;
+    --quick) quick=1 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    *) echo "gpu-check: unknown option '$a' (try --help)" >&2; exit 2 ;;
+  esac
+done
+jobs=$(nproc 2>/dev/null || echo 2)
+summary=()
+failed=0
+note() { summary+=("$1"); echo "gpu-check: $1"; }
+fail() { note "FAIL $1"; failed=1; }
+
+if ! nvidia-smi -L > /dev/null 2>&1; then
+  echo "gpu-check: no GPU here (nvidia-smi -L failed); nothing to check" >&2
+  exit 2
+fi
+note "device: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -n 1)"
+
+# 1. build
+mkdir -p "$build"
+if cmake -S "$root" -B "$build" -DLUNA_CUDA=ON -DLUNA_WERROR=ON -DCMAKE_BUILD_TYPE=Release \
+     > "$build/gpu-check.configure.log" 2>&1 &&
+   cmake --build "$build" -j"$jobs" > "$build/gpu-check.build.log" 2>&1; then
+  note "ok   build (build-gpu/, logs there)"
+else
+  tail -n 40 "$build/gpu-check.build.log" "$build/gpu-check.configure.log" 2> /dev/null
+  fail "build (see $build/gpu-check.*.log)"
+  printf '%s\n' "=== gpu-check summary ===" "${summary[@]}"
+  exit 1
+fi
+
+# 2. the suites on the GPU
+if ctest --test-dir "$build" -L gpu --output-on-failure > "$build/gpu-check.tests.log" 2>&1; then
+  note "ok   gpu tests: $(grep -E 'tests passed' "$build/gpu-check.tests.log")"
+else
+  fail "gpu tests: $(grep -E 'tests passed|tests failed' "$build/gpu-check.tests.log" | tail -n 1) (log: $build/gpu-check.tests.log)"
+fi
+grep -hE '^(luna_tiny|transformer_tiny|luna-train|luna-translate|validation|bf16)' \
+  "$build/gpu-check.tests.log" | sed 's/^/    /'
+
+# 3. compute-sanitizer over the op suites
+if [ "$sanitizer" -eq 1 ]; then
+  if command -v compute-sanitizer > /dev/null; then
+    for tool in memcheck racecheck synccheck; do
+      bad=0
+      for t in "$build"/test_ops_*; do
+        [ -x "$t" ] || continue
+        if ! LUNA_TEST_BACKEND=cuda LUNA_CUDA_CACHE=0 CK_FORK=no CK_DEFAULT_TIMEOUT=0 \
+             compute-sanitizer --tool "$tool" --error-exitcode 99 "$t" \
+             > "$build/gpu-check.$tool.$(basename "$t").log" 2>&1; then
+          bad=$((bad + 1))
+        fi
+      done
+      if [ "$bad" -eq 0 ]; then note "ok   compute-sanitizer $tool: every op suite clean"
+      else fail "compute-sanitizer $tool: $bad op suite(s) reported errors ($build/gpu-check.$tool.*.log)"; fi
+    done
+  else
+    note "skip compute-sanitizer: not on PATH (it ships with the CUDA toolkit)"
+  fi
+fi
+
+# 4. benchmarks (measured on this GPU; the README's GPU figures are predictions until these run)
+if [ "$quick" -eq 1 ]; then batch=32; sentences=64; else batch=256; sentences=512; fi
+for precision in bf16 fp32; do
+  line=$("$build/bench-model" --device cuda --precision "$precision" --batch "$batch" \
+         --tgt-len 32 --src-len 32 --steps 5 2>&1 | grep 'target tokens/s') \
+    && note "ok   bench-model luna_base_tied $precision: ${line#bench-model: }" \
+    || fail "bench-model --precision $precision"
+done
+line=$("$build/bench-translate" --preset luna_demo --device cuda --sentences "$sentences" \
+       --max-len-b 40 2>&1 | tail -n 1) \
+  && note "ok   bench-translate luna_demo beam 4 (random weights, 40 tokens): $line" \
+  || fail "bench-translate"
+
+printf '%s\n' "=== gpu-check summary ===" "${summary[@]}"
+exit "$failed"
