@@ -190,6 +190,31 @@ START_TEST(translations_match_cpu) {
 }
 END_TEST
 
+/* No GPU or driver: one line naming the cause, exit status 1, before any work. The harness's
+ * LUNA_EMU_NO_DEVICE makes its cudaGetDeviceCount fail as the real runtime does on this machine
+ * (cudaErrorInsufficientDriver); a build against the real runtime cannot fake that. */
+START_TEST(no_gpu_is_one_line_error) {
+#ifdef LUNA_TEST_CUDA_HARNESS
+    setenv("LUNA_EMU_NO_DEVICE", "1", 1);
+    char save[1200];
+    snprintf(save, sizeof save, "%s/nogpu", tmp);
+    luna_test_result r = train("cuda", "auto", "1", save);
+    unsetenv("LUNA_EMU_NO_DEVICE");
+    printf("luna-train --device cuda without a GPU: exit %d: %s", r.status, r.err);
+    ck_assert_int_eq(r.status, 1);
+    ck_assert_msg(strstr(r.err, "--device cuda: no usable GPU: CUDA driver version is insufficient") != NULL, "%s", r.err);
+    /* luna's own output is one line (the harness may add its own "luna-cuda-emu:" notes) */
+    int lines = 0;
+    for (char *save_ptr = NULL, *l = strtok_r(r.err, "\n", &save_ptr); l;
+         l = strtok_r(NULL, "\n", &save_ptr))
+        lines += strncmp(l, "luna-cuda-emu:", 14) != 0;
+    ck_assert_int_eq(lines, 1);
+#else
+    printf("no-GPU path: tested in builds against the CPU execution harness (LUNA_CUDA_EMU)\n");
+#endif
+}
+END_TEST
+
 static Suite *backend_programs_suite(void) {
     Suite *s = suite_create("backend_programs");
     TCase *tc = tcase_create("programs");
@@ -198,6 +223,7 @@ static Suite *backend_programs_suite(void) {
     tcase_add_test(tc, training_matches_cpu);
     tcase_add_test(tc, bf16_training_loss_within_bound);
     tcase_add_test(tc, translations_match_cpu);
+    tcase_add_test(tc, no_gpu_is_one_line_error);
     suite_add_tcase(s, tc);
     return s;
 }
