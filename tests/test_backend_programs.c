@@ -30,16 +30,47 @@ static bool on_cpu(void) { return strcmp(lh_backend_name(), "cpu") == 0; }
 
 static luna_test_result train(const char *device, const char *precision, const char *threads,
                               const char *save_dir) {
-    const char *args[] = {bin,          "--arch",        "luna_tiny", "--optimizer",
-                          "apollo",     "--lr",          "0.01",      "--warmup-updates",
-                          "5",          "--clip-norm",   "0.1",       "--label-smoothing",
-                          "0.1",        "--dropout",     "0.1",       "--attention-dropout",
-                          "0.1",        "--activation-dropout", "0.1", "--max-tokens",
-                          "96",         "--max-update",  UPDATES,     "--validate-interval-updates",
-                          "10",         "--save-dir",    save_dir,    "--threads",
-                          threads,      "--no-progress-bar", "--seed", "5",
-                          "--log-interval", "5",         "--device",  device,
-                          "--precision", precision,      "--log-format", "json", NULL};
+    const char *args[] = {bin,
+                          "--arch",
+                          "luna_tiny",
+                          "--optimizer",
+                          "apollo",
+                          "--lr",
+                          "0.01",
+                          "--warmup-updates",
+                          "5",
+                          "--clip-norm",
+                          "0.1",
+                          "--label-smoothing",
+                          "0.1",
+                          "--dropout",
+                          "0.1",
+                          "--attention-dropout",
+                          "0.1",
+                          "--activation-dropout",
+                          "0.1",
+                          "--max-tokens",
+                          "96",
+                          "--max-update",
+                          UPDATES,
+                          "--validate-interval-updates",
+                          "10",
+                          "--save-dir",
+                          save_dir,
+                          "--threads",
+                          threads,
+                          "--no-progress-bar",
+                          "--seed",
+                          "5",
+                          "--log-interval",
+                          "5",
+                          "--device",
+                          device,
+                          "--precision",
+                          precision,
+                          "--log-format",
+                          "json",
+                          NULL};
     return luna_test_exec(train_prog, args, NULL);
 }
 
@@ -161,12 +192,13 @@ START_TEST(translations_match_cpu) {
     snprintf(ckpt, sizeof ckpt, "%s/checkpoint_last.safetensors", cpu_dir);
     snprintf(input, sizeof input, "%s/in.txt", tmp);
     luna_test_write_file(input, "w1 w2 w3\nw4 w4 w5 w6 w7\nw0\nw7 w6 w5 w4 w3 w2 w1 w0\n");
-    const char *cpu_args[] = {ckpt, "--input", input, "--beam", "4", "--max-len-b", "12",
-                              "--output-format", "fairseq", "--quiet", "--device", "cpu",
-                              NULL};
-    const char *dev_args[] = {ckpt, "--input", input, "--beam", "4", "--max-len-b", "12",
-                              "--output-format", "fairseq", "--quiet", "--device",
-                              lh_backend_name(), "--precision", "fp32", NULL};
+    const char *cpu_args[] = {
+        ckpt,      "--input", input,      "--beam", "4", "--max-len-b", "12", "--output-format",
+        "fairseq", "--quiet", "--device", "cpu",    NULL};
+    const char *dev_args[] = {ckpt,          "--input",     input,      "--beam",
+                              "4",           "--max-len-b", "12",       "--output-format",
+                              "fairseq",     "--quiet",     "--device", lh_backend_name(),
+                              "--precision", "fp32",        NULL};
     luna_test_result a = luna_test_exec(translate_prog, cpu_args, NULL);
     luna_test_result b = luna_test_exec(translate_prog, dev_args, NULL);
     expect_success(&a, "luna-translate --device cpu");
@@ -177,7 +209,8 @@ START_TEST(translations_match_cpu) {
     char *sa = a.out, *sb = b.out, *la, *lb;
     while ((la = strsep(&sa, "\n")) && (lb = strsep(&sb, "\n"))) {
         if (la[0] == 'H') {
-            const char *ta = strchr(strchr(la, '\t') + 1, '\t'), *tb = strchr(strchr(lb, '\t') + 1, '\t');
+            const char *ta = strchr(strchr(la, '\t') + 1, '\t'),
+                       *tb = strchr(strchr(lb, '\t') + 1, '\t');
             ck_assert_msg(ta && tb && strcmp(ta, tb) == 0, "translation differs:\n%s\n%s", la, lb);
             lines++;
         }
@@ -202,7 +235,9 @@ START_TEST(no_gpu_is_one_line_error) {
     unsetenv("LUNA_EMU_NO_DEVICE");
     printf("luna-train --device cuda without a GPU: exit %d: %s", r.status, r.err);
     ck_assert_int_eq(r.status, 1);
-    ck_assert_msg(strstr(r.err, "--device cuda: no usable GPU: CUDA driver version is insufficient") != NULL, "%s", r.err);
+    ck_assert_msg(
+        strstr(r.err, "--device cuda: no usable GPU: CUDA driver version is insufficient") != NULL,
+        "%s", r.err);
     /* luna's own output is one line (the harness may add its own "luna-cuda-emu:" notes) */
     int lines = 0;
     for (char *save_ptr = NULL, *l = strtok_r(r.err, "\n", &save_ptr); l;

@@ -56,11 +56,12 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help")) {
-            printf("usage: bench-translate CHECKPOINT INPUT [--beam N] [--threads N] [--lenpen F]\n"
-                   "         [--max-len-a F] [--max-len-b N] [--max-tokens N] [--batch-size N]\n"
-                   "         [--limit N] [--json] [--device cpu|cuda] [--precision auto|fp32|bf16]\n"
-                   "       bench-translate --preset NAME [--vocab N] [--sentences N] [--src-len N]"
-                   " ...\n");
+            printf(
+                "usage: bench-translate CHECKPOINT INPUT [--beam N] [--threads N] [--lenpen F]\n"
+                "         [--max-len-a F] [--max-len-b N] [--max-tokens N] [--batch-size N]\n"
+                "         [--limit N] [--json] [--device cpu|cuda] [--precision auto|fp32|bf16]\n"
+                "       bench-translate --preset NAME [--vocab N] [--sentences N] [--src-len N]"
+                " ...\n");
             return 0;
         }
         if (!strcmp(a, "--json") || !strcmp(a, "--print")) {

@@ -67,16 +67,16 @@ static luna_status cuda_zero(luna_backend *be, void *p, size_t bytes) {
 
 static luna_status cuda_copy(luna_backend *be, void *dst, const void *src, size_t bytes) {
     luna_cuda_weights_written(be, dst, bytes);
-    return luna_cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
-                                           luna_cuda_impl_of(be)->stream),
-                           "cudaMemcpyAsync (device to device)");
+    return luna_cuda_check(
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, luna_cuda_impl_of(be)->stream),
+        "cudaMemcpyAsync (device to device)");
 }
 
 static luna_status cuda_from_host(luna_backend *be, void *dst, const void *host, size_t bytes) {
     luna_cuda_weights_written(be, dst, bytes);
-    return luna_cuda_check(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice,
-                                           luna_cuda_impl_of(be)->stream),
-                           "cudaMemcpyAsync (host to device)");
+    return luna_cuda_check(
+        cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, luna_cuda_impl_of(be)->stream),
+        "cudaMemcpyAsync (host to device)");
 }
 
 /* Token ids are checked on the device (backend_cuda.h): the position of the first bad id and the
@@ -92,13 +92,13 @@ luna_status luna_cuda_find_bad_id(luna_backend *be, const int32_t *ids, int64_t 
         return luna_error(LUNA_ERR_INVALID_ARGUMENT, "%lld token ids exceed 2^31 (split the batch)",
                           (long long)n);
     const int none = INT_MAX;
-    LUNA_CUDA_TRY(cudaMemcpyAsync(c->first_bad, &none, sizeof none, cudaMemcpyHostToDevice,
-                                  c->stream));
+    LUNA_CUDA_TRY(
+        cudaMemcpyAsync(c->first_bad, &none, sizeof none, cudaMemcpyHostToDevice, c->stream));
     LUNA_CUDA_TRY(luna_cuda_find_bad_id_launch(c->stream, ids, n, V, exempt ? *exempt : 0,
                                                exempt != NULL, c->first_bad));
     int first = INT_MAX;
-    LUNA_CUDA_TRY(cudaMemcpyAsync(&first, c->first_bad, sizeof first, cudaMemcpyDeviceToHost,
-                                  c->stream));
+    LUNA_CUDA_TRY(
+        cudaMemcpyAsync(&first, c->first_bad, sizeof first, cudaMemcpyDeviceToHost, c->stream));
     LUNA_CUDA_TRY(cudaStreamSynchronize(c->stream));
     if (first == INT_MAX) return LUNA_OK;
     LUNA_CUDA_TRY(cudaMemcpy(id, ids + first, sizeof *id, cudaMemcpyDeviceToHost));

@@ -15,15 +15,16 @@
 #include <cuda_runtime_api.h>
 
 #include "core/backend.h"
+#include "core/tensor_table.h"
 #include "model/kernels/cuda/device_runtime.h"
 #include "model/kernels/cuda/gemm_lt.h"
 
 /* A bf16 copy of an fp32 weight (bf16 mode): converted on first use by linear, valid until an
  * op or memory call writes any byte of the fp32 original (then reconverted on next use). */
 typedef struct {
-    uintptr_t src;   /* the fp32 weight (device address) */
+    uintptr_t src; /* the fp32 weight (device address) */
     size_t numel;
-    void *copy;      /* numel bf16 values, from the allocator */
+    void *copy; /* numel bf16 values, from the allocator */
     bool valid;
 } luna_cuda_weight_copy;
 
@@ -37,13 +38,13 @@ typedef struct {
 
 typedef struct {
     int device;
-    bool bf16;          /* activations bf16 (else fp32) */
-    bool cache_memory;  /* false (LUNA_CUDA_CACHE=0): exact cudaMalloc/cudaFree per allocation */
+    bool bf16;         /* activations bf16 (else fp32) */
+    bool cache_memory; /* false (LUNA_CUDA_CACHE=0): exact cudaMalloc/cudaFree per allocation */
     cudaStream_t stream;
     luna_cuda_cache *cache;
     pthread_mutex_t alloc_lock; /* the allocator is shared with data-loading threads */
     luna_cuda_blas blas;
-    int *first_bad;     /* device int: luna_cuda_find_bad_id's result */
+    int *first_bad; /* device int: luna_cuda_find_bad_id's result */
     luna_cuda_weight_copy *copies;
     size_t ncopies, cap_copies;
     luna_cuda_hold *holds;
@@ -79,5 +80,42 @@ luna_status luna_cuda_find_bad_id(luna_backend *be, const int32_t *ids, int64_t 
 /* Raw allocation outside the counted luna_mem_alloc (the backend's own buffers). */
 void *luna_cuda_raw_alloc(luna_backend *be, size_t bytes);
 void luna_cuda_raw_release(luna_backend *be, void *p);
+
+/* cuda_ops_optim.c: the reductions, optimizer updates and multi-tensor ops of the table. */
+luna_status luna_cuda_op_sum_squares(luna_backend *be, float *result, const float *x, int64_t n);
+luna_status luna_cuda_op_sum_pow4(luna_backend *be, float *result, const float *x, int64_t n);
+luna_status luna_cuda_op_sum(luna_backend *be, float *result, const float *x, int64_t n);
+luna_status luna_cuda_op_dot(luna_backend *be, float *result, const float *x, const float *y,
+                             int64_t n);
+luna_status luna_cuda_op_max_abs(luna_backend *be, float *result, const float *x, int64_t n);
+luna_status luna_cuda_op_sum_squares_backward(luna_backend *be, float *dx, const float *x, float g,
+                                              int64_t n);
+luna_status luna_cuda_op_sum_pow4_backward(luna_backend *be, float *dx, const float *x, float g,
+                                           int64_t n);
+luna_status luna_cuda_op_dot_backward(luna_backend *be, float *dx, float *dy, const float *x,
+                                      const float *y, float g, int64_t n);
+luna_status luna_cuda_op_apollo_update(luna_backend *be, float *theta, const float *g,
+                                       float *exp_avg, float *approx_hessian, float *update,
+                                       int64_t n, int64_t step, double lr, double beta, double eps,
+                                       double sigma, int rebound, double weight_decay, int wd_type);
+luna_status luna_cuda_op_adam_update(luna_backend *be, float *theta, const float *g, float *exp_avg,
+                                     float *exp_avg_sq, int64_t n, int64_t step, double lr,
+                                     double beta1, double beta2, double eps, double weight_decay);
+luna_status luna_cuda_op_multi_sum_squares(luna_backend *be, float *result, const float *x,
+                                           const luna_tensor_table *tt);
+luna_status luna_cuda_op_clip_coefficients(luna_backend *be, float *coef, double *summary,
+                                           const float *sumsq, int n, double clip_norm, int mode);
+luna_status luna_cuda_op_multi_scale(luna_backend *be, float *x, const luna_tensor_table *tt,
+                                     const float *coef, float alpha);
+luna_status luna_cuda_op_multi_apollo_update(luna_backend *be, float *theta, const float *g,
+                                             float *exp_avg, float *approx_hessian, float *update,
+                                             const luna_tensor_table *tt, int64_t *steps, double lr,
+                                             double beta, double eps, double sigma, int rebound,
+                                             double weight_decay, int wd_type);
+luna_status luna_cuda_op_multi_adam_update(luna_backend *be, float *theta, const float *g,
+                                           float *exp_avg, float *exp_avg_sq,
+                                           const luna_tensor_table *tt, int64_t *steps, double lr,
+                                           double beta1, double beta2, double eps,
+                                           double weight_decay);
 
 #endif

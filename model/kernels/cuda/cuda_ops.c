@@ -11,28 +11,7 @@
 #include "model/kernels/cuda/backend_cuda.h"
 #include "model/kernels/cuda/cuda_kernels.h"
 
-#define REDUCE_BLOCK 4096 /* reduce.c's LUNA_REDUCE_BLOCK = LUNA_TENSOR_TABLE_BLOCK */
-
-static inline cudaStream_t stream(const luna_backend *be) {
-    return luna_cuda_impl_of(be)->stream;
-}
-static inline int bf16(const luna_backend *be) { return luna_cuda_impl_of(be)->bf16; }
-static inline int imax(int a, int b) { return a > b ? a : b; }
-
-/* Launch status of a kernel as the op's status. */
-#define LAUNCH(op, call) return luna_cuda_check((call), op)
-#define BAD(...) return luna_error(LUNA_ERR_INVALID_ARGUMENT, __VA_ARGS__)
-#define WRITES(p, n) luna_cuda_weights_written(be, (p), (size_t)(n) * sizeof(float))
-
-/* n doubles of scratch (at least one), or an out-of-memory error naming the op. */
-static luna_status scratch_doubles(luna_backend *be, const char *op, int64_t n, double **out) {
-    *out = luna_arena_alloc(be->scratch, (size_t)(n > 0 ? n : 1) * sizeof(double));
-    if (!*out) {
-        luna_error_prefix("%s: scratch for %lld doubles", op, (long long)n);
-        return LUNA_ERR_OUT_OF_MEMORY;
-    }
-    return LUNA_OK;
-}
+#include "model/kernels/cuda/cuda_ops_util.h"
 
 /* ---- GEMM and linear ------------------------------------------------------------------------ */
 static luna_status gemm(luna_backend *be, bool trans_a, bool trans_b, int M, int N, int K,
@@ -118,9 +97,9 @@ static luna_status linear_backward(luna_backend *be, luna_act *dx, float *dW, fl
     }
     if (dW && out > 0 && in > 0) {
         WRITES(dW, (int64_t)out * in);
-        LUNA_TRY(luna_cuda_gemm_ex(&c->blas, c->stream, c->bf16, 0, true, false, out, in,
-                                   (int)rows, 1.0f, dy, imax(out, 1), 0, x, imax(in, 1), 0, 1.0f,
-                                   dW, in, 0, 1, NULL));
+        LUNA_TRY(luna_cuda_gemm_ex(&c->blas, c->stream, c->bf16, 0, true, false, out, in, (int)rows,
+                                   1.0f, dy, imax(out, 1), 0, x, imax(in, 1), 0, 1.0f, dW, in, 0, 1,
+                                   NULL));
     }
     if (db && out > 0) {
         WRITES(db, out);
@@ -143,7 +122,8 @@ static luna_status bias_add_backward(luna_backend *be, float *db, const luna_act
            luna_cuda_bias_add_backward(stream(be), bf16(be), db, dy, rows, cols));
 }
 
-/* ---- embedding and positions ------------------------------------------------------------------ */
+/* ---- embedding and positions ------------------------------------------------------------------
+ */
 /* Every token id must index the table (the CPU's message: the first offender). */
 static luna_status check_tokens(luna_backend *be, const char *op, const int32_t *tokens, int64_t n,
                                 int V) {
@@ -163,9 +143,9 @@ static luna_status embedding_forward(luna_backend *be, luna_act *out, const floa
         BAD("embedding_forward: negative size (n %lld, V %d, d %d)", (long long)n, V, d);
     if (n == 0) return LUNA_OK;
     LUNA_TRY(check_tokens(be, "embedding_forward", tokens, n, V));
-    LAUNCH("embedding_forward", luna_cuda_embedding_forward(stream(be), bf16(be), out, table,
-                                                            tokens, n, V, d, scale, padding_idx,
-                                                            NULL));
+    LAUNCH("embedding_forward",
+           luna_cuda_embedding_forward(stream(be), bf16(be), out, table, tokens, n, V, d, scale,
+                                       padding_idx, NULL));
 }
 
 static luna_status embedding_backward(luna_backend *be, float *dtable, const luna_act *dout,
@@ -203,7 +183,8 @@ static luna_status positions_add(luna_backend *be, luna_act *x, const int32_t *t
     return st;
 }
 
-/* ---- LayerNorm, softmax, dropout, activations --------------------------------------------------- */
+/* ---- LayerNorm, softmax, dropout, activations ---------------------------------------------------
+ */
 static luna_status layer_norm_forward(luna_backend *be, luna_act *y, float *mean, float *rstd,
                                       const luna_act *x, const float *gamma, const float *beta,
                                       int64_t rows, int d, float eps) {
@@ -218,13 +199,13 @@ static luna_status layer_norm_backward(luna_backend *be, luna_act *dx, float *dg
                                        const luna_act *dy, const luna_act *x, const float *mean,
                                        const float *rstd, const float *gamma, int64_t rows, int d) {
     if (rows < 0 || d <= 0)
-        BAD("layer_norm_backward: bad size (rows %lld, d %d; d must be positive)",
-            (long long)rows, d);
+        BAD("layer_norm_backward: bad size (rows %lld, d %d; d must be positive)", (long long)rows,
+            d);
     WRITES(dgamma, d);
     WRITES(dbeta, d);
     LAUNCH("layer_norm_backward",
-           luna_cuda_layer_norm_backward(stream(be), bf16(be), dx, dgamma, dbeta, dy, x, mean,
-                                         rstd, gamma, rows, d));
+           luna_cuda_layer_norm_backward(stream(be), bf16(be), dx, dgamma, dbeta, dy, x, mean, rstd,
+                                         gamma, rows, d));
 }
 
 static luna_status softmax_forward(luna_backend *be, luna_act *y, const luna_act *x, int64_t rows,
@@ -233,9 +214,8 @@ static luna_status softmax_forward(luna_backend *be, luna_act *y, const luna_act
     if (rows < 0 || cols < 0) BAD("softmax_forward: negative size");
     if (valid_cols && rows_per_group <= 0)
         BAD("softmax_forward: rows_per_group %lld must be positive", (long long)rows_per_group);
-    LAUNCH("softmax_forward",
-           luna_cuda_softmax_forward(stream(be), bf16(be), y, x, rows, cols, valid_cols,
-                                     rows_per_group, causal_period));
+    LAUNCH("softmax_forward", luna_cuda_softmax_forward(stream(be), bf16(be), y, x, rows, cols,
+                                                        valid_cols, rows_per_group, causal_period));
 }
 static luna_status softmax_backward(luna_backend *be, luna_act *dx, const luna_act *dy,
                                     const luna_act *y, int64_t rows, int cols) {
@@ -251,9 +231,9 @@ static luna_status dropout(luna_backend *be, const char *what, luna_act *y, cons
     if (n == 0) return LUNA_OK;
     if (p == 0.0f) {
         if (y == x) return LUNA_OK;
-        return luna_cuda_check(cudaMemcpyAsync(y, x, luna_act_bytes(be, n),
-                                               cudaMemcpyDeviceToDevice, stream(be)),
-                               what);
+        return luna_cuda_check(
+            cudaMemcpyAsync(y, x, luna_act_bytes(be, n), cudaMemcpyDeviceToDevice, stream(be)),
+            what);
     }
     LAUNCH(what, luna_cuda_dropout(stream(be), bf16(be), y, x, n, p, key));
 }
@@ -266,21 +246,15 @@ static luna_status dropout_backward(luna_backend *be, luna_act *dx, const luna_a
     return dropout(be, "dropout_backward", dx, dy, n, p, key);
 }
 
-#define CHECK_N(what, cond)                                                                        \
-    do {                                                                                           \
-        if (n < 0 || (n > 0 && !(cond)))                                                           \
-            BAD(what ": null pointer or negative size (n=%lld)", (long long)n);                    \
-    } while (0)
-
 #define ACTIVATION(name)                                                                           \
     static luna_status name##_forward(luna_backend *be, luna_act *y, const luna_act *x,            \
                                       int64_t n) {                                                 \
-        CHECK_N(#name "_forward", y && x);                                                         \
+        CHECK_N(#name "_forward", y &&x);                                                          \
         LAUNCH(#name "_forward", luna_cuda_##name##_forward(stream(be), bf16(be), y, x, n));       \
     }                                                                                              \
     static luna_status name##_backward(luna_backend *be, luna_act *dx, const luna_act *dy,         \
                                        const luna_act *x, int64_t n) {                             \
-        CHECK_N(#name "_backward", dx && dy && x);                                                 \
+        CHECK_N(#name "_backward", dx &&dy &&x);                                                   \
         LAUNCH(#name "_backward",                                                                  \
                luna_cuda_##name##_backward(stream(be), bf16(be), dx, dy, x, n));                   \
     }
@@ -288,7 +262,8 @@ ACTIVATION(relu)
 ACTIVATION(softplus_ln2)
 ACTIVATION(elu_plus_one)
 
-/* ---- causal contraction and cross entropy ------------------------------------------------------ */
+/* ---- causal contraction and cross entropy ------------------------------------------------------
+ */
 static luna_status check_causal(const char *what, int G, int n, int p, int q) {
     if (G < 0 || n < 0 || p < 0 || q < 0)
         BAD("%s: negative size (G=%d n=%d p=%d q=%d)", what, G, n, p, q);
@@ -311,13 +286,13 @@ static luna_status causal_contraction_backward(luna_backend *be, luna_act *dx, l
     if ((int64_t)G * n > 0 && (!dx || !da || !db || !dout || !x || !a || !b))
         BAD("causal_contraction_backward: null pointer");
     LAUNCH("causal_contraction_backward",
-           luna_cuda_causal_contraction_backward(stream(be), bf16(be), dx, da, db, dout, x, a, b,
-                                                 G, n, p, q));
+           luna_cuda_causal_contraction_backward(stream(be), bf16(be), dx, da, db, dout, x, a, b, G,
+                                                 n, p, q));
 }
 
-static luna_status check_ce(luna_backend *be, const char *what, const void *out,
-                            const void *logits, const int32_t *targets, int64_t N, int V,
-                            float epsilon, int padding_idx) {
+static luna_status check_ce(luna_backend *be, const char *what, const void *out, const void *logits,
+                            const int32_t *targets, int64_t N, int V, float epsilon,
+                            int padding_idx) {
     if (N < 0 || V <= 0) BAD("%s: bad shape (N=%lld, V=%d)", what, (long long)N, V);
     if (!(epsilon >= 0.0f && epsilon <= 1.0f))
         BAD("%s: label smoothing %g not in [0, 1]", what, (double)epsilon);
@@ -335,13 +310,13 @@ static luna_status check_ce(luna_backend *be, const char *what, const void *out,
 static luna_status cross_entropy_forward(luna_backend *be, float *loss, float *nll, float *lse,
                                          const luna_act *logits, const int32_t *targets, int64_t N,
                                          int V, float epsilon, int padding_idx) {
-    LUNA_TRY(check_ce(be, "cross_entropy_forward", loss, logits, targets, N, V, epsilon,
-                      padding_idx));
+    LUNA_TRY(
+        check_ce(be, "cross_entropy_forward", loss, logits, targets, N, V, epsilon, padding_idx));
     if (N > 0 && (!nll || !lse)) BAD("cross_entropy_forward: null pointer");
     if (N == 0) return LUNA_OK;
     LAUNCH("cross_entropy_forward",
-           luna_cuda_cross_entropy_forward(stream(be), bf16(be), loss, nll, lse, logits, targets,
-                                           N, V, epsilon, padding_idx, NULL));
+           luna_cuda_cross_entropy_forward(stream(be), bf16(be), loss, nll, lse, logits, targets, N,
+                                           V, epsilon, padding_idx, NULL));
 }
 static luna_status cross_entropy_backward(luna_backend *be, luna_act *dlogits,
                                           const luna_act *logits, const float *lse,
@@ -355,75 +330,8 @@ static luna_status cross_entropy_backward(luna_backend *be, luna_act *dlogits,
                                             V, epsilon, padding_idx, grad_scale));
 }
 
-/* ---- reductions -------------------------------------------------------------------------------- */
-typedef cudaError_t (*blocked_fn)(cudaStream_t, float *, const float *, int64_t, double *);
-
-static luna_status reduce(luna_backend *be, const char *what, blocked_fn fn, float *result,
-                          const float *x, int64_t n) {
-    if (!result || n < 0 || (n > 0 && !x))
-        BAD("%s: null pointer or negative size (n=%lld)", what, (long long)n);
-    luna_arena_mark mark = luna_arena_get_mark(be->scratch);
-    double *partials;
-    LUNA_TRY(scratch_doubles(be, what, (n + REDUCE_BLOCK - 1) / REDUCE_BLOCK, &partials));
-    WRITES(result, 1);
-    luna_status st = luna_cuda_check(fn(stream(be), result, x, n, partials), what);
-    luna_arena_release(be->scratch, mark);
-    return st;
-}
-static luna_status sum_squares(luna_backend *be, float *result, const float *x, int64_t n) {
-    return reduce(be, "sum_squares", luna_cuda_sum_squares, result, x, n);
-}
-static luna_status sum_pow4(luna_backend *be, float *result, const float *x, int64_t n) {
-    return reduce(be, "sum_pow4", luna_cuda_sum_pow4, result, x, n);
-}
-static luna_status sum(luna_backend *be, float *result, const float *x, int64_t n) {
-    return reduce(be, "sum", luna_cuda_sum, result, x, n);
-}
-static luna_status dot(luna_backend *be, float *result, const float *x, const float *y,
-                       int64_t n) {
-    if (!result || n < 0 || (n > 0 && (!x || !y)))
-        BAD("dot: null pointer or negative size (n=%lld)", (long long)n);
-    luna_arena_mark mark = luna_arena_get_mark(be->scratch);
-    double *partials;
-    LUNA_TRY(scratch_doubles(be, "dot", (n + REDUCE_BLOCK - 1) / REDUCE_BLOCK, &partials));
-    WRITES(result, 1);
-    luna_status st = luna_cuda_check(luna_cuda_dot(stream(be), result, x, y, n, partials), "dot");
-    luna_arena_release(be->scratch, mark);
-    return st;
-}
-static luna_status max_abs(luna_backend *be, float *result, const float *x, int64_t n) {
-    if (!result || n < 0 || (n > 0 && !x))
-        BAD("max_abs: null pointer or negative size (n=%lld)", (long long)n);
-    WRITES(result, 1);
-    LAUNCH("max_abs", luna_cuda_max_abs(stream(be), result, x, n));
-}
-static luna_status sum_squares_backward(luna_backend *be, float *dx, const float *x, float g,
-                                        int64_t n) {
-    CHECK_N("sum_squares_backward", dx && x);
-    WRITES(dx, n);
-    LAUNCH("sum_squares_backward", luna_cuda_sum_squares_backward(stream(be), dx, x, g, n));
-}
-static luna_status sum_pow4_backward(luna_backend *be, float *dx, const float *x, float g,
-                                     int64_t n) {
-    CHECK_N("sum_pow4_backward", dx && x);
-    WRITES(dx, n);
-    LAUNCH("sum_pow4_backward", luna_cuda_sum_pow4_backward(stream(be), dx, x, g, n));
-}
-/* dx += g·y, dy += g·x: two fp32 axpys (the CPU computes each element as one product and one
- * sum, as the axpy kernel does). */
-static luna_status dot_backward(luna_backend *be, float *dx, float *dy, const float *x,
-                                const float *y, float g, int64_t n) {
-    if (n < 0 || (n > 0 && ((dx && !y) || (dy && !x)))) BAD("dot_backward: bad arguments");
-    if (dx) {
-        WRITES(dx, n);
-        LUNA_TRY(luna_cuda_check(luna_cuda_axpy(stream(be), 0, dx, g, y, n), "dot_backward"));
-    }
-    if (!dy) return LUNA_OK;
-    WRITES(dy, n);
-    LAUNCH("dot_backward", luna_cuda_axpy(stream(be), 0, dy, g, x, n));
-}
-
-/* ---- elementwise helpers and layout ------------------------------------------------------------ */
+/* ---- elementwise helpers and layout ------------------------------------------------------------
+ */
 static luna_status add(luna_backend *be, luna_act *y, const luna_act *a, const luna_act *b,
                        int64_t n) {
     CHECK_N("add", y && a && b);
@@ -479,7 +387,8 @@ static luna_status sum_broadcast(luna_backend *be, float *dx, const luna_act *do
     LAUNCH("sum_broadcast", luna_cuda_sum_broadcast(stream(be), bf16(be), dx, dout, B, rows, d));
 }
 
-/* ---- decoding ---------------------------------------------------------------------------------- */
+/* ---- decoding ----------------------------------------------------------------------------------
+ */
 static luna_status gather_rows(luna_backend *be, luna_act *dst, int64_t dst_stride,
                                const luna_act *src, int64_t src_stride, const int32_t *idx,
                                int64_t n, int64_t cols) {
@@ -503,139 +412,13 @@ static luna_status log_softmax_topk(luna_backend *be, const luna_act *logits, co
         int64_t row;
         int32_t tok;
         LUNA_TRY(luna_cuda_find_bad_id(be, pick, rows, V, NULL, &row, &tok));
-        if (row >= 0) BAD("log_softmax_topk: row %lld: token %d out of [0, %d)", (long long)row, tok, V);
+        if (row >= 0)
+            BAD("log_softmax_topk: row %lld: token %d out of [0, %d)", (long long)row, tok, V);
     }
     if (top_lp) WRITES(top_lp, rows * k);
     if (picked) WRITES(picked, rows);
     LAUNCH("log_softmax_topk", luna_cuda_log_softmax_topk(stream(be), bf16(be), logits, bias, rows,
                                                           V, k, top_lp, top_idx, pick, picked));
-}
-
-/* ---- optimizer updates ------------------------------------------------------------------------- */
-static luna_status apollo_update(luna_backend *be, float *theta, const float *g, float *exp_avg,
-                                 float *approx_hessian, float *update, int64_t n, int64_t step,
-                                 double lr, double beta, double eps, double sigma, int rebound,
-                                 double weight_decay, int wd_type) {
-    if (n < 0 || (n > 0 && (!theta || !g || !exp_avg || !approx_hessian || !update)))
-        BAD("apollo_update: null pointer or negative size (n=%lld)", (long long)n);
-    if (step < 1 || (rebound != 0 && rebound != 1) || wd_type < 0 || wd_type > 2 ||
-        !(beta >= 0.0 && beta < 1.0) || !(eps > 0.0) || !(sigma > 0.0))
-        BAD("apollo_update: bad hyperparameters (step %lld, beta %g, eps %g, sigma %g, rebound "
-            "%d, weight decay type %d)",
-            (long long)step, beta, eps, sigma, rebound, wd_type);
-    luna_arena_mark mark = luna_arena_get_mark(be->scratch);
-    double *ws;
-    LUNA_TRY(scratch_doubles(be, "apollo_update", 5 * ((n + REDUCE_BLOCK - 1) / REDUCE_BLOCK) + 8,
-                             &ws));
-    WRITES(theta, n), WRITES(exp_avg, n), WRITES(approx_hessian, n), WRITES(update, n);
-    luna_status st = luna_cuda_check(
-        luna_cuda_apollo_update(stream(be), theta, g, exp_avg, approx_hessian, update, n, step, lr,
-                                beta, eps, sigma, rebound, weight_decay, wd_type, ws),
-        "apollo_update");
-    luna_arena_release(be->scratch, mark);
-    return st;
-}
-static luna_status adam_update(luna_backend *be, float *theta, const float *g, float *exp_avg,
-                               float *exp_avg_sq, int64_t n, int64_t step, double lr, double beta1,
-                               double beta2, double eps, double weight_decay) {
-    if (n < 0 || (n > 0 && (!theta || !g || !exp_avg || !exp_avg_sq)))
-        BAD("adam_update: null pointer or negative size (n=%lld)", (long long)n);
-    if (step < 1 || !(beta1 >= 0.0 && beta1 < 1.0) || !(beta2 >= 0.0 && beta2 < 1.0) ||
-        !(eps > 0.0))
-        BAD("adam_update: bad hyperparameters (step %lld, betas %g %g, eps %g)", (long long)step,
-            beta1, beta2, eps);
-    luna_arena_mark mark = luna_arena_get_mark(be->scratch);
-    double *ws;
-    LUNA_TRY(scratch_doubles(be, "adam_update", 5 * ((n + REDUCE_BLOCK - 1) / REDUCE_BLOCK) + 8,
-                             &ws));
-    WRITES(theta, n), WRITES(exp_avg, n), WRITES(exp_avg_sq, n);
-    luna_status st = luna_cuda_check(luna_cuda_adam_update(stream(be), theta, g, exp_avg,
-                                                           exp_avg_sq, n, step, lr, beta1, beta2,
-                                                           eps, weight_decay, ws),
-                                     "adam_update");
-    luna_arena_release(be->scratch, mark);
-    return st;
-}
-
-/* The flat buffers of a table: [0, extent) elements (the last tensor's end). */
-static int64_t table_extent(const luna_tensor_table *tt) {
-    int64_t end = 0;
-    for (int i = 0; i < tt->num_tensors; i++) {
-        const int64_t e = tt->host_offsets[i] + tt->host_numels[i];
-        if (e > end) end = e;
-    }
-    return end;
-}
-
-static luna_status multi_sum_squares(luna_backend *be, float *result, const float *x,
-                                     const luna_tensor_table *tt) {
-    if (!tt || (tt->num_tensors > 0 && !result) || (tt->num_elements > 0 && !x))
-        BAD("multi_sum_squares: null pointer");
-    if (tt->num_tensors == 0) return LUNA_OK;
-    WRITES(result, tt->num_tensors);
-    LAUNCH("multi_sum_squares",
-           luna_cuda_multi_sum_squares(stream(be), result, x, tt->num_tensors, tt->num_blocks,
-                                       tt->offsets, tt->numels, tt->block_start, tt->block_tensor,
-                                       tt->workspace));
-}
-static luna_status clip_coefficients(luna_backend *be, float *coef, double *summary,
-                                     const float *sumsq, int n, double clip_norm, int mode) {
-    if (!summary || n < 0 || (n > 0 && (!coef || !sumsq)) || !(clip_norm >= 0.0) ||
-        (mode != 0 && mode != 1))
-        BAD("clip_coefficients: bad arguments (n %d, clip_norm %g, mode %d)", n, clip_norm, mode);
-    if (n > 0) WRITES(coef, n);
-    LAUNCH("clip_coefficients",
-           luna_cuda_clip_coefficients(stream(be), coef, summary, sumsq, n, clip_norm, mode));
-}
-static luna_status multi_scale(luna_backend *be, float *x, const luna_tensor_table *tt,
-                               const float *coef, float alpha) {
-    if (!tt || (tt->num_elements > 0 && !x)) BAD("multi_scale: null pointer");
-    if (tt->num_blocks == 0) return LUNA_OK;
-    WRITES(x, table_extent(tt));
-    LAUNCH("multi_scale", luna_cuda_multi_scale(stream(be), x, tt->num_blocks, tt->offsets,
-                                                tt->numels, tt->block_start, tt->block_tensor,
-                                                coef, alpha));
-}
-static luna_status multi_apollo_update(luna_backend *be, float *theta, const float *g,
-                                       float *exp_avg, float *approx_hessian, float *update,
-                                       const luna_tensor_table *tt, int64_t *steps, double lr,
-                                       double beta, double eps, double sigma, int rebound,
-                                       double weight_decay, int wd_type) {
-    if (!tt || (tt->num_tensors > 0 && !steps) ||
-        (tt->num_elements > 0 && (!theta || !g || !exp_avg || !approx_hessian || !update)))
-        BAD("multi_apollo_update: null pointer");
-    if ((rebound != 0 && rebound != 1) || wd_type < 0 || wd_type > 2 ||
-        !(beta >= 0.0 && beta < 1.0) || !(eps > 0.0) || !(sigma > 0.0))
-        BAD("multi_apollo_update: bad hyperparameters (beta %g, eps %g, sigma %g, rebound %d, "
-            "weight decay type %d)",
-            beta, eps, sigma, rebound, wd_type);
-    if (tt->num_tensors == 0) return LUNA_OK;
-    const int64_t extent = table_extent(tt);
-    WRITES(theta, extent), WRITES(exp_avg, extent), WRITES(approx_hessian, extent);
-    WRITES(update, extent);
-    LAUNCH("multi_apollo_update",
-           luna_cuda_multi_apollo_update(stream(be), theta, g, exp_avg, approx_hessian, update,
-                                         tt->num_tensors, tt->num_blocks, tt->offsets, tt->numels,
-                                         tt->block_start, tt->block_tensor, tt->workspace, steps,
-                                         lr, beta, eps, sigma, rebound, weight_decay, wd_type));
-}
-static luna_status multi_adam_update(luna_backend *be, float *theta, const float *g, float *exp_avg,
-                                     float *exp_avg_sq, const luna_tensor_table *tt,
-                                     int64_t *steps, double lr, double beta1, double beta2,
-                                     double eps, double weight_decay) {
-    if (!tt || (tt->num_tensors > 0 && !steps) ||
-        (tt->num_elements > 0 && (!theta || !g || !exp_avg || !exp_avg_sq)))
-        BAD("multi_adam_update: null pointer");
-    if (!(beta1 >= 0.0 && beta1 < 1.0) || !(beta2 >= 0.0 && beta2 < 1.0) || !(eps > 0.0))
-        BAD("multi_adam_update: bad hyperparameters (betas %g %g, eps %g)", beta1, beta2, eps);
-    if (tt->num_tensors == 0) return LUNA_OK;
-    const int64_t extent = table_extent(tt);
-    WRITES(theta, extent), WRITES(exp_avg, extent), WRITES(exp_avg_sq, extent);
-    LAUNCH("multi_adam_update",
-           luna_cuda_multi_adam_update(stream(be), theta, g, exp_avg, exp_avg_sq, tt->num_tensors,
-                                       tt->num_blocks, tt->offsets, tt->numels, tt->block_start,
-                                       tt->block_tensor, tt->workspace, steps, lr, beta1, beta2,
-                                       eps, weight_decay));
 }
 
 const luna_ops luna_cuda_ops = {
@@ -664,14 +447,14 @@ const luna_ops luna_cuda_ops = {
     .causal_contraction_backward = causal_contraction_backward,
     .cross_entropy_forward = cross_entropy_forward,
     .cross_entropy_backward = cross_entropy_backward,
-    .sum_squares = sum_squares,
-    .sum_pow4 = sum_pow4,
-    .dot = dot,
-    .sum = sum,
-    .max_abs = max_abs,
-    .sum_squares_backward = sum_squares_backward,
-    .sum_pow4_backward = sum_pow4_backward,
-    .dot_backward = dot_backward,
+    .sum_squares = luna_cuda_op_sum_squares,
+    .sum_pow4 = luna_cuda_op_sum_pow4,
+    .dot = luna_cuda_op_dot,
+    .sum = luna_cuda_op_sum,
+    .max_abs = luna_cuda_op_max_abs,
+    .sum_squares_backward = luna_cuda_op_sum_squares_backward,
+    .sum_pow4_backward = luna_cuda_op_sum_pow4_backward,
+    .dot_backward = luna_cuda_op_dot_backward,
     .add = add,
     .axpy = axpy,
     .scale = scale,
@@ -685,11 +468,11 @@ const luna_ops luna_cuda_ops = {
     .log_softmax_topk = log_softmax_topk,
     .hold_weights = luna_cuda_hold_weights,
     .release_weights = luna_cuda_release_weights,
-    .apollo_update = apollo_update,
-    .adam_update = adam_update,
-    .multi_sum_squares = multi_sum_squares,
-    .clip_coefficients = clip_coefficients,
-    .multi_scale = multi_scale,
-    .multi_apollo_update = multi_apollo_update,
-    .multi_adam_update = multi_adam_update,
+    .apollo_update = luna_cuda_op_apollo_update,
+    .adam_update = luna_cuda_op_adam_update,
+    .multi_sum_squares = luna_cuda_op_multi_sum_squares,
+    .clip_coefficients = luna_cuda_op_clip_coefficients,
+    .multi_scale = luna_cuda_op_multi_scale,
+    .multi_apollo_update = luna_cuda_op_multi_apollo_update,
+    .multi_adam_update = luna_cuda_op_multi_adam_update,
 };

@@ -38,7 +38,8 @@ static uint32_t alignment(const void *p, int64_t stride_elems, size_t elem, int 
     uintptr_t a = (uintptr_t)p;
     if (batch > 1) a |= (uintptr_t)(stride_elems < 0 ? -stride_elems : stride_elems) * elem;
     uint32_t al = 256;
-    while (al > 1 && a % al) al >>= 1;
+    while (al > 1 && a % al)
+        al >>= 1;
     return al;
 }
 
@@ -63,8 +64,9 @@ luna_status luna_cuda_gemm_ex(const luna_cuda_blas *b, cudaStream_t s, int ab_bf
     if (M == 0 || N == 0 || batch == 0) return LUNA_OK;
     if (K == 0) { /* cuBLASLt needs k ≥ 1: C = beta·C (and + bias) by a kernel */
         if (bias) return luna_error(LUNA_ERR_UNSUPPORTED, "gemm: K = 0 with a bias on cuda");
-        return luna_cuda_check(luna_cuda_scale_matrix(s, c_bf16, C, M, N, ldc, stride_c, batch, beta),
-                               "scale_matrix (gemm with K = 0)");
+        return luna_cuda_check(
+            luna_cuda_scale_matrix(s, c_bf16, C, M, N, ldc, stride_c, batch, beta),
+            "scale_matrix (gemm with K = 0)");
     }
     /* Row-major C [M, N] = op(A) op(B)  <=>  column-major C^T [N, M] = op(B)^T op(A)^T: cuBLASLt's
      * "A" is our B (stored N×K column-major when not transposed in row-major terms). */
@@ -97,16 +99,15 @@ luna_status luna_cuda_gemm_ex(const luna_cuda_blas *b, cudaStream_t s, int ab_bf
     LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                 &b->workspace_bytes, sizeof b->workspace_bytes));
     const size_t es_ab = ab_bf16 ? 2 : 4, es_c = c_bf16 ? 2 : 4;
-    const uint32_t align[4] = {alignment(B, stride_b, es_ab, batch),
-                               alignment(A, stride_a, es_ab, batch),
-                               alignment(C, stride_c, es_c, batch),
-                               alignment(C, stride_c, es_c, batch)};
+    const uint32_t align[4] = {
+        alignment(B, stride_b, es_ab, batch), alignment(A, stride_a, es_ab, batch),
+        alignment(C, stride_c, es_c, batch), alignment(C, stride_c, es_c, batch)};
     const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
     for (int i = 0; i < 4; i++)
-        LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &align[i],
-                                                    sizeof align[i]));
+        LT_TRY(
+            cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &align[i], sizeof align[i]));
     cublasLtMatmulHeuristicResult_t heur;
     int found = 0;
     LT_TRY(cublasLtMatmulAlgoGetHeuristic(b->lt, desc, la, lb, lc, lc, pref, 1, &heur, &found));

@@ -1,0 +1,36 @@
+/* Helpers shared by the CUDA backend's op files (cuda_ops.c, cuda_ops_optim.c). */
+#ifndef LUNA_KERNELS_CUDA_OPS_UTIL_H
+#define LUNA_KERNELS_CUDA_OPS_UTIL_H
+
+#include "core/allocator.h"
+#include "model/kernels/cuda/backend_cuda.h"
+
+#define REDUCE_BLOCK 4096 /* reduce.c's LUNA_REDUCE_BLOCK = LUNA_TENSOR_TABLE_BLOCK */
+
+static inline cudaStream_t stream(const luna_backend *be) { return luna_cuda_impl_of(be)->stream; }
+static inline int bf16(const luna_backend *be) { return luna_cuda_impl_of(be)->bf16; }
+static inline int imax(int a, int b) { return a > b ? a : b; }
+
+/* Launch status of a kernel as the op's status. */
+#define LAUNCH(op, call) return luna_cuda_check((call), op)
+#define BAD(...) return luna_error(LUNA_ERR_INVALID_ARGUMENT, __VA_ARGS__)
+#define WRITES(p, n) luna_cuda_weights_written(be, (p), (size_t)(n) * sizeof(float))
+
+/* n doubles of scratch (at least one), or an out-of-memory error naming the op. */
+static inline luna_status scratch_doubles(luna_backend *be, const char *op, int64_t n,
+                                          double **out) {
+    *out = luna_arena_alloc(be->scratch, (size_t)(n > 0 ? n : 1) * sizeof(double));
+    if (!*out) {
+        luna_error_prefix("%s: scratch for %lld doubles", op, (long long)n);
+        return LUNA_ERR_OUT_OF_MEMORY;
+    }
+    return LUNA_OK;
+}
+
+#define CHECK_N(what, cond)                                                                        \
+    do {                                                                                           \
+        if (n < 0 || (n > 0 && !(cond)))                                                           \
+            BAD(what ": null pointer or negative size (n=%lld)", (long long)n);                    \
+    } while (0)
+
+#endif
