@@ -7,7 +7,9 @@
 #                              (-DLUNA_CUDA_EMU=ON) and run the op, model and program suites on it
 #                              (LUNA_TEST_BACKEND=cuda, every thread order; label cuda-emu)
 #   tools/test.sh --no-cuda-emu  skip that second build
-#   tools/test.sh --sanitize   the same in build-asan/ with AddressSanitizer + UBSan
+#   tools/test.sh --sanitize   the same in build-asan/ with AddressSanitizer + UBSan (where the CUDA
+#                              headers are, the backend is built against the harness there and
+#                              its suites run once, in forward thread order)
 #   tools/test.sh --gpu        also run the tests labelled gpu (needs a CUDA build and a GPU)
 #   tools/test.sh --mpi        build with -DLUNA_MPI=ON in build-mpi/ (OpenMPI from install-deps.sh
 #                              --mpi) and also run the tests labelled mpi (mpiexec -n 2 luna-train)
@@ -21,21 +23,28 @@ labels=(-L cpu)
 deps=1
 mpi=0
 gpu=0
+sanitize=0
 cuda_emu=1
 ctest_extra=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    --sanitize) build="$root/build-asan"; cmake_flags+=(-DLUNA_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo) ;;
+    --sanitize) build="$root/build-asan"; sanitize=1; cmake_flags+=(-DLUNA_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo) ;;
     --gpu) cmake_flags+=(-DLUNA_CUDA=ON); gpu=1 ;;
     --mpi) cmake_flags+=(-DLUNA_MPI=ON); mpi=1 ;;
     --no-deps) deps=0 ;;
     --) shift; ctest_extra=("$@"); break ;;
     --no-cuda-emu) cuda_emu=0 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "test.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
   esac
   shift
 done
+# Under --sanitize, with the CUDA headers, the backend is built against the harness too, so its
+# suites run once under ASan + UBSan (forward thread order; a GPU build links the real CUDA instead).
+if [ "$sanitize" -eq 1 ] && [ "$gpu" -eq 0 ] && [ "$cuda_emu" -eq 1 ] &&
+   { command -v nvcc > /dev/null || [ -e /usr/local/cuda/include/cublasLt.h ]; }; then
+  cmake_flags+=(-DLUNA_CUDA_EMU=ON)
+fi
 if [ "$gpu" -eq 1 ]; then
   labels=() # every label
 elif [ "$mpi" -eq 1 ]; then

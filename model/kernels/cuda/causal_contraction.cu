@@ -36,7 +36,7 @@ __global__ void scan_kernel(T *out, const T *u, const T *v, const T *w, int n, i
         col[k] = 0.0f;
     for (int t = 0; t < n; t++) {
         const int64_t ru = (g * n + t) * r, rc = (g * n + t) * c;
-        const float vj = load(v, rc + j);
+        const float vj = r > 0 ? load(v, rc + j) : 0.0f; /* r = 0: v is not read (as the CPU) */
         float acc = 0.0f;
         for (int k = 0; k < r; k++) {
             col[k] = fmaf(load(u, ru + k), vj, col[k]);
