@@ -318,15 +318,20 @@ static bool has_value(const void *base, const luna_option_spec *s) {
 }
 
 void luna_options_print_config(const luna_option_table *t, const void *base, FILE *f) {
+    luna_options_print_config_shown(t, base, NULL, f);
+}
+
+void luna_options_print_config_shown(const luna_option_table *t, const void *base,
+                                     const bool *shown, FILE *f) {
     const char *group = NULL;
     for (int i = 0; i < t->count; i++) {
         const luna_option_spec *s = &t->specs[i];
+        if ((shown && !shown[i]) || !has_value(base, s)) continue;
         const char *g = s->group ? s->group : "options";
-        if (!group || strcmp(group, g) != 0) {
+        if (!group || strcmp(group, g) != 0) { /* the heading of a group with something to show */
             group = g;
             fprintf(f, "\n%s:", group);
         }
-        if (!has_value(base, s)) continue;
         fprintf(f, " %s", s->name);
         const void *p = cfield(base, s);
         switch (s->type) {

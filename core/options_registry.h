@@ -112,8 +112,14 @@ int luna_options_find(const luna_option_table *t, const char *name);
 void luna_options_print_help(const luna_option_table *t, FILE *f);
 
 /* The effective values, one line per group ("\ngroup: --name value --flag ..."; flags that are
- * off and strings without a value are left out), then a newline. */
+ * off and strings without a value are left out; so is a group with nothing left), then a newline.
+ */
 void luna_options_print_config(const luna_option_table *t, const void *base, FILE *f);
+
+/* The same for the options with shown[i] (t->count entries; NULL: all); a group with nothing to
+ * show is left out. */
+void luna_options_print_config_shown(const luna_option_table *t, const void *base,
+                                     const bool *shown, FILE *f);
 
 /* One JSON key per option (flag name without "--", '-' -> '_') with its value, written into the
  * object that `w` has open. */

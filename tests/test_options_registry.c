@@ -318,6 +318,77 @@ START_TEST(train_table) {
 }
 END_TEST
 
+/* The printed configuration of `argv` (luna-train's start of train.log). */
+static char *train_config(int argc, char **argv) {
+    static luna_train_options o;
+    ck_assert_msg(luna_train_options_parse(&o, argc, argv) == LUNA_OK, "%s", luna_error_message());
+    char *text = NULL;
+    size_t size = 0;
+    FILE *f = open_memstream(&text, &size);
+    ck_assert_ptr_nonnull(f);
+    luna_train_options_print(&o, f);
+    ck_assert_int_eq(fclose(f), 0);
+    return text;
+}
+
+static void expect_options(const char *text, const char *const *present,
+                           const char *const *absent) {
+    for (; present && *present; present++) {
+        char needle[128];
+        snprintf(needle, sizeof needle, " %s ", *present);
+        ck_assert_msg(strstr(text, needle), "'%s' missing from:\n%s", *present, text);
+    }
+    for (; absent && *absent; absent++)
+        ck_assert_msg(!strstr(text, *absent), "'%s' does not apply but is in:\n%s", *absent, text);
+}
+
+/* train.log's options: only those of the chosen optimizer, scheduler, clipping and architecture. */
+START_TEST(train_log_shows_options_that_apply) {
+    char *apollo[] = {"luna-train", "bin", NULL}; /* Apollo, milestone, no clipping, Luna */
+    char *text = train_config(2, apollo);
+    expect_options(text,
+                   (const char *const[]){"--optimizer", "--apollo-beta", "--apollo-eps",
+                                         "--rebound", "--weight-decay-type", "--weight-decay",
+                                         "--milestones", "--lr-decay-rate", "--warmup-init-lr",
+                                         "--projection-length", "--causal-activation", NULL},
+                   (const char *const[]){"--adam-betas", "--adam-eps", "--clip-mode", NULL});
+    ck_assert_ptr_nonnull(strstr(text, "data-bin: bin\nmodel: --arch luna_base_tied"));
+    free(text);
+    char *adam[] = {"luna-train",
+                    "bin",
+                    "--optimizer",
+                    "adam",
+                    "--lr-scheduler",
+                    "inverse_sqrt",
+                    "--clip-norm",
+                    "0.1",
+                    "--arch",
+                    "transformer_tiny",
+                    NULL};
+    text = train_config(10, adam);
+    expect_options(
+        text,
+        (const char *const[]){"--adam-betas", "--adam-eps", "--weight-decay", "--warmup-updates",
+                              "--warmup-init-lr", "--clip-norm", "--clip-mode", NULL},
+        (const char *const[]){"--apollo", "--rebound", "--weight-decay-type", "--milestones",
+                              "--lr-decay-rate", "--projection-length", "--causal-activation",
+                              "--untie-luna-kv", "--fix-projection-length", NULL});
+    free(text);
+    char *fixed[] = {"luna-train", "bin", "--lr-scheduler", "fixed", NULL};
+    text = train_config(4, fixed);
+    expect_options(text, (const char *const[]){"--lr", "--warmup-updates", NULL},
+                   (const char *const[]){"--warmup-init-lr", "--milestones", NULL});
+    free(text);
+    /* the checkpoint's JSON keeps every option */
+    static luna_train_options o;
+    ck_assert_int_eq(luna_train_options_parse(&o, 10, adam), LUNA_OK);
+    char *json;
+    ck_assert_int_eq(luna_train_options_to_json(&o, &json), LUNA_OK);
+    ck_assert_ptr_nonnull(strstr(json, "\"apollo_beta\""));
+    free(json);
+}
+END_TEST
+
 /* The --help layout: no line over 100 characters; every description starts in one column C (on
  * the option's line, after at least two spaces that the option and its META do not contain, or on
  * the next line when the option is too long for its column), and continuation lines start at C.
@@ -419,6 +490,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, configuration_and_json);
     tcase_add_test(tc, bad_default_is_reported);
     tcase_add_test(tc, train_table);
+    tcase_add_test(tc, train_log_shows_options_that_apply);
     tcase_add_test(tc, help_wraps_at_100_in_one_column);
     tcase_add_test(tc, programs_help_layout);
     suite_add_tcase(s, tc);
