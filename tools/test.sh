@@ -1,14 +1,30 @@
 #!/usr/bin/env bash
 # Build luna and run its test suite (CTest + Check), doing its own setup on a fresh machine.
-#
-#   tools/test.sh              install deps, configure build/ with -Werror, build, run all CPU tests
-#   tools/test.sh --sanitize   the same in build-asan/ with AddressSanitizer + UBSan
-#   tools/test.sh --gpu        also run the tests labelled gpu (needs a CUDA build and a GPU)
-#   tools/test.sh --mpi        build with -DLUNA_MPI=ON in build-mpi/ (OpenMPI from install-deps.sh
-#                              --mpi) and also run the tests labelled mpi (mpiexec -n 2 luna-train)
-#   tools/test.sh --no-deps    skip tools/install-deps.sh
-# Extra arguments after -- go to ctest (e.g. -- -R ops_softmax).
+# The options are in usage() below (tools/test.sh --help).
 set -euo pipefail
+usage() {
+  cat <<'EOF'
+usage: tools/test.sh [--sanitize] [--gpu] [--mpi] [--no-deps] [-- CTEST-ARGS...]
+
+Builds luna and runs its test suite (CTest + Check), doing its own setup on a fresh Debian
+machine: installs the dependencies (tools/install-deps.sh), configures build/ with -Werror, builds
+and runs every CPU test. The last line reports the number of tests that passed.
+
+options:
+  --sanitize    the same in build-asan/ with AddressSanitizer + UndefinedBehaviorSanitizer
+  --gpu         a CUDA build (-DLUNA_CUDA=ON) that also runs the tests labelled gpu (needs a GPU)
+  --mpi         build with -DLUNA_MPI=ON in build-mpi/ (OpenMPI from install-deps.sh --mpi) and
+                also run the tests labelled mpi (mpiexec -n 2 luna-train)
+  --no-deps     skip tools/install-deps.sh
+  -h, --help    show this help
+  -- ARGS...    pass ARGS to ctest
+
+examples:
+  tools/test.sh                              everything, from a fresh machine
+  tools/test.sh --no-deps -- -R ops_softmax  one suite, dependencies already installed
+  tools/test.sh --sanitize --no-deps         under ASan + UBSan, in build-asan/
+EOF
+}
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="$root/build"
 cmake_flags=(-DLUNA_WERROR=ON)
@@ -24,7 +40,7 @@ while [ $# -gt 0 ]; do
     --mpi) cmake_flags+=(-DLUNA_MPI=ON); mpi=1 ;;
     --no-deps) deps=0 ;;
     --) shift; ctest_extra=("$@"); break ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    -h|--help) usage; exit 0 ;;
     *) echo "test.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
   esac
   shift
