@@ -27,7 +27,8 @@
  * whole vocabulary): the `beam` rows of a sentence are independent samples, a row that draws </s>
  * is finalized (its place is then ignored, fairseq's cands_to_ignore), and the finalized samples
  * are sorted by score like beam hypotheses. Draws depend on (seed, the sentence's index in the
- * input of luna_generate, step, row) only.
+ * input (of luna_generate; of src for luna_beam_search), step, row) and the model's log-probs
+ * only.
  */
 #ifndef LUNA_DECODING_BEAM_SEARCH_H
 #define LUNA_DECODING_BEAM_SEARCH_H

@@ -83,8 +83,7 @@ static const luna_option_table TABLE = {.specs = OPTIONS,
                                         .count = (int)(sizeof OPTIONS / sizeof OPTIONS[0])};
 
 static const char USAGE[] =
-    "usage: " PROG
-    " --source-lang SRC --target-lang TGT --trainpref P [--validpref P]\n"
+    "usage: " PROG " --source-lang SRC --target-lang TGT --trainpref P [--validpref P]\n"
     "                       [--testpref P] [--destdir DIR] [--joined-dictionary] [--workers N]\n"
     "                       [options]\n\n"
     "Raw parallel text -> fairseq data-bin: trains a joint SentencePiece BPE model on the "
