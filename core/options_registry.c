@@ -196,27 +196,98 @@ static void option_usage(const luna_option_spec *s, char *out, size_t size) {
     snprintf(out, size, "%s%s%s", s->name, meta ? " " : "", meta ? meta : "");
 }
 
+/* --help's layout: "  OPTION META" padded to the option column, one space, then the description
+ * wrapped at LUNA_HELP_LINE_WIDTH; an option too long for its column (it would touch the
+ * description) puts the description on the next line, at the description column, so the
+ * descriptions stay in one column. '\n' in a description starts a new line. */
+#define LUNA_HELP_LINE_WIDTH 100
+#define LUNA_HELP_MAX_WIDTH 32 /* the widest automatic option column */
+
+#define NBSP '\x01' /* a space that does not break the line: "(default: X)" stays together */
+
+typedef struct {
+    FILE *f;
+    int col;  /* the description column */
+    int used; /* characters on the current line after the column */
+} help_writer;
+
+static void help_newline(help_writer *w) {
+    fprintf(w->f, "\n%*s", w->col, "");
+    w->used = 0;
+}
+
+/* One word of n characters (no spaces): on this line when it fits, else on the next; a word
+ * longer than a whole line is cut. */
+static void help_word(help_writer *w, const char *word, int n) {
+    const int avail = LUNA_HELP_LINE_WIDTH - w->col;
+    if (w->used > 0 && w->used + 1 + n > avail) help_newline(w);
+    if (w->used > 0) fputc(' ', w->f), w->used++;
+    while (n > avail - w->used) {
+        const int part = avail - w->used;
+        for (int i = 0; i < part; i++)
+            fputc(word[i] == NBSP ? ' ' : word[i], w->f);
+        word += part, n -= part;
+        help_newline(w);
+    }
+    for (int i = 0; i < n; i++)
+        fputc(word[i] == NBSP ? ' ' : word[i], w->f);
+    w->used += n;
+}
+
+static void help_text(help_writer *w, const char *text) {
+    for (const char *p = text; *p;) {
+        if (*p == '\n') {
+            help_newline(w);
+            p++;
+        } else if (*p == ' ') {
+            p++;
+        } else {
+            const char *e = p;
+            while (*e && *e != ' ' && *e != '\n')
+                e++;
+            help_word(w, p, (int)(e - p));
+            p = e;
+        }
+    }
+}
+
 static void print_help_line(FILE *f, int width, const char *left, const char *help,
                             const char *def) {
-    fprintf(f, "  %-*s ", width, left);
-    for (const char *p = help; *p; p++) {
-        fputc(*p, f);
-        if (*p == '\n') fprintf(f, "  %-*s ", width, "");
+    help_writer w = {.f = f, .col = 2 + width + 1};
+    const bool empty = !*help && !def;
+    if (empty) {
+        fprintf(f, "  %s\n", left);
+        return;
     }
-    if (def) fprintf(f, " (default: %s)", def);
+    if ((int)strlen(left) >= width) /* at most one space before the description */
+        fprintf(f, "  %s\n%*s", left, w.col, "");
+    else
+        fprintf(f, "  %-*s ", width, left);
+    /* the default is part of the text, so that "(default: X)" wraps like any words */
+    const size_t size = strlen(help) + (def ? strlen(def) + 16 : 0) + 1;
+    char *text = malloc(size);
+    if (text) {
+        snprintf(text, size, "%s%s%s%s", help,
+                 def ? (*help ? " (default:\x01" : "(default:\x01") : "", def ? def : "",
+                 def ? ")" : "");
+        help_text(&w, text);
+        free(text);
+    } else {
+        help_text(&w, help); /* out of memory: the defaults are left out */
+    }
     fputc('\n', f);
 }
 
 void luna_options_print_help(const luna_option_table *t, FILE *f) {
     char left[128];
     int width = t->help_width;
-    if (width <= 0) { /* the longest, and at least two spaces before the help */
+    if (width <= 0) { /* the longest (up to a limit), and at least two spaces before the help */
         width = (int)strlen("--version");
         for (int i = 0; i < t->count; i++) {
             option_usage(&t->specs[i], left, sizeof left);
             if ((int)strlen(left) > width) width = (int)strlen(left);
         }
-        width++;
+        width = width + 1 < LUNA_HELP_MAX_WIDTH ? width + 1 : LUNA_HELP_MAX_WIDTH;
     }
     const char *group = NULL;
     for (int i = 0; i < t->count; i++) {
@@ -247,15 +318,20 @@ static bool has_value(const void *base, const luna_option_spec *s) {
 }
 
 void luna_options_print_config(const luna_option_table *t, const void *base, FILE *f) {
+    luna_options_print_config_shown(t, base, NULL, f);
+}
+
+void luna_options_print_config_shown(const luna_option_table *t, const void *base,
+                                     const bool *shown, FILE *f) {
     const char *group = NULL;
     for (int i = 0; i < t->count; i++) {
         const luna_option_spec *s = &t->specs[i];
+        if ((shown && !shown[i]) || !has_value(base, s)) continue;
         const char *g = s->group ? s->group : "options";
-        if (!group || strcmp(group, g) != 0) {
+        if (!group || strcmp(group, g) != 0) { /* the heading of a group with something to show */
             group = g;
             fprintf(f, "\n%s:", group);
         }
-        if (!has_value(base, s)) continue;
         fprintf(f, " %s", s->name);
         const void *p = cfield(base, s);
         switch (s->type) {

@@ -68,7 +68,8 @@ typedef struct {
     /* A char array in the struct that holds LIST values (words joined by spaces); size 0: the
      * table has no LIST option with a command-line value. */
     size_t list_buffer_offset, list_buffer_size;
-    int help_width; /* width of the option column in --help; 0: fit the longest option */
+    int help_width; /* width of the option column in --help; 0: fit the longest option, at most
+                       32 (a longer option puts its description on the next line) */
 } luna_option_table;
 
 #define LUNA_OPTIONS_MAX 128
@@ -105,12 +106,20 @@ int luna_options_usage_error(const char *prog, const char *fmt, ...)
 int luna_options_find(const luna_option_table *t, const char *name);
 
 /* The option list of --help, one group after another ("\ngroup:\n  --name META  help (default:
- * X)"), ending with the group "other" (--help, --version). The caller prints the usage first. */
+ * X)"), ending with the group "other" (--help, --version). Two columns: the descriptions start
+ * in one column (on the next line for an option wider than its column) and are wrapped at 100
+ * characters a line; '\n' in a help text starts a new line. The caller prints the usage first. */
 void luna_options_print_help(const luna_option_table *t, FILE *f);
 
 /* The effective values, one line per group ("\ngroup: --name value --flag ..."; flags that are
- * off and strings without a value are left out), then a newline. */
+ * off and strings without a value are left out; so is a group with nothing left), then a newline.
+ */
 void luna_options_print_config(const luna_option_table *t, const void *base, FILE *f);
+
+/* The same for the options with shown[i] (t->count entries; NULL: all); a group with nothing to
+ * show is left out. */
+void luna_options_print_config_shown(const luna_option_table *t, const void *base,
+                                     const bool *shown, FILE *f);
 
 /* One JSON key per option (flag name without "--", '-' -> '_') with its value, written into the
  * object that `w` has open. */

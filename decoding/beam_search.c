@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "data/dictionary.h"
+#include "decoding/sampling.h"
 
 void luna_beam_options_init(luna_beam_options *o) {
     *o = (luna_beam_options){.beam = 5,
@@ -14,7 +15,12 @@ void luna_beam_options_init(luna_beam_options *o) {
                              .max_len_cap = 1023,
                              .min_len = 1,
                              .nbest = 1,
-                             .unkpen = 0.0};
+                             .unkpen = 0.0,
+                             .no_repeat_ngram_size = 0,
+                             .temperature = 1.0,
+                             .sampling = false,
+                             .sampling_topk = 0,
+                             .seed = 1};
 }
 
 static void hyp_release(luna_hypothesis *h) {
@@ -33,12 +39,14 @@ void luna_nbest_release(luna_nbest *n) {
 
 static luna_status check_options(const luna_beam_options *o) {
     if (o->beam < 1 || o->nbest < 1 || o->nbest > o->beam || o->min_len < 0 || o->max_len_b < 0 ||
-        o->max_len_a < 0 || o->max_len_cap < 1 || !isfinite(o->lenpen) || isnan(o->unkpen))
+        o->max_len_a < 0 || o->max_len_cap < 1 || !isfinite(o->lenpen) || isnan(o->unkpen) ||
+        o->no_repeat_ngram_size < 0 || !(o->temperature > 0) || !isfinite(o->temperature))
         return luna_error(LUNA_ERR_INVALID_ARGUMENT,
                           "beam search: bad options (beam %d, nbest %d (1..beam), min-len %d, "
-                          "max-len-a %g, max-len-b %d, lenpen %g, unkpen %g)",
+                          "max-len-a %g, max-len-b %d, lenpen %g, unkpen %g, "
+                          "no-repeat-ngram-size %d, temperature %g (> 0))",
                           o->beam, o->nbest, o->min_len, o->max_len_a, o->max_len_b, o->lenpen,
-                          o->unkpen);
+                          o->unkpen, o->no_repeat_ngram_size, o->temperature);
     return LUNA_OK;
 }
 
@@ -63,6 +71,11 @@ static void topk_insert(cand *top, int *n, int k, cand c) {
 
 typedef struct {
     int S, beam, K, V, cap, eos, pad, unk;
+    int nc;                  /* candidates per sentence: K (beam search) or beam (sampling) */
+    int kb;                  /* candidates per row handed to the selection (after the bans) */
+    const int *ids;          /* [S] index of each batch sentence in the input (sampling draws) */
+    int32_t *ban;            /* [S·beam, cap] n-gram bans of each row (no_repeat_ngram_size) */
+    int *nban;               /* [S·beam] */
     int *max_len;            /* [S] per sentence of the batch */
     int *active;             /* [S] current sentence -> batch sentence */
     int32_t *tok, *tok2;     /* [S·beam, cap] */
@@ -71,8 +84,8 @@ typedef struct {
     cand *cands;             /* [S, K] */
     bool *is_eos;            /* [S, K] */
     int32_t *rows, *row_tok; /* [S·beam] */
-    float *top_lp;           /* [S·beam, K] each row's K best log-probs (after the token bias) */
-    int32_t *top_tok;        /* [S·beam, K] */
+    float *top_lp;           /* [S·beam, kb + bans] each row's best log-probs (after the bias) */
+    int32_t *top_tok;        /* [S·beam, kb + bans] */
     int32_t *pick;           /* [S·beam] </s> (for the rows that must end) */
     float *picked;           /* [S·beam] log-prob of </s> without the bias */
     float *bias;             /* [V] the token bias: <pad> banned, <unk> penalised, </s> banned
@@ -105,8 +118,8 @@ static luna_status finalize(search *z, const luna_beam_options *o, luna_nbest *o
 
 static luna_status run_batch(luna_incremental *inc, const luna_beam_options *o, search *z,
                              luna_nbest *out) {
-    const int beam = z->beam, K = z->K, cap = z->cap;
-    const int k_row = K < z->V ? K : z->V; /* candidates per row */
+    const int beam = z->beam, K = z->K, cap = z->cap, nc = z->nc, kb = z->kb;
+    const int ngram = o->no_repeat_ngram_size;
     int S = z->S;
     for (int s = 0; s < S; s++)
         z->active[s] = s;
@@ -126,38 +139,68 @@ static luna_status run_batch(luna_incremental *inc, const luna_beam_options *o, 
         bool must_end = false;
         for (int s = 0; s < S; s++)
             must_end = must_end || step >= z->max_len[z->active[s]];
-        luna_step_output so = {.k = k_row,
+        /* n-gram bans: ask for kb + (most bans of a row) candidates, drop the banned below */
+        int most_bans = 0;
+        for (int r = 0; ngram > 0 && r < R; r++) {
+            z->nban[r] = luna_ngram_bans(z->tok + (size_t)r * cap, step + 1, ngram,
+                                         z->ban + (size_t)r * cap);
+            most_bans = z->nban[r] > most_bans ? z->nban[r] : most_bans;
+        }
+        const int k_req = kb + most_bans < z->V ? kb + most_bans : z->V;
+        luna_step_output so = {.k = k_req,
                                .top_log_probs = z->top_lp,
                                .top_tokens = z->top_tok,
                                .pick = must_end ? z->pick : NULL,
                                .picked = z->picked};
         LUNA_TRY(luna_incremental_step(inc, z->row_tok, &so));
+        for (int r = 0; most_bans > 0 && r < R; r++) /* rows in order: [r, k_req] -> [r, kb] */
+            luna_drop_banned(z->top_lp + (size_t)r * k_req, z->top_tok + (size_t)r * k_req, k_req,
+                             kb, z->ban + (size_t)r * cap, z->nban[r], z->unk);
+        for (int r = 0; most_bans > 0 && r < R; r++)
+            if (r > 0) {
+                memmove(z->top_lp + (size_t)r * kb, z->top_lp + (size_t)r * k_req,
+                        sizeof(float) * (size_t)kb);
+                memmove(z->top_tok + (size_t)r * kb, z->top_tok + (size_t)r * k_req,
+                        sizeof(int32_t) * (size_t)kb);
+            }
         /* candidates and finalization, per sentence: the top K of (score + log-prob) over the
          * beams' candidates (each row's K best hold the sentence's K best) */
         int remaining = 0;
         for (int s = 0; s < S; s++) {
             cand *top = z->cands + (size_t)s * K;
             const bool forced = step >= z->max_len[z->active[s]]; /* only </s> allowed */
+            const int b = z->active[s];
             int n = 0;
-            for (int k = 0; k < (step == 0 ? 1 : beam); k++) {
+            /* sampling: candidate k is row k's draw (every row draws, at step 0 too) */
+            for (int k = 0; k < (step == 0 && !o->sampling ? 1 : beam); k++) {
                 const int r = s * beam + k;
                 const double base = step ? z->sc[(size_t)r * cap + step - 1] : 0.0;
                 if (forced) {
                     const float lp = isnan(z->picked[r]) ? -INFINITY : z->picked[r];
-                    topk_insert(top, &n, K, (cand){base + lp, k, z->eos});
+                    const cand c = {base + lp, k, z->eos};
+                    if (o->sampling)
+                        top[n++] = c; /* row order, as every draw */
+                    else
+                        topk_insert(top, &n, K, c);
                     continue;
                 }
-                const float *lp = z->top_lp + (size_t)r * k_row;
-                const int32_t *tk = z->top_tok + (size_t)r * k_row;
-                for (int j = 0; j < k_row; j++)
+                const float *lp = z->top_lp + (size_t)r * kb;
+                const int32_t *tk = z->top_tok + (size_t)r * kb;
+                if (o->sampling) {
+                    const double u = luna_sampling_uniform(o->seed, (uint64_t)z->ids[b],
+                                                           (uint64_t)step * beam + k);
+                    const int j = luna_sample_index(lp, kb, u);
+                    top[n++] = (cand){base + lp[j], k, tk[j]};
+                    continue;
+                }
+                for (int j = 0; j < kb; j++)
                     topk_insert(top, &n, K, (cand){base + lp[j], k, tk[j]});
             }
-            for (; n < K; n++)
+            for (; n < nc; n++)
                 top[n] = (cand){-INFINITY, 0, z->unk}; /* dead fillers */
-            const int b = z->active[s];
             bool *eos = z->is_eos + (size_t)s * K;
             bool any = false;
-            for (int j = 0; j < K; j++) {
+            for (int j = 0; j < nc; j++) {
                 eos[j] = top[j].token == z->eos && top[j].score != -INFINITY;
                 if (j < beam && eos[j] && !z->ignore[s * beam + j]) {
                     LUNA_TRY(finalize(z, o, &out[b], s * beam + top[j].beam, step, top[j].score));
@@ -178,7 +221,7 @@ static luna_status run_batch(luna_incremental *inc, const luna_beam_options *o, 
             const bool *eos = z->is_eos + (size_t)s * K;
             int picked = 0;
             for (int pass = 0; pass < 2 && picked < beam; pass++)
-                for (int j = 0; j < K && picked < beam; j++) {
+                for (int j = 0; j < nc && picked < beam; j++) {
                     if (eos[j] != (pass == 1)) continue;
                     const int nr = s2 * beam + picked++, parent = s * beam + top[j].beam;
                     z->ignore2[nr] = pass == 1;
@@ -218,18 +261,32 @@ static void sort_nbest(luna_nbest *n, int nbest) {
         hyp_release(&n->hyps[--n->count]);
 }
 
-luna_status luna_beam_search(luna_incremental *inc, const luna_beam_options *o,
-                             const luna_token_seq *src, int S, luna_nbest *out) {
+/* ids [S]: each sentence's index in the input (the sampling draws'); NULL: 0..S−1. */
+static luna_status search_batch(luna_incremental *inc, const luna_beam_options *o,
+                                const luna_token_seq *src, const int *ids, int S, luna_nbest *out) {
     LUNA_TRY(check_options(o));
     if (S <= 0) return luna_error(LUNA_ERR_INVALID_ARGUMENT, "beam search: no sentences");
     const luna_config *c = luna_incremental_config(inc);
+    const int V = c->vocab_size;
+    const int topk = o->sampling_topk > 0 && o->sampling_topk < V ? o->sampling_topk : V;
     search z = {.S = S,
                 .beam = o->beam,
                 .K = 2 * o->beam,
-                .V = c->vocab_size,
+                .nc = o->sampling ? o->beam : 2 * o->beam,
+                .kb = o->sampling ? topk : (2 * o->beam < V ? 2 * o->beam : V),
+                .V = V,
                 .eos = LUNA_DICT_EOS,
                 .pad = c->padding_idx,
                 .unk = LUNA_DICT_UNK};
+    int *own_ids = NULL;
+    if (!ids) {
+        if (!(own_ids = malloc(sizeof(int) * (size_t)S)))
+            return luna_error(LUNA_ERR_OUT_OF_MEMORY, "beam search: out of host memory");
+        for (int s = 0; s < S; s++)
+            own_ids[s] = s;
+        ids = own_ids;
+    }
+    z.ids = ids;
     int m = 0, max_steps = 0;
     for (int s = 0; s < S; s++)
         m = src[s].len > m ? src[s].len : m;
@@ -253,8 +310,14 @@ luna_status luna_beam_search(luna_incremental *inc, const luna_beam_options *o,
     z.is_eos = malloc(sizeof(bool) * (size_t)S * z.K);
     z.rows = malloc(sizeof(int32_t) * R);
     z.row_tok = malloc(sizeof(int32_t) * R);
-    z.top_lp = malloc(sizeof(float) * R * z.K);
-    z.top_tok = malloc(sizeof(int32_t) * R * z.K);
+    /* room for kb candidates plus the bans of a row (at most one per earlier position) */
+    const size_t k_cap = (size_t)(o->no_repeat_ngram_size > 0 && z.kb + z.cap < V ? z.kb + z.cap
+                                  : o->no_repeat_ngram_size > 0                   ? V
+                                                                                  : z.kb);
+    z.top_lp = malloc(sizeof(float) * R * k_cap);
+    z.top_tok = malloc(sizeof(int32_t) * R * k_cap);
+    z.ban = malloc(sizeof(int32_t) * R * (o->no_repeat_ngram_size > 0 ? z.cap : 1));
+    z.nban = calloc(R, sizeof(int));
     z.pick = malloc(sizeof(int32_t) * R);
     z.picked = malloc(sizeof(float) * R);
     z.bias = calloc((size_t)z.V, sizeof(float));
@@ -266,7 +329,8 @@ luna_status luna_beam_search(luna_incremental *inc, const luna_beam_options *o,
         z.bias[z.unk] = -(float)o->unkpen;
     }
     if (!z.max_len || !padded || !z.active || !z.tok || !z.tok2 || !z.sc || !z.sc2 || !z.ignore ||
-        !z.ignore2 || !z.cands || !z.is_eos || !z.rows || !z.row_tok || !z.top_lp || !z.top_tok || !z.pick || !z.picked || !z.bias)
+        !z.ignore2 || !z.cands || !z.is_eos || !z.rows || !z.row_tok || !z.top_lp || !z.top_tok ||
+        !z.pick || !z.picked || !z.bias || !z.ban || !z.nban)
         st =
             luna_error(LUNA_ERR_OUT_OF_MEMORY, "beam search: out of host memory (%d sentences)", S);
     for (int s = 0; s < S && st == LUNA_OK; s++) {
@@ -280,6 +344,7 @@ luna_status luna_beam_search(luna_incremental *inc, const luna_beam_options *o,
             p[t] = t < src[s].len ? src[s].tokens[t] : z.pad;
         padded[(size_t)S * m + s] = src[s].len;
     }
+    if (st == LUNA_OK) st = luna_incremental_set_temperature(inc, o->temperature);
     if (st == LUNA_OK)
         st = luna_incremental_begin(inc, padded, padded + (size_t)S * m, S, m, o->beam, max_steps);
     if (st == LUNA_OK) st = run_batch(inc, o, &z, out);
@@ -306,7 +371,15 @@ luna_status luna_beam_search(luna_incremental *inc, const luna_beam_options *o,
     free(z.pick);
     free(z.picked);
     free(z.bias);
+    free(z.ban);
+    free(z.nban);
+    free(own_ids);
     return st;
+}
+
+luna_status luna_beam_search(luna_incremental *inc, const luna_beam_options *o,
+                             const luna_token_seq *src, int S, luna_nbest *out) {
+    return search_batch(inc, o, src, NULL, S, out);
 }
 
 /* ---- many sentences -------------------------------------------------------------------------- */
@@ -354,7 +427,7 @@ luna_status luna_generate(luna_incremental *inc, const luna_beam_options *opt,
         int end = batch_end(src, order, n, start, max_tokens, batch_size);
         for (int i = start; i < end; i++)
             bs[i - start] = src[order[i]];
-        st = luna_beam_search(inc, opt, bs, end - start, bo);
+        st = search_batch(inc, opt, bs, order + start, end - start, bo);
         if (st != LUNA_OK) luna_error_prefix("sentence %d", order[start]);
         for (int i = start; i < end && st == LUNA_OK; i++)
             out[order[i]] = bo[i - start];
@@ -396,14 +469,15 @@ static luna_status score_batch(luna_incremental *inc, const luna_token_seq *src,
         positional[idx[s]] = malloc(sizeof(float) * (size_t)tgt[idx[s]].len);
         if (!positional[idx[s]]) st = luna_error(LUNA_ERR_OUT_OF_MEMORY, "score: out of memory");
     }
+    if (st == LUNA_OK) st = luna_incremental_set_temperature(inc, 1.0); /* model's own scores */
     if (st == LUNA_OK) st = luna_incremental_begin(inc, buf, lens, S, m, 1, n);
     for (int t = 0; t < n && st == LUNA_OK; t++) {
         for (int s = 0; s < S; s++) {
             const luna_token_seq *y = &tgt[idx[s]];
             tok[s] = t == 0 ? LUNA_DICT_EOS : (t <= y->len ? y->tokens[t - 1] : c->padding_idx);
             if (tok[s] < 0 || tok[s] >= V) tok[s] = c->padding_idx; /* reported below */
-            pick[s] = t < y->len && y->tokens[t] >= 0 && y->tokens[t] < V ? y->tokens[t]
-                                                                          : c->padding_idx;
+            pick[s] =
+                t < y->len && y->tokens[t] >= 0 && y->tokens[t] < V ? y->tokens[t] : c->padding_idx;
         }
         luna_step_output so = {.pick = pick, .picked = lp};
         st = luna_incremental_step(inc, tok, &so);

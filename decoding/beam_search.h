@@ -18,10 +18,22 @@
  * not depend on which sentences share its batch (fairseq uses the batch's padded length; the two
  * agree when max_len_a = 0, the default).
  * Greedy decoding is beam 1.
+ *
+ * fairseq's conveniences (decoding/sampling.h): no_repeat_ngram_size N > 0 bans, per hypothesis,
+ * every token that would repeat an n-gram of N tokens it already holds. temperature T divides the
+ * logits before the log-softmax (for the search and the scores, as fairseq's --temperature).
+ * sampling replaces the top-2·beam selection by one draw per row from its next-token distribution
+ * (sampling_topk > 0: from the sampling_topk most probable tokens only, a larger value meaning the
+ * whole vocabulary): the `beam` rows of a sentence are independent samples, a row that draws </s>
+ * is finalized (its place is then ignored, fairseq's cands_to_ignore), and the finalized samples
+ * are sorted by score like beam hypotheses. Draws depend on (seed, the sentence's index in the
+ * input (of luna_generate; of src for luna_beam_search), step, row) and the model's log-probs
+ * only.
  */
 #ifndef LUNA_DECODING_BEAM_SEARCH_H
 #define LUNA_DECODING_BEAM_SEARCH_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "decoding/incremental.h"
@@ -35,6 +47,11 @@ typedef struct {
     int min_len;     /* default 1 */
     int nbest;       /* hypotheses returned per sentence (default 1, ≤ beam) */
     double unkpen;   /* subtracted from <unk>'s log-prob (default 0) */
+    int no_repeat_ngram_size; /* 0: off (default) */
+    double temperature;       /* > 0, default 1 */
+    bool sampling;            /* default false: beam search */
+    int sampling_topk;        /* ≤ 0: the whole vocabulary (default) */
+    uint64_t seed;            /* of the sampling draws (default 1) */
 } luna_beam_options;
 
 void luna_beam_options_init(luna_beam_options *o);

@@ -13,12 +13,13 @@ struct luna_incremental {
     int layers, d, H, V;
     bool luna;
     int beam, S, R, L, m, max_steps, step;
-    int cap_rows;         /* rows allocated at begin */
-    bool masked;          /* per-sentence valid counts apply (P mask, or source padding) */
-    int32_t *sent_host;   /* [S at begin] P mask (Luna) or source length (transformer) */
-    int32_t *row_valid;   /* [cap_rows] device: the P mask per row (Luna, masked), else NULL */
-    int32_t *sent_valid;  /* [S at begin] device: sent_host, or NULL when not masked */
-    float *bias;          /* [V] device token bias (luna_mem_alloc), NULL: none */
+    int cap_rows;          /* rows allocated at begin */
+    bool masked;           /* per-sentence valid counts apply (P mask, or source padding) */
+    int32_t *sent_host;    /* [S at begin] P mask (Luna) or source length (transformer) */
+    int32_t *row_valid;    /* [cap_rows] device: the P mask per row (Luna, masked), else NULL */
+    int32_t *sent_valid;   /* [S at begin] device: sent_host, or NULL when not masked */
+    float *bias;           /* [V] device token bias (luna_mem_alloc), NULL: none */
+    float inv_temperature; /* logits ×= 1/T before the log-softmax; 1: off */
     luna_decoder_layer_state *ls; /* [layers] */
     bool held;                    /* the decoder's weights are held (luna_decoder_hold_weights) */
 };
@@ -33,6 +34,7 @@ luna_status luna_incremental_create(luna_incremental **out, luna_seq2seq *model)
     luna_incremental *inc = calloc(1, sizeof *inc);
     if (!inc) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "incremental decoding: out of memory");
     inc->model = model;
+    inc->inv_temperature = 1.0f;
     inc->be = model->be;
     inc->layers = c->decoder_layers;
     inc->d = c->decoder_embed_dim;
@@ -210,6 +212,14 @@ luna_status luna_incremental_set_token_bias(luna_incremental *inc, const float *
     return luna_mem_from_host(inc->be, inc->bias, bias, bytes);
 }
 
+luna_status luna_incremental_set_temperature(luna_incremental *inc, double T) {
+    if (!(T > 0) || !isfinite(T))
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                          "incremental decoding: temperature %g must be a positive number", T);
+    inc->inv_temperature = (float)(1.0 / T);
+    return LUNA_OK;
+}
+
 static luna_status step(luna_incremental *inc, const int32_t *tokens, const luna_step_output *out) {
     luna_backend *be = inc->be;
     const int R = inc->R, V = inc->V, k = out->k;
@@ -230,8 +240,11 @@ static luna_status step(luna_incremental *inc, const int32_t *tokens, const luna
     }
     luna_decoder_dims dims = dims_of(inc);
     LUNA_TRY(luna_decoder_step(&ps, inc->model, &dims, inc->ls, tok, &logits));
-    LUNA_TRY(be->ops->log_softmax_topk(be, logits, inc->bias, R, V, k, top_lp, top_idx, pick,
-                                       picked));
+    /* x·(1/T) rather than fairseq's x/T: one scale op; the two differ by at most an ulp */
+    if (inc->inv_temperature != 1.0f)
+        LUNA_TRY(be->ops->scale_act(be, logits, inc->inv_temperature, (int64_t)R * V));
+    LUNA_TRY(
+        be->ops->log_softmax_topk(be, logits, inc->bias, R, V, k, top_lp, top_idx, pick, picked));
     if (k > 0) {
         LUNA_TRY(luna_mem_to_host(be, out->top_log_probs, top_lp, sizeof(float) * (size_t)R * k));
         LUNA_TRY(luna_mem_to_host(be, out->top_tokens, top_idx, sizeof(int32_t) * (size_t)R * k));
@@ -255,7 +268,8 @@ luna_status luna_incremental_step(luna_incremental *inc, const int32_t *tokens,
                           "incremental decoding: bad step output (k %d of %d candidates)", out->k,
                           V);
     for (int r = 0; r < R; r++)
-        if (tokens[r] < 0 || tokens[r] >= V || (out->pick && (out->pick[r] < 0 || out->pick[r] >= V)))
+        if (tokens[r] < 0 || tokens[r] >= V ||
+            (out->pick && (out->pick[r] < 0 || out->pick[r] >= V)))
             return luna_error(LUNA_ERR_INVALID_ARGUMENT,
                               "incremental decoding: row %d: token %d out of [0, %d)", r,
                               tokens[r] < 0 || tokens[r] >= V ? tokens[r] : out->pick[r], V);

@@ -57,6 +57,10 @@ typedef struct {
  * <pad>, −unkpen for <unk>, −inf for </s> before min_len. Kept until changed (begin keeps it). */
 luna_status luna_incremental_set_token_bias(luna_incremental *inc, const float *bias);
 
+/* Divide the logits by T > 0 before the log-softmax (fairseq's --temperature; 1: unchanged, the
+ * default). Applies to the candidates and to `picked`. Kept until changed (begin keeps it). */
+luna_status luna_incremental_set_temperature(luna_incremental *inc, double T);
+
 /* One step for every active row: tokens [rows] (host; at step 0 usually </s>) are the previous
  * output tokens at position t = steps taken. The logits, log-softmax and top-k stay on the
  * device; `out` receives the candidates. */

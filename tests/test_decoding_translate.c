@@ -260,14 +260,70 @@ START_TEST(score_reference_and_average) {
 }
 END_TEST
 
+/* The fairseq conveniences from the command line: --no-repeat-ngram-size 0 is the default
+ * output; --sampling is reproducible for a seed (any --threads) and changes with it; invalid
+ * values are one-line usage errors. */
+START_TEST(sampling_and_no_repeat_flags) {
+    ck_assert_int_eq(
+        TRANSLATE("a.safetensors", "--input", "in.txt", "--max-len-b", "12", "--quiet"), 0);
+    char *plain = copy_text(last.out);
+    ck_assert_int_eq(TRANSLATE("a.safetensors", "--input", "in.txt", "--max-len-b", "12",
+                               "--no-repeat-ngram-size", "0", "--quiet"),
+                     0);
+    ck_assert_str_eq(plain, last.out);
+    ck_assert_int_eq(TRANSLATE("a.safetensors", "--input", "in.txt", "--max-len-b", "12",
+                               "--no-repeat-ngram-size", "2", "--quiet"),
+                     0);
+    free(plain);
+    ck_assert_int_eq(TRANSLATE("a.safetensors", "--input", "in.txt", "--max-len-b", "12",
+                               "--sampling", "--beam", "3", "--seed", "7", "--quiet"),
+                     0);
+    char *s7 = copy_text(last.out);
+    ck_assert_int_eq(TRANSLATE("a.safetensors", "--input", "in.txt", "--max-len-b", "12",
+                               "--sampling", "--beam", "3", "--seed", "7", "--threads", "1",
+                               "--batch-size", "1", "--quiet"),
+                     0);
+    ck_assert_str_eq(s7, last.out);
+    ck_assert_int_eq(TRANSLATE("a.safetensors", "--input", "in.txt", "--max-len-b", "12",
+                               "--sampling", "--temperature", "50", "--seed", "8", "--quiet"),
+                     0);
+    ck_assert_str_ne(s7, last.out);
+    free(s7);
+    ck_assert_int_eq(TRANSLATE("a.safetensors", "--input", "in.txt", "--sampling",
+                               "--sampling-topk", "5", "--nbest", "2", "--beam", "2",
+                               "--output-format", "fairseq", "--quiet"),
+                     0);
+    ck_assert_int_eq(count_lines(last.out, "H-"), 7);
+    const struct {
+        const char *flag, *value, *message;
+    } bad[] = {{"--temperature", "0", "--temperature must be positive"},
+               {"--temperature", "-2", "--temperature must be positive"},
+               {"--no-repeat-ngram-size", "-1", "--no-repeat-ngram-size must be in"},
+               {"--sampling-topk", "-3", "--sampling-topk must be -1 or 0"},
+               {"--sampling-topk", "5", "--sampling-topk needs --sampling"},
+               {"--seed", "-1", "--seed must not be negative"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ck_assert_int_eq(TRANSLATE("a.safetensors", bad[i].flag, bad[i].value), 2);
+        ck_assert_msg(strstr(last.err, bad[i].message) && !strchr(last.err, '\n')[1], "%s",
+                      last.err);
+    }
+    ck_assert_int_eq(
+        TRANSLATE("a.safetensors", "--sampling", "--score-reference", "--reference", "in.txt"), 2);
+    ck_assert_ptr_nonnull(strstr(last.err, "exclude each other"));
+}
+END_TEST
+
 /* --help lists every option, by group. */
 START_TEST(help_lists_every_option) {
-    const char *translate_flags[] = {
-        "--input",     "--output-format", "--max-input-tokens", "--quiet",
-        "--beam",      "--lenpen",        "--max-len-a",        "--max-len-b",
-        "--min-len",   "--nbest",         "--unkpen",           "--score-reference",
-        "--reference", "--max-tokens",    "--batch-size",       "--device",
-        "--threads",   "--help",          "--version",          "search:"};
+    const char *translate_flags[] = {"--input",     "--output-format", "--max-input-tokens",
+                                     "--quiet",     "--beam",          "--lenpen",
+                                     "--max-len-a", "--max-len-b",     "--min-len",
+                                     "--nbest",     "--unkpen",        "--score-reference",
+                                     "--reference", "--max-tokens",    "--batch-size",
+                                     "--device",    "--threads",       "--help",
+                                     "--version",   "search:",         "--no-repeat-ngram-size",
+                                     "--sampling",  "--sampling-topk", "--temperature",
+                                     "--seed"};
     ck_assert_int_eq(TRANSLATE("--help"), 0);
     for (size_t i = 0; i < sizeof translate_flags / sizeof translate_flags[0]; i++)
         ck_assert_msg(strstr(last.out, translate_flags[i]), "%s not in: %s", translate_flags[i],
@@ -293,6 +349,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, bad_inputs);
     tcase_add_test(tc, score_reference_and_average);
     tcase_add_test(tc, help_lists_every_option);
+    tcase_add_test(tc, sampling_and_no_repeat_flags);
     suite_add_tcase(s, tc);
     return s;
 }

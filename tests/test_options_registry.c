@@ -318,6 +318,164 @@ START_TEST(train_table) {
 }
 END_TEST
 
+/* The printed configuration of `argv` (luna-train's start of train.log). */
+static char *train_config(int argc, char **argv) {
+    static luna_train_options o;
+    ck_assert_msg(luna_train_options_parse(&o, argc, argv) == LUNA_OK, "%s", luna_error_message());
+    char *text = NULL;
+    size_t size = 0;
+    FILE *f = open_memstream(&text, &size);
+    ck_assert_ptr_nonnull(f);
+    luna_train_options_print(&o, f);
+    ck_assert_int_eq(fclose(f), 0);
+    return text;
+}
+
+static void expect_options(const char *text, const char *const *present,
+                           const char *const *absent) {
+    for (; present && *present; present++) {
+        char needle[128];
+        snprintf(needle, sizeof needle, " %s ", *present);
+        ck_assert_msg(strstr(text, needle), "'%s' missing from:\n%s", *present, text);
+    }
+    for (; absent && *absent; absent++)
+        ck_assert_msg(!strstr(text, *absent), "'%s' does not apply but is in:\n%s", *absent, text);
+}
+
+/* train.log's options: only those of the chosen optimizer, scheduler, clipping and architecture. */
+START_TEST(train_log_shows_options_that_apply) {
+    char *apollo[] = {"luna-train", "bin", NULL}; /* Apollo, milestone, no clipping, Luna */
+    char *text = train_config(2, apollo);
+    expect_options(text,
+                   (const char *const[]){"--optimizer", "--apollo-beta", "--apollo-eps",
+                                         "--rebound", "--weight-decay-type", "--weight-decay",
+                                         "--milestones", "--lr-decay-rate", "--warmup-init-lr",
+                                         "--projection-length", "--causal-activation", NULL},
+                   (const char *const[]){"--adam-betas", "--adam-eps", "--clip-mode", NULL});
+    ck_assert_ptr_nonnull(strstr(text, "data-bin: bin\nmodel: --arch luna_base_tied"));
+    free(text);
+    char *adam[] = {"luna-train",
+                    "bin",
+                    "--optimizer",
+                    "adam",
+                    "--lr-scheduler",
+                    "inverse_sqrt",
+                    "--clip-norm",
+                    "0.1",
+                    "--arch",
+                    "transformer_tiny",
+                    NULL};
+    text = train_config(10, adam);
+    expect_options(
+        text,
+        (const char *const[]){"--adam-betas", "--adam-eps", "--weight-decay", "--warmup-updates",
+                              "--warmup-init-lr", "--clip-norm", "--clip-mode", NULL},
+        (const char *const[]){"--apollo", "--rebound", "--weight-decay-type", "--milestones",
+                              "--lr-decay-rate", "--projection-length", "--causal-activation",
+                              "--untie-luna-kv", "--fix-projection-length", NULL});
+    free(text);
+    char *fixed[] = {"luna-train", "bin", "--lr-scheduler", "fixed", NULL};
+    text = train_config(4, fixed);
+    expect_options(text, (const char *const[]){"--lr", "--warmup-updates", NULL},
+                   (const char *const[]){"--warmup-init-lr", "--milestones", NULL});
+    free(text);
+    /* the checkpoint's JSON keeps every option */
+    static luna_train_options o;
+    ck_assert_int_eq(luna_train_options_parse(&o, 10, adam), LUNA_OK);
+    char *json;
+    ck_assert_int_eq(luna_train_options_to_json(&o, &json), LUNA_OK);
+    ck_assert_ptr_nonnull(strstr(json, "\"apollo_beta\""));
+    free(json);
+}
+END_TEST
+
+/* The --help layout: no line over 100 characters; every description starts in one column C (on
+ * the option's line, after at least two spaces that the option and its META do not contain, or on
+ * the next line when the option is too long for its column), and continuation lines start at C.
+ * `text` is a whole --help output: the lines after the first group heading are checked. */
+static void check_help_layout(const char *what, const char *text) {
+    int col = -1, lineno = 0;
+    bool in_options = false;
+    for (const char *line = text; *line; lineno++) {
+        const char *nl = strchr(line, '\n');
+        const int len = nl ? (int)(nl - line) : (int)strlen(line);
+        ck_assert_msg(len <= 100, "%s: line %d has %d characters: %.*s", what, lineno + 1, len, len,
+                      line);
+        if (len > 0 && line[0] != ' ' && line[len - 1] == ':') in_options = true; /* a heading */
+        if (in_options && len > 0 && line[0] == ' ') {
+            ck_assert_msg(line[len - 1] != ' ', "%s: trailing space: %.*s", what, len, line);
+            const bool option = len > 3 && line[0] == ' ' && line[1] == ' ' && line[2] == '-';
+            if (option) {
+                const char *gap = strstr(line + 2, "  "); /* the end of "--name META" */
+                if (gap && gap < line + len) { /* else a long option: its description follows */
+                    int c = (int)(gap - line);
+                    while (c < len && line[c] == ' ')
+                        c++;
+                    if (col < 0) col = c;
+                    ck_assert_msg(c == col, "%s: description at column %d, not %d: %.*s", what,
+                                  c + 1, col + 1, len, line);
+                }
+            } else {
+                int c = 0;
+                while (c < len && line[c] == ' ')
+                    c++;
+                if (col < 0) col = c;
+                ck_assert_msg(c == col, "%s: continuation at column %d, not %d: %.*s", what, c + 1,
+                              col + 1, len, line);
+            }
+        }
+        line += len + (nl != NULL);
+    }
+    ck_assert_msg(in_options && col > 0, "%s: no option list in:\n%s", what, text);
+}
+
+/* Long options, a long description with a long word, a default that wraps, '\n'. */
+START_TEST(help_wraps_at_100_in_one_column) {
+    static const char long_help[] =
+        "a description long enough to need three lines of help: lorem ipsum dolor sit amet, "
+        "consectetur adipiscing elit, sed do eiusmod tempor incididunt ut labore et dolore magna "
+        "aliqua, with a word that is longer than a whole line: "
+        "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+        "\nand a forced second paragraph";
+    const luna_option_spec specs[] = {
+        {"--short", LUNA_OPT_INT, "12345", "g", "N", NULL, F(count), long_help},
+        {"--a-very-long-option-name-indeed", LUNA_OPT_CHOICE, "first", "g", NULL,
+         "first|second|third", F(mode), "the description goes on the next line"},
+        {"--flag", LUNA_OPT_FLAG, NULL, "g", NULL, NULL, F(verbose), ""},
+    };
+    luna_option_table t = {.specs = specs, .count = 3};
+    char *help = capture(print_help, &t);
+    check_help_layout("constructed table", help);
+    /* the option column stops at 32 characters: the long option's description is below it */
+    ck_assert_ptr_nonnull(strstr(help, "  --a-very-long-option-name-indeed first|second|third\n"
+                                       "                                   the description"));
+    ck_assert_ptr_nonnull(strstr(help, "(default: 12345)"));
+    ck_assert_ptr_nonnull(strstr(help, "\n                                   and a forced second"));
+    ck_assert_ptr_nonnull(strstr(help, "\n  --flag\n"));
+    free(help);
+    /* a fixed column: an option as wide as it gets its description on the next line */
+    t.help_width = 7;
+    help = capture(print_help, &t);
+    check_help_layout("fixed width 7", help);
+    ck_assert_ptr_nonnull(strstr(help, "  --short N\n          a description"));
+    free(help);
+}
+END_TEST
+
+/* Every program's --help. */
+START_TEST(programs_help_layout) {
+    const char *programs[] = {"luna-train", "luna-translate", "luna-preprocess", "luna-average"};
+    for (size_t i = 0; i < sizeof programs / sizeof programs[0]; i++) {
+        char path[4096];
+        luna_test_find_program(path, sizeof path, programs[i], NULL);
+        luna_test_result r = luna_test_exec(path, (const char *const[]){"--help", NULL}, NULL);
+        ck_assert_msg(r.status == 0, "%s --help: status %d", programs[i], r.status);
+        ck_assert_msg(strlen(r.out) < sizeof r.out - 1, "%s --help: output cut", programs[i]);
+        check_help_layout(programs[i], r.out);
+    }
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("options_registry");
     TCase *tc = tcase_create("registry");
@@ -332,6 +490,9 @@ static Suite *suite(void) {
     tcase_add_test(tc, configuration_and_json);
     tcase_add_test(tc, bad_default_is_reported);
     tcase_add_test(tc, train_table);
+    tcase_add_test(tc, train_log_shows_options_that_apply);
+    tcase_add_test(tc, help_wraps_at_100_in_one_column);
+    tcase_add_test(tc, programs_help_layout);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -137,6 +137,14 @@ START_TEST(test_max_update_zero) {
     ck_assert_ptr_nonnull(strstr(r.out, "--encoder-layers 3"));
     ck_assert_ptr_null(strstr(r.out, "update 1"));
     ck_assert(!luna_path_exists(save));
+    /* the printed options are those of this run: Apollo's, not Adam's */
+    ck_assert_ptr_nonnull(strstr(r.out, "--apollo-beta 0.9"));
+    ck_assert_ptr_null(strstr(r.out, "--adam-betas"));
+    r = run(ARGS(bin, TINY, "--max-update", "0", "--save-dir", save, "--optimizer", "adam"));
+    ck_assert_msg(r.status == 0, "%s", r.err);
+    ck_assert_ptr_nonnull(strstr(r.out, "--adam-betas (0.9, 0.98)"));
+    ck_assert_ptr_null(strstr(r.out, "--apollo-beta"));
+    ck_assert_ptr_null(strstr(r.out, "--rebound"));
 }
 END_TEST
 

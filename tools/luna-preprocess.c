@@ -72,8 +72,8 @@ static const luna_option_spec OPTIONS[] = {
     {"--padding-factor", LUNA_OPT_INT, "8", G_DICT, "N", NULL, F(padding_factor), "pad dictionary sizes to a multiple of N"},
     {"--max-line-bytes", LUNA_OPT_INT, "1048576", G_CHECK, "N", NULL, F(max_line_bytes), "reject lines longer than N bytes"},
     {"--skip-empty", LUNA_OPT_FLAG, NULL, G_CHECK, NULL, NULL, F(skip_empty),
-     "drop sentence pairs where either side is empty or blank, in every split\n"
-     "(counted in the summary); without it an empty line is an error, since it usually\n"
+     "drop sentence pairs where either side is empty or blank, in every split "
+     "(counted in the summary); without it an empty line is an error, since it usually "
      "means misaligned or damaged data (fairseq would silently keep it as a bare </s>)"},
     {"--workers", LUNA_OPT_INT, "1", G_RUN, "N", NULL, F(workers), "threads for SentencePiece training and encoding"},
 };
@@ -83,9 +83,9 @@ static const luna_option_table TABLE = {.specs = OPTIONS,
                                         .count = (int)(sizeof OPTIONS / sizeof OPTIONS[0])};
 
 static const char USAGE[] =
-    "usage: " PROG
-    " --source-lang SRC --target-lang TGT --trainpref P [--validpref P] [--testpref P]\n"
-    "                       [--destdir DIR] [--joined-dictionary] [--workers N] [options]\n\n"
+    "usage: " PROG " --source-lang SRC --target-lang TGT --trainpref P [--validpref P]\n"
+    "                       [--testpref P] [--destdir DIR] [--joined-dictionary] [--workers N]\n"
+    "                       [options]\n\n"
     "Raw parallel text -> fairseq data-bin: trains a joint SentencePiece BPE model on the "
     "training\n"
     "text, builds the dictionary from the training split, and writes dict.SRC.txt, "

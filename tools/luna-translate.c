@@ -15,6 +15,8 @@
  * with scores in base 2 (score = Σ log2 p / len^lenpen; len counts </s>).
  * --score-reference --reference FILE: instead of searching, score the given translations
  * (plain: one base-2 per-token average score per line; fairseq: S/T/H/P lines).
+ * fairseq's --no-repeat-ngram-size, --sampling (--sampling-topk, --seed) and --temperature change
+ * the search (decoding/beam_search.h, decoding/sampling.h).
  *
  * Exit status: 0 success, 1 bad input or failure (one line on stderr), 2 usage error.
  */
@@ -46,8 +48,9 @@ typedef struct {
     const char *checkpoint, *input, *output_format, *device, *precision, *reference;
     int64_t beam, max_len_b, min_len, nbest, max_tokens, batch_size, threads, max_input_tokens,
         device_id;
-    double lenpen, max_len_a, unkpen;
-    bool score_reference, quiet, tf32;
+    int64_t no_repeat_ngram_size, sampling_topk, seed;
+    double lenpen, max_len_a, unkpen, temperature;
+    bool score_reference, quiet, tf32, sampling;
 } options;
 
 static options opt;
@@ -55,6 +58,7 @@ static options opt;
 #define F(field) offsetof(options, field)
 #define G_IO "input and output"
 #define G_SEARCH "search"
+#define G_SAMPLE "sampling (e.g. for back-translation)"
 #define G_SCORE "scoring given translations"
 #define G_RUN "batching and runtime"
 
@@ -71,6 +75,11 @@ static const luna_option_spec OPTIONS[] = {
     {"--min-len", LUNA_OPT_INT, "1", G_SEARCH, "N", NULL, F(min_len), "minimum target length, </s> excluded"},
     {"--nbest", LUNA_OPT_INT, "1", G_SEARCH, "N", NULL, F(nbest), "hypotheses per sentence (fairseq format)"},
     {"--unkpen", LUNA_OPT_DOUBLE, "0", G_SEARCH, "F", NULL, F(unkpen), "subtracted from <unk>'s log-prob"},
+    {"--no-repeat-ngram-size", LUNA_OPT_INT, "0", G_SEARCH, "N", NULL, F(no_repeat_ngram_size), "a hypothesis never repeats one of its n-grams of N tokens (0: off)"},
+    {"--temperature", LUNA_OPT_DOUBLE, "1", G_SEARCH, "T", NULL, F(temperature), "divide the logits by T > 0 before the softmax (search and sampling; hypothesis scores use it too)"},
+    {"--sampling", LUNA_OPT_FLAG, NULL, G_SAMPLE, NULL, NULL, F(sampling), "sample each next token instead of beam search; --beam N draws N independent samples per sentence and the best-scoring ones are printed"},
+    {"--sampling-topk", LUNA_OPT_INT, "-1", G_SAMPLE, "K", NULL, F(sampling_topk), "sample from the K most likely tokens only (-1 or 0: the whole vocabulary; K above the vocabulary size means all of it)"},
+    {"--seed", LUNA_OPT_INT, "1", G_SAMPLE, "S", NULL, F(seed), "random seed of --sampling: the same seed gives the same samples (any --threads or batching)"},
     {"--score-reference", LUNA_OPT_FLAG, NULL, G_SCORE, NULL, NULL, F(score_reference), "score the --reference translations instead of searching"},
     {"--reference", LUNA_OPT_STRING, NULL, G_SCORE, "FILE", NULL, F(reference), "reference translations, one per line"},
     {"--max-tokens", LUNA_OPT_INT, "6000", G_RUN, "N", NULL, F(max_tokens), "padded source tokens per batch (0: no limit)"},
@@ -131,13 +140,31 @@ static int parse_args(int argc, char **argv) {
     const struct {
         const char *name;
         int64_t value;
-    } as_int[] = {{"--min-len", opt.min_len},       {"--max-len-b", opt.max_len_b},
-                  {"--max-tokens", opt.max_tokens}, {"--batch-size", opt.batch_size},
+    } as_int[] = {{"--min-len", opt.min_len},
+                  {"--max-len-b", opt.max_len_b},
+                  {"--max-tokens", opt.max_tokens},
+                  {"--batch-size", opt.batch_size},
                   {"--max-input-tokens", opt.max_input_tokens}};
     for (size_t i = 0; i < sizeof as_int / sizeof as_int[0]; i++)
         if (as_int[i].value > 1000000000)
             return luna_options_usage_error(PROG, "%s must be at most 1000000000 (got %lld)",
                                             as_int[i].name, (long long)as_int[i].value);
+    if (!(opt.temperature > 0))
+        return luna_options_usage_error(PROG, "--temperature must be positive (got %g)",
+                                        opt.temperature);
+    if (opt.no_repeat_ngram_size < 0 || opt.no_repeat_ngram_size > 1000000000)
+        return luna_options_usage_error(PROG, "--no-repeat-ngram-size must be in 0..1000000000");
+    if (opt.sampling_topk < -1 || opt.sampling_topk > 1000000000)
+        return luna_options_usage_error(
+            PROG, "%s", "--sampling-topk must be -1 or 0 (whole vocabulary) or in 1..1000000000");
+    if (opt.sampling_topk > 0 && !opt.sampling)
+        return luna_options_usage_error(PROG, "%s", "--sampling-topk needs --sampling");
+    if (opt.seed < 0)
+        return luna_options_usage_error(PROG, "--seed must not be negative (got %lld)",
+                                        (long long)opt.seed);
+    if (opt.sampling && opt.score_reference)
+        return luna_options_usage_error(PROG, "%s",
+                                        "--sampling and --score-reference exclude each other");
     if (opt.score_reference != (opt.reference != NULL))
         return luna_options_usage_error(PROG, "%s",
                                         "--score-reference and --reference FILE go together");
@@ -495,6 +522,11 @@ static luna_status run(program *p) {
         o.min_len = (int)opt.min_len;
         o.nbest = (int)opt.nbest;
         o.unkpen = opt.unkpen;
+        o.no_repeat_ngram_size = (int)opt.no_repeat_ngram_size;
+        o.temperature = opt.temperature;
+        o.sampling = opt.sampling;
+        o.sampling_topk = (int)opt.sampling_topk;
+        o.seed = (uint64_t)opt.seed;
         st = luna_generate(p->inc, &o, src, (int)k, (int)opt.max_tokens, (int)opt.batch_size, res,
                            NULL, NULL);
     }

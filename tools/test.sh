@@ -1,21 +1,35 @@
 #!/usr/bin/env bash
 # Build luna and run its test suite (CTest + Check), doing its own setup on a fresh machine.
-#
-#   tools/test.sh              install deps, configure build/ with -Werror, build, run all CPU tests;
-#                              then, where the CUDA toolkit's headers are installed, build the CUDA
-#                              backend against the CPU execution harness in build-emu/
-#                              (-DLUNA_CUDA_EMU=ON) and run the op, model and program suites on it
-#                              (LUNA_TEST_BACKEND=cuda, every thread order; label cuda-emu)
-#   tools/test.sh --no-cuda-emu  skip that second build
-#   tools/test.sh --sanitize   the same in build-asan/ with AddressSanitizer + UBSan (where the CUDA
-#                              headers are, the backend is built against the harness there and
-#                              its suites run once, in forward thread order)
-#   tools/test.sh --gpu        also run the tests labelled gpu (needs a CUDA build and a GPU)
-#   tools/test.sh --mpi        build with -DLUNA_MPI=ON in build-mpi/ (OpenMPI from install-deps.sh
-#                              --mpi) and also run the tests labelled mpi (mpiexec -n 2 luna-train)
-#   tools/test.sh --no-deps    skip tools/install-deps.sh
-# Extra arguments after -- go to ctest (e.g. -- -R ops_softmax).
+# The options are in usage() below (tools/test.sh --help).
 set -euo pipefail
+usage() {
+  cat <<'EOF'
+usage: tools/test.sh [--sanitize] [--gpu] [--mpi] [--no-cuda-emu] [--no-deps] [-- CTEST-ARGS...]
+
+Builds luna and runs its test suite (CTest + Check), doing its own setup on a fresh Debian
+machine: installs the dependencies (tools/install-deps.sh), configures build/ with -Werror, builds
+and runs every CPU test. Then, where the CUDA toolkit's headers are installed, it builds the CUDA
+backend against the CPU execution harness in build-emu/ (-DLUNA_CUDA_EMU=ON) and runs the op,
+model and program suites on it (LUNA_TEST_BACKEND=cuda, three thread orders; label cuda-emu).
+Each CTest run ends with the number of tests that passed.
+
+options:
+  --sanitize    the same in build-asan/ with AddressSanitizer + UndefinedBehaviorSanitizer (with
+                the CUDA headers, the backend's suites run there once, in forward thread order)
+  --no-cuda-emu skip the build-emu/ stage
+  --gpu         a CUDA build (-DLUNA_CUDA=ON) that also runs the tests labelled gpu (needs a GPU)
+  --mpi         build with -DLUNA_MPI=ON in build-mpi/ (OpenMPI from install-deps.sh --mpi) and
+                also run the tests labelled mpi (mpiexec -n 2 luna-train)
+  --no-deps     skip tools/install-deps.sh
+  -h, --help    show this help
+  -- ARGS...    pass ARGS to ctest
+
+examples:
+  tools/test.sh                              everything, from a fresh machine
+  tools/test.sh --no-deps -- -R ops_softmax  one suite, dependencies already installed
+  tools/test.sh --sanitize --no-deps         under ASan + UBSan, in build-asan/
+EOF
+}
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="$root/build"
 cmake_flags=(-DLUNA_WERROR=ON)
@@ -34,7 +48,7 @@ while [ $# -gt 0 ]; do
     --no-deps) deps=0 ;;
     --) shift; ctest_extra=("$@"); break ;;
     --no-cuda-emu) cuda_emu=0 ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) usage; exit 0 ;;
     *) echo "test.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
   esac
   shift

@@ -343,9 +343,33 @@ void luna_train_options_print_help(FILE *f, const char *prog) {
     luna_options_print_help(&TABLE, f);
 }
 
+bool luna_train_option_applies(const luna_train_options *o, const char *name) {
+    static const struct {
+        const char *name, *only; /* the option applies only with `only` */
+    } only[] = {
+        {"--apollo-beta", "apollo"},   {"--apollo-eps", "apollo"},
+        {"--rebound", "apollo"},       {"--weight-decay-type", "apollo"},
+        {"--adam-betas", "adam"},      {"--adam-eps", "adam"},
+        {"--milestones", "milestone"}, {"--lr-decay-rate", "milestone"},
+    };
+    for (size_t i = 0; i < sizeof only / sizeof only[0]; i++)
+        if (!strcmp(name, only[i].name))
+            return !strcmp(only[i].only, o->optimizer) || !strcmp(only[i].only, o->lr_scheduler);
+    /* fixed warms up from 0 (fairseq), never from --warmup-init-lr */
+    if (!strcmp(name, "--warmup-init-lr")) return strcmp(o->lr_scheduler, "fixed") != 0;
+    if (!strcmp(name, "--clip-mode")) return o->clip_norm > 0;
+    if (!strcmp(name, "--projection-length") || !strcmp(name, "--causal-activation") ||
+        !strcmp(name, "--untie-luna-kv") || !strcmp(name, "--fix-projection-length"))
+        return o->model.arch == LUNA_ARCH_LUNA;
+    return true;
+}
+
 void luna_train_options_print(const luna_train_options *o, FILE *f) {
+    bool shown[LUNA_TRAIN_MAX_OPTIONS];
+    for (int i = 0; i < NUM_SPECS; i++)
+        shown[i] = luna_train_option_applies(o, SPECS[i].name);
     fprintf(f, "data-bin: %s", o->data_bin);
-    luna_options_print_config(&TABLE, o, f);
+    luna_options_print_config_shown(&TABLE, o, shown, f);
 }
 
 luna_status luna_train_options_to_json(const luna_train_options *o, char **json) {

@@ -90,9 +90,16 @@ luna_status luna_train_options_parse(luna_train_options *o, int argc, char **arg
 /* --help text, options grouped as in the registry. */
 void luna_train_options_print_help(FILE *f, const char *prog);
 
-/* The effective configuration, one line per group ("  model: --arch luna_tiny --dropout 0.1 ...").
- */
+/* The effective configuration, one line per group ("  model: --arch luna_tiny --dropout 0.1 ..."),
+ * of the options that apply to this run (luna_train_option_applies): the start of train.log. */
 void luna_train_options_print(const luna_train_options *o, FILE *f);
+
+/* Whether option `name` has an effect with the chosen optimizer, lr scheduler, clipping and
+ * architecture of the parsed options `o`: no Apollo options for Adam and no Adam options for
+ * Apollo, --milestones/--lr-decay-rate only for milestone, --warmup-init-lr not for fixed,
+ * --clip-mode only with --clip-norm > 0, the Luna attention options not for a transformer.
+ * The checkpoint's JSON (luna_train_options_to_json) keeps every option. */
+bool luna_train_option_applies(const luna_train_options *o, const char *name);
 
 /* {"data_bin": ..., "arch": ..., ...} (keys: flag names with '_'), every option's effective value,
  * plus "argv": the command line as given. *json malloc'ed. */

@@ -10,6 +10,7 @@
  * lse moves by ~1e-16 relative, far below the fp32 rounding of the log-probs. */
 #include <math.h>
 #include <omp.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/allocator.h"
@@ -121,6 +122,18 @@ static inline void topk_insert(candidate *top, int *n, int k, float lp, int32_t 
     top[i] = (candidate){lp, j};
 }
 
+/* Best first, ties by lower index: a total order (indices are distinct), so qsort's result is
+ * the insertion's. */
+static int by_lp_then_index(const void *pa, const void *pb) {
+    const candidate *a = pa, *b = pb;
+    if (a->lp != b->lp) return a->lp > b->lp ? -1 : 1;
+    return (a->j > b->j) - (a->j < b->j);
+}
+
+/* Above this k, one O(V log V) sort of the row beats the O(V·k) insertion (sampling from the whole
+ * vocabulary asks for k = V). */
+#define TOPK_SORT_ABOVE 64
+
 luna_status luna_cpu_log_softmax_topk(luna_backend *be, const luna_act *logits_, const float *bias,
                                       int64_t rows, int V, int k, float *top_lp, int32_t *top_idx,
                                       const int32_t *pick, float *picked) {
@@ -141,11 +154,15 @@ luna_status luna_cpu_log_softmax_topk(luna_backend *be, const luna_act *logits_,
     luna_arena_mark mark = luna_arena_get_mark(be->scratch);
     const int threads = be->num_threads > 0 ? be->num_threads : 1;
     candidate *lists = NULL;
-    float *lp_rows = NULL; /* [threads][V]: one row's log-probs, per thread */
+    float *lp_rows = NULL;    /* [threads][V]: one row's log-probs, per thread */
+    candidate *sorted = NULL; /* [threads][V]: one row's candidates (k > TOPK_SORT_ABOVE) */
     if (k > 0) {
-        lists = luna_arena_alloc(be->scratch, sizeof(candidate) * (size_t)rows * (size_t)k);
+        if (k > TOPK_SORT_ABOVE)
+            sorted = luna_arena_alloc(be->scratch, sizeof(candidate) * (size_t)threads * (size_t)V);
+        else
+            lists = luna_arena_alloc(be->scratch, sizeof(candidate) * (size_t)rows * (size_t)k);
         lp_rows = luna_arena_alloc(be->scratch, sizeof(float) * (size_t)threads * (size_t)V);
-        if (!lists || !lp_rows) {
+        if (!(lists || sorted) || !lp_rows) {
             luna_arena_release(be->scratch, mark);
             return luna_error(LUNA_ERR_OUT_OF_MEMORY, "log_softmax_topk: scratch exhausted");
         }
@@ -181,10 +198,18 @@ luna_status luna_cpu_log_softmax_topk(luna_backend *be, const luna_act *logits_,
                 const float v = (float)((double)x[j] - lse);
                 lp[j] = v != v ? -INFINITY : v;
             }
-        candidate *top = lists + r * k;
-        int n = 0;
-        for (int j = 0; j < V; j++)
-            topk_insert(top, &n, k, lp[j], j);
+        candidate *top;
+        if (k > TOPK_SORT_ABOVE) {
+            top = sorted + (size_t)omp_get_thread_num() * (size_t)V;
+            for (int j = 0; j < V; j++)
+                top[j] = (candidate){lp[j], j};
+            qsort(top, (size_t)V, sizeof *top, by_lp_then_index);
+        } else {
+            top = lists + r * k;
+            int n = 0;
+            for (int j = 0; j < V; j++)
+                topk_insert(top, &n, k, lp[j], j);
+        }
         for (int i = 0; i < k; i++) {
             top_lp[r * k + i] = top[i].lp;
             top_idx[r * k + i] = top[i].j;
