@@ -15,6 +15,7 @@
 #include "core/file_util.h"
 #include "core/json.h"
 #include "model/seq2seq.h"
+#include "model/kernels/registry.h"
 #include "tests/test_util.h"
 #include "data/checkpoint_vocab.h"
 #include "model/checkpoint.h"
@@ -93,8 +94,15 @@ START_TEST(test_option_errors) {
     expect_error(&r, 2, ARGS("--warmup-init-lr", "--lr"));
     r = run(ARGS(bin, "--clip-mode", "bogus"));
     expect_error(&r, 2, ARGS("--clip-mode", "bogus", "each|total"));
-    r = run(ARGS(bin, "--device", "cuda"));
-    expect_error(&r, 2, ARGS("built without CUDA"));
+    if (luna_backend_missing("cuda")) { /* a build without the CUDA backend says so */
+        r = run(ARGS(bin, "--device", "cuda"));
+        expect_error(&r, 2, ARGS("built without CUDA"));
+    } else { /* a CUDA (or harness) build: its precision options are checked before any work */
+        r = run(ARGS(bin, "--device", "cuda", "--tf32"));
+        expect_error(&r, 2, ARGS("--tf32", "--precision fp32"));
+    }
+    r = run(ARGS(bin, "--precision", "bf16"));
+    expect_error(&r, 2, ARGS("--precision bf16", "fp32 only"));
     r = run(ARGS(bin, "--lr", "abc"));
     expect_error(&r, 2, ARGS("--lr", "abc"));
     r = run(ARGS(bin, "--arch", "luna_huge"));
