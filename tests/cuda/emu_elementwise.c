@@ -191,6 +191,30 @@ START_TEST(fp32_scale_and_fill) {
 }
 END_TEST
 
+/* The bf16 weight copies (weight_copies.c): every value rounded to nearest even, ties to even,
+ * infinities kept, NaN a NaN, at a size that is not a multiple of the block. */
+START_TEST(convert_to_bf16_rounds_to_nearest_even) {
+    enum { n = 1001 };
+    float x[n];
+    luna_test_rng rng;
+    luna_test_rng_seed(&rng, 31);
+    luna_test_fill_uniform(&rng, x, n, -3.0f, 3.0f);
+    const uint32_t ties[] = {0x3f808000u, 0x3f818000u, 0x7f800000u, 0xff800000u, 0x7fc00000u};
+    for (int i = 0; i < 5; i++)
+        memcpy(&x[i], &ties[i], 4);
+    float *dx = dev(x, sizeof x);
+    uint16_t *dy = dev(NULL, n * sizeof(uint16_t)), got[n];
+    ck_assert_int_eq(luna_cuda_convert_to_bf16(0, dy, dx, n), cudaSuccess);
+    down(got, dy, sizeof got);
+    for (int i = 0; i < n; i++) /* a NaN may come back as any NaN (CUDA's is 0x7fff) */
+        ck_assert_msg(got[i] == to_bf16(x[i]) || (isnan(x[i]) && isnan(from_bf16(got[i]))),
+                      "element %d: 0x%04x, want 0x%04x", i, got[i], to_bf16(x[i]));
+    ck_assert_int_eq(got[0], 0x3f80); /* tie 1.00390625 -> even 1.0 */
+    ck_assert_int_eq(got[1], 0x3f82); /* tie 1.01171875 -> even 1.015625 */
+    cudaFree(dx), cudaFree(dy);
+}
+END_TEST
+
 START_TEST(layout_ops_equal_cpu) {
     luna_backend *cpu;
     LUNA_CHECK_OK(luna_backend_cpu_create(&cpu, 1));
@@ -303,6 +327,7 @@ static Suite *elementwise_suite(void) {
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, elementwise_ops_equal_cpu);
     tcase_add_test(tc, fp32_scale_and_fill);
+    tcase_add_test(tc, convert_to_bf16_rounds_to_nearest_even);
     tcase_add_test(tc, layout_ops_equal_cpu);
     tcase_add_test(tc, sums_and_bias_equal_cpu);
     suite_add_tcase(s, tc);
