@@ -1,8 +1,36 @@
 #include "model/seq2seq.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* The table's tensors of one layer ("encoder.layers.3." ...): a contiguous run (the table is
+ * built layer by layer, model/param_table.c). */
+static luna_status layer_range(const luna_params *p, const char *side, int layer, int *first,
+                               int *count) {
+    char prefix[64];
+    int len = snprintf(prefix, sizeof prefix, "%s.layers.%d.", side, layer);
+    *first = -1;
+    *count = 0;
+    for (int i = 0; i < p->num_tensors; i++) {
+        if (strncmp(p->tensors[i].name, prefix, (size_t)len) != 0) continue;
+        if (*first < 0) *first = i;
+        if (i != *first + *count)
+            return luna_error(LUNA_ERR_INTERNAL, "model: the tensors of %s are not contiguous",
+                              prefix);
+        ++*count;
+    }
+    return LUNA_OK;
+}
+
+static luna_status layer_tensor_ranges(luna_seq2seq *m) {
+    for (int i = 0; i < m->config.encoder_layers; i++)
+        LUNA_TRY(layer_range(m->params, "encoder", i, &m->enc_first[i], &m->enc_count[i]));
+    for (int i = 0; i < m->config.decoder_layers; i++)
+        LUNA_TRY(layer_range(m->params, "decoder", i, &m->dec_first[i], &m->dec_count[i]));
+    return LUNA_OK;
+}
 
 static luna_status create(luna_seq2seq **out, luna_backend *be, const luna_config *config,
                           bool init) {
@@ -21,9 +49,15 @@ static luna_status create(luna_seq2seq **out, luna_backend *be, const luna_confi
         m->dec_act = calloc((size_t)config->decoder_layers, sizeof *m->dec_act);
         m->enc_mark = calloc((size_t)config->encoder_layers, sizeof *m->enc_mark);
         m->dec_mark = calloc((size_t)config->decoder_layers, sizeof *m->dec_mark);
-        if (!m->enc_act || !m->dec_act || !m->enc_mark || !m->dec_mark)
+        m->enc_first = calloc((size_t)config->encoder_layers, sizeof *m->enc_first);
+        m->enc_count = calloc((size_t)config->encoder_layers, sizeof *m->enc_count);
+        m->dec_first = calloc((size_t)config->decoder_layers, sizeof *m->dec_first);
+        m->dec_count = calloc((size_t)config->decoder_layers, sizeof *m->dec_count);
+        if (!m->enc_act || !m->dec_act || !m->enc_mark || !m->dec_mark || !m->enc_first ||
+            !m->enc_count || !m->dec_first || !m->dec_count)
             st = luna_error(LUNA_ERR_OUT_OF_MEMORY, "model: out of memory");
     }
+    if (st == LUNA_OK) st = layer_tensor_ranges(m);
     if (st != LUNA_OK) {
         luna_seq2seq_free(m);
         return st;
@@ -49,7 +83,21 @@ void luna_seq2seq_free(luna_seq2seq *m) {
     free(m->dec_act);
     free(m->enc_mark);
     free(m->dec_mark);
+    free(m->enc_first);
+    free(m->enc_count);
+    free(m->dec_first);
+    free(m->dec_count);
     free(m);
+}
+
+void luna_seq2seq_set_grads_ready(luna_seq2seq *m, luna_grads_ready_fn fn, void *ctx) {
+    m->grads_ready = fn;
+    m->grads_ready_ctx = ctx;
+}
+
+static luna_status report_ready(const luna_seq2seq *m, int first, int count) {
+    if (!m->grads_ready || count <= 0) return LUNA_OK;
+    return m->grads_ready(m->grads_ready_ctx, first, count);
 }
 
 luna_status luna_seq2seq_init(luna_seq2seq *m, uint64_t seed) {
@@ -336,6 +384,7 @@ static luna_status backward(luna_seq2seq *m, pass_state *s) {
             dp_other = dp == s->gp[0] ? s->gp[1] : s->gp[0];
         }
         luna_arena_release(m->arena, m->dec_mark[i]);
+        LUNA_TRY(report_ready(m, m->dec_first[i], m->dec_count[i]));
     }
     LUNA_TRY(luna_pass_dropout_backward(ps, dx, dx, N * d, ps->dropout,
                                         LUNA_SITE(LUNA_SITE_DECODER_EMBED, 0, 0)));
@@ -355,6 +404,7 @@ static luna_status backward(luna_seq2seq *m, pass_state *s) {
             dp_other = tp;
         }
         luna_arena_release(m->arena, m->enc_mark[i]);
+        LUNA_TRY(report_ready(m, m->enc_first[i], m->enc_count[i]));
     }
     const int64_t Nm = (int64_t)B * mlen;
     LUNA_TRY(luna_pass_dropout_backward(ps, ex, ex, Nm * d, ps->dropout,
@@ -367,7 +417,8 @@ static luna_status backward(luna_seq2seq *m, pass_state *s) {
         LUNA_TRY(op->scale_act(be, dp, emb_scale, (int64_t)B * L * d));
         LUNA_TRY(op->sum_broadcast(be, g->projected_embeddings, dp, B, L, d));
     }
-    return LUNA_OK;
+    /* the rest: embeddings (shared by both ends), P, the final layer norms */
+    return report_ready(m, 0, m->params->num_tensors);
 }
 
 static luna_status run(luna_seq2seq *m, const luna_batch *b, bool training, bool grads,

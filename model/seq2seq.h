@@ -40,6 +40,14 @@ typedef struct {
 } luna_batch;
 
 typedef struct luna_seq2seq luna_seq2seq;
+
+/* Called by the backward pass when the gradients of parameter tensors [first, first + count) of
+ * the table (model/param_table.h) are final for this pass: their ops are issued on the backend
+ * and no later op of the pass writes them. Data-parallel training starts the all-reduce of a
+ * gradient bucket from it while the rest of the backward runs (trainer/grad_buckets.h). The
+ * last call of a pass names every tensor. An error stops the backward. */
+typedef luna_status (*luna_grads_ready_fn)(void *ctx, int first, int count);
+
 struct luna_seq2seq {
     luna_config config;
     luna_backend *be;
@@ -50,6 +58,11 @@ struct luna_seq2seq {
     luna_encoder_layer_act *enc_act;
     luna_decoder_layer_act *dec_act;
     luna_arena_mark *enc_mark, *dec_mark;
+    /* gradient-readiness notification (NULL: none); layer i's tensors are the table's
+     * [enc_first[i], enc_first[i] + enc_count[i]) (dec_ likewise) */
+    luna_grads_ready_fn grads_ready;
+    void *grads_ready_ctx;
+    int *enc_first, *enc_count, *dec_first, *dec_count;
 };
 
 /* Build the model: parameters initialised per spec §5 with seed 1 (see luna_seq2seq_init),
@@ -79,6 +92,10 @@ luna_status luna_seq2seq_forward(luna_seq2seq *model, const luna_batch *batch, d
                                  double *nll_sum, float *logits);
 
 LUNA_MUST_CHECK luna_status luna_seq2seq_zero_grad(luna_seq2seq *model);
+
+/* Backward passes report finished gradients to fn (NULL: stop reporting): after each decoder
+ * layer (top first), after each encoder layer, and once for all tensors at the end. */
+void luna_seq2seq_set_grads_ready(luna_seq2seq *model, luna_grads_ready_fn fn, void *ctx);
 
 /* Activation arena high-water mark (bytes) since creation or the last reset. */
 size_t luna_seq2seq_activation_peak(const luna_seq2seq *model);

@@ -57,7 +57,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     luna_communicator *comm = NULL;
-    if (luna_communicator_create_default(&comm, &argc, &argv) != LUNA_OK) {
+    if (luna_communicator_create_default(&comm, &argc, &argv, opts.comm_timeout) != LUNA_OK) {
         fprintf(stderr, PROG ": %s\n", luna_error_message());
         return 1;
     }

@@ -16,6 +16,7 @@
 #define G_VALID "validation and stopping"
 #define G_CKPT "checkpoints"
 #define G_RUN "runtime and logging"
+#define G_DIST "data parallelism (mpirun -np N luna-train ..., srun luna-train ...)"
 
 /* clang-format off */
 static const luna_option_spec SPECS[] = {
@@ -89,6 +90,8 @@ static const luna_option_spec SPECS[] = {
     {"--log-interval", LUNA_OPT_INT, "100", G_RUN, "N", NULL, F(log_interval), "log every N updates"},
     {"--log-format", LUNA_OPT_CHOICE, "simple", G_RUN, "F", "simple|json", F(log_format), "simple: fairseq-like lines; json: one object per line"},
     {"--no-progress-bar", LUNA_OPT_FLAG, NULL, G_RUN, NULL, NULL, F(no_progress_bar), "no progress line on a terminal"},
+    {"--bucket-size-mb", LUNA_OPT_DOUBLE, "25", G_DIST, "MB", NULL, F(bucket_size_mb), "gradients are summed across ranks in buckets of this many MB (fp32), each started as soon as the backward pass has finished it; 0: one all-reduce after the backward"},
+    {"--comm-timeout", LUNA_OPT_DOUBLE, "1800", G_DIST, "S", NULL, F(comm_timeout), "a collective that has not completed after S seconds (a rank died or hangs) aborts every rank with a message; 0: wait forever"},
 };
 /* clang-format on */
 #define NUM_SPECS ((int)(sizeof SPECS / sizeof SPECS[0]))
@@ -238,6 +241,10 @@ static luna_status resolve_optimization(luna_train_options *o) {
     c->adam_eps = o->adam_eps;
     if (o->clip_norm < 0) return bad("--clip-norm must be >= 0 (got %g)", o->clip_norm);
     o->clip_mode = strcmp(o->clip_mode_name, "each") == 0 ? LUNA_CLIP_EACH : LUNA_CLIP_TOTAL;
+    if (!(o->bucket_size_mb >= 0 && o->bucket_size_mb <= 1e6))
+        return bad("--bucket-size-mb must be in [0, 1e6] (got %g)", o->bucket_size_mb);
+    if (!(o->comm_timeout >= 0))
+        return bad("--comm-timeout must be >= 0 seconds (got %g)", o->comm_timeout);
     if (o->update_freq < 1 || o->update_freq > 1000000)
         return bad("--update-freq must be >= 1 (got %lld)", (long long)o->update_freq);
 

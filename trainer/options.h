@@ -59,6 +59,8 @@ typedef struct {
     int64_t seed, threads, log_interval, device_id;
     const char *device, *precision, *log_format;
     bool no_progress_bar, tf32;
+    /* data parallelism */
+    double bucket_size_mb, comm_timeout;
 
     /* which options were given on the command line (index into the registry) */
     bool set[LUNA_TRAIN_MAX_OPTIONS];

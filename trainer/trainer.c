@@ -137,6 +137,39 @@ static int default_device_id(const luna_communicator *comm) {
     return -1;
 }
 
+/* The gradient buckets, and the table of ranks rank 0 prints (host, pid, device of each). */
+static luna_status setup_ranks(luna_trainer *t) {
+    luna_communicator *c = t->comm;
+    size_t bucket = (size_t)(t->o->bucket_size_mb * 1024 * 1024);
+    if (t->o->bucket_size_mb > 0 && bucket < sizeof(float)) bucket = sizeof(float);
+    LUNA_TRY(luna_grad_buckets_create(&t->buckets, c, t->model, bucket));
+    enum { LINE = 160 };
+    char mine[LINE], host[64] = "?";
+    gethostname(host, sizeof host);
+    host[sizeof host - 1] = 0;
+    int device = -1;
+#ifdef LUNA_WITH_CUDA
+    luna_backend_cuda_stream(t->be, &device);
+#endif
+    char dev[32] = "cpu";
+    if (device >= 0) snprintf(dev, sizeof dev, "%s:%d", t->be->name, device);
+    snprintf(mine, sizeof mine, "  rank %d: %s, pid %ld, local rank %d of %d, %s", c->rank, host,
+             (long)getpid(), c->local_rank, c->local_size, dev);
+    char *all = calloc((size_t)c->world_size, LINE);
+    t->ranks_table = calloc((size_t)c->world_size, LINE + 1);
+    if (!all || !t->ranks_table) {
+        free(all);
+        return luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
+    }
+    luna_status s = c->gather_host(c, mine, all, LINE);
+    for (int r = 0; r < c->world_size && s == LUNA_OK; r++) {
+        strcat(t->ranks_table, all + (size_t)r * LINE);
+        strcat(t->ranks_table, "\n");
+    }
+    free(all);
+    return s;
+}
+
 luna_status luna_trainer_create(luna_trainer **out, luna_train_options *o, luna_communicator *comm,
                                 FILE *log) {
     *out = NULL;
@@ -186,6 +219,9 @@ luna_status luna_trainer_create(luna_trainer **out, luna_train_options *o, luna_
     }
     /* Setup can fail on one rank only (--save-dir is checked on rank 0): all ranks stop then. */
     s = luna_communicator_agree(comm, s, "setup");
+    /* NCCL joins with the GPU the backend chose (after every rank has its backend). */
+    if (s == LUNA_OK) s = luna_communicator_agree(comm, comm->attach_device(comm, t->be), "setup");
+    if (s == LUNA_OK && comm->world_size > 1) s = setup_ranks(t);
     if (s != LUNA_OK) {
         luna_trainer_free(t);
         return s;
@@ -196,6 +232,8 @@ luna_status luna_trainer_create(luna_trainer **out, luna_train_options *o, luna_
 
 void luna_trainer_free(luna_trainer *t) {
     if (!t) return;
+    luna_grad_buckets_free(t->buckets);
+    free(t->ranks_table);
     luna_clipper_free(t->clip);
     luna_optimizer_free(t->opt);
     luna_seq2seq_free(t->model);
@@ -237,6 +275,15 @@ void luna_trainer_print_summary(const luna_trainer *t) {
     fprintf(f, "%s\n", t->spm_bytes ? ", with spm.model" : "");
     fprintf(f, "training on %s with %d thread(s), %d rank(s) (%s communicator)\n", t->be->name,
             t->be->num_threads, t->comm->world_size, t->comm->name);
+    if (t->buckets) {
+        int nodes = t->comm->world_size / (t->comm->local_size > 0 ? t->comm->local_size : 1);
+        fprintf(f, "world: %d rank(s) on %d node(s), %d per node; gradient all-reduce in %d "
+                   "bucket(s) of <= %.4g MB, timeout %g s\n%s",
+                t->comm->world_size, nodes, t->comm->local_size,
+                luna_grad_buckets_count(t->buckets),
+                (double)luna_grad_buckets_bytes(t->buckets) / (1024.0 * 1024.0),
+                t->o->comm_timeout, t->ranks_table);
+    }
     fprintf(f, "num. model params: %zu (num. trained: %zu)\n", p->num_params, trained);
     fflush(f);
 }
@@ -253,21 +300,21 @@ static luna_batch model_batch(const luna_data_batch *b) {
                         .target = b->target};
 }
 
-/* Sums the n statistics across ranks; the last one counts the ranks that failed (this rank's
+/* Sums the n statistics across ranks, with the gradients' all-reduce when `with_gradients`
+ * (luna_grad_buckets_finish); the last statistic counts the ranks that failed (this rank's
  * `failed` sets it), so that every rank learns of a failure in the same collective and all stop
- * together. Returns this rank's own error, or an error naming `what` when another rank failed. */
+ * together. Returns this rank's own error, or the failing rank's message on the others. */
 static luna_status reduce_stats(luna_trainer *t, double *stats, int n, luna_status failed,
-                                const char *what) {
+                                const char *what, bool with_gradients) {
+    if (t->comm->world_size <= 1) return failed;
     stats[n - 1] = failed != LUNA_OK ? 1 : 0;
-    luna_status reduced = t->comm->all_reduce_sum_host(t->comm, stats, n);
-    if (failed != LUNA_OK) return failed;
-    LUNA_TRY(reduced);
-    if (stats[n - 1] > 0)
-        return luna_error(LUNA_ERR_INTERNAL,
-                          "%s failed on %.0f other rank(s) (see the message of that rank); "
-                          "rank %d stops too",
-                          what, stats[n - 1], t->comm->rank);
-    return LUNA_OK;
+    char saved[512] = "";
+    if (failed != LUNA_OK) snprintf(saved, sizeof saved, "%s", luna_error_message());
+    luna_status reduced = with_gradients ? luna_grad_buckets_finish(t->buckets, stats, (size_t)n)
+                                     : t->comm->all_reduce_sum_host(t->comm, stats, (size_t)n);
+    if (reduced != LUNA_OK && failed == LUNA_OK) return reduced;
+    if (failed != LUNA_OK) luna_error(failed, "%s", saved);
+    return luna_communicator_share_failure(t->comm, failed, stats[n - 1], what);
 }
 
 /* Runs update_freq micro-batches (fewer at the end of an epoch). *got: micro-batches taken
@@ -289,6 +336,8 @@ static luna_status train_update(luna_trainer *t, int *got, bool *stepped) {
         if (!luna_batch_iterator_next(t->it, &ids, &n, &repeated)) break;
         ++*got;
         if (repeated) continue; /* zero weight: keeps the ranks in step, adds nothing */
+        /* the update's last backward: its finished gradients go to the all-reduce at once */
+        if (t->buckets && k == (int)o->update_freq - 1) luna_grad_buckets_arm(t->buckets);
         failed = luna_data_batch_fill(t->batch, t->train, ids, n);
         if (failed != LUNA_OK) break;
         luna_batch mb = model_batch(t->batch);
@@ -318,8 +367,7 @@ static luna_status train_update(luna_trainer *t, int *got, bool *stepped) {
     if (*got == 0) return LUNA_OK; /* at the same point on every rank (same epoch length) */
     char what[48];
     snprintf(what, sizeof what, "update %lld", (long long)t->num_updates + 1);
-    LUNA_TRY(reduce_stats(t, stats, 6, failed, what));
-    LUNA_TRY(t->comm->all_reduce_sum_device(t->comm, t->be, p->grad, p->num_params));
+    LUNA_TRY(reduce_stats(t, stats, 6, failed, what, t->buckets != NULL));
     if (stats[2] <= 0 && stats[4] == 0) {
         t->skipped_updates++;
         luna_log_message(t, "update %lld had no target tokens: skipped",
@@ -400,7 +448,7 @@ static luna_status validate(luna_trainer *t) {
         stats[2] += (double)t->batch->ntokens;
         stats[3] += (double)t->batch->batch_size;
     }
-    LUNA_TRY(reduce_stats(t, stats, 5, failed, "validation"));
+    LUNA_TRY(reduce_stats(t, stats, 5, failed, "validation", false));
     luna_meters m = {
         .loss = stats[0], .nll = stats[1], .ntokens = stats[2], .nsentences = stats[3]};
     t->last_valid_loss = stats[2] > 0 ? stats[0] / stats[2] / log(2.0) : NAN;
@@ -528,6 +576,12 @@ luna_status luna_trainer_run(luna_trainer *t, volatile sig_atomic_t *stop) {
     else
         luna_log_message(t, "done training at update %lld, epoch %llu (%.0f s in updates)",
                          (long long)t->num_updates, (unsigned long long)t->epoch, t->train_wall);
+    if (t->buckets)
+        luna_log_message(t,
+                         "gradient all-reduce: %d bucket(s), %d started before the backward pass "
+                         "ended (last update); rank 0 waited %.2f s for all-reduces in all",
+                         luna_grad_buckets_count(t->buckets),
+                         luna_grad_buckets_started_early(t->buckets), t->comm->reduce_seconds);
     return LUNA_OK;
 }
 

@@ -16,6 +16,7 @@
 #include "model/seq2seq.h"
 #include "optim/clip.h"
 #include "optim/optimizer.h"
+#include "trainer/grad_buckets.h"
 #include "trainer/trainer.h"
 
 /* This many non-finite updates in a row end training with an error. */
@@ -34,6 +35,8 @@ typedef struct {
 struct luna_trainer {
     luna_train_options *o;
     luna_communicator *comm;
+    luna_grad_buckets *buckets; /* world size > 1: the gradient all-reduce */
+    char *ranks_table;          /* world size > 1: one line per rank (host, pid, device) */
     luna_dir_lock *save_dir_lock; /* rank 0, when it writes checkpoints */
     FILE *log;
     bool progress; /* progress line on stderr (a terminal) */

@@ -37,6 +37,13 @@ luna_status luna_backend_create(luna_backend **out, const char *name,
 luna_status luna_backend_options_set_precision(luna_backend_options *o, const char *device,
                                                const char *precision, bool tf32, bool training);
 
+#ifdef LUNA_WITH_CUDA
+/* The CUDA backend's compute stream (a cudaStream_t) and its GPU ordinal in *device, for code
+ * that orders device work of its own against the backend's (NCCL, trainer/communicator_nccl.c);
+ * NULL for another backend. */
+void *luna_backend_cuda_stream(const luna_backend *be, int *device);
+#endif
+
 /* Every backend name the registry knows, NULL-terminated. */
 const char *const *luna_backend_names(void);
 /* NULL when this build can create `name`, else one line saying why not (for option checks). */

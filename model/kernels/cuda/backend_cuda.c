@@ -160,6 +160,13 @@ static luna_status setup(luna_backend *be, const luna_backend_options *opt) {
     return luna_arena_create(&be->scratch, be, (size_t)16 << 20);
 }
 
+void *luna_backend_cuda_stream(const luna_backend *be, int *device) {
+    if (!be || be->device != LUNA_DEVICE_CUDA) return NULL;
+    const luna_cuda_impl *c = luna_cuda_impl_of(be);
+    if (device) *device = c->device;
+    return (void *)c->stream;
+}
+
 luna_status luna_backend_cuda_create(luna_backend **out, const luna_backend_options *opt) {
     *out = NULL;
     luna_backend *be = calloc(1, sizeof *be);
