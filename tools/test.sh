@@ -19,7 +19,9 @@ options:
   --no-cuda-emu skip the build-emu/ stage
   --gpu         a CUDA build (-DLUNA_CUDA=ON) that also runs the tests labelled gpu (needs a GPU)
   --mpi         build with -DLUNA_MPI=ON in build-mpi/ (OpenMPI from install-deps.sh --mpi) and
-                also run the tests labelled mpi (mpiexec -n 2 luna-train)
+                also run the tests labelled mpi (mpiexec -n 2 and -n 4 luna-train against one
+                process; with the CUDA headers also on --device cuda through the harness and its
+                fake NCCL)
   --no-deps     skip tools/install-deps.sh
   -h, --help    show this help
   -- ARGS...    pass ARGS to ctest
@@ -56,6 +58,12 @@ done
 # Under --sanitize, with the CUDA headers, the backend is built against the harness too, so its
 # suites run once under ASan + UBSan (forward thread order; a GPU build links the real CUDA instead).
 if [ "$sanitize" -eq 1 ] && [ "$gpu" -eq 0 ] && [ "$cuda_emu" -eq 1 ] &&
+   { command -v nvcc > /dev/null || [ -e /usr/local/cuda/include/cublasLt.h ]; }; then
+  cmake_flags+=(-DLUNA_CUDA_EMU=ON)
+fi
+# Under --mpi likewise: the multi-rank suite runs again on the CUDA backend with the harness's fake
+# NCCL (test_trainer_mpi_nccl_cuda_emu).
+if [ "$mpi" -eq 1 ] && [ "$sanitize" -eq 0 ] && [ "$gpu" -eq 0 ] && [ "$cuda_emu" -eq 1 ] &&
    { command -v nvcc > /dev/null || [ -e /usr/local/cuda/include/cublasLt.h ]; }; then
   cmake_flags+=(-DLUNA_CUDA_EMU=ON)
 fi

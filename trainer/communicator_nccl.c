@@ -99,8 +99,11 @@ luna_status luna_nccl_reduce_start(luna_nccl *n, float *data, size_t count) {
     /* the bucket's gradients are complete once the compute stream reaches this point */
     LUNA_TRY(cuda_check(cudaEventRecord(n->ready, n->compute), "cudaEventRecord"));
     LUNA_TRY(cuda_check(cudaStreamWaitEvent(n->stream, n->ready, 0), "cudaStreamWaitEvent"));
-    LUNA_TRY(nccl_check(ncclAllReduce(data, data, count, ncclFloat32, ncclSum, n->comm, n->stream),
-                        "ncclAllReduce"));
+    /* watched too: an enqueue can block (NCCL's queue full; the harness's synchronous fake) */
+    luna_comm_watch_enter(n->c, "ncclAllReduce (gradients)");
+    ncclResult_t r = ncclAllReduce(data, data, count, ncclFloat32, ncclSum, n->comm, n->stream);
+    luna_comm_watch_leave(n->c);
+    LUNA_TRY(nccl_check(r, "ncclAllReduce"));
     n->started++;
     return LUNA_OK;
 }

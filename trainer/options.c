@@ -345,8 +345,13 @@ void luna_train_options_print_help(FILE *f, const char *prog) {
             "Train a Luna (or Transformer) translation model on a fairseq data-bin (made by\n"
             "luna-preprocess or fairseq-preprocess with a joined dictionary). Checkpoints go to\n"
             "--save-dir; running the same command again resumes from checkpoint_last exactly.\n"
-            "SIGINT/SIGTERM: the current update finishes, checkpoint_last is written, exit 0.\n",
-            prog);
+            "SIGINT/SIGTERM: the current update finishes, checkpoint_last is written, exit 0.\n"
+            "Data parallel (a -DLUNA_MPI=ON build): one process per GPU or CPU share,\n"
+            "  mpirun -np 8 %s DATA-BIN --device cuda ...          (one node, 8 GPUs)\n"
+            "  mpirun -H a:8,b:8 -x NCCL_SOCKET_IFNAME=eth0 %s ... (two nodes)\n"
+            "  srun -N 2 --ntasks-per-node 8 --kill-on-bad-exit=1 %s ...  (Slurm)\n"
+            "each rank on the GPU of its local rank; NCCL_DEBUG=INFO shows NCCL's choices.\n",
+            prog, prog, prog, prog);
     luna_options_print_help(&TABLE, f);
 }
 

@@ -24,7 +24,8 @@ endif()
 
 if(LUNA_CUDA_EMU_AVAILABLE)
   add_library(luna_cuda_emu STATIC tests/cuda_emu/emu_fiber.cc tests/cuda_emu/emu_sched.cc
-              tests/cuda_emu/emu_cudart.cc tests/cuda_emu/emu_cublaslt.cc)
+              tests/cuda_emu/emu_cudart.cc tests/cuda_emu/emu_cublaslt.cc
+              tests/cuda_emu/emu_nccl.cc)
   target_include_directories(luna_cuda_emu PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/tests/cuda_emu
                              ${CMAKE_CURRENT_SOURCE_DIR})
   target_include_directories(luna_cuda_emu SYSTEM PUBLIC ${CUDAToolkit_INCLUDE_DIRS})

@@ -368,21 +368,33 @@ cudaError_t cudaDeviceReset(void) {
 }
 /* One device; LUNA_EMU_NO_DEVICE=1 answers as a machine without a usable driver does (what the
  * real runtime returns on this project's GPU-less machines), to test that path. */
+static int g_current_device = 0;
+static int device_count() {
+    const char *v = getenv("LUNA_EMU_DEVICE_COUNT");
+    int n = v && *v ? atoi(v) : 1;
+    return n >= 1 && n <= 64 ? n : 1;
+}
 cudaError_t cudaGetDeviceCount(int *n) {
     const char *none = getenv("LUNA_EMU_NO_DEVICE");
     if (none && *none && strcmp(none, "0") != 0) {
         *n = 0;
         return api_error(cudaErrorInsufficientDriver, false, "cudaGetDeviceCount: no device");
     }
-    *n = 1;
+    *n = device_count();
     return cudaSuccess;
 }
+/* Every process has one emulated GPU, which answers to any ordinal below LUNA_EMU_DEVICE_COUNT
+ * (default 1): ranks of one machine each pick "their" GPU by local rank, as on an 8-GPU node. */
 cudaError_t cudaSetDevice(int d) {
-    return d == 0 ? cudaSuccess
-                  : api_error(cudaErrorInvalidDevice, false, "cudaSetDevice(%d): one device", d);
+    if (d < 0 || d >= device_count())
+        return api_error(cudaErrorInvalidDevice, false,
+                         "cudaSetDevice(%d): %d device(s) (LUNA_EMU_DEVICE_COUNT)", d,
+                         device_count());
+    g_current_device = d;
+    return cudaSuccess;
 }
 cudaError_t cudaGetDevice(int *d) {
-    *d = 0;
+    *d = g_current_device;
     return cudaSuccess;
 }
 cudaError_t cudaDriverGetVersion(int *v) {
@@ -401,7 +413,7 @@ cudaError_t cudaFuncSetAttribute(const void *func, cudaFuncAttribute attr, int v
 
 // An H100-like device (sm_90, 132 SMs, 80 GiB).
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int device) {
-    if (device != 0)
+    if (device < 0 || device >= device_count())
         return api_error(cudaErrorInvalidDevice, false, "cudaGetDeviceProperties(%d)", device);
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "luna-cuda-emu (CPU)");
