@@ -306,6 +306,10 @@ void luna_config_describe(const luna_config *c, char *buf, size_t size) {
                  c->decoder_attention_heads, c->vocab_size, c->dropout, c->attention_dropout,
                  c->activation_dropout, c->label_smoothing);
     }
+    size_t used = strlen(buf);
+    if (!c->share_all_embeddings && used < size)
+        snprintf(buf + used, size - used, " embeddings=%s",
+                 c->share_decoder_input_output_embed ? "encoder+decoder" : "untied");
 }
 
 const char *luna_config_architecture_difference(const luna_config *a, const luna_config *b,
