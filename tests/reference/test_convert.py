@@ -237,6 +237,25 @@ def main():
         except RuntimeError:
             check(True, "a state_dict without encoder.version is refused by the strict load")
 
+        # the programs' loader on files that were not converted properly (one line each)
+        src_txt = os.path.join(tmp, "src.txt")
+        tensors, meta = load_file(made["tied_kv_no_sharing_2023_softplus"][1])
+        meta.pop("layernorm_weight")
+        gm1 = {k: (np.array(v) - 1.0).astype(np.float32) if k.endswith("layer_norm.weight") else v
+               for k, v in tensors.items()}
+        save_file(gm1, os.path.join(tmp, "gm1.safetensors"), meta)
+        r = run([translate, os.path.join(tmp, "gm1.safetensors"), "--input", src_txt, "--quiet"], expect_ok=False)
+        warn = [ln for ln in r.stderr.splitlines() if "warning" in ln]
+        check(r.returncode == 0 and len(warn) == 1 and "gamma - 1" in warn[0] and "gm1.safetensors" in warn[0],
+              f"luna-translate on undeclared gamma-1 weights: one warning line ({warn[0][:90] if warn else ''}...)")
+        tensors, meta = load_file(made["tied_kv_shared_all_2021_softplus"][1])
+        tensors["decoder.embed_tokens.weight"] = np.array(tensors["encoder.embed_tokens.weight"]) * 0.5
+        save_file(tensors, os.path.join(tmp, "alias.safetensors"), meta)
+        r = run([translate, os.path.join(tmp, "alias.safetensors"), "--input", src_txt], expect_ok=False)
+        err = r.stderr.strip()
+        check(r.returncode != 0 and "\n" not in err and "differs from 'encoder.embed_tokens.weight'" in err,
+              f"luna-translate on a differing alias: one-line error ({err[:90]}...)")
+
         # converter errors: one line, naming the file, exit 1
         dicts = ["--src-dict", os.path.join(tmp, "dict.en.txt"), "--tgt-dict", os.path.join(tmp, "dict.de.txt")]
         bad = official_style.OfficialStyleModel(official_args(share_all=False, share_dec=False), V, "2021")
