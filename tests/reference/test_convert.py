@@ -5,7 +5,8 @@ be installed here: see that file for what is and is not reproduced).
 
   test_convert.py TEST_MODEL_INTERCHANGE LUNA_TRANSLATE      (ctest: convert_checkpoint)
 
-.pt -> luna, for official-style models (random weights, LayerNorm gains in U(0.6, 1.4)):
+.pt -> luna, for official-style models (Luna with tied/untied kv and all three embedding sharings,
+and a fairseq transformer; random weights, LayerNorm gains in U(0.6, 1.4)):
   the converter's luna checkpoint, run by luna's C forward (test_model_interchange --logits, the
   loader the programs use), gives the module's float64 log-probs within 1e-5; luna-translate
   --score-reference opens it and gives the same sentence scores (its 4 printed decimals).
@@ -185,6 +186,7 @@ def main():
             ("untied_kv_shared_dec_2023_elu", official_args(arch="luna_base_untied", untie=True, share_all=False,
                                                              share_dec=True), "2023", "elu"),
             ("tied_kv_no_sharing_2023_softplus", official_args(share_all=False, share_dec=False), "2023", "softplus"),
+            ("transformer_shared_all_2023", official_args(arch="transformer", share_all=True), "2023", "softplus"),
         ]
         made = {}
         for name, args, rev, act in cases:
@@ -202,7 +204,7 @@ def main():
               f"2023 file forced to 2021: log-probs off by {e:.2f} (the comparison sees it), converter warns")
 
         # luna -> .pt, both revisions: strict load into the official-style module, same log-probs
-        for name in ("tied_kv_shared_all_2021_softplus", "tied_kv_no_sharing_2023_softplus"):
+        for name in ("tied_kv_shared_all_2021_softplus", "tied_kv_no_sharing_2023_softplus", "transformer_shared_all_2023"):
             luna_ckpt = made[name][1]
             want, _ = c_logprobs(tool, luna_ckpt, tmp)
             for rev in ("2021", "2023"):
