@@ -41,6 +41,7 @@ luna -> .pt
   as γ (--target-revision 2021, the default: the Luna-era code) or γ - 1 (2023). --dict-dir DIR
   also writes dict.<src>.txt, dict.<tgt>.txt and spm.model there (fairseq's data directory).
 
+A .pt file is a Python pickle, which can run code when loaded: convert only files you trust.
 Needs python3-torch and python3-numpy (tools/install-deps.sh --reference). Writes atomically
 (temporary sibling, fsync, rename). Errors: one line naming the file and the problem, exit 1.
 """
@@ -194,7 +195,12 @@ def pt_to_luna(opt):
     import torch
     path = opt.input
     try:
-        ckpt = torch.load(path, map_location="cpu")
+        # fairseq checkpoints pickle argparse.Namespace args: torch >= 2.6's default
+        # weights_only=True refuses them. A .pt is a pickle: convert only files you trust.
+        try:
+            ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        except TypeError:  # torch < 1.13 has no weights_only
+            ckpt = torch.load(path, map_location="cpu")
     except ModuleNotFoundError as e:
         fail(path, f"unpickling needs the Python module '{e.name}' (install it, or re-save the "
                    "checkpoint with plain argparse args)")

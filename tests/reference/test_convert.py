@@ -211,7 +211,7 @@ def main():
                 pt = os.path.join(tmp, f"back_{name}_{rev}.pt")
                 run([sys.executable, CONVERTER, luna_ckpt, pt, "--target-revision", rev,
                      "--dict-dir", os.path.join(tmp, "dicts")])
-                ck = torch.load(pt)
+                ck = torch.load(pt, weights_only=False)  # args are an argparse.Namespace
                 a = ck["args"]
                 mod = official_style.OfficialStyleModel(a, V, rev, made[name][2].causal_activation)
                 have, want_keys = set(ck["model"]), set(mod.state_dict())
