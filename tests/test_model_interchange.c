@@ -12,7 +12,8 @@
  * test_convert.py): `test_model_interchange --logits CHECKPOINT INPUTS OUT` loads CHECKPOINT
  * with luna_checkpoint_load_model (the programs' loader), runs luna's forward on the batch in
  * INPUTS (input.src_tokens, input.src_lengths, input.prev_output_tokens, input.target: the
- * tests/fixtures/model format) and writes output.logits [B, n, V] (F32) to OUT. */
+ * tests/fixtures/model format) and writes output.logits [B, n, V] (F32) to OUT; and
+ * `test_model_interchange --write-checkpoint OUT V` writes a luna checkpoint (see write_mode). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -419,9 +420,54 @@ static int logits_mode(const char *ckpt, const char *inputs, const char *out) {
     return s == LUNA_OK ? 0 : 1;
 }
 
+/* --write-checkpoint OUT V: a luna_tiny checkpoint written by luna_checkpoint_save (the writer of
+ * luna-train and luna-average), vocabulary V (dictionary "w<i> <100 - i>" lines, as
+ * test_convert.py writes them), random weights with LayerNorm gains in U(0.6, 1.4) and non-zero
+ * biases, so that a converter that mishandles any tensor changes the outputs. */
+static int write_mode(const char *out, int V) {
+    luna_config c;
+    luna_backend *cpu = NULL;
+    luna_params *p = NULL;
+    luna_status s = luna_config_preset(&c, "luna_tiny"); /* no ck_assert: not inside a test */
+    c.vocab_size = V;
+    if (s == LUNA_OK) s = luna_backend_cpu_create(&cpu, 1);
+    if (s == LUNA_OK) s = luna_params_create(&p, cpu, &c);
+    float *h = NULL;
+    char *dict = calloc((size_t)V, 24);
+    if (s == LUNA_OK && (h = malloc(p->num_params * sizeof(float))) != NULL)
+        s = luna_mem_to_host(cpu, h, p->data, p->num_params * sizeof(float));
+    if (s == LUNA_OK && h && dict) {
+        luna_test_rng rng;
+        luna_test_rng_seed(&rng, 11);
+        for (int i = 0; i < p->num_tensors; i++) {
+            const luna_param_info *t = &p->tensors[i];
+            bool ln = strstr(t->name, "layer_norm.weight") != NULL;
+            bool bias = strstr(t->name, ".bias") != NULL;
+            for (size_t j = 0; ln || bias ? j < t->numel : 0; j++)
+                h[t->offset + j] =
+                    ln ? luna_test_uniform(&rng, 0.6f, 1.4f) : luna_test_uniform(&rng, -0.2f, 0.2f);
+        }
+        s = luna_mem_from_host(cpu, p->data, h, p->num_params * sizeof(float));
+        size_t used = 0;
+        for (int i = 0; i < V - 4; i++)
+            used += (size_t)sprintf(dict + used, "w%d %d\n", i, 100 - i);
+    }
+    luna_checkpoint_contents cc = {
+        .source_lang = "en", .target_lang = "de", .src_dict_text = dict, .tgt_dict_text = dict};
+    if (s == LUNA_OK && h && dict) s = luna_checkpoint_save(out, p, &cc);
+    if (s != LUNA_OK) fprintf(stderr, "test_model_interchange: %s\n", luna_error_message());
+    free(dict);
+    free(h);
+    luna_params_free(p);
+    if (cpu) luna_backend_free(cpu);
+    return s == LUNA_OK && h && dict ? 0 : 1;
+}
+
 int main(int argc, char **argv) {
     if (argc == 5 && strcmp(argv[1], "--logits") == 0)
         return logits_mode(argv[2], argv[3], argv[4]);
+    if (argc == 4 && strcmp(argv[1], "--write-checkpoint") == 0)
+        return write_mode(argv[2], atoi(argv[3]));
     Suite *s = suite_create("model_interchange");
     TCase *tc = tcase_create("strict loading");
     tcase_add_checked_fixture(tc, setup, teardown);

@@ -203,8 +203,14 @@ def main():
         check(e > 0.01 and "looks like the 2023 convention" in r.stderr,
               f"2023 file forced to 2021: log-probs off by {e:.2f} (the comparison sees it), converter warns")
 
-        # luna -> .pt, both revisions: strict load into the official-style module, same log-probs
-        for name in ("tied_kv_shared_all_2021_softplus", "tied_kv_no_sharing_2023_softplus", "transformer_shared_all_2023"):
+        # luna -> .pt, both revisions: strict load into the official-style module, same log-probs;
+        # a checkpoint written by luna itself (luna_checkpoint_save, luna_tiny: d 32, l 8,
+        # softplus) and the converted ones above
+        written = os.path.join(tmp, "luna_written.safetensors")
+        run([tool, "--write-checkpoint", written, str(V)])
+        made["luna_written_tiny"] = (None, written, argparse.Namespace(causal_activation="softplus"))
+        for name in ("luna_written_tiny", "tied_kv_shared_all_2021_softplus", "tied_kv_no_sharing_2023_softplus",
+                     "transformer_shared_all_2023"):
             luna_ckpt = made[name][1]
             want, _ = c_logprobs(tool, luna_ckpt, tmp)
             for rev in ("2021", "2023"):
