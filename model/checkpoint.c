@@ -40,6 +40,7 @@ luna_status luna_checkpoint_save(const char *path, const luna_params *params,
         const luna_st_metadata meta[] = {
             {"format", LUNA_CHECKPOINT_FORMAT},
             {"config", config_json},
+            {LUNA_LAYERNORM_KEY, "gamma"},
             {"src_dict", c->src_dict_text},
             {"tgt_dict", c->tgt_dict_text},
             {"spm_model", spm_b64},
@@ -77,7 +78,7 @@ luna_status luna_checkpoint_open(luna_safetensors **out, const char *path) {
         luna_status s = luna_error(
             LUNA_ERR_FORMAT,
             "%s: __metadata__.format is %s%s%s, expected \"" LUNA_CHECKPOINT_FORMAT
-            "\" (not a luna checkpoint; convert it first)",
+            "\" (not a luna checkpoint; a fairseq .pt converts with tools/convert-checkpoint.py)",
             path, format ? "\"" : "", format ? format : "missing", format ? "\"" : "");
         luna_safetensors_close(st);
         return s;

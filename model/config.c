@@ -19,6 +19,8 @@ static luna_config base(luna_arch arch) {
         .projection_length = arch == LUNA_ARCH_LUNA ? 32 : 0,
         .untie_luna_kv = false,
         .fix_projection_length = false,
+        .share_all_embeddings = true,
+        .share_decoder_input_output_embed = true,
         .causal_activation = LUNA_CAUSAL_SOFTPLUS,
         .dropout = 0.1,
         .attention_dropout = 0.0,
@@ -172,6 +174,12 @@ luna_status luna_config_to_json(const luna_config *c, char **json) {
     luna_json_string(&w, c->causal_activation == LUNA_CAUSAL_ELU ? "elu" : "softplus");
     luna_json_key(&w, "fix_projection_length");
     luna_json_bool(&w, c->fix_projection_length);
+    if (!c->share_all_embeddings) {
+        luna_json_key(&w, "share_all_embeddings");
+        luna_json_bool(&w, false);
+        luna_json_key(&w, "share_decoder_input_output_embed");
+        luna_json_bool(&w, c->share_decoder_input_output_embed);
+    }
     luna_json_key(&w, "label_smoothing");
     luna_json_double(&w, c->label_smoothing);
     luna_json_key(&w, "dropout");
@@ -245,6 +253,10 @@ luna_status luna_config_from_json_value(luna_config *out, const luna_json *obj) 
     LUNA_TRY(get_int(obj, "projection_length", &c.projection_length));
     LUNA_TRY(get_bool(obj, "untie_luna_kv", &c.untie_luna_kv));
     LUNA_TRY(get_bool(obj, "fix_projection_length", &c.fix_projection_length));
+    LUNA_TRY(get_bool(obj, "share_all_embeddings", &c.share_all_embeddings));
+    LUNA_TRY(
+        get_bool(obj, "share_decoder_input_output_embed", &c.share_decoder_input_output_embed));
+    if (c.share_all_embeddings) c.share_decoder_input_output_embed = true;
     const luna_json *act = luna_json_get(obj, "causal_activation");
     if (act) {
         if (act->type == LUNA_JSON_STRING && strcmp(act->string, "softplus") == 0)
@@ -294,6 +306,10 @@ void luna_config_describe(const luna_config *c, char *buf, size_t size) {
                  c->decoder_attention_heads, c->vocab_size, c->dropout, c->attention_dropout,
                  c->activation_dropout, c->label_smoothing);
     }
+    size_t used = strlen(buf);
+    if (!c->share_all_embeddings && used < size)
+        snprintf(buf + used, size - used, " embeddings=%s",
+                 c->share_decoder_input_output_embed ? "encoder+decoder" : "untied");
 }
 
 const char *luna_config_architecture_difference(const luna_config *a, const luna_config *b,
@@ -325,6 +341,9 @@ const char *luna_config_architecture_difference(const luna_config *a, const luna
         {"projection_length", a->projection_length, b->projection_length},
         {"untie_luna_kv", a->untie_luna_kv, b->untie_luna_kv},
         {"fix_projection_length", a->fix_projection_length, b->fix_projection_length},
+        {"share_all_embeddings", a->share_all_embeddings, b->share_all_embeddings},
+        {"share_decoder_input_output_embed", a->share_decoder_input_output_embed,
+         b->share_decoder_input_output_embed},
     };
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
         if (f[i].a != f[i].b) {

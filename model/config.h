@@ -41,6 +41,14 @@ typedef struct {
     bool untie_luna_kv;         /* separate k/v (and pk/pv) projections */
     bool fix_projection_length; /* always l slots, no P mask */
     luna_causal_activation causal_activation;
+    /* fairseq's --share-all-embeddings (one table [V, d] for encoder input, decoder input and
+     * output projection; the default and what luna-train builds) and
+     * --share-decoder-input-output-embed (when not all are shared: decoder input and output
+     * projection share decoder.embed_tokens.weight). Untied tables exist for models converted
+     * from fairseq; they are stored as decoder.embed_tokens.weight /
+     * decoder.output_projection.weight and need the same dictionary size on both sides. */
+    bool share_all_embeddings;
+    bool share_decoder_input_output_embed;
     double dropout, attention_dropout, activation_dropout;
     double label_smoothing;
 } luna_config;
@@ -61,8 +69,9 @@ size_t luna_config_num_parameters(const luna_config *c);
  * encoder_embed_dim, encoder_ffn_embed_dim, encoder_layers, encoder_attention_heads,
  * decoder_embed_dim, decoder_ffn_embed_dim, decoder_layers, decoder_attention_heads,
  * projection_length, untie_luna_kv, causal_activation ("softplus"|"elu"),
- * fix_projection_length, label_smoothing, dropout, attention_dropout, activation_dropout.
- * *json is malloc'ed. */
+ * fix_projection_length, label_smoothing, dropout, attention_dropout, activation_dropout, and
+ * share_all_embeddings / share_decoder_input_output_embed only when they are false (so the
+ * configurations of shared-embedding models read as before). *json is malloc'ed. */
 luna_status luna_config_to_json(const luna_config *c, char **json);
 /* Parse such an object. Missing keys keep the luna_base_tied defaults (so fixture/older configs
  * without attention_dropout etc. load), unknown keys are ignored, wrong types are errors.

@@ -238,8 +238,8 @@ luna_status luna_decoder_step(const luna_pass *ps, luna_seq2seq *model,
     luna_act *x, *pos;
     LUNA_TRY(luna_pass_alloc(ps, &x, (int64_t)R * d, "target embeddings"));
     LUNA_TRY(luna_pass_alloc(ps, &pos, (int64_t)(R + 1) * d, "target position"));
-    LUNA_TRY(be->ops->embedding_forward(be, x, w->embed_tokens, tokens, R, V, d, sqrtf((float)d),
-                                        c->padding_idx));
+    LUNA_TRY(be->ops->embedding_forward(be, x, w->decoder_embed_tokens, tokens, R, V, d,
+                                        sqrtf((float)d), c->padding_idx));
     luna_act *pos_rows = luna_act_at(be, pos, d); /* [R, d]: the step's sinusoid on every row */
     LUNA_TRY(be->ops->sinusoidal_table(be, pos, c->padding_idx + 1 + dims->step, 1, d));
     LUNA_TRY(be->ops->broadcast_rows(be, pos_rows, pos, R, 1, d));
@@ -249,7 +249,7 @@ luna_status luna_decoder_step(const luna_pass *ps, luna_seq2seq *model,
                      ? luna_layer_step(ps, c, dims, &w->decoder[i], &layers[i], x, &x)
                      : transformer_layer_step(ps, c, dims, &w->decoder[i], &layers[i], x, &x));
     LUNA_TRY(luna_pass_alloc(ps, logits, (int64_t)R * V, "logits"));
-    return be->ops->linear_forward(be, *logits, x, w->embed_tokens, NULL, R, d, V);
+    return be->ops->linear_forward(be, *logits, x, w->output_projection, NULL, R, d, V);
 }
 
 /* ---- held weights ---------------------------------------------------------------------------- */
@@ -292,7 +292,7 @@ luna_status luna_decoder_hold_weights(luna_seq2seq *model, bool hold) {
         if (st != LUNA_OK && first == LUNA_OK) first = st;
         if (st != LUNA_OK && hold) return st;
     }
-    luna_linear_w out = {.weight = w->embed_tokens};
+    luna_linear_w out = {.weight = w->output_projection};
     luna_status st = hold_one(be, &out, d, c->vocab_size, hold);
     return first != LUNA_OK ? first : st;
 }

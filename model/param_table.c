@@ -120,6 +120,11 @@ static void walk(walker *wk, const luna_config *c, luna_weights *w) {
         norm(wk, &l->final_layer_norm, prefix, "final_layer_norm", d);
     }
     const int dd = c->decoder_embed_dim;
+    if (!c->share_all_embeddings)
+        visit(wk, w ? &w->decoder_embed_tokens : &dummy, "decoder.embed_tokens.weight", 2,
+              c->vocab_size, dd, LUNA_INIT_NORMAL, 1.0 / sqrt((double)dd), dd, c->vocab_size);
+    else if (w)
+        w->decoder_embed_tokens = w->embed_tokens;
     for (int i = 0; i < c->decoder_layers; i++) {
         luna_decoder_layer_w *l = w ? &w->decoder[i] : &scratch_d;
         char prefix[96], attn[112];
@@ -143,6 +148,11 @@ static void walk(walker *wk, const luna_config *c, luna_weights *w) {
         linear(wk, &l->fc2, prefix, "fc2", c->decoder_ffn_embed_dim, dd, LIN_FFN);
         norm(wk, &l->final_layer_norm, prefix, "final_layer_norm", dd);
     }
+    if (!c->share_all_embeddings && !c->share_decoder_input_output_embed)
+        visit(wk, w ? &w->output_projection : &dummy, "decoder.output_projection.weight", 2,
+              c->vocab_size, dd, LUNA_INIT_NORMAL, 1.0 / sqrt((double)dd), dd, c->vocab_size);
+    else if (w)
+        w->output_projection = w->decoder_embed_tokens;
 }
 
 size_t luna_params_count(const luna_config *config, int *num_tensors) {
@@ -250,9 +260,13 @@ luna_status luna_params_init(luna_params *p, uint64_t seed) {
             }
         }
     }
-    /* fairseq's Embedding(): the padding row is zero. */
+    /* fairseq's Embedding(): the padding row of each input table is zero. */
     int d = p->config.encoder_embed_dim;
     memset(host + (size_t)p->config.padding_idx * (size_t)d, 0, (size_t)d * sizeof(float));
+    const luna_param_info *dec = luna_params_find(p, "decoder.embed_tokens.weight");
+    if (dec)
+        memset(host + dec->offset + (size_t)p->config.padding_idx * (size_t)dec->shape[1], 0,
+               (size_t)dec->shape[1] * sizeof(float));
     luna_status st = luna_mem_from_host(p->be, p->data, host, p->num_params * sizeof(float));
     free(host);
     return st;
@@ -277,7 +291,7 @@ luna_status luna_params_save(const luna_params *p, const char *path, const luna_
                              int num_extra) {
     float *host = malloc(p->num_params * sizeof(float));
     luna_st_tensor *list = calloc((size_t)p->num_tensors, sizeof *list);
-    luna_st_metadata *meta = calloc((size_t)num_extra + 1, sizeof *meta);
+    luna_st_metadata *meta = calloc((size_t)num_extra + 2, sizeof *meta);
     char *config_json = NULL;
     luna_status st = LUNA_OK;
     if (!host || !list || !meta)
@@ -296,9 +310,11 @@ luna_status luna_params_save(const luna_params *p, const char *path, const luna_
         }
         meta[0].key = "config";
         meta[0].value = config_json;
+        meta[1].key = LUNA_LAYERNORM_KEY;
+        meta[1].value = "gamma";
         for (int i = 0; i < num_extra; i++)
-            meta[i + 1] = extra[i];
-        st = luna_safetensors_write(path, list, p->num_tensors, meta, num_extra + 1);
+            meta[i + 2] = extra[i];
+        st = luna_safetensors_write(path, list, p->num_tensors, meta, num_extra + 2);
     }
     free(config_json);
     free(meta);
@@ -307,27 +323,112 @@ luna_status luna_params_save(const luna_params *p, const char *path, const luna_
     return st;
 }
 
-/* fairseq buffers and tied aliases that a converted official checkpoint may carry. */
-static bool ignorable_name(const char *name) {
+/* fairseq buffers that a converted official checkpoint may carry. */
+static bool buffer_name(const char *name) {
     static const char *const suffixes[] = {".version", "._float_tensor", ".projected_positions"};
     for (size_t i = 0; i < sizeof suffixes / sizeof suffixes[0]; i++) {
         size_t n = strlen(name), k = strlen(suffixes[i]);
         if (n >= k && strcmp(name + n - k, suffixes[i]) == 0) return true;
     }
-    return strcmp(name, "decoder.embed_tokens.weight") == 0 ||
-           strcmp(name, "decoder.output_projection.weight") == 0;
+    return false;
+}
+
+/* The table an alias name stands for in this configuration, or NULL when `name` is not an alias
+ * here (then it must be a parameter of the model or it is an architecture mismatch). */
+static const char *alias_target(const luna_config *c, const char *name) {
+    if (strcmp(name, "decoder.embed_tokens.weight") == 0)
+        return c->share_all_embeddings ? "encoder.embed_tokens.weight" : NULL;
+    if (strcmp(name, "decoder.output_projection.weight") == 0) {
+        if (c->share_all_embeddings) return "encoder.embed_tokens.weight";
+        return c->share_decoder_input_output_embed ? "decoder.embed_tokens.weight" : NULL;
+    }
+    return NULL;
+}
+
+/* An alias must hold exactly the values of the table it aliases: a file whose
+ * decoder.embed_tokens.weight differs from encoder.embed_tokens.weight comes from a model with
+ * untied embeddings, and loading it as tied would drop the decoder's tables. */
+static luna_status check_alias(const luna_safetensors *st, const luna_param_info *target,
+                               const char *name) {
+    const char *path = luna_safetensors_path(st);
+    const luna_st_tensor *a = luna_safetensors_find(st, name);
+    const luna_st_tensor *t = luna_safetensors_find(st, target->name);
+    if (!t) return LUNA_OK; /* the missing parameter is reported by the load itself */
+    if (a->dtype != t->dtype || a->ndim != t->ndim || a->shape[0] != t->shape[0] ||
+        (a->ndim > 1 && a->shape[1] != t->shape[1]) || a->nbytes != t->nbytes)
+        return luna_error(LUNA_ERR_MISMATCH,
+                          "%s: tensor '%s' does not have the dtype and shape of '%s', which it "
+                          "aliases in this configuration (untied embeddings? convert the file "
+                          "with tools/convert-checkpoint.py)",
+                          path, name, target->name);
+    if (memcmp(a->data, t->data, t->nbytes) == 0) return LUNA_OK;
+    size_t n = t->nbytes / sizeof(float), row = 0;
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        float x, y;
+        memcpy(&x, (const char *)a->data + i * sizeof x, sizeof x);
+        memcpy(&y, (const char *)t->data + i * sizeof y, sizeof y);
+        double d = fabs((double)x - (double)y);
+        if (d > worst || isnan(d)) {
+            worst = isnan(d) ? INFINITY : d;
+            row = i / (size_t)(t->ndim > 1 ? t->shape[1] : 1);
+        }
+    }
+    return luna_error(LUNA_ERR_MISMATCH,
+                      "%s: tensor '%s' differs from '%s' (max |difference| %.3g, row %zu) but "
+                      "the configuration shares them: the model has untied embeddings; set "
+                      "share_all_embeddings (and share_decoder_input_output_embed) false in "
+                      "__metadata__.config, as tools/convert-checkpoint.py does",
+                      path, name, target->name, worst, row);
+}
+
+/* LayerNorm weights: "gamma" as stored, "gamma_minus_1" + 1; undeclared: warn when they look
+ * like γ − 1 (mean near 0 rather than near 1). */
+static luna_status layernorm_convention(luna_params *p, const luna_safetensors *st, float *host) {
+    const char *path = luna_safetensors_path(st);
+    const char *conv = luna_safetensors_metadata(st, LUNA_LAYERNORM_KEY);
+    double sum = 0;
+    size_t count = 0;
+    for (int i = 0; i < p->num_tensors; i++) {
+        const luna_param_info *t = &p->tensors[i];
+        if (t->init != LUNA_INIT_ONE) continue;
+        for (size_t j = 0; j < t->numel; j++) {
+            if (conv && strcmp(conv, "gamma_minus_1") == 0) host[t->offset + j] += 1.0f;
+            sum += host[t->offset + j];
+        }
+        count += t->numel;
+    }
+    if (conv && strcmp(conv, "gamma") != 0 && strcmp(conv, "gamma_minus_1") != 0)
+        return luna_error(LUNA_ERR_FORMAT,
+                          "%s: __metadata__." LUNA_LAYERNORM_KEY " is \"%s\"; expected \"gamma\" "
+                          "or \"gamma_minus_1\"",
+                          path, conv);
+    double mean = count ? sum / (double)count : 1.0;
+    if (!conv && fabs(mean) < 0.5)
+        snprintf(p->load_warning, sizeof p->load_warning,
+                 "%s: the LayerNorm weights have mean %.3f, not near 1: the file probably stores "
+                 "gamma - 1 (fairseq-apollo's 2023 revision) without saying so, and the model "
+                 "will be wrong; convert it with tools/convert-checkpoint.py --source-revision "
+                 "2023 (or set __metadata__." LUNA_LAYERNORM_KEY " to \"gamma_minus_1\")",
+                 path, mean);
+    return LUNA_OK;
 }
 
 luna_status luna_params_load(luna_params *p, const luna_safetensors *st) {
     const char *path = luna_safetensors_path(st);
+    p->load_warning[0] = '\0';
     for (int i = 0; i < luna_safetensors_count(st); i++) {
         const char *name = luna_safetensors_at(st, i)->name;
         bool param_like = strncmp(name, "encoder.", 8) == 0 || strncmp(name, "decoder.", 8) == 0;
-        if (param_like && !luna_params_find(p, name) && !ignorable_name(name))
+        if (!param_like || luna_params_find(p, name) || buffer_name(name)) continue;
+        const char *target = alias_target(&p->config, name);
+        if (!target)
             return luna_error(LUNA_ERR_MISMATCH,
                               "%s: tensor '%s' is not a parameter of this model (architecture "
-                              "mismatch: check arch, untie_luna_kv and layer counts)",
+                              "mismatch: check arch, untie_luna_kv, share_all_embeddings and "
+                              "layer counts)",
                               path, name);
+        LUNA_TRY(check_alias(st, luna_params_find(p, target), name));
     }
     float *host = malloc(p->num_params * sizeof(float));
     if (!host)
@@ -349,7 +450,8 @@ luna_status luna_params_load(luna_params *p, const luna_safetensors *st) {
         }
         memcpy(host + t->offset, found->data, t->numel * sizeof(float));
     }
-    luna_status s = luna_mem_from_host(p->be, p->data, host, p->num_params * sizeof(float));
+    luna_status s = layernorm_convention(p, st, host);
+    if (s == LUNA_OK) s = luna_mem_from_host(p->be, p->data, host, p->num_params * sizeof(float));
     free(host);
     return s;
 }

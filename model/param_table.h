@@ -46,6 +46,10 @@ typedef struct {
     float *grad;       /* device [num_params] */
     luna_weights w;    /* views into data */
     luna_weights g;    /* views into grad, same layout */
+    /* Set by luna_params_load when the file loaded but looks wrong (one line, no newline; ""
+     * otherwise): e.g. LayerNorm weights that look like γ−1 in a file that does not say so.
+     * Programs print it as "warning: ..." (the library prints nothing). */
+    char load_warning[512];
 } luna_params;
 
 /* Allocates both buffers (parameters initialised with seed 1, gradients zero). */
@@ -54,7 +58,7 @@ luna_status luna_params_create(luna_params **out, luna_backend *be, const luna_c
  * zero instead of initialised (the seeded initialisation's time saved) and no gradient buffer
  * (grad NULL, g's views NULL: half the memory); backward passes need luna_params_create. */
 luna_status luna_params_create_for_inference(luna_params **out, luna_backend *be,
-                                    const luna_config *config);
+                                             const luna_config *config);
 void luna_params_free(luna_params *p);
 
 /* Seeded initialisation per spec §5, computed on the host with luna_rng (stream id per tensor,
@@ -66,12 +70,21 @@ const luna_param_info *luna_params_find(const luna_params *p, const char *name);
 /* The layout without allocating: number of tensors and parameters for a configuration. */
 size_t luna_params_count(const luna_config *config, int *num_tensors);
 
+/* The __metadata__ key recording how LayerNorm weights are stored: "gamma" (the gain itself, as
+ * the Luna-era official code and luna write it) or "gamma_minus_1" (fairseq-apollo's 2023
+ * revision stores γ − 1 under the same names; luna adds 1 when loading such a file). */
+#define LUNA_LAYERNORM_KEY "layernorm_weight"
+
 /* Checkpoint I/O (safetensors, F32, tensor names of §7). `save` writes the config JSON under
- * metadata key "config" plus `extra` key/values, atomically. `load` requires every parameter
- * with the exact shape and dtype (one-line error naming the file and tensor otherwise); other
- * tensors in the file are ignored except unknown "encoder."/"decoder." parameters, which are an
- * architecture mismatch (fairseq's buffers `version`, `_float_tensor`, `projected_positions` and
- * the tied aliases decoder.embed_tokens.weight / decoder.output_projection.weight are allowed). */
+ * metadata key "config", LUNA_LAYERNORM_KEY "gamma" and `extra` key/values, atomically. `load`
+ * requires every parameter with the exact shape and dtype (one-line error naming the file and
+ * tensor otherwise); other tensors in the file are ignored except unknown "encoder."/"decoder."
+ * parameters, which are an architecture mismatch. Allowed extras: fairseq's buffers `version`,
+ * `_float_tensor`, `projected_positions`, and the aliases decoder.embed_tokens.weight /
+ * decoder.output_projection.weight when the configuration shares that table — then the alias
+ * must equal the table it aliases exactly (an untied model read as tied is an error naming both
+ * tensors, not a silent drop). LayerNorm weights: converted per LUNA_LAYERNORM_KEY (an unknown
+ * value is an error); without the key, a mean LayerNorm weight near 0 sets load_warning. */
 luna_status luna_params_save(const luna_params *p, const char *path, const luna_st_metadata *extra,
                              int num_extra);
 luna_status luna_params_load(luna_params *p, const luna_safetensors *st);

@@ -297,8 +297,8 @@ static luna_status forward(luna_seq2seq *m, pass_state *s, const luna_batch *b, 
 
     /* decoder */
     LUNA_TRY(luna_pass_alloc(&s->ps, &s->x_tgt, (int64_t)B * n * d, "target embeddings"));
-    LUNA_TRY(op->embedding_forward(be, s->x_tgt, w->embed_tokens, s->prev, (int64_t)B * n, s->V, d,
-                                   emb_scale, pad));
+    LUNA_TRY(op->embedding_forward(be, s->x_tgt, w->decoder_embed_tokens, s->prev, (int64_t)B * n,
+                                   s->V, d, emb_scale, pad));
     LUNA_TRY(op->positions_add(be, s->x_tgt, s->prev, B, n, d, pad));
     LUNA_TRY(luna_pass_dropout(&s->ps, s->x_tgt, s->x_tgt, (int64_t)B * n * d, s->ps.dropout,
                                LUNA_SITE(LUNA_SITE_DECODER_EMBED, 0, 0)));
@@ -319,7 +319,7 @@ static luna_status forward(luna_seq2seq *m, pass_state *s, const luna_batch *b, 
     LUNA_TRY(luna_pass_alloc_f32(&s->ps, &s->loss, N, "loss"));
     LUNA_TRY(luna_pass_alloc_f32(&s->ps, &s->nll, N, "loss"));
     LUNA_TRY(luna_pass_alloc_f32(&s->ps, &s->lse, N, "loss"));
-    LUNA_TRY(op->linear_forward(be, s->logits, s->dec_out, w->embed_tokens, NULL, N, d, s->V));
+    LUNA_TRY(op->linear_forward(be, s->logits, s->dec_out, w->output_projection, NULL, N, d, s->V));
     return op->cross_entropy_forward(be, s->loss, s->nll, s->lse, s->logits, s->tgt, N, s->V,
                                      (float)c->label_smoothing, pad);
 }
@@ -366,8 +366,8 @@ static luna_status backward(luna_seq2seq *m, pass_state *s) {
     LUNA_TRY(op->cross_entropy_backward(be, s->logits, s->logits, s->lse, s->tgt, N, s->V,
                                         (float)c->label_smoothing, pad, 1.0f));
     luna_act *dx = s->gx_dec[0], *dx_other = s->gx_dec[1];
-    LUNA_TRY(op->linear_backward(be, dx, g->embed_tokens, NULL, s->logits, s->dec_out,
-                                 w->embed_tokens, N, d, s->V, false));
+    LUNA_TRY(op->linear_backward(be, dx, g->output_projection, NULL, s->logits, s->dec_out,
+                                 w->output_projection, N, d, s->V, false));
     luna_arena_release(m->arena, s->logits_mark);
 
     /* decoder */
@@ -388,7 +388,8 @@ static luna_status backward(luna_seq2seq *m, pass_state *s) {
     }
     LUNA_TRY(luna_pass_dropout_backward(ps, dx, dx, N * d, ps->dropout,
                                         LUNA_SITE(LUNA_SITE_DECODER_EMBED, 0, 0)));
-    LUNA_TRY(op->embedding_backward(be, g->embed_tokens, dx, s->prev, N, s->V, d, emb_scale, pad));
+    LUNA_TRY(op->embedding_backward(be, g->decoder_embed_tokens, dx, s->prev, N, s->V, d, emb_scale,
+                                    pad));
 
     /* encoder: dx starts as the gradient of the encoder output, dp as that of the final p */
     luna_act *ex = s->ge, *ex_other = s->gx_enc[0];

@@ -39,7 +39,13 @@ typedef struct {
 } luna_decoder_layer_w;
 
 typedef struct {
-    float *embed_tokens;           /* [V, d] encoder.embed_tokens.weight, shared 3 ways */
+    float *embed_tokens; /* [V, d] encoder.embed_tokens.weight, shared 3 ways */
+    /* The decoder's input table and the output projection [V, d]: both alias embed_tokens
+     * (share_all_embeddings, the default); otherwise decoder.embed_tokens.weight, and the output
+     * projection aliases it (share_decoder_input_output_embed) or is
+     * decoder.output_projection.weight. */
+    float *decoder_embed_tokens;
+    float *output_projection;
     float *projected_embeddings;   /* [l, d] encoder.projected_embeddings (Luna only) */
     luna_encoder_layer_w *encoder; /* [encoder_layers] */
     luna_decoder_layer_w *decoder; /* [decoder_layers] */

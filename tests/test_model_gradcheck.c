@@ -229,6 +229,18 @@ START_TEST(gradcheck_luna_short_projection) {
 }
 END_TEST
 
+/* fairseq models without --share-all-embeddings (converted checkpoints): the decoder's input
+ * table and the output projection are parameters of their own. */
+START_TEST(gradcheck_luna_untied_embeddings) {
+    test_batch tb;
+    make_batch(&tb, src_lens, tgt_lens, 5);
+    luna_config c = tiny("luna_tiny");
+    c.share_all_embeddings = false;
+    c.share_decoder_input_output_embed = false;
+    check_model("luna untied embeddings", c, &tb, false, 3);
+}
+END_TEST
+
 START_TEST(gradcheck_transformer) {
     test_batch tb;
     make_batch(&tb, src_lens, tgt_lens, 4);
@@ -327,6 +339,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, gradcheck_luna_tied_softplus_dynamic);
     tcase_add_test(tc, gradcheck_luna_untied_elu_fixed);
     tcase_add_test(tc, gradcheck_luna_short_projection);
+    tcase_add_test(tc, gradcheck_luna_untied_embeddings);
     tcase_add_test(tc, gradcheck_transformer);
     tcase_add_test(tc, gradcheck_with_dropout);
     tcase_add_test(tc, dropout_reproducible);

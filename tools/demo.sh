@@ -13,10 +13,14 @@
 #      checkpoint_last and exits 0), saving a checkpoint every 100 updates, validating every 200;
 #   3. average checkpoint_last with the two newest of those checkpoints (luna-average): the
 #      model still improves quickly at the end of a short run, so only the last ~250 updates;
-#   4. translate test_2016_flickr.en (beam 5) and score it against test_2016_flickr.de with
-#      sacreBLEU (printed with its signature), show a few examples;
-#   5. plot the learning curve (train and valid loss vs updates) to OUT/learning_curve.png.
-# Takes about --minutes + 1 minute on 2 cores (+ the build and pip installs on a fresh machine).
+#   4. final validation of that checkpoint on val: nll (base 2 per token, unsmoothed) and ppl from
+#      luna-translate --score-reference, and sacreBLEU of its translations;
+#   5. translate test_2016_flickr.en (beam 4, lenpen 0.6: luna-translate's defaults; length at
+#      most 1.5 x source + 10) and score it against test_2016_flickr.de with sacreBLEU (printed
+#      with its signature), show a few examples;
+#   6. plot the learning curve (train and valid nll vs updates, the final validation, valid and
+#      test BLEU) to OUT/learning_curve.png; print the disk space OUT takes.
+# Takes about --minutes + 2 minutes on 2 cores (+ the build and pip installs on a fresh machine).
 # Running it again with the same --out resumes training from OUT/checkpoints/checkpoint_last
 # for another --minutes; rm -rf OUT to start over.
 #
@@ -28,7 +32,9 @@
 #   --out DIR          output folder (default: build-demo in the repository)
 #   --build DIR        build folder with the programs (default: build in the repository)
 #   --max-update N     also stop after N updates (default: no limit, only the time bound)
-#   --beam N           beam size (default 5)       --lenpen F  length penalty (default 1.0)
+#   --beam N           beam size (default 4)       --lenpen F  length penalty (default 0.6)
+#                      (the defaults are luna-translate's; the demo also bounds the length:
+#                      --max-len-a 1.5 --max-len-b 10, and prints the full command at the end)
 #   --no-deps          skip tools/install-deps.sh
 #   -h, --help         this help
 # Anything after "--" is passed to luna-train (e.g. -- --max-tokens 2000 --dropout 0.2).
@@ -40,7 +46,7 @@ say() { echo "demo.sh: $*"; }
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; }
 
 data="$(dirname "$repo")/shared/data/multi30k"
-minutes=15 threads=2 out="$repo/build-demo" build="$repo/build" max_update="" beam=5 lenpen=1.0 deps=1
+minutes=15 threads=2 out="$repo/build-demo" build="$repo/build" max_update="" beam=4 lenpen=0.6 deps=1
 train_extra=()
 need() { [[ $# -ge 2 && -n "$2" ]] || die "$1 needs a value (see --help)"; }
 while [[ $# -gt 0 ]]; do
@@ -206,12 +212,31 @@ else
     final="$ckpts/checkpoint_last.safetensors"
 fi
 
-# ---- 4. translate and score (passive OpenMP waiting: see above) --------------------------------------------------------------------
-stage "translate: $data/test_2016_flickr.en (1000 sentences, beam $beam, lenpen $lenpen) and score"
+# ---- 4. final validation (passive OpenMP waiting: see above) ------------------------------------
+# The scoring settings, used for val and test and printed with the command at the end.
+search=(--beam "$beam" --lenpen "$lenpen" --max-len-a 1.5 --max-len-b 10)
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
+stage "final validation: $(basename "$final") on $data/val (nll by --score-reference, sacreBLEU)"
+"$build/luna-translate" "$final" --input "$data/val.en" --score-reference --reference "$data/val.de" \
+    --output-format fairseq --threads "$threads" --quiet >"$out/val.scores" 2>"$out/val.log" ||
+    { cat "$out/val.log" >&2; die "scoring the validation set failed"; }
+# P-i lines: per-token log2 probabilities of the reference (</s> included): nll = -mean
+read -r valid_nll valid_tokens < <(awk -F'\t' '$1 ~ /^P-/ { n = split($2, a, " "); for (i = 1; i <= n; i++) s -= a[i]; t += n }
+    END { if (t > 0) printf "%.4f %d\n", s / t, t; else print "nan 0" }' "$out/val.scores")
+valid_ppl=$(awk -v n="$valid_nll" 'BEGIN { printf "%.2f", 2 ^ n }')
+"$repo/tools/evaluate.sh" "$final" --src "$data/val.en" --ref "$data/val.de" \
+    --output "$out/val.hyp.de" --venv "$venv" --translate "$build/luna-translate" \
+    -- "${search[@]}" --threads "$threads" >"$out/val.bleu.txt" 2>>"$out/val.log" ||
+    { cat "$out/val.log" "$out/val.bleu.txt" >&2; die "translating or scoring the validation set failed"; }
+valid_bleu=$(sed -n 's/^sacreBLEU: //p' "$out/val.bleu.txt")
+say "  valid nll $valid_nll bits/token (ppl $valid_ppl, $valid_tokens tokens), valid sacreBLEU $valid_bleu"
+
+# ---- 5. translate and score ----------------------------------------------------------------------
+stage "translate: $data/test_2016_flickr.en (1000 sentences, ${search[*]}) and score"
 hyp="$out/test_2016_flickr.hyp.de"
-OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}" "$repo/tools/evaluate.sh" "$final" --src "$data/test_2016_flickr.en" --ref "$data/test_2016_flickr.de" \
+"$repo/tools/evaluate.sh" "$final" --src "$data/test_2016_flickr.en" --ref "$data/test_2016_flickr.de" \
     --output "$hyp" --venv "$venv" --translate "$build/luna-translate" \
-    -- --beam "$beam" --lenpen "$lenpen" --max-len-a 1.5 --max-len-b 10 --threads "$threads" \
+    -- "${search[@]}" --threads "$threads" \
     >"$out/bleu.txt" 2>"$out/translate.log" || { cat "$out/translate.log" "$out/bleu.txt" >&2; die "translation or scoring failed"; }
 sed 's/^/  /' "$out/translate.log" | grep -v '^  *$' || true
 sed 's/^/  /' "$out/bleu.txt"
@@ -225,11 +250,13 @@ for i in 1 17 118 512 977; do
     echo
 done
 
-# ---- 5. learning curve -------------------------------------------------------------------------
+# ---- 6. learning curve -------------------------------------------------------------------------
 plot="$out/learning_curve.png"
+bleu=$(sed -n 's/^sacreBLEU: //p' "$out/bleu.txt")
 if grep -qE '"(valid_)?loss"' "$log"; then
     stage "plot: learning curve"
-    "$venv/bin/python" "$repo/tools/eval/plot_curve.py" "$log" --output "$plot" \
+    "$venv/bin/python" "$repo/tools/eval/plot_curve.py" "$log" --output "$plot" --nll \
+        --final "${updates:-0}:$valid_nll" --bleu "valid:${updates:-0}:$valid_bleu" --bleu "test:${updates:-0}:$bleu" \
         --title "luna_demo on Multi30k: $updates updates, $minutes min on $threads thread(s)" | sed 's/^/  /'
 else
     stage "plot: skipped, the run was too short to log any loss (every 25 updates)"
@@ -237,12 +264,13 @@ else
 fi
 
 stage "done"
-bleu=$(sed -n 's/^sacreBLEU: //p' "$out/bleu.txt")
 echo
 echo "sacreBLEU on test_2016_flickr: $bleu ($updates updates, whole demo $(( $(date +%s) - t_start )) s)"
 echo "  $(grep 'signature:' "$out/bleu.txt" | sed 's/^ *//')"
+echo "final validation: nll $valid_nll bits/token (ppl $valid_ppl), sacreBLEU $valid_bleu on val"
 echo "checkpoint:      $final"
-echo "                 (translate your own sentences: echo 'A dog runs on the beach.' | $build/luna-translate $final --beam $beam --lenpen $lenpen)"
+echo "                 (translate your own sentences with the demo's settings: echo 'A dog runs on the beach.' | $build/luna-translate $final ${search[*]})"
 echo "translations:    $hyp"
 echo "learning curve:  $plot"
 echo "training log:    $log"
+echo "disk use:        $(du -sh "$out" | cut -f1) in $out (data-bin $(du -sh "$bin" | cut -f1), checkpoints $(du -sh "$ckpts" | cut -f1)); the evaluation venv $(du -sh "$venv" 2>/dev/null | cut -f1) in $venv"

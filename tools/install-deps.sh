@@ -3,7 +3,8 @@
 # Idempotent: when everything is present it only checks and returns (≈1 s).
 #
 #   tools/install-deps.sh              build, test and run dependencies
-#   tools/install-deps.sh --reference  also python3-torch (regenerating the PyTorch oracle fixtures, benchmarks)
+#   tools/install-deps.sh --reference  also python3-torch (tools/convert-checkpoint.py and its test
+#                                      convert_checkpoint; regenerating the PyTorch oracle fixtures)
 #   tools/install-deps.sh --mpi        also OpenMPI (the LUNA_MPI build option)
 #   tools/install-deps.sh --fuzz       also clang with libFuzzer and libomp (tools/fuzz.sh)
 set -euo pipefail

@@ -462,6 +462,8 @@ static luna_status run(program *p) {
     LUNA_TRY(luna_backend_options_set_precision(&bo, opt.device, opt.precision, opt.tf32, false));
     LUNA_TRY(luna_backend_create(&p->be, opt.device, &bo));
     LUNA_TRY(luna_checkpoint_load_model(opt.checkpoint, p->be, &p->model, &p->meta));
+    if (p->model->params->load_warning[0])
+        fprintf(stderr, PROG ": warning: %s\n", p->model->params->load_warning);
     LUNA_TRY(luna_checkpoint_load_vocab(opt.checkpoint, p->model->config.vocab_size, &p->src_dict,
                                         &p->tgt_dict, &p->spm));
     if (!p->src_dict || !p->tgt_dict ||

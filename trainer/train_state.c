@@ -402,6 +402,8 @@ static luna_status restore_from(luna_trainer *t, const luna_safetensors *st,
                           path, t->o->data_bin, (int)(d1 >= 0 ? d1 : d2));
     LUNA_TRY(check_architecture(path, &meta->config, &t->o->model));
     LUNA_TRY(luna_params_load(t->model->params, st));
+    if (t->model->params->load_warning[0])
+        luna_log_message(t, "warning: %s", t->model->params->load_warning);
     if (!meta->training_state) {
         luna_log_message(t, "loaded the parameters of %s (no training state: starting at update 0)",
                          path);

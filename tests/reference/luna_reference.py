@@ -237,6 +237,16 @@ def merge(x):
     return x.transpose(1, 2).reshape(B, T, H * dh)
 
 
+def decoder_tables(params):
+    """(decoder input table name, output projection name): a model converted from fairseq without
+    --share-all-embeddings has decoder.embed_tokens.weight, and without
+    --share-decoder-input-output-embed also decoder.output_projection.weight; otherwise both are the
+    shared encoder.embed_tokens.weight."""
+    dec = "decoder.embed_tokens.weight" if "decoder.embed_tokens.weight" in params else "encoder.embed_tokens.weight"
+    out = "decoder.output_projection.weight" if "decoder.output_projection.weight" in params else dec
+    return dec, out
+
+
 def sinusoid(positions, d, dtype):
     """fairseq sinusoid of integer positions (any shape) -> [..., d]; first half sin, second half cos."""
     half = d // 2
@@ -254,9 +264,9 @@ def make_positions(tokens, padding_idx):
     return torch.cumsum(mask, dim=1) * mask + padding_idx
 
 
-def embed(params, cfg, tokens):
+def embed(params, cfg, tokens, table="encoder.embed_tokens.weight"):
     """sqrt(d) * E[token] + sinusoid(position); pads get a zero position vector (fairseq zeroes that row)."""
-    E = params["encoder.embed_tokens.weight"]
+    E = params[table]
     d = E.shape[1]
     pad = cfg["padding_idx"]
     pos = make_positions(tokens, pad)
@@ -441,10 +451,11 @@ def luna_encode(params, cfg, src_tokens, src_lengths, rt=EVAL):
 def luna_forward(params, cfg, src_tokens, src_lengths, prev_output_tokens, rt=EVAL):
     """-> logits [B, n, V]"""
     enc, p, src_pad, pmask = luna_encode(params, cfg, src_tokens, src_lengths, rt)
-    x = rt.drop(embed(params, cfg, prev_output_tokens), rt.dropout)
+    dec, out = decoder_tables(params)
+    x = rt.drop(embed(params, cfg, prev_output_tokens, dec), rt.dropout)
     for i in range(cfg["decoder_layers"]):
         x, p = luna_decoder_layer(params, i, x, p, enc, src_pad, pmask, cfg, rt)
-    return x.matmul(params["encoder.embed_tokens.weight"].t())
+    return x.matmul(params[out].t())
 
 
 def luna_decode_incremental(params, cfg, src_tokens, src_lengths, prev_output_tokens):
@@ -474,7 +485,8 @@ def luna_decode_incremental(params, cfg, src_tokens, src_lengths, prev_output_to
         cache.append({"pt": pt, "kx": kx, "vx": vx, "ksum": p.new_zeros(B, H, dh, L), "vsum": p.new_zeros(B, H, L, dh)})
         p = layer_norm(p + y_p, params, pre + "encoder_atten_proj_layer_norm")
     # positions of the full prefix are the same as in training (make_positions on the whole row)
-    x_all = embed(params, cfg, prev_output_tokens)
+    dec, out = decoder_tables(params)
+    x_all = embed(params, cfg, prev_output_tokens, dec)
     outs = []
     for t in range(n):
         x = x_all[:, t:t + 1]
@@ -498,7 +510,7 @@ def luna_decode_incremental(params, cfg, src_tokens, src_lengths, prev_output_to
             y = linear(merge(a.matmul(c["vx"])), params, pre + "encoder_attn.out_proj")
             x = layer_norm(x + y, params, pre + "encoder_attn_layer_norm")
             x = layer_norm(x + ffn(params, pre, x, EVAL), params, pre + "final_layer_norm")
-        outs.append(x.matmul(params["encoder.embed_tokens.weight"].t()))
+        outs.append(x.matmul(params[out].t()))
     return torch.cat(outs, dim=1)
 
 
@@ -533,7 +545,8 @@ def transformer_forward(params, cfg, src_tokens, src_lengths, prev_output_tokens
                        params, pre + "self_attn_layer_norm")
         x = layer_norm(x + rt.drop(ffn(params, pre, x, rt), rt.dropout), params, pre + "final_layer_norm")
     enc = x
-    y = rt.drop(embed(params, cfg, prev_output_tokens), rt.dropout)
+    dec, out = decoder_tables(params)
+    y = rt.drop(embed(params, cfg, prev_output_tokens, dec), rt.dropout)
     # fairseq TransformerDecoder: self_attn_padding_mask only when the batch has target pads
     tgt_pad = prev_output_tokens.eq(pad)
     tgt_pad = tgt_pad if bool(tgt_pad.any()) else None
@@ -544,7 +557,7 @@ def transformer_forward(params, cfg, src_tokens, src_lengths, prev_output_tokens
         y = layer_norm(y + rt.drop(mha(params, pre + "encoder_attn", y, enc, src_pad, False, Hd, rt), rt.dropout),
                        params, pre + "encoder_attn_layer_norm")
         y = layer_norm(y + rt.drop(ffn(params, pre, y, rt), rt.dropout), params, pre + "final_layer_norm")
-    return y.matmul(params["encoder.embed_tokens.weight"].t())
+    return y.matmul(params[out].t())
 
 
 def forward(params, cfg, src_tokens, src_lengths, prev_output_tokens, rt=EVAL):
