@@ -4,24 +4,25 @@
 set -euo pipefail
 usage() {
   cat <<'EOF'
-usage: tools/test.sh [--sanitize] [--gpu] [--mpi] [--no-cuda-emu] [--no-deps] [-- CTEST-ARGS...]
+usage: tools/test.sh [--sanitize] [--gpu] [--mpi] [--no-cuda-emu] [--no-mpi] [--no-deps] [-- CTEST-ARGS...]
 
 Builds luna and runs its test suite (CTest + Check), doing its own setup on a fresh Debian
 machine: installs the dependencies (tools/install-deps.sh), configures build/ with -Werror, builds
 and runs every CPU test. Then, where the CUDA toolkit's headers are installed, it builds the CUDA
 backend against the CPU execution harness in build-emu/ (-DLUNA_CUDA_EMU=ON) and runs the op,
 model and program suites on it (LUNA_TEST_BACKEND=cuda, three thread orders; label cuda-emu).
-Each CTest run ends with the number of tests that passed.
+Last, the multi-rank tests (label mpi): build-mpi/ (-DLUNA_MPI=ON, with the CUDA headers also the
+backend against the harness) runs mpiexec -n 2 and -n 4 luna-train against one process, on the
+CPU and on --device cuda with the harness's fake NCCL. Each CTest run ends with the number of
+tests that passed.
 
 options:
   --sanitize    the same in build-asan/ with AddressSanitizer + UndefinedBehaviorSanitizer (with
                 the CUDA headers, the backend's suites run there once, in forward thread order)
   --no-cuda-emu skip the build-emu/ stage
+  --no-mpi      skip the build-mpi/ stage
   --gpu         a CUDA build (-DLUNA_CUDA=ON) that also runs the tests labelled gpu (needs a GPU)
-  --mpi         build with -DLUNA_MPI=ON in build-mpi/ (OpenMPI from install-deps.sh --mpi) and
-                also run the tests labelled mpi (mpiexec -n 2 and -n 4 luna-train against one
-                process; with the CUDA headers also on --device cuda through the harness and its
-                fake NCCL)
+  --mpi         only the build-mpi/ stage: CPU and mpi tests there
   --no-deps     skip tools/install-deps.sh
   -h, --help    show this help
   -- ARGS...    pass ARGS to ctest
@@ -41,6 +42,7 @@ mpi=0
 gpu=0
 sanitize=0
 cuda_emu=1
+mpi_stage=1
 ctest_extra=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -50,6 +52,7 @@ while [ $# -gt 0 ]; do
     --no-deps) deps=0 ;;
     --) shift; ctest_extra=("$@"); break ;;
     --no-cuda-emu) cuda_emu=0 ;;
+    --no-mpi) mpi_stage=0 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "test.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
   esac
@@ -75,8 +78,18 @@ fi
 # Its own build folder (--sanitize --mpi: build-asan-mpi/). The mpi test sets Open MPI's variables
 # for running as root and with more ranks than cores itself (CMakeLists.txt).
 [ "$mpi" -eq 1 ] && build="$build-mpi"
+# The default run ends with the multi-rank stage, which needs OpenMPI.
+run_mpi_stage=0
+if [ "$mpi_stage" -eq 1 ] && [ "$mpi" -eq 0 ] && [ "$sanitize" -eq 0 ] && [ "$gpu" -eq 0 ] &&
+   [ ${#ctest_extra[@]} -eq 0 ]; then
+  run_mpi_stage=1
+fi
 if [ "$deps" -eq 1 ]; then
-  if [ "$mpi" -eq 1 ]; then "$root/tools/install-deps.sh" --mpi; else "$root/tools/install-deps.sh"; fi
+  if [ "$mpi" -eq 1 ] || [ "$run_mpi_stage" -eq 1 ]; then
+    "$root/tools/install-deps.sh" --mpi
+  else
+    "$root/tools/install-deps.sh"
+  fi
 fi
 jobs=$(nproc 2>/dev/null || echo 2)
 cmake -S "$root" -B "$build" "${cmake_flags[@]}" >"$build.configure.log" 2>&1 \
@@ -103,5 +116,17 @@ if [ "$cuda_emu" -eq 1 ] && [ "$build" = "$root/build" ] && [ ${#ctest_extra[@]}
     ctest --test-dir "$emu" --output-on-failure -j"$jobs" -L cuda-emu -R '_cuda_emu_(forward|reverse|random_7)$'
   else
     echo "note: no CUDA toolkit headers (cuda_runtime_api.h, cublasLt.h) found: the CUDA backend's harness suites are not run"
+  fi
+fi
+# Data parallelism across processes (label mpi): its own build, since MPI programs link libmpi and,
+# with the CUDA headers, the backend against the harness (and its fake NCCL).
+if [ "$run_mpi_stage" -eq 1 ]; then
+  if command -v mpiexec > /dev/null; then
+    echo "=== multi-rank training (build-mpi/, label mpi: MPI on CPU, NCCL on the harness) ==="
+    extra=()
+    [ "$cuda_emu" -eq 0 ] && extra+=(--no-cuda-emu)
+    "$root/tools/test.sh" --no-deps --mpi "${extra[@]}" -- -L mpi
+  else
+    echo "note: no mpiexec (tools/install-deps.sh --mpi installs OpenMPI): the multi-rank tests are not run"
   fi
 fi
