@@ -6,7 +6,8 @@
 #   tools/gpu-check.sh [--no-sanitizer] [--quick]
 #
 # Steps (each one summary line):
-#   1. build       -DLUNA_CUDA=ON in build-gpu/ (nvcc, sm_80 + sm_90a, -Werror)
+#   1. build       -DLUNA_CUDA=ON in build-gpu/ (nvcc, sm_80 + sm_90a, -Werror; -DLUNA_MPI=ON with
+#                  OpenMPI: test_trainer_mpi_nccl_gpu, real NCCL between 4 GPUs)
 #   2. gpu tests   ctest -L gpu: every op suite, the whole-model suite and the program suite on
 #                  the CUDA backend against the CPU backend (the suites the CPU execution harness
 #                  runs in CI), with the real CUDA runtime and the real cuBLASLt — so the cuBLASLt
@@ -41,9 +42,11 @@ if ! nvidia-smi -L > /dev/null 2>&1; then
 fi
 note "device: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -n 1)"
 
-# 1. build
+# 1. build (with MPI where OpenMPI is installed: the multi-GPU NCCL suite, skipped under 4 GPUs)
 mkdir -p "$build"
-if cmake -S "$root" -B "$build" -DLUNA_CUDA=ON -DLUNA_WERROR=ON -DCMAKE_BUILD_TYPE=Release \
+mpi_flag=-DLUNA_MPI=OFF
+command -v mpicc > /dev/null && mpi_flag=-DLUNA_MPI=ON
+if cmake -S "$root" -B "$build" -DLUNA_CUDA=ON "$mpi_flag" -DLUNA_WERROR=ON -DCMAKE_BUILD_TYPE=Release \
      > "$build/gpu-check.configure.log" 2>&1 &&
    cmake --build "$build" -j"$jobs" > "$build/gpu-check.build.log" 2>&1; then
   note "ok   build (build-gpu/, logs there)"
