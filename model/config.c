@@ -19,6 +19,7 @@ static luna_config base(luna_arch arch) {
         .projection_length = arch == LUNA_ARCH_LUNA ? 32 : 0,
         .untie_luna_kv = false,
         .fix_projection_length = false,
+        .non_contextual_projection = false,
         .causal_activation = LUNA_CAUSAL_SOFTPLUS,
         .dropout = 0.1,
         .attention_dropout = 0.0,
@@ -133,6 +134,9 @@ luna_status luna_config_validate(const luna_config *c) {
                           c->encoder_embed_dim);
     if (c->arch == LUNA_ARCH_LUNA)
         LUNA_TRY(check_positive("projection_length", c->projection_length));
+    if (c->non_contextual_projection && c->arch != LUNA_ARCH_LUNA)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                          "config: non_contextual_projection applies to Luna architectures only");
     if (c->causal_activation != LUNA_CAUSAL_SOFTPLUS && c->causal_activation != LUNA_CAUSAL_ELU)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT, "config: invalid causal_activation %d",
                           (int)c->causal_activation);
@@ -172,6 +176,11 @@ luna_status luna_config_to_json(const luna_config *c, char **json) {
     luna_json_string(&w, c->causal_activation == LUNA_CAUSAL_ELU ? "elu" : "softplus");
     luna_json_key(&w, "fix_projection_length");
     luna_json_bool(&w, c->fix_projection_length);
+    /* Written only when set, so checkpoints of the default model keep their exact metadata. */
+    if (c->non_contextual_projection) {
+        luna_json_key(&w, "non_contextual_projection");
+        luna_json_bool(&w, true);
+    }
     luna_json_key(&w, "label_smoothing");
     luna_json_double(&w, c->label_smoothing);
     luna_json_key(&w, "dropout");
@@ -245,6 +254,7 @@ luna_status luna_config_from_json_value(luna_config *out, const luna_json *obj) 
     LUNA_TRY(get_int(obj, "projection_length", &c.projection_length));
     LUNA_TRY(get_bool(obj, "untie_luna_kv", &c.untie_luna_kv));
     LUNA_TRY(get_bool(obj, "fix_projection_length", &c.fix_projection_length));
+    LUNA_TRY(get_bool(obj, "non_contextual_projection", &c.non_contextual_projection));
     const luna_json *act = luna_json_get(obj, "causal_activation");
     if (act) {
         if (act->type == LUNA_JSON_STRING && strcmp(act->string, "softplus") == 0)
@@ -277,12 +287,14 @@ luna_status luna_config_from_json(luna_config *out, const char *json, size_t len
 void luna_config_describe(const luna_config *c, char *buf, size_t size) {
     if (c->arch == LUNA_ARCH_LUNA) {
         snprintf(buf, size,
-                 "arch=luna d=%d ffn=%d/%d layers=%d+%d heads=%d+%d l=%d%s kv=%s phi=%s V=%d "
+                 "arch=luna d=%d ffn=%d/%d layers=%d+%d heads=%d+%d l=%d%s%s kv=%s phi=%s V=%d "
                  "dropout=%g attention_dropout=%g activation_dropout=%g label_smoothing=%g",
                  c->encoder_embed_dim, c->encoder_ffn_embed_dim, c->decoder_ffn_embed_dim,
                  c->encoder_layers, c->decoder_layers, c->encoder_attention_heads,
                  c->decoder_attention_heads, c->projection_length,
-                 c->fix_projection_length ? " (fixed)" : "", c->untie_luna_kv ? "untied" : "tied",
+                 c->fix_projection_length ? " (fixed)" : "",
+                 c->non_contextual_projection ? " P=non-contextual" : "",
+                 c->untie_luna_kv ? "untied" : "tied",
                  c->causal_activation == LUNA_CAUSAL_ELU ? "elu" : "softplus", c->vocab_size,
                  c->dropout, c->attention_dropout, c->activation_dropout, c->label_smoothing);
     } else {
@@ -325,6 +337,7 @@ const char *luna_config_architecture_difference(const luna_config *a, const luna
         {"projection_length", a->projection_length, b->projection_length},
         {"untie_luna_kv", a->untie_luna_kv, b->untie_luna_kv},
         {"fix_projection_length", a->fix_projection_length, b->fix_projection_length},
+        {"non_contextual_projection", a->non_contextual_projection, b->non_contextual_projection},
     };
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
         if (f[i].a != f[i].b) {

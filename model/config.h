@@ -40,6 +40,10 @@ typedef struct {
     int projection_length;      /* l (Luna only) */
     bool untie_luna_kv;         /* separate k/v (and pk/pv) projections */
     bool fix_projection_length; /* always l slots, no P mask */
+    /* Paper Table 5 ablation: every layer packs its own learned P (encoder layer 0: the
+     * encoder's P, layer i > 0 and decoder layer j: encoder./decoder.layers.N.projected_embeddings)
+     * instead of the previous layer's packed context; the P LayerNorms then get no gradient. */
+    bool non_contextual_projection;
     luna_causal_activation causal_activation;
     double dropout, attention_dropout, activation_dropout;
     double label_smoothing;
@@ -61,7 +65,8 @@ size_t luna_config_num_parameters(const luna_config *c);
  * encoder_embed_dim, encoder_ffn_embed_dim, encoder_layers, encoder_attention_heads,
  * decoder_embed_dim, decoder_ffn_embed_dim, decoder_layers, decoder_attention_heads,
  * projection_length, untie_luna_kv, causal_activation ("softplus"|"elu"),
- * fix_projection_length, label_smoothing, dropout, attention_dropout, activation_dropout.
+ * fix_projection_length, non_contextual_projection, label_smoothing, dropout, attention_dropout,
+ * activation_dropout.
  * *json is malloc'ed. */
 luna_status luna_config_to_json(const luna_config *c, char **json);
 /* Parse such an object. Missing keys keep the luna_base_tied defaults (so fixture/older configs
@@ -72,7 +77,8 @@ luna_status luna_config_from_json_value(luna_config *out, const luna_json *objec
 
 /* The first architecture field in which `a` and `b` differ — one that shapes the parameters or
  * the computation (arch, vocab_size, padding_idx, dims, layers, heads, projection_length,
- * untie_luna_kv, fix_projection_length, causal_activation; not dropout or label smoothing) — as
+ * untie_luna_kv, fix_projection_length, non_contextual_projection, causal_activation; not
+ * dropout or label smoothing) — as
  * its JSON key, with both values as text in a_value/b_value (`size` bytes each); NULL when the
  * architectures agree. Checkpoints of different architectures cannot be resumed or averaged. */
 const char *luna_config_architecture_difference(const luna_config *a, const luna_config *b,

@@ -128,11 +128,16 @@ static luna_status encoder_backward(const luna_pass *ps, const luna_config *c,
     LUNA_TRY(luna_resnorm_backward(ps, &w->self_attn_layer_norm, &g->self_attn_layer_norm, &act->x1,
                                    dx1, dx_in, dsub));
     if (c->arch == LUNA_ARCH_LUNA) {
-        luna_act *dpsub;
-        LUNA_TRY(luna_pass_alloc(ps, &dpsub, act->p1.rows * act->p1.d, "encoder P gradient"));
-        LUNA_TRY(luna_resnorm_backward(ps, &w->self_atten_proj_layer_norm,
-                                       &g->self_atten_proj_layer_norm, &act->p1, dp_out, dp_in,
-                                       dpsub));
+        luna_act *dpsub = NULL;
+        if (dp_out) {
+            LUNA_TRY(luna_pass_alloc(ps, &dpsub, act->p1.rows * act->p1.d, "encoder P gradient"));
+            LUNA_TRY(luna_resnorm_backward(ps, &w->self_atten_proj_layer_norm,
+                                           &g->self_atten_proj_layer_norm, &act->p1, dp_out, dp_in,
+                                           dpsub));
+        } else { /* P output unused (non-contextual P): only the attention's use of p */
+            LUNA_TRY(
+                luna_mem_zero(ps->be, dp_in, luna_act_bytes(ps->be, act->p1.rows * act->p1.d)));
+        }
         return luna_attention_backward(ps, &w->self_attn, &g->self_attn, &act->attn, dsub, dpsub,
                                        dx_in, dp_in, dx_in);
     }

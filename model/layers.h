@@ -98,7 +98,8 @@ luna_status luna_encoder_layer_forward(const luna_pass *ps, const luna_config *c
                                        const luna_encoder_layer_w *w, luna_encoder_layer_act *act,
                                        const luna_act *x, const luna_act *p,
                                        const luna_layer_dims *dims, int index);
-/* dp_out/dp_in unused (NULL) for the transformer. */
+/* dp_out/dp_in unused (NULL) for the transformer. Luna: dp_out NULL when the P output is unused
+ * (non-contextual P) — its LayerNorm then gets no gradient. */
 luna_status luna_encoder_layer_backward(const luna_pass *ps, const luna_config *c,
                                         const luna_encoder_layer_w *w, luna_encoder_layer_w *g,
                                         const luna_encoder_layer_act *act, const luna_act *dx_out,

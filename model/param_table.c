@@ -95,6 +95,21 @@ static void attention(walker *wk, const luna_config *c, luna_attn_w *a, const ch
     linear(wk, &a->out_proj, prefix, "out_proj", d, d, LIN_OUT);
 }
 
+/* Clears has_grad of the LayerNorm (weight, bias) visited as tensors `at` and `at` + 1. */
+static void no_grad(walker *wk, int at) {
+    if (!wk->tensors) return;
+    wk->tensors[at].has_grad = false;
+    wk->tensors[at + 1].has_grad = false;
+}
+
+/* A learned P [l, d] `prefix`.projected_embeddings, initialised like the encoder's (spec §5). */
+static void projection(walker *wk, float **slot, const char *prefix, const luna_config *c, int d) {
+    char full[128];
+    snprintf(full, sizeof full, "%s.projected_embeddings", prefix);
+    visit(wk, slot, full, 2, c->projection_length, d, LUNA_INIT_NORMAL, 1.0 / sqrt((double)d), d,
+          c->projection_length);
+}
+
 static void walk(walker *wk, const luna_config *c, luna_weights *w) {
     const bool luna = c->arch == LUNA_ARCH_LUNA;
     const int d = c->encoder_embed_dim;
@@ -114,10 +129,17 @@ static void walk(walker *wk, const luna_config *c, luna_weights *w) {
         snprintf(attn, sizeof attn, "%s.self_attn", prefix);
         attention(wk, c, &l->self_attn, attn, d, false);
         norm(wk, &l->self_attn_layer_norm, prefix, "self_attn_layer_norm", d);
+        const int p_norm = wk->count;
         if (luna) norm(wk, &l->self_atten_proj_layer_norm, prefix, "self_atten_proj_layer_norm", d);
         linear(wk, &l->fc1, prefix, "fc1", d, c->encoder_ffn_embed_dim, LIN_FFN);
         linear(wk, &l->fc2, prefix, "fc2", c->encoder_ffn_embed_dim, d, LIN_FFN);
         norm(wk, &l->final_layer_norm, prefix, "final_layer_norm", d);
+        if (luna && c->non_contextual_projection) {
+            /* Table 5's non-contextual P: the layer's P output feeds nothing, its LayerNorm
+             * gets no gradient; layers > 0 pack their own learned P (layer 0 the encoder's). */
+            no_grad(wk, p_norm);
+            if (i > 0) projection(wk, w ? &l->projected_embeddings : &dummy, prefix, c, d);
+        }
     }
     const int dd = c->decoder_embed_dim;
     for (int i = 0; i < c->decoder_layers; i++) {
@@ -133,8 +155,9 @@ static void walk(walker *wk, const luna_config *c, luna_weights *w) {
         if (luna) {
             norm(wk, &l->encoder_atten_proj_layer_norm, prefix, "encoder_atten_proj_layer_norm",
                  dd);
-            /* The last layer's P output is unused: its LayerNorm never gets a gradient (§7). */
-            if (wk->tensors && i == c->decoder_layers - 1) {
+            /* The last layer's P output is unused: its LayerNorm never gets a gradient (§7);
+             * with non-contextual P no layer's is used. */
+            if (wk->tensors && (i == c->decoder_layers - 1 || c->non_contextual_projection)) {
                 wk->tensors[wk->count - 1].has_grad = false;
                 wk->tensors[wk->count - 2].has_grad = false;
             }
@@ -142,6 +165,9 @@ static void walk(walker *wk, const luna_config *c, luna_weights *w) {
         linear(wk, &l->fc1, prefix, "fc1", dd, c->decoder_ffn_embed_dim, LIN_FFN);
         linear(wk, &l->fc2, prefix, "fc2", c->decoder_ffn_embed_dim, dd, LIN_FFN);
         norm(wk, &l->final_layer_norm, prefix, "final_layer_norm", dd);
+        if (luna && c->non_contextual_projection) {
+            projection(wk, w ? &l->projected_embeddings : &dummy, prefix, c, dd);
+        }
     }
 }
 

@@ -26,6 +26,7 @@ typedef struct {
     luna_norm_w self_atten_proj_layer_norm; /* Luna only: P's LayerNorm */
     luna_linear_w fc1, fc2;
     luna_norm_w final_layer_norm;
+    float *projected_embeddings; /* [l, d] non-contextual P of layers > 0, else NULL */
 } luna_encoder_layer_w;
 
 typedef struct {
@@ -36,6 +37,7 @@ typedef struct {
     luna_norm_w encoder_atten_proj_layer_norm; /* Luna only */
     luna_linear_w fc1, fc2;
     luna_norm_w final_layer_norm;
+    float *projected_embeddings; /* [l, d] non-contextual P, else NULL */
 } luna_decoder_layer_w;
 
 typedef struct {

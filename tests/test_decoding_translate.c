@@ -27,8 +27,10 @@ static int next_line(void *ctx, const char **line, size_t *len) {
     return 1;
 }
 
-/* elu: the causal activation differs, i.e. another architecture than the others. */
-static void save_checkpoint(const char *name, uint64_t seed, bool with_vocab, bool elu) {
+/* elu: the causal activation differs, i.e. another architecture than the others; nc: the
+ * non-contextual P of the paper's Table 5. */
+static void save_checkpoint_nc(const char *name, uint64_t seed, bool with_vocab, bool elu,
+                               bool nc) {
     char path[4096];
     luna_spm *spm;
     snprintf(path, sizeof path, "%s/spm.model", dir);
@@ -45,6 +47,7 @@ static void save_checkpoint(const char *name, uint64_t seed, bool with_vocab, bo
     ck_assert_int_eq(luna_config_preset(&c, "luna_tiny"), LUNA_OK);
     c.vocab_size = luna_dictionary_size(dict);
     if (elu) c.causal_activation = LUNA_CAUSAL_ELU;
+    c.non_contextual_projection = nc;
     luna_seq2seq *m;
     ck_assert_int_eq(luna_seq2seq_create(&m, be, &c), LUNA_OK);
     ck_assert_int_eq(luna_seq2seq_init(m, seed), LUNA_OK);
@@ -74,6 +77,10 @@ static void save_checkpoint(const char *name, uint64_t seed, bool with_vocab, bo
     luna_spm_free(spm);
 }
 
+static void save_checkpoint(const char *name, uint64_t seed, bool with_vocab, bool elu) {
+    save_checkpoint_nc(name, seed, with_vocab, elu, false);
+}
+
 static void setup(void) {
     dir = luna_test_make_temp_dir();
     luna_test_find_program(translate, sizeof translate, "luna-translate", "LUNA_TRANSLATE");
@@ -93,6 +100,7 @@ static void setup(void) {
     save_checkpoint("b.safetensors", 6, true, false);
     save_checkpoint("elu.safetensors", 7, true, true);
     save_checkpoint("novocab.safetensors", 5, false, false);
+    save_checkpoint_nc("nc.safetensors", 5, true, false, true);
     snprintf(path, sizeof path, "%s/in.txt", dir);
     luna_test_write_file(path, "the cat\n\nover the dog\na dog ran in the park again and again\n");
 }
@@ -166,6 +174,22 @@ START_TEST(translate_plain_and_fairseq) {
     ck_assert_ptr_nonnull(strstr(err, "sentences/s"));
     printf("fairseq output:\n%s", fs);
     free(plain), free(plain2), free(fs), free(err);
+}
+END_TEST
+
+/* A non-contextual-P checkpoint translates (its config is in the file), as --nbest 2 would, and
+ * differently from the contextual model of the same seed. */
+START_TEST(translate_non_contextual) {
+    ck_assert_int_eq(TRANSLATE("nc.safetensors", "--input", "in.txt", "--max-len-b", "12",
+                               "--output-format", "fairseq"),
+                     0);
+    char *nc = copy_text(last.out);
+    ck_assert_int_eq(count_lines(nc, "H-"), 4);
+    ck_assert_int_eq(TRANSLATE("a.safetensors", "--input", "in.txt", "--max-len-b", "12",
+                               "--output-format", "fairseq"),
+                     0);
+    ck_assert_str_ne(nc, last.out);
+    free(nc);
 }
 END_TEST
 
@@ -346,6 +370,7 @@ static Suite *suite(void) {
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, translate_plain_and_fairseq);
+    tcase_add_test(tc, translate_non_contextual);
     tcase_add_test(tc, bad_inputs);
     tcase_add_test(tc, score_reference_and_average);
     tcase_add_test(tc, help_lists_every_option);

@@ -229,6 +229,21 @@ START_TEST(gradcheck_luna_short_projection) {
 }
 END_TEST
 
+/* Non-contextual P (paper Table 5): every layer's own P gets the gradient of that layer's P
+ * input; no P LayerNorm gets one (check_model asserts zero for has_grad = false). With dropout
+ * too: each layer's P has its own dropout site. */
+START_TEST(gradcheck_luna_non_contextual) {
+    test_batch tb;
+    make_batch(&tb, src_lens, tgt_lens, 7);
+    luna_config c = tiny("luna_tiny"); /* 2+2 layers: P of encoder layer 1, decoder 0 and 1 */
+    c.non_contextual_projection = true;
+    check_model("luna non-contextual P", c, &tb, false, 3);
+    c.dropout = 0.2;
+    c.attention_dropout = 0.15;
+    check_model("luna non-contextual dropout", c, &tb, true, 2);
+}
+END_TEST
+
 START_TEST(gradcheck_transformer) {
     test_batch tb;
     make_batch(&tb, src_lens, tgt_lens, 4);
@@ -327,6 +342,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, gradcheck_luna_tied_softplus_dynamic);
     tcase_add_test(tc, gradcheck_luna_untied_elu_fixed);
     tcase_add_test(tc, gradcheck_luna_short_projection);
+    tcase_add_test(tc, gradcheck_luna_non_contextual);
     tcase_add_test(tc, gradcheck_transformer);
     tcase_add_test(tc, gradcheck_with_dropout);
     tcase_add_test(tc, dropout_reproducible);

@@ -32,6 +32,7 @@ static const luna_option_spec SPECS[] = {
     {"--causal-activation", LUNA_OPT_CHOICE, NULL, G_MODEL, "F", "softplus|elu", F(causal_activation), "activation of the causal Luna attention (default: from --arch)"},
     {"--untie-luna-kv", LUNA_OPT_FLAG, NULL, G_MODEL, NULL, NULL, F(untie_luna_kv), "separate key and value projections in Luna attention"},
     {"--fix-projection-length", LUNA_OPT_FLAG, NULL, G_MODEL, NULL, NULL, F(fix_projection_length), "always use l projected slots (no dynamic projection length)"},
+    {"--non-contextual-projection", LUNA_OPT_FLAG, NULL, G_MODEL, NULL, NULL, F(non_contextual_projection), "every layer packs its own learned P instead of the previous layer's packed context (the paper's Table 5 ablation)"},
     {"--share-all-embeddings", LUNA_OPT_FLAG, NULL, G_MODEL, NULL, NULL, F(share_all_embeddings), "share encoder, decoder and output embeddings (always on: the models here have one table; needs a joined dictionary)"},
     {"--dropout", LUNA_OPT_DOUBLE, NULL, G_MODEL, "P", NULL, F(dropout), "dropout probability (default: from --arch)"},
     {"--attention-dropout", LUNA_OPT_DOUBLE, NULL, G_MODEL, "P", NULL, F(attention_dropout), "dropout on attention weights (default: from --arch)"},
@@ -181,7 +182,7 @@ static luna_status resolve_model(luna_train_options *o) {
     }
     bool luna = c.arch == LUNA_ARCH_LUNA;
     const char *luna_only[] = {"--projection-length", "--causal-activation", "--untie-luna-kv",
-                               "--fix-projection-length"};
+                               "--fix-projection-length", "--non-contextual-projection"};
     for (size_t i = 0; i < sizeof luna_only / sizeof luna_only[0]; i++)
         if (!luna && given(o, luna_only[i]))
             return bad("%s applies to Luna architectures only (--arch %s is a transformer)",
@@ -192,8 +193,10 @@ static luna_status resolve_model(luna_train_options *o) {
     o->causal_activation = c.causal_activation == LUNA_CAUSAL_ELU ? "elu" : "softplus";
     if (o->untie_luna_kv) c.untie_luna_kv = true;
     if (o->fix_projection_length) c.fix_projection_length = true;
+    if (o->non_contextual_projection) c.non_contextual_projection = true;
     o->untie_luna_kv = c.untie_luna_kv;
     o->fix_projection_length = c.fix_projection_length;
+    o->non_contextual_projection = c.non_contextual_projection;
     o->share_all_embeddings = true;
     c.vocab_size = 1000; /* placeholder for validation; the dictionary sets the real one */
     if (luna_config_validate(&c) != LUNA_OK) return bad("%s", luna_error_message());
@@ -359,7 +362,8 @@ bool luna_train_option_applies(const luna_train_options *o, const char *name) {
     if (!strcmp(name, "--warmup-init-lr")) return strcmp(o->lr_scheduler, "fixed") != 0;
     if (!strcmp(name, "--clip-mode")) return o->clip_norm > 0;
     if (!strcmp(name, "--projection-length") || !strcmp(name, "--causal-activation") ||
-        !strcmp(name, "--untie-luna-kv") || !strcmp(name, "--fix-projection-length"))
+        !strcmp(name, "--untie-luna-kv") || !strcmp(name, "--fix-projection-length") ||
+        !strcmp(name, "--non-contextual-projection"))
         return o->model.arch == LUNA_ARCH_LUNA;
     return true;
 }
