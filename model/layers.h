@@ -17,8 +17,8 @@
 
 #include "model/causal_luna_attention.h"
 #include "model/config.h"
+#include "model/linformer_attention.h"
 #include "model/luna_attention.h"
-#include "model/config.h"
 #include "model/pass.h"
 #include "model/weights.h"
 #include "model/softmax_attention.h"
@@ -74,8 +74,9 @@ typedef struct {
 
 typedef struct {
     int index;
-    luna_attn_act attn; /* Luna */
-    luna_mha_act mha;   /* transformer */
+    luna_attn_act attn;     /* Luna */
+    luna_mha_act mha;       /* transformer */
+    luna_linformer_act lin; /* transformer with linformer_k > 0 */
     luna_resnorm_act x1, p1, x2;
     luna_ffn_act ffn;
     luna_act *x_out; /* [B, m, d] */

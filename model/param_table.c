@@ -110,6 +110,15 @@ static void projection(walker *wk, float **slot, const char *prefix, const luna_
           c->projection_length);
 }
 
+/* A Linformer length projection `prefix`.`name`.weight [k, N] (no bias). */
+static void compress(walker *wk, float **slot, const char *prefix, const char *name,
+                     const luna_config *c) {
+    char full[256];
+    snprintf(full, sizeof full, "%s.%s.weight", prefix, name);
+    visit(wk, slot, full, 2, c->linformer_k, c->max_source_positions, LUNA_INIT_XAVIER,
+          1.0 / sqrt(2.0), c->max_source_positions, c->linformer_k);
+}
+
 static void walk(walker *wk, const luna_config *c, luna_weights *w) {
     const bool luna = c->arch == LUNA_ARCH_LUNA;
     const int d = c->encoder_embed_dim;
@@ -122,12 +131,25 @@ static void walk(walker *wk, const luna_config *c, luna_weights *w) {
               c->projection_length);
     luna_encoder_layer_w scratch_e;
     luna_decoder_layer_w scratch_d;
+    float *shared_e = NULL; /* Linformer layerwise sharing: one E = F for every layer */
+    if (c->linformer_k > 0 && c->linformer_sharing == LUNA_LINFORMER_LAYERWISE)
+        compress(wk, &shared_e, "encoder", "compress_layer", c);
     for (int i = 0; i < c->encoder_layers; i++) {
         luna_encoder_layer_w *l = w ? &w->encoder[i] : &scratch_e;
         char prefix[96], attn[112];
         snprintf(prefix, sizeof prefix, "encoder.layers.%d", i);
         snprintf(attn, sizeof attn, "%s.self_attn", prefix);
         attention(wk, c, &l->self_attn, attn, d, false);
+        if (c->linformer_k > 0) {
+            /* Linformer E, F [k, N] (fairseq examples/linformer names; xavier gain 1/√2) */
+            if (c->linformer_sharing == LUNA_LINFORMER_LAYERWISE) {
+                l->self_attn.compress_k = shared_e;
+            } else {
+                compress(wk, &l->self_attn.compress_k, attn, "compress_k", c);
+                if (c->linformer_sharing == LUNA_LINFORMER_HEADWISE)
+                    compress(wk, &l->self_attn.compress_v, attn, "compress_v", c);
+            }
+        }
         norm(wk, &l->self_attn_layer_norm, prefix, "self_attn_layer_norm", d);
         const int p_norm = wk->count;
         if (luna) norm(wk, &l->self_atten_proj_layer_norm, prefix, "self_atten_proj_layer_norm", d);

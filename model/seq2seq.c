@@ -131,6 +131,11 @@ static luna_status check_batch(const luna_config *c, const luna_batch *b, int32_
         tgt_valid[i] = tlen;
         if (len > longest) longest = len;
     }
+    if (c->linformer_k > 0 && longest > c->max_source_positions)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                          "batch: a source of %d tokens exceeds the Linformer maximum of %d "
+                          "(max_source_positions: E and F have a fixed length)",
+                          longest, c->max_source_positions);
     *L = 0;
     if (c->arch == LUNA_ARCH_LUNA) {
         *L = c->fix_projection_length || longest > c->projection_length ? c->projection_length

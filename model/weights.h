@@ -18,6 +18,9 @@ typedef struct {
  * k, v, out. Causal untied: pq, q, pc, k, v, out. Softmax MHA: k, v, q, out. Absent ones NULL. */
 typedef struct {
     luna_linear_w pq_proj, q_proj, pc_proj, c_proj, pk_proj, pv_proj, k_proj, v_proj, out_proj;
+    /* Linformer encoder self-attention (softmax MHA + these): E, F [k, N]; compress_v NULL when
+     * F = E (key-value / layerwise sharing; layerwise: every layer's view is the same tensor). */
+    float *compress_k, *compress_v;
 } luna_attn_w;
 
 typedef struct {

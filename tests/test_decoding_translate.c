@@ -29,8 +29,8 @@ static int next_line(void *ctx, const char **line, size_t *len) {
 
 /* elu: the causal activation differs, i.e. another architecture than the others; nc: the
  * non-contextual P of the paper's Table 5. */
-static void save_checkpoint_nc(const char *name, uint64_t seed, bool with_vocab, bool elu,
-                               bool nc) {
+static void save_checkpoint_arch(const char *name, uint64_t seed, bool with_vocab, bool elu,
+                                 bool nc, const char *arch) {
     char path[4096];
     luna_spm *spm;
     snprintf(path, sizeof path, "%s/spm.model", dir);
@@ -44,8 +44,9 @@ static void save_checkpoint_nc(const char *name, uint64_t seed, bool with_vocab,
     luna_backend *be;
     ck_assert_int_eq(luna_backend_cpu_create(&be, 1), LUNA_OK);
     luna_config c;
-    ck_assert_int_eq(luna_config_preset(&c, "luna_tiny"), LUNA_OK);
+    ck_assert_int_eq(luna_config_preset(&c, arch), LUNA_OK);
     c.vocab_size = luna_dictionary_size(dict);
+    if (c.linformer_k > 0) c.max_source_positions = 20; /* in.txt's third line is longer */
     if (elu) c.causal_activation = LUNA_CAUSAL_ELU;
     c.non_contextual_projection = nc;
     luna_seq2seq *m;
@@ -78,7 +79,7 @@ static void save_checkpoint_nc(const char *name, uint64_t seed, bool with_vocab,
 }
 
 static void save_checkpoint(const char *name, uint64_t seed, bool with_vocab, bool elu) {
-    save_checkpoint_nc(name, seed, with_vocab, elu, false);
+    save_checkpoint_arch(name, seed, with_vocab, elu, false, "luna_tiny");
 }
 
 static void setup(void) {
@@ -100,7 +101,8 @@ static void setup(void) {
     save_checkpoint("b.safetensors", 6, true, false);
     save_checkpoint("elu.safetensors", 7, true, true);
     save_checkpoint("novocab.safetensors", 5, false, false);
-    save_checkpoint_nc("nc.safetensors", 5, true, false, true);
+    save_checkpoint_arch("nc.safetensors", 5, true, false, true, "luna_tiny");
+    save_checkpoint_arch("linformer.safetensors", 5, true, false, false, "linformer_tiny");
     snprintf(path, sizeof path, "%s/in.txt", dir);
     luna_test_write_file(path, "the cat\n\nover the dog\na dog ran in the park again and again\n");
 }
@@ -190,6 +192,24 @@ START_TEST(translate_non_contextual) {
                      0);
     ck_assert_str_ne(nc, last.out);
     free(nc);
+}
+END_TEST
+
+/* A Linformer checkpoint translates sources up to its fixed length (20 here) and refuses a
+ * longer one with an error naming the limit. */
+START_TEST(translate_linformer) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/short.txt", dir);
+    luna_test_write_file(path, "the cat\nover the dog\n");
+    ck_assert_int_eq(TRANSLATE("linformer.safetensors", "--input", "short.txt", "--max-len-b", "12",
+                               "--output-format", "fairseq"),
+                     0);
+    ck_assert_int_eq(count_lines(last.out, "H-"), 2);
+    ck_assert_int_ne(TRANSLATE("linformer.safetensors", "--input", "in.txt", "--max-len-b", "12"),
+                     0);
+    ck_assert_msg(
+        strstr(last.err, "in.txt:4: 39 subword tokens exceed the Linformer maximum of 20"),
+        "stderr: %s", last.err);
 }
 END_TEST
 
@@ -371,6 +391,7 @@ static Suite *suite(void) {
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, translate_plain_and_fairseq);
     tcase_add_test(tc, translate_non_contextual);
+    tcase_add_test(tc, translate_linformer);
     tcase_add_test(tc, bad_inputs);
     tcase_add_test(tc, score_reference_and_average);
     tcase_add_test(tc, help_lists_every_option);

@@ -371,6 +371,13 @@ static luna_status encode_all(program *p, const text *t, const luna_dictionary *
             (*lens)[i] = (int)opt.max_input_tokens;
             (*ids)[i][opt.max_input_tokens - 1] = LUNA_DICT_EOS;
         }
+        /* Linformer's E, F have a fixed length: a longer source cannot be encoded at all. */
+        const luna_config *c = &p->model->config;
+        if (st == LUNA_OK && truncate && c->linformer_k > 0 && (*lens)[i] > c->max_source_positions)
+            st = luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                            "%s:%zu: %d subword tokens exceed the Linformer maximum of %d "
+                            "(the model's max_source_positions; shorten or split the line)",
+                            name, i + 1, (*lens)[i], c->max_source_positions);
     }
     luna_spm_pieces_release(&e.pieces);
     return st;
