@@ -5,6 +5,7 @@
  *               [--attention-dropout 0.1] [--activation-dropout 0.1] [--warmup 1] [--steps 3]
  *               [--device cpu|cuda] [--precision auto|fp32|bf16] [--tf32]
  *               [--embed-dim D] [--ffn-dim F] [--layers K] [--heads H] [--fix-projection-length]
+ *               [--linformer-k K]
  *
  * Prints target tokens/s, seconds per step and the peak activation memory: the activation
  * arena's high-water mark plus the ops' scratch high-water mark (parameters, gradients and
@@ -37,13 +38,14 @@ static void usage(FILE *f) {
             "                   [--warmup K] [--steps S] [--device cpu|cuda]\n"
             "                   [--precision auto|fp32|bf16] [--tf32]\n"
             "                   [--embed-dim D] [--ffn-dim F] [--layers K] [--heads H]\n"
-            "                   [--fix-projection-length]\n"
+            "                   [--fix-projection-length] [--linformer-k K]\n"
             "Forward+backward time of the model on one synthetic batch (default: luna_base_tied,\n"
             "l=32, V=32000, all three dropouts 0.1 as in the WMT recipe, 128 x 32 target\n"
             "tokens, sources of 32). --device cuda: activations in bf16 unless --precision fp32\n"
             "(auto = bf16 on cuda, as luna-train). --embed-dim/--ffn-dim/--layers/--heads\n"
             "override the preset's sizes (encoder and decoder alike); --fix-projection-length:\n"
-            "Luna uses all l slots even when sources are shorter than l.\n");
+            "Luna uses all l slots even when sources are shorter than l; --linformer-k: a\n"
+            "transformer arch gets a Linformer encoder (E, F [K, src-len]).\n");
 }
 
 static int parse_int(const char *flag, const char *s, int lo) {
@@ -62,6 +64,7 @@ int main(int argc, char **argv) {
     bool tf32 = false, fix_projection_length = false;
     int threads = 0, B = 128, M = 32, N = 32, V = 32000, L = 32, warmup = 1, steps = 3;
     int embed_dim = 0, ffn_dim = 0, layers = 0, heads = 0; /* 0: the preset's */
+    int linformer_k = 0;
     double dropout = 0.1, attention_dropout = 0.1, activation_dropout = 0.1;
     static const struct option options[] = {
         {"arch", required_argument, NULL, 'a'},
@@ -84,6 +87,7 @@ int main(int argc, char **argv) {
         {"layers", required_argument, NULL, 'K'},
         {"heads", required_argument, NULL, 'H'},
         {"fix-projection-length", no_argument, NULL, 'X'},
+        {"linformer-k", required_argument, NULL, 'k'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -110,6 +114,7 @@ int main(int argc, char **argv) {
         case 'K': layers = parse_int("--layers", optarg, 1); break;
         case 'H': heads = parse_int("--heads", optarg, 1); break;
         case 'X': fix_projection_length = true; break;
+        case 'k': linformer_k = parse_int("--linformer-k", optarg, 1); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -132,6 +137,10 @@ int main(int argc, char **argv) {
     if (ffn_dim) cfg.encoder_ffn_embed_dim = cfg.decoder_ffn_embed_dim = ffn_dim;
     if (layers) cfg.encoder_layers = cfg.decoder_layers = layers;
     cfg.fix_projection_length = fix_projection_length;
+    if (linformer_k) { /* Linformer encoder (transformer archs): E, F [k, source length] */
+        cfg.linformer_k = linformer_k;
+        cfg.max_source_positions = M;
+    }
     if (heads) cfg.encoder_attention_heads = cfg.decoder_attention_heads = heads;
 
     luna_backend *be;
@@ -197,9 +206,10 @@ int main(int argc, char **argv) {
            "arena %.1f + op scratch %.1f)\n",
            (double)B * N / per_step, per_step, peak, peak / 1048576.0, arena_peak / 1048576.0,
            scratch_peak / 1048576.0);
-    printf("bench-model-result: arch=%s l=%d batch=%d src_len=%d tgt_len=%d d=%d layers=%d "
+    printf("bench-model-result: arch=%s linformer_k=%d l=%d batch=%d src_len=%d tgt_len=%d d=%d "
+           "layers=%d "
            "heads=%d threads=%d steps_per_s=%.6f s_per_step=%.6f peak_bytes=%zu\n",
-           arch, cfg.arch == LUNA_ARCH_LUNA ? cfg.projection_length : 0, B, M, N,
+           arch, cfg.linformer_k, cfg.arch == LUNA_ARCH_LUNA ? cfg.projection_length : 0, B, M, N,
            cfg.encoder_embed_dim, cfg.encoder_layers, cfg.encoder_attention_heads, be->num_threads,
            1.0 / per_step, per_step, peak);
     free(src), free(len), free(prev), free(tgt);

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Long-sequence efficiency (issue 15): training steps/s and peak activation memory of softmax
-# attention and Luna-16/128/256 at long lengths, as ratios to softmax beside the paper's Table 2.
+# attention, Luna-16/128/256 and Linformer (k = 256, headwise sharing, E, F as long as the
+# source) at long lengths, as ratios to softmax beside the paper's Table 2.
 #
 #   tools/bench/long.sh [--build DIR] [--out DIR] [--lengths "1024 2048 3072 4096 8192"]
-#                       [--types "softmax luna16 luna128 luna256"] [--settings "encoder decoder"]
+#                       [--types "softmax luna16 luna128 luna256 linformer"]
+#                       [--settings "encoder decoder"]
 #                       [--batch 1] [--embed-dim 128] [--ffn-dim 256] [--heads 4] [--layers 1]
 #                       [--vocab 260] [--tgt-len 32] [--threads 1] [--steps 2]
 #                       [--max-softmax-gib 4] [--venv DIR] [--no-plot]
@@ -16,7 +18,8 @@
 #            the closest our seq2seq model comes to the paper's byte-level classification
 #            (LRA text: long input, no long output). Softmax: full m x m self-attention.
 #   decoder  sources of --tgt-len tokens, targets of the given length: the causal decoder
-#            (softmax: masked n x n attention; Luna: the causal scan of spec §3).
+#            (softmax: masked n x n attention; Luna: the causal scan of spec §3). Linformer is
+#            an encoder self-attention only (no causal form): not run in this setting.
 # Luna runs with --fix-projection-length (all l slots): in the decoder setting the sources are
 # shorter than l, and dynamic projection (spec §1) would cut every Luna-l down to Luna-32.
 # Peak activation memory = the activation arena's high-water mark + the ops' scratch high-water
@@ -31,7 +34,7 @@
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
 build="$repo/build" out="$repo/build-long" lengths="1024 2048 3072 4096 8192"
-types="softmax luna16 luna128 luna256" settings="encoder decoder"
+types="softmax luna16 luna128 luna256 linformer" settings="encoder decoder"
 batch=1 dim=128 ffn=256 heads=4 layers=1 vocab=260 short=32 threads=1 steps=2 max_gib=4
 venv="${LUNA_EVAL_VENV:-$repo/build-eval/.venv-eval}" plot=1
 die() { echo "long.sh: $*" >&2; exit 1; }
@@ -73,8 +76,10 @@ for setting in $settings; do
         case "$type" in
         softmax) archargs=(--arch transformer_tiny) ;;
         luna[0-9]*) archargs=(--arch luna_tiny --projection-length "${type#luna}" --fix-projection-length) ;;
-        *) die "unknown attention type '$type' (softmax, lunaN)" ;;
+        linformer) archargs=(--arch transformer_tiny --linformer-k 256) ;;
+        *) die "unknown attention type '$type' (softmax, lunaN, linformer)" ;;
         esac
+        if [[ "$type" == linformer && "$setting" == decoder ]]; then continue; fi
         for len in $lengths; do
             if [[ "$type" == softmax ]]; then
                 est=$(((2 * layers + 1) * batch * heads * len * len * 4))
