@@ -290,6 +290,40 @@ START_TEST(linformer_too_long) {
 }
 END_TEST
 
+/* Linformer leaves source pads out of the length projection: a sentence's logits are the same
+ * alone (no padding) as in a batch padded to a longer source. (Projecting the pad keys too
+ * would change them: E's columns past the sentence would multiply pad keys.) */
+START_TEST(linformer_padding_invariant) {
+    test_batch tb;
+    make_batch(&tb, src_lens, tgt_lens, 13);
+    luna_config c = tiny("linformer_tiny");
+    c.linformer_k = 4;
+    luna_backend *be;
+    ck_assert_int_eq(luna_backend_cpu_create(&be, 1), LUNA_OK);
+    luna_seq2seq *m;
+    ck_assert_int_eq(luna_seq2seq_create(&m, be, &c), LUNA_OK);
+    float *all = malloc(sizeof(float) * B * N * V), *one = malloc(sizeof(float) * N * V);
+    double loss;
+    ck_assert_int_eq(luna_seq2seq_forward(m, &tb.batch, &loss, NULL, all), LUNA_OK);
+    const int s = 1, len = src_lens[s]; /* 3 tokens, padded to 6 in the batch */
+    luna_batch alone = {.B = 1,
+                        .src_len = len,
+                        .tgt_len = N,
+                        .src_tokens = tb.src + s * M,
+                        .src_lengths = tb.src_len + s,
+                        .prev_output_tokens = tb.prev + s * N,
+                        .target = tb.tgt + s * N};
+    ck_assert_int_eq(luna_seq2seq_forward(m, &alone, &loss, NULL, one), LUNA_OK);
+    double diff = 0;
+    for (int i = 0; i < N * V; i++)
+        diff = fmax(diff, fabs((double)one[i] - all[s * N * V + i]));
+    ck_assert_msg(diff < 1e-5, "padding changed the logits by %g", diff);
+    free(all), free(one);
+    luna_seq2seq_free(m);
+    luna_backend_free(be);
+}
+END_TEST
+
 START_TEST(gradcheck_transformer) {
     test_batch tb;
     make_batch(&tb, src_lens, tgt_lens, 4);
@@ -391,6 +425,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, gradcheck_luna_non_contextual);
     tcase_add_test(tc, gradcheck_linformer);
     tcase_add_test(tc, linformer_too_long);
+    tcase_add_test(tc, linformer_padding_invariant);
     tcase_add_test(tc, gradcheck_transformer);
     tcase_add_test(tc, gradcheck_with_dropout);
     tcase_add_test(tc, dropout_reproducible);
