@@ -405,6 +405,23 @@ START_TEST(document_windows) {
 }
 END_TEST
 
+/* luna-translate's way back to sentences: the segments between separators (empty ones too). */
+START_TEST(document_segments) {
+    const int32_t sep = 9, t[] = {5, 6, 9, 7, 9, 9, 8};
+    int start[8], len[8];
+    ck_assert_int_eq(luna_document_segments(t, 7, sep, start, len), 4);
+    const int want_start[] = {0, 3, 5, 6}, want_len[] = {2, 1, 0, 1};
+    for (int j = 0; j < 4; j++) {
+        ck_assert_int_eq(start[j], want_start[j]);
+        ck_assert_int_eq(len[j], want_len[j]);
+    }
+    ck_assert_int_eq(luna_document_segments(t, 2, sep, start, len), 1);
+    ck_assert_int_eq(len[0], 2);
+    ck_assert_int_eq(luna_document_segments(t, 0, sep, start, len), 1);
+    ck_assert_int_eq(len[0], 0);
+}
+END_TEST
+
 START_TEST(bad_inputs_fail_cleanly) {
     char train[1024], valid[1024], dest[1024], where[4096];
     snprintf(train, sizeof train, "%s", p("train"));
@@ -559,6 +576,7 @@ int main(void) {
     tcase_add_test(tc, end_to_end_with_sentencepiece);
     tcase_add_test(tc, no_spm_separate_dictionaries_and_reused_model);
     tcase_add_test(tc, document_windows);
+    tcase_add_test(tc, document_segments);
     tcase_add_test(tc, bad_inputs_fail_cleanly);
     tcase_add_test(tc, usage_errors);
     suite_add_tcase(s, tc);

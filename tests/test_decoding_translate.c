@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "data/dictionary.h"
+#include "data/document.h"
 #include "data/sentencepiece.h"
 #include "data/staged_dir.h"
 #include "core/file_util.h"
@@ -41,6 +42,10 @@ static void save_checkpoint_arch(const char *name, uint64_t seed, bool with_voca
         const char *piece = luna_spm_id_to_piece(spm, i);
         ck_assert_int_eq(luna_dictionary_add(dict, piece, strlen(piece), 1, false, NULL), LUNA_OK);
     }
+    if (!strcmp(name, "doc.safetensors")) /* as luna-preprocess --document-window adds it */
+        ck_assert_int_eq(luna_dictionary_add(dict, LUNA_DOC_SEPARATOR, strlen(LUNA_DOC_SEPARATOR),
+                                             1, false, NULL),
+                         LUNA_OK);
     luna_backend *be;
     ck_assert_int_eq(luna_backend_cpu_create(&be, 1), LUNA_OK);
     luna_config c;
@@ -103,6 +108,7 @@ static void setup(void) {
     save_checkpoint("novocab.safetensors", 5, false, false);
     save_checkpoint_arch("nc.safetensors", 5, true, false, true, "luna_tiny");
     save_checkpoint_arch("linformer.safetensors", 5, true, false, false, "linformer_tiny");
+    save_checkpoint("doc.safetensors", 5, true, false);
     snprintf(path, sizeof path, "%s/in.txt", dir);
     luna_test_write_file(path, "the cat\n\nover the dog\na dog ran in the park again and again\n");
 }
@@ -210,6 +216,31 @@ START_TEST(translate_linformer) {
     ck_assert_msg(
         strstr(last.err, "in.txt:4: 39 subword tokens exceed the Linformer maximum of 20"),
         "stderr: %s", last.err);
+}
+END_TEST
+
+/* A document line "s1 <sep> s2 <sep> s3" (the model's dictionary has <sep>) is one source
+ * sequence with two separator tokens, and the plain output has one line per sentence. */
+START_TEST(translate_document_lines) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/doc.txt", dir);
+    luna_test_write_file(path, "the cat <sep> over the dog <sep> a dog ran\nthe park\n");
+    ck_assert_int_eq(TRANSLATE("doc.safetensors", "--input", "doc.txt", "--max-len-b", "12",
+                               "--output-format", "fairseq"),
+                     0);
+    ck_assert_ptr_nonnull(strstr(last.out, " <sep> "));
+    ck_assert_int_eq(count_lines(last.out, "S-"), 2);
+    ck_assert_int_eq(TRANSLATE("doc.safetensors", "--input", "doc.txt", "--max-len-b", "12"), 0);
+    int lines = 0;
+    for (const char *c = last.out; *c; c++)
+        lines += *c == '\n';
+    ck_assert_int_eq(lines, 4); /* 3 sentences of the document + 1 */
+    /* without <sep> in the dictionary the separator is ordinary text: one line per input line */
+    ck_assert_int_eq(TRANSLATE("a.safetensors", "--input", "doc.txt", "--max-len-b", "12"), 0);
+    lines = 0;
+    for (const char *c = last.out; *c; c++)
+        lines += *c == '\n';
+    ck_assert_int_eq(lines, 2);
 }
 END_TEST
 
@@ -392,6 +423,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, translate_plain_and_fairseq);
     tcase_add_test(tc, translate_non_contextual);
     tcase_add_test(tc, translate_linformer);
+    tcase_add_test(tc, translate_document_lines);
     tcase_add_test(tc, bad_inputs);
     tcase_add_test(tc, score_reference_and_average);
     tcase_add_test(tc, help_lists_every_option);

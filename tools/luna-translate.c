@@ -17,6 +17,10 @@
  * (plain: one base-2 per-token average score per line; fairseq: S/T/H/P lines).
  * fairseq's --no-repeat-ngram-size, --sampling (--sampling-topk, --seed) and --temperature change
  * the search (decoding/beam_search.h, decoding/sampling.h).
+ * Documents (a model trained on luna-preprocess --document-window data, whose dictionary has
+ * <sep>): an input line of sentences joined by " <sep> " is translated as one sequence, and the
+ * plain output splits the translation at the <sep> tokens back into one line per input sentence
+ * (missing ones empty, extra ones joined to the last line).
  *
  * Exit status: 0 success, 1 bad input or failure (one line on stderr), 2 usage error.
  */
@@ -31,6 +35,7 @@
 #include <time.h>
 
 #include "data/dictionary.h"
+#include "data/document.h"
 #include "data/sentencepiece.h"
 #include "decoding/beam_search.h"
 #include "core/file_util.h"
@@ -287,7 +292,34 @@ static luna_status encode(encoder *e, const char *s, size_t n, int32_t **ids, in
     return LUNA_OK;
 }
 
-/* ---- output ---------------------------------------------------------------------------------- */
+/* encode(), and for a dictionary with <sep> a line "s1 <sep> s2 ..." as s1 <sep> s2 ... </s>. */
+static luna_status encode_document(encoder *e, const char *s, size_t n, int32_t **ids, int *len) {
+    const size_t k = strlen(LUNA_DOC_SEPARATOR);
+    const int32_t sep = luna_dictionary_find(e->dict, LUNA_DOC_SEPARATOR, k);
+    const char *at = NULL;
+    for (size_t j = 0; sep >= 0 && !at && j + k <= n; j++)
+        if (!memcmp(s + j, LUNA_DOC_SEPARATOR, k)) at = s + j;
+    if (!at) return encode(e, s, n, ids, len);
+    int32_t *head, *tail;
+    int hn, tn;
+    LUNA_TRY(encode(e, s, (size_t)(at - s), &head, &hn));
+    luna_status st = encode_document(e, at + k, n - (size_t)(at - s) - k, &tail, &tn);
+    if (st != LUNA_OK) {
+        free(head);
+        return st;
+    }
+    int32_t *out = realloc(head, sizeof(int32_t) * (size_t)(hn + tn));
+    if (!out) {
+        free(head), free(tail);
+        return luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
+    }
+    out[hn - 1] = sep; /* head's </s> */
+    memcpy(out + hn, tail, sizeof(int32_t) * (size_t)tn);
+    free(tail);
+    *ids = out;
+    *len = hn + tn;
+    return LUNA_OK;
+}
 
 /* Python's repr of a float: the shortest digits that read back as the same double. */
 static void print_float(FILE *f, double x) {
@@ -360,7 +392,7 @@ static luna_status encode_all(program *p, const text *t, const luna_dictionary *
     luna_status st = LUNA_OK;
     for (size_t i = 0; i < t->count && st == LUNA_OK; i++) {
         if (blank(t->line[i], t->len[i])) continue; /* empty translation */
-        st = encode(&e, t->line[i], t->len[i], &(*ids)[i], &(*lens)[i]);
+        st = encode_document(&e, t->line[i], t->len[i], &(*ids)[i], &(*lens)[i]);
         if (st != LUNA_OK) luna_error_prefix("%s:%zu", name, i + 1);
         if (st == LUNA_OK && truncate && (*lens)[i] > opt.max_input_tokens) {
             fprintf(stderr,
@@ -400,8 +432,33 @@ static luna_status check_stdout(bool final) {
     return LUNA_OK;
 }
 
+/* Plain output of a document line: one line per source sentence (module comment). */
+static luna_status write_document(program *p, size_t i, const luna_hypothesis *h, int body,
+                                  int32_t sep) {
+    int *seg = malloc(sizeof(int) * 2 * (size_t)(h->len + p->src_len[i] + 2));
+    if (!seg) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
+    int *start = seg, *len = seg + h->len + 1, *src_start = len + h->len + 1;
+    int lines = luna_document_segments(p->src_ids[i], p->src_len[i], sep, src_start,
+                                       src_start + p->src_len[i] + 1);
+    int n = luna_document_segments(h->tokens, body, sep, start, len);
+    luna_status st = LUNA_OK;
+    for (int j = 0; j < lines && st == LUNA_OK; j++) {
+        /* the last line takes the rest: extra <sep>s stay as text there */
+        int from = j < n ? start[j] : body, to = j < n ? start[j] + len[j] : body;
+        if (j == lines - 1 && j < n) to = body;
+        char *d;
+        st = detok(p->spm, p->tgt_dict, h->tokens + from, to - from, &d);
+        if (st == LUNA_OK) printf("%s\n", d);
+        free(d);
+    }
+    free(seg);
+    return st;
+}
+
 static luna_status write_translations(program *p, size_t n) {
     const bool fs = !strcmp(opt.output_format, "fairseq");
+    const int32_t sep =
+        luna_dictionary_find(p->tgt_dict, LUNA_DOC_SEPARATOR, strlen(LUNA_DOC_SEPARATOR));
     for (size_t i = 0; i < n; i++) {
         const luna_nbest *nb = &p->out[i];
         if (fs) {
@@ -416,6 +473,11 @@ static luna_status write_translations(program *p, size_t n) {
             const int body = body_len(h->tokens, h->len);
             char *d;
             LUNA_TRY(detok(p->spm, p->tgt_dict, h->tokens, body, &d));
+            if (!fs && sep >= 0 && p->src_ids[i]) {
+                free(d);
+                LUNA_TRY(write_document(p, i, h, body, sep));
+                continue;
+            }
             if (!fs) {
                 printf("%s\n", d);
             } else {
