@@ -53,7 +53,7 @@ typedef struct {
     const char *checkpoint, *input, *output_format, *device, *precision, *reference;
     int64_t beam, max_len_b, min_len, nbest, max_tokens, batch_size, threads, max_input_tokens,
         device_id;
-    int64_t no_repeat_ngram_size, sampling_topk, seed;
+    int64_t no_repeat_ngram_size, sampling_topk, seed, max_target_positions;
     double lenpen, max_len_a, unkpen, temperature;
     bool score_reference, quiet, tf32, sampling;
 } options;
@@ -77,6 +77,7 @@ static const luna_option_spec OPTIONS[] = {
     {"--lenpen", LUNA_OPT_DOUBLE, "0.6", G_SEARCH, "F", NULL, F(lenpen), "length penalty: score / len^F"},
     {"--max-len-a", LUNA_OPT_DOUBLE, "0", G_SEARCH, "F", NULL, F(max_len_a), "max length = F·source length + B"},
     {"--max-len-b", LUNA_OPT_INT, "200", G_SEARCH, "B", NULL, F(max_len_b), "see --max-len-a"},
+    {"--max-target-positions", LUNA_OPT_INT, "1024", G_SEARCH, "N", NULL, F(max_target_positions), "translations are at most N - 1 tokens (fairseq's default 1024; raise it for documents: the sinusoidal positions have no limit)"},
     {"--min-len", LUNA_OPT_INT, "1", G_SEARCH, "N", NULL, F(min_len), "minimum target length, </s> excluded"},
     {"--nbest", LUNA_OPT_INT, "1", G_SEARCH, "N", NULL, F(nbest), "hypotheses per sentence (fairseq format)"},
     {"--unkpen", LUNA_OPT_DOUBLE, "0", G_SEARCH, "F", NULL, F(unkpen), "subtracted from <unk>'s log-prob"},
@@ -149,11 +150,14 @@ static int parse_args(int argc, char **argv) {
                   {"--max-len-b", opt.max_len_b},
                   {"--max-tokens", opt.max_tokens},
                   {"--batch-size", opt.batch_size},
-                  {"--max-input-tokens", opt.max_input_tokens}};
+                  {"--max-input-tokens", opt.max_input_tokens},
+                  {"--max-target-positions", opt.max_target_positions}};
     for (size_t i = 0; i < sizeof as_int / sizeof as_int[0]; i++)
         if (as_int[i].value > 1000000000)
             return luna_options_usage_error(PROG, "%s must be at most 1000000000 (got %lld)",
                                             as_int[i].name, (long long)as_int[i].value);
+    if (opt.max_target_positions < 2)
+        return luna_options_usage_error(PROG, "%s", "--max-target-positions must be at least 2");
     if (!(opt.temperature > 0))
         return luna_options_usage_error(PROG, "--temperature must be positive (got %g)",
                                         opt.temperature);
@@ -588,6 +592,7 @@ static luna_status run(program *p) {
         o.lenpen = opt.lenpen;
         o.max_len_a = opt.max_len_a;
         o.max_len_b = (int)opt.max_len_b;
+        o.max_len_cap = (int)opt.max_target_positions - 1;
         o.min_len = (int)opt.min_len;
         o.nbest = (int)opt.nbest;
         o.unkpen = opt.unkpen;
