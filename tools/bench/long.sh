@@ -8,7 +8,7 @@
 #                       [--settings "encoder decoder"]
 #                       [--batch 1] [--embed-dim 128] [--ffn-dim 256] [--heads 4] [--layers 1]
 #                       [--vocab 260] [--tgt-len 32] [--threads 1] [--steps 2]
-#                       [--max-softmax-gib 4] [--venv DIR] [--no-plot]
+#                       [--max-softmax-gib 4] [--time cpu|wall] [--venv DIR] [--no-plot]
 #
 # Every point is one bench-model process (fresh arena): one warmup step, then --steps timed
 # forward+backward steps of the full seq2seq model with dropout 0.1 everywhere (embeddings,
@@ -22,6 +22,10 @@
 #            an encoder self-attention only (no causal form): not run in this setting.
 # Luna runs with --fix-projection-length (all l slots): in the decoder setting the sources are
 # shorter than l, and dynamic projection (spec §1) would cut every Luna-l down to Luna-32.
+# Time: --time cpu (default) counts the process's CPU seconds per step, wall the elapsed ones.
+# On a machine shared with other work a single-threaded run's CPU time measures its own work
+# while wall time also measures the neighbours' (which change between points); with an idle
+# machine and --threads 1 the two agree.
 # Peak activation memory = the activation arena's high-water mark + the ops' scratch high-water
 # mark (what bench-model reports); parameters, gradients and optimizer state are excluded (they
 # do not depend on the length). Softmax points whose estimated attention memory
@@ -36,7 +40,7 @@ repo="$(cd "$(dirname "$0")/../.." && pwd)"
 build="$repo/build" out="$repo/build-long" lengths="1024 2048 3072 4096 8192"
 types="softmax luna16 luna128 luna256 linformer" settings="encoder decoder"
 batch=1 dim=128 ffn=256 heads=4 layers=1 vocab=260 short=32 threads=1 steps=2 max_gib=4
-venv="${LUNA_EVAL_VENV:-$repo/build-eval/.venv-eval}" plot=1
+venv="${LUNA_EVAL_VENV:-$repo/build-eval/.venv-eval}" plot=1 timing=cpu
 die() { echo "long.sh: $*" >&2; exit 1; }
 need() { [[ $# -ge 2 && -n "$2" ]] || die "$1 needs a value"; }
 while [[ $# -gt 0 ]]; do
@@ -58,10 +62,12 @@ while [[ $# -gt 0 ]]; do
     --max-softmax-gib) need "$@"; max_gib="$2"; shift 2 ;;
     --venv) need "$@"; venv="$2"; shift 2 ;;
     --no-plot) plot=0; shift ;;
+    --time) need "$@"; timing="$2"; shift 2 ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option '$1' (see --help)" ;;
     esac
 done
+[[ "$timing" == cpu || "$timing" == wall ]] || die "--time must be cpu or wall (got '$timing')"
 bench="$build/bench-model"
 [[ -x "$bench" ]] || die "$bench not found (cmake -S . -B build && cmake --build build --target bench-model)"
 for v in "$batch" "$dim" "$ffn" "$heads" "$layers" "$vocab" "$short" "$threads" "$steps" $lengths; do
@@ -70,7 +76,7 @@ done
 mkdir -p "$out"
 tsv="$out/long.tsv"
 printf 'setting\ttype\tlength\tsteps_per_s\tpeak_bytes\n' >"$tsv"
-echo "long.sh: $(uname -m), $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), batch $batch, d $dim, FFN $ffn, $heads heads, $layers+$layers layers, V $vocab, short side $short, $threads thread(s), 1 warmup + $steps timed steps"
+echo "long.sh: time = $timing seconds, $(uname -m), $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), batch $batch, d $dim, FFN $ffn, $heads heads, $layers+$layers layers, V $vocab, short side $short, $threads thread(s), 1 warmup + $steps timed steps"
 for setting in $settings; do
     for type in $types; do
         case "$type" in
@@ -98,7 +104,11 @@ for setting in $settings; do
                 --layers "$layers" --threads "$threads" --warmup 1 --steps "$steps" \
                 --dropout 0.1 --attention-dropout 0.1 --activation-dropout 0.1 |
                 grep '^bench-model-result:') || die "bench-model failed for $setting $type $len"
-            sps=$(sed -n 's/.* steps_per_s=\([^ ]*\).*/\1/p' <<<"$line")
+            if [[ "$timing" == cpu ]]; then
+                sps=$(sed -n 's/.* cpu_s_per_step=\([^ ]*\).*/\1/p' <<<"$line" | awk '{printf "%.6f", 1 / $1}')
+            else
+                sps=$(sed -n 's/.* steps_per_s=\([^ ]*\).*/\1/p' <<<"$line")
+            fi
             peak=$(sed -n 's/.* peak_bytes=\([^ ]*\).*/\1/p' <<<"$line")
             printf '%s\t%s\t%s\t%s\t%s\n' "$setting" "$type" "$len" "$sps" "$peak" >>"$tsv"
             echo "long.sh: $setting $type $len: $sps steps/s, peak $((peak >> 20)) MiB"
@@ -116,5 +126,5 @@ if ((plot)); then
     fi
 fi
 "$py" "$repo/tools/bench/long_report.py" "$tsv" "${plotargs[@]}" \
-    --caption "batch $batch, d $dim, FFN $ffn, $heads heads, $layers+$layers layers, V $vocab, short side $short, $threads thread(s), $(nproc) cores" \
+    --caption "$timing time, batch $batch, d $dim, FFN $ffn, $heads heads, $layers+$layers layers, V $vocab, short side $short, $threads thread(s), $(nproc) cores" \
     | tee "$out/long.md"
