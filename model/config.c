@@ -21,6 +21,10 @@ static luna_config base(luna_arch arch) {
         .fix_projection_length = false,
         .share_all_embeddings = true,
         .share_decoder_input_output_embed = true,
+        .non_contextual_projection = false,
+        .linformer_k = 0,
+        .max_source_positions = 0,
+        .linformer_sharing = LUNA_LINFORMER_HEADWISE,
         .causal_activation = LUNA_CAUSAL_SOFTPLUS,
         .dropout = 0.1,
         .attention_dropout = 0.0,
@@ -48,13 +52,9 @@ static void make_demo(luna_config *c) {
     c->projection_length = 16;
 }
 
-static const char *const preset_names[] = {"luna_base_tied",
-                                           "luna_base_untied",
-                                           "transformer_base",
-                                           "luna_tiny",
-                                           "transformer_tiny",
-                                           "luna_demo",
-                                           NULL};
+static const char *const preset_names[] = {"luna_base_tied", "luna_base_untied", "transformer_base",
+                                           "luna_tiny",      "transformer_tiny", "luna_demo",
+                                           "linformer_tiny", "linformer_base",   NULL};
 
 const char *const *luna_config_preset_names(void) { return preset_names; }
 
@@ -75,10 +75,20 @@ luna_status luna_config_preset(luna_config *out, const char *name) {
     } else if (strcmp(name, "luna_demo") == 0) {
         *out = base(LUNA_ARCH_LUNA);
         make_demo(out);
+    } else if (strcmp(name, "linformer_tiny") == 0) {
+        *out = base(LUNA_ARCH_TRANSFORMER);
+        make_tiny(out);
+        out->linformer_k = 8;
+        out->max_source_positions = 64;
+    } else if (strcmp(name, "linformer_base") == 0) {
+        *out = base(LUNA_ARCH_TRANSFORMER);
+        out->linformer_k = 256;
+        out->max_source_positions = 1024;
     } else {
         return luna_error(LUNA_ERR_INVALID_ARGUMENT,
                           "unknown architecture '%s' (known: luna_base_tied, luna_base_untied, "
-                          "transformer_base, luna_tiny, transformer_tiny, luna_demo)",
+                          "transformer_base, luna_tiny, transformer_tiny, luna_demo, "
+                          "linformer_tiny, linformer_base)",
                           name);
     }
     return LUNA_OK;
@@ -135,6 +145,21 @@ luna_status luna_config_validate(const luna_config *c) {
                           c->encoder_embed_dim);
     if (c->arch == LUNA_ARCH_LUNA)
         LUNA_TRY(check_positive("projection_length", c->projection_length));
+    if (c->non_contextual_projection && c->arch != LUNA_ARCH_LUNA)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                          "config: non_contextual_projection applies to Luna architectures only");
+    if (c->linformer_k < 0 || (c->linformer_k > 0 && c->arch != LUNA_ARCH_TRANSFORMER))
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                          "config: linformer_k = %d (Linformer is an option of the transformer "
+                          "architecture, k >= 0)",
+                          c->linformer_k);
+    if (c->linformer_k > 0 && c->max_source_positions <= 0)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                          "config: Linformer needs max_source_positions > 0 (got %d)",
+                          c->max_source_positions);
+    if ((unsigned)c->linformer_sharing > LUNA_LINFORMER_LAYERWISE)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "config: invalid linformer_sharing %d",
+                          (int)c->linformer_sharing);
     if (c->causal_activation != LUNA_CAUSAL_SOFTPLUS && c->causal_activation != LUNA_CAUSAL_ELU)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT, "config: invalid causal_activation %d",
                           (int)c->causal_activation);
@@ -179,6 +204,19 @@ luna_status luna_config_to_json(const luna_config *c, char **json) {
         luna_json_bool(&w, false);
         luna_json_key(&w, "share_decoder_input_output_embed");
         luna_json_bool(&w, c->share_decoder_input_output_embed);
+    }
+    /* Written only when set, so checkpoints of the default model keep their exact metadata. */
+    if (c->non_contextual_projection) {
+        luna_json_key(&w, "non_contextual_projection");
+        luna_json_bool(&w, true);
+    }
+    if (c->linformer_k > 0) {
+        luna_json_key(&w, "linformer_k");
+        luna_json_int(&w, c->linformer_k);
+        luna_json_key(&w, "max_source_positions");
+        luna_json_int(&w, c->max_source_positions);
+        luna_json_key(&w, "linformer_sharing");
+        luna_json_string(&w, luna_linformer_sharing_name(c->linformer_sharing));
     }
     luna_json_key(&w, "label_smoothing");
     luna_json_double(&w, c->label_smoothing);
@@ -257,6 +295,16 @@ luna_status luna_config_from_json_value(luna_config *out, const luna_json *obj) 
     LUNA_TRY(
         get_bool(obj, "share_decoder_input_output_embed", &c.share_decoder_input_output_embed));
     if (c.share_all_embeddings) c.share_decoder_input_output_embed = true;
+    LUNA_TRY(get_bool(obj, "non_contextual_projection", &c.non_contextual_projection));
+    LUNA_TRY(get_int(obj, "linformer_k", &c.linformer_k));
+    LUNA_TRY(get_int(obj, "max_source_positions", &c.max_source_positions));
+    const luna_json *sharing = luna_json_get(obj, "linformer_sharing");
+    if (sharing && (sharing->type != LUNA_JSON_STRING ||
+                    luna_linformer_sharing_parse(sharing->string, &c.linformer_sharing) != LUNA_OK))
+        return luna_error(LUNA_ERR_FORMAT,
+                          "config: 'linformer_sharing' must be \"headwise\", \"kv\" or "
+                          "\"layerwise\" (byte %zu)",
+                          sharing->offset);
     const luna_json *act = luna_json_get(obj, "causal_activation");
     if (act) {
         if (act->type == LUNA_JSON_STRING && strcmp(act->string, "softplus") == 0)
@@ -286,22 +334,42 @@ luna_status luna_config_from_json(luna_config *out, const char *json, size_t len
     return st;
 }
 
+const char *luna_linformer_sharing_name(luna_linformer_sharing s) {
+    return s == LUNA_LINFORMER_KV ? "kv" : s == LUNA_LINFORMER_LAYERWISE ? "layerwise" : "headwise";
+}
+
+luna_status luna_linformer_sharing_parse(const char *name, luna_linformer_sharing *out) {
+    for (int s = LUNA_LINFORMER_HEADWISE; s <= LUNA_LINFORMER_LAYERWISE; s++)
+        if (strcmp(name, luna_linformer_sharing_name((luna_linformer_sharing)s)) == 0) {
+            *out = (luna_linformer_sharing)s;
+            return LUNA_OK;
+        }
+    return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                      "unknown Linformer sharing '%s' (headwise, kv, layerwise)", name);
+}
+
 void luna_config_describe(const luna_config *c, char *buf, size_t size) {
     if (c->arch == LUNA_ARCH_LUNA) {
         snprintf(buf, size,
-                 "arch=luna d=%d ffn=%d/%d layers=%d+%d heads=%d+%d l=%d%s kv=%s phi=%s V=%d "
+                 "arch=luna d=%d ffn=%d/%d layers=%d+%d heads=%d+%d l=%d%s%s kv=%s phi=%s V=%d "
                  "dropout=%g attention_dropout=%g activation_dropout=%g label_smoothing=%g",
                  c->encoder_embed_dim, c->encoder_ffn_embed_dim, c->decoder_ffn_embed_dim,
                  c->encoder_layers, c->decoder_layers, c->encoder_attention_heads,
                  c->decoder_attention_heads, c->projection_length,
-                 c->fix_projection_length ? " (fixed)" : "", c->untie_luna_kv ? "untied" : "tied",
+                 c->fix_projection_length ? " (fixed)" : "",
+                 c->non_contextual_projection ? " P=non-contextual" : "",
+                 c->untie_luna_kv ? "untied" : "tied",
                  c->causal_activation == LUNA_CAUSAL_ELU ? "elu" : "softplus", c->vocab_size,
                  c->dropout, c->attention_dropout, c->activation_dropout, c->label_smoothing);
     } else {
+        char lin[96] = "";
+        if (c->linformer_k > 0)
+            snprintf(lin, sizeof lin, " encoder=linformer(k=%d max=%d %s)", c->linformer_k,
+                     c->max_source_positions, luna_linformer_sharing_name(c->linformer_sharing));
         snprintf(buf, size,
-                 "arch=transformer d=%d ffn=%d/%d layers=%d+%d heads=%d+%d V=%d dropout=%g "
+                 "arch=transformer%s d=%d ffn=%d/%d layers=%d+%d heads=%d+%d V=%d dropout=%g "
                  "attention_dropout=%g activation_dropout=%g label_smoothing=%g",
-                 c->encoder_embed_dim, c->encoder_ffn_embed_dim, c->decoder_ffn_embed_dim,
+                 lin, c->encoder_embed_dim, c->encoder_ffn_embed_dim, c->decoder_ffn_embed_dim,
                  c->encoder_layers, c->decoder_layers, c->encoder_attention_heads,
                  c->decoder_attention_heads, c->vocab_size, c->dropout, c->attention_dropout,
                  c->activation_dropout, c->label_smoothing);
@@ -344,6 +412,10 @@ const char *luna_config_architecture_difference(const luna_config *a, const luna
         {"share_all_embeddings", a->share_all_embeddings, b->share_all_embeddings},
         {"share_decoder_input_output_embed", a->share_decoder_input_output_embed,
          b->share_decoder_input_output_embed},
+        {"non_contextual_projection", a->non_contextual_projection, b->non_contextual_projection},
+        {"linformer_k", a->linformer_k, b->linformer_k},
+        {"max_source_positions", a->max_source_positions, b->max_source_positions},
+        {"linformer_sharing", a->linformer_sharing, b->linformer_sharing},
     };
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
         if (f[i].a != f[i].b) {

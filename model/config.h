@@ -8,6 +8,8 @@
  *   luna_tiny         d 32, FFN 64, 2+2 layers, 4 heads, l 8      (tests)
  *   transformer_tiny  d 32, FFN 64, 2+2 layers, 4 heads           (tests)
  *   luna_demo         d 256, FFN 1024, 3+3 layers, 4 heads, l 16  (the CPU demo, tools/demo.sh)
+ *   linformer_tiny    transformer_tiny with a Linformer encoder, k 8, N 64, headwise (tests)
+ *   linformer_base    transformer_base with a Linformer encoder, k 256, N 1024, headwise
  * All use ReLU FFNs, shared embeddings (encoder input, decoder input, output projection),
  * dropout 0.1, attention/activation dropout 0, label smoothing 0.1, padding_idx 1. The vocabulary
  * size comes from the dictionary (presets leave it 0; it must be set before building a model).
@@ -31,6 +33,13 @@ typedef enum {
     LUNA_CAUSAL_ELU,          /* φ(z) = elu(z) + 1 */
 } luna_causal_activation;
 
+/* Linformer's sharing of the length projections E, F (Wang et al. 2020, §4). */
+typedef enum {
+    LUNA_LINFORMER_HEADWISE = 0, /* E, F per layer, shared by the heads */
+    LUNA_LINFORMER_KV,           /* one E = F per layer */
+    LUNA_LINFORMER_LAYERWISE,    /* one E = F for all layers */
+} luna_linformer_sharing;
+
 typedef struct {
     luna_arch arch;
     int vocab_size;
@@ -40,6 +49,14 @@ typedef struct {
     int projection_length;      /* l (Luna only) */
     bool untie_luna_kv;         /* separate k/v (and pk/pv) projections */
     bool fix_projection_length; /* always l slots, no P mask */
+    /* Paper Table 5 ablation: every layer packs its own learned P (encoder layer 0: the
+     * encoder's P, layer i > 0 and decoder layer j: encoder./decoder.layers.N.projected_embeddings)
+     * instead of the previous layer's packed context; the P LayerNorms then get no gradient. */
+    bool non_contextual_projection;
+    /* Transformer only: Linformer encoder self-attention when linformer_k > 0, with E, F
+     * [linformer_k, max_source_positions]; longer sources are an error naming the limit. */
+    int linformer_k, max_source_positions;
+    luna_linformer_sharing linformer_sharing;
     luna_causal_activation causal_activation;
     /* fairseq's --share-all-embeddings (one table [V, d] for encoder input, decoder input and
      * output projection; the default and what luna-train builds) and
@@ -69,9 +86,11 @@ size_t luna_config_num_parameters(const luna_config *c);
  * encoder_embed_dim, encoder_ffn_embed_dim, encoder_layers, encoder_attention_heads,
  * decoder_embed_dim, decoder_ffn_embed_dim, decoder_layers, decoder_attention_heads,
  * projection_length, untie_luna_kv, causal_activation ("softplus"|"elu"),
- * fix_projection_length, label_smoothing, dropout, attention_dropout, activation_dropout, and
- * share_all_embeddings / share_decoder_input_output_embed only when they are false (so the
- * configurations of shared-embedding models read as before). *json is malloc'ed. */
+ * fix_projection_length, non_contextual_projection, label_smoothing, dropout, attention_dropout,
+ * activation_dropout; with Linformer also linformer_k, max_source_positions, linformer_sharing
+ * ("headwise"|"kv"|"layerwise"); share_all_embeddings / share_decoder_input_output_embed only when
+ * they are false (so the configurations of shared-embedding models read as before).
+ * *json is malloc'ed. */
 luna_status luna_config_to_json(const luna_config *c, char **json);
 /* Parse such an object. Missing keys keep the luna_base_tied defaults (so fixture/older configs
  * without attention_dropout etc. load), unknown keys are ignored, wrong types are errors.
@@ -81,11 +100,16 @@ luna_status luna_config_from_json_value(luna_config *out, const luna_json *objec
 
 /* The first architecture field in which `a` and `b` differ — one that shapes the parameters or
  * the computation (arch, vocab_size, padding_idx, dims, layers, heads, projection_length,
- * untie_luna_kv, fix_projection_length, causal_activation; not dropout or label smoothing) — as
+ * untie_luna_kv, fix_projection_length, non_contextual_projection, causal_activation; not
+ * dropout or label smoothing) — as
  * its JSON key, with both values as text in a_value/b_value (`size` bytes each); NULL when the
  * architectures agree. Checkpoints of different architectures cannot be resumed or averaged. */
 const char *luna_config_architecture_difference(const luna_config *a, const luna_config *b,
                                                 char *a_value, char *b_value, size_t size);
+
+/* "headwise" | "kv" | "layerwise", and back (LUNA_ERR_INVALID_ARGUMENT naming the choices). */
+const char *luna_linformer_sharing_name(luna_linformer_sharing s);
+luna_status luna_linformer_sharing_parse(const char *name, luna_linformer_sharing *out);
 
 /* One line "arch=luna d=512 ffn=2048 layers=6+6 heads=8+8 l=32 kv=tied phi=softplus ..." */
 void luna_config_describe(const luna_config *c, char *buf, size_t size);

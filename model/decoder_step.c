@@ -114,6 +114,13 @@ static luna_status begin(luna_seq2seq *model, const luna_pass *pst, const luna_p
     const luna_act *pl = p;
     for (int i = 0; i < c->decoder_layers; i++) {
         memset(&layers[i], 0, sizeof layers[i]);
+        if (dims->L > 0 && c->non_contextual_projection) {
+            /* Non-contextual P (paper Table 5): the layer's own learned P, not the last one's */
+            luna_act *pi;
+            LUNA_TRY(luna_seq2seq_project(ps, w->decoder[i].projected_embeddings, S, dims->L,
+                                          c->decoder_embed_dim, 0, &pi));
+            pl = pi;
+        }
         if (dims->L > 0)
             LUNA_TRY(luna_layer_begin(model, pst, ps, dims, &w->decoder[i], expand, src_valid, e,
                                       &pl, i + 1 == c->decoder_layers, &layers[i]));

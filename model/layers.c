@@ -97,6 +97,13 @@ luna_status luna_encoder_layer_forward(const luna_pass *ps, const luna_config *c
         LUNA_TRY(luna_resnorm_forward(ps, &w->self_atten_proj_layer_norm, &act->p1, p, act->attn.yp,
                                       (int64_t)B * L, d, drop, ENC_SITE(i, LUNA_SITE_LAYER + 1)));
         act->p_out = act->p1.y;
+    } else if (c->linformer_k > 0) {
+        LUNA_TRY(luna_linformer_forward(ps, &w->self_attn, &act->lin, x, dm->src_valid, B, m, d, H,
+                                        c->linformer_k, c->max_source_positions,
+                                        ENC_SITE(i, LUNA_SITE_SELF_ATTN)));
+        LUNA_TRY(luna_resnorm_forward(ps, &w->self_attn_layer_norm, &act->x1, x, act->lin.y, rows,
+                                      d, drop, ENC_SITE(i, LUNA_SITE_LAYER + 0)));
+        act->p_out = NULL;
     } else {
         LUNA_TRY(luna_mha_forward(ps, &w->self_attn, &act->mha, x, x, dm->src_valid, B, m, m, d, H,
                                   false, ENC_SITE(i, LUNA_SITE_SELF_ATTN)));
@@ -128,14 +135,21 @@ static luna_status encoder_backward(const luna_pass *ps, const luna_config *c,
     LUNA_TRY(luna_resnorm_backward(ps, &w->self_attn_layer_norm, &g->self_attn_layer_norm, &act->x1,
                                    dx1, dx_in, dsub));
     if (c->arch == LUNA_ARCH_LUNA) {
-        luna_act *dpsub;
-        LUNA_TRY(luna_pass_alloc(ps, &dpsub, act->p1.rows * act->p1.d, "encoder P gradient"));
-        LUNA_TRY(luna_resnorm_backward(ps, &w->self_atten_proj_layer_norm,
-                                       &g->self_atten_proj_layer_norm, &act->p1, dp_out, dp_in,
-                                       dpsub));
+        luna_act *dpsub = NULL;
+        if (dp_out) {
+            LUNA_TRY(luna_pass_alloc(ps, &dpsub, act->p1.rows * act->p1.d, "encoder P gradient"));
+            LUNA_TRY(luna_resnorm_backward(ps, &w->self_atten_proj_layer_norm,
+                                           &g->self_atten_proj_layer_norm, &act->p1, dp_out, dp_in,
+                                           dpsub));
+        } else { /* P output unused (non-contextual P): only the attention's use of p */
+            LUNA_TRY(
+                luna_mem_zero(ps->be, dp_in, luna_act_bytes(ps->be, act->p1.rows * act->p1.d)));
+        }
         return luna_attention_backward(ps, &w->self_attn, &g->self_attn, &act->attn, dsub, dpsub,
                                        dx_in, dp_in, dx_in);
     }
+    if (c->linformer_k > 0)
+        return luna_linformer_backward(ps, &w->self_attn, &g->self_attn, &act->lin, dsub, dx_in);
     return luna_mha_backward(ps, &w->self_attn, &g->self_attn, &act->mha, dsub, dx_in, dx_in);
 }
 

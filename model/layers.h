@@ -17,8 +17,8 @@
 
 #include "model/causal_luna_attention.h"
 #include "model/config.h"
+#include "model/linformer_attention.h"
 #include "model/luna_attention.h"
-#include "model/config.h"
 #include "model/pass.h"
 #include "model/weights.h"
 #include "model/softmax_attention.h"
@@ -74,8 +74,9 @@ typedef struct {
 
 typedef struct {
     int index;
-    luna_attn_act attn; /* Luna */
-    luna_mha_act mha;   /* transformer */
+    luna_attn_act attn;     /* Luna */
+    luna_mha_act mha;       /* transformer */
+    luna_linformer_act lin; /* transformer with linformer_k > 0 */
     luna_resnorm_act x1, p1, x2;
     luna_ffn_act ffn;
     luna_act *x_out; /* [B, m, d] */
@@ -98,7 +99,8 @@ luna_status luna_encoder_layer_forward(const luna_pass *ps, const luna_config *c
                                        const luna_encoder_layer_w *w, luna_encoder_layer_act *act,
                                        const luna_act *x, const luna_act *p,
                                        const luna_layer_dims *dims, int index);
-/* dp_out/dp_in unused (NULL) for the transformer. */
+/* dp_out/dp_in unused (NULL) for the transformer. Luna: dp_out NULL when the P output is unused
+ * (non-contextual P) — its LayerNorm then gets no gradient. */
 luna_status luna_encoder_layer_backward(const luna_pass *ps, const luna_config *c,
                                         const luna_encoder_layer_w *w, luna_encoder_layer_w *g,
                                         const luna_encoder_layer_act *act, const luna_act *dx_out,

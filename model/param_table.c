@@ -95,6 +95,30 @@ static void attention(walker *wk, const luna_config *c, luna_attn_w *a, const ch
     linear(wk, &a->out_proj, prefix, "out_proj", d, d, LIN_OUT);
 }
 
+/* Clears has_grad of the LayerNorm (weight, bias) visited as tensors `at` and `at` + 1. */
+static void no_grad(walker *wk, int at) {
+    if (!wk->tensors) return;
+    wk->tensors[at].has_grad = false;
+    wk->tensors[at + 1].has_grad = false;
+}
+
+/* A learned P [l, d] `prefix`.projected_embeddings, initialised like the encoder's (spec §5). */
+static void projection(walker *wk, float **slot, const char *prefix, const luna_config *c, int d) {
+    char full[128];
+    snprintf(full, sizeof full, "%s.projected_embeddings", prefix);
+    visit(wk, slot, full, 2, c->projection_length, d, LUNA_INIT_NORMAL, 1.0 / sqrt((double)d), d,
+          c->projection_length);
+}
+
+/* A Linformer length projection `prefix`.`name`.weight [k, N] (no bias). */
+static void compress(walker *wk, float **slot, const char *prefix, const char *name,
+                     const luna_config *c) {
+    char full[256];
+    snprintf(full, sizeof full, "%s.%s.weight", prefix, name);
+    visit(wk, slot, full, 2, c->linformer_k, c->max_source_positions, LUNA_INIT_XAVIER,
+          1.0 / sqrt(2.0), c->max_source_positions, c->linformer_k);
+}
+
 static void walk(walker *wk, const luna_config *c, luna_weights *w) {
     const bool luna = c->arch == LUNA_ARCH_LUNA;
     const int d = c->encoder_embed_dim;
@@ -107,17 +131,37 @@ static void walk(walker *wk, const luna_config *c, luna_weights *w) {
               c->projection_length);
     luna_encoder_layer_w scratch_e;
     luna_decoder_layer_w scratch_d;
+    float *shared_e = NULL; /* Linformer layerwise sharing: one E = F for every layer */
+    if (c->linformer_k > 0 && c->linformer_sharing == LUNA_LINFORMER_LAYERWISE)
+        compress(wk, &shared_e, "encoder", "compress_layer", c);
     for (int i = 0; i < c->encoder_layers; i++) {
         luna_encoder_layer_w *l = w ? &w->encoder[i] : &scratch_e;
         char prefix[96], attn[112];
         snprintf(prefix, sizeof prefix, "encoder.layers.%d", i);
         snprintf(attn, sizeof attn, "%s.self_attn", prefix);
         attention(wk, c, &l->self_attn, attn, d, false);
+        if (c->linformer_k > 0) {
+            /* Linformer E, F [k, N] (fairseq examples/linformer names; xavier gain 1/√2) */
+            if (c->linformer_sharing == LUNA_LINFORMER_LAYERWISE) {
+                l->self_attn.compress_k = shared_e;
+            } else {
+                compress(wk, &l->self_attn.compress_k, attn, "compress_k", c);
+                if (c->linformer_sharing == LUNA_LINFORMER_HEADWISE)
+                    compress(wk, &l->self_attn.compress_v, attn, "compress_v", c);
+            }
+        }
         norm(wk, &l->self_attn_layer_norm, prefix, "self_attn_layer_norm", d);
+        const int p_norm = wk->count;
         if (luna) norm(wk, &l->self_atten_proj_layer_norm, prefix, "self_atten_proj_layer_norm", d);
         linear(wk, &l->fc1, prefix, "fc1", d, c->encoder_ffn_embed_dim, LIN_FFN);
         linear(wk, &l->fc2, prefix, "fc2", c->encoder_ffn_embed_dim, d, LIN_FFN);
         norm(wk, &l->final_layer_norm, prefix, "final_layer_norm", d);
+        if (luna && c->non_contextual_projection) {
+            /* Table 5's non-contextual P: the layer's P output feeds nothing, its LayerNorm
+             * gets no gradient; layers > 0 pack their own learned P (layer 0 the encoder's). */
+            no_grad(wk, p_norm);
+            if (i > 0) projection(wk, w ? &l->projected_embeddings : &dummy, prefix, c, d);
+        }
     }
     const int dd = c->decoder_embed_dim;
     if (!c->share_all_embeddings)
@@ -138,8 +182,9 @@ static void walk(walker *wk, const luna_config *c, luna_weights *w) {
         if (luna) {
             norm(wk, &l->encoder_atten_proj_layer_norm, prefix, "encoder_atten_proj_layer_norm",
                  dd);
-            /* The last layer's P output is unused: its LayerNorm never gets a gradient (§7). */
-            if (wk->tensors && i == c->decoder_layers - 1) {
+            /* The last layer's P output is unused: its LayerNorm never gets a gradient (§7);
+             * with non-contextual P no layer's is used. */
+            if (wk->tensors && (i == c->decoder_layers - 1 || c->non_contextual_projection)) {
                 wk->tensors[wk->count - 1].has_grad = false;
                 wk->tensors[wk->count - 2].has_grad = false;
             }
@@ -147,6 +192,9 @@ static void walk(walker *wk, const luna_config *c, luna_weights *w) {
         linear(wk, &l->fc1, prefix, "fc1", dd, c->decoder_ffn_embed_dim, LIN_FFN);
         linear(wk, &l->fc2, prefix, "fc2", c->decoder_ffn_embed_dim, dd, LIN_FFN);
         norm(wk, &l->final_layer_norm, prefix, "final_layer_norm", dd);
+        if (luna && c->non_contextual_projection) {
+            projection(wk, w ? &l->projected_embeddings : &dummy, prefix, c, dd);
+        }
     }
     if (!c->share_all_embeddings && !c->share_decoder_input_output_embed)
         visit(wk, w ? &w->output_projection : &dummy, "decoder.output_projection.weight", 2,

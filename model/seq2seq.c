@@ -71,7 +71,7 @@ luna_status luna_seq2seq_create(luna_seq2seq **out, luna_backend *be, const luna
 }
 
 luna_status luna_seq2seq_create_for_inference(luna_seq2seq **out, luna_backend *be,
-                                     const luna_config *config) {
+                                              const luna_config *config) {
     return create(out, be, config, false);
 }
 
@@ -179,6 +179,11 @@ static luna_status check_batch(const luna_config *c, const luna_batch *b, int32_
         tgt_valid[i] = tlen;
         if (len > longest) longest = len;
     }
+    if (c->linformer_k > 0 && longest > c->max_source_positions)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                          "batch: a source of %d tokens exceeds the Linformer maximum of %d "
+                          "(max_source_positions: E and F have a fixed length)",
+                          longest, c->max_source_positions);
     *L = 0;
     if (c->arch == LUNA_ARCH_LUNA) {
         *L = c->fix_projection_length || longest > c->projection_length ? c->projection_length
@@ -195,11 +200,37 @@ static luna_status upload_i32(pass_state *s, int32_t **dev, const int32_t *host,
     return LUNA_OK;
 }
 
+luna_status luna_seq2seq_project(const luna_pass *ps, const float *P, int B, int L, int d,
+                                 uint32_t site, luna_act **out) {
+    luna_backend *be = ps->be;
+    const luna_ops *op = be->ops;
+    LUNA_TRY(luna_pass_alloc(ps, out, (int64_t)B * L * d, "projected embeddings"));
+    luna_arena_mark mark = luna_arena_get_mark(ps->arena);
+    luna_act *p1; /* [L, d] */
+    LUNA_TRY(luna_pass_alloc(ps, &p1, (int64_t)L * d, "projected embeddings"));
+    luna_status st = op->sinusoidal_table(be, p1, 0, L, d);
+    if (st == LUNA_OK) st = op->axpy(be, p1, sqrtf((float)d), P, (int64_t)L * d);
+    if (st == LUNA_OK) st = op->broadcast_rows(be, *out, p1, B, L, d);
+    luna_arena_release(ps->arena, mark);
+    LUNA_TRY(st);
+    return luna_pass_dropout(ps, *out, *out, (int64_t)B * L * d, ps->dropout, site);
+}
+
+/* Backward of luna_seq2seq_project: gP[:L] += √d Σ_b drop'(dp_b); dp [B, L, d] is clobbered. */
+static luna_status project_backward(const luna_pass *ps, float *gP, luna_act *dp, int B, int L,
+                                    int d, uint32_t site) {
+    luna_backend *be = ps->be;
+    const int64_t n = (int64_t)B * L * d;
+    LUNA_TRY(luna_pass_dropout_backward(ps, dp, dp, n, ps->dropout, site));
+    LUNA_TRY(be->ops->scale_act(be, dp, sqrtf((float)d), n));
+    return be->ops->sum_broadcast(be, gP, dp, B, L, d);
+}
+
 luna_status luna_seq2seq_encode(const luna_pass *ps, const luna_config *c, const luna_weights *w,
-                               const int32_t *src, const luna_layer_dims *dims,
-                               luna_encoder_layer_act *acts, luna_arena_mark *marks,
-                               luna_act **x_src, luna_act **p0, luna_act **enc_out,
-                               luna_act **enc_p) {
+                                const int32_t *src, const luna_layer_dims *dims,
+                                luna_encoder_layer_act *acts, luna_arena_mark *marks,
+                                luna_act **x_src, luna_act **p0, luna_act **enc_out,
+                                luna_act **enc_p) {
     luna_backend *be = ps->be;
     const luna_ops *op = be->ops;
     const int B = dims->B, mlen = dims->m, L = dims->L, d = c->encoder_embed_dim;
@@ -213,24 +244,19 @@ luna_status luna_seq2seq_encode(const luna_pass *ps, const luna_config *c, const
     LUNA_TRY(luna_pass_dropout(ps, *x_src, *x_src, (int64_t)B * mlen * d, ps->dropout,
                                LUNA_SITE(LUNA_SITE_ENCODER_EMBED, 0, 0)));
     *p0 = NULL;
-    if (L > 0) {
-        LUNA_TRY(luna_pass_alloc(ps, p0, (int64_t)B * L * d, "projected embeddings"));
-        luna_arena_mark mark = luna_arena_get_mark(ps->arena);
-        luna_act *p1; /* [L, d] */
-        LUNA_TRY(luna_pass_alloc(ps, &p1, (int64_t)L * d, "projected embeddings"));
-        luna_status st = op->sinusoidal_table(be, p1, 0, L, d);
-        if (st == LUNA_OK)
-            st = op->axpy(be, p1, emb_scale, w->projected_embeddings, (int64_t)L * d);
-        if (st == LUNA_OK) st = op->broadcast_rows(be, *p0, p1, B, L, d);
-        luna_arena_release(ps->arena, mark);
-        LUNA_TRY(st);
-        LUNA_TRY(luna_pass_dropout(ps, *p0, *p0, (int64_t)B * L * d, ps->dropout,
-                                   LUNA_SITE(LUNA_SITE_PROJECTED_EMBED, 0, 0)));
-    }
+    if (L > 0)
+        LUNA_TRY(luna_seq2seq_project(ps, w->projected_embeddings, B, L, d,
+                                      LUNA_SITE(LUNA_SITE_PROJECTED_EMBED, 0, 0), p0));
     /* encoder layers */
     const luna_act *x = *x_src, *p = *p0;
     for (int i = 0; i < c->encoder_layers; i++) {
         if (marks) marks[i] = luna_arena_get_mark(ps->arena);
+        if (L > 0 && c->non_contextual_projection && i > 0) {
+            luna_act *pi; /* after the mark: backward releases it with the layer */
+            LUNA_TRY(luna_seq2seq_project(ps, w->encoder[i].projected_embeddings, B, L, d,
+                                          LUNA_SITE(LUNA_SITE_PROJECTED_EMBED, i, 0), &pi));
+            p = pi;
+        }
         LUNA_TRY(luna_encoder_layer_forward(ps, c, &w->encoder[i], &acts[i], x, p, dims, i));
         x = acts[i].x_out;
         p = acts[i].p_out;
@@ -291,8 +317,8 @@ static luna_status forward(luna_seq2seq *m, pass_state *s, const luna_batch *b, 
         LUNA_TRY(luna_pass_alloc(&s->ps, &s->ge, (int64_t)B * mlen * d, "gradients"));
     }
 
-    LUNA_TRY(luna_seq2seq_encode(&s->ps, c, w, s->src, &s->dims, m->enc_act, m->enc_mark,
-                                 &s->x_src, &s->p0, &s->enc_out, &s->enc_p));
+    LUNA_TRY(luna_seq2seq_encode(&s->ps, c, w, s->src, &s->dims, m->enc_act, m->enc_mark, &s->x_src,
+                                 &s->p0, &s->enc_out, &s->enc_p));
     const luna_act *x, *p = s->enc_p;
 
     /* decoder */
@@ -305,6 +331,12 @@ static luna_status forward(luna_seq2seq *m, pass_state *s, const luna_batch *b, 
     x = s->x_tgt;
     for (int i = 0; i < c->decoder_layers; i++) {
         m->dec_mark[i] = luna_arena_get_mark(m->arena);
+        if (L > 0 && c->non_contextual_projection) {
+            luna_act *pi;
+            LUNA_TRY(luna_seq2seq_project(&s->ps, w->decoder[i].projected_embeddings, B, L, d,
+                                          LUNA_SITE(LUNA_SITE_PROJECTED_EMBED, i, 1), &pi));
+            p = pi;
+        }
         LUNA_TRY(luna_decoder_layer_forward(&s->ps, c, &w->decoder[i], &m->dec_act[i], x, p,
                                             s->enc_out, &s->dims, i));
         x = m->dec_act[i].x_out;
@@ -361,6 +393,9 @@ static luna_status backward(luna_seq2seq *m, pass_state *s) {
     const int64_t N = (int64_t)B * n;
     const float emb_scale = sqrtf((float)d);
     const luna_pass *ps = &s->ps;
+    /* Non-contextual P (paper Table 5): no layer's P output is used; every layer's P input
+     * gradient goes to that layer's own learned P. */
+    const bool nc = L > 0 && c->non_contextual_projection;
 
     /* loss and output projection (dlogits overwrite the logits) */
     LUNA_TRY(op->cross_entropy_backward(be, s->logits, s->logits, s->lse, s->tgt, N, s->V,
@@ -375,7 +410,10 @@ static luna_status backward(luna_seq2seq *m, pass_state *s) {
     luna_act *dp = NULL, *dp_other = L > 0 ? s->gp[0] : NULL;
     for (int i = c->decoder_layers - 1; i >= 0; i--) {
         LUNA_TRY(luna_decoder_layer_backward(ps, c, &w->decoder[i], &g->decoder[i], &m->dec_act[i],
-                                             dx, dp, dx_other, dp_other, s->ge));
+                                             dx, nc ? NULL : dp, dx_other, dp_other, s->ge));
+        if (nc)
+            LUNA_TRY(project_backward(ps, g->decoder[i].projected_embeddings, dp_other, B, L, d,
+                                      LUNA_SITE(LUNA_SITE_PROJECTED_EMBED, i, 1)));
         luna_act *t = dx;
         dx = dx_other;
         dx_other = t;
@@ -395,7 +433,10 @@ static luna_status backward(luna_seq2seq *m, pass_state *s) {
     luna_act *ex = s->ge, *ex_other = s->gx_enc[0];
     for (int i = c->encoder_layers - 1; i >= 0; i--) {
         LUNA_TRY(luna_encoder_layer_backward(ps, c, &w->encoder[i], &g->encoder[i], &m->enc_act[i],
-                                             ex, dp, ex_other, dp_other));
+                                             ex, nc ? NULL : dp, ex_other, dp_other));
+        if (nc && i > 0)
+            LUNA_TRY(project_backward(ps, g->encoder[i].projected_embeddings, dp_other, B, L, d,
+                                      LUNA_SITE(LUNA_SITE_PROJECTED_EMBED, i, 0)));
         luna_act *t = ex;
         ex = ex_other;
         ex_other = t == s->ge ? s->gx_enc[1] : t;
@@ -411,13 +452,9 @@ static luna_status backward(luna_seq2seq *m, pass_state *s) {
     LUNA_TRY(luna_pass_dropout_backward(ps, ex, ex, Nm * d, ps->dropout,
                                         LUNA_SITE(LUNA_SITE_ENCODER_EMBED, 0, 0)));
     LUNA_TRY(op->embedding_backward(be, g->embed_tokens, ex, s->src, Nm, s->V, d, emb_scale, pad));
-    if (L > 0) {
-        /* P0 = drop(broadcast(√d·P[:L] + sinusoid)): dP[:L] += √d Σ_b drop'(dp_b) */
-        LUNA_TRY(luna_pass_dropout_backward(ps, dp, dp, (int64_t)B * L * d, ps->dropout,
-                                            LUNA_SITE(LUNA_SITE_PROJECTED_EMBED, 0, 0)));
-        LUNA_TRY(op->scale_act(be, dp, emb_scale, (int64_t)B * L * d));
-        LUNA_TRY(op->sum_broadcast(be, g->projected_embeddings, dp, B, L, d));
-    }
+    if (L > 0) /* P0 = drop(broadcast(√d·P[:L] + sinusoid)) */
+        LUNA_TRY(project_backward(ps, g->projected_embeddings, dp, B, L, d,
+                                  LUNA_SITE(LUNA_SITE_PROJECTED_EMBED, 0, 0)));
     /* the rest: embeddings (shared by both ends), P, the final layer norms */
     return report_ready(m, 0, m->params->num_tensors);
 }

@@ -71,7 +71,7 @@ luna_status luna_seq2seq_create(luna_seq2seq **out, luna_backend *be, const luna
 /* For inference (model/checkpoint.c loads the parameters next): zero parameters and no gradient
  * buffer (luna_params_create_for_inference); luna_seq2seq_backward then fails. */
 luna_status luna_seq2seq_create_for_inference(luna_seq2seq **out, luna_backend *be,
-                                     const luna_config *config);
+                                              const luna_config *config);
 void luna_seq2seq_free(luna_seq2seq *model);
 
 /* Re-initialise all parameters from `seed` and use it for dropout (the trainer's --seed). */
@@ -107,10 +107,16 @@ void luna_seq2seq_reset_activation_peak(luna_seq2seq *model);
  * position before layer i, for backward; marks may be NULL). src: device tokens [B, m]. The
  * final encoder output and P in *enc_out, *enc_p. Dropout only when ps->training. */
 luna_status luna_seq2seq_encode(const luna_pass *ps, const luna_config *c, const luna_weights *w,
-                               const int32_t *src, const luna_layer_dims *dims,
-                               luna_encoder_layer_act *acts, luna_arena_mark *marks,
-                               luna_act **x_src, luna_act **p0, luna_act **enc_out,
-                               luna_act **enc_p);
+                                const int32_t *src, const luna_layer_dims *dims,
+                                luna_encoder_layer_act *acts, luna_arena_mark *marks,
+                                luna_act **x_src, luna_act **p0, luna_act **enc_out,
+                                luna_act **enc_p);
+
+/* A layer's P input from a learned P [l, d] (device fp32): out = drop(broadcast_B(√d·P[:L] +
+ * sinusoid(0..L-1))) [B, L, d], dropout site `site` (only when ps->training). P0 of the encoder;
+ * with non_contextual_projection every layer's P (paper Table 5). */
+luna_status luna_seq2seq_project(const luna_pass *ps, const float *P, int B, int L, int d,
+                                 uint32_t site, luna_act **out);
 
 /* Number of non-pad target tokens of a batch. */
 int64_t luna_batch_target_tokens(const luna_batch *batch, int padding_idx);

@@ -18,6 +18,9 @@ typedef struct {
  * k, v, out. Causal untied: pq, q, pc, k, v, out. Softmax MHA: k, v, q, out. Absent ones NULL. */
 typedef struct {
     luna_linear_w pq_proj, q_proj, pc_proj, c_proj, pk_proj, pv_proj, k_proj, v_proj, out_proj;
+    /* Linformer encoder self-attention (softmax MHA + these): E, F [k, N]; compress_v NULL when
+     * F = E (key-value / layerwise sharing; layerwise: every layer's view is the same tensor). */
+    float *compress_k, *compress_v;
 } luna_attn_w;
 
 typedef struct {
@@ -26,6 +29,7 @@ typedef struct {
     luna_norm_w self_atten_proj_layer_norm; /* Luna only: P's LayerNorm */
     luna_linear_w fc1, fc2;
     luna_norm_w final_layer_norm;
+    float *projected_embeddings; /* [l, d] non-contextual P of layers > 0, else NULL */
 } luna_encoder_layer_w;
 
 typedef struct {
@@ -36,6 +40,7 @@ typedef struct {
     luna_norm_w encoder_atten_proj_layer_norm; /* Luna only */
     luna_linear_w fc1, fc2;
     luna_norm_w final_layer_norm;
+    float *projected_embeddings; /* [l, d] non-contextual P, else NULL */
 } luna_decoder_layer_w;
 
 typedef struct {

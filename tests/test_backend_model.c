@@ -1,5 +1,6 @@
 /* Whole models on the backend under test (LUNA_TEST_BACKEND) against the CPU backend: luna_tiny
- * and transformer_tiny at odd sizes, the same seeded parameters on both, then
+ * and transformer_tiny (also with a Linformer encoder: linformer_tiny) at odd sizes, the same
+ * seeded parameters on both, then
  *   - forward (no dropout): logits and loss within 1e-5 relative (the project's numerics target);
  *   - a training forward/backward WITH dropout: loss within 1e-5 and every parameter's gradient
  *     within 1e-4 relative to that gradient's largest entry — which also shows the dropout masks
@@ -181,7 +182,8 @@ static void compare_training(const char *arch, luna_backend *dev, bool l2, doubl
     luna_backend_free(ref);
 }
 
-static const char *const archs[] = {"luna_tiny", "transformer_tiny"};
+static const char *const archs[] = {"luna_tiny", "transformer_tiny", "linformer_tiny"};
+enum { NUM_ARCHS = sizeof archs / sizeof archs[0] };
 
 START_TEST(fp32_forward_matches_cpu) {
     luna_backend *dev = lh_backend(2);
@@ -223,9 +225,9 @@ static Suite *backend_model_suite(void) {
     Suite *s = suite_create("backend_model");
     TCase *tc = tcase_create("model");
     tcase_set_timeout(tc, 600);
-    tcase_add_loop_test(tc, fp32_forward_matches_cpu, 0, 2);
-    tcase_add_loop_test(tc, fp32_training_step_matches_cpu, 0, 2);
-    tcase_add_loop_test(tc, bf16_training_step_within_bounds, 0, 2);
+    tcase_add_loop_test(tc, fp32_forward_matches_cpu, 0, NUM_ARCHS);
+    tcase_add_loop_test(tc, fp32_training_step_matches_cpu, 0, NUM_ARCHS);
+    tcase_add_loop_test(tc, bf16_training_step_within_bounds, 0, NUM_ARCHS);
     suite_add_tcase(s, tc);
     return s;
 }

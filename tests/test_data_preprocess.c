@@ -10,6 +10,8 @@
 #include <string.h>
 
 #include "data/dictionary.h"
+#include "data/document.h"
+#include "data/indexed_dataset.h"
 #include "data/pair_dataset.h"
 #include "data/sentencepiece.h"
 #include "data/staged_dir.h"
@@ -315,6 +317,111 @@ static void expect_failure(const char *const *args, int status, const char *wher
     ck_assert_int_eq(count_entries(tmp), before); /* no staging directory left behind */
 }
 
+/* Words per line of a --no-spm corpus file (the tokens of the line without </s>). */
+static int line_words(const char *path, int *words, int max) {
+    FILE *f = fopen(path, "rb");
+    ck_assert_ptr_nonnull(f);
+    int n = 0, w = 0, in_word = 0, c;
+    while ((c = fgetc(f)) != EOF) {
+        if (c == '\n') {
+            ck_assert_int_lt(n, max);
+            words[n++] = w;
+            w = in_word = 0;
+        } else if (c == ' ') {
+            in_word = 0;
+        } else if (!in_word) {
+            in_word = 1;
+            w++;
+        }
+    }
+    fclose(f);
+    return n;
+}
+
+/* --document-window N: greedy windows of consecutive pairs with at most N tokens per side; each
+ * window is its sentences with every </s> but the last replaced by <sep>; no sentence-level
+ * files are left in the data-bin. */
+START_TEST(document_windows) {
+    enum { WINDOW = 30, MAXL = 1000 };
+    char out[1024];
+    snprintf(out, sizeof out, "%s", p("docs"));
+    const char *args[] = {"--source-lang",
+                          "en",
+                          "--target-lang",
+                          "de",
+                          "--trainpref",
+                          p("train"),
+                          "--destdir",
+                          out,
+                          "--no-spm",
+                          "--joined-dictionary",
+                          "--document-window",
+                          "30",
+                          NULL};
+    result r = run(args);
+    ck_assert_msg(r.status == 0, "%s", r.err);
+    ck_assert_ptr_nonnull(strstr(r.out, "document windows of at most 30 tokens from 400"));
+    static int words[2][MAXL];
+    int n = line_words(p("train.en"), words[0], MAXL);
+    ck_assert_int_eq(line_words(p("train.de"), words[1], MAXL), n);
+    char a[2048];
+    snprintf(a, sizeof a, "%s/dict.en.txt", out);
+    luna_dictionary *d;
+    ck_assert_int_eq(luna_dictionary_load(&d, a), LUNA_OK);
+    const int32_t sep = luna_dictionary_find(d, LUNA_DOC_SEPARATOR, strlen(LUNA_DOC_SEPARATOR));
+    ck_assert_int_ge(sep, LUNA_DICT_NSPECIAL);
+    for (int side = 0; side < 2; side++) {
+        snprintf(a, sizeof a, "%s/train.en-de.%s", out, side ? "de" : "en");
+        luna_indexed_dataset *ds;
+        ck_assert_int_eq(luna_indexed_dataset_open(&ds, a), LUNA_OK);
+        /* replay the greedy packing over both sides' sentence lengths (words + </s>) */
+        size_t w = 0;
+        int32_t buf[4 * WINDOW];
+        for (int i = 0; i < n;) {
+            int len[2] = {0, 0}, k = 0;
+            while (i < n && (k == 0 || (len[0] + words[0][i] + 1 <= WINDOW &&
+                                        len[1] + words[1][i] + 1 <= WINDOW))) {
+                len[0] += words[0][i] + 1, len[1] += words[1][i] + 1;
+                i++, k++;
+            }
+            ck_assert_uint_lt(w, luna_indexed_dataset_count(ds));
+            ck_assert_int_eq(luna_indexed_dataset_sizes(ds)[w], len[side]);
+            ck_assert_int_le(len[side], WINDOW);
+            luna_indexed_dataset_get(ds, w, buf);
+            int seps = 0;
+            for (int t = 0; t < len[side]; t++)
+                seps += buf[t] == sep;
+            ck_assert_int_eq(seps, k - 1);
+            ck_assert_int_eq(buf[len[side] - 1], LUNA_DICT_EOS);
+            w++;
+        }
+        ck_assert_uint_eq(w, luna_indexed_dataset_count(ds));
+        ck_assert_uint_lt(w, (size_t)n / 2); /* really windows, not sentences */
+        luna_indexed_dataset_free(ds);
+    }
+    luna_dictionary_free(d);
+    snprintf(a, sizeof a, "%s/train.sentences.en-de.en.bin", out);
+    ck_assert(!luna_path_exists(a));
+}
+END_TEST
+
+/* luna-translate's way back to sentences: the segments between separators (empty ones too). */
+START_TEST(document_segments) {
+    const int32_t sep = 9, t[] = {5, 6, 9, 7, 9, 9, 8};
+    int start[8], len[8];
+    ck_assert_int_eq(luna_document_segments(t, 7, sep, start, len), 4);
+    const int want_start[] = {0, 3, 5, 6}, want_len[] = {2, 1, 0, 1};
+    for (int j = 0; j < 4; j++) {
+        ck_assert_int_eq(start[j], want_start[j]);
+        ck_assert_int_eq(len[j], want_len[j]);
+    }
+    ck_assert_int_eq(luna_document_segments(t, 2, sep, start, len), 1);
+    ck_assert_int_eq(len[0], 2);
+    ck_assert_int_eq(luna_document_segments(t, 0, sep, start, len), 1);
+    ck_assert_int_eq(len[0], 0);
+}
+END_TEST
+
 START_TEST(bad_inputs_fail_cleanly) {
     char train[1024], valid[1024], dest[1024], where[4096];
     snprintf(train, sizeof train, "%s", p("train"));
@@ -468,6 +575,8 @@ int main(void) {
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, end_to_end_with_sentencepiece);
     tcase_add_test(tc, no_spm_separate_dictionaries_and_reused_model);
+    tcase_add_test(tc, document_windows);
+    tcase_add_test(tc, document_segments);
     tcase_add_test(tc, bad_inputs_fail_cleanly);
     tcase_add_test(tc, usage_errors);
     suite_add_tcase(s, tc);

@@ -16,6 +16,7 @@ typedef struct {
     const char *preset;
     bool untied, fixed;
     luna_causal_activation act;
+    bool non_contextual; /* every layer its own learned P (paper Table 5) */
 } variant;
 
 static luna_seq2seq *make_model(luna_backend *be, const variant *v, uint64_t seed) {
@@ -25,6 +26,7 @@ static luna_seq2seq *make_model(luna_backend *be, const variant *v, uint64_t see
     c.untie_luna_kv = v->untied;
     c.fix_projection_length = v->fixed;
     c.causal_activation = v->act;
+    c.non_contextual_projection = v->non_contextual;
     luna_seq2seq *m;
     ck_assert_int_eq(luna_seq2seq_create(&m, be, &c), LUNA_OK);
     ck_assert_int_eq(luna_seq2seq_init(m, seed), LUNA_OK);
@@ -153,8 +155,9 @@ static double compare(const variant *v, const int *lens, int B) {
         ck_assert_uint_eq(luna_incremental_state_bytes(inc), state_bytes);
         ck_assert_uint_eq(luna_incremental_scratch_bytes(inc), 0);
     }
-    printf("incremental vs full forward (%s%s%s%s, sources", v->preset, v->untied ? " untied" : "",
-           v->act == LUNA_CAUSAL_ELU ? " elu" : "", v->fixed ? " fixed-L" : "");
+    printf("incremental vs full forward (%s%s%s%s%s, sources", v->preset,
+           v->untied ? " untied" : "", v->act == LUNA_CAUSAL_ELU ? " elu" : "",
+           v->fixed ? " fixed-L" : "", v->non_contextual ? " non-contextual P" : "");
     for (int b = 0; b < B; b++)
         printf(" %d", lens[b]);
     printf("): max |Δ log p| %.3g, state %zu bytes for %d rows\n", max_err, state_bytes, NR);
@@ -172,29 +175,36 @@ static const int LENS_LONG[3] = {3, 7, 12}; /* L = l = 8, P mask 3, 7, 8 */
 static const int LENS_SHORT[3] = {2, 5, 4}; /* L = 5 < l */
 
 START_TEST(luna_tied_softplus) {
-    variant v = {"luna_tiny", false, false, LUNA_CAUSAL_SOFTPLUS};
+    variant v = {"luna_tiny", false, false, LUNA_CAUSAL_SOFTPLUS, false};
     compare(&v, LENS_LONG, 3);
     compare(&v, LENS_SHORT, 3);
 }
 END_TEST
 START_TEST(luna_untied_elu) {
-    variant v = {"luna_tiny", true, false, LUNA_CAUSAL_ELU};
+    variant v = {"luna_tiny", true, false, LUNA_CAUSAL_ELU, false};
     compare(&v, LENS_LONG, 3);
     compare(&v, LENS_SHORT, 3);
 }
 END_TEST
 START_TEST(luna_tied_elu_fixed) {
-    variant v = {"luna_tiny", false, true, LUNA_CAUSAL_ELU};
+    variant v = {"luna_tiny", false, true, LUNA_CAUSAL_ELU, false};
     compare(&v, LENS_SHORT, 3);
 }
 END_TEST
 START_TEST(luna_untied_softplus_fixed) {
-    variant v = {"luna_tiny", true, true, LUNA_CAUSAL_SOFTPLUS};
+    variant v = {"luna_tiny", true, true, LUNA_CAUSAL_SOFTPLUS, false};
     compare(&v, LENS_LONG, 3);
 }
 END_TEST
+/* The decoder's per-layer P in incremental decoding is the training forward's. */
+START_TEST(luna_non_contextual) {
+    variant v = {"luna_tiny", false, false, LUNA_CAUSAL_SOFTPLUS, true};
+    compare(&v, LENS_LONG, 3);
+    compare(&v, LENS_SHORT, 3);
+}
+END_TEST
 START_TEST(transformer) {
-    variant v = {"transformer_tiny", false, false, LUNA_CAUSAL_SOFTPLUS};
+    variant v = {"transformer_tiny", false, false, LUNA_CAUSAL_SOFTPLUS, false};
     compare(&v, LENS_LONG, 3);
     compare(&v, LENS_SHORT, 3);
 }
@@ -205,7 +215,7 @@ START_TEST(luna_state_constant) {
     enum { S = 2, STEPS = 512, M = 6 };
     luna_backend *be;
     ck_assert_int_eq(luna_backend_cpu_create(&be, 2), LUNA_OK);
-    variant v = {"luna_tiny", false, false, LUNA_CAUSAL_SOFTPLUS};
+    variant v = {"luna_tiny", false, false, LUNA_CAUSAL_SOFTPLUS, false};
     luna_seq2seq *model = make_model(be, &v, 3);
     int32_t src[S * M] = {5, 6, 7, 8, 9, 2, 10, 11, 2, 1, 1, 1}, lens[S] = {6, 3};
     luna_incremental *inc;
@@ -245,7 +255,7 @@ END_TEST
 START_TEST(bad_inputs) {
     luna_backend *be;
     ck_assert_int_eq(luna_backend_cpu_create(&be, 1), LUNA_OK);
-    variant v = {"luna_tiny", false, false, LUNA_CAUSAL_SOFTPLUS};
+    variant v = {"luna_tiny", false, false, LUNA_CAUSAL_SOFTPLUS, false};
     luna_seq2seq *model = make_model(be, &v, 3);
     luna_incremental *inc;
     ck_assert_int_eq(luna_incremental_create(&inc, model), LUNA_OK);
@@ -273,6 +283,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, luna_untied_elu);
     tcase_add_test(tc, luna_tied_elu_fixed);
     tcase_add_test(tc, luna_untied_softplus_fixed);
+    tcase_add_test(tc, luna_non_contextual);
     tcase_add_test(tc, transformer);
     tcase_add_test(tc, luna_state_constant);
     tcase_add_test(tc, bad_inputs);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "data/dictionary.h"
+#include "data/document.h"
 #include "data/sentencepiece.h"
 #include "data/staged_dir.h"
 #include "core/file_util.h"
@@ -27,8 +28,10 @@ static int next_line(void *ctx, const char **line, size_t *len) {
     return 1;
 }
 
-/* elu: the causal activation differs, i.e. another architecture than the others. */
-static void save_checkpoint(const char *name, uint64_t seed, bool with_vocab, bool elu) {
+/* elu: the causal activation differs, i.e. another architecture than the others; nc: the
+ * non-contextual P of the paper's Table 5. */
+static void save_checkpoint_arch(const char *name, uint64_t seed, bool with_vocab, bool elu,
+                                 bool nc, const char *arch) {
     char path[4096];
     luna_spm *spm;
     snprintf(path, sizeof path, "%s/spm.model", dir);
@@ -39,12 +42,18 @@ static void save_checkpoint(const char *name, uint64_t seed, bool with_vocab, bo
         const char *piece = luna_spm_id_to_piece(spm, i);
         ck_assert_int_eq(luna_dictionary_add(dict, piece, strlen(piece), 1, false, NULL), LUNA_OK);
     }
+    if (!strcmp(name, "doc.safetensors")) /* as luna-preprocess --document-window adds it */
+        ck_assert_int_eq(luna_dictionary_add(dict, LUNA_DOC_SEPARATOR, strlen(LUNA_DOC_SEPARATOR),
+                                             1, false, NULL),
+                         LUNA_OK);
     luna_backend *be;
     ck_assert_int_eq(luna_backend_cpu_create(&be, 1), LUNA_OK);
     luna_config c;
-    ck_assert_int_eq(luna_config_preset(&c, "luna_tiny"), LUNA_OK);
+    ck_assert_int_eq(luna_config_preset(&c, arch), LUNA_OK);
     c.vocab_size = luna_dictionary_size(dict);
+    if (c.linformer_k > 0) c.max_source_positions = 20; /* in.txt's third line is longer */
     if (elu) c.causal_activation = LUNA_CAUSAL_ELU;
+    c.non_contextual_projection = nc;
     luna_seq2seq *m;
     ck_assert_int_eq(luna_seq2seq_create(&m, be, &c), LUNA_OK);
     ck_assert_int_eq(luna_seq2seq_init(m, seed), LUNA_OK);
@@ -74,6 +83,10 @@ static void save_checkpoint(const char *name, uint64_t seed, bool with_vocab, bo
     luna_spm_free(spm);
 }
 
+static void save_checkpoint(const char *name, uint64_t seed, bool with_vocab, bool elu) {
+    save_checkpoint_arch(name, seed, with_vocab, elu, false, "luna_tiny");
+}
+
 static void setup(void) {
     dir = luna_test_make_temp_dir();
     luna_test_find_program(translate, sizeof translate, "luna-translate", "LUNA_TRANSLATE");
@@ -93,6 +106,9 @@ static void setup(void) {
     save_checkpoint("b.safetensors", 6, true, false);
     save_checkpoint("elu.safetensors", 7, true, true);
     save_checkpoint("novocab.safetensors", 5, false, false);
+    save_checkpoint_arch("nc.safetensors", 5, true, false, true, "luna_tiny");
+    save_checkpoint_arch("linformer.safetensors", 5, true, false, false, "linformer_tiny");
+    save_checkpoint("doc.safetensors", 5, true, false);
     snprintf(path, sizeof path, "%s/in.txt", dir);
     luna_test_write_file(path, "the cat\n\nover the dog\na dog ran in the park again and again\n");
 }
@@ -166,6 +182,65 @@ START_TEST(translate_plain_and_fairseq) {
     ck_assert_ptr_nonnull(strstr(err, "sentences/s"));
     printf("fairseq output:\n%s", fs);
     free(plain), free(plain2), free(fs), free(err);
+}
+END_TEST
+
+/* A non-contextual-P checkpoint translates (its config is in the file), as --nbest 2 would, and
+ * differently from the contextual model of the same seed. */
+START_TEST(translate_non_contextual) {
+    ck_assert_int_eq(TRANSLATE("nc.safetensors", "--input", "in.txt", "--max-len-b", "12",
+                               "--output-format", "fairseq"),
+                     0);
+    char *nc = copy_text(last.out);
+    ck_assert_int_eq(count_lines(nc, "H-"), 4);
+    ck_assert_int_eq(TRANSLATE("a.safetensors", "--input", "in.txt", "--max-len-b", "12",
+                               "--output-format", "fairseq"),
+                     0);
+    ck_assert_str_ne(nc, last.out);
+    free(nc);
+}
+END_TEST
+
+/* A Linformer checkpoint translates sources up to its fixed length (20 here) and refuses a
+ * longer one with an error naming the limit. */
+START_TEST(translate_linformer) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/short.txt", dir);
+    luna_test_write_file(path, "the cat\nover the dog\n");
+    ck_assert_int_eq(TRANSLATE("linformer.safetensors", "--input", "short.txt", "--max-len-b", "12",
+                               "--output-format", "fairseq"),
+                     0);
+    ck_assert_int_eq(count_lines(last.out, "H-"), 2);
+    ck_assert_int_ne(TRANSLATE("linformer.safetensors", "--input", "in.txt", "--max-len-b", "12"),
+                     0);
+    ck_assert_msg(
+        strstr(last.err, "in.txt:4: 39 subword tokens exceed the Linformer maximum of 20"),
+        "stderr: %s", last.err);
+}
+END_TEST
+
+/* A document line "s1 <sep> s2 <sep> s3" (the model's dictionary has <sep>) is one source
+ * sequence with two separator tokens, and the plain output has one line per sentence. */
+START_TEST(translate_document_lines) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/doc.txt", dir);
+    luna_test_write_file(path, "the cat <sep> over the dog <sep> a dog ran\nthe park\n");
+    ck_assert_int_eq(TRANSLATE("doc.safetensors", "--input", "doc.txt", "--max-len-b", "12",
+                               "--output-format", "fairseq"),
+                     0);
+    ck_assert_ptr_nonnull(strstr(last.out, " <sep> "));
+    ck_assert_int_eq(count_lines(last.out, "S-"), 2);
+    ck_assert_int_eq(TRANSLATE("doc.safetensors", "--input", "doc.txt", "--max-len-b", "12"), 0);
+    int lines = 0;
+    for (const char *c = last.out; *c; c++)
+        lines += *c == '\n';
+    ck_assert_int_eq(lines, 4); /* 3 sentences of the document + 1 */
+    /* without <sep> in the dictionary the separator is ordinary text: one line per input line */
+    ck_assert_int_eq(TRANSLATE("a.safetensors", "--input", "doc.txt", "--max-len-b", "12"), 0);
+    lines = 0;
+    for (const char *c = last.out; *c; c++)
+        lines += *c == '\n';
+    ck_assert_int_eq(lines, 2);
 }
 END_TEST
 
@@ -346,6 +421,9 @@ static Suite *suite(void) {
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, translate_plain_and_fairseq);
+    tcase_add_test(tc, translate_non_contextual);
+    tcase_add_test(tc, translate_linformer);
+    tcase_add_test(tc, translate_document_lines);
     tcase_add_test(tc, bad_inputs);
     tcase_add_test(tc, score_reference_and_average);
     tcase_add_test(tc, help_lists_every_option);

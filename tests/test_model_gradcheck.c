@@ -241,6 +241,101 @@ START_TEST(gradcheck_luna_untied_embeddings) {
 }
 END_TEST
 
+/* Non-contextual P (paper Table 5): every layer's own P gets the gradient of that layer's P
+ * input; no P LayerNorm gets one (check_model asserts zero for has_grad = false). With dropout
+ * too: each layer's P has its own dropout site. */
+START_TEST(gradcheck_luna_non_contextual) {
+    test_batch tb;
+    make_batch(&tb, src_lens, tgt_lens, 7);
+    luna_config c = tiny("luna_tiny"); /* 2+2 layers: P of encoder layer 1, decoder 0 and 1 */
+    c.non_contextual_projection = true;
+    check_model("luna non-contextual P", c, &tb, false, 3);
+    c.dropout = 0.2;
+    c.attention_dropout = 0.15;
+    check_model("luna non-contextual dropout", c, &tb, true, 2);
+}
+END_TEST
+
+/* Linformer encoder self-attention, every sharing mode: E, F get the gradient of the first
+ * len_b columns; k = 4 < the longest source (6), N = 7 > it (column 6 of E, F stays unused). */
+START_TEST(gradcheck_linformer) {
+    static const luna_linformer_sharing modes[] = {LUNA_LINFORMER_HEADWISE, LUNA_LINFORMER_KV,
+                                                   LUNA_LINFORMER_LAYERWISE};
+    for (int i = 0; i < 3; i++) {
+        test_batch tb;
+        make_batch(&tb, src_lens, tgt_lens, 8 + (uint64_t)i);
+        luna_config c = tiny("linformer_tiny");
+        c.linformer_k = 4;
+        c.max_source_positions = 7;
+        c.linformer_sharing = modes[i];
+        char what[64];
+        snprintf(what, sizeof what, "linformer %s", luna_linformer_sharing_name(modes[i]));
+        check_model(what, c, &tb, false, 3);
+    }
+    test_batch tb;
+    make_batch(&tb, src_lens, tgt_lens, 11);
+    luna_config c = tiny("linformer_tiny");
+    c.linformer_k = 4;
+    c.max_source_positions = 7;
+    c.dropout = 0.2;
+    c.attention_dropout = 0.15;
+    check_model("linformer dropout", c, &tb, true, 2);
+}
+END_TEST
+
+/* A source longer than Linformer's fixed length is an error naming the limit. */
+START_TEST(linformer_too_long) {
+    test_batch tb;
+    make_batch(&tb, src_lens, tgt_lens, 12);
+    luna_config c = tiny("linformer_tiny");
+    c.max_source_positions = 5; /* the longest source has 6 tokens */
+    luna_backend *be;
+    ck_assert_int_eq(luna_backend_cpu_create(&be, 1), LUNA_OK);
+    luna_seq2seq *m;
+    ck_assert_int_eq(luna_seq2seq_create(&m, be, &c), LUNA_OK);
+    double loss;
+    ck_assert_int_ne(luna_seq2seq_forward(m, &tb.batch, &loss, NULL, NULL), LUNA_OK);
+    ck_assert_msg(strstr(luna_error_message(), "exceeds the Linformer maximum of 5"), "%s",
+                  luna_error_message());
+    luna_seq2seq_free(m);
+    luna_backend_free(be);
+}
+END_TEST
+
+/* Linformer leaves source pads out of the length projection: a sentence's logits are the same
+ * alone (no padding) as in a batch padded to a longer source. (Projecting the pad keys too
+ * would change them: E's columns past the sentence would multiply pad keys.) */
+START_TEST(linformer_padding_invariant) {
+    test_batch tb;
+    make_batch(&tb, src_lens, tgt_lens, 13);
+    luna_config c = tiny("linformer_tiny");
+    c.linformer_k = 4;
+    luna_backend *be;
+    ck_assert_int_eq(luna_backend_cpu_create(&be, 1), LUNA_OK);
+    luna_seq2seq *m;
+    ck_assert_int_eq(luna_seq2seq_create(&m, be, &c), LUNA_OK);
+    float *all = malloc(sizeof(float) * B * N * V), *one = malloc(sizeof(float) * N * V);
+    double loss;
+    ck_assert_int_eq(luna_seq2seq_forward(m, &tb.batch, &loss, NULL, all), LUNA_OK);
+    const int s = 1, len = src_lens[s]; /* 3 tokens, padded to 6 in the batch */
+    luna_batch alone = {.B = 1,
+                        .src_len = len,
+                        .tgt_len = N,
+                        .src_tokens = tb.src + s * M,
+                        .src_lengths = tb.src_len + s,
+                        .prev_output_tokens = tb.prev + s * N,
+                        .target = tb.tgt + s * N};
+    ck_assert_int_eq(luna_seq2seq_forward(m, &alone, &loss, NULL, one), LUNA_OK);
+    double diff = 0;
+    for (int i = 0; i < N * V; i++)
+        diff = fmax(diff, fabs((double)one[i] - all[s * N * V + i]));
+    ck_assert_msg(diff < 1e-5, "padding changed the logits by %g", diff);
+    free(all), free(one);
+    luna_seq2seq_free(m);
+    luna_backend_free(be);
+}
+END_TEST
+
 START_TEST(gradcheck_transformer) {
     test_batch tb;
     make_batch(&tb, src_lens, tgt_lens, 4);
@@ -340,6 +435,10 @@ static Suite *suite(void) {
     tcase_add_test(tc, gradcheck_luna_untied_elu_fixed);
     tcase_add_test(tc, gradcheck_luna_short_projection);
     tcase_add_test(tc, gradcheck_luna_untied_embeddings);
+    tcase_add_test(tc, gradcheck_luna_non_contextual);
+    tcase_add_test(tc, gradcheck_linformer);
+    tcase_add_test(tc, linformer_too_long);
+    tcase_add_test(tc, linformer_padding_invariant);
     tcase_add_test(tc, gradcheck_transformer);
     tcase_add_test(tc, gradcheck_with_dropout);
     tcase_add_test(tc, dropout_reproducible);

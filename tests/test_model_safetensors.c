@@ -129,6 +129,79 @@ START_TEST(model_roundtrip) {
 }
 END_TEST
 
+/* Non-contextual P (paper Table 5): the per-layer P tensors and the config flag survive a save
+ * and load; a contextual model refuses the file (an unknown encoder.layers.1 parameter). */
+START_TEST(non_contextual_roundtrip) {
+    char *path = path_of("noncontextual.safetensors");
+    luna_config c = tiny();
+    c.non_contextual_projection = true;
+    luna_params *p, *q, *r;
+    ck_assert_int_eq(luna_params_create(&p, be, &c), LUNA_OK);
+    ck_assert_int_eq(luna_params_init(p, 77), LUNA_OK);
+    ck_assert_ptr_nonnull(luna_params_find(p, "encoder.layers.1.projected_embeddings"));
+    ck_assert_ptr_nonnull(luna_params_find(p, "decoder.layers.0.projected_embeddings"));
+    ck_assert_ptr_null(luna_params_find(p, "encoder.layers.0.projected_embeddings"));
+    ck_assert(!luna_params_find(p, "encoder.layers.0.self_atten_proj_layer_norm.weight")->has_grad);
+    ck_assert_int_eq(luna_params_save(p, path, NULL, 0), LUNA_OK);
+    luna_safetensors *st;
+    ck_assert_int_eq(luna_safetensors_open(&st, path), LUNA_OK);
+    luna_config back;
+    ck_assert_int_eq(luna_config_from_safetensors(&back, st), LUNA_OK);
+    ck_assert(back.non_contextual_projection);
+    ck_assert_int_eq(luna_params_create(&q, be, &back), LUNA_OK);
+    ck_assert_int_eq(luna_params_load(q, st), LUNA_OK);
+    ck_assert_uint_eq(q->num_params, p->num_params);
+    ck_assert_int_eq(memcmp(p->data, q->data, p->num_params * sizeof(float)), 0);
+    luna_config ctx = back;
+    ctx.non_contextual_projection = false;
+    ck_assert_int_eq(luna_params_create(&r, be, &ctx), LUNA_OK);
+    ck_assert_int_ne(luna_params_load(r, st), LUNA_OK);
+    ck_assert_ptr_nonnull(strstr(luna_error_message(), "projected_embeddings"));
+    luna_safetensors_close(st);
+    luna_params_free(r);
+    luna_params_free(q);
+    luna_params_free(p);
+    free(path);
+}
+END_TEST
+
+/* Linformer: E, F (per layer, or the one layerwise tensor) and the config survive save and load. */
+START_TEST(linformer_roundtrip) {
+    static const luna_linformer_sharing modes[] = {LUNA_LINFORMER_HEADWISE, LUNA_LINFORMER_KV,
+                                                   LUNA_LINFORMER_LAYERWISE};
+    static const char *const names[] = {"encoder.layers.1.self_attn.compress_v.weight",
+                                        "encoder.layers.1.self_attn.compress_k.weight",
+                                        "encoder.compress_layer.weight"};
+    for (int i = 0; i < 3; i++) {
+        char *path = path_of("linformer.safetensors");
+        luna_config c;
+        ck_assert_int_eq(luna_config_preset(&c, "linformer_tiny"), LUNA_OK);
+        c.vocab_size = 40;
+        c.linformer_sharing = modes[i];
+        luna_params *p, *q;
+        ck_assert_int_eq(luna_params_create(&p, be, &c), LUNA_OK);
+        ck_assert_int_eq(luna_params_init(p, 99), LUNA_OK);
+        const luna_param_info *t = luna_params_find(p, names[i]);
+        ck_assert_ptr_nonnull(t);
+        ck_assert(t->shape[0] == 8 && t->shape[1] == 64);
+        ck_assert_int_eq(luna_params_save(p, path, NULL, 0), LUNA_OK);
+        luna_safetensors *st;
+        ck_assert_int_eq(luna_safetensors_open(&st, path), LUNA_OK);
+        luna_config back;
+        ck_assert_int_eq(luna_config_from_safetensors(&back, st), LUNA_OK);
+        ck_assert(back.linformer_k == 8 && back.max_source_positions == 64 &&
+                  back.linformer_sharing == modes[i]);
+        ck_assert_int_eq(luna_params_create(&q, be, &back), LUNA_OK);
+        ck_assert_int_eq(luna_params_load(q, st), LUNA_OK);
+        ck_assert_int_eq(memcmp(p->data, q->data, p->num_params * sizeof(float)), 0);
+        luna_safetensors_close(st);
+        luna_params_free(q);
+        luna_params_free(p);
+        free(path);
+    }
+}
+END_TEST
+
 START_TEST(mismatch_errors_name_file_and_tensor) {
     char *path = path_of("tied.safetensors");
     luna_config c = tiny();
@@ -298,6 +371,8 @@ static Suite *suite(void) {
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, byte_format);
     tcase_add_test(tc, model_roundtrip);
+    tcase_add_test(tc, non_contextual_roundtrip);
+    tcase_add_test(tc, linformer_roundtrip);
     tcase_add_test(tc, mismatch_errors_name_file_and_tensor);
     tcase_add_test(tc, truncated_and_corrupt_files);
     tcase_add_test(tc, failed_save_keeps_previous_file);

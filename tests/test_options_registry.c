@@ -372,7 +372,8 @@ START_TEST(train_log_shows_options_that_apply) {
                               "--warmup-init-lr", "--clip-norm", "--clip-mode", NULL},
         (const char *const[]){"--apollo", "--rebound", "--weight-decay-type", "--milestones",
                               "--lr-decay-rate", "--projection-length", "--causal-activation",
-                              "--untie-luna-kv", "--fix-projection-length", NULL});
+                              "--untie-luna-kv", "--fix-projection-length",
+                              "--non-contextual-projection", NULL});
     free(text);
     char *fixed[] = {"luna-train", "bin", "--lr-scheduler", "fixed", NULL};
     text = train_config(4, fixed);

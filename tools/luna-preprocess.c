@@ -21,6 +21,7 @@
 #include <time.h>
 
 #include "data/binarizer.h"
+#include "data/document.h"
 #include "data/dictionary.h"
 #include "data/sentencepiece.h"
 #include "data/staged_dir.h"
@@ -37,7 +38,7 @@ typedef struct {
     const char *srcdict, *tgtdict;
     bool joined, no_spm, skip_empty;
     int64_t workers, bpe_vocab_size, max_line_bytes, thresholdsrc, thresholdtgt, nwordssrc,
-        nwordstgt, padding_factor;
+        nwordstgt, padding_factor, document_window;
     double character_coverage;
 } options;
 
@@ -75,6 +76,10 @@ static const luna_option_spec OPTIONS[] = {
      "drop sentence pairs where either side is empty or blank, in every split "
      "(counted in the summary); without it an empty line is an error, since it usually "
      "means misaligned or damaged data (fairseq would silently keep it as a bare </s>)"},
+    {"--document-window", LUNA_OPT_INT, "0", G_IO, "N", NULL, F(document_window),
+     "document-level pairs: windows of consecutive sentence pairs of at most N tokens per side, "
+     "joined by the symbol " LUNA_DOC_SEPARATOR " (added to the dictionary); the files must keep "
+     "documents in order (0: sentence pairs)"},
     {"--workers", LUNA_OPT_INT, "1", G_RUN, "N", NULL, F(workers), "threads for SentencePiece training and encoding"},
 };
 /* clang-format on */
@@ -119,6 +124,8 @@ static int parse_args(int argc, char **argv) {
         return luna_options_usage_error(PROG, "%s", "--workers must be between 1 and 1024");
     if (opt.bpe_vocab_size < 8 || opt.bpe_vocab_size > 100000000)
         return luna_options_usage_error(PROG, "%s", "--bpe-vocab-size must be in 8..100000000");
+    if (opt.document_window < 0 || opt.document_window > 1000000)
+        return luna_options_usage_error(PROG, "%s", "--document-window must be in 0..1000000");
     if (opt.padding_factor < 1 || opt.padding_factor > 1000000)
         return luna_options_usage_error(PROG, "%s", "--padding-factor must be in 1..1000000");
     if (opt.max_line_bytes < 1)
@@ -316,8 +323,82 @@ static luna_status build_dict(const luna_tokenizer *tok, const char *given, cons
     luna_status st = LUNA_OK;
     for (int k = 0; k < nsides && st == LUNA_OK; k++)
         st = luna_count_tokens(tok, train_split->text[sides[k]], train_split->skip, *out);
+    /* document windows: the separator, counted once per line so that it survives thresholds */
+    if (st == LUNA_OK && opt.document_window > 0)
+        st = luna_dictionary_add(*out, LUNA_DOC_SEPARATOR, strlen(LUNA_DOC_SEPARATOR),
+                                 (int64_t)train_split->text[sides[0]]->count, false, NULL);
     if (st == LUNA_OK)
         st = luna_dictionary_finalize(*out, threshold, nwords, (int)opt.padding_factor);
+    return st;
+}
+
+/* Binarize split s, side `side`, into <dir>/<name>.<src>-<tgt>.<lang> ("name" = the split's, or
+ * "<split>.sentences" as the input of document windows). */
+static luna_status binarize_side(const luna_tokenizer *tok, const char *dir, const split *s,
+                                 const char *name, int side, const luna_dictionary *dict,
+                                 const char *lang) {
+    char *prefix = str_printf("%s/%s.%s-%s.%s", dir, name, opt.source_lang, opt.target_lang, lang);
+    if (!prefix) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
+    luna_binarize_stats stats;
+    luna_status st = luna_binarize(tok, s->text[side], s->skip, dict, prefix, &stats);
+    free(prefix);
+    if (st == LUNA_OK)
+        printf(PROG ": [%s] %s %s: %lld sentences, %lld tokens, %.3f%% <unk>, %.2f s, %.0f "
+                    "sentences/s\n",
+               lang, s->name, s->path[side], (long long)stats.sentences, (long long)stats.tokens,
+               stats.tokens ? 100.0 * (double)stats.unknown / (double)stats.tokens : 0.0,
+               stats.seconds, stats.seconds > 0 ? (double)stats.sentences / stats.seconds : 0.0);
+    return st;
+}
+
+/* --document-window: the split's sentence pairs, then the windows over them (spec of the
+ * windows: data/document.h); the sentence-level files are removed afterwards. */
+static luna_status binarize_windows(const luna_tokenizer *tok, const char *dir, const split *s,
+                                    luna_dictionary *const dicts[2], const char *const langs[2]) {
+    char name[64];
+    snprintf(name, sizeof name, "%.31s.sentences", s->name);
+    for (int side = 0; side < 2; side++)
+        LUNA_TRY(binarize_side(tok, dir, s, name, side, dicts[opt.joined ? 0 : side], langs[side]));
+    const luna_dictionary *td = dicts[opt.joined ? 0 : 1];
+    int32_t sep = luna_dictionary_find(dicts[0], LUNA_DOC_SEPARATOR, strlen(LUNA_DOC_SEPARATOR));
+    if (sep < 0 || sep != luna_dictionary_find(td, LUNA_DOC_SEPARATOR, strlen(LUNA_DOC_SEPARATOR)))
+        return luna_error(LUNA_ERR_FORMAT,
+                          "--document-window: the dictionaries must both have the symbol %s at "
+                          "the same id (a given --srcdict/--tgtdict lacks it?)",
+                          LUNA_DOC_SEPARATOR);
+    char *in[2] = {NULL, NULL}, *out[2] = {NULL, NULL};
+    luna_status st = LUNA_OK;
+    for (int side = 0; side < 2; side++) {
+        in[side] =
+            str_printf("%s/%s.%s-%s.%s", dir, name, opt.source_lang, opt.target_lang, langs[side]);
+        out[side] = str_printf("%s/%s.%s-%s.%s", dir, s->name, opt.source_lang, opt.target_lang,
+                               langs[side]);
+        if (!in[side] || !out[side]) st = luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
+    }
+    luna_window_stats ws;
+    size_t vocab = (size_t)luna_dictionary_size(dicts[0]);
+    if ((size_t)luna_dictionary_size(td) > vocab) vocab = (size_t)luna_dictionary_size(td);
+    if (st == LUNA_OK)
+        st = luna_document_windows((const char *const *)in, (const char *const *)out, sep,
+                                   (int)opt.document_window, vocab, &ws);
+    if (st == LUNA_OK)
+        printf(PROG ": %s: %zu document windows of at most %lld tokens from %zu sentence pairs "
+                    "(mean %.0f / %.0f tokens, longest %d / %d)\n",
+               s->name, ws.windows, (long long)opt.document_window, ws.sentences,
+               ws.windows ? (double)ws.tokens[0] / (double)ws.windows : 0.0,
+               ws.windows ? (double)ws.tokens[1] / (double)ws.windows : 0.0, ws.longest[0],
+               ws.longest[1]);
+    for (int side = 0; side < 2; side++) {
+        for (int k = 0; st == LUNA_OK && k < 2; k++) {
+            char *f = str_printf("%s.%s", in[side], k ? "idx" : "bin");
+            if (!f || remove(f) != 0)
+                st = luna_error(LUNA_ERR_IO, "%s: cannot remove the sentence-level file",
+                                f ? f : in[side]);
+            free(f);
+        }
+        free(in[side]);
+        free(out[side]);
+    }
     return st;
 }
 
@@ -420,24 +501,13 @@ static luna_status run(void) {
         free(path);
     }
     for (int i = 0; i < num_splits && st == LUNA_OK; i++) {
-        for (int side = 0; side < 2 && st == LUNA_OK; side++) {
-            split *s = &splits[i];
-            char *prefix = str_printf("%s/%s.%s-%s.%s", dir, s->name, opt.source_lang,
-                                      opt.target_lang, langs[side]);
-            luna_binarize_stats stats;
-            st = prefix ? luna_binarize(&tok, s->text[side], s->skip, dicts[opt.joined ? 0 : side],
-                                        prefix, &stats)
-                        : luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
-            free(prefix);
-            if (st == LUNA_OK)
-                printf(PROG ": [%s] %s %s: %lld sentences, %lld tokens, %.3f%% <unk>, %.2f s, %.0f "
-                            "sentences/s\n",
-                       langs[side], s->name, s->path[side], (long long)stats.sentences,
-                       (long long)stats.tokens,
-                       stats.tokens ? 100.0 * (double)stats.unknown / (double)stats.tokens : 0.0,
-                       stats.seconds,
-                       stats.seconds > 0 ? (double)stats.sentences / stats.seconds : 0.0);
+        if (opt.document_window > 0) {
+            st = binarize_windows(&tok, dir, &splits[i], dicts, langs);
+            continue;
         }
+        for (int side = 0; side < 2 && st == LUNA_OK; side++)
+            st = binarize_side(&tok, dir, &splits[i], splits[i].name, side,
+                               dicts[opt.joined ? 0 : side], langs[side]);
     }
     luna_spm_free(spm);
     luna_dictionary_free(dicts[0]);

@@ -17,6 +17,10 @@
  * (plain: one base-2 per-token average score per line; fairseq: S/T/H/P lines).
  * fairseq's --no-repeat-ngram-size, --sampling (--sampling-topk, --seed) and --temperature change
  * the search (decoding/beam_search.h, decoding/sampling.h).
+ * Documents (a model trained on luna-preprocess --document-window data, whose dictionary has
+ * <sep>): an input line of sentences joined by " <sep> " is translated as one sequence, and the
+ * plain output splits the translation at the <sep> tokens back into one line per input sentence
+ * (missing ones empty, extra ones joined to the last line).
  *
  * Exit status: 0 success, 1 bad input or failure (one line on stderr), 2 usage error.
  */
@@ -31,6 +35,7 @@
 #include <time.h>
 
 #include "data/dictionary.h"
+#include "data/document.h"
 #include "data/sentencepiece.h"
 #include "decoding/beam_search.h"
 #include "core/file_util.h"
@@ -48,7 +53,7 @@ typedef struct {
     const char *checkpoint, *input, *output_format, *device, *precision, *reference;
     int64_t beam, max_len_b, min_len, nbest, max_tokens, batch_size, threads, max_input_tokens,
         device_id;
-    int64_t no_repeat_ngram_size, sampling_topk, seed;
+    int64_t no_repeat_ngram_size, sampling_topk, seed, max_target_positions;
     double lenpen, max_len_a, unkpen, temperature;
     bool score_reference, quiet, tf32, sampling;
 } options;
@@ -72,6 +77,7 @@ static const luna_option_spec OPTIONS[] = {
     {"--lenpen", LUNA_OPT_DOUBLE, "0.6", G_SEARCH, "F", NULL, F(lenpen), "length penalty: score / len^F"},
     {"--max-len-a", LUNA_OPT_DOUBLE, "0", G_SEARCH, "F", NULL, F(max_len_a), "max length = F·source length + B"},
     {"--max-len-b", LUNA_OPT_INT, "200", G_SEARCH, "B", NULL, F(max_len_b), "see --max-len-a"},
+    {"--max-target-positions", LUNA_OPT_INT, "1024", G_SEARCH, "N", NULL, F(max_target_positions), "translations are at most N - 1 tokens (fairseq's default 1024; raise it for documents: the sinusoidal positions have no limit)"},
     {"--min-len", LUNA_OPT_INT, "1", G_SEARCH, "N", NULL, F(min_len), "minimum target length, </s> excluded"},
     {"--nbest", LUNA_OPT_INT, "1", G_SEARCH, "N", NULL, F(nbest), "hypotheses per sentence (fairseq format)"},
     {"--unkpen", LUNA_OPT_DOUBLE, "0", G_SEARCH, "F", NULL, F(unkpen), "subtracted from <unk>'s log-prob"},
@@ -144,11 +150,14 @@ static int parse_args(int argc, char **argv) {
                   {"--max-len-b", opt.max_len_b},
                   {"--max-tokens", opt.max_tokens},
                   {"--batch-size", opt.batch_size},
-                  {"--max-input-tokens", opt.max_input_tokens}};
+                  {"--max-input-tokens", opt.max_input_tokens},
+                  {"--max-target-positions", opt.max_target_positions}};
     for (size_t i = 0; i < sizeof as_int / sizeof as_int[0]; i++)
         if (as_int[i].value > 1000000000)
             return luna_options_usage_error(PROG, "%s must be at most 1000000000 (got %lld)",
                                             as_int[i].name, (long long)as_int[i].value);
+    if (opt.max_target_positions < 2)
+        return luna_options_usage_error(PROG, "%s", "--max-target-positions must be at least 2");
     if (!(opt.temperature > 0))
         return luna_options_usage_error(PROG, "--temperature must be positive (got %g)",
                                         opt.temperature);
@@ -287,7 +296,34 @@ static luna_status encode(encoder *e, const char *s, size_t n, int32_t **ids, in
     return LUNA_OK;
 }
 
-/* ---- output ---------------------------------------------------------------------------------- */
+/* encode(), and for a dictionary with <sep> a line "s1 <sep> s2 ..." as s1 <sep> s2 ... </s>. */
+static luna_status encode_document(encoder *e, const char *s, size_t n, int32_t **ids, int *len) {
+    const size_t k = strlen(LUNA_DOC_SEPARATOR);
+    const int32_t sep = luna_dictionary_find(e->dict, LUNA_DOC_SEPARATOR, k);
+    const char *at = NULL;
+    for (size_t j = 0; sep >= 0 && !at && j + k <= n; j++)
+        if (!memcmp(s + j, LUNA_DOC_SEPARATOR, k)) at = s + j;
+    if (!at) return encode(e, s, n, ids, len);
+    int32_t *head, *tail;
+    int hn, tn;
+    LUNA_TRY(encode(e, s, (size_t)(at - s), &head, &hn));
+    luna_status st = encode_document(e, at + k, n - (size_t)(at - s) - k, &tail, &tn);
+    if (st != LUNA_OK) {
+        free(head);
+        return st;
+    }
+    int32_t *out = realloc(head, sizeof(int32_t) * (size_t)(hn + tn));
+    if (!out) {
+        free(head), free(tail);
+        return luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
+    }
+    out[hn - 1] = sep; /* head's </s> */
+    memcpy(out + hn, tail, sizeof(int32_t) * (size_t)tn);
+    free(tail);
+    *ids = out;
+    *len = hn + tn;
+    return LUNA_OK;
+}
 
 /* Python's repr of a float: the shortest digits that read back as the same double. */
 static void print_float(FILE *f, double x) {
@@ -360,7 +396,7 @@ static luna_status encode_all(program *p, const text *t, const luna_dictionary *
     luna_status st = LUNA_OK;
     for (size_t i = 0; i < t->count && st == LUNA_OK; i++) {
         if (blank(t->line[i], t->len[i])) continue; /* empty translation */
-        st = encode(&e, t->line[i], t->len[i], &(*ids)[i], &(*lens)[i]);
+        st = encode_document(&e, t->line[i], t->len[i], &(*ids)[i], &(*lens)[i]);
         if (st != LUNA_OK) luna_error_prefix("%s:%zu", name, i + 1);
         if (st == LUNA_OK && truncate && (*lens)[i] > opt.max_input_tokens) {
             fprintf(stderr,
@@ -371,6 +407,13 @@ static luna_status encode_all(program *p, const text *t, const luna_dictionary *
             (*lens)[i] = (int)opt.max_input_tokens;
             (*ids)[i][opt.max_input_tokens - 1] = LUNA_DICT_EOS;
         }
+        /* Linformer's E, F have a fixed length: a longer source cannot be encoded at all. */
+        const luna_config *c = &p->model->config;
+        if (st == LUNA_OK && truncate && c->linformer_k > 0 && (*lens)[i] > c->max_source_positions)
+            st = luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                            "%s:%zu: %d subword tokens exceed the Linformer maximum of %d "
+                            "(the model's max_source_positions; shorten or split the line)",
+                            name, i + 1, (*lens)[i], c->max_source_positions);
     }
     luna_spm_pieces_release(&e.pieces);
     return st;
@@ -393,8 +436,33 @@ static luna_status check_stdout(bool final) {
     return LUNA_OK;
 }
 
+/* Plain output of a document line: one line per source sentence (module comment). */
+static luna_status write_document(program *p, size_t i, const luna_hypothesis *h, int body,
+                                  int32_t sep) {
+    int *seg = malloc(sizeof(int) * 2 * (size_t)(h->len + p->src_len[i] + 2));
+    if (!seg) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
+    int *start = seg, *len = seg + h->len + 1, *src_start = len + h->len + 1;
+    int lines = luna_document_segments(p->src_ids[i], p->src_len[i], sep, src_start,
+                                       src_start + p->src_len[i] + 1);
+    int n = luna_document_segments(h->tokens, body, sep, start, len);
+    luna_status st = LUNA_OK;
+    for (int j = 0; j < lines && st == LUNA_OK; j++) {
+        /* the last line takes the rest: extra <sep>s stay as text there */
+        int from = j < n ? start[j] : body, to = j < n ? start[j] + len[j] : body;
+        if (j == lines - 1 && j < n) to = body;
+        char *d;
+        st = detok(p->spm, p->tgt_dict, h->tokens + from, to - from, &d);
+        if (st == LUNA_OK) printf("%s\n", d);
+        free(d);
+    }
+    free(seg);
+    return st;
+}
+
 static luna_status write_translations(program *p, size_t n) {
     const bool fs = !strcmp(opt.output_format, "fairseq");
+    const int32_t sep =
+        luna_dictionary_find(p->tgt_dict, LUNA_DOC_SEPARATOR, strlen(LUNA_DOC_SEPARATOR));
     for (size_t i = 0; i < n; i++) {
         const luna_nbest *nb = &p->out[i];
         if (fs) {
@@ -409,6 +477,11 @@ static luna_status write_translations(program *p, size_t n) {
             const int body = body_len(h->tokens, h->len);
             char *d;
             LUNA_TRY(detok(p->spm, p->tgt_dict, h->tokens, body, &d));
+            if (!fs && sep >= 0 && p->src_ids[i]) {
+                free(d);
+                LUNA_TRY(write_document(p, i, h, body, sep));
+                continue;
+            }
             if (!fs) {
                 printf("%s\n", d);
             } else {
@@ -521,6 +594,7 @@ static luna_status run(program *p) {
         o.lenpen = opt.lenpen;
         o.max_len_a = opt.max_len_a;
         o.max_len_b = (int)opt.max_len_b;
+        o.max_len_cap = (int)opt.max_target_positions - 1;
         o.min_len = (int)opt.min_len;
         o.nbest = (int)opt.nbest;
         o.unkpen = opt.unkpen;

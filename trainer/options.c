@@ -33,6 +33,10 @@ static const luna_option_spec SPECS[] = {
     {"--causal-activation", LUNA_OPT_CHOICE, NULL, G_MODEL, "F", "softplus|elu", F(causal_activation), "activation of the causal Luna attention (default: from --arch)"},
     {"--untie-luna-kv", LUNA_OPT_FLAG, NULL, G_MODEL, NULL, NULL, F(untie_luna_kv), "separate key and value projections in Luna attention"},
     {"--fix-projection-length", LUNA_OPT_FLAG, NULL, G_MODEL, NULL, NULL, F(fix_projection_length), "always use l projected slots (no dynamic projection length)"},
+    {"--linformer-k", LUNA_OPT_INT, NULL, G_MODEL, "K", NULL, F(linformer_k), "transformer: Linformer encoder self-attention with keys and values projected to K positions (default: from --arch; linformer_* presets)"},
+    {"--linformer-max-length", LUNA_OPT_INT, NULL, G_MODEL, "N", NULL, F(linformer_max_length), "Linformer's fixed maximum source length N of E, F [K, N] (training skips longer pairs, translating them is an error; default: from --arch)"},
+    {"--linformer-sharing", LUNA_OPT_CHOICE, NULL, G_MODEL, "S", "headwise|kv|layerwise", F(linformer_sharing), "Linformer E/F sharing: per layer (headwise), E = F per layer (kv), one for all layers (layerwise) (default: from --arch)"},
+    {"--non-contextual-projection", LUNA_OPT_FLAG, NULL, G_MODEL, NULL, NULL, F(non_contextual_projection), "every layer packs its own learned P instead of the previous layer's packed context (the paper's Table 5 ablation)"},
     {"--share-all-embeddings", LUNA_OPT_FLAG, NULL, G_MODEL, NULL, NULL, F(share_all_embeddings), "share encoder, decoder and output embeddings (always on: the models here have one table; needs a joined dictionary)"},
     {"--dropout", LUNA_OPT_DOUBLE, NULL, G_MODEL, "P", NULL, F(dropout), "dropout probability (default: from --arch)"},
     {"--attention-dropout", LUNA_OPT_DOUBLE, NULL, G_MODEL, "P", NULL, F(attention_dropout), "dropout on attention weights (default: from --arch)"},
@@ -155,6 +159,8 @@ static luna_status resolve_model(luna_train_options *o) {
         {"--encoder-attention-heads", &o->encoder_attention_heads, &c.encoder_attention_heads},
         {"--decoder-attention-heads", &o->decoder_attention_heads, &c.decoder_attention_heads},
         {"--projection-length", &o->projection_length, &c.projection_length},
+        {"--linformer-k", &o->linformer_k, &c.linformer_k},
+        {"--linformer-max-length", &o->linformer_max_length, &c.max_source_positions},
     };
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
         if (given(o, ints[i].name)) {
@@ -184,7 +190,7 @@ static luna_status resolve_model(luna_train_options *o) {
     }
     bool luna = c.arch == LUNA_ARCH_LUNA;
     const char *luna_only[] = {"--projection-length", "--causal-activation", "--untie-luna-kv",
-                               "--fix-projection-length"};
+                               "--fix-projection-length", "--non-contextual-projection"};
     for (size_t i = 0; i < sizeof luna_only / sizeof luna_only[0]; i++)
         if (!luna && given(o, luna_only[i]))
             return bad("%s applies to Luna architectures only (--arch %s is a transformer)",
@@ -195,8 +201,22 @@ static luna_status resolve_model(luna_train_options *o) {
     o->causal_activation = c.causal_activation == LUNA_CAUSAL_ELU ? "elu" : "softplus";
     if (o->untie_luna_kv) c.untie_luna_kv = true;
     if (o->fix_projection_length) c.fix_projection_length = true;
+    if (o->non_contextual_projection) c.non_contextual_projection = true;
+    if (given(o, "--linformer-sharing") &&
+        luna_linformer_sharing_parse(o->linformer_sharing, &c.linformer_sharing) != LUNA_OK)
+        return bad("--linformer-sharing: %s", luna_error_message());
+    o->linformer_sharing = luna_linformer_sharing_name(c.linformer_sharing);
+    /* Linformer's E, F have a fixed length: training skips longer pairs (fairseq's behaviour)
+     * rather than stopping at the first long batch. */
+    if (c.linformer_k > 0 && o->max_source_positions > c.max_source_positions)
+        o->max_source_positions = c.max_source_positions;
+    if (c.arch == LUNA_ARCH_LUNA && (given(o, "--linformer-k") || given(o, "--linformer-sharing")))
+        return bad("--linformer-k/--linformer-sharing apply to the transformer architecture only "
+                   "(--arch %s is Luna)",
+                   o->arch);
     o->untie_luna_kv = c.untie_luna_kv;
     o->fix_projection_length = c.fix_projection_length;
+    o->non_contextual_projection = c.non_contextual_projection;
     o->share_all_embeddings = true;
     c.vocab_size = 1000; /* placeholder for validation; the dictionary sets the real one */
     if (luna_config_validate(&c) != LUNA_OK) return bad("%s", luna_error_message());
@@ -371,8 +391,12 @@ bool luna_train_option_applies(const luna_train_options *o, const char *name) {
     if (!strcmp(name, "--warmup-init-lr")) return strcmp(o->lr_scheduler, "fixed") != 0;
     if (!strcmp(name, "--clip-mode")) return o->clip_norm > 0;
     if (!strcmp(name, "--projection-length") || !strcmp(name, "--causal-activation") ||
-        !strcmp(name, "--untie-luna-kv") || !strcmp(name, "--fix-projection-length"))
+        !strcmp(name, "--untie-luna-kv") || !strcmp(name, "--fix-projection-length") ||
+        !strcmp(name, "--non-contextual-projection"))
         return o->model.arch == LUNA_ARCH_LUNA;
+    if (!strcmp(name, "--linformer-k")) return o->model.arch == LUNA_ARCH_TRANSFORMER;
+    if (!strcmp(name, "--linformer-max-length") || !strcmp(name, "--linformer-sharing"))
+        return o->model.linformer_k > 0;
     return true;
 }
 

@@ -30,11 +30,11 @@
 typedef struct {
     const char *data_bin;
     /* model */
-    const char *arch, *causal_activation;
+    const char *arch, *causal_activation, *linformer_sharing;
     int64_t encoder_layers, decoder_layers, encoder_embed_dim, decoder_embed_dim;
     int64_t encoder_ffn_embed_dim, decoder_ffn_embed_dim, encoder_attention_heads;
-    int64_t decoder_attention_heads, projection_length;
-    bool untie_luna_kv, fix_projection_length, share_all_embeddings;
+    int64_t decoder_attention_heads, projection_length, linformer_k, linformer_max_length;
+    bool untie_luna_kv, fix_projection_length, non_contextual_projection, share_all_embeddings;
     double dropout, attention_dropout, activation_dropout, label_smoothing;
     /* optimization */
     const char *optimizer, *rebound, *weight_decay_type, *adam_betas, *clip_mode_name;

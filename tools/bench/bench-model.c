@@ -4,9 +4,14 @@
  *               [--tgt-len 32] [--vocab 32000] [--projection-length 32] [--dropout 0.1]
  *               [--attention-dropout 0.1] [--activation-dropout 0.1] [--warmup 1] [--steps 3]
  *               [--device cpu|cuda] [--precision auto|fp32|bf16] [--tf32]
+ *               [--embed-dim D] [--ffn-dim F] [--layers K] [--heads H] [--fix-projection-length]
+ *               [--linformer-k K]
  *
- * Prints target tokens/s, seconds per step and the activation arena's peak bytes. The batch is
- * random tokens of full length (no padding), so every position does work.
+ * Prints target tokens/s, seconds per step and the peak activation memory: the activation
+ * arena's high-water mark plus the ops' scratch high-water mark (parameters, gradients and
+ * optimizer state are not counted: they do not depend on the sequence length). The batch is
+ * random tokens of full length (no padding), so every position does work. The last line,
+ * "bench-model-result: key=value ...", is for scripts (tools/bench/long.sh).
  */
 #include <getopt.h>
 #include <stdio.h>
@@ -14,15 +19,20 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/allocator.h"
 #include "model/seq2seq.h"
 #include "model/kernels/registry.h"
 #include "tools/program_start.h"
 
-static double now(void) {
+static double clock_seconds(clockid_t id) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(id, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
+static double now(void) { return clock_seconds(CLOCK_MONOTONIC); }
+/* CPU seconds of the whole process (all threads): on a shared machine a single-threaded run's
+ * CPU time measures its work where wall time also measures the other programs. */
+static double cpu_now(void) { return clock_seconds(CLOCK_PROCESS_CPUTIME_ID); }
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -31,10 +41,15 @@ static void usage(FILE *f) {
             "                   [--attention-dropout P] [--activation-dropout P]\n"
             "                   [--warmup K] [--steps S] [--device cpu|cuda]\n"
             "                   [--precision auto|fp32|bf16] [--tf32]\n"
+            "                   [--embed-dim D] [--ffn-dim F] [--layers K] [--heads H]\n"
+            "                   [--fix-projection-length] [--linformer-k K]\n"
             "Forward+backward time of the model on one synthetic batch (default: luna_base_tied,\n"
             "l=32, V=32000, all three dropouts 0.1 as in the WMT recipe, 128 x 32 target\n"
             "tokens, sources of 32). --device cuda: activations in bf16 unless --precision fp32\n"
-            "(auto = bf16 on cuda, as luna-train).\n");
+            "(auto = bf16 on cuda, as luna-train). --embed-dim/--ffn-dim/--layers/--heads\n"
+            "override the preset's sizes (encoder and decoder alike); --fix-projection-length:\n"
+            "Luna uses all l slots even when sources are shorter than l; --linformer-k: a\n"
+            "transformer arch gets a Linformer encoder (E, F [K, src-len]).\n");
 }
 
 static int parse_int(const char *flag, const char *s, int lo) {
@@ -50,8 +65,10 @@ static int parse_int(const char *flag, const char *s, int lo) {
 int main(int argc, char **argv) {
     luna_program_start("bench-model", argv);
     const char *arch = "luna_base_tied", *device = "cpu", *precision = "auto";
-    bool tf32 = false;
+    bool tf32 = false, fix_projection_length = false;
     int threads = 0, B = 128, M = 32, N = 32, V = 32000, L = 32, warmup = 1, steps = 3;
+    int embed_dim = 0, ffn_dim = 0, layers = 0, heads = 0; /* 0: the preset's */
+    int linformer_k = 0;
     double dropout = 0.1, attention_dropout = 0.1, activation_dropout = 0.1;
     static const struct option options[] = {
         {"arch", required_argument, NULL, 'a'},
@@ -69,6 +86,12 @@ int main(int argc, char **argv) {
         {"device", required_argument, NULL, 'D'},
         {"precision", required_argument, NULL, 'P'},
         {"tf32", no_argument, NULL, 'T'},
+        {"embed-dim", required_argument, NULL, 'E'},
+        {"ffn-dim", required_argument, NULL, 'F'},
+        {"layers", required_argument, NULL, 'K'},
+        {"heads", required_argument, NULL, 'H'},
+        {"fix-projection-length", no_argument, NULL, 'X'},
+        {"linformer-k", required_argument, NULL, 'k'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -90,6 +113,12 @@ int main(int argc, char **argv) {
         case 'D': device = optarg; break;
         case 'P': precision = optarg; break;
         case 'T': tf32 = true; break;
+        case 'E': embed_dim = parse_int("--embed-dim", optarg, 4); break;
+        case 'F': ffn_dim = parse_int("--ffn-dim", optarg, 1); break;
+        case 'K': layers = parse_int("--layers", optarg, 1); break;
+        case 'H': heads = parse_int("--heads", optarg, 1); break;
+        case 'X': fix_projection_length = true; break;
+        case 'k': linformer_k = parse_int("--linformer-k", optarg, 1); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -108,6 +137,15 @@ int main(int argc, char **argv) {
     cfg.dropout = dropout;
     cfg.attention_dropout = attention_dropout;
     cfg.activation_dropout = activation_dropout;
+    if (embed_dim) cfg.encoder_embed_dim = cfg.decoder_embed_dim = embed_dim;
+    if (ffn_dim) cfg.encoder_ffn_embed_dim = cfg.decoder_ffn_embed_dim = ffn_dim;
+    if (layers) cfg.encoder_layers = cfg.decoder_layers = layers;
+    cfg.fix_projection_length = fix_projection_length;
+    if (linformer_k) { /* Linformer encoder (transformer archs): E, F [k, source length] */
+        cfg.linformer_k = linformer_k;
+        cfg.max_source_positions = M;
+    }
+    if (heads) cfg.encoder_attention_heads = cfg.decoder_attention_heads = heads;
 
     luna_backend *be;
     luna_seq2seq *model;
@@ -149,22 +187,36 @@ int main(int argc, char **argv) {
            "(%s activations), %d threads\n",
            model->params->num_params, B, N, M, be->name, bo.bf16 ? "bf16" : "fp32",
            be->num_threads);
-    double loss = 0, total = 0;
+    double loss = 0, total = 0, cpu_total = 0;
     for (int s = 0; s < warmup + steps; s++) {
-        double t0 = now();
+        double t0 = now(), c0 = cpu_now();
         if (luna_seq2seq_forward_backward(model, &batch, (uint64_t)s, &loss, NULL) != LUNA_OK) {
             fprintf(stderr, "bench-model: %s\n", luna_error_message());
             return 1;
         }
         double dt = now() - t0;
-        if (s >= warmup) total += dt;
+        if (s >= warmup) total += dt, cpu_total += cpu_now() - c0;
         printf("bench-model: step %d%s: %.3f s, loss %.4f nats/token\n", s,
                s < warmup ? " (warmup)" : "", dt, loss / ((double)B * N));
     }
     double per_step = total / steps;
-    printf("bench-model: %.1f target tokens/s, %.3f s/step, activation peak %zu bytes (%.1f MiB)\n",
-           (double)B * N / per_step, per_step, luna_seq2seq_activation_peak(model),
-           luna_seq2seq_activation_peak(model) / 1048576.0);
+    /* The ops' scratch arena holds their temporaries (e.g. the causal scan's chunk state); its
+     * high-water mark adds to the activations' (an upper bound: the two peaks may differ in time).
+     */
+    size_t arena_peak = luna_seq2seq_activation_peak(model);
+    size_t scratch_peak = be->scratch ? luna_arena_peak_bytes(be->scratch) : 0;
+    size_t peak = arena_peak + scratch_peak;
+    printf("bench-model: %.1f target tokens/s, %.3f s/step (%.3f CPU s), activation peak %zu bytes "
+           "(%.1f MiB: arena %.1f + op scratch %.1f)\n",
+           (double)B * N / per_step, per_step, cpu_total / steps, peak, peak / 1048576.0,
+           arena_peak / 1048576.0, scratch_peak / 1048576.0);
+    printf("bench-model-result: arch=%s linformer_k=%d l=%d batch=%d src_len=%d tgt_len=%d d=%d "
+           "layers=%d "
+           "heads=%d threads=%d steps_per_s=%.6f s_per_step=%.6f cpu_s_per_step=%.6f "
+           "peak_bytes=%zu\n",
+           arch, cfg.linformer_k, cfg.arch == LUNA_ARCH_LUNA ? cfg.projection_length : 0, B, M, N,
+           cfg.encoder_embed_dim, cfg.encoder_layers, cfg.encoder_attention_heads, be->num_threads,
+           1.0 / per_step, per_step, cpu_total / steps, peak);
     free(src), free(len), free(prev), free(tgt);
     luna_seq2seq_free(model);
     luna_backend_free(be);
