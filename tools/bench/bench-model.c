@@ -15,6 +15,8 @@
 #include <time.h>
 
 #include "model/seq2seq.h"
+#include "model/kernels/op_profile.h"
+#include "model/kernels/op_report.h"
 #include "model/kernels/registry.h"
 #include "tools/program_start.h"
 
@@ -30,11 +32,14 @@ static void usage(FILE *f) {
             "                   [--tgt-len N] [--vocab V] [--projection-length L] [--dropout P]\n"
             "                   [--attention-dropout P] [--activation-dropout P]\n"
             "                   [--warmup K] [--steps S] [--device cpu|cuda]\n"
-            "                   [--precision auto|fp32|bf16] [--tf32]\n"
+            "                   [--precision auto|fp32|bf16] [--tf32] [--profile]\n"
+            "                   [--predict-batch P]\n"
             "Forward+backward time of the model on one synthetic batch (default: luna_base_tied,\n"
             "l=32, V=32000, all three dropouts 0.1 as in the WMT recipe, 128 x 32 target\n"
             "tokens, sources of 32). --device cuda: activations in bf16 unless --precision fp32\n"
-            "(auto = bf16 on cuda, as luna-train).\n");
+            "(auto = bf16 on cuda, as luna-train). --profile: per-op-family FLOPs, bytes and time\n"
+            "with PREDICTED H100/H200 times and MFU; --predict-batch P: the same extrapolated\n"
+            "to P sentences from counts at B/4 and B/2 (checked against B).\n");
 }
 
 static int parse_int(const char *flag, const char *s, int lo) {
@@ -47,10 +52,64 @@ static int parse_int(const char *flag, const char *s, int lo) {
     return (int)v;
 }
 
+/* The counters of one forward+backward step at the first b sentences of `batch`. */
+static luna_status count_step(luna_seq2seq *model, luna_op_profile *prof, const luna_batch *batch,
+                              int b, luna_op_counter *out) {
+    luna_batch part = *batch;
+    part.B = b;
+    double loss;
+    luna_op_profile_reset(prof);
+    luna_status st = luna_seq2seq_forward_backward(model, &part, 7, &loss, NULL);
+    if (st != LUNA_OK) return st;
+    memcpy(out, luna_op_profile_counters(prof), sizeof(luna_op_counter) * LUNA_OP_COUNT);
+    return LUNA_OK;
+}
+
+/* Prints the profile of the timed steps (per step) and, with predict_batch, the extrapolation. */
+static luna_status report(luna_seq2seq *model, luna_op_profile *prof, const luna_batch *batch,
+                          int steps, int predict_batch, int act_bytes) {
+    static luna_op_counter per_step[LUNA_OP_COUNT], quarter[LUNA_OP_COUNT], half[LUNA_OP_COUNT],
+        fit[LUNA_OP_COUNT];
+    const luna_op_counter *c = luna_op_profile_counters(prof);
+    for (int i = 0; i < LUNA_OP_COUNT; i++) {
+        per_step[i] = c[i];
+        per_step[i].calls /= steps, per_step[i].mm_flops /= steps, per_step[i].flops /= steps;
+        per_step[i].act_elems /= steps, per_step[i].bytes /= steps, per_step[i].seconds /= steps;
+    }
+    const double tokens_per_sentence = batch->tgt_len;
+    printf("\nbench-model: op profile of one update (forward+backward), %d x %d target tokens:\n",
+           batch->B, batch->tgt_len);
+    luna_op_report_print(stdout, per_step, true, act_bytes, tokens_per_sentence * batch->B,
+                         "target tokens");
+    if (!predict_batch) return LUNA_OK;
+    const int B = batch->B;
+    luna_status st = count_step(model, prof, batch, B / 4, quarter);
+    if (st == LUNA_OK) st = count_step(model, prof, batch, B / 2, half);
+    if (st != LUNA_OK) return st;
+    /* The costs are affine in the batch size: the fit through B/4 and B/2 must give B's counts. */
+    luna_op_counters_extrapolate(fit, quarter, B / 4, half, B / 2, B);
+    double err = luna_op_counters_max_rel_diff(fit, per_step);
+    printf("\nbench-model: affine check: counts at %d sentences from the fit through %d and %d: "
+           "max relative difference %.2e\n",
+           B, B / 4, B / 2, err);
+    if (err > 1e-9)
+        return luna_error(LUNA_ERR_INTERNAL,
+                          "the op costs are not affine in the batch size "
+                          "(%.2e): cannot extrapolate",
+                          err);
+    luna_op_counters_extrapolate(fit, quarter, B / 4, half, B / 2, predict_batch);
+    printf("bench-model: op profile EXTRAPOLATED to %d x %d target tokens (no measured time):\n",
+           predict_batch, batch->tgt_len);
+    luna_op_report_print(stdout, fit, false, act_bytes, tokens_per_sentence * predict_batch,
+                         "target tokens");
+    return LUNA_OK;
+}
+
 int main(int argc, char **argv) {
     luna_program_start("bench-model", argv);
     const char *arch = "luna_base_tied", *device = "cpu", *precision = "auto";
-    bool tf32 = false;
+    bool tf32 = false, profile = false;
+    int predict_batch = 0;
     int threads = 0, B = 128, M = 32, N = 32, V = 32000, L = 32, warmup = 1, steps = 3;
     double dropout = 0.1, attention_dropout = 0.1, activation_dropout = 0.1;
     static const struct option options[] = {
@@ -69,6 +128,8 @@ int main(int argc, char **argv) {
         {"device", required_argument, NULL, 'D'},
         {"precision", required_argument, NULL, 'P'},
         {"tf32", no_argument, NULL, 'T'},
+        {"profile", no_argument, NULL, 'p'},
+        {"predict-batch", required_argument, NULL, 'B'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -90,12 +151,19 @@ int main(int argc, char **argv) {
         case 'D': device = optarg; break;
         case 'P': precision = optarg; break;
         case 'T': tf32 = true; break;
+        case 'p': profile = true; break;
+        case 'B': predict_batch = parse_int("--predict-batch", optarg, 1); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
     }
     if (optind != argc) {
         usage(stderr);
+        return 2;
+    }
+    if (predict_batch && (!profile || B % 4 != 0)) {
+        fprintf(stderr, "bench-model: --predict-batch needs --profile and a --batch divisible by "
+                        "4\n");
         return 2;
     }
     luna_config cfg;
@@ -150,7 +218,12 @@ int main(int argc, char **argv) {
            model->params->num_params, B, N, M, be->name, bo.bf16 ? "bf16" : "fp32",
            be->num_threads);
     double loss = 0, total = 0;
+    luna_op_profile *prof = NULL;
     for (int s = 0; s < warmup + steps; s++) {
+        if (profile && s == warmup && luna_op_profile_attach(&prof, be, true) != LUNA_OK) {
+            fprintf(stderr, "bench-model: %s\n", luna_error_message());
+            return 1;
+        }
         double t0 = now();
         if (luna_seq2seq_forward_backward(model, &batch, (uint64_t)s, &loss, NULL) != LUNA_OK) {
             fprintf(stderr, "bench-model: %s\n", luna_error_message());
@@ -165,6 +238,11 @@ int main(int argc, char **argv) {
     printf("bench-model: %.1f target tokens/s, %.3f s/step, activation peak %zu bytes (%.1f MiB)\n",
            (double)B * N / per_step, per_step, luna_seq2seq_activation_peak(model),
            luna_seq2seq_activation_peak(model) / 1048576.0);
+    if (prof && report(model, prof, &batch, steps, predict_batch, bo.bf16 ? 2 : 4) != LUNA_OK) {
+        fprintf(stderr, "bench-model: %s\n", luna_error_message());
+        return 1;
+    }
+    luna_op_profile_detach(prof);
     free(src), free(len), free(prev), free(tgt);
     luna_seq2seq_free(model);
     luna_backend_free(be);
