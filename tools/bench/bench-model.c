@@ -4,9 +4,16 @@
  *               [--tgt-len 32] [--vocab 32000] [--projection-length 32] [--dropout 0.1]
  *               [--attention-dropout 0.1] [--activation-dropout 0.1] [--warmup 1] [--steps 3]
  *               [--device cpu|cuda] [--precision auto|fp32|bf16] [--tf32]
+ *               [--profile] [--predict-batch P ...]
  *
  * Prints target tokens/s, seconds per step and the activation arena's peak bytes. The batch is
  * random tokens of full length (no padding), so every position does work.
+ * --profile: the timed steps run through the op-cost layer (model/kernels/op_profile.h): a table
+ * per op family of calls, FLOPs, bytes and time (each op synchronized, so the steps are slower),
+ * with PREDICTED H100/H200 times, tokens/s and MFU (model/kernels/op_report.h).
+ * --predict-batch P (with --profile; up to 4): also counts one step at B/4 and B/2 sentences,
+ * checks that the affine fit through them reproduces the counts at B, and prints the table
+ * extrapolated to P sentences (a 32k-token update need not be run on a CPU).
  */
 #include <getopt.h>
 #include <stdio.h>
@@ -33,7 +40,7 @@ static void usage(FILE *f) {
             "                   [--attention-dropout P] [--activation-dropout P]\n"
             "                   [--warmup K] [--steps S] [--device cpu|cuda]\n"
             "                   [--precision auto|fp32|bf16] [--tf32] [--profile]\n"
-            "                   [--predict-batch P]\n"
+            "                   [--predict-batch P ...]\n"
             "Forward+backward time of the model on one synthetic batch (default: luna_base_tied,\n"
             "l=32, V=32000, all three dropouts 0.1 as in the WMT recipe, 128 x 32 target\n"
             "tokens, sources of 32). --device cuda: activations in bf16 unless --precision fp32\n"
@@ -67,7 +74,7 @@ static luna_status count_step(luna_seq2seq *model, luna_op_profile *prof, const 
 
 /* Prints the profile of the timed steps (per step) and, with predict_batch, the extrapolation. */
 static luna_status report(luna_seq2seq *model, luna_op_profile *prof, const luna_batch *batch,
-                          int steps, int predict_batch, int act_bytes) {
+                          int steps, const int *predict_batch, int npredict, int act_bytes) {
     static luna_op_counter per_step[LUNA_OP_COUNT], quarter[LUNA_OP_COUNT], half[LUNA_OP_COUNT],
         fit[LUNA_OP_COUNT];
     const luna_op_counter *c = luna_op_profile_counters(prof);
@@ -81,7 +88,7 @@ static luna_status report(luna_seq2seq *model, luna_op_profile *prof, const luna
            batch->B, batch->tgt_len);
     luna_op_report_print(stdout, per_step, true, act_bytes, tokens_per_sentence * batch->B,
                          "target tokens");
-    if (!predict_batch) return LUNA_OK;
+    if (!npredict) return LUNA_OK;
     const int B = batch->B;
     luna_status st = count_step(model, prof, batch, B / 4, quarter);
     if (st == LUNA_OK) st = count_step(model, prof, batch, B / 2, half);
@@ -97,11 +104,14 @@ static luna_status report(luna_seq2seq *model, luna_op_profile *prof, const luna
                           "the op costs are not affine in the batch size "
                           "(%.2e): cannot extrapolate",
                           err);
-    luna_op_counters_extrapolate(fit, quarter, B / 4, half, B / 2, predict_batch);
-    printf("bench-model: op profile EXTRAPOLATED to %d x %d target tokens (no measured time):\n",
-           predict_batch, batch->tgt_len);
-    luna_op_report_print(stdout, fit, false, act_bytes, tokens_per_sentence * predict_batch,
-                         "target tokens");
+    for (int k = 0; k < npredict; k++) {
+        luna_op_counters_extrapolate(fit, quarter, B / 4, half, B / 2, predict_batch[k]);
+        printf("\nbench-model: op profile EXTRAPOLATED to %d x %d target tokens (no measured "
+               "time):\n",
+               predict_batch[k], batch->tgt_len);
+        luna_op_report_print(stdout, fit, false, act_bytes, tokens_per_sentence * predict_batch[k],
+                             "target tokens");
+    }
     return LUNA_OK;
 }
 
@@ -109,7 +119,7 @@ int main(int argc, char **argv) {
     luna_program_start("bench-model", argv);
     const char *arch = "luna_base_tied", *device = "cpu", *precision = "auto";
     bool tf32 = false, profile = false;
-    int predict_batch = 0;
+    int predict_batch[4], npredict = 0;
     int threads = 0, B = 128, M = 32, N = 32, V = 32000, L = 32, warmup = 1, steps = 3;
     double dropout = 0.1, attention_dropout = 0.1, activation_dropout = 0.1;
     static const struct option options[] = {
@@ -152,7 +162,13 @@ int main(int argc, char **argv) {
         case 'P': precision = optarg; break;
         case 'T': tf32 = true; break;
         case 'p': profile = true; break;
-        case 'B': predict_batch = parse_int("--predict-batch", optarg, 1); break;
+        case 'B':
+            if (npredict == 4) {
+                fprintf(stderr, "bench-model: at most 4 --predict-batch\n");
+                return 2;
+            }
+            predict_batch[npredict++] = parse_int("--predict-batch", optarg, 1);
+            break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -161,7 +177,7 @@ int main(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
-    if (predict_batch && (!profile || B % 4 != 0)) {
+    if (npredict && (!profile || B % 4 != 0)) {
         fprintf(stderr, "bench-model: --predict-batch needs --profile and a --batch divisible by "
                         "4\n");
         return 2;
@@ -238,7 +254,8 @@ int main(int argc, char **argv) {
     printf("bench-model: %.1f target tokens/s, %.3f s/step, activation peak %zu bytes (%.1f MiB)\n",
            (double)B * N / per_step, per_step, luna_seq2seq_activation_peak(model),
            luna_seq2seq_activation_peak(model) / 1048576.0);
-    if (prof && report(model, prof, &batch, steps, predict_batch, bo.bf16 ? 2 : 4) != LUNA_OK) {
+    if (prof &&
+        report(model, prof, &batch, steps, predict_batch, npredict, bo.bf16 ? 2 : 4) != LUNA_OK) {
         fprintf(stderr, "bench-model: %s\n", luna_error_message());
         return 1;
     }
