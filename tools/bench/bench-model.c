@@ -4,7 +4,7 @@
  *               [--tgt-len 32] [--vocab 32000] [--projection-length 32] [--dropout 0.1]
  *               [--attention-dropout 0.1] [--activation-dropout 0.1] [--warmup 1] [--steps 3]
  *               [--device cpu|cuda] [--precision auto|fp32|bf16] [--tf32]
- *               [--profile] [--predict-batch P ...]
+ *               [--profile] [--predict-batch P ...] [--update]
  *
  * Prints target tokens/s, seconds per step and the activation arena's peak bytes. The batch is
  * random tokens of full length (no padding), so every position does work.
@@ -14,6 +14,8 @@
  * --predict-batch P (with --profile; up to 4): also counts one step at B/4 and B/2 sentences,
  * checks that the affine fit through them reproduces the counts at B, and prints the table
  * extrapolated to P sentences (a 32k-token update need not be run on a CPU).
+ * --update: each step is a whole training update as luna-train does it: gradients zeroed,
+ * forward + backward, clipping (total norm 0.1, the WMT recipe) and an Apollo step.
  */
 #include <getopt.h>
 #include <stdio.h>
@@ -25,6 +27,8 @@
 #include "model/kernels/op_profile.h"
 #include "model/kernels/op_report.h"
 #include "model/kernels/registry.h"
+#include "optim/clip.h"
+#include "optim/optimizer.h"
 #include "tools/program_start.h"
 
 static double now(void) {
@@ -40,13 +44,14 @@ static void usage(FILE *f) {
             "                   [--attention-dropout P] [--activation-dropout P]\n"
             "                   [--warmup K] [--steps S] [--device cpu|cuda]\n"
             "                   [--precision auto|fp32|bf16] [--tf32] [--profile]\n"
-            "                   [--predict-batch P ...]\n"
+            "                   [--predict-batch P ...] [--update]\n"
             "Forward+backward time of the model on one synthetic batch (default: luna_base_tied,\n"
             "l=32, V=32000, all three dropouts 0.1 as in the WMT recipe, 128 x 32 target\n"
             "tokens, sources of 32). --device cuda: activations in bf16 unless --precision fp32\n"
             "(auto = bf16 on cuda, as luna-train). --profile: per-op-family FLOPs, bytes and time\n"
             "with PREDICTED H100/H200 times and MFU; --predict-batch P: the same extrapolated\n"
-            "to P sentences from counts at B/4 and B/2 (checked against B).\n");
+            "to P sentences from counts at B/4 and B/2 (checked against B). --update: each step\n"
+            "also zeroes the gradients, clips (total norm 0.1) and takes an Apollo step.\n");
 }
 
 static int parse_int(const char *flag, const char *s, int lo) {
@@ -59,6 +64,24 @@ static int parse_int(const char *flag, const char *s, int lo) {
     return (int)v;
 }
 
+/* With --update, the clipper and optimizer of a whole training update (else NULL). */
+static luna_clipper *g_clip;
+static luna_optimizer *g_opt;
+
+/* One step: forward + backward, and with --update the rest of luna-train's update around it. */
+static luna_status train_step(luna_seq2seq *model, const luna_batch *batch, uint64_t seed,
+                              double *loss) {
+    luna_status st = LUNA_OK;
+    if (g_opt) st = luna_seq2seq_zero_grad(model);
+    if (st == LUNA_OK) st = luna_seq2seq_forward_backward(model, batch, seed, loss, NULL);
+    if (st != LUNA_OK || !g_opt) return st;
+    double norm;
+    bool clipped, finite;
+    st = luna_clipper_apply(g_clip, 0.1, LUNA_CLIP_TOTAL, &norm, &clipped, &finite);
+    if (st == LUNA_OK) st = luna_optimizer_step(g_opt, 1e-4);
+    return st;
+}
+
 /* The counters of one forward+backward step at the first b sentences of `batch`. */
 static luna_status count_step(luna_seq2seq *model, luna_op_profile *prof, const luna_batch *batch,
                               int b, luna_op_counter *out) {
@@ -66,7 +89,7 @@ static luna_status count_step(luna_seq2seq *model, luna_op_profile *prof, const 
     part.B = b;
     double loss;
     luna_op_profile_reset(prof);
-    luna_status st = luna_seq2seq_forward_backward(model, &part, 7, &loss, NULL);
+    luna_status st = train_step(model, &part, 7, &loss);
     if (st != LUNA_OK) return st;
     memcpy(out, luna_op_profile_counters(prof), sizeof(luna_op_counter) * LUNA_OP_COUNT);
     return LUNA_OK;
@@ -84,8 +107,8 @@ static luna_status report(luna_seq2seq *model, luna_op_profile *prof, const luna
         per_step[i].act_elems /= steps, per_step[i].bytes /= steps, per_step[i].seconds /= steps;
     }
     const double tokens_per_sentence = batch->tgt_len;
-    printf("\nbench-model: op profile of one update (forward+backward), %d x %d target tokens:\n",
-           batch->B, batch->tgt_len);
+    printf("\nbench-model: op profile of one update (%s), %d x %d target tokens:\n",
+           g_opt ? "forward+backward+clip+Apollo" : "forward+backward", batch->B, batch->tgt_len);
     luna_op_report_print(stdout, per_step, true, act_bytes, tokens_per_sentence * batch->B,
                          "target tokens");
     if (!npredict) return LUNA_OK;
@@ -118,7 +141,7 @@ static luna_status report(luna_seq2seq *model, luna_op_profile *prof, const luna
 int main(int argc, char **argv) {
     luna_program_start("bench-model", argv);
     const char *arch = "luna_base_tied", *device = "cpu", *precision = "auto";
-    bool tf32 = false, profile = false;
+    bool tf32 = false, profile = false, update = false;
     int predict_batch[4], npredict = 0;
     int threads = 0, B = 128, M = 32, N = 32, V = 32000, L = 32, warmup = 1, steps = 3;
     double dropout = 0.1, attention_dropout = 0.1, activation_dropout = 0.1;
@@ -139,6 +162,7 @@ int main(int argc, char **argv) {
         {"precision", required_argument, NULL, 'P'},
         {"tf32", no_argument, NULL, 'T'},
         {"profile", no_argument, NULL, 'p'},
+        {"update", no_argument, NULL, 'U'},
         {"predict-batch", required_argument, NULL, 'B'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -162,6 +186,7 @@ int main(int argc, char **argv) {
         case 'P': precision = optarg; break;
         case 'T': tf32 = true; break;
         case 'p': profile = true; break;
+        case 'U': update = true; break;
         case 'B':
             if (npredict == 4) {
                 fprintf(stderr, "bench-model: at most 4 --predict-batch\n");
@@ -203,6 +228,15 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench-model: %s\n", luna_error_message());
         return 1;
     }
+    if (update) {
+        luna_optimizer_config oc;
+        luna_optimizer_config_defaults(&oc, LUNA_OPTIMIZER_APOLLO);
+        if (luna_clipper_create(&g_clip, be, model->params) != LUNA_OK ||
+            luna_optimizer_create(&g_opt, be, &oc, model->params) != LUNA_OK) {
+            fprintf(stderr, "bench-model: %s\n", luna_error_message());
+            return 1;
+        }
+    }
     /* Full-length random sentences: sources end with </s> (2), targets likewise. */
     int32_t *src = malloc(sizeof(int32_t) * B * M), *len = malloc(sizeof(int32_t) * B);
     int32_t *prev = malloc(sizeof(int32_t) * B * N), *tgt = malloc(sizeof(int32_t) * B * N);
@@ -241,7 +275,7 @@ int main(int argc, char **argv) {
             return 1;
         }
         double t0 = now();
-        if (luna_seq2seq_forward_backward(model, &batch, (uint64_t)s, &loss, NULL) != LUNA_OK) {
+        if (train_step(model, &batch, (uint64_t)s, &loss) != LUNA_OK) {
             fprintf(stderr, "bench-model: %s\n", luna_error_message());
             return 1;
         }
@@ -261,6 +295,8 @@ int main(int argc, char **argv) {
     }
     luna_op_profile_detach(prof);
     free(src), free(len), free(prev), free(tgt);
+    luna_optimizer_free(g_opt);
+    luna_clipper_free(g_clip);
     luna_seq2seq_free(model);
     luna_backend_free(be);
     return 0;
