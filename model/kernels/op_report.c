@@ -53,26 +53,26 @@ void luna_op_report_print(FILE *f, const luna_op_counter *c, bool measured, int 
         total.act_elems += c[i].act_elems, total.bytes += c[i].bytes;
         total.seconds += c[i].seconds;
     }
-    fprintf(f, "%-19s %8s %10s %10s %9s %8s %6s | %13s %13s\n", "op family", "calls", "GFLOP(mm)",
-            "GFLOP(oth)", "GB", measured ? "meas. s" : "meas.", "share", "PRED H100 ms",
-            "PRED H200 ms");
+    fprintf(f, "%-19s %8s %10s %10s %9s %8s %6s | %18s %18s\n", "op family", "calls", "GFLOP(mm)",
+            "GFLOP(oth)", "GB", measured ? "meas. s" : "meas.", "share", "PREDICTED H100 ms",
+            "PREDICTED H200 ms");
     for (int r = 0; r < nrows; r++) {
         const luna_op_counter *s = &rows[r].sum;
         double gb = (s->act_elems * measured_act_bytes + s->bytes) * 1e-9;
         if (measured)
-            fprintf(f, "%-19s %8.0f %10.2f %10.2f %9.3f %8.3f %5.1f%% | %13.3f %13.3f\n",
+            fprintf(f, "%-19s %8.0f %10.2f %10.2f %9.3f %8.3f %5.1f%% | %18.3f %18.3f\n",
                     rows[r].family, s->calls, s->mm_flops * 1e-9, s->flops * 1e-9, gb, s->seconds,
                     total.seconds > 0 ? 100 * s->seconds / total.seconds : 0, rows[r].t100 * 1e3,
                     rows[r].t200 * 1e3);
         else
-            fprintf(f, "%-19s %8.0f %10.2f %10.2f %9.3f %8s %6s | %13.3f %13.3f\n", rows[r].family,
+            fprintf(f, "%-19s %8.0f %10.2f %10.2f %9.3f %8s %6s | %18.3f %18.3f\n", rows[r].family,
                     s->calls, s->mm_flops * 1e-9, s->flops * 1e-9, gb, "-", "-", rows[r].t100 * 1e3,
                     rows[r].t200 * 1e3);
     }
     double gb = (total.act_elems * measured_act_bytes + total.bytes) * 1e-9;
     char secs[32] = "-";
     if (measured) snprintf(secs, sizeof secs, "%.3f", total.seconds);
-    fprintf(f, "%-19s %8.0f %10.2f %10.2f %9.3f %8s %6s | %13.3f %13.3f\n", "total", total.calls,
+    fprintf(f, "%-19s %8.0f %10.2f %10.2f %9.3f %8s %6s | %18.3f %18.3f\n", "total", total.calls,
             total.mm_flops * 1e-9, total.flops * 1e-9, gb, secs, "", t100 * 1e3, t200 * 1e3);
     fprintf(f,
             "(GB at %d-byte activations as profiled; the PREDICTED columns use bf16 "
