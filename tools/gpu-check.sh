@@ -15,7 +15,8 @@
 #   3. sanitizer   compute-sanitizer memcheck, racecheck and synccheck over the op suites
 #                  (LUNA_CUDA_CACHE=0: exact allocations, so memcheck sees each buffer's end)
 #   4. benchmarks  bench-model (luna_base_tied, bf16 and fp32) and bench-translate (luna_demo
-#                  preset, beam 4) on the GPU; --quick: smaller batches
+#                  preset, beam 4) on the GPU, and bench-model --update --profile (measured
+#                  vs PREDICTED time per op family, gpu-check.profile.log); --quick: smaller batches
 # Nothing here is run by CI (no GPU there); tools/test.sh --gpu runs step 2 alone.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -95,6 +96,14 @@ for precision in bf16 fp32; do
     && note "ok   bench-model luna_base_tied $precision: ${line#bench-model: }" \
     || fail "bench-model --precision $precision"
 done
+# The op-cost profile of a whole bf16 update on this GPU: each family's measured time next to the
+# roofline's PREDICTED one (model/kernels/op_report.h), to calibrate the cost model.
+if "$build/bench-model" --device cuda --precision bf16 --batch "$batch" --tgt-len 32 \
+     --src-len 32 --warmup 1 --steps 1 --update --profile > "$build/gpu-check.profile.log" 2>&1; then
+  note "ok   bench-model --update --profile bf16 (measured vs PREDICTED per op family): $build/gpu-check.profile.log"
+else
+  fail "bench-model --update --profile ($build/gpu-check.profile.log)"
+fi
 line=$("$build/bench-translate" --preset luna_demo --device cuda --sentences "$sentences" \
        --max-len-b 40 2>&1 | tail -n 1) \
   && note "ok   bench-translate luna_demo beam 4 (random weights, 40 tokens): $line" \

@@ -5,13 +5,21 @@
  *               [--attention-dropout 0.1] [--activation-dropout 0.1] [--warmup 1] [--steps 3]
  *               [--device cpu|cuda] [--precision auto|fp32|bf16] [--tf32]
  *               [--embed-dim D] [--ffn-dim F] [--layers K] [--heads H] [--fix-projection-length]
- *               [--linformer-k K]
+ *               [--linformer-k K] [--profile] [--predict-batch P ...] [--update]
  *
  * Prints target tokens/s, seconds per step and the peak activation memory: the activation
  * arena's high-water mark plus the ops' scratch high-water mark (parameters, gradients and
  * optimizer state are not counted: they do not depend on the sequence length). The batch is
  * random tokens of full length (no padding), so every position does work. The last line,
  * "bench-model-result: key=value ...", is for scripts (tools/bench/long.sh).
+ * --profile: the timed steps run through the op-cost layer (model/kernels/op_profile.h): a table
+ * per op family of calls, FLOPs, bytes and time (each op synchronized, so the steps are slower),
+ * with PREDICTED H100/H200 times, tokens/s and MFU (model/kernels/op_report.h).
+ * --predict-batch P (with --profile; up to 4): also counts one step at B/4 and B/2 sentences,
+ * checks that the affine fit through them reproduces the counts at B, and prints the table
+ * extrapolated to P sentences (a 32k-token update need not be run on a CPU).
+ * --update: each step is a whole training update as luna-train does it: gradients zeroed,
+ * forward + backward, clipping (total norm 0.1, the WMT recipe) and an Apollo step.
  */
 #include <getopt.h>
 #include <stdio.h>
@@ -21,7 +29,11 @@
 
 #include "core/allocator.h"
 #include "model/seq2seq.h"
+#include "model/kernels/op_profile.h"
+#include "model/kernels/op_report.h"
 #include "model/kernels/registry.h"
+#include "optim/clip.h"
+#include "optim/optimizer.h"
 #include "tools/program_start.h"
 
 static double clock_seconds(clockid_t id) {
@@ -42,14 +54,19 @@ static void usage(FILE *f) {
             "                   [--warmup K] [--steps S] [--device cpu|cuda]\n"
             "                   [--precision auto|fp32|bf16] [--tf32]\n"
             "                   [--embed-dim D] [--ffn-dim F] [--layers K] [--heads H]\n"
-            "                   [--fix-projection-length] [--linformer-k K]\n"
+            "                   [--fix-projection-length] [--linformer-k K] [--profile]\n"
+            "                   [--predict-batch P ...] [--update]\n"
             "Forward+backward time of the model on one synthetic batch (default: luna_base_tied,\n"
             "l=32, V=32000, all three dropouts 0.1 as in the WMT recipe, 128 x 32 target\n"
             "tokens, sources of 32). --device cuda: activations in bf16 unless --precision fp32\n"
             "(auto = bf16 on cuda, as luna-train). --embed-dim/--ffn-dim/--layers/--heads\n"
             "override the preset's sizes (encoder and decoder alike); --fix-projection-length:\n"
             "Luna uses all l slots even when sources are shorter than l; --linformer-k: a\n"
-            "transformer arch gets a Linformer encoder (E, F [K, src-len]).\n");
+            "transformer arch gets a Linformer encoder (E, F [K, src-len]). --profile: per-op-family\n"
+            "FLOPs, bytes and time with PREDICTED H100/H200 times and MFU; --predict-batch P: the\n"
+            "same extrapolated to P sentences from counts at B/4 and B/2 (checked against B).\n"
+            "--update: each step also zeroes the gradients, clips (total norm 0.1) and takes an\n"
+            "Apollo step.\n");
 }
 
 static int parse_int(const char *flag, const char *s, int lo) {
@@ -62,10 +79,85 @@ static int parse_int(const char *flag, const char *s, int lo) {
     return (int)v;
 }
 
+/* With --update, the clipper and optimizer of a whole training update (else NULL). */
+static luna_clipper *g_clip;
+static luna_optimizer *g_opt;
+
+/* One step: forward + backward, and with --update the rest of luna-train's update around it. */
+static luna_status train_step(luna_seq2seq *model, const luna_batch *batch, uint64_t seed,
+                              double *loss) {
+    luna_status st = LUNA_OK;
+    if (g_opt) st = luna_seq2seq_zero_grad(model);
+    if (st == LUNA_OK) st = luna_seq2seq_forward_backward(model, batch, seed, loss, NULL);
+    if (st != LUNA_OK || !g_opt) return st;
+    double norm;
+    bool clipped, finite;
+    st = luna_clipper_apply(g_clip, 0.1, LUNA_CLIP_TOTAL, &norm, &clipped, &finite);
+    if (st == LUNA_OK) st = luna_optimizer_step(g_opt, 1e-4);
+    return st;
+}
+
+/* The counters of one forward+backward step at the first b sentences of `batch`. */
+static luna_status count_step(luna_seq2seq *model, luna_op_profile *prof, const luna_batch *batch,
+                              int b, luna_op_counter *out) {
+    luna_batch part = *batch;
+    part.B = b;
+    double loss;
+    luna_op_profile_reset(prof);
+    luna_status st = train_step(model, &part, 7, &loss);
+    if (st != LUNA_OK) return st;
+    memcpy(out, luna_op_profile_counters(prof), sizeof(luna_op_counter) * LUNA_OP_COUNT);
+    return LUNA_OK;
+}
+
+/* Prints the profile of the timed steps (per step) and, with predict_batch, the extrapolation. */
+static luna_status report(luna_seq2seq *model, luna_op_profile *prof, const luna_batch *batch,
+                          int steps, const int *predict_batch, int npredict, int act_bytes) {
+    static luna_op_counter per_step[LUNA_OP_COUNT], quarter[LUNA_OP_COUNT], half[LUNA_OP_COUNT],
+        fit[LUNA_OP_COUNT];
+    const luna_op_counter *c = luna_op_profile_counters(prof);
+    for (int i = 0; i < LUNA_OP_COUNT; i++) {
+        per_step[i] = c[i];
+        per_step[i].calls /= steps, per_step[i].mm_flops /= steps, per_step[i].flops /= steps;
+        per_step[i].act_elems /= steps, per_step[i].bytes /= steps, per_step[i].seconds /= steps;
+    }
+    const double tokens_per_sentence = batch->tgt_len;
+    printf("\nbench-model: op profile of one update (%s), %d x %d target tokens:\n",
+           g_opt ? "forward+backward+clip+Apollo" : "forward+backward", batch->B, batch->tgt_len);
+    luna_op_report_print(stdout, per_step, true, act_bytes, tokens_per_sentence * batch->B,
+                         "target tokens");
+    if (!npredict) return LUNA_OK;
+    const int B = batch->B;
+    luna_status st = count_step(model, prof, batch, B / 4, quarter);
+    if (st == LUNA_OK) st = count_step(model, prof, batch, B / 2, half);
+    if (st != LUNA_OK) return st;
+    /* The costs are affine in the batch size: the fit through B/4 and B/2 must give B's counts. */
+    luna_op_counters_extrapolate(fit, quarter, B / 4, half, B / 2, B);
+    double err = luna_op_counters_max_rel_diff(fit, per_step);
+    printf("\nbench-model: affine check: counts at %d sentences from the fit through %d and %d: "
+           "max relative difference %.2e\n",
+           B, B / 4, B / 2, err);
+    if (err > 1e-9)
+        return luna_error(LUNA_ERR_INTERNAL,
+                          "the op costs are not affine in the batch size "
+                          "(%.2e): cannot extrapolate",
+                          err);
+    for (int k = 0; k < npredict; k++) {
+        luna_op_counters_extrapolate(fit, quarter, B / 4, half, B / 2, predict_batch[k]);
+        printf("\nbench-model: op profile EXTRAPOLATED to %d x %d target tokens (no measured "
+               "time):\n",
+               predict_batch[k], batch->tgt_len);
+        luna_op_report_print(stdout, fit, false, act_bytes, tokens_per_sentence * predict_batch[k],
+                             "target tokens");
+    }
+    return LUNA_OK;
+}
+
 int main(int argc, char **argv) {
     luna_program_start("bench-model", argv);
     const char *arch = "luna_base_tied", *device = "cpu", *precision = "auto";
-    bool tf32 = false, fix_projection_length = false;
+    bool tf32 = false, fix_projection_length = false, profile = false, update = false;
+    int predict_batch[4], npredict = 0;
     int threads = 0, B = 128, M = 32, N = 32, V = 32000, L = 32, warmup = 1, steps = 3;
     int embed_dim = 0, ffn_dim = 0, layers = 0, heads = 0; /* 0: the preset's */
     int linformer_k = 0;
@@ -92,6 +184,9 @@ int main(int argc, char **argv) {
         {"heads", required_argument, NULL, 'H'},
         {"fix-projection-length", no_argument, NULL, 'X'},
         {"linformer-k", required_argument, NULL, 'k'},
+        {"profile", no_argument, NULL, 'p'},
+        {"update", no_argument, NULL, 'U'},
+        {"predict-batch", required_argument, NULL, 'B'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -119,12 +214,26 @@ int main(int argc, char **argv) {
         case 'H': heads = parse_int("--heads", optarg, 1); break;
         case 'X': fix_projection_length = true; break;
         case 'k': linformer_k = parse_int("--linformer-k", optarg, 1); break;
+        case 'p': profile = true; break;
+        case 'U': update = true; break;
+        case 'B':
+            if (npredict == 4) {
+                fprintf(stderr, "bench-model: at most 4 --predict-batch\n");
+                return 2;
+            }
+            predict_batch[npredict++] = parse_int("--predict-batch", optarg, 1);
+            break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
     }
     if (optind != argc) {
         usage(stderr);
+        return 2;
+    }
+    if (npredict && (!profile || B % 4 != 0)) {
+        fprintf(stderr, "bench-model: --predict-batch needs --profile and a --batch divisible by "
+                        "4\n");
         return 2;
     }
     luna_config cfg;
@@ -157,6 +266,15 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench-model: %s\n", luna_error_message());
         return 1;
     }
+    if (update) {
+        luna_optimizer_config oc;
+        luna_optimizer_config_defaults(&oc, LUNA_OPTIMIZER_APOLLO);
+        if (luna_clipper_create(&g_clip, be, model->params) != LUNA_OK ||
+            luna_optimizer_create(&g_opt, be, &oc, model->params) != LUNA_OK) {
+            fprintf(stderr, "bench-model: %s\n", luna_error_message());
+            return 1;
+        }
+    }
     /* Full-length random sentences: sources end with </s> (2), targets likewise. */
     int32_t *src = malloc(sizeof(int32_t) * B * M), *len = malloc(sizeof(int32_t) * B);
     int32_t *prev = malloc(sizeof(int32_t) * B * N), *tgt = malloc(sizeof(int32_t) * B * N);
@@ -188,9 +306,14 @@ int main(int argc, char **argv) {
            model->params->num_params, B, N, M, be->name, bo.bf16 ? "bf16" : "fp32",
            be->num_threads);
     double loss = 0, total = 0, cpu_total = 0;
+    luna_op_profile *prof = NULL;
     for (int s = 0; s < warmup + steps; s++) {
+        if (profile && s == warmup && luna_op_profile_attach(&prof, be, true) != LUNA_OK) {
+            fprintf(stderr, "bench-model: %s\n", luna_error_message());
+            return 1;
+        }
         double t0 = now(), c0 = cpu_now();
-        if (luna_seq2seq_forward_backward(model, &batch, (uint64_t)s, &loss, NULL) != LUNA_OK) {
+        if (train_step(model, &batch, (uint64_t)s, &loss) != LUNA_OK) {
             fprintf(stderr, "bench-model: %s\n", luna_error_message());
             return 1;
         }
@@ -217,7 +340,15 @@ int main(int argc, char **argv) {
            arch, cfg.linformer_k, cfg.arch == LUNA_ARCH_LUNA ? cfg.projection_length : 0, B, M, N,
            cfg.encoder_embed_dim, cfg.encoder_layers, cfg.encoder_attention_heads, be->num_threads,
            1.0 / per_step, per_step, cpu_total / steps, peak);
+    if (prof &&
+        report(model, prof, &batch, steps, predict_batch, npredict, bo.bf16 ? 2 : 4) != LUNA_OK) {
+        fprintf(stderr, "bench-model: %s\n", luna_error_message());
+        return 1;
+    }
+    luna_op_profile_detach(prof);
     free(src), free(len), free(prev), free(tgt);
+    luna_optimizer_free(g_opt);
+    luna_clipper_free(g_clip);
     luna_seq2seq_free(model);
     luna_backend_free(be);
     return 0;

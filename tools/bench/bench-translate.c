@@ -5,6 +5,7 @@
  *   bench-translate CHECKPOINT --ids IDS [...]   (dictionary ids per line, without </s>)
  *   bench-translate --preset NAME [--vocab 40624] [--sentences 64] [--src-len 30] [...]
  *   any form: [--device cpu|cuda] [--precision auto|fp32|bf16] (auto: fp32, as luna-translate)
+ *             [--profile]
  *
  * The first form translates the raw text INPUT (SentencePiece from the checkpoint); the second
  * builds a randomly initialised model (e.g. luna_base_tied) and random sources, for timing
@@ -14,6 +15,9 @@
  * writes the encoded sources for it.
  * tests/reference/decode_reference.py decodes the same checkpoint with the PyTorch oracle for
  * the throughput ratio.
+ * --profile: decoding runs through the op-cost layer (model/kernels/op_profile.h, each op
+ * synchronized) and a per-op-family table follows, with PREDICTED H100/H200 times, target
+ * tokens/s and MFU for the same decoding work (model/kernels/op_report.h).
  */
 #include <math.h>
 #include <stdio.h>
@@ -28,6 +32,8 @@
 #include "model/seq2seq.h"
 #include "data/checkpoint_vocab.h"
 #include "model/checkpoint.h"
+#include "model/kernels/op_profile.h"
+#include "model/kernels/op_report.h"
 #include "model/kernels/registry.h"
 #include "tools/program_start.h"
 
@@ -48,7 +54,7 @@ int main(int argc, char **argv) {
     const char *device = "cpu", *precision = "auto";
     long threads = 2, limit = 0, vocab = 40624, sentences = 64, src_len = 30, max_tokens = 6000,
          batch_size = 128;
-    bool json = false, print_hyps = false;
+    bool json = false, print_hyps = false, profile = false;
     luna_beam_options o;
     luna_beam_options_init(&o);
     o.beam = 4;
@@ -60,9 +66,14 @@ int main(int argc, char **argv) {
                 "usage: bench-translate CHECKPOINT INPUT [--beam N] [--threads N] [--lenpen F]\n"
                 "         [--max-len-a F] [--max-len-b N] [--max-tokens N] [--batch-size N]\n"
                 "         [--limit N] [--json] [--device cpu|cuda] [--precision auto|fp32|bf16]\n"
+                "         [--profile]\n"
                 "       bench-translate --preset NAME [--vocab N] [--sentences N] [--src-len N]"
                 " ...\n");
             return 0;
+        }
+        if (!strcmp(a, "--profile")) {
+            profile = true;
+            continue;
         }
         if (!strcmp(a, "--json") || !strcmp(a, "--print")) {
             *(!strcmp(a, "--json") ? &json : &print_hyps) = true;
@@ -207,11 +218,18 @@ int main(int argc, char **argv) {
     luna_incremental *inc;
     if (luna_incremental_create(&inc, model) != LUNA_OK) return fail();
     luna_nbest *out = calloc((size_t)n + 1, sizeof *out);
+    /* Attached after the decoder holds its weights (a one-off) and detached before it releases
+     * them: the profile is the decoding work itself. */
+    luna_op_profile *prof = NULL;
+    if (profile && luna_op_profile_attach(&prof, be, true) != LUNA_OK) return fail();
     double t0 = now();
     if (luna_generate(inc, &o, src, n, (int)max_tokens, (int)batch_size, out, NULL, NULL) !=
         LUNA_OK)
         return fail();
     double secs = now() - t0;
+    static luna_op_counter counters[LUNA_OP_COUNT];
+    if (prof) memcpy(counters, luna_op_profile_counters(prof), sizeof counters);
+    luna_op_profile_detach(prof);
     if (print_hyps)
         for (int i = 0; i < n; i++) {
             for (int t = 0; out[i].count && t < out[i].hyps[0].len - 1; t++)
@@ -235,6 +253,13 @@ int main(int argc, char **argv) {
             "{\"sentences\": %d, \"target_tokens\": %lld, \"seconds\": %.4f, \"sentences_per_s\": "
             "%.3f, \"tokens_per_s\": %.2f, \"beam\": %d, \"threads\": %ld}\n",
             n, tokens, secs, n / secs, tokens / secs, o.beam, threads);
+    if (profile) {
+        printf("\nbench-translate: op profile of the decoding above (beam %d, %lld target "
+               "tokens; the time above includes the profile's per-op synchronization):\n",
+               o.beam, tokens);
+        luna_op_report_print(stdout, counters, true, (int)luna_dtype_size(be->act_dtype),
+                             (double)tokens, "target tokens");
+    }
     free(out);
     free(src);
     free(ids);

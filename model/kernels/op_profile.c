@@ -1,0 +1,478 @@
+/* The counting layer of op_profile.h: one wrapper per op of struct luna_ops. Each wrapper states
+ * the op's cost from its arguments (see op_profile.h for what the four quantities mean) and
+ * forwards the call unchanged to the table it wraps. Elementwise FLOP counts are approximations
+ * (a few per element); those ops are memory-bound, so their bytes decide a roofline's time. */
+#include "model/kernels/op_profile.h"
+
+#include <stddef.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "core/tensor_table.h"
+
+struct luna_op_profile {
+    luna_ops table;        /* the counting table be->ops points at */
+    const luna_ops *inner; /* the wrapped table */
+    luna_backend *be;
+    bool timing;
+    int depth; /* > 0 inside an op: an op calling another through be->ops is counted once */
+    luna_op_counter counters[LUNA_OP_COUNT];
+};
+
+/* The op signatures carry only the backend, whose struct has no slot for us: one attached
+ * profile per process (benchmarks profile one backend). */
+static luna_op_profile *g_active;
+
+#define OP(name) ((int)(offsetof(luna_ops, name) / sizeof(luna_status(*)(void))))
+#define D(x) ((double)(x))
+#define F32 4.0 /* bytes of an fp32 or int32 element */
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static luna_status begin(luna_backend *be, double *t0) {
+    luna_op_profile *p = g_active;
+    *t0 = 0;
+    if (p->depth++ == 0 && p->timing) {
+        /* Queued work before this op must not be charged to it. */
+        luna_status st = luna_backend_synchronize(be);
+        if (st != LUNA_OK) {
+            p->depth--;
+            return st;
+        }
+        *t0 = now();
+    }
+    return LUNA_OK;
+}
+
+static luna_status end(luna_backend *be, int op, const luna_op_counter *c, double t0,
+                       luna_status st) {
+    luna_op_profile *p = g_active;
+    if (--p->depth > 0) return st;
+    luna_op_counter *k = &p->counters[op];
+    if (p->timing && st == LUNA_OK) {
+        st = luna_backend_synchronize(be);
+        k->seconds += now() - t0;
+    }
+    k->calls += 1;
+    k->mm_flops += c->mm_flops;
+    k->flops += c->flops;
+    k->act_elems += c->act_elems;
+    k->bytes += c->bytes;
+    return st;
+}
+
+/* Declares the cost `c` of op `name`, then forwards the call (used as a function's body tail). */
+#define COST(...) const luna_op_counter c = {__VA_ARGS__}
+#define FORWARD(name, ...)                                                                         \
+    do {                                                                                           \
+        double t0_;                                                                                \
+        luna_status s_ = begin(be, &t0_);                                                          \
+        if (s_ != LUNA_OK) return s_;                                                              \
+        s_ = g_active->inner->name(be, __VA_ARGS__);                                               \
+        return end(be, OP(name), &c, t0_, s_);                                                     \
+    } while (0)
+
+/* ---- GEMM and linear: the tensor-core FLOPs ----------------------------------------------------
+ */
+static luna_status w_gemm(luna_backend *be, bool ta, bool tb, int M, int N, int K, float alpha,
+                          const luna_act *A, int lda, int64_t sa, const luna_act *B, int ldb,
+                          int64_t sb, float beta, luna_act *C, int ldc, int64_t sc, int batch) {
+    /* C is read too when beta != 0. */
+    COST(.mm_flops = 2 * D(M) * N * K * batch,
+         .act_elems = D(batch) * (D(M) * K + D(K) * N + D(M) * N * (beta != 0 ? 2 : 1)));
+    FORWARD(gemm, ta, tb, M, N, K, alpha, A, lda, sa, B, ldb, sb, beta, C, ldc, sc, batch);
+}
+static luna_status w_linear_forward(luna_backend *be, luna_act *y, const luna_act *x,
+                                    const float *W, const float *b, int64_t rows, int in, int out) {
+    COST(.mm_flops = 2 * D(rows) * in * out, .flops = b ? D(rows) * out : 0,
+         .act_elems = D(rows) * in + D(rows) * out, .bytes = F32 * (D(in) * out + (b ? out : 0)));
+    FORWARD(linear_forward, y, x, W, b, rows, in, out);
+}
+static luna_status w_linear_backward(luna_backend *be, luna_act *dx, float *dW, float *db,
+                                     const luna_act *dy, const luna_act *x, const float *W,
+                                     int64_t rows, int in, int out, bool acc) {
+    /* dW += dyᵀx always (reads dy, x; dW read and written); dx = dy W when asked (reads W). */
+    COST(.mm_flops = 2 * D(rows) * in * out * (dx ? 2 : 1), .flops = db ? D(rows) * out : 0,
+         .act_elems = D(rows) * out + D(rows) * in + (dx ? D(rows) * in * (acc ? 2 : 1) : 0),
+         .bytes = F32 * (2 * D(in) * out + (dx ? D(in) * out : 0) + (db ? 2 * D(out) : 0)));
+    FORWARD(linear_backward, dx, dW, db, dy, x, W, rows, in, out, acc);
+}
+static luna_status w_bias_add_forward(luna_backend *be, luna_act *y, const float *b, int64_t rows,
+                                      int cols) {
+    COST(.flops = D(rows) * cols, .act_elems = 2 * D(rows) * cols, .bytes = F32 * cols);
+    FORWARD(bias_add_forward, y, b, rows, cols);
+}
+static luna_status w_bias_add_backward(luna_backend *be, float *db, const luna_act *dy,
+                                       int64_t rows, int cols) {
+    COST(.flops = D(rows) * cols, .act_elems = D(rows) * cols, .bytes = 2 * F32 * cols);
+    FORWARD(bias_add_backward, db, dy, rows, cols);
+}
+
+/* ---- embeddings and positions ------------------------------------------------------------------
+ */
+static luna_status w_embedding_forward(luna_backend *be, luna_act *out, const float *table,
+                                       const int32_t *tokens, int64_t n, int V, int d, float scale,
+                                       int pad) {
+    /* Reads the n gathered rows of the table, not all of it. */
+    COST(.flops = D(n) * d, .act_elems = D(n) * d, .bytes = F32 * (D(n) + D(n) * d));
+    FORWARD(embedding_forward, out, table, tokens, n, V, d, scale, pad);
+}
+static luna_status w_embedding_backward(luna_backend *be, float *dtable, const luna_act *dout,
+                                        const int32_t *tokens, int64_t n, int V, int d, float scale,
+                                        int pad) {
+    COST(.flops = 2 * D(n) * d, .act_elems = D(n) * d, .bytes = F32 * (D(n) + 2 * D(n) * d));
+    FORWARD(embedding_backward, dtable, dout, tokens, n, V, d, scale, pad);
+}
+static luna_status w_sinusoidal_table(luna_backend *be, luna_act *out, int first, int npos, int d) {
+    COST(.flops = 4 * D(npos) * d, .act_elems = D(npos) * d);
+    FORWARD(sinusoidal_table, out, first, npos, d);
+}
+static luna_status w_positions_add(luna_backend *be, luna_act *x, const int32_t *tokens, int B,
+                                   int n, int d, int pad) {
+    COST(.flops = 5 * D(B) * n * d, .act_elems = 2 * D(B) * n * d, .bytes = F32 * D(B) * n);
+    FORWARD(positions_add, x, tokens, B, n, d, pad);
+}
+
+/* ---- LayerNorm, softmax, dropout, activations ---------------------------------------------------
+ */
+static luna_status w_layer_norm_forward(luna_backend *be, luna_act *y, float *mean, float *rstd,
+                                        const luna_act *x, const float *gamma, const float *beta,
+                                        int64_t rows, int d, float eps) {
+    COST(.flops = 8 * D(rows) * d, .act_elems = 2 * D(rows) * d,
+         .bytes = F32 * (2 * D(d) + 2 * D(rows)));
+    FORWARD(layer_norm_forward, y, mean, rstd, x, gamma, beta, rows, d, eps);
+}
+static luna_status w_layer_norm_backward(luna_backend *be, luna_act *dx, float *dgamma,
+                                         float *dbeta, const luna_act *dy, const luna_act *x,
+                                         const float *mean, const float *rstd, const float *gamma,
+                                         int64_t rows, int d) {
+    COST(.flops = 12 * D(rows) * d, .act_elems = 3 * D(rows) * d,
+         .bytes = F32 * (2 * D(rows) + 5 * D(d)));
+    FORWARD(layer_norm_backward, dx, dgamma, dbeta, dy, x, mean, rstd, gamma, rows, d);
+}
+static luna_status w_softmax_forward(luna_backend *be, luna_act *y, const luna_act *x, int64_t rows,
+                                     int cols, const int32_t *valid, int64_t rpg, int causal) {
+    COST(.flops = 5 * D(rows) * cols, .act_elems = 2 * D(rows) * cols,
+         .bytes = valid && rpg > 0 ? F32 * D(rows) / D(rpg) : 0);
+    FORWARD(softmax_forward, y, x, rows, cols, valid, rpg, causal);
+}
+static luna_status w_softmax_backward(luna_backend *be, luna_act *dx, const luna_act *dy,
+                                      const luna_act *y, int64_t rows, int cols) {
+    COST(.flops = 4 * D(rows) * cols, .act_elems = 3 * D(rows) * cols);
+    FORWARD(softmax_backward, dx, dy, y, rows, cols);
+}
+static luna_status w_dropout_forward(luna_backend *be, luna_act *y, const luna_act *x, int64_t n,
+                                     float p, luna_rng_key key) {
+    /* The mask is regenerated (Philox), not read: ~10 integer ops per element counted as 2. */
+    COST(.flops = p > 0 ? 2 * D(n) : 0, .act_elems = 2 * D(n));
+    FORWARD(dropout_forward, y, x, n, p, key);
+}
+static luna_status w_dropout_backward(luna_backend *be, luna_act *dx, const luna_act *dy, int64_t n,
+                                      float p, luna_rng_key key) {
+    COST(.flops = p > 0 ? 2 * D(n) : 0, .act_elems = 2 * D(n));
+    FORWARD(dropout_backward, dx, dy, n, p, key);
+}
+#define ELEMENTWISE(name, fwd_flops, bwd_flops)                                                    \
+    static luna_status w_##name##_forward(luna_backend *be, luna_act *y, const luna_act *x,        \
+                                          int64_t n) {                                             \
+        COST(.flops = (fwd_flops)*D(n), .act_elems = 2 * D(n));                                    \
+        FORWARD(name##_forward, y, x, n);                                                          \
+    }                                                                                              \
+    static luna_status w_##name##_backward(luna_backend *be, luna_act *dx, const luna_act *dy,     \
+                                           const luna_act *x, int64_t n) {                         \
+        COST(.flops = (bwd_flops)*D(n), .act_elems = 3 * D(n));                                    \
+        FORWARD(name##_backward, dx, dy, x, n);                                                    \
+    }
+ELEMENTWISE(relu, 1, 1)
+ELEMENTWISE(softplus_ln2, 4, 4) /* exp2 and log2 */
+ELEMENTWISE(elu_plus_one, 2, 2)
+
+/* ---- the causal Luna scan: per step a p×q state update and a p×q product (non-tensor FP32: the
+ * CUDA kernel is a register scan, model/kernels/cuda/causal_contraction.cu) ------------------- */
+static luna_status w_causal_contraction_forward(luna_backend *be, luna_act *out, const luna_act *x,
+                                                const luna_act *a, const luna_act *b, int G, int n,
+                                                int p, int q) {
+    COST(.flops = D(G) * n * (4 * D(p) * q + q), .act_elems = D(G) * n * (2 * D(p) + 2 * D(q)));
+    FORWARD(causal_contraction_forward, out, x, a, b, G, n, p, q);
+}
+static luna_status w_causal_contraction_backward(luna_backend *be, luna_act *dx, luna_act *da,
+                                                 luna_act *db, const luna_act *dout,
+                                                 const luna_act *x, const luna_act *a,
+                                                 const luna_act *b, int G, int n, int p, int q) {
+    /* Forward state rebuilt (2pq) and used for dx (2pq); R_s built (2pq), da and db (4pq). */
+    COST(.flops = D(G) * n * (10 * D(p) * q + q), .act_elems = D(G) * n * (4 * D(p) + 3 * D(q)));
+    FORWARD(causal_contraction_backward, dx, da, db, dout, x, a, b, G, n, p, q);
+}
+
+/* ---- cross entropy over [N, V] ------------------------------------------------------------------
+ */
+static luna_status w_cross_entropy_forward(luna_backend *be, float *loss, float *nll, float *lse,
+                                           const luna_act *logits, const int32_t *targets,
+                                           int64_t N, int V, float eps, int pad) {
+    COST(.flops = 4 * D(N) * V, .act_elems = D(N) * V, .bytes = F32 * 4 * D(N));
+    FORWARD(cross_entropy_forward, loss, nll, lse, logits, targets, N, V, eps, pad);
+}
+static luna_status w_cross_entropy_backward(luna_backend *be, luna_act *dlogits,
+                                            const luna_act *logits, const float *lse,
+                                            const int32_t *targets, int64_t N, int V, float eps,
+                                            int pad, float scale) {
+    COST(.flops = 4 * D(N) * V, .act_elems = 2 * D(N) * V, .bytes = F32 * 2 * D(N));
+    FORWARD(cross_entropy_backward, dlogits, logits, lse, targets, N, V, eps, pad, scale);
+}
+
+/* ---- reductions (fp32 buffers) ------------------------------------------------------------------
+ */
+#define REDUCE1(name, per_elem)                                                                    \
+    static luna_status w_##name(luna_backend *be, float *r, const float *x, int64_t n) {           \
+        COST(.flops = (per_elem)*D(n), .bytes = F32 * (D(n) + 1));                                 \
+        FORWARD(name, r, x, n);                                                                    \
+    }
+REDUCE1(sum_squares, 2)
+REDUCE1(sum_pow4, 4)
+REDUCE1(sum, 1)
+REDUCE1(max_abs, 2)
+static luna_status w_dot(luna_backend *be, float *r, const float *x, const float *y, int64_t n) {
+    COST(.flops = 2 * D(n), .bytes = F32 * (2 * D(n) + 1));
+    FORWARD(dot, r, x, y, n);
+}
+static luna_status w_sum_squares_backward(luna_backend *be, float *dx, const float *x, float g,
+                                          int64_t n) {
+    COST(.flops = 3 * D(n), .bytes = F32 * 3 * D(n));
+    FORWARD(sum_squares_backward, dx, x, g, n);
+}
+static luna_status w_sum_pow4_backward(luna_backend *be, float *dx, const float *x, float g,
+                                       int64_t n) {
+    COST(.flops = 5 * D(n), .bytes = F32 * 3 * D(n));
+    FORWARD(sum_pow4_backward, dx, x, g, n);
+}
+static luna_status w_dot_backward(luna_backend *be, float *dx, float *dy, const float *x,
+                                  const float *y, float g, int64_t n) {
+    COST(.flops = 4 * D(n), .bytes = F32 * 6 * D(n));
+    FORWARD(dot_backward, dx, dy, x, y, g, n);
+}
+
+/* ---- elementwise helpers and layout
+ * --------------------------------------------------------------- */
+static luna_status w_add(luna_backend *be, luna_act *y, const luna_act *a, const luna_act *b,
+                         int64_t n) {
+    COST(.flops = D(n), .act_elems = 3 * D(n));
+    FORWARD(add, y, a, b, n);
+}
+static luna_status w_axpy(luna_backend *be, luna_act *y, float alpha, const float *x, int64_t n) {
+    COST(.flops = 2 * D(n), .act_elems = 2 * D(n), .bytes = F32 * D(n));
+    FORWARD(axpy, y, alpha, x, n);
+}
+static luna_status w_scale(luna_backend *be, float *x, float alpha, int64_t n) {
+    COST(.flops = D(n), .bytes = F32 * 2 * D(n));
+    FORWARD(scale, x, alpha, n);
+}
+static luna_status w_scale_act(luna_backend *be, luna_act *x, float alpha, int64_t n) {
+    COST(.flops = D(n), .act_elems = 2 * D(n));
+    FORWARD(scale_act, x, alpha, n);
+}
+static luna_status w_fill(luna_backend *be, float *x, float value, int64_t n) {
+    COST(.bytes = F32 * D(n));
+    FORWARD(fill, x, value, n);
+}
+static luna_status w_split_heads(luna_backend *be, luna_act *out, const luna_act *x, int B, int n,
+                                 int H, int dh) {
+    COST(.act_elems = 2 * D(B) * n * H * dh);
+    FORWARD(split_heads, out, x, B, n, H, dh);
+}
+static luna_status w_merge_heads(luna_backend *be, luna_act *out, const luna_act *x, int B, int n,
+                                 int H, int dh) {
+    COST(.act_elems = 2 * D(B) * n * H * dh);
+    FORWARD(merge_heads, out, x, B, n, H, dh);
+}
+static luna_status w_broadcast_rows(luna_backend *be, luna_act *out, const luna_act *x, int B,
+                                    int64_t rows, int d) {
+    COST(.act_elems = (D(B) + 1) * D(rows) * d);
+    FORWARD(broadcast_rows, out, x, B, rows, d);
+}
+static luna_status w_sum_broadcast(luna_backend *be, float *dx, const luna_act *dout, int B,
+                                   int64_t rows, int d) {
+    COST(.flops = D(B) * D(rows) * d, .act_elems = D(B) * D(rows) * d,
+         .bytes = F32 * 2 * D(rows) * d);
+    FORWARD(sum_broadcast, dx, dout, B, rows, d);
+}
+
+/* ---- decoding -----------------------------------------------------------------------------------
+ */
+static luna_status w_gather_rows(luna_backend *be, luna_act *dst, int64_t ds, const luna_act *src,
+                                 int64_t ss, const int32_t *idx, int64_t n, int64_t cols) {
+    COST(.act_elems = 2 * D(n) * D(cols), .bytes = idx ? F32 * D(n) : 0);
+    FORWARD(gather_rows, dst, ds, src, ss, idx, n, cols);
+}
+static luna_status w_log_softmax_topk(luna_backend *be, const luna_act *logits, const float *bias,
+                                      int64_t rows, int V, int k, float *top_lp, int32_t *top_idx,
+                                      const int32_t *pick, float *picked) {
+    COST(.flops = 4 * D(rows) * V, .act_elems = D(rows) * V,
+         .bytes = F32 * ((bias ? D(V) : 0) + 2 * D(rows) * k + (pick ? 2 * D(rows) : 0)));
+    FORWARD(log_softmax_topk, logits, bias, rows, V, k, top_lp, top_idx, pick, picked);
+}
+static luna_status w_hold_weights(luna_backend *be, const float *W, int out, int in) {
+    /* Upper bound: a backend that repacks reads and writes W once (one-off per decoder). */
+    COST(.bytes = F32 * 2 * D(out) * in);
+    FORWARD(hold_weights, W, out, in);
+}
+static luna_status w_release_weights(luna_backend *be, const float *W) {
+    COST(.calls = 0);
+    FORWARD(release_weights, W);
+}
+
+/* ---- optimizer: per element, Apollo reads θ, g, m, B, d and writes θ, m, B, d (plus its fused
+ * reduction pass over g, m, B, d), Adam reads θ, g, m, v and writes θ, m, v ---------------------
+ */
+#define APOLLO_BYTES(n) (F32 * 13 * D(n))
+#define APOLLO_FLOPS(n) (30 * D(n))
+#define ADAM_BYTES(n) (F32 * 7 * D(n))
+#define ADAM_FLOPS(n) (15 * D(n))
+static luna_status w_apollo_update(luna_backend *be, float *th, const float *g, float *m, float *B,
+                                   float *d, int64_t n, int64_t step, double lr, double beta,
+                                   double eps, double sigma, int rebound, double wd, int wdt) {
+    COST(.flops = APOLLO_FLOPS(n), .bytes = APOLLO_BYTES(n));
+    FORWARD(apollo_update, th, g, m, B, d, n, step, lr, beta, eps, sigma, rebound, wd, wdt);
+}
+static luna_status w_adam_update(luna_backend *be, float *th, const float *g, float *m, float *v,
+                                 int64_t n, int64_t step, double lr, double b1, double b2,
+                                 double eps, double wd) {
+    COST(.flops = ADAM_FLOPS(n), .bytes = ADAM_BYTES(n));
+    FORWARD(adam_update, th, g, m, v, n, step, lr, b1, b2, eps, wd);
+}
+static luna_status w_multi_sum_squares(luna_backend *be, float *r, const float *x,
+                                       const luna_tensor_table *tt) {
+    COST(.flops = 2 * D(tt->num_elements), .bytes = F32 * (D(tt->num_elements) + tt->num_tensors));
+    FORWARD(multi_sum_squares, r, x, tt);
+}
+static luna_status w_clip_coefficients(luna_backend *be, float *coef, double *summary,
+                                       const float *sumsq, int n, double clip, int mode) {
+    COST(.flops = 4 * D(n), .bytes = F32 * 2 * D(n) + 24);
+    FORWARD(clip_coefficients, coef, summary, sumsq, n, clip, mode);
+}
+static luna_status w_multi_scale(luna_backend *be, float *x, const luna_tensor_table *tt,
+                                 const float *coef, float alpha) {
+    /* Upper bound: tensors whose factor is 1 are skipped by the op. */
+    COST(.flops = D(tt->num_elements), .bytes = F32 * 2 * D(tt->num_elements));
+    FORWARD(multi_scale, x, tt, coef, alpha);
+}
+static luna_status w_multi_apollo_update(luna_backend *be, float *th, const float *g, float *m,
+                                         float *B, float *d, const luna_tensor_table *tt,
+                                         int64_t *steps, double lr, double beta, double eps,
+                                         double sigma, int rebound, double wd, int wdt) {
+    COST(.flops = APOLLO_FLOPS(tt->num_elements), .bytes = APOLLO_BYTES(tt->num_elements));
+    FORWARD(multi_apollo_update, th, g, m, B, d, tt, steps, lr, beta, eps, sigma, rebound, wd, wdt);
+}
+static luna_status w_multi_adam_update(luna_backend *be, float *th, const float *g, float *m,
+                                       float *v, const luna_tensor_table *tt, int64_t *steps,
+                                       double lr, double b1, double b2, double eps, double wd) {
+    COST(.flops = ADAM_FLOPS(tt->num_elements), .bytes = ADAM_BYTES(tt->num_elements));
+    FORWARD(multi_adam_update, th, g, m, v, tt, steps, lr, b1, b2, eps, wd);
+}
+
+/* ---- the table, names and families -------------------------------------------------------------
+ */
+/* X(op, family): every member of struct luna_ops. test_op_profile.c checks this list against
+ * core/backend.h, so an op added there without a wrapper here fails the suite. */
+// clang-format off
+#define LUNA_OPS_LIST(X) \
+    X(gemm, "gemm") \
+    X(linear_forward, "linear") \
+    X(linear_backward, "linear") \
+    X(bias_add_forward, "bias") \
+    X(bias_add_backward, "bias") \
+    X(embedding_forward, "embedding") \
+    X(embedding_backward, "embedding") \
+    X(sinusoidal_table, "positions") \
+    X(positions_add, "positions") \
+    X(layer_norm_forward, "layer_norm") \
+    X(layer_norm_backward, "layer_norm") \
+    X(softmax_forward, "softmax") \
+    X(softmax_backward, "softmax") \
+    X(dropout_forward, "dropout") \
+    X(dropout_backward, "dropout") \
+    X(relu_forward, "activation") \
+    X(relu_backward, "activation") \
+    X(softplus_ln2_forward, "activation") \
+    X(softplus_ln2_backward, "activation") \
+    X(elu_plus_one_forward, "activation") \
+    X(elu_plus_one_backward, "activation") \
+    X(causal_contraction_forward, "causal_contraction") \
+    X(causal_contraction_backward, "causal_contraction") \
+    X(cross_entropy_forward, "cross_entropy") \
+    X(cross_entropy_backward, "cross_entropy") \
+    X(sum_squares, "reduce") \
+    X(sum_pow4, "reduce") \
+    X(dot, "reduce") \
+    X(sum, "reduce") \
+    X(max_abs, "reduce") \
+    X(sum_squares_backward, "reduce") \
+    X(sum_pow4_backward, "reduce") \
+    X(dot_backward, "reduce") \
+    X(add, "elementwise") \
+    X(axpy, "elementwise") \
+    X(scale, "elementwise") \
+    X(scale_act, "elementwise") \
+    X(fill, "elementwise") \
+    X(split_heads, "layout") \
+    X(merge_heads, "layout") \
+    X(broadcast_rows, "layout") \
+    X(sum_broadcast, "layout") \
+    X(gather_rows, "decode_gather") \
+    X(log_softmax_topk, "decode_topk") \
+    X(hold_weights, "hold_weights") \
+    X(release_weights, "hold_weights") \
+    X(apollo_update, "optimizer") \
+    X(adam_update, "optimizer") \
+    X(multi_sum_squares, "clip") \
+    X(clip_coefficients, "clip") \
+    X(multi_scale, "clip") \
+    X(multi_apollo_update, "optimizer") \
+    X(multi_adam_update, "optimizer")
+// clang-format on
+
+#define TABLE_ENTRY(op, fam) .op = w_##op,
+static const luna_ops counting_ops = {LUNA_OPS_LIST(TABLE_ENTRY)};
+#define NAME_ENTRY(op, fam) [OP(op)] = #op,
+static const char *const op_names[LUNA_OP_COUNT] = {LUNA_OPS_LIST(NAME_ENTRY)};
+#define FAMILY_ENTRY(op, fam) [OP(op)] = fam,
+static const char *const op_families[LUNA_OP_COUNT] = {LUNA_OPS_LIST(FAMILY_ENTRY)};
+
+const char *luna_op_name(int op) { return op >= 0 && op < LUNA_OP_COUNT ? op_names[op] : NULL; }
+const char *luna_op_family(int op) {
+    return op >= 0 && op < LUNA_OP_COUNT ? op_families[op] : NULL;
+}
+
+luna_status luna_op_profile_attach(luna_op_profile **out, luna_backend *be, bool timing) {
+    *out = NULL;
+    if (g_active)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                          "op profile: one is already attached (one per process)");
+    luna_op_profile *p = calloc(1, sizeof *p);
+    if (!p) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "op profile: out of memory");
+    p->table = counting_ops;
+    p->inner = be->ops;
+    p->be = be;
+    p->timing = timing;
+    be->ops = &p->table;
+    g_active = p;
+    *out = p;
+    return LUNA_OK;
+}
+
+void luna_op_profile_detach(luna_op_profile *p) {
+    if (!p) return;
+    p->be->ops = p->inner;
+    if (g_active == p) g_active = NULL;
+    free(p);
+}
+
+void luna_op_profile_reset(luna_op_profile *p) {
+    for (int i = 0; i < LUNA_OP_COUNT; i++)
+        p->counters[i] = (luna_op_counter){0};
+}
+
+const luna_op_counter *luna_op_profile_counters(const luna_op_profile *p) { return p->counters; }
