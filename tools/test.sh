@@ -126,6 +126,7 @@ if [ "$run_mpi_stage" -eq 1 ]; then
     extra=()
     [ "$cuda_emu" -eq 0 ] && extra+=(--no-cuda-emu)
     "$root/tools/test.sh" --no-deps --mpi "${extra[@]}" -- -L mpi
+    echo "multi-rank stage: $(( $(date +%s) - mpi_start )) s (build and tests)"
   else
     echo "note: no mpiexec (tools/install-deps.sh --mpi installs OpenMPI): the multi-rank tests are not run"
   fi
