@@ -123,6 +123,7 @@ fi
 if [ "$run_mpi_stage" -eq 1 ]; then
   if command -v mpiexec > /dev/null; then
     echo "=== multi-rank training (build-mpi/, label mpi: MPI on CPU, NCCL on the harness) ==="
+    mpi_start=$(date +%s)
     extra=()
     [ "$cuda_emu" -eq 0 ] && extra+=(--no-cuda-emu)
     "$root/tools/test.sh" --no-deps --mpi "${extra[@]}" -- -L mpi
