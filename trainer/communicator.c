@@ -77,12 +77,6 @@ void luna_communicator_free(luna_communicator *c) {
     if (c) c->destroy(c);
 }
 
-luna_status luna_communicator_all_reduce_device(luna_communicator *c, luna_backend *be,
-                                                float *data, size_t n) {
-    LUNA_TRY(c->reduce_start(c, be, data, n));
-    return c->reduce_finish(c, be, NULL, 0);
-}
-
 /* ---- failures -------------------------------------------------------------------------------- */
 
 luna_status luna_communicator_share_failure(luna_communicator *c, luna_status local,

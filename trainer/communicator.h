@@ -71,10 +71,6 @@ luna_status luna_communicator_create_default(luna_communicator **out, int *argc,
 
 void luna_communicator_free(luna_communicator *c);
 
-/* Blocking sum of device floats (reduce_start + reduce_finish without statistics). */
-luna_status luna_communicator_all_reduce_device(luna_communicator *c, luna_backend *be,
-                                                float *data, size_t n);
-
 /* Makes a step that may fail on some ranks only collective: every rank passes its own status
  * and all learn whether any failed, so that all stop together instead of the others waiting
  * forever in the next collective. Returns LUNA_OK when every rank succeeded; otherwise every rank
