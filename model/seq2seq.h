@@ -63,6 +63,9 @@ struct luna_seq2seq {
     luna_grads_ready_fn grads_ready;
     void *grads_ready_ctx;
     int *enc_first, *enc_count, *dec_first, *dec_count;
+    /* logits per chunk of the loss (seq2seq.c, "output projection and loss, in row chunks");
+     * 0: the default, 2^26 */
+    int64_t loss_chunk_elems;
 };
 
 /* Build the model: parameters initialised per spec §5 with seed 1 (see luna_seq2seq_init),

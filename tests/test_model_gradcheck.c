@@ -403,6 +403,46 @@ START_TEST(dropout_reproducible) {
 }
 END_TEST
 
+/* The loss in row chunks (seq2seq.c: logits, loss and the output projection's backward per
+ * chunk, the [N, V] logits never whole) equals the loss in one piece: the same loss, nll and
+ * validation logits-free loss; gradients within float rounding (the projection's dE is summed
+ * chunk by chunk), for a chunk of 5 rows over 18 (3 full chunks and a partial one), with dropout. */
+START_TEST(loss_chunks_match_one_piece) {
+    test_batch tb;
+    make_batch(&tb, src_lens, tgt_lens, 8);
+    luna_config c = tiny("luna_tiny");
+    c.dropout = c.attention_dropout = c.activation_dropout = 0.1;
+    luna_backend *be;
+    ck_assert_int_eq(luna_backend_cpu_create(&be, 2), LUNA_OK);
+    luna_seq2seq *m;
+    ck_assert_int_eq(luna_seq2seq_create(&m, be, &c), LUNA_OK);
+    size_t n = m->params->num_params;
+    float *g1 = malloc(n * sizeof(float));
+    double l1, n1, l2, n2, e1, e2;
+    ck_assert_int_eq(luna_seq2seq_forward_backward(m, &tb.batch, 3, &l1, &n1), LUNA_OK);
+    ck_assert_int_eq(luna_seq2seq_forward(m, &tb.batch, &e1, NULL, NULL), LUNA_OK);
+    memcpy(g1, m->params->grad, n * sizeof(float));
+    LUNA_CHECK_OK(luna_seq2seq_zero_grad(m));
+    m->loss_chunk_elems = 5 * V; /* 5 rows per chunk */
+    ck_assert_int_eq(luna_seq2seq_forward_backward(m, &tb.batch, 3, &l2, &n2), LUNA_OK);
+    ck_assert_int_eq(luna_seq2seq_forward(m, &tb.batch, &e2, NULL, NULL), LUNA_OK);
+    ck_assert_msg(fabs(l1 - l2) <= 1e-6 * fabs(l1) && fabs(n1 - n2) <= 1e-6 * fabs(n1),
+                  "loss %.9g / %.9g, nll %.9g / %.9g", l1, l2, n1, n2);
+    ck_assert_msg(fabs(e1 - e2) <= 1e-6 * fabs(e1), "validation loss %.9g / %.9g", e1, e2);
+    double worst = 0, gmax = 0;
+    for (size_t i = 0; i < n; i++) {
+        double diff = fabs((double)m->params->grad[i] - g1[i]);
+        if (diff > worst) worst = diff;
+        if (fabs(g1[i]) > gmax) gmax = fabs(g1[i]);
+    }
+    ck_assert(gmax > 0);
+    ck_assert_msg(worst <= 1e-5 * gmax, "gradients differ by %g (largest %g)", worst, gmax);
+    free(g1);
+    luna_seq2seq_free(m);
+    luna_backend_free(be);
+}
+END_TEST
+
 /* Malformed batches are rejected with a clear message, not computed on. */
 START_TEST(batch_validation) {
     test_batch tb;
@@ -442,6 +482,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, gradcheck_transformer);
     tcase_add_test(tc, gradcheck_with_dropout);
     tcase_add_test(tc, dropout_reproducible);
+    tcase_add_test(tc, loss_chunks_match_one_piece);
     tcase_add_test(tc, batch_validation);
     suite_add_tcase(s, tc);
     return s;

@@ -50,14 +50,34 @@ static void sgemm1(bool ta, bool tb, int M, int N, int K, float alpha, const flo
                 K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-/* C is cut into tiles fixed by (M, N) alone — 256×256, or 128×128 when that gives fewer than 16
- * tiles — and every tile is one single-threaded sgemm, run by whichever OpenMP thread. OpenBLAS's
- * own threading splits C by the thread count and its edge kernels then round differently, so
- * its results change with the thread count; these do not. (Measured on 2 cores: as fast as or
- * faster than OpenBLAS's threading on Linear-sized GEMMs, 1.7× on batches of attention heads.) */
-static int gemm_tile(int M, int N) {
-    int64_t big = (int64_t)((M + 255) / 256) * ((N + 255) / 256);
-    return big < 16 ? 128 : 256;
+/* C is cut into tiles fixed by (M, N) alone and every tile is one single-threaded sgemm, run by
+ * whichever OpenMP thread. OpenBLAS's own threading splits C by the thread count and its edge
+ * kernels then round differently, so its results change with the thread count; these do not.
+ *
+ * Tile shape. A single-threaded sgemm on an m×n tile packs its op(B) columns once (k·n floats)
+ * and its op(A) rows once per GEMM_R-wide column block; relative to the m·n·k multiply-adds the
+ * packing costs ~1/m for B and ~1/GEMM_R for A, and OpenBLAS packs with plain copies at memory
+ * speed. So tiles should be tall (m large) and there should be just enough of them to keep
+ * the threads busy: about 8 tiles for a big C (dynamic scheduling balances 2-8 threads), rows
+ * cut first into ≤ 4 panels of ≥ 256 rows, columns then cut so that panels × column tiles ≥ 8.
+ * On the 2-core reference machine (bench-gemm shapes of luna_base: 4096×{512,2048,32000}×K,
+ * {512,2048,32000}×512×4096 and 4096×512×32000) this is 5-20% faster than the 256×256 tiles it
+ * replaced (sgemm_*copy went from ~11% of a training update's samples to ~4%). Small C (a
+ * batch of attention matrices, ≤ 256×256 each) stays one tile per matrix. */
+typedef struct {
+    int tm, tn; /* tile rows, tile columns */
+} gemm_tiling;
+
+static int round_up(int x, int to) { return (x + to - 1) / to * to; }
+
+static gemm_tiling gemm_tile(int M, int N) {
+    if (M <= 256 && N <= 256) return (gemm_tiling){imax(M, 1), imax(N, 1)};
+    int panels = imax(1, imin(4, M / 256));  /* row panels of ≥ 256 rows */
+    int tm = round_up((M + panels - 1) / panels, 16);
+    panels = (M + tm - 1) / tm;
+    int cols = imax(1, imin((8 + panels - 1) / panels, N / 256)); /* column tiles of ≥ 256 */
+    int tn = round_up((N + cols - 1) / cols, 16);
+    return (gemm_tiling){tm, tn};
 }
 
 /* Batched strided GEMM, for b in [0, batch):
@@ -87,8 +107,8 @@ luna_status luna_cpu_gemm(luna_backend *be, bool trans_a, bool trans_b, int M, i
     if (!C || (K > 0 && (!A || !B)))
         return luna_error(LUNA_ERR_INVALID_ARGUMENT, "gemm: NULL matrix pointer");
 
-    int tile = gemm_tile(M, N);
-    int tm = (M + tile - 1) / tile, tn = (N + tile - 1) / tile;
+    gemm_tiling tl = gemm_tile(M, N);
+    int tm = (M + tl.tm - 1) / tl.tm, tn = (N + tl.tn - 1) / tl.tn;
     int64_t tasks = (int64_t)batch * tm * tn;
     /* The C_b are disjoint when stacked (|stride_c| ≥ extent of one C_b) or side by side within a
      * row (heads interleaved: N ≤ |stride_c| and all batch entries fit in ldc). Otherwise (e.g.
@@ -106,8 +126,8 @@ luna_status luna_cpu_gemm(luna_backend *be, bool trans_a, bool trans_b, int M, i
     for (int64_t t = 0; t < tasks; t++) {
         int64_t b = t / ((int64_t)tm * tn);
         int rest = (int)(t % ((int64_t)tm * tn));
-        int i0 = rest / tn * tile, j0 = rest % tn * tile;
-        int m = imin(tile, M - i0), n = imin(tile, N - j0);
+        int i0 = rest / tn * tl.tm, j0 = rest % tn * tl.tn;
+        int m = imin(tl.tm, M - i0), n = imin(tl.tn, N - j0);
         const float *Ab = A ? A + b * stride_a + (trans_a ? i0 : (int64_t)i0 * lda) : NULL;
         const float *Bb = B ? B + b * stride_b + (trans_b ? (int64_t)j0 * ldb : j0) : NULL;
         float *Cb = C + b * stride_c + (int64_t)i0 * ldc + j0;
