@@ -11,6 +11,7 @@
 #include <limits.h>
 #include <omp.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "model/kernels/cpu/cpu_ops.h"
 
@@ -148,6 +149,16 @@ static luna_status check_linear(const char *op, int64_t rows, int in, int out) {
     return LUNA_OK;
 }
 
+/* y [rows, cols] = b [cols] in every row. */
+static luna_status broadcast_bias(luna_backend *be, float *y, const float *b, int64_t rows,
+                                  int cols) {
+#pragma omp parallel for num_threads(be->num_threads)                                              \
+    schedule(static) if (rows * cols >= PAR_MIN_WORK)
+    for (int64_t r = 0; r < rows; r++)
+        memcpy(y + r * cols, b, (size_t)cols * sizeof(float));
+    return LUNA_OK;
+}
+
 /* y [rows, out] = x [rows, in] · W [out, in]ᵀ (+ b [out]). */
 luna_status luna_cpu_linear_forward(luna_backend *be, luna_act *y_, const luna_act *x_,
                                     const float *W, const float *b, int64_t rows, int in, int out) {
@@ -155,10 +166,11 @@ luna_status luna_cpu_linear_forward(luna_backend *be, luna_act *y_, const luna_a
     const float *x = (const float *)x_;
     LUNA_TRY(check_linear("linear_forward", rows, in, out));
     if (be->impl && luna_cpu_held_linear(be, y, x, W, b, rows, in, out)) return LUNA_OK;
-    LUNA_TRY(luna_cpu_gemm(be, false, true, (int)rows, out, in, 1.0f, x, imax(in, 1), 0, W,
-                           imax(in, 1), 0, 0.0f, y, imax(out, 1), 0, 1));
-    if (b) LUNA_TRY(luna_cpu_bias_add_forward(be, y, b, rows, out));
-    return LUNA_OK;
+    /* With a bias, y starts as the bias rows and the GEMM adds to it (beta = 1): one pass over
+     * y instead of two (sgemm's zeroing of C for beta = 0, then the bias add). */
+    if (b) LUNA_TRY(broadcast_bias(be, y, b, rows, out));
+    return luna_cpu_gemm(be, false, true, (int)rows, out, in, 1.0f, x, imax(in, 1), 0, W,
+                         imax(in, 1), 0, b ? 1.0f : 0.0f, y, imax(out, 1), 0, 1);
 }
 
 /* dy [rows, out]:
