@@ -55,28 +55,36 @@ static void sgemm1(bool ta, bool tb, int M, int N, int K, float alpha, const flo
  * whichever OpenMP thread. OpenBLAS's own threading splits C by the thread count and its edge
  * kernels then round differently, so its results change with the thread count; these do not.
  *
- * Tile shape. A single-threaded sgemm on an m×n tile packs its op(B) columns once (k·n floats)
- * and its op(A) rows once per GEMM_R-wide column block; relative to the m·n·k multiply-adds the
- * packing costs ~1/m for B and ~1/GEMM_R for A, and OpenBLAS packs with plain copies at memory
- * speed. So tiles should be tall (m large) and there should be just enough of them to keep
- * the threads busy: about 8 tiles for a big C (dynamic scheduling balances 2-8 threads), rows
- * cut first into ≤ 4 panels of ≥ 256 rows, columns then cut so that panels × column tiles ≥ 8.
- * On the 2-core reference machine (bench-gemm shapes of luna_base: 4096×{512,2048,32000}×K,
- * {512,2048,32000}×512×4096 and 4096×512×32000) this is 5-20% faster than the 256×256 tiles it
- * replaced (sgemm_*copy went from ~11% of a training update's samples to ~4%). Small C (a
- * batch of attention matrices, ≤ 256×256 each) stays one tile per matrix. */
+ * Tile shape: few and large. Each sgemm call packs its operands into its own buffers (plain
+ * copies at memory speed) and has its own edge loops, so small tiles repeat that work: measured
+ * single-threaded on the 2-core reference machine over luna_base's Linear shapes (4096 rows ×
+ * {512, 2048} × K, the weight gradients {512, 2048} × 512 × 4096), 256×256 tiles ran at 67-84
+ * GFLOP/s and tiles of ≥ 512×512 at 82-92. So C is cut into row panels of ≥ 512 rows (at most
+ * 4) and column tiles of ≥ 512 columns, aiming at 8 tiles (4096 × 2048: 8 of 1024 × 1024;
+ * 4096 × 512: 4 of 1024 × 512) — enough for up to 8 threads with dynamic scheduling, while more
+ * would only add packing (on 2 threads 4 and 8 tiles measured the same). A C too small for 4
+ * such tiles is cut into tiles of ≥ 256 (512 × 512: 4 of 256 × 256). Small C (a batch of
+ * attention matrices, ≤ 256×256 each) stays one tile per matrix. The tiling caps a GEMM's
+ * parallelism at 8 threads; the results never depend on the thread count. */
 typedef struct {
     int tm, tn; /* tile rows, tile columns */
 } gemm_tiling;
 
 static int round_up(int x, int to) { return (x + to - 1) / to * to; }
 
+enum { GEMM_TILES = 8 };
+
 static gemm_tiling gemm_tile(int M, int N) {
     if (M <= 256 && N <= 256) return (gemm_tiling){imax(M, 1), imax(N, 1)};
-    int panels = imax(1, imin(4, M / 256));  /* row panels of ≥ 256 rows */
+    int min_side = 512;
+    int panels = imax(1, imin(GEMM_TILES, M / min_side));
+    int cols = imax(1, imin((GEMM_TILES + panels - 1) / panels, N / min_side));
+    if (panels * cols < GEMM_TILES) { /* small C: tiles of ≥ 256 */
+        min_side = 256;
+        panels = imax(1, imin(GEMM_TILES, M / min_side));
+        cols = imax(1, imin((GEMM_TILES + panels - 1) / panels, N / min_side));
+    }
     int tm = round_up((M + panels - 1) / panels, 16);
-    panels = (M + tm - 1) / tm;
-    int cols = imax(1, imin((8 + panels - 1) / panels, N / 256)); /* column tiles of ≥ 256 */
     int tn = round_up((N + cols - 1) / cols, 16);
     return (gemm_tiling){tm, tn};
 }
