@@ -130,61 +130,12 @@ typedef struct {
     luna_act *dec_out;            /* final decoder x [B,n,d] */
     luna_arena_mark logits_mark;
     luna_act *logits;        /* [N,V] when the caller wants them (keep_logits), else NULL */
-    bool loss_backward_done; /* the loss and output projection's backward ran in the forward */
+    /* (the loss and the output projection's backward run in the forward: loss_in_chunks) */
+    int64_t loss_rows;       /* loss/nll entries written (non-pad rows, or all with logits) */
     float *loss, *nll, *lse; /* [N] each, fp32 */
     /* activation gradients (training only), allocated before the activations */
     luna_act *gx_dec[2], *gx_enc[2], *gp[2], *ge;
 } pass_state;
-
-/* ---- output projection and loss, in row chunks (spec §8) ----------------------------------
- * logits = x·Eᵀ is [N, V]: 4096 tokens × 32k words is 512 MiB of fp32 (and the largest
- * activation of the model), but each row's loss needs only its own row. So the rows go in
- * chunks of at most LOSS_CHUNK_ELEMS logits: per chunk, logits_c = x_c·Eᵀ, the loss, and — when
- * gradients are wanted — at once the backward of the loss and of the projection, while the
- * chunk is still there: dlogits_c (in place; the loss is summed, so its scale is 1 and known
- * now), dx_c = dlogits_c·E (straight into the decoder's output gradient), dE += dlogits_cᵀ·x_c.
- * The [N, V] logits and their gradient never exist whole, and the backward pass starts at the
- * decoder. (A non-finite loss makes the trainer skip the whole update, so the projection's
- * gradient already added is discarded with the rest.) The chunk is big enough (≥ 2048 rows at
- * V = 32k) that the GEMMs keep their speed. */
-#define LOSS_CHUNK_ELEMS ((int64_t)1 << 26) /* 256 MiB of fp32 logits, 128 MiB in bf16 */
-
-static int64_t loss_chunk_rows(const luna_seq2seq *m, int64_t N, int V) {
-    int64_t elems = m->loss_chunk_elems > 0 ? m->loss_chunk_elems : LOSS_CHUNK_ELEMS;
-    int64_t rows = elems / (V > 0 ? V : 1);
-    if (rows >= 64) rows = rows / 64 * 64;
-    if (rows < 1) rows = 1;
-    return rows < N ? rows : N;
-}
-
-static luna_status loss_in_chunks(luna_seq2seq *m, pass_state *s, int64_t N, bool grads) {
-    const luna_config *c = &m->config;
-    luna_backend *be = m->be;
-    const luna_ops *op = be->ops;
-    const float *E = m->params->w.output_projection;
-    const int d = s->d, V = s->V, pad = c->padding_idx;
-    const float eps = (float)c->label_smoothing;
-    const int64_t rows = loss_chunk_rows(m, N, V);
-    luna_act *logits;
-    LUNA_TRY(luna_pass_alloc(&s->ps, &logits, (rows > 0 ? rows : 1) * V, "logits (one chunk)"));
-    for (int64_t r0 = 0; r0 < N; r0 += rows) {
-        const int64_t nr = N - r0 < rows ? N - r0 : rows;
-        const luna_act *x = luna_act_at(be, s->dec_out, r0 * d);
-        const int32_t *tgt = s->tgt + r0;
-        LUNA_TRY(op->linear_forward(be, logits, x, E, NULL, nr, d, V));
-        LUNA_TRY(op->cross_entropy_forward(be, s->loss + r0, s->nll + r0, s->lse + r0, logits, tgt,
-                                           nr, V, eps, pad));
-        if (!grads) continue;
-        LUNA_TRY(op->cross_entropy_backward(be, logits, logits, s->lse + r0, tgt, nr, V, eps, pad,
-                                            1.0f));
-        LUNA_TRY(op->linear_backward(be, luna_act_at(be, s->gx_dec[0], r0 * d),
-                                     m->params->g.output_projection, NULL, logits, x, E, nr, d, V,
-                                     false));
-    }
-    s->loss_backward_done = grads;
-    luna_arena_release(m->arena, s->logits_mark);
-    return LUNA_OK;
-}
 
 /* Host-side checks and the per-sentence counts. Returns the lengths via the out arrays. */
 static luna_status check_batch(const luna_config *c, const luna_batch *b, int32_t *src_valid,
@@ -317,6 +268,103 @@ luna_status luna_seq2seq_encode(const luna_pass *ps, const luna_config *c, const
     return LUNA_OK;
 }
 
+/* ---- output projection and loss, in row chunks (spec §8) ----------------------------------
+ * logits = x·Eᵀ is [N, V]: 4096 tokens × 32k words is 512 MiB of fp32 (and the largest
+ * activation of the model), but each row's loss needs only its own row. So the rows go in
+ * chunks of at most LOSS_CHUNK_ELEMS logits: per chunk, logits_c = x_c·Eᵀ, the loss, and — when
+ * gradients are wanted — at once the backward of the loss and of the projection, while the
+ * chunk is still there: dlogits_c (in place; the loss is summed, so its scale is 1 and known
+ * now), dx_c = dlogits_c·E (straight into the decoder's output gradient), dE += dlogits_cᵀ·x_c.
+ * The [N, V] logits and their gradient never exist whole, and the backward pass starts at the
+ * decoder. (A non-finite loss makes the trainer skip the whole update, so the projection's
+ * gradient already added is discarded with the rest.) The chunk is big enough (≥ 2048 rows at
+ * V = 32k) that the GEMMs keep their speed.
+ * Rows whose target is padding have no loss and no gradient, so only the others are projected:
+ * they are gathered first (x_pk = x[idx]) and the gradient goes back by a second gather from
+ * dx_pk with one zero row appended (dx[i] = dx_pk[inv[i]], inv[i] = Npk for a pad row). With
+ * real batches (sorted by length, ~7% padding) this removes that share of the largest GEMMs. */
+#define LOSS_CHUNK_ELEMS ((int64_t)1 << 26) /* 256 MiB of fp32 logits, 128 MiB in bf16 */
+
+static int64_t loss_chunk_rows(const luna_seq2seq *m, int64_t N, int V) {
+    int64_t elems = m->loss_chunk_elems > 0 ? m->loss_chunk_elems : LOSS_CHUNK_ELEMS;
+    int64_t rows = elems / (V > 0 ? V : 1);
+    if (rows >= 64) rows = rows / 64 * 64;
+    if (rows < 1) rows = 1;
+    return rows < N ? rows : N;
+}
+
+static luna_status loss_in_chunks(luna_seq2seq *m, pass_state *s, const luna_batch *b, int64_t N,
+                                  bool grads) {
+    const luna_config *c = &m->config;
+    luna_backend *be = m->be;
+    const luna_ops *op = be->ops;
+    const float *E = m->params->w.output_projection;
+    const int d = s->d, V = s->V, pad = c->padding_idx;
+    const float eps = (float)c->label_smoothing;
+
+    /* the non-pad rows: idx [Npk] (their positions), inv [N] (position among them, or Npk) */
+    int32_t *host = malloc((size_t)(2 * N + 1) * sizeof(int32_t));
+    if (!host) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "model: out of host memory");
+    int32_t *idx = host, *inv = host + N, *tgt_host = host; /* tgt_host reuses idx (below) */
+    int64_t npk = 0;
+    for (int64_t i = 0; i < N; i++)
+        if (b->target[i] != pad) idx[npk++] = (int32_t)i;
+    for (int64_t i = 0, k = 0; i < N; i++)
+        inv[i] = k < npk && idx[k] == i ? (int32_t)k++ : (int32_t)npk;
+    const bool packed = npk < N;
+    const luna_act *x = s->dec_out;
+    const int32_t *tgt = s->tgt;
+    luna_act *dx = grads ? s->gx_dec[0] : NULL;
+    int32_t *idx_dev = NULL, *inv_dev = NULL;
+    luna_status st = LUNA_OK;
+    s->loss_rows = npk;
+    if (packed && npk > 0) {
+        luna_act *x_pk;
+        int32_t *tgt_dev;
+        st = upload_i32(s, &idx_dev, idx, npk);
+        if (st == LUNA_OK && grads) st = upload_i32(s, &inv_dev, inv, N);
+        if (st == LUNA_OK) st = luna_pass_alloc(&s->ps, &x_pk, npk * d, "non-pad decoder rows");
+        if (st == LUNA_OK) st = op->gather_rows(be, x_pk, d, s->dec_out, d, idx_dev, npk, d);
+        for (int64_t k = 0; k < npk; k++) /* idx[k] ≥ k: the in-place compaction is safe */
+            tgt_host[k] = b->target[idx[k]];
+        if (st == LUNA_OK) st = upload_i32(s, &tgt_dev, tgt_host, npk);
+        if (st == LUNA_OK && grads) { /* dx_pk [npk + 1, d], the last row zero */
+            st = luna_pass_alloc(&s->ps, &dx, (npk + 1) * d, "non-pad rows' gradient");
+            if (st == LUNA_OK)
+                st = luna_mem_zero(be, luna_act_at(be, dx, npk * d), luna_act_bytes(be, d));
+        }
+        x = x_pk;
+        tgt = tgt_dev;
+    }
+    free(host);
+    LUNA_TRY(st);
+
+    const int64_t rows = loss_chunk_rows(m, npk, V);
+    luna_act *logits;
+    LUNA_TRY(luna_pass_alloc(&s->ps, &logits, (rows > 0 ? rows : 1) * V, "logits (one chunk)"));
+    for (int64_t r0 = 0; r0 < npk; r0 += rows) {
+        const int64_t nr = npk - r0 < rows ? npk - r0 : rows;
+        const luna_act *xc = luna_act_at(be, x, r0 * d);
+        LUNA_TRY(op->linear_forward(be, logits, xc, E, NULL, nr, d, V));
+        LUNA_TRY(op->cross_entropy_forward(be, s->loss + r0, s->nll + r0, s->lse + r0, logits,
+                                           tgt + r0, nr, V, eps, pad));
+        if (!grads) continue;
+        LUNA_TRY(op->cross_entropy_backward(be, logits, logits, s->lse + r0, tgt + r0, nr, V, eps,
+                                            pad, 1.0f));
+        LUNA_TRY(op->linear_backward(be, luna_act_at(be, dx, r0 * d),
+                                     m->params->g.output_projection, NULL, logits, xc, E, nr, d, V,
+                                     false));
+    }
+    if (grads && packed) { /* back to the decoder's rows; pad rows get the zero row */
+        if (npk == 0)
+            LUNA_TRY(luna_mem_zero(be, s->gx_dec[0], luna_act_bytes(be, N * d)));
+        else
+            LUNA_TRY(op->gather_rows(be, s->gx_dec[0], d, dx, d, inv_dev, N, d));
+    }
+    luna_arena_release(m->arena, s->logits_mark);
+    return LUNA_OK;
+}
+
 static luna_status forward(luna_seq2seq *m, pass_state *s, const luna_batch *b, bool training,
                            bool grads, bool keep_logits, uint64_t step) {
     const luna_config *c = &m->config;
@@ -401,14 +449,13 @@ static luna_status forward(luna_seq2seq *m, pass_state *s, const luna_batch *b, 
     LUNA_TRY(luna_pass_alloc_f32(&s->ps, &s->nll, N, "loss"));
     LUNA_TRY(luna_pass_alloc_f32(&s->ps, &s->lse, N, "loss"));
     s->logits_mark = luna_arena_get_mark(m->arena);
-    if (keep_logits) { /* the caller wants all [N, V] logits (host copy): one piece */
-        LUNA_TRY(luna_pass_alloc(&s->ps, &s->logits, N * s->V, "logits"));
-        LUNA_TRY(
-            op->linear_forward(be, s->logits, s->dec_out, w->output_projection, NULL, N, d, s->V));
-        return op->cross_entropy_forward(be, s->loss, s->nll, s->lse, s->logits, s->tgt, N, s->V,
-                                         (float)c->label_smoothing, pad);
-    }
-    return loss_in_chunks(m, s, N, grads);
+    LUNA_TRY(loss_in_chunks(m, s, b, N, grads));
+    if (!keep_logits) return LUNA_OK;
+    /* The caller wants all [N, V] logits (a host copy, tests and tools): computed whole, after
+     * the loss (which comes from the chunks above, so that it is the training pass's loss to the
+     * last bit) */
+    LUNA_TRY(luna_pass_alloc(&s->ps, &s->logits, N * s->V, "logits"));
+    return op->linear_forward(be, s->logits, s->dec_out, w->output_projection, NULL, N, d, s->V);
 }
 
 static luna_status sum_losses(luna_seq2seq *m, pass_state *s, int64_t N, double *loss_sum,
@@ -452,16 +499,9 @@ static luna_status backward(luna_seq2seq *m, pass_state *s) {
      * gradient goes to that layer's own learned P. */
     const bool nc = L > 0 && c->non_contextual_projection;
 
-    /* loss and output projection (dlogits overwrite the logits); with the chunked loss this
-     * ran in the forward pass, and dx already holds the decoder output's gradient */
+    /* the loss and the output projection's backward ran in the forward (loss_in_chunks): dx
+     * holds the decoder output's gradient */
     luna_act *dx = s->gx_dec[0], *dx_other = s->gx_dec[1];
-    if (!s->loss_backward_done) {
-        LUNA_TRY(op->cross_entropy_backward(be, s->logits, s->logits, s->lse, s->tgt, N, s->V,
-                                            (float)c->label_smoothing, pad, 1.0f));
-        LUNA_TRY(op->linear_backward(be, dx, g->output_projection, NULL, s->logits, s->dec_out,
-                                     w->output_projection, N, d, s->V, false));
-        luna_arena_release(m->arena, s->logits_mark);
-    }
 
     /* decoder */
     LUNA_TRY(luna_mem_zero(be, s->ge, luna_act_bytes(be, (int64_t)B * mlen * d)));
@@ -532,7 +572,7 @@ static luna_status run(luna_seq2seq *m, const luna_batch *b, bool training, bool
     if (st == LUNA_OK && logits)
         st = luna_mem_to_host(m->be, logits, s.logits,
                               (size_t)b->B * b->tgt_len * m->config.vocab_size * sizeof(float));
-    if (st == LUNA_OK) st = sum_losses(m, &s, (int64_t)b->B * b->tgt_len, loss_sum, nll_sum);
+    if (st == LUNA_OK) st = sum_losses(m, &s, s.loss_rows, loss_sum, nll_sum);
     if (st == LUNA_OK && grads) st = backward(m, &s);
     luna_arena_reset(m->arena);
     return st;
