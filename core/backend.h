@@ -232,6 +232,58 @@ struct luna_ops {
     luna_status (*elu_plus_one_backward)(luna_backend *be, luna_act *dx, const luna_act *dy,
                                          const luna_act *x, int64_t n);
 
+    /* ---- Fused ops (issue 14): one pass over the rows instead of three to four ops ----------
+     * Each equals the composition of the ops above that it replaces (dropout masks included: the
+     * same key and element indices, so a model step gives the same masks); on the CPU backend bit
+     * for bit (the same fp32 expressions in the same order, the same row and column reductions).
+     * `p` is the dropout probability in [0, 1) (0: no dropout, key unused), keep(i) =
+     * luna_rng_dropout_keep(key, i, p) with i the element's index in its [rows, d] buffer.
+     *
+     * residual_norm: the post-norm sublayer end (model/layers.c), bias + dropout + residual +
+     * LayerNorm. sub, res, r, y [rows, d]; bias [d] or NULL; gamma, beta [d]; mean, rstd [rows].
+     *   forward:  r = res + dropout(sub + bias)   (= bias_add_forward, dropout_forward, add)
+     *             y = LayerNorm(r; gamma, beta, eps), mean, rstd as layer_norm_forward.
+     *             r, mean and rstd are kept for backward (r is the LayerNorm input). r may alias
+     *             sub or res (elementwise); y must not overlap r, sub or res.
+     *   backward: dres = layer_norm_backward of dy (overwritten; dres may alias dy),
+     *             dsub = dropout_backward(dres) (overwritten; must not overlap dres or dy),
+     *             dbias [d] += Σ_rows dsub (NULL: skip; = bias_add_backward),
+     *             dgamma, dbeta [d] += as layer_norm_backward (either NULL: skip). */
+    luna_status (*residual_norm_forward)(luna_backend *be, luna_act *y, luna_act *r, float *mean,
+                                         float *rstd, const luna_act *sub, const float *bias,
+                                         const luna_act *res, const float *gamma, const float *beta,
+                                         int64_t rows, int d, float eps, float p, luna_rng_key key);
+    luna_status (*residual_norm_backward)(luna_backend *be, luna_act *dres, luna_act *dsub,
+                                          float *dbias, float *dgamma, float *dbeta,
+                                          const luna_act *dy, const luna_act *r, const float *mean,
+                                          const float *rstd, const float *gamma, int64_t rows,
+                                          int d, float p, luna_rng_key key);
+    /* bias_relu_dropout: the FFN's hidden activation. h, a [rows, cols]; bias [cols] or NULL.
+     *   forward:  h += bias (in place; NULL: h unchanged; h is kept: the pre-activation),
+     *             a = dropout(relu(h))   (= bias_add_forward, relu_forward, dropout_forward).
+     *             a must not overlap h.
+     *   backward: dh = dropout_backward(da) ⊙ [h > 0] (overwritten; dh may alias da),
+     *             dbias [cols] += Σ_rows dh (NULL: skip). */
+    luna_status (*bias_relu_dropout_forward)(luna_backend *be, luna_act *a, luna_act *h,
+                                             const float *bias, int64_t rows, int cols, float p,
+                                             luna_rng_key key);
+    luna_status (*bias_relu_dropout_backward)(luna_backend *be, luna_act *dh, float *dbias,
+                                              const luna_act *da, const luna_act *h, int64_t rows,
+                                              int cols, float p, luna_rng_key key);
+    /* softmax_dropout: attention probabilities, x, y, yd [rows, cols].
+     *   forward:  y = softmax_forward(x; valid_cols, rows_per_group, causal_period) (kept; y may
+     *             alias x), yd = dropout(y) in the same pass; yd NULL or p = 0: only y is written.
+     *             yd must not overlap x or y.
+     *   backward: g = dropout_backward(dyd), dx = y ⊙ (g − Σ_c y·g) (= softmax_backward; masked
+     *             entries 0); dx may alias dyd. */
+    luna_status (*softmax_dropout_forward)(luna_backend *be, luna_act *y, luna_act *yd,
+                                           const luna_act *x, int64_t rows, int cols,
+                                           const int32_t *valid_cols, int64_t rows_per_group,
+                                           int causal_period, float p, luna_rng_key key);
+    luna_status (*softmax_dropout_backward)(luna_backend *be, luna_act *dx, const luna_act *dyd,
+                                            const luna_act *y, int64_t rows, int cols, float p,
+                                            luna_rng_key key);
+
     /* ---- Causal normalised contraction (the two causal Luna products of spec §3) ------------
      * For each of G independent groups (batch × head) and t = 1..n:
      *   out_t = (1/t) · Σ_{s≤t} (x_t · a_s) · b_s,

@@ -62,13 +62,9 @@ luna_status luna_causal_attention_forward(const luna_pass *ps, const luna_attn_w
     /* 4-5. S_t = (1/t) Σ_{s≤t} (Q_t·K_s) Φ_s; A = softmax_L(S) with the P mask, dropped */
     LUNA_TRY(luna_pass_alloc(ps, &act->a, nL, "causal attention"));
     LUNA_TRY(op->causal_contraction_forward(be, act->a, act->q, act->k, act->phi_d, G, n, dh, L));
-    LUNA_TRY(
-        op->softmax_forward(be, act->a, act->a, (int64_t)G * n, L, p_valid, (int64_t)H * n, 0));
-    act->a_d = act->a;
-    if (luna_pass_drops(ps, ps->attention_dropout)) {
-        LUNA_TRY(luna_pass_alloc(ps, &act->a_d, nL, "causal attention dropout"));
-        LUNA_TRY(luna_pass_dropout(ps, act->a_d, act->a, nL, ps->attention_dropout, site + 3));
-    }
+    LUNA_TRY(luna_pass_softmax_dropout(ps, act->a, &act->a_d, act->a, (int64_t)G * n, L, p_valid,
+                                       (int64_t)H * n, 0, ps->attention_dropout, site + 3,
+                                       "causal attention dropout"));
 
     /* 6-7. O_t = (1/t) Σ_{s≤t} (A_t·Φ_s) V_s; Y = out_proj(merge O) */
     LUNA_TRY(luna_pass_alloc(ps, &act->o, nd, "causal attention output"));
@@ -83,8 +79,7 @@ luna_status luna_causal_attention_forward(const luna_pass *ps, const luna_attn_w
         LUNA_TRY(st);
     }
     LUNA_TRY(luna_pass_alloc(ps, &act->y, nd, "causal attention result"));
-    return op->linear_forward(be, act->y, act->o, w->out_proj.weight, w->out_proj.bias,
-                              (int64_t)B * n, d, d);
+    return op->linear_forward(be, act->y, act->o, w->out_proj.weight, NULL, (int64_t)B * n, d, d);
 }
 
 static luna_status backward(const luna_pass *ps, const luna_attn_w *w, luna_attn_w *g,
@@ -101,8 +96,8 @@ static luna_status backward(const luna_pass *ps, const luna_attn_w *w, luna_attn
     luna_act *d_o, *doh;
     LUNA_TRY(luna_pass_alloc(ps, &d_o, nd, "causal attention gradient"));
     LUNA_TRY(luna_pass_alloc(ps, &doh, nd, "causal attention gradient heads"));
-    LUNA_TRY(op->linear_backward(be, d_o, g->out_proj.weight, g->out_proj.bias, dy, act->o,
-                                 w->out_proj.weight, (int64_t)B * n, d, d, false));
+    LUNA_TRY(op->linear_backward(be, d_o, g->out_proj.weight, NULL, dy, act->o, w->out_proj.weight,
+                                 (int64_t)B * n, d, d, false));
     LUNA_TRY(op->split_heads(be, doh, d_o, B, n, H, dh));
 
     /* 6. O = contraction(A_d, Φ_d, V): dA_d, dΦ (first part), dV */
@@ -115,8 +110,8 @@ static luna_status backward(const luna_pass *ps, const luna_attn_w *w, luna_attn
     LUNA_TRY(op->causal_contraction_backward(be, da, dphi, dv, doh, act->a_d, act->phi_d, act->v, G,
                                              n, L, dh));
     /* 5. dropout and softmax */
-    LUNA_TRY(luna_pass_dropout_backward(ps, da, da, nL, ps->attention_dropout, act->site + 3));
-    LUNA_TRY(op->softmax_backward(be, da, da, act->a, (int64_t)G * n, L));
+    LUNA_TRY(luna_pass_softmax_dropout_backward(ps, da, da, act->a, (int64_t)G * n, L,
+                                                ps->attention_dropout, act->site + 3));
     /* 4. S = contraction(Q, K, Φ_d): dQ (into doh), dK, dΦ (second part) */
     LUNA_TRY(op->causal_contraction_backward(be, doh, dk, dphi2, da, act->q, act->k, act->phi_d, G,
                                              n, dh, L));
@@ -216,7 +211,7 @@ static luna_status step(luna_pass *ps, const luna_attn_w *w, luna_causal_state *
     LUNA_TRY(luna_bgemm(be, false, false, 1, dh, L, inv_t, s, st->vsum, 0.0f, oh, G));
     LUNA_TRY(luna_pass_alloc(ps, &o, (int64_t)B * d, "causal step"));
     LUNA_TRY(op->merge_heads(be, o, oh, B, 1, H, dh));
-    return op->linear_forward(be, y, o, w->out_proj.weight, w->out_proj.bias, B, d, d);
+    return op->linear_forward(be, y, o, w->out_proj.weight, NULL, B, d, d);
 }
 
 luna_status luna_causal_attention_step(luna_backend *be, luna_arena *scratch, const luna_attn_w *w,

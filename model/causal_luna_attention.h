@@ -34,7 +34,7 @@ typedef struct {
     luna_act *k, *v;        /* [B, H, n, dh] (v == k when tied) */
     luna_act *a, *a_d;      /* [B, H, n, L] probabilities, after dropout */
     luna_act *o;            /* [B, n, d] heads merged */
-    luna_act *y;            /* [B, n, d] output */
+    luna_act *y;            /* [B, n, d] output, out_proj(O) without its bias (layers.h) */
 } luna_causal_act;
 
 luna_status luna_causal_attention_forward(const luna_pass *ps, const luna_attn_w *w,
@@ -71,7 +71,8 @@ luna_status luna_causal_state_init(luna_backend *be, luna_arena *arena, const lu
                                    luna_causal_activation activation);
 
 /* One decoding step for every sentence: x [B, d] (this position's layer input) -> y [B, d]
- * (the attention output, after out_proj). Temporaries come from `scratch` and are released.
+ * (the attention output, after out_proj without its bias, like the training form's y: the layer's
+ * luna_resnorm_forward adds it). Temporaries come from `scratch` and are released.
  * No dropout (inference). */
 luna_status luna_causal_attention_step(luna_backend *be, luna_arena *scratch, const luna_attn_w *w,
                                        luna_causal_state *st, const luna_act *x, luna_act *y);

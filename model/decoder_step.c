@@ -63,7 +63,7 @@ static luna_status luna_layer_begin(luna_seq2seq *model, const luna_pass *pst, c
     /* P of the next layer = LN_p(p + Y_P) (the last layer's is unused) */
     if (!last) {
         luna_resnorm_act pa;
-        LUNA_TRY(luna_resnorm_forward(ps, &lw->encoder_atten_proj_layer_norm, &pa, *p, a.yp,
+        LUNA_TRY(luna_resnorm_forward(ps, &lw->encoder_atten_proj_layer_norm, &pa, *p, a.yp, NULL,
                                       (int64_t)S * L, d, 0.0f, 0));
         *p = pa.y;
     }
@@ -154,7 +154,8 @@ static luna_status ffn_block(const luna_pass *ps, const luna_config *c,
     luna_ffn_act f;
     luna_resnorm_act r;
     LUNA_TRY(luna_ffn_forward(ps, &w->fc1, &w->fc2, &f, x, R, d, c->decoder_ffn_embed_dim, 0));
-    LUNA_TRY(luna_resnorm_forward(ps, &w->final_layer_norm, &r, x, f.out, R, d, 0.0f, 0));
+    LUNA_TRY(
+        luna_resnorm_forward(ps, &w->final_layer_norm, &r, x, f.out, w->fc2.bias, R, d, 0.0f, 0));
     *out = r.y;
     return LUNA_OK;
 }
@@ -170,7 +171,8 @@ static luna_status luna_layer_step(const luna_pass *ps, const luna_config *c,
     /* x1 = LN(x + CausalLuna(x)) */
     LUNA_TRY(luna_pass_alloc(ps, &y, (int64_t)R * d, "causal attention result"));
     LUNA_TRY(luna_causal_attention_step(be, ps->arena, &w->self_attn, &ls->causal, x, y));
-    LUNA_TRY(luna_resnorm_forward(ps, &w->self_attn_layer_norm, &r1, x, y, R, d, 0.0f, 0));
+    LUNA_TRY(luna_resnorm_forward(ps, &w->self_attn_layer_norm, &r1, x, y,
+                                  w->self_attn.out_proj.bias, R, d, 0.0f, 0));
     /* x2 = LN(x1 + unpack(x1)): the beams of sentence s are its `beam` queries */
     luna_attn_act a = {.B = dims->S,
                        .L = dims->L,
@@ -180,7 +182,8 @@ static luna_status luna_layer_step(const luna_pass *ps, const luna_config *c,
                        .kp = ls->kp,
                        .vp = ls->vp};
     LUNA_TRY(luna_attention_unpack(ps, &w->encoder_attn, &a, r1.y, dims->sent_valid, dims->beam));
-    LUNA_TRY(luna_resnorm_forward(ps, &w->encoder_attn_layer_norm, &r2, r1.y, a.y, R, d, 0.0f, 0));
+    LUNA_TRY(luna_resnorm_forward(ps, &w->encoder_attn_layer_norm, &r2, r1.y, a.y,
+                                  w->encoder_attn.out_proj.bias, R, d, 0.0f, 0));
     return ffn_block(ps, c, w, r2.y, R, out);
 }
 
@@ -215,9 +218,9 @@ static luna_status transformer_layer_step(const luna_pass *ps, const luna_config
     LUNA_TRY(op->gemm(be, false, false, 1, dh, T, 1.0f, s, T, T, ls->self_v, dh, cache_stride, 0.0f,
                       o, dh, dh, G));
     LUNA_TRY(luna_pass_alloc(ps, &y, (int64_t)R * d, "self-attention result"));
-    LUNA_TRY(op->linear_forward(be, y, o, w->self_attn.out_proj.weight, w->self_attn.out_proj.bias,
-                                R, d, d));
-    LUNA_TRY(luna_resnorm_forward(ps, &w->self_attn_layer_norm, &r1, x, y, R, d, 0.0f, 0));
+    LUNA_TRY(op->linear_forward(be, y, o, w->self_attn.out_proj.weight, NULL, R, d, d));
+    LUNA_TRY(luna_resnorm_forward(ps, &w->self_attn_layer_norm, &r1, x, y,
+                                  w->self_attn.out_proj.bias, R, d, 0.0f, 0));
     /* cross-attention to the sentence's keys/values, the beams as queries */
     luna_mha_act a = {.B = dims->S,
                       .m = dims->m,
@@ -227,7 +230,8 @@ static luna_status transformer_layer_step(const luna_pass *ps, const luna_config
                       .k = ls->cross_k,
                       .v = ls->cross_v};
     LUNA_TRY(luna_mha_attend(ps, &w->encoder_attn, &a, r1.y, dims->beam, false));
-    LUNA_TRY(luna_resnorm_forward(ps, &w->encoder_attn_layer_norm, &r2, r1.y, a.y, R, d, 0.0f, 0));
+    LUNA_TRY(luna_resnorm_forward(ps, &w->encoder_attn_layer_norm, &r2, r1.y, a.y,
+                                  w->encoder_attn.out_proj.bias, R, d, 0.0f, 0));
     return ffn_block(ps, c, w, r2.y, R, out);
 }
 

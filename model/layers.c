@@ -1,29 +1,31 @@
 #include "model/layers.h"
 
-/* ---- residual + dropout + LayerNorm ---------------------------------------------------------- */
+/* ---- bias + residual + dropout + LayerNorm (one fused op each way) --------------------------- */
 
 luna_status luna_resnorm_forward(const luna_pass *ps, const luna_norm_w *w, luna_resnorm_act *act,
-                                 const luna_act *res, const luna_act *sub, int64_t rows, int d,
-                                 float p, uint32_t site) {
+                                 const luna_act *res, const luna_act *sub, const float *bias,
+                                 int64_t rows, int d, float p, uint32_t site) {
     luna_backend *be = ps->be;
     *act = (luna_resnorm_act){.rows = rows, .d = d, .p = p, .site = site};
     LUNA_TRY(luna_pass_alloc(ps, &act->r, rows * d, "residual"));
     LUNA_TRY(luna_pass_alloc_f32(ps, &act->mean, rows, "layer norm statistics"));
     LUNA_TRY(luna_pass_alloc_f32(ps, &act->rstd, rows, "layer norm statistics"));
     LUNA_TRY(luna_pass_alloc(ps, &act->y, rows * d, "layer output"));
-    LUNA_TRY(luna_pass_dropout(ps, act->r, sub, rows * d, p, site));
-    LUNA_TRY(be->ops->add(be, act->r, act->r, res, rows * d));
-    return be->ops->layer_norm_forward(be, act->y, act->mean, act->rstd, act->r, w->weight, w->bias,
-                                       rows, d, LUNA_LAYER_NORM_EPS);
+    /* dropout off (evaluation, p = 0): the op's p = 0 adds sub + bias unscaled */
+    const float pe = luna_pass_drops(ps, p) ? p : 0.0f;
+    return be->ops->residual_norm_forward(be, act->y, act->r, act->mean, act->rstd, sub, bias, res,
+                                          w->weight, w->bias, rows, d, LUNA_LAYER_NORM_EPS, pe,
+                                          luna_pass_key(ps, site));
 }
 
 luna_status luna_resnorm_backward(const luna_pass *ps, const luna_norm_w *w, luna_norm_w *g,
                                   const luna_resnorm_act *act, const luna_act *dy, luna_act *dres,
-                                  luna_act *dsub) {
+                                  luna_act *dsub, float *dbias) {
     luna_backend *be = ps->be;
-    LUNA_TRY(be->ops->layer_norm_backward(be, dres, g->weight, g->bias, dy, act->r, act->mean,
-                                          act->rstd, w->weight, act->rows, act->d));
-    return luna_pass_dropout_backward(ps, dsub, dres, act->rows * act->d, act->p, act->site);
+    const float pe = luna_pass_drops(ps, act->p) ? act->p : 0.0f;
+    return be->ops->residual_norm_backward(be, dres, dsub, dbias, g->weight, g->bias, dy, act->r,
+                                           act->mean, act->rstd, w->weight, act->rows, act->d, pe,
+                                           luna_pass_key(ps, act->site));
 }
 
 /* ---- FFN ------------------------------------------------------------------------------------- */
@@ -35,14 +37,15 @@ luna_status luna_ffn_forward(const luna_pass *ps, const luna_linear_w *fc1,
     *act = (luna_ffn_act){.rows = rows, .d = d, .ffn = ffn, .site = site, .x = x};
     LUNA_TRY(luna_pass_alloc(ps, &act->h, rows * ffn, "FFN hidden"));
     LUNA_TRY(luna_pass_alloc(ps, &act->out, rows * d, "FFN output"));
-    LUNA_TRY(be->ops->linear_forward(be, act->h, x, fc1->weight, fc1->bias, rows, d, ffn));
+    LUNA_TRY(be->ops->linear_forward(be, act->h, x, fc1->weight, NULL, rows, d, ffn));
     luna_arena_mark mark = luna_arena_get_mark(ps->arena);
     luna_act *a; /* [rows, ffn] dropped activation, not kept */
     LUNA_TRY(luna_pass_alloc(ps, &a, rows * ffn, "FFN activation"));
-    luna_status st = be->ops->relu_forward(be, a, act->h, rows * ffn);
-    if (st == LUNA_OK) st = luna_pass_dropout(ps, a, a, rows * ffn, ps->activation_dropout, site);
-    if (st == LUNA_OK)
-        st = be->ops->linear_forward(be, act->out, a, fc2->weight, fc2->bias, rows, ffn, d);
+    const float pe = luna_pass_drops(ps, ps->activation_dropout) ? ps->activation_dropout : 0.0f;
+    luna_status st = be->ops->bias_relu_dropout_forward(be, a, act->h, fc1->bias, rows, ffn, pe,
+                                                        luna_pass_key(ps, site));
+    if (st == LUNA_OK) /* fc2's bias: added by the following luna_resnorm_forward */
+        st = be->ops->linear_forward(be, act->out, a, fc2->weight, NULL, rows, ffn, d);
     luna_arena_release(ps->arena, mark);
     return st;
 }
@@ -52,17 +55,20 @@ static luna_status ffn_backward(const luna_pass *ps, const luna_linear_w *fc1,
                                 const luna_ffn_act *act, const luna_act *dout, luna_act *dx) {
     luna_backend *be = ps->be;
     const int64_t n = act->rows * act->ffn;
+    const float pe = luna_pass_drops(ps, ps->activation_dropout) ? ps->activation_dropout : 0.0f;
+    const luna_rng_key key = luna_pass_key(ps, act->site);
     luna_act *a, *da;
     LUNA_TRY(luna_pass_alloc(ps, &a, n, "FFN activation"));
     LUNA_TRY(luna_pass_alloc(ps, &da, n, "FFN activation gradient"));
-    LUNA_TRY(be->ops->relu_forward(be, a, act->h, n));
-    LUNA_TRY(luna_pass_dropout(ps, a, a, n, ps->activation_dropout, act->site));
-    LUNA_TRY(be->ops->linear_backward(be, da, g2->weight, g2->bias, dout, a, fc2->weight, act->rows,
+    /* recompute a = drop(relu(h)) (h already holds fc1's bias: none added again) */
+    LUNA_TRY(be->ops->bias_relu_dropout_forward(be, a, act->h, NULL, act->rows, act->ffn, pe, key));
+    /* fc2's bias gradient: accumulated by luna_resnorm_backward */
+    LUNA_TRY(be->ops->linear_backward(be, da, g2->weight, NULL, dout, a, fc2->weight, act->rows,
                                       act->ffn, act->d, false));
-    LUNA_TRY(luna_pass_dropout_backward(ps, da, da, n, ps->activation_dropout, act->site));
-    LUNA_TRY(be->ops->relu_backward(be, da, da, act->h, n));
-    return be->ops->linear_backward(be, dx, g1->weight, g1->bias, da, act->x, fc1->weight,
-                                    act->rows, act->d, act->ffn, true);
+    LUNA_TRY(be->ops->bias_relu_dropout_backward(be, da, g1->bias, da, act->h, act->rows, act->ffn,
+                                                 pe, key));
+    return be->ops->linear_backward(be, dx, g1->weight, NULL, da, act->x, fc1->weight, act->rows,
+                                    act->d, act->ffn, true);
 }
 
 luna_status luna_ffn_backward(const luna_pass *ps, const luna_linear_w *fc1,
@@ -92,29 +98,33 @@ luna_status luna_encoder_layer_forward(const luna_pass *ps, const luna_config *c
         LUNA_TRY(luna_attention_forward(ps, &w->self_attn, &act->attn, x, p, x, dm->src_valid,
                                         dm->p_valid, B, m, m, L, d, H, !c->untie_luna_kv,
                                         ENC_SITE(i, LUNA_SITE_SELF_ATTN)));
-        LUNA_TRY(luna_resnorm_forward(ps, &w->self_attn_layer_norm, &act->x1, x, act->attn.y, rows,
-                                      d, drop, ENC_SITE(i, LUNA_SITE_LAYER + 0)));
+        LUNA_TRY(luna_resnorm_forward(ps, &w->self_attn_layer_norm, &act->x1, x, act->attn.y,
+                                      w->self_attn.out_proj.bias, rows, d, drop,
+                                      ENC_SITE(i, LUNA_SITE_LAYER + 0)));
         LUNA_TRY(luna_resnorm_forward(ps, &w->self_atten_proj_layer_norm, &act->p1, p, act->attn.yp,
-                                      (int64_t)B * L, d, drop, ENC_SITE(i, LUNA_SITE_LAYER + 1)));
+                                      NULL, (int64_t)B * L, d, drop,
+                                      ENC_SITE(i, LUNA_SITE_LAYER + 1)));
         act->p_out = act->p1.y;
     } else if (c->linformer_k > 0) {
         LUNA_TRY(luna_linformer_forward(ps, &w->self_attn, &act->lin, x, dm->src_valid, B, m, d, H,
                                         c->linformer_k, c->max_source_positions,
                                         ENC_SITE(i, LUNA_SITE_SELF_ATTN)));
-        LUNA_TRY(luna_resnorm_forward(ps, &w->self_attn_layer_norm, &act->x1, x, act->lin.y, rows,
-                                      d, drop, ENC_SITE(i, LUNA_SITE_LAYER + 0)));
+        LUNA_TRY(luna_resnorm_forward(ps, &w->self_attn_layer_norm, &act->x1, x, act->lin.y,
+                                      w->self_attn.out_proj.bias, rows, d, drop,
+                                      ENC_SITE(i, LUNA_SITE_LAYER + 0)));
         act->p_out = NULL;
     } else {
         LUNA_TRY(luna_mha_forward(ps, &w->self_attn, &act->mha, x, x, dm->src_valid, B, m, m, d, H,
                                   false, ENC_SITE(i, LUNA_SITE_SELF_ATTN)));
-        LUNA_TRY(luna_resnorm_forward(ps, &w->self_attn_layer_norm, &act->x1, x, act->mha.y, rows,
-                                      d, drop, ENC_SITE(i, LUNA_SITE_LAYER + 0)));
+        LUNA_TRY(luna_resnorm_forward(ps, &w->self_attn_layer_norm, &act->x1, x, act->mha.y,
+                                      w->self_attn.out_proj.bias, rows, d, drop,
+                                      ENC_SITE(i, LUNA_SITE_LAYER + 0)));
         act->p_out = NULL;
     }
     LUNA_TRY(luna_ffn_forward(ps, &w->fc1, &w->fc2, &act->ffn, act->x1.y, rows, d,
                               c->encoder_ffn_embed_dim, ENC_SITE(i, LUNA_SITE_LAYER + 2)));
-    LUNA_TRY(luna_resnorm_forward(ps, &w->final_layer_norm, &act->x2, act->x1.y, act->ffn.out, rows,
-                                  d, drop, ENC_SITE(i, LUNA_SITE_LAYER + 3)));
+    LUNA_TRY(luna_resnorm_forward(ps, &w->final_layer_norm, &act->x2, act->x1.y, act->ffn.out,
+                                  w->fc2.bias, rows, d, drop, ENC_SITE(i, LUNA_SITE_LAYER + 3)));
     act->x_out = act->x2.y;
     return LUNA_OK;
 }
@@ -129,18 +139,18 @@ static luna_status encoder_backward(const luna_pass *ps, const luna_config *c,
     LUNA_TRY(luna_pass_alloc(ps, &dsub, xd, "encoder layer gradient"));
     /* x2 = LN(x1 + drop(FFN(x1))) */
     LUNA_TRY(luna_resnorm_backward(ps, &w->final_layer_norm, &g->final_layer_norm, &act->x2, dx_out,
-                                   dx1, dsub));
+                                   dx1, dsub, g->fc2.bias));
     LUNA_TRY(luna_ffn_backward(ps, &w->fc1, &w->fc2, &g->fc1, &g->fc2, &act->ffn, dsub, dx1));
     /* x1 = LN(x + drop(x̂)), p1 = LN_p(p + drop(p̂)) */
     LUNA_TRY(luna_resnorm_backward(ps, &w->self_attn_layer_norm, &g->self_attn_layer_norm, &act->x1,
-                                   dx1, dx_in, dsub));
+                                   dx1, dx_in, dsub, g->self_attn.out_proj.bias));
     if (c->arch == LUNA_ARCH_LUNA) {
         luna_act *dpsub = NULL;
         if (dp_out) {
             LUNA_TRY(luna_pass_alloc(ps, &dpsub, act->p1.rows * act->p1.d, "encoder P gradient"));
             LUNA_TRY(luna_resnorm_backward(ps, &w->self_atten_proj_layer_norm,
                                            &g->self_atten_proj_layer_norm, &act->p1, dp_out, dp_in,
-                                           dpsub));
+                                           dpsub, NULL));
         } else { /* P output unused (non-contextual P): only the attention's use of p */
             LUNA_TRY(
                 luna_mem_zero(ps->be, dp_in, luna_act_bytes(ps->be, act->p1.rows * act->p1.d)));
@@ -185,17 +195,18 @@ luna_status luna_decoder_layer_forward(const luna_pass *ps, const luna_config *c
                                   d, H, true, DEC_SITE(i, LUNA_SITE_SELF_ATTN)));
         xhat = act->self_mha.y;
     }
-    LUNA_TRY(luna_resnorm_forward(ps, &w->self_attn_layer_norm, &act->x1, x, xhat, rows, d, drop,
+    LUNA_TRY(luna_resnorm_forward(ps, &w->self_attn_layer_norm, &act->x1, x, xhat,
+                                  w->self_attn.out_proj.bias, rows, d, drop,
                                   DEC_SITE(i, LUNA_SITE_LAYER + 0)));
     if (c->arch == LUNA_ARCH_LUNA) {
         LUNA_TRY(luna_attention_forward(ps, &w->encoder_attn, &act->cross, act->x1.y, p, e,
                                         dm->src_valid, dm->p_valid, B, n, m, L, d, H,
                                         !c->untie_luna_kv, DEC_SITE(i, LUNA_SITE_CROSS_ATTN)));
         LUNA_TRY(luna_resnorm_forward(ps, &w->encoder_attn_layer_norm, &act->x2, act->x1.y,
-                                      act->cross.y, rows, d, drop,
+                                      act->cross.y, w->encoder_attn.out_proj.bias, rows, d, drop,
                                       DEC_SITE(i, LUNA_SITE_LAYER + 1)));
         LUNA_TRY(luna_resnorm_forward(ps, &w->encoder_atten_proj_layer_norm, &act->p2, p,
-                                      act->cross.yp, (int64_t)B * L, d, drop,
+                                      act->cross.yp, NULL, (int64_t)B * L, d, drop,
                                       DEC_SITE(i, LUNA_SITE_LAYER + 2)));
         act->p_out = act->p2.y;
     } else {
@@ -203,14 +214,14 @@ luna_status luna_decoder_layer_forward(const luna_pass *ps, const luna_config *c
                                   dm->src_valid, B, n, m, d, H, false,
                                   DEC_SITE(i, LUNA_SITE_CROSS_ATTN)));
         LUNA_TRY(luna_resnorm_forward(ps, &w->encoder_attn_layer_norm, &act->x2, act->x1.y,
-                                      act->cross_mha.y, rows, d, drop,
-                                      DEC_SITE(i, LUNA_SITE_LAYER + 1)));
+                                      act->cross_mha.y, w->encoder_attn.out_proj.bias, rows, d,
+                                      drop, DEC_SITE(i, LUNA_SITE_LAYER + 1)));
         act->p_out = NULL;
     }
     LUNA_TRY(luna_ffn_forward(ps, &w->fc1, &w->fc2, &act->ffn, act->x2.y, rows, d,
                               c->decoder_ffn_embed_dim, DEC_SITE(i, LUNA_SITE_LAYER + 3)));
-    LUNA_TRY(luna_resnorm_forward(ps, &w->final_layer_norm, &act->x3, act->x2.y, act->ffn.out, rows,
-                                  d, drop, DEC_SITE(i, LUNA_SITE_LAYER + 4)));
+    LUNA_TRY(luna_resnorm_forward(ps, &w->final_layer_norm, &act->x3, act->x2.y, act->ffn.out,
+                                  w->fc2.bias, rows, d, drop, DEC_SITE(i, LUNA_SITE_LAYER + 4)));
     act->x_out = act->x3.y;
     return LUNA_OK;
 }
@@ -229,11 +240,11 @@ static luna_status decoder_backward(const luna_pass *ps, const luna_config *c,
     LUNA_TRY(luna_pass_alloc(ps, &dsub, xd, "decoder layer gradient"));
     /* x3 = LN(x2 + drop(FFN(x2))) */
     LUNA_TRY(luna_resnorm_backward(ps, &w->final_layer_norm, &g->final_layer_norm, &act->x3, dx_out,
-                                   dx2, dsub));
+                                   dx2, dsub, g->fc2.bias));
     LUNA_TRY(luna_ffn_backward(ps, &w->fc1, &w->fc2, &g->fc1, &g->fc2, &act->ffn, dsub, dx2));
     /* x2 = LN(x1 + drop(x̂)), p2 = LN_p(p + drop(p̂)) */
     LUNA_TRY(luna_resnorm_backward(ps, &w->encoder_attn_layer_norm, &g->encoder_attn_layer_norm,
-                                   &act->x2, dx2, dx1, dsub));
+                                   &act->x2, dx2, dx1, dsub, g->encoder_attn.out_proj.bias));
     if (luna) {
         const int64_t pd = act->p2.rows * act->p2.d;
         luna_act *dpsub = NULL;
@@ -241,7 +252,7 @@ static luna_status decoder_backward(const luna_pass *ps, const luna_config *c,
             LUNA_TRY(luna_pass_alloc(ps, &dpsub, pd, "decoder P gradient"));
             LUNA_TRY(luna_resnorm_backward(ps, &w->encoder_atten_proj_layer_norm,
                                            &g->encoder_atten_proj_layer_norm, &act->p2, dp_out,
-                                           dp_in, dpsub));
+                                           dp_in, dpsub, NULL));
         } else {
             LUNA_TRY(luna_mem_zero(be, dp_in, luna_act_bytes(be, pd)));
         }
@@ -253,7 +264,7 @@ static luna_status decoder_backward(const luna_pass *ps, const luna_config *c,
     }
     /* x1 = LN(x + drop(SelfAttn(x))) */
     LUNA_TRY(luna_resnorm_backward(ps, &w->self_attn_layer_norm, &g->self_attn_layer_norm, &act->x1,
-                                   dx1, dx_in, dsub));
+                                   dx1, dx_in, dsub, g->self_attn.out_proj.bias));
     if (luna)
         return luna_causal_attention_backward(ps, &w->self_attn, &g->self_attn, &act->causal, dsub,
                                               dx_in, dp_in);

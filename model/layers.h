@@ -25,7 +25,9 @@
 
 #define LUNA_LAYER_NORM_EPS 1e-5f
 
-/* y = LN(res + drop(sub)) */
+/* y = LN(res + drop(sub + bias)): the fused residual_norm op (core/backend.h). bias is the
+ * sublayer's output-projection bias (attention out_proj, fc2), which the sublayer leaves out of
+ * `sub` so that this op adds it in the same pass (NULL: none, e.g. Luna's packed context). */
 typedef struct {
     int64_t rows;
     int d;
@@ -37,20 +39,23 @@ typedef struct {
 } luna_resnorm_act;
 
 luna_status luna_resnorm_forward(const luna_pass *ps, const luna_norm_w *w, luna_resnorm_act *act,
-                                 const luna_act *res, const luna_act *sub, int64_t rows, int d,
-                                 float p, uint32_t site);
-/* dres [rows, d] = d(res) (overwritten), dsub [rows, d] = d(sub) (overwritten). */
+                                 const luna_act *res, const luna_act *sub, const float *bias,
+                                 int64_t rows, int d, float p, uint32_t site);
+/* dres [rows, d] = d(res) (overwritten), dsub [rows, d] = d(sub) (overwritten), dbias [d] +=
+ * d(bias) (NULL: no bias). */
 luna_status luna_resnorm_backward(const luna_pass *ps, const luna_norm_w *w, luna_norm_w *g,
                                   const luna_resnorm_act *act, const luna_act *dy, luna_act *dres,
-                                  luna_act *dsub);
+                                  luna_act *dsub, float *dbias);
 
-/* out = fc2(drop_act(relu(fc1(x)))); the dropped activation is recomputed in backward. */
+/* out = fc2(drop_act(relu(fc1(x)))) WITHOUT fc2's bias (the following luna_resnorm adds it: pass
+ * fc2.bias there); the dropped activation is recomputed in backward. fc1's bias, ReLU and the
+ * activation dropout are one fused op (bias_relu_dropout, core/backend.h). */
 typedef struct {
     int64_t rows;
     int d, ffn;
     uint32_t site;
     const luna_act *x; /* [rows, d] */
-    luna_act *h;       /* [rows, ffn] fc1 output (before relu) */
+    luna_act *h;       /* [rows, ffn] fc1 output with its bias (before relu) */
     luna_act *out;     /* [rows, d] */
 } luna_ffn_act;
 

@@ -82,12 +82,8 @@ luna_status luna_linformer_forward(const luna_pass *ps, const luna_attn_w *w,
     const int64_t mk = (int64_t)G * m * k;
     LUNA_TRY(luna_pass_alloc(ps, &act->a, mk, "linformer probabilities"));
     LUNA_TRY(luna_bgemm(be, false, true, m, k, dh, 1.0f, act->q, act->kp, 0.0f, act->a, G));
-    LUNA_TRY(op->softmax_forward(be, act->a, act->a, (int64_t)G * m, k, NULL, 1, 0));
-    act->a_d = act->a;
-    if (luna_pass_drops(ps, ps->attention_dropout)) {
-        LUNA_TRY(luna_pass_alloc(ps, &act->a_d, mk, "linformer dropout"));
-        LUNA_TRY(luna_pass_dropout(ps, act->a_d, act->a, mk, ps->attention_dropout, site));
-    }
+    LUNA_TRY(luna_pass_softmax_dropout(ps, act->a, &act->a_d, act->a, (int64_t)G * m, k, NULL, 1, 0,
+                                       ps->attention_dropout, site, "linformer dropout"));
     const int64_t md = (int64_t)B * m * d;
     LUNA_TRY(luna_pass_alloc(ps, &act->o, md, "attention output"));
     {
@@ -100,8 +96,7 @@ luna_status luna_linformer_forward(const luna_pass *ps, const luna_attn_w *w,
         LUNA_TRY(st);
     }
     LUNA_TRY(luna_pass_alloc(ps, &act->y, md, "attention result"));
-    return op->linear_forward(be, act->y, act->o, w->out_proj.weight, w->out_proj.bias,
-                              (int64_t)B * m, d, d);
+    return op->linear_forward(be, act->y, act->o, w->out_proj.weight, NULL, (int64_t)B * m, d, d);
 }
 
 /* Backward of project_length for one of K', V': din_b[:len_b] = P[:, :len_b]ᵀ dout_b (rows past
@@ -150,14 +145,14 @@ static luna_status backward(const luna_pass *ps, const luna_attn_w *w, luna_attn
         LUNA_TRY(luna_pass_alloc(ps, &dfa, (int64_t)k * N, "linformer F gradient"));
         LUNA_TRY(luna_mem_zero(be, dfa, luna_act_bytes(be, (int64_t)k * N)));
     }
-    LUNA_TRY(op->linear_backward(be, d_o, g->out_proj.weight, g->out_proj.bias, dy, act->o,
-                                 w->out_proj.weight, (int64_t)B * m, d, d, false));
+    LUNA_TRY(op->linear_backward(be, d_o, g->out_proj.weight, NULL, dy, act->o, w->out_proj.weight,
+                                 (int64_t)B * m, d, d, false));
     LUNA_TRY(op->split_heads(be, doh, d_o, B, m, H, dh));
     /* O = A_d V': dA_d = dO V'ᵀ, dV' = A_dᵀ dO */
     LUNA_TRY(luna_bgemm(be, false, true, m, k, dh, 1.0f, doh, act->vp, 0.0f, da, G));
     LUNA_TRY(luna_bgemm(be, true, false, k, dh, m, 1.0f, act->a_d, doh, 0.0f, dvp, G));
-    LUNA_TRY(luna_pass_dropout_backward(ps, da, da, mk, ps->attention_dropout, act->site));
-    LUNA_TRY(op->softmax_backward(be, da, da, act->a, (int64_t)G * m, k));
+    LUNA_TRY(luna_pass_softmax_dropout_backward(ps, da, da, act->a, (int64_t)G * m, k,
+                                                ps->attention_dropout, act->site));
     /* S = Q K'ᵀ: dQ = dS K' (into doh), dK' = dSᵀ Q */
     LUNA_TRY(luna_bgemm(be, false, false, m, dh, k, 1.0f, da, act->kp, 0.0f, doh, G));
     LUNA_TRY(luna_bgemm(be, true, false, k, dh, m, 1.0f, da, act->q, 0.0f, dkp, G));

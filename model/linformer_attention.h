@@ -29,7 +29,7 @@ typedef struct {
     luna_act *kp, *vp;      /* [B, H, k, dh] projected along the length */
     luna_act *a, *a_d;      /* [B, H, m, k] probabilities, after dropout */
     luna_act *o;            /* [B, m, d] */
-    luna_act *y;            /* [B, m, d] */
+    luna_act *y;            /* [B, m, d], out_proj(O) without its bias (layers.h) */
 } luna_linformer_act;
 
 /* x_valid: device [B] source lengths; fails naming the limit when one exceeds N. */

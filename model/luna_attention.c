@@ -68,7 +68,6 @@ luna_status luna_attention_pack(const luna_pass *ps, const luna_attn_w *w, luna_
                            .p = p,
                            .c = c,
                            .c_valid = c_valid};
-    const bool drop = luna_pass_drops(ps, ps->attention_dropout);
 
     /* pack: Qp [B,H,L,dh], Kc/Vc [B,H,m,dh] */
     LUNA_TRY(luna_project_heads(ps, &act->qp, p, &w->pq_proj, B, L, d, H, scale));
@@ -82,14 +81,9 @@ luna_status luna_attention_pack(const luna_pass *ps, const luna_attn_w *w, luna_
     const int64_t pack_n = (int64_t)G * L * m;
     LUNA_TRY(luna_pass_alloc(ps, &act->a_pack, pack_n, "pack attention")); /* [B,H,L,m] */
     LUNA_TRY(luna_bgemm(be, false, true, L, m, dh, 1.0f, act->qp, act->kc, 0.0f, act->a_pack, G));
-    LUNA_TRY(op->softmax_forward(be, act->a_pack, act->a_pack, (int64_t)G * L, m, c_valid,
-                                 (int64_t)H * L, 0));
-    act->a_pack_d = act->a_pack;
-    if (drop) {
-        LUNA_TRY(luna_pass_alloc(ps, &act->a_pack_d, pack_n, "pack attention dropout"));
-        LUNA_TRY(luna_pass_dropout(ps, act->a_pack_d, act->a_pack, pack_n, ps->attention_dropout,
-                                   site + 0));
-    }
+    LUNA_TRY(luna_pass_softmax_dropout(ps, act->a_pack, &act->a_pack_d, act->a_pack, (int64_t)G * L,
+                                       m, c_valid, (int64_t)H * L, 0, ps->attention_dropout,
+                                       site + 0, "pack attention dropout"));
     /* Y_P = merge(A_pack_d Vc) [B,L,d] */
     LUNA_TRY(luna_pass_alloc(ps, &act->yp, (int64_t)B * L * d, "packed context"));
     {
@@ -127,14 +121,9 @@ luna_status luna_attention_unpack(const luna_pass *ps, const luna_attn_w *w, lun
     const int64_t un_n = (int64_t)G * n * L;
     LUNA_TRY(luna_pass_alloc(ps, &act->a, un_n, "unpack attention")); /* [B,H,n,L] */
     LUNA_TRY(luna_bgemm(be, false, true, n, L, dh, 1.0f, act->q, act->kp, 0.0f, act->a, G));
-    LUNA_TRY(
-        op->softmax_forward(be, act->a, act->a, (int64_t)G * n, L, p_valid, (int64_t)H * n, 0));
-    act->a_d = act->a;
-    if (luna_pass_drops(ps, ps->attention_dropout)) {
-        LUNA_TRY(luna_pass_alloc(ps, &act->a_d, un_n, "unpack attention dropout"));
-        LUNA_TRY(
-            luna_pass_dropout(ps, act->a_d, act->a, un_n, ps->attention_dropout, act->site + 1));
-    }
+    LUNA_TRY(luna_pass_softmax_dropout(ps, act->a, &act->a_d, act->a, (int64_t)G * n, L, p_valid,
+                                       (int64_t)H * n, 0, ps->attention_dropout, act->site + 1,
+                                       "unpack attention dropout"));
     /* O = merge(A_d Vp) [B,n,d]; Y_X = out_proj(O) */
     LUNA_TRY(luna_pass_alloc(ps, &act->o, (int64_t)B * n * d, "attention output"));
     {
@@ -148,8 +137,7 @@ luna_status luna_attention_unpack(const luna_pass *ps, const luna_attn_w *w, lun
         LUNA_TRY(st);
     }
     LUNA_TRY(luna_pass_alloc(ps, &act->y, (int64_t)B * n * d, "attention result"));
-    return op->linear_forward(be, act->y, act->o, w->out_proj.weight, w->out_proj.bias,
-                              (int64_t)B * n, d, d);
+    return op->linear_forward(be, act->y, act->o, w->out_proj.weight, NULL, (int64_t)B * n, d, d);
 }
 
 luna_status luna_attention_forward(const luna_pass *ps, const luna_attn_w *w, luna_attn_act *act,
@@ -177,8 +165,8 @@ static luna_status backward(const luna_pass *ps, const luna_attn_w *w, luna_attn
     luna_act *d_o, *doh;
     LUNA_TRY(luna_pass_alloc(ps, &d_o, nd, "attention gradient"));
     LUNA_TRY(luna_pass_alloc(ps, &doh, nd, "attention gradient heads"));
-    LUNA_TRY(op->linear_backward(be, d_o, g->out_proj.weight, g->out_proj.bias, dy, act->o,
-                                 w->out_proj.weight, (int64_t)B * n, d, d, false));
+    LUNA_TRY(op->linear_backward(be, d_o, g->out_proj.weight, NULL, dy, act->o, w->out_proj.weight,
+                                 (int64_t)B * n, d, d, false));
     LUNA_TRY(op->split_heads(be, doh, d_o, B, n, H, dh));
 
     /* O_h = A_d Vp: dA_d = dOh Vpᵀ [B,H,n,L], dVp = A_dᵀ dOh [B,H,L,dh] */
@@ -190,8 +178,8 @@ static luna_status backward(const luna_pass *ps, const luna_attn_w *w, luna_attn
     if (!tied) LUNA_TRY(luna_pass_alloc(ps, &dvp, Ld, "unpack value gradient"));
     LUNA_TRY(luna_bgemm(be, false, true, n, L, dh, 1.0f, doh, act->vp, 0.0f, da, G));
     LUNA_TRY(luna_bgemm(be, true, false, L, dh, n, 1.0f, act->a_d, doh, 0.0f, dvp, G));
-    LUNA_TRY(luna_pass_dropout_backward(ps, da, da, un_n, ps->attention_dropout, act->site + 1));
-    LUNA_TRY(op->softmax_backward(be, da, da, act->a, (int64_t)G * n, L));
+    LUNA_TRY(luna_pass_softmax_dropout_backward(ps, da, da, act->a, (int64_t)G * n, L,
+                                                ps->attention_dropout, act->site + 1));
     /* S = Q Kpᵀ: dQ = dS Kp [B,H,n,dh] (reuses doh), dKp (+)= dSᵀ Q */
     LUNA_TRY(luna_bgemm(be, false, false, n, dh, L, 1.0f, da, act->kp, 0.0f, doh, G));
     LUNA_TRY(luna_bgemm(be, true, false, L, dh, n, 1.0f, da, act->q, tied ? 1.0f : 0.0f, dkp, G));
@@ -227,9 +215,8 @@ static luna_status backward(const luna_pass *ps, const luna_attn_w *w, luna_attn
     if (!tied) LUNA_TRY(luna_pass_alloc(ps, &dvc, md, "pack value gradient"));
     LUNA_TRY(luna_bgemm(be, false, true, L, m, dh, 1.0f, dyph, act->vc, 0.0f, dap, G));
     LUNA_TRY(luna_bgemm(be, true, false, m, dh, L, 1.0f, act->a_pack_d, dyph, 0.0f, dvc, G));
-    LUNA_TRY(
-        luna_pass_dropout_backward(ps, dap, dap, pack_n, ps->attention_dropout, act->site + 0));
-    LUNA_TRY(op->softmax_backward(be, dap, dap, act->a_pack, (int64_t)G * L, m));
+    LUNA_TRY(luna_pass_softmax_dropout_backward(ps, dap, dap, act->a_pack, (int64_t)G * L, m,
+                                                ps->attention_dropout, act->site + 0));
     /* S_pack = Qp Kcᵀ: dQp = dS Kc [B,H,L,dh] (reuses dyph), dKc (+)= dSᵀ Qp */
     LUNA_TRY(luna_bgemm(be, false, false, L, dh, m, 1.0f, dap, act->kc, 0.0f, dyph, G));
     LUNA_TRY(luna_bgemm(be, true, false, m, dh, L, 1.0f, dap, act->qp, tied ? 1.0f : 0.0f, dkc, G));

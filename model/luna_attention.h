@@ -39,7 +39,7 @@ typedef struct {
     luna_act *kp, *vp;  /* [B, H, L, dh] unpack keys/values (vp == kp when tied) */
     luna_act *a, *a_d;  /* [B, H, n, L] unpack probabilities, after dropout */
     luna_act *o;        /* [B, n, d] heads merged, input of out_proj */
-    luna_act *y;        /* [B, n, d] Y_X (output) */
+    luna_act *y;        /* [B, n, d] Y_X (output), out_proj(O) without its bias (layers.h) */
 } luna_attn_act;
 
 luna_status luna_attention_forward(const luna_pass *ps, const luna_attn_w *w, luna_attn_act *act,

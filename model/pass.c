@@ -20,6 +20,27 @@ luna_status luna_pass_dropout_backward(const luna_pass *ps, luna_act *dx, const 
     return ps->be->ops->dropout_backward(ps->be, dx, dy, n, p, luna_pass_key(ps, site));
 }
 
+luna_status luna_pass_softmax_dropout(const luna_pass *ps, luna_act *y, luna_act **y_d,
+                                      const luna_act *x, int64_t rows, int cols,
+                                      const int32_t *valid_cols, int64_t rows_per_group,
+                                      int causal_period, float p, uint32_t site, const char *what) {
+    luna_backend *be = ps->be;
+    *y_d = y;
+    if (luna_pass_drops(ps, p)) LUNA_TRY(luna_pass_alloc(ps, y_d, rows * cols, what));
+    const bool drop = *y_d != y;
+    return be->ops->softmax_dropout_forward(be, y, drop ? *y_d : NULL, x, rows, cols, valid_cols,
+                                            rows_per_group, causal_period, drop ? p : 0.0f,
+                                            luna_pass_key(ps, site));
+}
+
+luna_status luna_pass_softmax_dropout_backward(const luna_pass *ps, luna_act *dx,
+                                               const luna_act *dyd, const luna_act *y, int64_t rows,
+                                               int cols, float p, uint32_t site) {
+    luna_backend *be = ps->be;
+    return be->ops->softmax_dropout_backward(
+        be, dx, dyd, y, rows, cols, luna_pass_drops(ps, p) ? p : 0.0f, luna_pass_key(ps, site));
+}
+
 static void *pass_alloc_bytes(const luna_pass *ps, size_t bytes, int64_t count, const char *type,
                               const char *what) {
     void *p = count >= 0 ? luna_arena_alloc(ps->arena, bytes) : NULL;

@@ -52,6 +52,18 @@ luna_status luna_pass_dropout_backward(const luna_pass *ps, luna_act *dx, const 
                                        int64_t n, float p, uint32_t site);
 static inline bool luna_pass_drops(const luna_pass *ps, float p) { return ps->training && p > 0; }
 
+/* Attention probabilities (the fused softmax_dropout op): y = masked softmax of x (in place
+ * allowed; kept for backward) and, in the same pass, *y_d = dropout(y) at `site` in a new arena
+ * buffer (`what`) when luna_pass_drops(p), else *y_d = y. The backward overwrites dx [rows, cols]
+ * (may alias dyd) with the softmax backward of dropout_backward(dyd). */
+luna_status luna_pass_softmax_dropout(const luna_pass *ps, luna_act *y, luna_act **y_d,
+                                      const luna_act *x, int64_t rows, int cols,
+                                      const int32_t *valid_cols, int64_t rows_per_group,
+                                      int causal_period, float p, uint32_t site, const char *what);
+luna_status luna_pass_softmax_dropout_backward(const luna_pass *ps, luna_act *dx,
+                                               const luna_act *dyd, const luna_act *y, int64_t rows,
+                                               int cols, float p, uint32_t site);
+
 /* Arena allocation, with an out-of-memory error naming `what`: `count` activation elements (of
  * the backend's act_dtype: what ops take as luna_act), fp32 values (statistics kept for backward,
  * losses: always fp32) or int32s (tokens, masks). */

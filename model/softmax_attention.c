@@ -28,13 +28,9 @@ luna_status luna_mha_attend(const luna_pass *ps, const luna_attn_w *w, luna_mha_
     const int64_t nm = (int64_t)G * n * m;
     LUNA_TRY(luna_pass_alloc(ps, &act->a, nm, "attention probabilities")); /* [B,H,n,m] */
     LUNA_TRY(luna_bgemm(be, false, true, n, m, dh, 1.0f, act->q, act->k, 0.0f, act->a, G));
-    LUNA_TRY(op->softmax_forward(be, act->a, act->a, (int64_t)G * n, m, act->c_valid,
-                                 (int64_t)H * n, causal ? n : 0));
-    act->a_d = act->a;
-    if (luna_pass_drops(ps, ps->attention_dropout)) {
-        LUNA_TRY(luna_pass_alloc(ps, &act->a_d, nm, "attention dropout"));
-        LUNA_TRY(luna_pass_dropout(ps, act->a_d, act->a, nm, ps->attention_dropout, act->site));
-    }
+    LUNA_TRY(luna_pass_softmax_dropout(ps, act->a, &act->a_d, act->a, (int64_t)G * n, m,
+                                       act->c_valid, (int64_t)H * n, causal ? n : 0,
+                                       ps->attention_dropout, act->site, "attention dropout"));
     const int64_t nd = (int64_t)B * n * d;
     LUNA_TRY(luna_pass_alloc(ps, &act->o, nd, "attention output"));
     {
@@ -48,8 +44,7 @@ luna_status luna_mha_attend(const luna_pass *ps, const luna_attn_w *w, luna_mha_
         LUNA_TRY(st);
     }
     LUNA_TRY(luna_pass_alloc(ps, &act->y, nd, "attention result"));
-    return op->linear_forward(be, act->y, act->o, w->out_proj.weight, w->out_proj.bias,
-                              (int64_t)B * n, d, d);
+    return op->linear_forward(be, act->y, act->o, w->out_proj.weight, NULL, (int64_t)B * n, d, d);
 }
 
 luna_status luna_mha_forward(const luna_pass *ps, const luna_attn_w *w, luna_mha_act *act,
@@ -75,14 +70,14 @@ static luna_status backward(const luna_pass *ps, const luna_attn_w *w, luna_attn
     LUNA_TRY(luna_pass_alloc(ps, &da, nm, "attention probability gradient"));
     LUNA_TRY(luna_pass_alloc(ps, &dk, md, "key gradient"));
     LUNA_TRY(luna_pass_alloc(ps, &dv, md, "value gradient"));
-    LUNA_TRY(op->linear_backward(be, d_o, g->out_proj.weight, g->out_proj.bias, dy, act->o,
-                                 w->out_proj.weight, (int64_t)B * n, d, d, false));
+    LUNA_TRY(op->linear_backward(be, d_o, g->out_proj.weight, NULL, dy, act->o, w->out_proj.weight,
+                                 (int64_t)B * n, d, d, false));
     LUNA_TRY(op->split_heads(be, doh, d_o, B, n, H, dh));
     /* O = A_d V: dA_d = dO Vᵀ, dV = A_dᵀ dO */
     LUNA_TRY(luna_bgemm(be, false, true, n, m, dh, 1.0f, doh, act->v, 0.0f, da, G));
     LUNA_TRY(luna_bgemm(be, true, false, m, dh, n, 1.0f, act->a_d, doh, 0.0f, dv, G));
-    LUNA_TRY(luna_pass_dropout_backward(ps, da, da, nm, ps->attention_dropout, act->site));
-    LUNA_TRY(op->softmax_backward(be, da, da, act->a, (int64_t)G * n, m));
+    LUNA_TRY(luna_pass_softmax_dropout_backward(ps, da, da, act->a, (int64_t)G * n, m,
+                                                ps->attention_dropout, act->site));
     /* S = Q Kᵀ: dQ = dS K (into doh), dK = dSᵀ Q */
     LUNA_TRY(luna_bgemm(be, false, false, n, dh, m, 1.0f, da, act->k, 0.0f, doh, G));
     LUNA_TRY(luna_bgemm(be, true, false, m, dh, n, 1.0f, da, act->q, 0.0f, dk, G));

@@ -21,7 +21,7 @@ typedef struct {
     luna_act *k, *v;        /* [B, H, m, dh] */
     luna_act *a, *a_d;      /* [B, H, n, m] probabilities, after dropout */
     luna_act *o;            /* [B, n, d] */
-    luna_act *y;            /* [B, n, d] */
+    luna_act *y;            /* [B, n, d], out_proj(O) without its bias (layers.h) */
 } luna_mha_act;
 
 /* causal requires n == m (self-attention). */

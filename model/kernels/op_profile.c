@@ -191,6 +191,69 @@ ELEMENTWISE(relu, 1, 1)
 ELEMENTWISE(softplus_ln2, 4, 4) /* exp2 and log2 */
 ELEMENTWISE(elu_plus_one, 2, 2)
 
+/* ---- fused ops: the minimum traffic of one pass (each activation read or written once), which
+ * is what they save over their unfused composition (e.g. residual_norm: 4 activation passes
+ * instead of 9 for bias_add + dropout + add + layer_norm) ------------------------------------- */
+static luna_status w_residual_norm_forward(luna_backend *be, luna_act *y, luna_act *r, float *mean,
+                                           float *rstd, const luna_act *sub, const float *bias,
+                                           const luna_act *res, const float *gamma,
+                                           const float *beta, int64_t rows, int d, float eps,
+                                           float p, luna_rng_key key) {
+    /* reads sub, res; writes r, y. bias + dropout (Philox: 2) + add + LayerNorm (8) */
+    COST(.flops = D(rows) * d * (8 + 1 + (bias ? 1 : 0) + (p > 0 ? 2 : 0)),
+         .act_elems = 4 * D(rows) * d, .bytes = F32 * ((bias ? D(d) : 0) + 2 * D(d) + 2 * D(rows)));
+    FORWARD(residual_norm_forward, y, r, mean, rstd, sub, bias, res, gamma, beta, rows, d, eps, p,
+            key);
+}
+static luna_status w_residual_norm_backward(luna_backend *be, luna_act *dres, luna_act *dsub,
+                                            float *dbias, float *dgamma, float *dbeta,
+                                            const luna_act *dy, const luna_act *r,
+                                            const float *mean, const float *rstd,
+                                            const float *gamma, int64_t rows, int d, float p,
+                                            luna_rng_key key) {
+    /* reads dy, r; writes dres, dsub; dγ, dβ, dbias read and written, γ, mean, rstd read */
+    COST(.flops = D(rows) * d * (12 + (p > 0 ? 2 : 0) + (dbias ? 1 : 0)),
+         .act_elems = 4 * D(rows) * d,
+         .bytes = F32 * (2 * D(rows) + D(d) + (dgamma ? 2 * D(d) : 0) + (dbeta ? 2 * D(d) : 0) +
+                         (dbias ? 2 * D(d) : 0)));
+    FORWARD(residual_norm_backward, dres, dsub, dbias, dgamma, dbeta, dy, r, mean, rstd, gamma,
+            rows, d, p, key);
+}
+static luna_status w_bias_relu_dropout_forward(luna_backend *be, luna_act *a, luna_act *h,
+                                               const float *bias, int64_t rows, int cols, float p,
+                                               luna_rng_key key) {
+    /* reads h (and writes it back with the bias), writes a */
+    COST(.flops = D(rows) * cols * ((bias ? 1 : 0) + 1 + (p > 0 ? 2 : 0)),
+         .act_elems = D(rows) * cols * (bias ? 3 : 2), .bytes = bias ? F32 * D(cols) : 0);
+    FORWARD(bias_relu_dropout_forward, a, h, bias, rows, cols, p, key);
+}
+static luna_status w_bias_relu_dropout_backward(luna_backend *be, luna_act *dh, float *dbias,
+                                                const luna_act *da, const luna_act *h, int64_t rows,
+                                                int cols, float p, luna_rng_key key) {
+    /* reads da, h; writes dh; dbias read and written */
+    COST(.flops = D(rows) * cols * (1 + (p > 0 ? 2 : 0) + (dbias ? 1 : 0)),
+         .act_elems = 3 * D(rows) * cols, .bytes = dbias ? 2 * F32 * D(cols) : 0);
+    FORWARD(bias_relu_dropout_backward, dh, dbias, da, h, rows, cols, p, key);
+}
+static luna_status w_softmax_dropout_forward(luna_backend *be, luna_act *y, luna_act *yd,
+                                             const luna_act *x, int64_t rows, int cols,
+                                             const int32_t *valid, int64_t rpg, int causal, float p,
+                                             luna_rng_key key) {
+    /* reads x; writes y and (dropout on) yd */
+    const bool drop = yd && p > 0;
+    COST(.flops = D(rows) * cols * (5 + (drop ? 2 : 0)),
+         .act_elems = D(rows) * cols * (drop ? 3 : 2),
+         .bytes = valid && rpg > 0 ? F32 * D(rows) / D(rpg) : 0);
+    FORWARD(softmax_dropout_forward, y, yd, x, rows, cols, valid, rpg, causal, p, key);
+}
+static luna_status w_softmax_dropout_backward(luna_backend *be, luna_act *dx, const luna_act *dyd,
+                                              const luna_act *y, int64_t rows, int cols, float p,
+                                              luna_rng_key key) {
+    /* reads dyd, y; writes dx */
+    COST(.flops = D(rows) * cols * (4 + (p > 0 ? 2 : 0)), .act_elems = 3 * D(rows) * cols);
+    FORWARD(softmax_dropout_backward, dx, dyd, y, rows, cols, p, key);
+}
+
 /* ---- the causal Luna scan: per step a p×q state update and a p×q product (non-tensor FP32: the
  * CUDA kernel is a register scan, model/kernels/cuda/causal_contraction.cu) ------------------- */
 static luna_status w_causal_contraction_forward(luna_backend *be, luna_act *out, const luna_act *x,
@@ -400,6 +463,12 @@ static luna_status w_multi_adam_update(luna_backend *be, float *th, const float 
     X(softplus_ln2_backward, "activation") \
     X(elu_plus_one_forward, "activation") \
     X(elu_plus_one_backward, "activation") \
+    X(residual_norm_forward, "residual_norm") \
+    X(residual_norm_backward, "residual_norm") \
+    X(bias_relu_dropout_forward, "bias_relu_dropout") \
+    X(bias_relu_dropout_backward, "bias_relu_dropout") \
+    X(softmax_dropout_forward, "softmax_dropout") \
+    X(softmax_dropout_backward, "softmax_dropout") \
     X(causal_contraction_forward, "causal_contraction") \
     X(causal_contraction_backward, "causal_contraction") \
     X(cross_entropy_forward, "cross_entropy") \

@@ -136,4 +136,46 @@ luna_status luna_cpu_multi_adam_update(luna_backend *be, float *theta, const flo
                                        const luna_tensor_table *tt, int64_t *steps, double lr,
                                        double beta1, double beta2, double eps, double weight_decay);
 
+/* ---- shared row kernels: the ops and the fused ops (fused.c) call the same code, so the fused
+ * ops equal the unfused composition bit for bit --------------------------------------------- */
+void luna_cpu_layer_norm_row(float *yr, float *mean, float *rstd, const float *xr,
+                             const float *gamma, const float *beta, int d, float eps);
+void luna_cpu_layer_norm_row_backward(float *dxr, const float *dyr, const float *xr, float mean,
+                                      float rstd, const float *gamma, int d);
+void luna_cpu_layer_norm_params(luna_backend *be, float *dgamma, float *dbeta, const float *dy,
+                                const float *x, const float *mean, const float *rstd, int64_t rows,
+                                int d);
+int luna_cpu_softmax_valid(int64_t r, int cols, const int32_t *valid_cols, int64_t rows_per_group,
+                           int causal_period);
+void luna_cpu_softmax_row(float *yr, const float *xr, int cols, int valid);
+void luna_cpu_softmax_row_backward(float *dxr, const float *dyr, const float *yr, int cols);
+/* Dropout multipliers of elements i0 .. i0 + m − 1 (m ≤ LUNA_CPU_DROPOUT_RUN): mult[j] =
+ * keep(i0 + j) ? 1/(1 − p) : 0, the factor dropout_forward applies (p in (0, 1)). */
+#define LUNA_CPU_DROPOUT_RUN 512
+void luna_cpu_dropout_mults(luna_rng_key key, int64_t i0, int m, float p, float *mult);
+luna_status luna_cpu_residual_norm_forward(luna_backend *be, luna_act *y, luna_act *r, float *mean,
+                                           float *rstd, const luna_act *sub, const float *bias,
+                                           const luna_act *res, const float *gamma,
+                                           const float *beta, int64_t rows, int d, float eps,
+                                           float p, luna_rng_key key);
+luna_status luna_cpu_residual_norm_backward(luna_backend *be, luna_act *dres, luna_act *dsub,
+                                            float *dbias, float *dgamma, float *dbeta,
+                                            const luna_act *dy, const luna_act *r,
+                                            const float *mean, const float *rstd,
+                                            const float *gamma, int64_t rows, int d, float p,
+                                            luna_rng_key key);
+luna_status luna_cpu_bias_relu_dropout_forward(luna_backend *be, luna_act *a, luna_act *h,
+                                               const float *bias, int64_t rows, int cols, float p,
+                                               luna_rng_key key);
+luna_status luna_cpu_bias_relu_dropout_backward(luna_backend *be, luna_act *dh, float *dbias,
+                                                const luna_act *da, const luna_act *h, int64_t rows,
+                                                int cols, float p, luna_rng_key key);
+luna_status luna_cpu_softmax_dropout_forward(luna_backend *be, luna_act *y, luna_act *yd,
+                                             const luna_act *x, int64_t rows, int cols,
+                                             const int32_t *valid_cols, int64_t rows_per_group,
+                                             int causal_period, float p, luna_rng_key key);
+luna_status luna_cpu_softmax_dropout_backward(luna_backend *be, luna_act *dx, const luna_act *dyd,
+                                              const luna_act *y, int64_t rows, int cols, float p,
+                                              luna_rng_key key);
+
 #endif

@@ -54,6 +54,18 @@ static luna_status dropout_apply(luna_backend *be, const char *what, float *y, c
     return LUNA_OK;
 }
 
+/* The factors of elements i0 .. i0 + m − 1 (cpu_ops.h; the fused ops, fused.c): the blocks that
+ * cover them, the same words and comparison as dropout_apply. */
+void luna_cpu_dropout_mults(luna_rng_key key, int64_t i0, int m, float p, float *mult) {
+    uint32_t bits[LUNA_CPU_DROPOUT_RUN + 8];
+    const float scale = 1.0f / (1.0f - p);
+    const int64_t b0 = i0 / 4;
+    const int off = (int)(i0 - b0 * 4);
+    luna_rng_bits_blocks(key, (uint64_t)b0, (off + m + 3) / 4, bits);
+    for (int j = 0; j < m; j++)
+        mult[j] = luna_rng_word_uniform(bits[off + j]) >= p ? scale : 0.0f;
+}
+
 luna_status luna_cpu_dropout_forward(luna_backend *be, luna_act *y_, const luna_act *x_, int64_t n,
                                      float p, luna_rng_key key) {
     float *y = (float *)y_;

@@ -30,6 +30,31 @@ static int col_tile(int cols, int threads) {
     return t < COL_TILE_MIN ? COL_TILE_MIN : (t > COL_TILE_MAX ? COL_TILE_MAX : t);
 }
 
+/* One row of the forward (also the fused residual_norm_forward's, fused.c: one definition, so the
+ * two are bit-identical): x [d] -> y [d], *mean, *rstd. */
+void luna_cpu_layer_norm_row(float *yr, float *mean, float *rstd, const float *xr,
+                             const float *gamma, const float *beta, int d, float eps) {
+    const float *restrict g = gamma;
+    const float *restrict bt = beta;
+    double s = 0.0;
+#pragma omp simd reduction(+ : s)
+    for (int c = 0; c < d; c++)
+        s += (double)xr[c];
+    double m = s / d;
+    double v = 0.0;
+#pragma omp simd reduction(+ : v)
+    for (int c = 0; c < d; c++) {
+        double t = (double)xr[c] - m;
+        v += t * t;
+    }
+    v /= d;
+    float mf = (float)m, rf = (float)(1.0 / sqrt(v + (double)eps));
+    *mean = mf;
+    *rstd = rf;
+    for (int c = 0; c < d; c++)
+        yr[c] = (xr[c] - mf) * rf * g[c] + bt[c];
+}
+
 /* x [rows, d] -> y [rows, d], mean [rows], rstd [rows]; gamma, beta [d]. */
 luna_status luna_cpu_layer_norm_forward(luna_backend *be, luna_act *y_, float *mean, float *rstd,
                                         const luna_act *x_, const float *gamma, const float *beta,
@@ -40,50 +65,19 @@ luna_status luna_cpu_layer_norm_forward(luna_backend *be, luna_act *y_, float *m
         return luna_error(LUNA_ERR_INVALID_ARGUMENT,
                           "layer_norm_forward: bad size (rows %lld, d %d; d must be positive)",
                           (long long)rows, d);
-    const float *restrict g = gamma;
-    const float *restrict bt = beta;
 #pragma omp parallel for num_threads(be->num_threads) schedule(static) if (rows * d >= PAR_MIN_WORK)
-    for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * d;
-        float *yr = y + r * d;
-        double s = 0.0;
-#pragma omp simd reduction(+ : s)
-        for (int c = 0; c < d; c++)
-            s += (double)xr[c];
-        double m = s / d;
-        double v = 0.0;
-#pragma omp simd reduction(+ : v)
-        for (int c = 0; c < d; c++) {
-            double t = (double)xr[c] - m;
-            v += t * t;
-        }
-        v /= d;
-        float mf = (float)m, rf = (float)(1.0 / sqrt(v + (double)eps));
-        mean[r] = mf;
-        rstd[r] = rf;
-        for (int c = 0; c < d; c++)
-            yr[c] = (xr[c] - mf) * rf * g[c] + bt[c];
-    }
+    for (int64_t r = 0; r < rows; r++)
+        luna_cpu_layer_norm_row(y + r * d, &mean[r], &rstd[r], x + r * d, gamma, beta, d, eps);
     return LUNA_OK;
 }
 
-/* dy, x [rows, d]; mean, rstd [rows]; gamma [d] -> dx [rows, d] (may alias dy);
- * dgamma, dbeta [d] += (either may be NULL: not wanted). */
-luna_status luna_cpu_layer_norm_backward(luna_backend *be, luna_act *dx_, float *dgamma,
-                                         float *dbeta, const luna_act *dy_, const luna_act *x_,
-                                         const float *mean, const float *rstd, const float *gamma,
-                                         int64_t rows, int d) {
-    float *dx = (float *)dx_;
-    const float *dy = (const float *)dy_;
-    const float *x = (const float *)x_;
-    if (rows < 0 || d <= 0)
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
-                          "layer_norm_backward: bad size (rows %lld, d %d; d must be positive)",
-                          (long long)rows, d);
+/* dγ_c += Σ_r dy_rc x̂_rc, dβ_c += Σ_r dy_rc (either NULL: skipped): thread-owned column tiles,
+ * rows in order (shared with the fused residual_norm_backward). */
+void luna_cpu_layer_norm_params(luna_backend *be, float *dgamma, float *dbeta, const float *dy,
+                                const float *x, const float *mean, const float *rstd, int64_t rows,
+                                int d) {
     int threads = be->num_threads;
     bool par = rows * d >= PAR_MIN_WORK;
-
-    /* 1. dγ_c += Σ_r dy_rc x̂_rc, dβ_c += Σ_r dy_rc: thread-owned column tiles, rows in order. */
     if (dgamma || dbeta) {
         int tile = col_tile(d, threads);
         int ntiles = (d + tile - 1) / tile;
@@ -109,29 +103,47 @@ luna_status luna_cpu_layer_norm_backward(luna_backend *be, luna_act *dx_, float 
                     dbeta[c0 + j] = (float)((double)dbeta[c0 + j] + acc_b[j]);
         }
     }
+}
 
-    /* 2. dx, row by row: the two row means first (reading all of dy_r), then dx_r. */
+/* One row of dx (may alias dy): the two row means first (reading all of dy_r), then dx_r. */
+void luna_cpu_layer_norm_row_backward(float *dxr, const float *dyr, const float *x_r, float m,
+                                      float rs, const float *gamma, int d) {
+    const float *restrict xr = x_r;
     const float *restrict gm = gamma;
-#pragma omp parallel for num_threads(threads) schedule(static) if (par)
-    for (int64_t r = 0; r < rows; r++) {
-        const float *dyr = dy + r * d;
-        const float *restrict xr = x + r * d;
-        float *dxr = dx + r * d;
-        float m = mean[r], rs = rstd[r];
-        double s1 = 0.0, s2 = 0.0; /* Σ_c g_c, Σ_c g_c x̂_c */
+    double s1 = 0.0, s2 = 0.0; /* Σ_c g_c, Σ_c g_c x̂_c */
 #pragma omp simd reduction(+ : s1, s2)
-        for (int c = 0; c < d; c++) {
-            float gc = dyr[c] * gm[c];
-            float xhat = (xr[c] - m) * rs;
-            s1 += (double)gc;
-            s2 += (double)(gc * xhat);
-        }
-        float m1 = (float)(s1 / d), m2 = (float)(s2 / d);
-        for (int c = 0; c < d; c++) {
-            float gc = dyr[c] * gm[c];
-            float xhat = (xr[c] - m) * rs;
-            dxr[c] = rs * (gc - m1 - xhat * m2);
-        }
+    for (int c = 0; c < d; c++) {
+        float gc = dyr[c] * gm[c];
+        float xhat = (xr[c] - m) * rs;
+        s1 += (double)gc;
+        s2 += (double)(gc * xhat);
     }
+    float m1 = (float)(s1 / d), m2 = (float)(s2 / d);
+    for (int c = 0; c < d; c++) {
+        float gc = dyr[c] * gm[c];
+        float xhat = (xr[c] - m) * rs;
+        dxr[c] = rs * (gc - m1 - xhat * m2);
+    }
+}
+
+/* dy, x [rows, d]; mean, rstd [rows]; gamma [d] -> dx [rows, d] (may alias dy);
+ * dgamma, dbeta [d] += (either may be NULL: not wanted). */
+luna_status luna_cpu_layer_norm_backward(luna_backend *be, luna_act *dx_, float *dgamma,
+                                         float *dbeta, const luna_act *dy_, const luna_act *x_,
+                                         const float *mean, const float *rstd, const float *gamma,
+                                         int64_t rows, int d) {
+    float *dx = (float *)dx_;
+    const float *dy = (const float *)dy_;
+    const float *x = (const float *)x_;
+    if (rows < 0 || d <= 0)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                          "layer_norm_backward: bad size (rows %lld, d %d; d must be positive)",
+                          (long long)rows, d);
+    /* 1. dγ, dβ (before dx is written: dx may alias dy), 2. dx row by row. */
+    luna_cpu_layer_norm_params(be, dgamma, dbeta, dy, x, mean, rstd, rows, d);
+#pragma omp parallel for num_threads(be->num_threads) schedule(static) if (rows * d >= PAR_MIN_WORK)
+    for (int64_t r = 0; r < rows; r++)
+        luna_cpu_layer_norm_row_backward(dx + r * d, dy + r * d, x + r * d, mean[r], rstd[r], gamma,
+                                         d);
     return LUNA_OK;
 }

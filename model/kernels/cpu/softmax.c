@@ -19,6 +19,46 @@
 
 #define PAR_MIN_WORK 32768
 
+/* valid(r): the columns row r attends to, clamped to [0, cols]. */
+int luna_cpu_softmax_valid(int64_t r, int cols, const int32_t *valid_cols, int64_t rows_per_group,
+                           int causal_period) {
+    int64_t v = valid_cols ? valid_cols[r / rows_per_group] : cols;
+    if (causal_period > 0 && r % causal_period + 1 < v) v = r % causal_period + 1;
+    return v < 0 ? 0 : (v > cols ? cols : (int)v);
+}
+
+/* One row of the forward (also the fused softmax_dropout_forward's, fused.c: one definition, so
+ * the two are bit-identical). y may alias x. */
+void luna_cpu_softmax_row(float *yr, const float *xr, int cols, int valid) {
+    float mx = -INFINITY;
+    for (int c = 0; c < valid; c++)
+        mx = fmaxf(mx, xr[c]);
+    if (mx == -INFINITY) valid = 0; /* nothing to attend to */
+    double sum = 0.0;
+    for (int c = 0; c < valid; c++) {
+        float e = expf(xr[c] - mx);
+        yr[c] = e;
+        sum += (double)e;
+    }
+    float inv = (float)(1.0 / sum);
+    for (int c = 0; c < valid; c++)
+        yr[c] *= inv;
+    for (int c = valid; c < cols; c++)
+        yr[c] = 0.0f;
+}
+
+/* One row of the backward; dx may alias dy. */
+void luna_cpu_softmax_row_backward(float *dxr, const float *dyr, const float *y_r, int cols) {
+    const float *restrict yr = y_r;
+    double dot = 0.0; /* Σ_c y_c dy_c */
+#pragma omp simd reduction(+ : dot)
+    for (int c = 0; c < cols; c++)
+        dot += (double)(yr[c] * dyr[c]);
+    float s = (float)dot;
+    for (int c = 0; c < cols; c++)
+        dxr[c] = yr[c] * (dyr[c] - s);
+}
+
 luna_status luna_cpu_softmax_forward(luna_backend *be, luna_act *y_, const luna_act *x_,
                                      int64_t rows, int cols, const int32_t *valid_cols,
                                      int64_t rows_per_group, int causal_period) {
@@ -34,28 +74,10 @@ luna_status luna_cpu_softmax_forward(luna_backend *be, luna_act *y_, const luna_
                           (long long)rows_per_group);
 #pragma omp parallel for num_threads(be->num_threads)                                              \
     schedule(static) if (rows * cols >= PAR_MIN_WORK)
-    for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * cols;
-        float *yr = y + r * cols;
-        int64_t v = valid_cols ? valid_cols[r / rows_per_group] : cols;
-        if (causal_period > 0 && r % causal_period + 1 < v) v = r % causal_period + 1;
-        int valid = v < 0 ? 0 : (v > cols ? cols : (int)v);
-        float mx = -INFINITY;
-        for (int c = 0; c < valid; c++)
-            mx = fmaxf(mx, xr[c]);
-        if (mx == -INFINITY) valid = 0; /* nothing to attend to */
-        double sum = 0.0;
-        for (int c = 0; c < valid; c++) {
-            float e = expf(xr[c] - mx);
-            yr[c] = e;
-            sum += (double)e;
-        }
-        float inv = (float)(1.0 / sum);
-        for (int c = 0; c < valid; c++)
-            yr[c] *= inv;
-        for (int c = valid; c < cols; c++)
-            yr[c] = 0.0f;
-    }
+    for (int64_t r = 0; r < rows; r++)
+        luna_cpu_softmax_row(
+            y + r * cols, x + r * cols, cols,
+            luna_cpu_softmax_valid(r, cols, valid_cols, rows_per_group, causal_period));
     return LUNA_OK;
 }
 
@@ -71,17 +93,7 @@ luna_status luna_cpu_softmax_backward(luna_backend *be, luna_act *dx_, const lun
                           cols);
 #pragma omp parallel for num_threads(be->num_threads)                                              \
     schedule(static) if (rows * cols >= PAR_MIN_WORK)
-    for (int64_t r = 0; r < rows; r++) {
-        const float *dyr = dy + r * cols;
-        const float *restrict yr = y + r * cols;
-        float *dxr = dx + r * cols;
-        double dot = 0.0; /* Σ_c y_c dy_c */
-#pragma omp simd reduction(+ : dot)
-        for (int c = 0; c < cols; c++)
-            dot += (double)(yr[c] * dyr[c]);
-        float s = (float)dot;
-        for (int c = 0; c < cols; c++)
-            dxr[c] = yr[c] * (dyr[c] - s);
-    }
+    for (int64_t r = 0; r < rows; r++)
+        luna_cpu_softmax_row_backward(dx + r * cols, dy + r * cols, y + r * cols, cols);
     return LUNA_OK;
 }

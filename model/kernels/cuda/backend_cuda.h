@@ -118,4 +118,32 @@ luna_status luna_cuda_op_multi_adam_update(luna_backend *be, float *theta, const
                                            double beta1, double beta2, double eps,
                                            double weight_decay);
 
+/* cuda_ops_fused.c: the fused ops of the table (fused.cu). */
+luna_status luna_cuda_op_residual_norm_forward(luna_backend *be, luna_act *y, luna_act *r,
+                                               float *mean, float *rstd, const luna_act *sub,
+                                               const float *bias, const luna_act *res,
+                                               const float *gamma, const float *beta, int64_t rows,
+                                               int d, float eps, float p, luna_rng_key key);
+luna_status luna_cuda_op_residual_norm_backward(luna_backend *be, luna_act *dres, luna_act *dsub,
+                                                float *dbias, float *dgamma, float *dbeta,
+                                                const luna_act *dy, const luna_act *r,
+                                                const float *mean, const float *rstd,
+                                                const float *gamma, int64_t rows, int d, float p,
+                                                luna_rng_key key);
+luna_status luna_cuda_op_bias_relu_dropout_forward(luna_backend *be, luna_act *a, luna_act *h,
+                                                   const float *bias, int64_t rows, int cols,
+                                                   float p, luna_rng_key key);
+luna_status luna_cuda_op_bias_relu_dropout_backward(luna_backend *be, luna_act *dh, float *dbias,
+                                                    const luna_act *da, const luna_act *h,
+                                                    int64_t rows, int cols, float p,
+                                                    luna_rng_key key);
+luna_status luna_cuda_op_softmax_dropout_forward(luna_backend *be, luna_act *y, luna_act *yd,
+                                                 const luna_act *x, int64_t rows, int cols,
+                                                 const int32_t *valid_cols, int64_t rows_per_group,
+                                                 int causal_period, float p, luna_rng_key key);
+luna_status luna_cuda_op_softmax_dropout_backward(luna_backend *be, luna_act *dx,
+                                                  const luna_act *dyd, const luna_act *y,
+                                                  int64_t rows, int cols, float p,
+                                                  luna_rng_key key);
+
 #endif

@@ -188,6 +188,32 @@ cudaError_t luna_cuda_layer_norm_backward(cudaStream_t s, int bf16, void *dx, fl
                                           const float *mean, const float *rstd, const float *gamma,
                                           int64_t rows, int d);
 
+/* ---- fused.cu (rows < 2^31: one block per row for the row kernels). p in [0, 1); p = 0: no
+ * dropout. softmax_dropout_forward writes yd only when yd != NULL and p > 0. ---- */
+cudaError_t luna_cuda_residual_norm_forward(cudaStream_t s, int bf16, void *y, void *r, float *mean,
+                                            float *rstd, const void *sub, const float *bias,
+                                            const void *res, const float *gamma, const float *beta,
+                                            int64_t rows, int d, float eps, float p,
+                                            luna_rng_key key);
+cudaError_t luna_cuda_residual_norm_backward(cudaStream_t s, int bf16, void *dres, void *dsub,
+                                             float *dbias, float *dgamma, float *dbeta,
+                                             const void *dy, const void *r, const float *mean,
+                                             const float *rstd, const float *gamma, int64_t rows,
+                                             int d, float p, luna_rng_key key);
+cudaError_t luna_cuda_bias_relu_dropout_forward(cudaStream_t s, int bf16, void *a, void *h,
+                                                const float *bias, int64_t rows, int cols, float p,
+                                                luna_rng_key key);
+cudaError_t luna_cuda_bias_relu_dropout_backward(cudaStream_t s, int bf16, void *dh, float *dbias,
+                                                 const void *da, const void *h, int64_t rows,
+                                                 int cols, float p, luna_rng_key key);
+cudaError_t luna_cuda_softmax_dropout_forward(cudaStream_t s, int bf16, void *y, void *yd,
+                                              const void *x, int64_t rows, int cols,
+                                              const int32_t *valid_cols, int64_t rows_per_group,
+                                              int causal_period, float p, luna_rng_key key);
+cudaError_t luna_cuda_softmax_dropout_backward(cudaStream_t s, int bf16, void *dx, const void *dyd,
+                                               const void *y, int64_t rows, int cols, float p,
+                                               luna_rng_key key);
+
 #ifdef __cplusplus
 }
 #endif
