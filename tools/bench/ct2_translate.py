@@ -40,11 +40,14 @@ def main():
     tr = ctranslate2.Translator(args.model_dir, device="cpu", compute_type="float32",
                                 intra_threads=args.threads, inter_threads=1)
     t0, c0 = time.perf_counter(), time.process_time()
-    # return_end_token: the length in the length penalty counts </s>, as fairseq's (and luna's);
-    # luna's step max_len_b forces </s>, i.e. at most max_len_b + 1 tokens with it.
+    # return_end_token: the length in the length penalty counts </s>, as fairseq's (and luna's).
+    # Length limit: luna (like fairseq) lets a hypothesis reach max_len_b tokens and then forces
+    # </s>, ranking such hypotheses by that </s>'s log-prob; CTranslate2 ends them at
+    # max_decoding_length tokens without </s>. Translations that reach the limit (a degenerate
+    # repetition) may therefore differ; all others follow the same search.
     res = tr.translate_batch(pieces, beam_size=args.beam, length_penalty=args.lenpen,
                              max_batch_size=args.batch_size, batch_type="examples",
-                             return_end_token=True, max_decoding_length=args.max_len_b + 1,
+                             return_end_token=True, max_decoding_length=args.max_len_b,
                              min_decoding_length=1, return_scores=False)
     secs, cpu = time.perf_counter() - t0, time.process_time() - c0
     out = [""] * len(lines)

@@ -23,6 +23,7 @@ THREADS="1 2"
 VENV="$ROOT/build-ct2/venv"
 WORK="$ROOT/build-ct2"
 BIN="$ROOT/build/luna-translate"
+BASE=""
 CT2_VERSION=4.8.5
 
 usage() {
@@ -43,6 +44,8 @@ luna/CTranslate2 speed ratio and the number of identical output lines.
   --lenpen F           length penalty (default: $LENPEN)
   --batch-size N       sentences per batch, both programs (default: $BATCH)
   --luna-translate BIN the luna-translate to time (default: build/luna-translate)
+  --baseline BIN       also time another luna-translate (e.g. a build before a change) on the
+                       transformer, in the same alternation; its output is compared with BIN's
   --venv DIR           Python venv with ctranslate2 (created if missing; default: build-ct2/venv)
   --work DIR           exported model and outputs (default: build-ct2)
 EOF
@@ -59,6 +62,7 @@ while [ $# -gt 0 ]; do
     --lenpen) LENPEN=$2; shift 2 ;;
     --batch-size) BATCH=$2; shift 2 ;;
     --luna-translate) BIN=$2; shift 2 ;;
+    --baseline) BASE=$2; shift 2 ;;
     --venv) VENV=$2; shift 2 ;;
     --work) WORK=$2; shift 2 ;;
     -h | --help) usage; exit 0 ;;
@@ -88,6 +92,8 @@ run() {
     case "$name" in
     luna) "$BIN" "$TR" --input "$INPUT" --beam "$BEAM" --lenpen "$LENPEN" --batch-size "$BATCH" \
         --threads "$t" >"$out" 2>"$err" ;;
+    base) "$BASE" "$TR" --input "$INPUT" --beam "$BEAM" --lenpen "$LENPEN" --batch-size "$BATCH" \
+        --threads "$t" >"$out" 2>"$err" ;;
     luna_demo) "$BIN" "$LUNA" --input "$INPUT" --beam "$BEAM" --lenpen "$LENPEN" \
         --batch-size "$BATCH" --threads "$t" >"$out" 2>"$err" ;;
     ct2) "$PY" "$ROOT/tools/bench/ct2_translate.py" "$WORK/ct2-model" "$WORK/spm.model" \
@@ -102,7 +108,7 @@ run() {
 }
 
 : >"$WORK/times"
-NAMES="luna ct2${LUNA:+ luna_demo}"
+NAMES="luna ct2${LUNA:+ luna_demo}${BASE:+ base}"
 for rep in $(seq "$REPS"); do
     for t in $THREADS; do
         for name in $NAMES; do run "$name" "$t" "$rep"; done
@@ -117,8 +123,11 @@ for t in $THREADS; do
     ct2_med=$(awk -v t="$t" '$1 == "ct2" && $2 == t {print $4}' "$WORK/times" | sort -g |
         awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}')
     same=$(paste -d '\t' "$WORK/luna.$t.out" "$WORK/ct2.$t.out" | awk -F '\t' '$1 == $2' | wc -l)
+    base_same=""
+    [ -z "$BASE" ] || base_same=$(paste -d '\t' "$WORK/luna.$t.out" "$WORK/base.$t.out" |
+        awk -F '\t' '$1 == $2' | wc -l)
     for name in $NAMES; do
-        awk -v n="$name" -v t="$t" -v N="$N" -v c="$ct2_med" -v same="$same" '
+        awk -v n="$name" -v t="$t" -v N="$N" -v c="$ct2_med" -v same="$same" -v bsame="$base_same" '
             $1 == n && $2 == t { s[++k] = $4; tok[k] = $5 }
             END {
                 # median by time (odd REPS: the middle run; even: the upper middle)
@@ -126,9 +135,9 @@ for t in $THREADS; do
                     if (s[j] < s[i]) { x = s[i]; s[i] = s[j]; s[j] = x; x = tok[i]; tok[i] = tok[j]; tok[j] = x }
                 m = int((k + 1) / 2)
                 model = n == "luna_demo" ? "luna_demo" : "transformer"
-                prog = n == "ct2" ? "CTranslate2 fp32" : "luna-translate"
-                ratio = n == "luna" ? sprintf("%.2fx", c / s[m]) : (n == "luna_demo" ? sprintf("%.2fx", c / s[m]) : "1")
-                ident = n == "luna" ? same " / " N : ""
+                prog = n == "ct2" ? "CTranslate2 fp32" : (n == "base" ? "luna-translate (baseline)" : "luna-translate")
+                ratio = n == "ct2" ? "1" : sprintf("%.2fx", c / s[m])
+                ident = n == "luna" ? same " / " N " with CT2" : (n == "base" ? bsame " / " N " with luna-translate" : "")
                 printf "| %s | %s | %s | %.2f | %.1f | %.0f | %s | %s |\n", model, prog, t, s[m], N / s[m], tok[m] / s[m], ratio, ident
             }' "$WORK/times"
     done
