@@ -122,6 +122,40 @@ static inline void topk_insert(candidate *top, int *n, int k, float lp, int32_t 
     top[i] = (candidate){lp, j};
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+/* The insertions of topk_insert over lp[0..V) in order, skipping 8 tokens at a time when none
+ * beats the current k-th best (one vector comparison): the same list, as each skipped token would
+ * have been refused. */
+__attribute__((target("avx2"))) static void topk_scan_avx2(candidate *top, int k, const float *lp,
+                                                           int V) {
+    int n = 0, j = 0;
+    for (; j < V && n < k; j++)
+        topk_insert(top, &n, k, lp[j], j);
+    for (; j + 8 <= V; j += 8) {
+        const __m256 thr = _mm256_set1_ps(top[k - 1].lp);
+        if (!_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(lp + j), thr, _CMP_GT_OQ)))
+            continue;
+        for (int l = 0; l < 8; l++)
+            topk_insert(top, &n, k, lp[j + l], j + l);
+    }
+    for (; j < V; j++)
+        topk_insert(top, &n, k, lp[j], j);
+}
+#endif
+
+/* top[0..k) = the k best of lp[0..V) (V ≥ k), best first, ties by lower index. */
+static void topk_scan(candidate *top, int k, const float *lp, int V) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (__builtin_cpu_supports("avx2")) {
+        topk_scan_avx2(top, k, lp, V);
+        return;
+    }
+#endif
+    int n = 0;
+    for (int j = 0; j < V; j++)
+        topk_insert(top, &n, k, lp[j], j);
+}
+
 /* Best first, ties by lower index: a total order (indices are distinct), so qsort's result is
  * the insertion's. */
 static int by_lp_then_index(const void *pa, const void *pb) {
@@ -206,9 +240,7 @@ luna_status luna_cpu_log_softmax_topk(luna_backend *be, const luna_act *logits_,
             qsort(top, (size_t)V, sizeof *top, by_lp_then_index);
         } else {
             top = lists + r * k;
-            int n = 0;
-            for (int j = 0; j < V; j++)
-                topk_insert(top, &n, k, lp[j], j);
+            topk_scan(top, k, lp, V);
         }
         for (int i = 0; i < k; i++) {
             top_lp[r * k + i] = top[i].lp;

@@ -8,6 +8,7 @@
  * order 0..rows-1 in double, so the result does not depend on the thread count or the tiling.
  */
 #include <cblas.h>
+#include <math.h>
 #include <limits.h>
 #include <omp.h>
 #include <stdint.h>
@@ -89,6 +90,115 @@ static gemm_tiling gemm_tile(int M, int N) {
     return (gemm_tiling){tm, tn};
 }
 
+/* One-row products C [1, N] = A [1, K] · op(B) (alpha 1, beta 0), the shape of a decoding step's
+ * attention (one query per row and head, K = head size or steps so far): OpenBLAS packs both
+ * operands for each of these tiny products, which costs far more than the multiply-adds. Each
+ * C[j] is one chain of fused multiply-adds over k in ascending order from 0 — what OpenBLAS's
+ * kernel computes for a single row when K fits one of its K blocks (K ≤ 256 here; checked
+ * bit for bit against OpenBLAS 0.3.21's Zen/Haswell kernel on random shapes), so results do not
+ * change. */
+#define ROW_GEMM_MAX_K 256
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+__attribute__((target("avx2,fma"))) static void row_gemm(bool tb, int N, int K, const float *A,
+                                                         const float *B, int ldb, float *C) {
+    int j = 0;
+    if (!tb) { /* C[j] = Σ_k A[k] B[k, j]: 8 columns per register */
+        for (; j + 32 <= N; j += 32) {
+            __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
+            for (int k = 0; k < K; k++) {
+                const __m256 a = _mm256_broadcast_ss(A + k);
+                const float *b = B + (int64_t)k * ldb + j;
+                c0 = _mm256_fmadd_ps(a, _mm256_loadu_ps(b), c0);
+                c1 = _mm256_fmadd_ps(a, _mm256_loadu_ps(b + 8), c1);
+                c2 = _mm256_fmadd_ps(a, _mm256_loadu_ps(b + 16), c2);
+                c3 = _mm256_fmadd_ps(a, _mm256_loadu_ps(b + 24), c3);
+            }
+            _mm256_storeu_ps(C + j, c0);
+            _mm256_storeu_ps(C + j + 8, c1);
+            _mm256_storeu_ps(C + j + 16, c2);
+            _mm256_storeu_ps(C + j + 24, c3);
+        }
+        for (; j + 8 <= N; j += 8) {
+            __m256 c0 = _mm256_setzero_ps();
+            for (int k = 0; k < K; k++)
+                c0 = _mm256_fmadd_ps(_mm256_broadcast_ss(A + k),
+                                     _mm256_loadu_ps(B + (int64_t)k * ldb + j), c0);
+            _mm256_storeu_ps(C + j, c0);
+        }
+        for (; j < N; j++) {
+            float c = 0.0f;
+            for (int k = 0; k < K; k++)
+                c = fmaf(A[k], B[(int64_t)k * ldb + j], c);
+            C[j] = c;
+        }
+        return;
+    }
+    /* C[j] = Σ_k A[k] B[j, k]: 8 rows of B at once, transposed 8 k at a time in registers */
+    for (; j + 8 <= N; j += 8) {
+        const float *b = B + (int64_t)j * ldb;
+        __m256 c = _mm256_setzero_ps();
+        int k = 0;
+        for (; k + 8 <= K; k += 8) {
+            __m256 r0 = _mm256_loadu_ps(b + k), r1 = _mm256_loadu_ps(b + ldb + k);
+            __m256 r2 = _mm256_loadu_ps(b + 2 * (int64_t)ldb + k);
+            __m256 r3 = _mm256_loadu_ps(b + 3 * (int64_t)ldb + k);
+            __m256 r4 = _mm256_loadu_ps(b + 4 * (int64_t)ldb + k);
+            __m256 r5 = _mm256_loadu_ps(b + 5 * (int64_t)ldb + k);
+            __m256 r6 = _mm256_loadu_ps(b + 6 * (int64_t)ldb + k);
+            __m256 r7 = _mm256_loadu_ps(b + 7 * (int64_t)ldb + k);
+            /* 8x8 transpose: t_i holds B[j..j+7, k + i] */
+            __m256 u0 = _mm256_unpacklo_ps(r0, r1), u1 = _mm256_unpackhi_ps(r0, r1);
+            __m256 u2 = _mm256_unpacklo_ps(r2, r3), u3 = _mm256_unpackhi_ps(r2, r3);
+            __m256 u4 = _mm256_unpacklo_ps(r4, r5), u5 = _mm256_unpackhi_ps(r4, r5);
+            __m256 u6 = _mm256_unpacklo_ps(r6, r7), u7 = _mm256_unpackhi_ps(r6, r7);
+            __m256 v0 = _mm256_shuffle_ps(u0, u2, 0x44), v1 = _mm256_shuffle_ps(u0, u2, 0xEE);
+            __m256 v2 = _mm256_shuffle_ps(u1, u3, 0x44), v3 = _mm256_shuffle_ps(u1, u3, 0xEE);
+            __m256 v4 = _mm256_shuffle_ps(u4, u6, 0x44), v5 = _mm256_shuffle_ps(u4, u6, 0xEE);
+            __m256 v6 = _mm256_shuffle_ps(u5, u7, 0x44), v7 = _mm256_shuffle_ps(u5, u7, 0xEE);
+            const __m256 t0 = _mm256_permute2f128_ps(v0, v4, 0x20);
+            const __m256 t1 = _mm256_permute2f128_ps(v1, v5, 0x20);
+            const __m256 t2 = _mm256_permute2f128_ps(v2, v6, 0x20);
+            const __m256 t3 = _mm256_permute2f128_ps(v3, v7, 0x20);
+            const __m256 t4 = _mm256_permute2f128_ps(v0, v4, 0x31);
+            const __m256 t5 = _mm256_permute2f128_ps(v1, v5, 0x31);
+            const __m256 t6 = _mm256_permute2f128_ps(v2, v6, 0x31);
+            const __m256 t7 = _mm256_permute2f128_ps(v3, v7, 0x31);
+            c = _mm256_fmadd_ps(_mm256_broadcast_ss(A + k), t0, c);
+            c = _mm256_fmadd_ps(_mm256_broadcast_ss(A + k + 1), t1, c);
+            c = _mm256_fmadd_ps(_mm256_broadcast_ss(A + k + 2), t2, c);
+            c = _mm256_fmadd_ps(_mm256_broadcast_ss(A + k + 3), t3, c);
+            c = _mm256_fmadd_ps(_mm256_broadcast_ss(A + k + 4), t4, c);
+            c = _mm256_fmadd_ps(_mm256_broadcast_ss(A + k + 5), t5, c);
+            c = _mm256_fmadd_ps(_mm256_broadcast_ss(A + k + 6), t6, c);
+            c = _mm256_fmadd_ps(_mm256_broadcast_ss(A + k + 7), t7, c);
+        }
+        float out[8];
+        _mm256_storeu_ps(out, c);
+        for (int l = 0; l < 8; l++) {
+            float cl = out[l];
+            for (int kk = k; kk < K; kk++)
+                cl = fmaf(A[kk], b[(int64_t)l * ldb + kk], cl);
+            C[j + l] = cl;
+        }
+    }
+    for (; j < N; j++) {
+        float c = 0.0f;
+        for (int k = 0; k < K; k++)
+            c = fmaf(A[k], B[(int64_t)j * ldb + k], c);
+        C[j] = c;
+    }
+}
+static bool row_gemm_available(void) {
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+#else
+static void row_gemm(bool tb, int N, int K, const float *A, const float *B, int ldb, float *C) {
+    (void)tb, (void)N, (void)K, (void)A, (void)B, (void)ldb, (void)C;
+}
+static bool row_gemm_available(void) { return false; }
+#endif
+
 /* Batched strided GEMM, for b in [0, batch):
  *   C_b [M, N] = alpha · op(A_b) · op(B_b) + beta · C_b,  op(A_b) [M, K], op(B_b) [K, N],
  *   A_b = A + b·stride_a (stored [M, K], or [K, M] when trans_a; row stride lda), same for B, C.
@@ -127,6 +237,13 @@ luna_status luna_cpu_gemm(luna_backend *be, bool trans_a, bool trans_b, int M, i
                     (sc >= N && (int64_t)(batch - 1) * sc + N <= ldc);
     int64_t work = (int64_t)M * N * (K > 0 ? K : 1) * batch;
     int threads = !disjoint || work < PAR_MIN_WORK ? 1 : be->num_threads;
+    if (M == 1 && !trans_a && alpha == 1.0f && beta == 0.0f && K > 0 && K <= ROW_GEMM_MAX_K &&
+        row_gemm_available()) {
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+        for (int b = 0; b < batch; b++)
+            row_gemm(trans_b, N, K, A + b * stride_a, B + b * stride_b, ldb, C + b * stride_c);
+        return LUNA_OK;
+    }
     /* OpenBLAS (pthreads build) must not start its own pool from inside the region: the backend
      * keeps it at one thread (backend_cpu.c); guard against a caller that changed it. */
     int blas_threads = openblas_get_num_threads();

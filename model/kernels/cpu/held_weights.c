@@ -11,9 +11,11 @@
  *   Wp[p][k][j] = W[16p + j, k]      (p < ceil(out/16), k < in, j < 16; zero past `out`)
  *
  * and y[i, n] = Σ_k x[i, k] · W[n, k] (+ b[n]) is computed by an AVX2/FMA micro-kernel on 6 rows ×
- * 16 columns (12 accumulator registers, the shape of OpenBLAS's own Haswell kernel), one fused
- * multiply-add per k in ascending order from 0, then + b. Every output element is computed the
- * same way whatever the thread count or the rows around it (threads split the panels): results
+ * 16 columns (12 accumulator registers, the shape of OpenBLAS's own Haswell kernel; the rows of x
+ * are first packed 6 at a time, interleaved, so that the kernel reads one sequential stream; the
+ * last 1-3 rows take two panels at once), one fused multiply-add per k in ascending order from 0,
+ * then + b. Every output element is computed the same way whatever the thread count, the kernel
+ * or the rows around it (threads split pairs of panels): results
  * are deterministic, and equal OpenBLAS's within the GEMM tolerance of the backend contract (its
  * kernel splits K into blocks and orders the accumulation differently, so not bit for bit).
  * Without AVX2/FMA hold_weights keeps nothing and linear_forward stays on OpenBLAS. */
@@ -44,6 +46,8 @@ struct luna_cpu_held {
     held_weight *items;
     int count, cap;
     int last; /* index of the last hit: decoding looks the same few weights up in turn */
+    float *xpack; /* the rows of x packed for the micro-kernel (luna_cpu_held_linear) */
+    size_t xpack_cap;
 };
 
 static held_weight *find(luna_cpu_held *h, const float *W) {
@@ -129,14 +133,22 @@ void luna_cpu_held_free(luna_cpu_held *h) {
     for (int i = 0; i < h->count; i++)
         free(h->items[i].panels);
     free(h->items);
+    free(h->xpack);
     free(h);
 }
 
 #if HAVE_X86_KERNEL
-/* y[i, j] = Σ_k x[i, k] · wp[k][j] for i < mr (≤ 6), j < 16, stored to acc[i][16]. mr is a
- * constant at every call site, so the loop over rows unrolls into 2·mr live accumulators. */
+/* The rows of x are packed once per call into blocks of MR interleaved rows,
+ *   xp[blk][k][i] = x[MR·blk + i, k]      (zero past the last row),
+ * so the micro-kernel broadcasts from one sequential stream instead of MR row streams. */
+
+/* acc[i][j] (row stride 32) = Σ_k xp[k][i] · wp[k][j] for i < mr (≤ 6), j < 16 (one panel; or
+ * 32, two panels, the second at wp + pstride), one fused multiply-add per k in ascending order
+ * from 0: every output element is one chain, whatever the kernel. mr is a constant at every call
+ * site, so the loops unroll into live accumulators; few rows (mr ≤ 3) take two panels at once to
+ * keep enough independent chains for the FMA units. */
 __attribute__((target("avx2,fma"), always_inline)) static inline void
-micro_kernel(const int mr, const float *x, int64_t ldx, const float *wp, int K, float *acc) {
+micro_kernel1(const int mr, const float *xp, const float *wp, int K, float *acc) {
     __m256 c[MR][2];
     for (int i = 0; i < MR; i++)
         c[i][0] = c[i][1] = _mm256_setzero_ps();
@@ -145,37 +157,50 @@ micro_kernel(const int mr, const float *x, int64_t ldx, const float *wp, int K, 
         const __m256 w1 = _mm256_load_ps(wp + (size_t)k * PANEL + 8);
         for (int i = 0; i < MR; i++) {
             if (i >= mr) continue;
-            const __m256 a = _mm256_broadcast_ss(x + i * ldx + k);
+            const __m256 a = _mm256_broadcast_ss(xp + (size_t)k * MR + i);
             c[i][0] = _mm256_fmadd_ps(a, w0, c[i][0]);
             c[i][1] = _mm256_fmadd_ps(a, w1, c[i][1]);
         }
     }
     for (int i = 0; i < mr; i++) {
-        _mm256_storeu_ps(acc + i * PANEL, c[i][0]);
-        _mm256_storeu_ps(acc + i * PANEL + 8, c[i][1]);
+        _mm256_storeu_ps(acc + i * 2 * PANEL, c[i][0]);
+        _mm256_storeu_ps(acc + i * 2 * PANEL + 8, c[i][1]);
     }
 }
 
-__attribute__((target("avx2,fma"))) static void
-panel_rows(const held_weight *hw, int q, const float *x, const float *b, float *y, int64_t rows) {
-    const int K = hw->in, N = hw->out;
-    const float *wp = hw->panels + (size_t)q * K * PANEL;
-    const int n0 = q * PANEL, nn = N - n0 < PANEL ? N - n0 : PANEL;
-    float acc[MR * PANEL];
-    for (int64_t i0 = 0; i0 < rows; i0 += MR) {
-        const int mr = rows - i0 < MR ? (int)(rows - i0) : MR;
-        const float *xi = x + i0 * K;
-        switch (mr) {
-        case 6: micro_kernel(6, xi, K, wp, K, acc); break;
-        case 5: micro_kernel(5, xi, K, wp, K, acc); break;
-        case 4: micro_kernel(4, xi, K, wp, K, acc); break;
-        case 3: micro_kernel(3, xi, K, wp, K, acc); break;
-        case 2: micro_kernel(2, xi, K, wp, K, acc); break;
-        default: micro_kernel(1, xi, K, wp, K, acc); break;
+/* Two panels (the second at wp + pstride) for mr ≤ 3 rows: 4·mr chains. */
+__attribute__((target("avx2,fma"), always_inline)) static inline void
+micro_kernel2(const int mr, const float *xp, const float *wp, size_t pstride, int K, float *acc) {
+    __m256 c[3][4];
+    for (int i = 0; i < 3; i++)
+        c[i][0] = c[i][1] = c[i][2] = c[i][3] = _mm256_setzero_ps();
+    for (int k = 0; k < K; k++) {
+        const float *w = wp + (size_t)k * PANEL;
+        const __m256 w0 = _mm256_load_ps(w), w1 = _mm256_load_ps(w + 8);
+        const __m256 w2 = _mm256_load_ps(w + pstride), w3 = _mm256_load_ps(w + pstride + 8);
+        for (int i = 0; i < 3; i++) {
+            if (i >= mr) continue;
+            const __m256 a = _mm256_broadcast_ss(xp + (size_t)k * MR + i);
+            c[i][0] = _mm256_fmadd_ps(a, w0, c[i][0]);
+            c[i][1] = _mm256_fmadd_ps(a, w1, c[i][1]);
+            c[i][2] = _mm256_fmadd_ps(a, w2, c[i][2]);
+            c[i][3] = _mm256_fmadd_ps(a, w3, c[i][3]);
         }
+    }
+    for (int i = 0; i < mr; i++)
+        for (int p = 0; p < 4; p++)
+            _mm256_storeu_ps(acc + i * 2 * PANEL + p * 8, c[i][p]);
+}
+
+/* y rows [i0, i0 + mr) of panels q.. q + np - 1 from acc (row stride 2·PANEL), + b. */
+static void store_rows(const held_weight *hw, int q, int np, const float *acc, const float *b,
+                       float *y, int64_t i0, int mr) {
+    const int N = hw->out;
+    for (int p = 0; p < np; p++) {
+        const int n0 = (q + p) * PANEL, nn = N - n0 < PANEL ? N - n0 : PANEL;
         for (int i = 0; i < mr; i++) {
             float *yr = y + (i0 + i) * N + n0;
-            const float *ar = acc + i * PANEL;
+            const float *ar = acc + i * 2 * PANEL + p * PANEL;
             if (b)
                 for (int j = 0; j < nn; j++)
                     yr[j] = ar[j] + b[n0 + j];
@@ -184,19 +209,89 @@ panel_rows(const held_weight *hw, int q, const float *x, const float *b, float *
         }
     }
 }
+
+/* Panels q and q + 1 (when np = 2) for every row. */
+__attribute__((target("avx2,fma"))) static void panel_rows(const held_weight *hw, int q, int np,
+                                                           const float *xp, const float *b,
+                                                           float *y, int64_t rows) {
+    const int K = hw->in;
+    const size_t pstride = (size_t)K * PANEL;
+    const float *wp = hw->panels + (size_t)q * pstride;
+    float acc[MR * 2 * PANEL];
+    const int64_t full = rows / MR * MR;
+    for (int p = 0; p < np; p++) /* full blocks: one panel at a time (it stays in L1) */
+        for (int64_t i0 = 0; i0 < full; i0 += MR) {
+            micro_kernel1(6, xp + i0 * K, wp + p * pstride, K, acc);
+            store_rows(hw, q + p, 1, acc, b, y, i0, MR);
+        }
+    const int mr = (int)(rows - full);
+    if (mr == 0) return;
+    const float *xr = xp + full * K;
+    if (np == 2) {
+        switch (mr) {
+        case 5: micro_kernel1(5, xr, wp, K, acc); break;
+        case 4: micro_kernel1(4, xr, wp, K, acc); break;
+        case 3: micro_kernel2(3, xr, wp, pstride, K, acc); break;
+        case 2: micro_kernel2(2, xr, wp, pstride, K, acc); break;
+        default: micro_kernel2(1, xr, wp, pstride, K, acc); break;
+        }
+        if (mr <= 3) {
+            store_rows(hw, q, 2, acc, b, y, full, mr);
+            return;
+        }
+        store_rows(hw, q, 1, acc, b, y, full, mr);
+        wp += pstride, q++;
+    }
+    switch (mr) {
+    case 5: micro_kernel1(5, xr, wp, K, acc); break;
+    case 4: micro_kernel1(4, xr, wp, K, acc); break;
+    case 3: micro_kernel1(3, xr, wp, K, acc); break;
+    case 2: micro_kernel1(2, xr, wp, K, acc); break;
+    default: micro_kernel1(1, xr, wp, K, acc); break;
+    }
+    store_rows(hw, q, 1, acc, b, y, full, mr);
+}
+
+/* xp [ceil(rows/MR)][K][MR] from x [rows, K] (zeros past the last row). */
+static void pack_rows(float *xp, const float *x, int64_t rows, int K) {
+    for (int64_t i0 = 0; i0 < rows; i0 += MR) {
+        float *blk = xp + i0 * K;
+        const int mr = rows - i0 < MR ? (int)(rows - i0) : MR;
+        for (int i = 0; i < MR; i++) {
+            const float *xr = x + (i0 + i) * K;
+            if (i < mr)
+                for (int k = 0; k < K; k++)
+                    blk[(size_t)k * MR + i] = xr[k];
+            else
+                for (int k = 0; k < K; k++)
+                    blk[(size_t)k * MR + i] = 0.0f;
+        }
+    }
+}
 #endif
 
 bool luna_cpu_held_linear(luna_backend *be, float *y, const float *x, const float *W,
                           const float *b, int64_t rows, int in, int out) {
 #if HAVE_X86_KERNEL
-    held_weight *hw = find(be->impl, W);
+    luna_cpu_held *h = be->impl;
+    held_weight *hw = find(h, W);
     if (!hw || hw->in != in || hw->out != out || rows <= 0) return false;
-    const int np = (out + PANEL - 1) / PANEL;
-    /* threads split the panels; small products stay on one thread (fork/join costs ~µs) */
+    const int np = (out + PANEL - 1) / PANEL, npairs = (np + 1) / 2;
+    const size_t need = (size_t)((rows + MR - 1) / MR * MR) * (size_t)in;
+    if (need > h->xpack_cap) {
+        float *p = NULL;
+        if (posix_memalign((void **)&p, 64, sizeof(float) * need) != 0) return false;
+        free(h->xpack);
+        h->xpack = p;
+        h->xpack_cap = need;
+    }
+    float *xp = h->xpack;
+    pack_rows(xp, x, rows, in);
+    /* threads split the pairs of panels; small products stay on one thread (fork/join ~µs) */
     const int threads = rows * (int64_t)in * out >= 65536 ? be->num_threads : 1;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-    for (int q = 0; q < np; q++)
-        panel_rows(hw, q, x, b, y, rows);
+    for (int q2 = 0; q2 < npairs; q2++)
+        panel_rows(hw, 2 * q2, 2 * q2 + 1 < np ? 2 : 1, xp, b, y, rows);
     return true;
 #else
     (void)be, (void)y, (void)x, (void)W, (void)b, (void)rows, (void)in, (void)out;
