@@ -22,8 +22,8 @@
  * - Deterministic within a backend: the same inputs give bit-identical outputs on every run,
  *   for any thread count (CPU) or launch configuration (GPU). No atomics in accumulations.
  * - Across backends, in fp32: every op equals the CPU backend's within a per-op tolerance
- *   (elementwise, layout and gather ops exactly; normalisations and softmaxes within 1e-6
- *   relative; GEMMs, contractions and reductions within 1e-5 relative to the magnitude of the
+ *   (elementwise, layout and gather ops exactly; normalisations, softmaxes and the exp/log1p
+ *   activations within 1e-6 relative; GEMMs, contractions and reductions within 1e-5 relative to the magnitude of the
  *   result), checked op by op on odd shapes by the op suites (tests/test_ops_*.c), and end to end
  *   within 1e-5 on logits and 1e-4 on gradients (the project's numerics targets).
  * - Precision: parameters, their gradients and the optimizer state are fp32 master copies on
@@ -381,7 +381,9 @@ struct luna_ops {
      *   the backend may keep it in a layout its linear_forward(W) uses faster (CPU: 16-column
      *   panels for a small-batch kernel, model/kernels/cpu/held_weights.c; a backend may keep
      *   nothing). Holds of one W are counted (each needs its release). linear_forward with a held W
-     *   equals the unheld op within the GEMM tolerance above and is deterministic. Decoding holds
+     *   equals the unheld op within the GEMM tolerance above and is deterministic; on the CPU a
+     *   row's result is also independent of the other rows (not on CUDA, whose cuBLASLt chooses
+     *   its algorithm by shape, so the row count can move the last bits). Decoding holds
      *   the decoder's weights for its lifetime (model/decoder_step.h); training holds nothing.
      * release_weights: ends one hold; the last drops what hold_weights kept (W NULL: no-op; a W not held is an error).
      *   W must be released before its memory is freed or reused. */

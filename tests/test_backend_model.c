@@ -22,13 +22,16 @@
 enum { B = 3, M = 7, N = 6, V = 29 };
 
 /* bf16 activations (one rounding per stored activation; fp32 master weights, gradients and
- * accumulation): the loss within 0.2% and each gradient within 15% in relative L2 norm. Measured
- * on these models under the harness: loss 6.6e-4, gradients 0.5%–7.7%, the largest in the first
- * layers (the rounding of every activation on the way back adds up with depth; LUNA_TEST_VERBOSE=1
- * prints every tensor). A wrong bf16 kernel (a transposed weight copy, a dropped rounding mode)
- * gives errors of order 1. */
+ * accumulation): the loss within 0.2%, the whole gradient vector within 5% and each gradient
+ * tensor within 30% in relative L2 norm. On batches of ~15 target tokens a single tensor's bf16
+ * error is a noisy draw (the rounding of every activation on the way back adds up with depth;
+ * LUNA_TEST_VERBOSE=1 prints every tensor): the worst tensor measured 0.086–0.18 over nine batch
+ * seeds under the harness and 0.197 on an H200 (transformer_tiny decoder.layers.0.fc1.weight;
+ * 0.03 under the harness for the same batch), the whole gradient 0.008–0.037, the loss ≤ 8e-4.
+ * A wrong bf16 kernel (a transposed weight copy, a dropped rounding mode) gives errors of order 1. */
 #define BF16_LOSS_RTOL 2e-3
-#define BF16_GRAD_RTOL 0.15
+#define BF16_GRAD_RTOL 0.3
+#define BF16_WHOLE_GRAD_RTOL 0.05
 
 typedef struct {
     int32_t src[B * M], src_len[B], prev[B * N], tgt[B * N];
@@ -176,6 +179,11 @@ static void compare_training(const char *arch, luna_backend *dev, bool l2, doubl
         if (getenv("LUNA_TEST_VERBOSE")) printf("  %s %s: %.3g\n", arch, what, e);
         check_close(what, arch, e, grad_tol, exact);
         *worst_grad = fmax(*worst_grad, e);
+    }
+    if (l2) { /* the whole gradient vector: per-tensor noise averages out */
+        const double ew = rel_l2(gd, gr, n, 0);
+        printf("%s on %s bf16: whole gradient %.3g (relative L2)\n", arch, dev->name, ew);
+        check_close("whole gradient", arch, ew, BF16_WHOLE_GRAD_RTOL, exact);
     }
     free(gr), free(gd);
     luna_seq2seq_free(mr), luna_seq2seq_free(md);

@@ -115,11 +115,18 @@ START_TEST(held_linear_bit_identical_across_thread_counts) {
                       "held linear_forward differs between 1 and %d threads", t);
         free(yt);
     }
-    /* a row's result does not depend on the rows around it (one row alone = the same bits) */
-    float *row = forward(be, x + (size_t)7 * in, W, b, 1, in, out, true);
-    ck_assert_msg(memcmp(row, y1 + (size_t)7 * out, sizeof(float) * out) == 0,
-                  "row 7 alone differs from row 7 in a batch of %d", rows);
-    free(row);
+    /* a row's result does not depend on the rows around it (one row alone = the same bits): the
+     * CPU's held kernel promises it (core/backend.h, hold_weights); cuBLASLt picks its algorithm
+     * by shape, so on CUDA a row's last bits may depend on the row count (seen on an H200) */
+    if (be->device == LUNA_DEVICE_CPU) {
+        float *row = forward(be, x + (size_t)7 * in, W, b, 1, in, out, true);
+        ck_assert_msg(memcmp(row, y1 + (size_t)7 * out, sizeof(float) * out) == 0,
+                      "row 7 alone differs from row 7 in a batch of %d", rows);
+        free(row);
+    } else {
+        printf("held: row independence not checked on %s (cuBLASLt chooses algorithms by shape)\n",
+               be->name);
+    }
     free(x);
     free(W);
     free(b);
