@@ -60,11 +60,13 @@ LUNA_HD static inline void luna_rng_block(luna_rng_key key, uint64_t block, uint
     luna_philox4x32(counter, k, out);
 }
 
-/* The 32 random bits for element `index` of the stream `key`. */
+/* The 32 random bits for element `index` of the stream `key`. The word is selected, not indexed:
+ * a run-time index into words[] puts the array in a GPU thread's local memory. */
 LUNA_HD static inline uint32_t luna_rng_bits(luna_rng_key key, uint64_t index) {
     uint32_t words[4];
     luna_rng_block(key, index >> 2, words);
-    return words[index & 3];
+    const uint32_t lo = index & 1 ? words[1] : words[0], hi = index & 1 ? words[3] : words[2];
+    return index & 2 ? hi : lo;
 }
 
 /* Uniform in [0, 1) with 24 random bits from a word (exact in float). */

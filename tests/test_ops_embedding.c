@@ -323,7 +323,8 @@ static luna_status cmp_run(luna_backend *be, void *const *d, const void *args) {
 }
 
 START_TEST(embedding_ops_match_reference_backend) {
-    const int shapes[][3] = {{1, 2, 1}, {7, 11, 13}, {65, 9, 6}, {130, 37, 33}}; /* n, V, d */
+    /* n, V, d; the last: more tokens than a GPU's token tile and V above its bucket count */
+    const int shapes[][3] = {{1, 2, 1}, {7, 11, 13}, {65, 9, 6}, {130, 37, 33}, {2100, 300, 70}};
     static const char *const ops[] = {"embedding_forward", "embedding_backward", "sinusoidal_table",
                                       "positions_add"};
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "core/backend.h"
+#include "model/kernels/column_sum_order.h"
 #include "tests/backend_harness.h"
 
 /* fp32 tolerances for the gradient checks (see the perturbation notes in the report). */
@@ -465,6 +466,36 @@ START_TEST(bias_add_gradient_and_accumulation) {
 }
 END_TEST
 
+/* Column sums over many chunks of rows (model/kernels/column_sum_order.h: chunks of
+ * LUNA_COLSUM_CHUNK rows; a GPU sums them in rounds of chunks by column blocks): 33 chunks, the
+ * last one partial, and a partial block of columns. Every row must be counted once: the result
+ * equals the plain sum bit for bit (the values are multiples of 2^-12 in [-1, 1], so every
+ * partial sum is exact in any order, and only a lost or repeated row changes the result). */
+START_TEST(bias_add_backward_counts_every_row_of_many_chunks) {
+    luna_backend *be = lh_backend(2);
+    luna_test_rng rng;
+    luna_test_rng_seed(&rng, 4242);
+    const int rows = 32 * LUNA_COLSUM_CHUNK + 77, cols = 37;
+    float *dy = luna_test_random_vector(&rng, (size_t)rows * cols, -1, 1);
+    for (size_t i = 0; i < (size_t)rows * cols; i++)
+        dy[i] = roundf(dy[i] * 4096.0f) / 4096.0f;
+    float *db = luna_test_random_vector(&rng, cols, -1, 1), *want = malloc(sizeof(float) * cols);
+    for (int c = 0; c < cols; c++) {
+        double sum = 0;
+        for (int r = 0; r < rows; r++)
+            sum += (double)dy[(size_t)r * cols + c];
+        want[c] = (float)((double)db[c] + sum);
+    }
+    ck_assert_int_eq(bias_bwd(be, db, dy, rows, cols), LUNA_OK);
+    for (int c = 0; c < cols; c++)
+        ck_assert_msg(db[c] == want[c], "column %d: %.9g, plain sum %.9g", c, db[c], want[c]);
+    free(dy);
+    free(db);
+    free(want);
+    luna_backend_free(be);
+}
+END_TEST
+
 /* Backward results with 1 and 2 threads are bit-identical (shapes large enough that both the
  * OpenMP regions and OpenBLAS actually use 2 threads). */
 START_TEST(backward_bit_identical_across_thread_counts) {
@@ -608,6 +639,7 @@ static Suite *linear_suite(void) {
     tcase_add_test(tc, linear_gradients_match_finite_differences);
     tcase_add_test(tc, linear_backward_accumulation_semantics);
     tcase_add_test(tc, bias_add_gradient_and_accumulation);
+    tcase_add_test(tc, bias_add_backward_counts_every_row_of_many_chunks);
     tcase_add_test(tc, backward_bit_identical_across_thread_counts);
     tcase_add_test(tc, linear_ops_match_reference_backend);
     suite_add_tcase(s, tc);

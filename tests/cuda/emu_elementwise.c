@@ -218,8 +218,10 @@ END_TEST
 START_TEST(layout_ops_equal_cpu) {
     luna_backend *cpu;
     LUNA_CHECK_OK(luna_backend_cpu_create(&cpu, 1));
-    const int shapes[][4] = {{1, 1, 1, 1}, {2, 5, 3, 7}, {3, 17, 4, 33}};
-    for (size_t k = 0; k < 3; k++) {
+    /* dh 2, 8, 64: the heads copies' 8- and 16-byte units (elementwise.cu, heads_launch) */
+    const int shapes[][4] = {{1, 1, 1, 1}, {2, 5, 3, 7}, {3, 17, 4, 33},
+                             {2, 3, 4, 2}, {2, 3, 4, 8}, {2, 5, 3, 64}};
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
         const int B = shapes[k][0], n = shapes[k][1], H = shapes[k][2], dh = shapes[k][3];
         const int64_t total = (int64_t)B * n * H * dh;
         float *x = inputs(3 + k, total), *want = malloc(4 * total), *got = malloc(4 * total);
@@ -231,6 +233,23 @@ START_TEST(layout_ops_equal_cpu) {
                                 : cpu->ops->merge_heads(cpu, want, x, B, n, H, dh));
             host_copy(got, dy, 4 * total);
             same_bits(want, got, total, split ? "split_heads" : "merge_heads");
+            /* bf16: the same permutation of 2-byte elements (2-, 4-, 8- or 16-byte units) */
+            ck_assert_int_eq(luna_cuda_heads_permute(0, 1, dy, dx, B, n, H, dh, split),
+                             cudaSuccess);
+            host_copy(got, dy, 2 * total);
+            const uint16_t *xs = (const uint16_t *)x, *gs = (const uint16_t *)got;
+            for (int64_t i = 0; i < total; i++) {
+                const int64_t e = i % dh, r = i / dh;
+                int64_t b, h, t, src;
+                if (split)
+                    t = r % n, h = (r / n) % H, b = r / ((int64_t)n * H),
+                    src = ((b * n + t) * H + h) * dh + e;
+                else
+                    h = r % H, t = (r / H) % n, b = r / ((int64_t)H * n),
+                    src = ((b * H + h) * n + t) * dh + e;
+                ck_assert_msg(gs[i] == xs[src], "bf16 heads (split %d, dh %d): element %lld", split,
+                              dh, (long long)i);
+            }
         }
         /* broadcast_rows: x [n·H, dh] to B copies */
         const int64_t rows = (int64_t)n * H, m = rows * dh;

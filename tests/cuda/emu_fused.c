@@ -195,7 +195,8 @@ static void softmax_dropout(luna_backend *cpu, int rows, int cols, float p, int 
 START_TEST(fused_kernels_match_cpu) {
     luna_backend *cpu;
     LUNA_CHECK_OK(luna_backend_cpu_create(&cpu, 1));
-    static const int shapes[][2] = {{1, 1}, {7, 5}, {33, 130}, {3, 600}};
+    static const int shapes[][2] = {
+        {1, 1}, {7, 5}, {33, 130}, {3, 600}, {2, 1100}}; /* 1100: a block per row */
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (int bf16 = 0; bf16 < 2; bf16++)
             for (int v = 0; v < 2; v++) {

@@ -9,7 +9,8 @@
  * - the row reductions are the same functions (luna_cpu_layer_norm_row[_backward],
  *   luna_cpu_softmax_row[_backward]: layer_norm.c, softmax.c) and the column sums too
  *   (luna_cpu_layer_norm_params, luna_cpu_bias_add_backward: thread-owned column tiles adding the
- *   rows in order in double), so results are bit-identical for any thread count.
+ *   rows in model/kernels/column_sum_order.h's order in double), so results are bit-identical
+ *   for any thread count.
  * Rows are independent: one pass over the rows per op (each row's dropout factors generated in
  * runs of LUNA_CPU_DROPOUT_RUN elements), plus the column-sum passes of the backward ops, which
  * need every row in order (dγ, dβ read dy before dres overwrites it).

@@ -5,7 +5,8 @@
  * so GEMM results are bit-identical for any thread count.
  *
  * Column sums (db) are deterministic: each thread owns a range of columns and adds the rows in
- * order 0..rows-1 in double, so the result does not depend on the thread count or the tiling.
+ * the order of model/kernels/column_sum_order.h (chunks of rows, in double), so the result does
+ * not depend on the thread count or the tiling, and equals the CUDA backend's.
  */
 #include <cblas.h>
 #include <math.h>
@@ -14,6 +15,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "model/kernels/column_sum_order.h"
 #include "model/kernels/cpu/cpu_ops.h"
 
 /* Below this many multiply-adds a parallel region costs more than it saves. */
@@ -338,8 +340,9 @@ luna_status luna_cpu_bias_add_forward(luna_backend *be, luna_act *y_, const floa
     return LUNA_OK;
 }
 
-/* db [cols] += Σ_r dy [r, cols]. Thread t owns columns [c0, c1) and sums rows 0..rows-1 in
- * order in double: bit-identical for any thread count. */
+/* db [cols] += Σ_r dy [r, cols]. Thread t owns columns [c0, c1) and adds the rows in the order of
+ * model/kernels/column_sum_order.h (chunks of rows in order, in double): bit-identical for any
+ * thread count, and to the CUDA backend's column sums. */
 luna_status luna_cpu_bias_add_backward(luna_backend *be, float *db, const luna_act *dy_,
                                        int64_t rows, int cols) {
     const float *dy = (const float *)dy_;
@@ -354,10 +357,16 @@ luna_status luna_cpu_bias_add_backward(luna_backend *be, float *db, const luna_a
     for (int t = 0; t < ntiles; t++) {
         int c0 = t * tile, w = cols - c0 < tile ? cols - c0 : tile;
         double acc[COL_TILE_MAX] = {0};
-        for (int64_t r = 0; r < rows; r++) {
-            const float *restrict gr = g + r * cols + c0;
+        for (int64_t r0 = 0; r0 < rows; r0 += LUNA_COLSUM_CHUNK) {
+            const int64_t r1 = r0 + LUNA_COLSUM_CHUNK < rows ? r0 + LUNA_COLSUM_CHUNK : rows;
+            double part[COL_TILE_MAX] = {0};
+            for (int64_t r = r0; r < r1; r++) {
+                const float *restrict gr = g + r * cols + c0;
+                for (int j = 0; j < w; j++)
+                    part[j] += (double)gr[j];
+            }
             for (int j = 0; j < w; j++)
-                acc[j] += (double)gr[j];
+                acc[j] += part[j];
         }
         for (int j = 0; j < w; j++)
             out[c0 + j] = (float)((double)out[c0 + j] + acc[j]);

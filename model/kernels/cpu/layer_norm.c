@@ -11,13 +11,15 @@
  *   dγ_c  += Σ_r dy_rc x̂_rc,   dβ_c += Σ_r dy_rc                             (accumulated)
  * Row sums use `omp simd` reductions: a fixed lane order for a given build, whatever the
  * thread count. dγ/dβ are column sums: each thread owns a range of columns and adds the rows in
- * order in double (bit-identical for any thread count). They are taken before dx is written,
+ * the order of model/kernels/column_sum_order.h, in double (bit-identical for any thread count
+ * and to the CUDA backend's). They are taken before dx is written,
  * because dx may alias dy.
  */
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
 
+#include "model/kernels/column_sum_order.h"
 #include "model/kernels/cpu/cpu_ops.h"
 
 #define PAR_MIN_WORK 32768
@@ -72,7 +74,8 @@ luna_status luna_cpu_layer_norm_forward(luna_backend *be, luna_act *y_, float *m
 }
 
 /* dγ_c += Σ_r dy_rc x̂_rc, dβ_c += Σ_r dy_rc (either NULL: skipped): thread-owned column tiles,
- * rows in order (shared with the fused residual_norm_backward). */
+ * rows in the order of model/kernels/column_sum_order.h (shared with the fused
+ * residual_norm_backward). */
 void luna_cpu_layer_norm_params(luna_backend *be, float *dgamma, float *dbeta, const float *dy,
                                 const float *x, const float *mean, const float *rstd, int64_t rows,
                                 int d) {
@@ -85,15 +88,21 @@ void luna_cpu_layer_norm_params(luna_backend *be, float *dgamma, float *dbeta, c
         for (int t = 0; t < ntiles; t++) {
             int c0 = t * tile, w = d - c0 < tile ? d - c0 : tile;
             double acc_g[COL_TILE_MAX] = {0}, acc_b[COL_TILE_MAX] = {0};
-            for (int64_t r = 0; r < rows; r++) {
-                const float *restrict dyr = dy + r * d + c0;
-                const float *restrict xr = x + r * d + c0;
-                float m = mean[r], rs = rstd[r];
-                for (int j = 0; j < w; j++) {
-                    float xhat = (xr[j] - m) * rs;
-                    acc_g[j] += (double)(dyr[j] * xhat);
-                    acc_b[j] += (double)dyr[j];
+            for (int64_t r0 = 0; r0 < rows; r0 += LUNA_COLSUM_CHUNK) {
+                const int64_t r1 = r0 + LUNA_COLSUM_CHUNK < rows ? r0 + LUNA_COLSUM_CHUNK : rows;
+                double part_g[COL_TILE_MAX] = {0}, part_b[COL_TILE_MAX] = {0};
+                for (int64_t r = r0; r < r1; r++) {
+                    const float *restrict dyr = dy + r * d + c0;
+                    const float *restrict xr = x + r * d + c0;
+                    float m = mean[r], rs = rstd[r];
+                    for (int j = 0; j < w; j++) {
+                        float xhat = (xr[j] - m) * rs;
+                        part_g[j] += (double)(dyr[j] * xhat);
+                        part_b[j] += (double)dyr[j];
+                    }
                 }
+                for (int j = 0; j < w; j++)
+                    acc_g[j] += part_g[j], acc_b[j] += part_b[j];
             }
             if (dgamma)
                 for (int j = 0; j < w; j++)

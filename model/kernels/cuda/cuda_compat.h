@@ -7,6 +7,7 @@
  *   LUNA_SHARED(type, name, count)              static shared array   type name[count]
  *   LUNA_SHARED_2D(type, name, rows, cols)      static shared array   type name[rows][cols]
  *   LUNA_DYNAMIC_SHARED(type, name)             type *name = the launch's dynamic shared memory
+ *   LUNA_UNROLL                                 #pragma unroll before a loop (none under g++)
  *   explicit masks in every warp intrinsic (__shfl_xor_sync(0xffffffffu, ...), __syncwarp(m))
  *
  * Under nvcc these are the plain CUDA constructs; under the harness each CUDA thread is a fiber
@@ -28,8 +29,11 @@
 #define LUNA_DYNAMIC_SHARED(type, name)                                                            \
     extern __shared__ __align__(16) unsigned char luna_dynamic_shared_[];                          \
     type *const name = reinterpret_cast<type *>(luna_dynamic_shared_)
+#define LUNA_UNROLL _Pragma("unroll")
 
 #else
+
+#define LUNA_UNROLL
 
 /* tests/cuda_emu/ is on the include path of targets built with the harness (CMake target
  * luna_cuda_emu); angle brackets keep model/kernels/ free of a tests/ include. */

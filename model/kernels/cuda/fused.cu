@@ -9,12 +9,12 @@
  * So in fp32 each fused op equals the CPU's fused op (= the CPU's composition) within the tiers
  * of the ops it fuses: the elementwise parts exactly, the LayerNorm and softmax rows within the
  * NORM tier (their sums' order differs from the CPU's simd lanes, as the unfused kernels'),
- * dbias bit for bit (one thread per column adding the rows in order in double, as the CPU).
+ * dbias bit for bit (column sums in the CPU's order, model/kernels/column_sum_order.h).
  * With bf16 activations a fused op rounds only what it stores (the composition also rounded its
  * intermediates); values kept for backward (r, h, y) are re-read as stored, so the backward sees
  * what the forward kept.
  *
- * Column sums (dγ, dβ, dbias) need every row in order and run as their own kernels: dγ, dβ before
+ * Column sums (dγ, dβ, dbias) need every row and run as their own kernels: dγ, dβ before
  * the row pass (dres may alias dy), dbias after it (it reads dsub / dh). */
 #include "model/kernels/cuda/cuda_compat.h"
 
@@ -25,7 +25,7 @@
 namespace {
 
 constexpr int kThreads = 128, kWarps = kThreads / 32; /* row kernels: one block per row */
-constexpr int kEltThreads = 256;                      /* elementwise and column kernels */
+constexpr int kEltThreads = 256;                      /* elementwise kernels */
 
 inline unsigned blocks_for(int64_t n) {
     const int64_t b = (n + kEltThreads - 1) / kEltThreads;
@@ -36,6 +36,18 @@ inline unsigned blocks_for(int64_t n) {
 __device__ inline float drop_factor(luna_rng_key key, int64_t i, float p, float scale) {
     if (!(p > 0.0f)) return 1.0f;
     return luna_rng_uniform(key, (uint64_t)i) >= p ? scale : 0.0f;
+}
+
+/* The factors of elements 4k .. 4k + 3 (drop_factor's): one Philox block gives the four words,
+ * where drop_factor computes the block once per element. */
+__device__ inline void drop_factors4(luna_rng_key key, uint64_t k, float p, float scale,
+                                     float f[4]) {
+    uint32_t w[4];
+    luna_rng_block(key, k, w);
+    f[0] = luna_rng_word_uniform(w[0]) >= p ? scale : 0.0f;
+    f[1] = luna_rng_word_uniform(w[1]) >= p ? scale : 0.0f;
+    f[2] = luna_rng_word_uniform(w[2]) >= p ? scale : 0.0f;
+    f[3] = luna_rng_word_uniform(w[3]) >= p ? scale : 0.0f;
 }
 
 /* Σ over the block of one double per thread in a fixed order (layer_norm.cu's, softmax.cu's). */
@@ -63,80 +75,107 @@ __device__ inline float block_max(float v, float *partial) {
     return total;
 }
 
+/* Row kernels run with G threads per row: G = 32, a warp per row (kThreads / 32 rows a block;
+ * rows of ≤ kWarpRowMax elements) — rows of the model's widths (d = 512, attention rows of
+ * l = 32 or n keys) would leave a block per row mostly idle and spend it in __syncthreads (the
+ * softmax_dropout and residual_norm kernels ran 10-17x over their bytes on an H200 that way);
+ * G = kThreads, the block, for longer rows. Sums are in a fixed order either way: lane totals by
+ * a fixed xor tree, then (warp: lane 0's value broadcast; block: the warps in order). */
+constexpr int kWarpRowMax = 1024;
+
+template <int G> __device__ inline int64_t group_row() {
+    return G == 32 ? (int64_t)blockIdx.x * (kThreads / 32) + threadIdx.x / 32 : (int64_t)blockIdx.x;
+}
+template <int G> __device__ inline int group_tid() {
+    return G == 32 ? (int)(threadIdx.x % 32) : (int)threadIdx.x;
+}
+template <int G> __device__ inline double group_sum(double v, double *partial) {
+    if (G == 32) {
+        for (int m = 16; m > 0; m /= 2)
+            v += __shfl_xor_sync(0xffffffffu, v, m);
+        v = __shfl_sync(0xffffffffu, v, 0);
+    } else {
+        v = block_sum(v, partial);
+    }
+    return v;
+}
+template <int G> __device__ inline float group_max(float v, float *partial) {
+    if (G == 32) {
+        for (int m = 16; m > 0; m /= 2) /* order-free: every lane gets the same value */
+            v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, m));
+    } else {
+        v = block_max(v, partial);
+    }
+    return v;
+}
+inline unsigned row_blocks(int64_t rows, bool warp) {
+    return (unsigned)(warp ? (rows + kThreads / 32 - 1) / (kThreads / 32) : rows);
+}
+
 /* ---- residual_norm ----------------------------------------------------------------------------
  */
 
 /* r = res + dropout(sub + bias), stored; then LayerNorm of the stored row (ln_fwd_kernel). Each
  * thread re-reads only the r elements it wrote itself. */
-template <typename T>
+template <typename T, int G>
 __global__ void resnorm_fwd_kernel(T *y, T *r, float *mean, float *rstd, const T *sub,
                                    const float *bias, const T *res, const float *gamma,
-                                   const float *beta, int d, float eps, float p, float scale,
-                                   luna_rng_key key) {
+                                   const float *beta, int64_t rows, int d, float eps, float p,
+                                   float scale, luna_rng_key key) {
     LUNA_SHARED(double, partial, kWarps);
-    const int64_t row = blockIdx.x, off = row * d;
+    const int64_t row = group_row<G>(), off = row * d;
+    const int tid = group_tid<G>();
+    if (G == 32 && row >= rows) return; /* the whole warp */
     T *rr = r + off, *yr = y + off;
     const T *sr = sub + off, *rs_ = res + off;
     double s = 0.0;
-    for (int c = threadIdx.x; c < d; c += kThreads) {
+    for (int c = tid; c < d; c += G) {
         float t = load(sr, c);
         if (bias) t = __fadd_rn(t, bias[c]);
         if (p > 0.0f) t = __fmul_rn(t, drop_factor(key, off + c, p, scale));
         store(rr, c, __fadd_rn(t, load(rs_, c)));
         s += (double)load(rr, c);
     }
-    const double m = block_sum(s, partial) / d;
+    const double m = group_sum<G>(s, partial) / d;
     double v = 0.0;
-    for (int c = threadIdx.x; c < d; c += kThreads) {
+    for (int c = tid; c < d; c += G) {
         const double t = (double)load(rr, c) - m;
         v = __dadd_rn(v, __dmul_rn(t, t));
     }
-    v = block_sum(v, partial) / d;
+    v = group_sum<G>(v, partial) / d;
     const float mf = (float)m, rf = (float)(1.0 / sqrt(v + (double)eps));
-    if (threadIdx.x == 0) mean[row] = mf, rstd[row] = rf;
-    for (int c = threadIdx.x; c < d; c += kThreads) {
+    if (tid == 0) mean[row] = mf, rstd[row] = rf;
+    for (int c = tid; c < d; c += G) {
         const float xh = __fmul_rn(__fsub_rn(load(rr, c), mf), rf);
         store(yr, c, __fadd_rn(__fmul_rn(xh, gamma[c]), beta[c]));
     }
 }
 
-/* dγ_c += Σ_r dy_rc x̂_rc, dβ_c += Σ_r dy_rc: one thread per column, rows in order (as
- * layer_norm.cu's ln_bwd_params_kernel). */
-template <typename T>
-__global__ void ln_params_kernel(float *dgamma, float *dbeta, const T *dy, const T *x,
-                                 const float *mean, const float *rstd, int64_t rows, int d) {
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= d) return;
-    double acc_g = 0.0, acc_b = 0.0;
-    for (int64_t r = 0; r < rows; r++) {
-        const float g = load(dy, r * d + c);
-        const float xhat = __fmul_rn(__fsub_rn(load(x, r * d + c), mean[r]), rstd[r]);
-        acc_g += (double)__fmul_rn(g, xhat);
-        acc_b += (double)g;
-    }
-    if (dgamma) dgamma[c] = (float)((double)dgamma[c] + acc_g);
-    if (dbeta) dbeta[c] = (float)((double)dbeta[c] + acc_b);
-}
+/* dγ, dβ and dbias: ln_params_sum_kernel and column_sum_kernel (column_sum.cuh). */
+#include "model/kernels/cuda/column_sum.cuh"
 
 /* dres row (ln_bwd_dx_kernel), then dsub = dropout_backward(dres as stored). */
-template <typename T>
+template <typename T, int G>
 __global__ void resnorm_bwd_kernel(T *dres, T *dsub, const T *dy, const T *x, const float *mean,
-                                   const float *rstd, const float *gamma, int d, float p,
-                                   float scale, luna_rng_key key) {
+                                   const float *rstd, const float *gamma, int64_t rows, int d,
+                                   float p, float scale, luna_rng_key key) {
     LUNA_SHARED(double, partial, kWarps);
-    const int64_t row = blockIdx.x, off = row * d;
+    const int64_t row = group_row<G>(), off = row * d;
+    const int tid = group_tid<G>();
+    if (G == 32 && row >= rows) return; /* the whole warp */
     const T *dyr = dy + off, *xr = x + off;
     T *dxr = dres + off, *dsr = dsub + off;
     const float m = mean[row], rs = rstd[row];
     double s1 = 0.0, s2 = 0.0;
-    for (int c = threadIdx.x; c < d; c += kThreads) {
+    for (int c = tid; c < d; c += G) {
         const float gc = __fmul_rn(load(dyr, c), gamma[c]);
         const float xhat = __fmul_rn(__fsub_rn(load(xr, c), m), rs);
         s1 += (double)gc;
         s2 += (double)__fmul_rn(gc, xhat);
     }
-    const float m1 = (float)(block_sum(s1, partial) / d), m2 = (float)(block_sum(s2, partial) / d);
-    for (int c = threadIdx.x; c < d; c += kThreads) {
+    const float m1 = (float)(group_sum<G>(s1, partial) / d),
+                m2 = (float)(group_sum<G>(s2, partial) / d);
+    for (int c = tid; c < d; c += G) {
         const float gc = __fmul_rn(load(dyr, c), gamma[c]);
         const float xhat = __fmul_rn(__fsub_rn(load(xr, c), m), rs);
         store(dxr, c, __fmul_rn(rs, __fsub_rn(__fsub_rn(gc, m1), __fmul_rn(xhat, m2))));
@@ -145,38 +184,41 @@ __global__ void resnorm_bwd_kernel(T *dres, T *dsub, const T *dy, const T *x, co
     }
 }
 
-/* db[c] += Σ_r dy[r, c] in row order in double (elementwise.cu's column_sum_kernel). */
-template <typename T>
-__global__ void column_sum_kernel(float *db, const T *dy, int64_t rows, int cols) {
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= cols) return;
-    double acc = 0.0;
-    for (int64_t r = 0; r < rows; r++)
-        acc = __dadd_rn(acc, (double)load(dy, r * cols + c));
-    db[c] = (float)__dadd_rn((double)db[c], acc);
-}
-
 /* ---- bias_relu_dropout ------------------------------------------------------------------------
  */
 
+/* Four consecutive elements per thread: one Philox block for their four dropout factors. */
 template <typename T>
 __global__ void brd_fwd_kernel(T *a, T *h, const float *bias, int64_t rows, int cols, float p,
                                float scale, luna_rng_key key) {
-    GRID_STRIDE(i, rows * cols) {
-        if (bias) store(h, i, __fadd_rn(load(h, i), bias[i % cols]));
-        const float v = load(h, i); /* as kept */
-        const float act = v < 0.0f ? 0.0f : __fadd_rn(v, 0.0f);
-        store(a, i, p > 0.0f ? __fmul_rn(act, drop_factor(key, i, p, scale)) : act);
+    const int64_t n = rows * cols;
+    GRID_STRIDE(k, (n + 3) / 4) {
+        float f[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+        if (p > 0.0f) drop_factors4(key, (uint64_t)k, p, scale, f);
+        LUNA_UNROLL for (int j = 0; j < 4; j++) {
+            const int64_t i = 4 * k + j;
+            if (i >= n) break;
+            if (bias) store(h, i, __fadd_rn(load(h, i), bias[i % cols]));
+            const float v = load(h, i); /* as kept */
+            const float act = v < 0.0f ? 0.0f : __fadd_rn(v, 0.0f);
+            store(a, i, p > 0.0f ? __fmul_rn(act, f[j]) : act);
+        }
     }
 }
 
 template <typename T>
 __global__ void brd_bwd_kernel(T *dh, const T *da, const T *h, int64_t n, float p, float scale,
                                luna_rng_key key) {
-    GRID_STRIDE(i, n) {
-        float g = load(da, i);
-        if (p > 0.0f) g = __fmul_rn(g, drop_factor(key, i, p, scale));
-        store(dh, i, load(h, i) > 0.0f ? g : 0.0f);
+    GRID_STRIDE(k, (n + 3) / 4) {
+        float f[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+        if (p > 0.0f) drop_factors4(key, (uint64_t)k, p, scale, f);
+        LUNA_UNROLL for (int j = 0; j < 4; j++) {
+            const int64_t i = 4 * k + j;
+            if (i >= n) break;
+            float g = load(da, i);
+            if (p > 0.0f) g = __fmul_rn(g, f[j]);
+            store(dh, i, load(h, i) > 0.0f ? g : 0.0f);
+        }
     }
 }
 
@@ -184,49 +226,53 @@ __global__ void brd_bwd_kernel(T *dh, const T *da, const T *h, int64_t n, float 
  */
 
 /* softmax_fwd_kernel, and yd = dropout(y as stored) in the same loop (yd NULL: none). */
-template <typename T>
-__global__ void smd_fwd_kernel(T *y, T *yd, const T *x, int cols, const int32_t *valid_cols,
-                               int64_t rows_per_group, int causal_period, float p, float scale,
-                               luna_rng_key key) {
+template <typename T, int G>
+__global__ void smd_fwd_kernel(T *y, T *yd, const T *x, int64_t rows, int cols,
+                               const int32_t *valid_cols, int64_t rows_per_group, int causal_period,
+                               float p, float scale, luna_rng_key key) {
     LUNA_SHARED(double, dpart, kWarps);
     LUNA_SHARED(float, fpart, kWarps);
-    const int64_t r = blockIdx.x, off = r * cols;
+    const int64_t r = group_row<G>(), off = r * cols;
+    const int tid = group_tid<G>();
+    if (G == 32 && r >= rows) return; /* the whole warp */
     const T *xr = x + off;
     T *yr = y + off;
     int64_t v = valid_cols ? valid_cols[r / rows_per_group] : cols;
     if (causal_period > 0 && r % causal_period + 1 < v) v = r % causal_period + 1;
     int valid = v < 0 ? 0 : (v > cols ? cols : (int)v);
     float mx = -INFINITY;
-    for (int c = threadIdx.x; c < valid; c += kThreads)
+    for (int c = tid; c < valid; c += G)
         mx = fmaxf(mx, load(xr, c));
-    mx = block_max(mx, fpart);
+    mx = group_max<G>(mx, fpart);
     if (mx == -INFINITY) valid = 0;
     double sum = 0.0;
-    for (int c = threadIdx.x; c < valid; c += kThreads)
+    for (int c = tid; c < valid; c += G)
         sum += (double)expf(__fsub_rn(load(xr, c), mx));
-    sum = block_sum(sum, dpart);
+    sum = group_sum<G>(sum, dpart);
     const float inv = (float)(1.0 / sum);
-    for (int c = threadIdx.x; c < cols; c += kThreads) {
+    for (int c = tid; c < cols; c += G) {
         store(yr, c, c < valid ? __fmul_rn(expf(__fsub_rn(load(xr, c), mx)), inv) : 0.0f);
         if (yd) store(yd + off, c, __fmul_rn(load(yr, c), drop_factor(key, off + c, p, scale)));
     }
 }
 
 /* g = dropout_backward(dyd), dx = y·(g − Σ y·g) (softmax_bwd_kernel on g); dx may alias dyd. */
-template <typename T>
-__global__ void smd_bwd_kernel(T *dx, const T *dyd, const T *y, int cols, float p, float scale,
-                               luna_rng_key key) {
+template <typename T, int G>
+__global__ void smd_bwd_kernel(T *dx, const T *dyd, const T *y, int64_t rows, int cols, float p,
+                               float scale, luna_rng_key key) {
     LUNA_SHARED(double, dpart, kWarps);
-    const int64_t r = blockIdx.x, off = r * cols;
+    const int64_t r = group_row<G>(), off = r * cols;
+    const int tid = group_tid<G>();
+    if (G == 32 && r >= rows) return; /* the whole warp */
     const T *dyr = dyd + off, *yr = y + off;
     T *dxr = dx + off;
     double dot = 0.0;
-    for (int c = threadIdx.x; c < cols; c += kThreads) {
+    for (int c = tid; c < cols; c += G) {
         const float g = __fmul_rn(load(dyr, c), drop_factor(key, off + c, p, scale));
         dot += (double)__fmul_rn(load(yr, c), g);
     }
-    const float s = (float)block_sum(dot, dpart);
-    for (int c = threadIdx.x; c < cols; c += kThreads) {
+    const float s = (float)group_sum<G>(dot, dpart);
+    for (int c = tid; c < cols; c += G) {
         const float g = __fmul_rn(load(dyr, c), drop_factor(key, off + c, p, scale));
         store(dxr, c, __fmul_rn(load(yr, c), __fsub_rn(g, s)));
     }
@@ -240,9 +286,17 @@ template <typename T>
 cudaError_t resnorm_fwd(cudaStream_t s, void *y, void *r, float *mean, float *rstd, const void *sub,
                         const float *bias, const void *res, const float *gamma, const float *beta,
                         int64_t rows, int d, float eps, float p, luna_rng_key key) {
-    LUNA_LAUNCH(resnorm_fwd_kernel<T>, (unsigned)rows, kThreads, 0, s, static_cast<T *>(y),
-                static_cast<T *>(r), mean, rstd, static_cast<const T *>(sub), bias,
-                static_cast<const T *>(res), gamma, beta, d, eps, p, drop_scale(p), key);
+    const bool warp = d <= kWarpRowMax;
+    if (warp)
+        LUNA_LAUNCH((resnorm_fwd_kernel<T, 32>), row_blocks(rows, warp), kThreads, 0, s,
+                    static_cast<T *>(y), static_cast<T *>(r), mean, rstd,
+                    static_cast<const T *>(sub), bias, static_cast<const T *>(res), gamma, beta,
+                    rows, d, eps, p, drop_scale(p), key);
+    else
+        LUNA_LAUNCH((resnorm_fwd_kernel<T, kThreads>), row_blocks(rows, warp), kThreads, 0, s,
+                    static_cast<T *>(y), static_cast<T *>(r), mean, rstd,
+                    static_cast<const T *>(sub), bias, static_cast<const T *>(res), gamma, beta,
+                    rows, d, eps, p, drop_scale(p), key);
     return cudaGetLastError();
 }
 
@@ -251,15 +305,22 @@ cudaError_t resnorm_bwd(cudaStream_t s, void *dres, void *dsub, float *dbias, fl
                         float *dbeta, const void *dy, const void *r, const float *mean,
                         const float *rstd, const float *gamma, int64_t rows, int d, float p,
                         luna_rng_key key) {
-    const unsigned col_blocks = (unsigned)((d + kEltThreads - 1) / kEltThreads);
+    const unsigned col_blocks = colsum_blocks(d);
     const T *dyt = static_cast<const T *>(dy), *rt = static_cast<const T *>(r);
     if (dgamma || dbeta)
-        LUNA_LAUNCH(ln_params_kernel<T>, col_blocks, kEltThreads, 0, s, dgamma, dbeta, dyt, rt,
-                    mean, rstd, rows, d);
-    LUNA_LAUNCH(resnorm_bwd_kernel<T>, (unsigned)rows, kThreads, 0, s, static_cast<T *>(dres),
-                static_cast<T *>(dsub), dyt, rt, mean, rstd, gamma, d, p, drop_scale(p), key);
+        LUNA_LAUNCH(ln_params_sum_kernel<T>, col_blocks, kColsumThreads, 0, s, dgamma, dbeta, dyt,
+                    rt, mean, rstd, rows, d);
+    const bool warp = d <= kWarpRowMax;
+    if (warp)
+        LUNA_LAUNCH((resnorm_bwd_kernel<T, 32>), row_blocks(rows, warp), kThreads, 0, s,
+                    static_cast<T *>(dres), static_cast<T *>(dsub), dyt, rt, mean, rstd, gamma,
+                    rows, d, p, drop_scale(p), key);
+    else
+        LUNA_LAUNCH((resnorm_bwd_kernel<T, kThreads>), row_blocks(rows, warp), kThreads, 0, s,
+                    static_cast<T *>(dres), static_cast<T *>(dsub), dyt, rt, mean, rstd, gamma,
+                    rows, d, p, drop_scale(p), key);
     if (dbias)
-        LUNA_LAUNCH(column_sum_kernel<T>, col_blocks, kEltThreads, 0, s, dbias,
+        LUNA_LAUNCH(column_sum_kernel<T>, col_blocks, kColsumThreads, 0, s, dbias,
                     static_cast<const T *>(dsub), rows, d);
     return cudaGetLastError();
 }
@@ -267,20 +328,20 @@ cudaError_t resnorm_bwd(cudaStream_t s, void *dres, void *dsub, float *dbias, fl
 template <typename T>
 cudaError_t brd_fwd(cudaStream_t s, void *a, void *h, const float *bias, int64_t rows, int cols,
                     float p, luna_rng_key key) {
-    LUNA_LAUNCH(brd_fwd_kernel<T>, blocks_for(rows * cols), kEltThreads, 0, s, static_cast<T *>(a),
-                static_cast<T *>(h), bias, rows, cols, p, drop_scale(p), key);
+    LUNA_LAUNCH(brd_fwd_kernel<T>, blocks_for((rows * cols + 3) / 4), kEltThreads, 0, s,
+                static_cast<T *>(a), static_cast<T *>(h), bias, rows, cols, p, drop_scale(p), key);
     return cudaGetLastError();
 }
 
 template <typename T>
 cudaError_t brd_bwd(cudaStream_t s, void *dh, float *dbias, const void *da, const void *h,
                     int64_t rows, int cols, float p, luna_rng_key key) {
-    LUNA_LAUNCH(brd_bwd_kernel<T>, blocks_for(rows * cols), kEltThreads, 0, s, static_cast<T *>(dh),
-                static_cast<const T *>(da), static_cast<const T *>(h), rows * cols, p,
-                drop_scale(p), key);
+    LUNA_LAUNCH(brd_bwd_kernel<T>, blocks_for((rows * cols + 3) / 4), kEltThreads, 0, s,
+                static_cast<T *>(dh), static_cast<const T *>(da), static_cast<const T *>(h),
+                rows * cols, p, drop_scale(p), key);
     if (dbias)
-        LUNA_LAUNCH(column_sum_kernel<T>, (unsigned)((cols + kEltThreads - 1) / kEltThreads),
-                    kEltThreads, 0, s, dbias, static_cast<const T *>(dh), rows, cols);
+        LUNA_LAUNCH(column_sum_kernel<T>, colsum_blocks(cols), kColsumThreads, 0, s, dbias,
+                    static_cast<const T *>(dh), rows, cols);
     return cudaGetLastError();
 }
 
@@ -288,18 +349,30 @@ template <typename T>
 cudaError_t smd_fwd(cudaStream_t s, void *y, void *yd, const void *x, int64_t rows, int cols,
                     const int32_t *valid_cols, int64_t rows_per_group, int causal_period, float p,
                     luna_rng_key key) {
-    LUNA_LAUNCH(smd_fwd_kernel<T>, (unsigned)rows, kThreads, 0, s, static_cast<T *>(y),
-                static_cast<T *>(yd), static_cast<const T *>(x), cols, valid_cols, rows_per_group,
-                causal_period, p, drop_scale(p), key);
+    const bool warp = cols <= kWarpRowMax;
+    if (warp)
+        LUNA_LAUNCH((smd_fwd_kernel<T, 32>), row_blocks(rows, warp), kThreads, 0, s,
+                    static_cast<T *>(y), static_cast<T *>(yd), static_cast<const T *>(x), rows,
+                    cols, valid_cols, rows_per_group, causal_period, p, drop_scale(p), key);
+    else
+        LUNA_LAUNCH((smd_fwd_kernel<T, kThreads>), row_blocks(rows, warp), kThreads, 0, s,
+                    static_cast<T *>(y), static_cast<T *>(yd), static_cast<const T *>(x), rows,
+                    cols, valid_cols, rows_per_group, causal_period, p, drop_scale(p), key);
     return cudaGetLastError();
 }
 
 template <typename T>
 cudaError_t smd_bwd(cudaStream_t s, void *dx, const void *dyd, const void *y, int64_t rows,
                     int cols, float p, luna_rng_key key) {
-    LUNA_LAUNCH(smd_bwd_kernel<T>, (unsigned)rows, kThreads, 0, s, static_cast<T *>(dx),
-                static_cast<const T *>(dyd), static_cast<const T *>(y), cols, p, drop_scale(p),
-                key);
+    const bool warp = cols <= kWarpRowMax;
+    if (warp)
+        LUNA_LAUNCH((smd_bwd_kernel<T, 32>), row_blocks(rows, warp), kThreads, 0, s,
+                    static_cast<T *>(dx), static_cast<const T *>(dyd), static_cast<const T *>(y),
+                    rows, cols, p, drop_scale(p), key);
+    else
+        LUNA_LAUNCH((smd_bwd_kernel<T, kThreads>), row_blocks(rows, warp), kThreads, 0, s,
+                    static_cast<T *>(dx), static_cast<const T *>(dyd), static_cast<const T *>(y),
+                    rows, cols, p, drop_scale(p), key);
     return cudaGetLastError();
 }
 

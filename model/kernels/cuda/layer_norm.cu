@@ -4,8 +4,9 @@
  * Forward: a 128-thread block per row; Σ x and Σ (x − mean)² in double by a fixed tree (per-thread
  * partial sums, warp shuffles, the warps in order); mean and rstd stored as fp32, then
  * y = ((x − mean)·rstd)·γ + β with one rounding per operation, as the CPU (no FMA contraction).
- * Backward: dγ, dβ by one thread per column adding the rows in order in double — the CPU's order,
- * so bit-identical and deterministic (no atomics) — launched before dx, which may alias dy;
+ * Backward: dγ, dβ by column sums in the order of model/kernels/column_sum_order.h (chunks of rows
+ * in parallel, added in order in double: the CPU's order, so bit-identical and deterministic
+ * without atomics; column_sum.cuh) — launched before dx, which may alias dy;
  * dx per row from the two row means (double tree), dx = rstd·((g − m1) − x̂·m2), g = dy·γ.
  * The row sums' order differs from the CPU's simd lanes: equal within the NORM tier (1e-6). */
 #include "model/kernels/cuda/cuda_compat.h"
@@ -14,6 +15,8 @@
 #include "model/kernels/cuda/cuda_kernels.h"
 
 namespace {
+
+#include "model/kernels/cuda/column_sum.cuh"
 
 constexpr int kThreads = 128, kWarps = kThreads / 32;
 
@@ -53,23 +56,6 @@ __global__ void ln_fwd_kernel(T *y, float *mean, float *rstd, const T *x, const 
         const float xh = __fmul_rn(__fsub_rn(load(xr, c), mf), rf);
         store(yr, c, __fadd_rn(__fmul_rn(xh, gamma[c]), beta[c]));
     }
-}
-
-/* dγ_c += Σ_r dy_rc x̂_rc, dβ_c += Σ_r dy_rc: one thread per column, rows in order. */
-template <typename T>
-__global__ void ln_bwd_params_kernel(float *dgamma, float *dbeta, const T *dy, const T *x,
-                                     const float *mean, const float *rstd, int64_t rows, int d) {
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= d) return;
-    double acc_g = 0.0, acc_b = 0.0;
-    for (int64_t r = 0; r < rows; r++) {
-        const float g = load(dy, r * d + c);
-        const float xhat = __fmul_rn(__fsub_rn(load(x, r * d + c), mean[r]), rstd[r]);
-        acc_g += (double)__fmul_rn(g, xhat);
-        acc_b += (double)g;
-    }
-    if (dgamma) dgamma[c] = (float)((double)dgamma[c] + acc_g);
-    if (dbeta) dbeta[c] = (float)((double)dbeta[c] + acc_b);
 }
 
 template <typename T>
@@ -119,19 +105,19 @@ cudaError_t luna_cuda_layer_norm_backward(cudaStream_t s, int bf16, void *dx, fl
                                           const float *mean, const float *rstd, const float *gamma,
                                           int64_t rows, int d) {
     if (rows <= 0 || d <= 0) return cudaSuccess;
-    const unsigned col_blocks = (unsigned)((d + kThreads - 1) / kThreads);
+    const unsigned col_blocks = colsum_blocks(d);
     if (bf16) {
         const bf16_t *dyb = static_cast<const bf16_t *>(dy), *xb = static_cast<const bf16_t *>(x);
         if (dgamma || dbeta)
-            LUNA_LAUNCH(ln_bwd_params_kernel<bf16_t>, col_blocks, kThreads, 0, s, dgamma, dbeta,
-                        dyb, xb, mean, rstd, rows, d);
+            LUNA_LAUNCH(ln_params_sum_kernel<bf16_t>, col_blocks, kColsumThreads, 0, s, dgamma,
+                        dbeta, dyb, xb, mean, rstd, rows, d);
         LUNA_LAUNCH(ln_bwd_dx_kernel<bf16_t>, (unsigned)rows, kThreads, 0, s,
                     static_cast<bf16_t *>(dx), dyb, xb, mean, rstd, gamma, d);
     } else {
         const float *dyf = static_cast<const float *>(dy), *xf = static_cast<const float *>(x);
         if (dgamma || dbeta)
-            LUNA_LAUNCH(ln_bwd_params_kernel<float>, col_blocks, kThreads, 0, s, dgamma, dbeta, dyf,
-                        xf, mean, rstd, rows, d);
+            LUNA_LAUNCH(ln_params_sum_kernel<float>, col_blocks, kColsumThreads, 0, s, dgamma,
+                        dbeta, dyf, xf, mean, rstd, rows, d);
         LUNA_LAUNCH(ln_bwd_dx_kernel<float>, (unsigned)rows, kThreads, 0, s,
                     static_cast<float *>(dx), dyf, xf, mean, rstd, gamma, d);
     }

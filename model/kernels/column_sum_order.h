@@ -1,0 +1,16 @@
+/* The order in which every backend adds a column sum over rows (bias gradients, LayerNorm's dγ
+ * and dβ): the rows in chunks of LUNA_COLSUM_CHUNK, each chunk summed in row order in double
+ * from 0, the chunk sums added in chunk order in double from 0, and that total added to the fp32
+ * output once:  out_c = (float)((double)out_c + Σ_k Σ_{r ∈ chunk k} v_rc).
+ *
+ * Why chunks: a GPU sums the chunks in parallel (model/kernels/cuda/column_sum.cuh) — one thread
+ * per column walking every row, the earlier design, took ~5 ms per 32k-row sum on an H200 and
+ * half of a training update — while the CPU, adding the same chunks in the same order
+ * (model/kernels/cpu/gemm.c, layer_norm.c), keeps both backends bit-identical and deterministic
+ * without atomics. With rows ≤ LUNA_COLSUM_CHUNK this is the plain row-order sum. */
+#ifndef LUNA_KERNELS_COLUMN_SUM_ORDER_H
+#define LUNA_KERNELS_COLUMN_SUM_ORDER_H
+
+#define LUNA_COLSUM_CHUNK 256
+
+#endif
