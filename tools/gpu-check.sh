@@ -3,33 +3,53 @@
 # written for but never ran on (README, "GPU"). Prints one summary at the end; exit status 0 only
 # when every step passed.
 #
-#   tools/gpu-check.sh [--no-sanitizer] [--quick]
+#   tools/gpu-check.sh [--no-sanitizer] [--quick] [--build-dir DIR] [--no-build] [--no-torch]
+#                     [--test-timeout S]
 #
 # Steps (each one summary line):
 #   1. build       -DLUNA_CUDA=ON in build-gpu/ (nvcc, sm_80 + sm_90a, -Werror; -DLUNA_MPI=ON with
-#                  OpenMPI: test_trainer_mpi_nccl_gpu, real NCCL between 4 GPUs)
-#   2. gpu tests   ctest -L gpu: every op suite, the whole-model suite and the program suite on
+#                  OpenMPI: test_trainer_mpi_nccl_gpu, real NCCL between 4 GPUs); --build-dir DIR
+#                  builds there instead; --no-build uses DIR as it is (e.g. built on a machine
+#                  without a GPU and copied over, with its source tree at the same path)
+#   2. gpu tests   ctest -L gpu (--test-timeout S: ctest --timeout): every op suite, the
+#                  whole-model suite and the program suite on
 #                  the CUDA backend against the CPU backend (the suites the CPU execution harness
 #                  runs in CI), with the real CUDA runtime and the real cuBLASLt — so the cuBLASLt
 #                  cases the fake cuBLASLt passes in CI are checked against the real library
 #   3. sanitizer   compute-sanitizer memcheck, racecheck and synccheck over the op suites
 #                  (LUNA_CUDA_CACHE=0: exact allocations, so memcheck sees each buffer's end)
-#   4. benchmarks  bench-model (luna_base_tied, bf16 and fp32) and bench-translate (luna_demo
-#                  preset, beam 4) on the GPU, and bench-model --update --profile (measured
-#                  vs PREDICTED time per op family, gpu-check.profile.log); --quick: smaller batches
+#   4. benchmarks  bench-model (luna_base_tied, bf16: forward+backward and whole updates at 8k and
+#                  32k target tokens; fp32 at 8k) next to the PyTorch reference model's AMP
+#                  step at the same shapes (tests/reference/bench_reference.py --device cuda
+#                  --amp bf16; where python3 has torch with CUDA, unless --no-torch),
+#                  bench-model --update --profile at 32k (measured vs PREDICTED time per op
+#                  family, gpu-check.profile.log), bench-translate (luna_demo preset, beam 4);
+#                  --quick: smaller batches
 # Nothing here is run by CI (no GPU there); tools/test.sh --gpu runs step 2 alone.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="$root/build-gpu"
 sanitizer=1
 quick=0
-for a in "$@"; do
-  case "$a" in
+do_build=1
+torch=1
+test_timeout=()
+while [ $# -gt 0 ]; do
+  case "$1" in
     --no-sanitizer) sanitizer=0 ;;
     --quick) quick=1 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
-    *) echo "gpu-check: unknown option '$a' (try --help)" >&2; exit 2 ;;
+    --no-build) do_build=0 ;;
+    --no-torch) torch=0 ;;
+    --test-timeout)
+      [ $# -ge 2 ] || { echo "gpu-check: --test-timeout needs seconds" >&2; exit 2; }
+      test_timeout=(--timeout "$2"); shift ;;
+    --build-dir)
+      [ $# -ge 2 ] || { echo "gpu-check: --build-dir needs a directory" >&2; exit 2; }
+      build="$(mkdir -p "$2" && cd "$2" && pwd)"; shift ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    *) echo "gpu-check: unknown option '$1' (try --help)" >&2; exit 2 ;;
   esac
+  shift
 done
 jobs=$(nproc 2>/dev/null || echo 2)
 summary=()
@@ -47,7 +67,15 @@ note "device: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format
 mkdir -p "$build"
 mpi_flag=-DLUNA_MPI=OFF
 command -v mpicc > /dev/null && mpi_flag=-DLUNA_MPI=ON
-if cmake -S "$root" -B "$build" -DLUNA_CUDA=ON "$mpi_flag" -DLUNA_WERROR=ON -DCMAKE_BUILD_TYPE=Release \
+if [ "$do_build" -eq 0 ]; then
+  if [ -x "$build/bench-model" ] && [ -f "$build/CTestTestfile.cmake" ]; then
+    note "ok   build: using $build as it is (--no-build)"
+  else
+    fail "build: --no-build, but $build has no bench-model or CTestTestfile.cmake"
+    printf '%s\n' "=== gpu-check summary ===" "${summary[@]}"
+    exit 1
+  fi
+elif cmake -S "$root" -B "$build" -DLUNA_CUDA=ON "$mpi_flag" -DLUNA_WERROR=ON -DCMAKE_BUILD_TYPE=Release \
      > "$build/gpu-check.configure.log" 2>&1 &&
    cmake --build "$build" -j"$jobs" > "$build/gpu-check.build.log" 2>&1; then
   note "ok   build (build-gpu/, logs there)"
@@ -59,7 +87,8 @@ else
 fi
 
 # 2. the suites on the GPU
-if ctest --test-dir "$build" -L gpu --output-on-failure > "$build/gpu-check.tests.log" 2>&1; then
+if ctest --test-dir "$build" -L gpu --output-on-failure "${test_timeout[@]}" > "$build/gpu-check.tests.log" 2>&1 &&
+   ! grep -q 'No tests were found' "$build/gpu-check.tests.log"; then
   note "ok   gpu tests: $(grep -E 'tests passed' "$build/gpu-check.tests.log")"
 else
   fail "gpu tests: $(grep -E 'tests passed|tests failed' "$build/gpu-check.tests.log" | tail -n 1) (log: $build/gpu-check.tests.log)"
@@ -88,19 +117,39 @@ if [ "$sanitizer" -eq 1 ]; then
   fi
 fi
 
-# 4. benchmarks (measured on this GPU; the README's GPU figures are predictions until these run)
-if [ "$quick" -eq 1 ]; then batch=32; sentences=64; else batch=256; sentences=512; fi
-for precision in bf16 fp32; do
-  line=$("$build/bench-model" --device cuda --precision "$precision" --batch "$batch" \
-         --tgt-len 32 --src-len 32 --steps 5 2>&1 | grep 'target tokens/s') \
-    && note "ok   bench-model luna_base_tied $precision: ${line#bench-model: }" \
-    || fail "bench-model --precision $precision"
+# 4. benchmarks (measured on this GPU; the README's GPU figures are predictions until these run).
+# bench-model's "target tokens/s" line and PyTorch's, at the same shapes, side by side.
+if [ "$quick" -eq 1 ]; then batches="32"; sentences=64; else batches="256 1024"; sentences=512; fi
+bench() { # label, then bench-model arguments
+  local label="$1"; shift
+  local line
+  line=$("$build/bench-model" --device cuda --tgt-len 32 --src-len 32 "$@" 2>&1 | grep 'target tokens/s') \
+    && note "ok   $label: ${line#bench-model: }" || fail "$label (bench-model $*)"
+}
+have_torch=0
+if [ "$torch" -eq 1 ] && python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2> /dev/null; then
+  have_torch=1
+fi
+for b in $batches; do
+  bench "bench-model bf16 fwd+bwd  $b x 32" --precision bf16 --batch "$b" --warmup 2 --steps 10
+  bench "bench-model bf16 update   $b x 32" --precision bf16 --batch "$b" --warmup 2 --steps 10 --update
+  if [ "$have_torch" -eq 1 ]; then
+    line=$(python3 "$root/tests/reference/bench_reference.py" --device cuda --amp bf16 --batch "$b" \
+           --warmup 2 --steps 10 2>&1 | tail -n 1)
+    case "$line" in
+      loss*) note "ok   PyTorch AMP bf16 fwd+bwd $b x 32 (tests/reference, eager): $line" ;;
+      *) fail "PyTorch AMP reference $b x 32: $line" ;;
+    esac
+  fi
 done
+[ "$have_torch" -eq 1 ] || note "skip PyTorch AMP reference: python3 has no torch with CUDA (or --no-torch)"
+bench "bench-model fp32 fwd+bwd  ${batches%% *} x 32" --precision fp32 --batch "${batches%% *}" --warmup 2 --steps 5
 # The op-cost profile of a whole bf16 update on this GPU: each family's measured time next to the
 # roofline's PREDICTED one (model/kernels/op_report.h), to calibrate the cost model.
-if "$build/bench-model" --device cuda --precision bf16 --batch "$batch" --tgt-len 32 \
+pbatch="${batches##* }"
+if "$build/bench-model" --device cuda --precision bf16 --batch "$pbatch" --tgt-len 32 \
      --src-len 32 --warmup 1 --steps 1 --update --profile > "$build/gpu-check.profile.log" 2>&1; then
-  note "ok   bench-model --update --profile bf16 (measured vs PREDICTED per op family): $build/gpu-check.profile.log"
+  note "ok   bench-model --update --profile bf16 $pbatch x 32 (measured vs PREDICTED per op family): $build/gpu-check.profile.log"
 else
   fail "bench-model --update --profile ($build/gpu-check.profile.log)"
 fi

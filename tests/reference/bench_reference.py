@@ -3,10 +3,16 @@
 reference on CPU -- the yardstick for the C implementation's throughput.
 
     /usr/bin/python3 tests/reference/bench_reference.py --threads 2 [--causal tril|cumsum] [--arch luna|transformer]
+    python3 tests/reference/bench_reference.py --device cuda --amp bf16 --batch 1024   # PyTorch AMP on a GPU
 
 Default model: luna_base_tied (d 512, FFN 2048, 6+6 layers, 8 heads, l = 32, V = 32000, shared embeddings),
 one batch of 128 sentences x 32 target tokens (4096 target tokens) with 32-token sources, dropout /
 attention dropout / activation dropout 0.1 (the WMT'14 recipe).  No optimizer step is timed.
+
+--device cuda: the same step on a GPU (eager PyTorch, the yardstick for luna's CUDA backend); --amp bf16:
+forward and loss under torch.autocast(bfloat16) with float32 parameters and gradients (PyTorch's automatic
+mixed precision, as fairseq's --bf16/--amp), backward outside it.  Timed with the device synchronised
+(loss.item()).
 
 Causal attention form (flagged in the output):
   cumsum  running sums of outer products with torch.cumsum (the official `efficient_causal_attention_parallel`
@@ -48,7 +54,13 @@ def main():
     ap.add_argument("--steps", type=int, default=2, help="timed steps")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--profile", action="store_true", help="print the top operators of one timed step")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--amp", choices=["none", "bf16"], default="none",
+                    help="bf16: autocast the forward and loss (PyTorch AMP); parameters stay float32")
     a = ap.parse_args()
+    if a.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("bench_reference: --device cuda, but PyTorch sees no GPU")
+    dev = torch.device(a.device)
 
     torch.set_num_threads(a.threads)
     R.FAST = True  # fused layer_norm / softmax / log_softmax kernels
@@ -57,7 +69,8 @@ def main():
                         heads=a.heads, projection_length=a.projection_length, untie_luna_kv=a.untie_luna_kv,
                         causal_activation=a.causal_activation, dropout=a.dropout)
     g = torch.Generator().manual_seed(a.seed)
-    params = R.to_dtype(R.init_params(cfg, g), torch.float32, requires_grad=True)
+    params = {k: v.detach().to(device=dev, dtype=torch.float32).requires_grad_(True)
+              for k, v in R.init_params(cfg, g).items()}
     B, m, n = a.batch, a.src_len, a.tgt_len
     src = torch.randint(4, a.vocab, (B, m), generator=g)
     src[:, -1] = R.EOS
@@ -66,14 +79,16 @@ def main():
     prev = torch.cat([torch.full((B, 1), R.EOS, dtype=torch.long), tgt[:, :-1]], dim=1)
     src_len = torch.full((B,), m, dtype=torch.long)
     ntok = int(tgt.ne(R.PAD).sum())
+    src, tgt, prev, src_len = src.to(dev), tgt.to(dev), prev.to(dev), src_len.to(dev)
     rt = R.Runtime(dropout=a.dropout, attention_dropout=a.attention_dropout,
                    activation_dropout=a.activation_dropout, training=True, causal_impl=a.causal)
 
     def step():
         for p in params.values():
             p.grad = None
-        logits = R.forward(params, cfg, src, src_len, prev, rt)
-        loss, _ = R.label_smoothed_loss(logits, tgt, 0.1)
+        with torch.autocast(a.device, dtype=torch.bfloat16, enabled=a.amp == "bf16"):
+            logits = R.forward(params, cfg, src, src_len, prev, rt)
+            loss, _ = R.label_smoothed_loss(logits, tgt, 0.1)
         loss.backward()
         return loss.item()
 
@@ -82,7 +97,8 @@ def main():
           f"heads {a.heads} l {a.projection_length}  batch {B}x{n} tgt tokens ({ntok}), src {m}  "
           f"dropout {a.dropout}/{a.attention_dropout}/{a.activation_dropout}  "
           f"causal form: {a.causal if a.arch == 'luna' else 'n/a (softmax)'}  threads {torch.get_num_threads()}  "
-          f"torch {torch.__version__}", flush=True)
+          f"torch {torch.__version__}  device {a.device}"
+          f"{' (' + torch.cuda.get_device_name() + ')' if a.device == 'cuda' else ''}  amp {a.amp}", flush=True)
     for _ in range(a.warmup):
         step()
     if a.profile:

@@ -250,7 +250,8 @@ def decoder_tables(params):
 def sinusoid(positions, d, dtype):
     """fairseq sinusoid of integer positions (any shape) -> [..., d]; first half sin, second half cos."""
     half = d // 2
-    freq = torch.exp(torch.arange(half, dtype=torch.float64) * -(math.log(10000.0) / (half - 1)))
+    freq = torch.exp(torch.arange(half, dtype=torch.float64, device=positions.device)
+                     * -(math.log(10000.0) / (half - 1)))
     ang = positions.to(torch.float64).unsqueeze(-1) * freq
     emb = torch.cat([torch.sin(ang), torch.cos(ang)], dim=-1)
     if d % 2 == 1:
@@ -440,7 +441,7 @@ def luna_encode(params, cfg, src_tokens, src_lengths, rt=EVAL):
     x = rt.drop(embed(params, cfg, src_tokens), rt.dropout)
     L, pmask = projection_slots(cfg, src_lengths)
     P = params["encoder.projected_embeddings"][:L]
-    p0 = math.sqrt(d) * P + sinusoid(torch.arange(L), d, P.dtype)
+    p0 = math.sqrt(d) * P + sinusoid(torch.arange(L, device=P.device), d, P.dtype)
     p = rt.drop(p0.unsqueeze(0).expand(B, L, d), rt.dropout)  # dropout drawn per sentence
     src_pad = src_tokens.eq(cfg["padding_idx"])
     for i in range(cfg["encoder_layers"]):
@@ -581,7 +582,7 @@ def label_smoothed_loss(logits, target, eps, padding_idx=PAD):
     nll = -lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
     smooth = -lprobs.sum(-1)
     keep = target.ne(padding_idx)
-    zero = torch.zeros((), dtype=logits.dtype)
+    zero = torch.zeros((), dtype=logits.dtype, device=logits.device)
     nll = torch.where(keep, nll, zero)
     smooth = torch.where(keep, smooth, zero)
     loss = (1.0 - eps) * nll.sum() + (eps / V) * smooth.sum()
