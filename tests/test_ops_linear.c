@@ -467,15 +467,15 @@ START_TEST(bias_add_gradient_and_accumulation) {
 END_TEST
 
 /* Column sums over many chunks of rows (model/kernels/column_sum_order.h: chunks of
- * LUNA_COLSUM_CHUNK rows; a GPU sums them in rounds of chunks by column blocks): 33 chunks, the
- * last one partial, and a partial block of columns. Every row must be counted once: the result
- * equals the plain sum bit for bit (the values are multiples of 2^-12 in [-1, 1], so every
- * partial sum is exact in any order, and only a lost or repeated row changes the result). */
+ * LUNA_COLSUM_CHUNK rows; a GPU sums each chunk in a thread and adds the chunk sums in order):
+ * 33 chunks, the last one partial, and a partial block of columns. Every row must be counted once:
+ * the result equals the plain sum bit for bit (the values are multiples of 2^-12 in [-1, 1], so
+ * every partial sum is exact in any order, and only a lost or repeated row changes the result). */
 START_TEST(bias_add_backward_counts_every_row_of_many_chunks) {
     luna_backend *be = lh_backend(2);
     luna_test_rng rng;
     luna_test_rng_seed(&rng, 4242);
-    const int rows = 32 * LUNA_COLSUM_CHUNK + 77, cols = 37;
+    const int rows = 32 * LUNA_COLSUM_CHUNK + LUNA_COLSUM_CHUNK / 2 + 5, cols = 37;
     float *dy = luna_test_random_vector(&rng, (size_t)rows * cols, -1, 1);
     for (size_t i = 0; i < (size_t)rows * cols; i++)
         dy[i] = roundf(dy[i] * 4096.0f) / 4096.0f;

@@ -7,10 +7,12 @@
  * per column walking every row, the earlier design, took ~5 ms per 32k-row sum on an H200 and
  * half of a training update — while the CPU, adding the same chunks in the same order
  * (model/kernels/cpu/gemm.c, layer_norm.c), keeps both backends bit-identical and deterministic
- * without atomics. With rows ≤ LUNA_COLSUM_CHUNK this is the plain row-order sum. */
+ * without atomics. With rows ≤ LUNA_COLSUM_CHUNK this is the plain row-order sum. 64 rows: a GPU
+ * thread sums one chunk, its loads in flight together, and an 8k-row, 512-column sum has 64k of
+ * them (256 rows left the GPU waiting on one chain of loads after another). */
 #ifndef LUNA_KERNELS_COLUMN_SUM_ORDER_H
 #define LUNA_KERNELS_COLUMN_SUM_ORDER_H
 
-#define LUNA_COLSUM_CHUNK 256
+#define LUNA_COLSUM_CHUNK 64
 
 #endif

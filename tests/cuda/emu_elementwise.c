@@ -289,7 +289,8 @@ START_TEST(layout_ops_equal_cpu) {
 END_TEST
 
 /* Column sums and broadcasts: sum_broadcast (fp32 in b order), bias_add forward, bias_add
- * backward (double in row order) — bit-equal to the CPU, fp32 and bf16 inputs. */
+ * backward (double, in the chunked order of column_sum_order.h, in one round or one chunk a
+ * round) — bit-equal to the CPU, fp32 and bf16 inputs. */
 START_TEST(sums_and_bias_equal_cpu) {
     luna_backend *cpu;
     LUNA_CHECK_OK(luna_backend_cpu_create(&cpu, 2));
@@ -319,9 +320,12 @@ START_TEST(sums_and_bias_equal_cpu) {
             same_bits(acc, got, m, "sum_broadcast");
             /* bias backward over all B·rows rows of dout, into the bias */
             LUNA_CHECK_OK(cpu->ops->bias_add_backward(cpu, bias, dout, (int64_t)B * rows, d));
+            /* the launchers' workspace, or the one-chunk-a-round least (k + bf16 odd) */
+            luna_cuda_colsum_ws ws = colsum_ws((int64_t)B * rows, d, 1, (int)((k + bf16) & 1));
             ck_assert_int_eq(
-                luna_cuda_bias_add_backward(0, bf16, dbias, ddout, (int64_t)B * rows, d),
+                luna_cuda_bias_add_backward(0, bf16, dbias, ddout, (int64_t)B * rows, d, ws),
                 cudaSuccess);
+            cudaFree(ws.p);
             host_copy(got, dbias, 4 * (size_t)d);
             same_bits(bias, got, d, "bias_add_backward");
             /* bias forward onto dout (fp32 only: the CPU op is fp32) */

@@ -91,10 +91,13 @@ static void residual_norm(luna_backend *cpu, int rows, int d, float p, bool with
                                                    acc + d, dy, rk, mean, rstd, g, rows, d, p,
                                                    key(d)));
     void *ddres = dev(NULL, es * n), *ddsub = dev(NULL, es * n);
+    /* the launchers' workspace, or one chunk a round (bf16 xor bias) */
+    luna_cuda_colsum_ws ws = colsum_ws(rows, d, 2, bf16 ^ (int)with_bias);
     ck_assert_int_eq(luna_cuda_residual_norm_backward(
                          0, bf16, ddres, ddsub, with_bias ? dacc + 2 * d : NULL, dacc, dacc + d,
-                         ddy, dr, dmean, drstd, dg, rows, d, p, key(d)),
+                         ddy, dr, dmean, drstd, dg, rows, d, p, key(d), ws),
                      cudaSuccess);
+    cudaFree(ws.p);
     snprintf(what, sizeof what, "residual_norm_backward %s rows %d d %d p %g%s",
              bf16 ? "bf16" : "fp32", rows, d, (double)p, with_bias ? " bias" : "");
     near(dres, ddres, n, bf16, 1.0 / 64, what);
@@ -140,9 +143,11 @@ static void bias_relu_dropout(luna_backend *cpu, int rows, int d, float p, bool 
     float *hk = fetch(dh, n, bf16), *db0 = calloc((size_t)d, 4), *ddb = dev(db0, 4 * (size_t)d);
     LUNA_CHECK_OK(cpu->ops->bias_relu_dropout_backward(cpu, da, bp ? db0 : NULL, da, hk, rows, d, p,
                                                        key(d + 1)));
+    luna_cuda_colsum_ws ws = colsum_ws(rows, d, 1, bf16 ^ (int)with_bias);
     ck_assert_int_eq(luna_cuda_bias_relu_dropout_backward(0, bf16, dda, with_bias ? ddb : NULL, dda,
-                                                          dh, rows, d, p, key(d + 1)),
+                                                          dh, rows, d, p, key(d + 1), ws),
                      cudaSuccess);
+    cudaFree(ws.p);
     near(da, dda, n, bf16, 1.0 / 64, what);
     if (!bf16) {
         float *got = malloc(4 * (size_t)d);
@@ -195,8 +200,9 @@ static void softmax_dropout(luna_backend *cpu, int rows, int cols, float p, int 
 START_TEST(fused_kernels_match_cpu) {
     luna_backend *cpu;
     LUNA_CHECK_OK(luna_backend_cpu_create(&cpu, 1));
-    static const int shapes[][2] = {
-        {1, 1}, {7, 5}, {33, 130}, {3, 600}, {2, 1100}}; /* 1100: a block per row */
+    static const int shapes[][2] = {{1, 1},   {7, 5},    {33, 130},
+                                    {3, 600}, {2, 1100}, /* 1100: a block per row */
+                                    {150, 70}};          /* 150: three chunks of column sums */
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (int bf16 = 0; bf16 < 2; bf16++)
             for (int v = 0; v < 2; v++) {

@@ -2,8 +2,9 @@
  * fake cuBLASLt (which checks leading dimensions, alignment, workspace and computes in double)
  * against the CPU backend's gemm and linear_forward: all four transpose combinations, sizes 1 and
  * odd, leading dimensions larger than the rows, strided batches, alpha/beta (beta = 0 with NaN
- * in C), K = 0, the bias epilogue as linear_forward's bias. fp32 within the ACCUM tier (1e-5
- * relative to the magnitude of the result); bf16 storage within bf16 rounding of the result. */
+ * in C), K = 0, the bias epilogue as linear_forward's bias, plans made once and reused. fp32 within
+ * the ACCUM tier (1e-5 relative to the magnitude of the result); bf16 storage within bf16 rounding
+ * of the result. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,13 +16,16 @@
 #include "tests/cuda/emu_util.h"
 #include "tests/test_util.h"
 
-static luna_cuda_blas blas_create(void) {
+/* with_plans: the backend's way, GEMM plans made once and reused (gemm_lt.h); else a plan a call */
+static luna_cuda_blas blas_create(bool with_plans) {
     luna_cuda_blas b = {.workspace_bytes = (size_t)4 << 20};
     ck_assert_int_eq(cublasLtCreate(&b.lt), CUBLAS_STATUS_SUCCESS);
     ck_assert_int_eq(cudaMalloc(&b.workspace, b.workspace_bytes), cudaSuccess);
+    if (with_plans) LUNA_CHECK_OK(luna_gemm_plans_create(&b.plans));
     return b;
 }
 static void blas_free(luna_cuda_blas *b) {
+    luna_gemm_plans_free(b->plans);
     cublasLtDestroy(b->lt);
     cudaFree(b->workspace);
 }
@@ -68,19 +72,35 @@ static void check_case(luna_backend *cpu, luna_cuda_blas *blas, int M, int N, in
     free(A), free(B), free(C), free(got);
 }
 
+/* Every case with a plan a call (pass 0), then twice with plans (passes 1, 2): the second pass
+ * makes no plan and reuses one per call, and the results stay right (alpha/beta and the data are
+ * not part of a plan; the two calls of a (shape, transposes) pair share one). */
 START_TEST(gemm_matches_cpu) {
     luna_backend *cpu;
     LUNA_CHECK_OK(luna_backend_cpu_create(&cpu, 1));
-    luna_cuda_blas blas = blas_create();
+    luna_cuda_blas plain = blas_create(false), planned = blas_create(true);
     const int shapes[][5] = {{1, 1, 1, 1, 0},    {7, 13, 5, 1, 2},   {33, 17, 65, 3, 0},
                              {13, 9, 200, 2, 1}, {64, 48, 32, 1, 0}, {5, 3, 0, 2, 1}};
-    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++)
-        for (int t = 0; t < 4; t++) {
-            const int *s = shapes[k];
-            check_case(cpu, &blas, s[0], s[1], s[2], t & 1, t >> 1, s[3], s[4], 1.0f, 0.0f);
-            check_case(cpu, &blas, s[0], s[1], s[2], t & 1, t >> 1, s[3], s[4], 0.5f, 0.25f);
-        }
-    blas_free(&blas);
+    int64_t made1 = 0, reused1 = 0, calls = 0;
+    for (int pass = 0; pass < 3; pass++) {
+        luna_cuda_blas *blas = pass == 0 ? &plain : &planned;
+        for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++)
+            for (int t = 0; t < 4; t++) {
+                const int *s = shapes[k];
+                check_case(cpu, blas, s[0], s[1], s[2], t & 1, t >> 1, s[3], s[4], 1.0f, 0.0f);
+                check_case(cpu, blas, s[0], s[1], s[2], t & 1, t >> 1, s[3], s[4], 0.5f, 0.25f);
+                calls += pass == 1 && s[2] > 0 ? 2 : 0; /* K = 0 makes no GEMM */
+            }
+        if (pass == 1) luna_gemm_plans_counts(planned.plans, &made1, &reused1);
+    }
+    int64_t made2, reused2;
+    luna_gemm_plans_counts(planned.plans, &made2, &reused2);
+    ck_assert_int_eq(made1 + reused1, calls);
+    ck_assert_int_eq(made1, calls / 2); /* one plan per (shape, transposes) */
+    ck_assert_int_eq(made2, made1);
+    ck_assert_int_eq(reused2, reused1 + calls);
+    blas_free(&plain);
+    blas_free(&planned);
     luna_backend_free(cpu);
 }
 END_TEST
@@ -90,10 +110,12 @@ END_TEST
 START_TEST(bias_epilogue_is_linear_forward) {
     luna_backend *cpu;
     LUNA_CHECK_OK(luna_backend_cpu_create(&cpu, 1));
-    luna_cuda_blas blas = blas_create();
+    luna_cuda_blas blas = blas_create(true);
     const int shapes[][3] = {{1, 1, 1}, {7, 13, 5}, {37, 13, 29}, {130, 65, 17}};
-    for (size_t k = 0; k < 4; k++) {
-        const int rows = shapes[k][0], in = shapes[k][1], out = shapes[k][2];
+    /* each shape twice, with other data and another bias: the second call reuses the plan and
+     * must add its own bias, not the one the plan was made with */
+    for (size_t k = 0; k < 8; k++) {
+        const int rows = shapes[k % 4][0], in = shapes[k % 4][1], out = shapes[k % 4][2];
         luna_test_rng rng;
         luna_test_rng_seed(&rng, 40 + k);
         float *x = luna_test_random_vector(&rng, (size_t)rows * in, -1.0f, 1.0f);
@@ -113,13 +135,22 @@ START_TEST(bias_epilogue_is_linear_forward) {
         cudaFree(dx), cudaFree(dW), cudaFree(db), cudaFree(dy);
         free(x), free(W), free(b), free(y), free(got);
     }
-    /* a bad leading dimension is refused by cuBLASLt's checks, as a luna status */
+    int64_t made, reused;
+    luna_gemm_plans_counts(blas.plans, &made, &reused);
+    ck_assert_int_eq(made, 4);
+    ck_assert_int_eq(reused, 4);
+    /* a bad leading dimension is refused by cuBLASLt's checks, as a luna status — each time: a
+     * plan that failed is not kept */
     float *d = dev(NULL, 4 * 64);
-    ck_assert_int_ne(luna_cuda_gemm(&blas, 0, 0, false, false, 4, 4, 4, 1.0f, d, 2, 0, d, 4, 0,
-                                    0.0f, d, 4, 0, 1, NULL),
-                     LUNA_OK);
-    ck_assert_ptr_nonnull(strstr(luna_error_message(), "cuBLASLt"));
-    luna_error_clear();
+    for (int again = 0; again < 2; again++) {
+        ck_assert_int_ne(luna_cuda_gemm(&blas, 0, 0, false, false, 4, 4, 4, 1.0f, d, 2, 0, d, 4, 0,
+                                        0.0f, d, 4, 0, 1, NULL),
+                         LUNA_OK);
+        ck_assert_ptr_nonnull(strstr(luna_error_message(), "cuBLASLt"));
+        luna_error_clear();
+    }
+    luna_gemm_plans_counts(blas.plans, &made, &reused);
+    ck_assert_int_eq(made, 4);
     cudaFree(d);
     blas_free(&blas);
     luna_backend_free(cpu);

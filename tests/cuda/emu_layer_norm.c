@@ -78,10 +78,12 @@ static void check(luna_backend *cpu, int rows, int d, int bf16, int which /* 3 b
     LUNA_CHECK_OK(cpu->ops->layer_norm_backward(cpu, dx, which & 1 ? cdg : NULL,
                                                 which & 2 ? cdb : NULL, dy, x, mean, rstd, gamma,
                                                 rows, d));
+    luna_cuda_colsum_ws ws = colsum_ws(rows, d, 2, bf16); /* bf16: one chunk a round */
     ck_assert_int_eq(luna_cuda_layer_norm_backward(0, bf16, ddy, which & 1 ? ddg : NULL,
                                                    which & 2 ? ddb : NULL, ddy, dxv, dmean, drstd,
-                                                   dgamma, rows, d),
+                                                   dgamma, rows, d, ws),
                      cudaSuccess);
+    cudaFree(ws.p);
     download_act(got, ddy, n, bf16);
     if (bf16) round_bf16(dx, n);
     close_enough(dx, got, n, bf16 ? 1.0 / 64 : 1e-6, what);

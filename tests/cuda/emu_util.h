@@ -10,6 +10,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "model/kernels/cuda/cuda_kernels.h"
 #include "tests/test_util.h"
 
 /* fp32 -> bf16 bits, round to nearest even (a NaN stays a quiet NaN). */
@@ -37,6 +38,16 @@ static inline void *dev(const void *host, size_t bytes) {
 }
 static inline void down(void *host, const void *d, size_t bytes) {
     ck_assert_int_eq(cudaMemcpy(host, d, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+}
+
+/* A column-sum workspace (cuda_kernels.h) for nout sums over rows × cols: the launchers' size, or
+ * with `one_chunk` the least that works — one chunk a round, so that every chunk after the first
+ * goes through the running totals. Free with cudaFree(ws.p). */
+static inline luna_cuda_colsum_ws colsum_ws(int64_t rows, int cols, int nout, int one_chunk) {
+    luna_cuda_colsum_ws ws;
+    ws.n = one_chunk ? 2 * (int64_t)nout * cols : luna_cuda_colsum_ws_doubles(rows, cols, nout);
+    ws.p = (double *)dev(NULL, (size_t)ws.n * sizeof(double));
+    return ws;
 }
 
 /* |got − want| ≤ tol · max(1, |want|) elementwise (NaN matches NaN). */

@@ -124,6 +124,7 @@ static void cuda_destroy(luna_backend *be) {
     luna_cuda_weights_clear(be);
     luna_cuda_raw_release(be, c->first_bad);
     luna_cuda_raw_release(be, c->blas.workspace);
+    luna_gemm_plans_free(c->blas.plans); /* before the handle they were made with */
     if (c->blas.lt) (void)cublasLtDestroy(c->blas.lt);
     if (c->stream) (void)cudaStreamDestroy(c->stream);
     luna_cuda_cache_free(c->cache);
@@ -149,6 +150,7 @@ static luna_status setup(luna_backend *be, const luna_backend_options *opt) {
     LUNA_CUDA_TRY(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     LUNA_TRY(luna_cuda_cache_create(&c->cache));
     LUNA_TRY(luna_cublas_check(cublasLtCreate(&c->blas.lt), "cublasLtCreate"));
+    LUNA_TRY(luna_gemm_plans_create(&c->blas.plans));
     c->blas.tf32 = opt->tf32;
     c->blas.workspace_bytes = CUBLASLT_WORKSPACE_BYTES;
     c->blas.workspace = luna_cuda_raw_alloc(be, c->blas.workspace_bytes);

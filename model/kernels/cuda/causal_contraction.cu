@@ -2,7 +2,8 @@
  * model/kernels/cpu/causal_contraction.c): out_t = (1/t)·Σ_{s≤t} (x_t·a_s)·b_s as a scan with a
  * p×q state, never n×n. One CUDA block per group (batch × head); the state is spread over the
  * threads by columns (each thread keeps its column, ≤ 256 values, in registers/local memory), so
- * a step needs no barrier and no shared memory.
+ * a step needs no barrier; for states of ≤ 64 values a thread, the vectors all threads read are
+ * staged in shared memory a tile of positions at a time (scan_tiled_kernel, reverse_tiled_kernel).
  *   forward: thread j < q keeps S[:, j]; per t: S[i, j] = fma(a_t[i], b_t[j], S[i, j]) and
  *            out_t[j] = Σ_i x_t[i]·S[i, j] as a fused multiply-add chain in i, then ·1/t — the
  *            CPU's operations in its order (with FMA: bit-identical where the CPU has FMA).
@@ -27,7 +28,8 @@ constexpr int kMaxDim = 256;
  * k < len, so every index is a constant and the state stays in registers — or, R = 0, kMaxDim
  * floats indexed at run time, in local memory (with the state there, these kernels took 29 ms of
  * a 32k-token luna_base_tied update on an H200 against 1.4 ms predicted from their bytes and
- * FLOPs; Luna's l = 32 and d_h = 64 get R = 32 / 64). */
+ * FLOPs). The kernels below run the generic R = 0 case (p or q over 64); Luna's l = 32 and
+ * d_h = 64 go to the tiled kernels further down, which keep their state in registers. */
 template <int R> struct State { float v[R > 0 ? R : kMaxDim]; };
 #define FOR_STATE(k, len) LUNA_UNROLL for (int k = 0; k < (R > 0 ? R : (len)); k++) if (k < (len))
 
@@ -88,6 +90,129 @@ __global__ void reverse_kernel(T *da, T *db, const T *dout, const T *x, const T 
     }
 }
 
+/* The same two scans for a state of R ≤ 64 floats per thread (Luna's l = 32 and d_h = 64), with
+ * the vectors every thread of the block reads — u_t, w_t in the forward scan; x_s, a_s, dout_s,
+ * b_s in the reverse one — staged in shared memory as fp32, kTile positions at a time, by
+ * coalesced loads, and read back as float4 broadcasts. Why: reading them from global memory,
+ * every thread loaded each element itself (a 2-byte load and a conversion per multiply-add), and
+ * the reverse scan took 265 µs a call on an H200 for 33 MB (ncu, 2026-11-26). The arithmetic is
+ * the kernels' above, operation for operation, so the results are bit-identical. */
+constexpr int kTile = 16;
+
+/* rows [t0, t0 + tn) of src (len values each) into dst[tt][0:R) as fp32, zeros past len */
+template <typename T, int R>
+__device__ inline void stage(float *dst, const T *src, int64_t row0, int tn, int len) {
+    for (int i = threadIdx.x; i < kTile * R; i += blockDim.x) {
+        const int tt = i / R, k = i % R;
+        dst[i] = tt < tn && k < len ? load(src, (row0 + tt) * len + k) : 0.0f;
+    }
+}
+
+/* acc-and-state step over k < len from the staged vectors p1 (the state's factor) and p2 */
+#define STAGED_FOR(k4, len) LUNA_UNROLL for (int k4 = 0; k4 < R / 4; k4++) if (4 * k4 < (len))
+
+template <typename T, int R>
+__global__ void scan_tiled_kernel(T *out, const T *u, const T *v, const T *w, int n, int r, int c) {
+    LUNA_SHARED(float4, su4, kTile * R / 4);
+    LUNA_SHARED(float4, sw4, kTile * R / 4);
+    float *su = reinterpret_cast<float *>(su4), *sw = reinterpret_cast<float *>(sw4);
+    const int j = threadIdx.x;
+    const int64_t g = blockIdx.x;
+    float col[R];
+    LUNA_UNROLL for (int k = 0; k < R; k++) col[k] = 0.0f;
+    for (int t0 = 0; t0 < n; t0 += kTile) {
+        const int tn = n - t0 < kTile ? n - t0 : kTile;
+        __syncthreads(); /* the previous tile is read */
+        stage<T, R>(su, u, g * n + t0, tn, r);
+        stage<T, R>(sw, w, g * n + t0, tn, r);
+        __syncthreads();
+        if (j >= c) continue;
+        for (int tt = 0; tt < tn; tt++) {
+            const int t = t0 + tt;
+            const int64_t rc = (g * n + t) * c;
+            const float vj = r > 0 ? load(v, rc + j) : 0.0f; /* r = 0: v is not read (as the CPU) */
+            float acc = 0.0f;
+            STAGED_FOR(k4, r) {
+                const float4 uu = su4[tt * (R / 4) + k4], ww = sw4[tt * (R / 4) + k4];
+                const float us[4] = {uu.x, uu.y, uu.z, uu.w}, ws[4] = {ww.x, ww.y, ww.z, ww.w};
+                LUNA_UNROLL for (int e = 0; e < 4; e++) {
+                    const int k = 4 * k4 + e;
+                    if (k < r) {
+                        col[k] = fmaf(us[e], vj, col[k]);
+                        acc = fmaf(ws[e], col[k], acc);
+                    }
+                }
+            }
+            const float scale = 1.0f / (float)(t + 1);
+            store(out, rc + j, scale != 1.0f ? __fmul_rn(acc, scale) : acc);
+        }
+    }
+}
+
+template <typename T, int R>
+__global__ void reverse_tiled_kernel(T *da, T *db, const T *dout, const T *x, const T *a,
+                                     const T *b, int n, int p, int q) {
+    LUNA_SHARED(float4, sx4, kTile * R / 4);
+    LUNA_SHARED(float4, sa4, kTile * R / 4);
+    LUNA_SHARED(float4, sd4, kTile * R / 4);
+    LUNA_SHARED(float4, sb4, kTile * R / 4);
+    float *sx = reinterpret_cast<float *>(sx4), *sa = reinterpret_cast<float *>(sa4),
+          *sd = reinterpret_cast<float *>(sd4), *sb = reinterpret_cast<float *>(sb4);
+    const int tid = threadIdx.x;
+    const int64_t g = blockIdx.x;
+    const bool column = tid < q, active = tid < p + q;
+    const int me = column ? tid : tid - q;
+    float st[R];
+    LUNA_UNROLL for (int k = 0; k < R; k++) st[k] = 0.0f;
+    const int ntiles = (n + kTile - 1) / kTile;
+    for (int tile = ntiles - 1; tile >= 0; tile--) {
+        const int s0 = tile * kTile, tn = n - s0 < kTile ? n - s0 : kTile;
+        __syncthreads(); /* the previous tile is read */
+        stage<T, R>(sx, x, g * n + s0, tn, p);
+        stage<T, R>(sa, a, g * n + s0, tn, p);
+        stage<T, R>(sd, dout, g * n + s0, tn, q);
+        stage<T, R>(sb, b, g * n + s0, tn, q);
+        __syncthreads();
+        if (!active) continue;
+        for (int tt = tn - 1; tt >= 0; tt--) {
+            const int s = s0 + tt;
+            const int64_t rp = (g * n + s) * p, rq = (g * n + s) * q;
+            const float inv = 1.0f / (float)(s + 1);
+            float acc = 0.0f;
+            if (column) { /* R[i, me] += x_s[i]·g_s[me];  db_s[me] = Σ_i a_s[i]·R[i, me] */
+                const float gj = __fmul_rn(sd[tt * R + me], inv);
+                STAGED_FOR(k4, p) {
+                    const float4 xx = sx4[tt * (R / 4) + k4], aa = sa4[tt * (R / 4) + k4];
+                    const float xs[4] = {xx.x, xx.y, xx.z, xx.w}, as[4] = {aa.x, aa.y, aa.z, aa.w};
+                    LUNA_UNROLL for (int e = 0; e < 4; e++) {
+                        const int i = 4 * k4 + e;
+                        if (i < p) {
+                            st[i] = fmaf(xs[e], gj, st[i]);
+                            acc = fmaf(as[e], st[i], acc);
+                        }
+                    }
+                }
+                store(db, rq + me, acc);
+            } else { /* R[me, j] += x_s[me]·g_s[j];  da_s[me] = Σ_j R[me, j]·b_s[j] */
+                const float xi = sx[tt * R + me];
+                STAGED_FOR(k4, q) {
+                    const float4 dd = sd4[tt * (R / 4) + k4], bb = sb4[tt * (R / 4) + k4];
+                    const float ds[4] = {dd.x, dd.y, dd.z, dd.w}, bs[4] = {bb.x, bb.y, bb.z, bb.w};
+                    LUNA_UNROLL for (int e = 0; e < 4; e++) {
+                        const int j = 4 * k4 + e;
+                        if (j < q) {
+                            st[j] = fmaf(xi, __fmul_rn(ds[e], inv), st[j]);
+                            acc = fmaf(st[j], bs[e], acc);
+                        }
+                    }
+                }
+                store(da, rp + me, acc);
+            }
+        }
+    }
+}
+#undef STAGED_FOR
+
 typedef __nv_bfloat16 bf16_t;
 
 inline unsigned threads_for(int c) { return (unsigned)((c + 31) / 32 * 32); }
@@ -100,10 +225,10 @@ void launch_scan(cudaStream_t s, int G, unsigned threads, T *out, const T *u, co
                  const T *w, int n, int r, int c) {
     switch (state_bucket(r)) {
     case 32:
-        LUNA_LAUNCH((scan_kernel<T, 32>), (unsigned)G, threads, 0, s, out, u, v, w, n, r, c);
+        LUNA_LAUNCH((scan_tiled_kernel<T, 32>), (unsigned)G, threads, 0, s, out, u, v, w, n, r, c);
         break;
     case 64:
-        LUNA_LAUNCH((scan_kernel<T, 64>), (unsigned)G, threads, 0, s, out, u, v, w, n, r, c);
+        LUNA_LAUNCH((scan_tiled_kernel<T, 64>), (unsigned)G, threads, 0, s, out, u, v, w, n, r, c);
         break;
     default: LUNA_LAUNCH((scan_kernel<T, 0>), (unsigned)G, threads, 0, s, out, u, v, w, n, r, c);
     }
@@ -115,12 +240,12 @@ void launch_reverse(cudaStream_t s, int G, T *da, T *db, const T *dout, const T 
     const unsigned threads = threads_for(p + q);
     switch (state_bucket(p > q ? p : q)) {
     case 32:
-        LUNA_LAUNCH((reverse_kernel<T, 32>), (unsigned)G, threads, 0, s, da, db, dout, x, a, b, n,
-                    p, q);
+        LUNA_LAUNCH((reverse_tiled_kernel<T, 32>), (unsigned)G, threads, 0, s, da, db, dout, x, a,
+                    b, n, p, q);
         break;
     case 64:
-        LUNA_LAUNCH((reverse_kernel<T, 64>), (unsigned)G, threads, 0, s, da, db, dout, x, a, b, n,
-                    p, q);
+        LUNA_LAUNCH((reverse_tiled_kernel<T, 64>), (unsigned)G, threads, 0, s, da, db, dout, x, a,
+                    b, n, p, q);
         break;
     default:
         LUNA_LAUNCH((reverse_kernel<T, 0>), (unsigned)G, threads, 0, s, da, db, dout, x, a, b, n, p,

@@ -1,65 +1,102 @@
 /* Column sums over rows in the order of model/kernels/column_sum_order.h (included after
  * cuda_compat.h and act_io.cuh, inside a .cu file's anonymous namespace):
- *   column_sum_kernel<T>      db[c] += Σ_r dy[r, c]                        (bias gradients)
- *   ln_params_sum_kernel<T>   dγ[c] += Σ_r dy_rc·x̂_rc, dβ[c] += Σ_r dy_rc  (LayerNorm, x̂ from
- *                             the row's stored mean and rstd, one rounding per operation)
- * A block owns kColsumCols columns; its kColsumGroups row groups each sum one chunk of
- * LUNA_COLSUM_CHUNK rows (in double, rows in order), a round of chunks at a time; row group 0
- * then adds the round's chunk sums in chunk order. Launch colsum_blocks(cols) blocks of
- * kColsumThreads threads. */
+ *   column_sums<1>(ColumnValue)    db[c] += Σ_r dy[r, c]                        (bias gradients)
+ *   column_sums<2>(LnParamsValue)  dγ[c] += Σ_r dy_rc·x̂_rc, dβ[c] += Σ_r dy_rc  (LayerNorm, x̂
+ *                                  from the row's stored mean and rstd, one rounding per op)
+ * Two kernels, so that the whole GPU works on one sum:
+ *   chunk_sums_kernel   one thread per (chunk, column): the chunk's LUNA_COLSUM_CHUNK rows in row
+ *                       order, in double, into the workspace [chunk][NOUT][cols];
+ *   chunk_total_kernel  one thread per (output, column): the chunk sums in chunk order, in double,
+ *                       then out_c = (float)((double)out_c + total).
+ * The workspace (luna_cuda_colsum_ws, from the backend's scratch) holds a round of chunk sums;
+ * more chunks than it holds are summed in rounds, the running totals kept in double between
+ * rounds (the same additions in the same order). Why: the earlier design — one block per 32
+ * columns walking every chunk — gave a 512-column sum 16 blocks, and the LayerNorm/bias sums
+ * took 5.5 of the 40 ms of an 8k-token bf16 update on an H200 (ncu, 2026-11-26). */
 #ifndef LUNA_KERNELS_CUDA_COLUMN_SUM_CUH
 #define LUNA_KERNELS_CUDA_COLUMN_SUM_CUH
 
 #include "model/kernels/column_sum_order.h"
 
-constexpr int kColsumCols = 32, kColsumGroups = 16;
-constexpr int kColsumThreads = kColsumCols * kColsumGroups;
+constexpr int kColsumCols = 32; /* columns per block: a warp's lanes, consecutive columns */
+constexpr int kColsumWarps = 8; /* chunks per block: one per warp */
+constexpr int kTotalThreads = 256;
 
-inline unsigned colsum_blocks(int cols) {
-    return (unsigned)((cols + kColsumCols - 1) / kColsumCols);
+template <int NOUT, typename Value>
+__global__ void chunk_sums_kernel(double *ws, int64_t rows, int cols, int64_t k0, int64_t kn,
+                                  Value value) {
+    const int lane = threadIdx.x % kColsumCols, w = threadIdx.x / kColsumCols;
+    const int c = blockIdx.x * kColsumCols + lane;
+    const int64_t k = (int64_t)blockIdx.y * kColsumWarps + w; /* chunk within the round */
+    if (c >= cols || k >= kn) return;
+    const int64_t r0 = (k0 + k) * LUNA_COLSUM_CHUNK;
+    const int64_t r1 = r0 + LUNA_COLSUM_CHUNK < rows ? r0 + LUNA_COLSUM_CHUNK : rows;
+    double acc[NOUT];
+    for (int j = 0; j < NOUT; j++)
+        acc[j] = 0.0;
+    if (r1 - r0 == LUNA_COLSUM_CHUNK) {
+        /* full chunk: a constant trip count, unrolled so that the loads run ahead of the adds */
+        LUNA_UNROLL_BY(16)
+        for (int i = 0; i < LUNA_COLSUM_CHUNK; i++) {
+            double v[NOUT];
+            value(r0 + i, c, v);
+            for (int j = 0; j < NOUT; j++)
+                acc[j] = __dadd_rn(acc[j], v[j]);
+        }
+    } else {
+        for (int64_t r = r0; r < r1; r++) {
+            double v[NOUT];
+            value(r, c, v);
+            for (int j = 0; j < NOUT; j++)
+                acc[j] = __dadd_rn(acc[j], v[j]);
+        }
+    }
+    for (int j = 0; j < NOUT; j++)
+        ws[(k * NOUT + j) * cols + c] = acc[j];
 }
 
-/* The block's columns: NOUT sums per column of value(r, c, v[NOUT]). */
+/* run[j·cols + c] (the running totals) = (first ? 0 : run) + Σ_{k < kn} ws[k][j][c] in k order;
+ * last: out_j[c] = (float)((double)out_j[c] + run) instead (out_j NULL: not wanted). */
+template <int NOUT>
+__global__ void chunk_total_kernel(float *out0, float *out1, double *run, const double *ws,
+                                   int cols, int64_t kn, int first, int last) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (int64_t)NOUT * cols) return;
+    const int j = (int)(i / cols), c = (int)(i % cols);
+    double t = first ? 0.0 : run[i];
+    for (int64_t k = 0; k < kn; k++)
+        t = __dadd_rn(t, ws[(k * NOUT + j) * cols + c]);
+    if (!last) {
+        run[i] = t;
+        return;
+    }
+    float *out = j == 0 ? out0 : out1;
+    if (out) out[c] = (float)__dadd_rn((double)out[c], t);
+}
+
+/* Enqueue the sums of value over rows into out0 (and out1 when NOUT = 2) with the workspace ws
+ * (at least luna_cuda_colsum_ws_doubles(rows, cols, NOUT) doubles; checked by the caller). */
 template <int NOUT, typename Value>
-__device__ inline void column_sums(float *out0, float *out1, int64_t rows, int cols,
-                                   const Value &value) {
-    LUNA_SHARED_2D(double, part, NOUT *kColsumGroups, kColsumCols);
-    const int lane = threadIdx.x % kColsumCols, g = threadIdx.x / kColsumCols;
-    const int c = blockIdx.x * kColsumCols + lane;
+cudaError_t column_sums(cudaStream_t s, float *out0, float *out1, int64_t rows, int cols,
+                        luna_cuda_colsum_ws ws, const Value &value) {
+    if (rows <= 0 || cols <= 0 || (!out0 && !out1)) return cudaSuccess;
     const int64_t nchunks = (rows + LUNA_COLSUM_CHUNK - 1) / LUNA_COLSUM_CHUNK;
-    double total[NOUT];
-    for (int j = 0; j < NOUT; j++)
-        total[j] = 0.0;
-    for (int64_t base = 0; base < nchunks; base += kColsumGroups) {
-        const int64_t k = base + g;
-        double acc[NOUT];
-        for (int j = 0; j < NOUT; j++)
-            acc[j] = 0.0;
-        if (c < cols && k < nchunks) {
-            const int64_t r1 =
-                (k + 1) * LUNA_COLSUM_CHUNK < rows ? (k + 1) * LUNA_COLSUM_CHUNK : rows;
-            for (int64_t r = k * LUNA_COLSUM_CHUNK; r < r1; r++) {
-                double v[NOUT];
-                value(r, c, v);
-                for (int j = 0; j < NOUT; j++)
-                    acc[j] = __dadd_rn(acc[j], v[j]);
-            }
-        }
-        for (int j = 0; j < NOUT; j++)
-            part[j * kColsumGroups + g][lane] = acc[j];
-        __syncthreads();
-        if (g == 0 && c < cols) {
-            const int n = nchunks - base < kColsumGroups ? (int)(nchunks - base) : kColsumGroups;
-            for (int i = 0; i < n; i++)
-                for (int j = 0; j < NOUT; j++)
-                    total[j] = __dadd_rn(total[j], part[j * kColsumGroups + i][lane]);
-        }
-        __syncthreads(); /* part is reused by the next round */
+    const int64_t per_round = luna_cuda_colsum_round(rows, cols, NOUT, ws.n);
+    if (per_round < 1) return cudaErrorInvalidValue;
+    double *run = ws.p, *sums = ws.p + (int64_t)NOUT * cols;
+    const unsigned col_blocks = (unsigned)((cols + kColsumCols - 1) / kColsumCols);
+    const unsigned total_blocks =
+        (unsigned)(((int64_t)NOUT * cols + kTotalThreads - 1) / kTotalThreads);
+    for (int64_t k0 = 0; k0 < nchunks; k0 += per_round) {
+        const int64_t kn = nchunks - k0 < per_round ? nchunks - k0 : per_round;
+        const dim3 grid(col_blocks, (unsigned)((kn + kColsumWarps - 1) / kColsumWarps));
+        LUNA_LAUNCH((chunk_sums_kernel<NOUT, Value>), grid, kColsumCols * kColsumWarps, 0, s, sums,
+                    rows, cols, k0, kn, value);
+        LUNA_LAUNCH(chunk_total_kernel<NOUT>, total_blocks, kTotalThreads, 0, s, out0, out1, run,
+                    static_cast<const double *>(sums), cols, kn, k0 == 0 ? 1 : 0,
+                    k0 + kn == nchunks ? 1 : 0);
     }
-    if (g == 0 && c < cols) {
-        if (out0) out0[c] = (float)__dadd_rn((double)out0[c], total[0]);
-        if (NOUT > 1 && out1) out1[c] = (float)__dadd_rn((double)out1[c], total[NOUT - 1]);
-    }
+    return cudaGetLastError();
 }
 
 template <typename T> struct ColumnValue {
@@ -84,15 +121,17 @@ template <typename T> struct LnParamsValue {
 
 /* db[c] += Σ_r dy[r, c] */
 template <typename T>
-__global__ void column_sum_kernel(float *db, const T *dy, int64_t rows, int cols) {
-    column_sums<1>(db, nullptr, rows, cols, ColumnValue<T>{dy, cols});
+cudaError_t column_sum(cudaStream_t s, float *db, const T *dy, int64_t rows, int cols,
+                       luna_cuda_colsum_ws ws) {
+    return column_sums<1>(s, db, nullptr, rows, cols, ws, ColumnValue<T>{dy, cols});
 }
 
 /* dγ_c += Σ_r dy_rc x̂_rc, dβ_c += Σ_r dy_rc (either may be NULL) */
 template <typename T>
-__global__ void ln_params_sum_kernel(float *dgamma, float *dbeta, const T *dy, const T *x,
-                                     const float *mean, const float *rstd, int64_t rows, int d) {
-    column_sums<2>(dgamma, dbeta, rows, d, LnParamsValue<T>{dy, x, mean, rstd, d});
+cudaError_t ln_params_sum(cudaStream_t s, float *dgamma, float *dbeta, const T *dy, const T *x,
+                          const float *mean, const float *rstd, int64_t rows, int d,
+                          luna_cuda_colsum_ws ws) {
+    return column_sums<2>(s, dgamma, dbeta, rows, d, ws, LnParamsValue<T>{dy, x, mean, rstd, d});
 }
 
 #endif

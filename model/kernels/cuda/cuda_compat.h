@@ -8,6 +8,7 @@
  *   LUNA_SHARED_2D(type, name, rows, cols)      static shared array   type name[rows][cols]
  *   LUNA_DYNAMIC_SHARED(type, name)             type *name = the launch's dynamic shared memory
  *   LUNA_UNROLL                                 #pragma unroll before a loop (none under g++)
+ *   LUNA_UNROLL_BY(n)                           #pragma unroll n (none under g++)
  *   explicit masks in every warp intrinsic (__shfl_xor_sync(0xffffffffu, ...), __syncwarp(m))
  *
  * Under nvcc these are the plain CUDA constructs; under the harness each CUDA thread is a fiber
@@ -30,10 +31,13 @@
     extern __shared__ __align__(16) unsigned char luna_dynamic_shared_[];                          \
     type *const name = reinterpret_cast<type *>(luna_dynamic_shared_)
 #define LUNA_UNROLL _Pragma("unroll")
+#define LUNA_PRAGMA_(x) _Pragma(#x)
+#define LUNA_UNROLL_BY(n) LUNA_PRAGMA_(unroll n)
 
 #else
 
 #define LUNA_UNROLL
+#define LUNA_UNROLL_BY(n)
 
 /* tests/cuda_emu/ is on the include path of targets built with the harness (CMake target
  * luna_cuda_emu); angle brackets keep model/kernels/ free of a tests/ include. */

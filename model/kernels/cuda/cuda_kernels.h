@@ -20,6 +20,34 @@
 extern "C" {
 #endif
 
+#include "model/kernels/column_sum_order.h"
+
+/* Device workspace of the column sums (bias gradients, LayerNorm's dγ/dβ; column_sum.cuh): n
+ * doubles at p, from the backend's scratch. Its size: the running totals (nout·cols) and a round
+ * of chunk sums (nout·cols per chunk of LUNA_COLSUM_CHUNK rows), at most LUNA_CUDA_COLSUM_WS_MAX
+ * doubles unless one chunk alone needs more. */
+typedef struct {
+    double *p;
+    int64_t n;
+} luna_cuda_colsum_ws;
+#define LUNA_CUDA_COLSUM_WS_MAX ((int64_t)1 << 20) /* 8 MB */
+
+static inline int64_t luna_cuda_colsum_ws_doubles(int64_t rows, int cols, int nout) {
+    const int64_t per_chunk = (int64_t)nout * (cols > 0 ? cols : 1);
+    const int64_t nchunks = rows > 0 ? (rows + LUNA_COLSUM_CHUNK - 1) / LUNA_COLSUM_CHUNK : 1;
+    int64_t k = LUNA_CUDA_COLSUM_WS_MAX / per_chunk - 1;
+    if (k < 1) k = 1;
+    if (k > nchunks) k = nchunks;
+    return per_chunk * (1 + k);
+}
+/* Chunks per round for a workspace of n doubles (< 1: too small). */
+static inline int64_t luna_cuda_colsum_round(int64_t rows, int cols, int nout, int64_t n) {
+    const int64_t per_chunk = (int64_t)nout * cols;
+    const int64_t nchunks = (rows + LUNA_COLSUM_CHUNK - 1) / LUNA_COLSUM_CHUNK;
+    const int64_t k = n / per_chunk - 1;
+    return k < nchunks ? k : nchunks;
+}
+
 /* ---- elementwise.cu ---- */
 cudaError_t luna_cuda_add(cudaStream_t s, int bf16, void *y, const void *a, const void *b,
                           int64_t n);
@@ -60,7 +88,7 @@ cudaError_t luna_cuda_bias_add_forward(cudaStream_t s, int bf16, void *y, const 
                                        int64_t rows, int cols);
 /* db [cols] += Σ_r dy[r] in row order in double (one thread per column: the CPU's order). */
 cudaError_t luna_cuda_bias_add_backward(cudaStream_t s, int bf16, float *db, const void *dy,
-                                        int64_t rows, int cols);
+                                        int64_t rows, int cols, luna_cuda_colsum_ws ws);
 /* C_b = beta · C_b for C_b [M, N] (row stride ldc) at b·stride, b < batch; beta = 0: zeros. */
 cudaError_t luna_cuda_scale_matrix(cudaStream_t s, int bf16, void *c, int M, int N, int ldc,
                                    int64_t stride, int batch, float beta);
@@ -85,8 +113,8 @@ cudaError_t luna_cuda_positions_add(cudaStream_t s, int bf16, void *x, const int
 /* *first_bad = min(*first_bad, i) for every i < n (< 2^31) with ids[i] outside [0, V), except
  * ids equal to `exempt` when has_exempt (a padding target); an integer atomicMin, so the result
  * (the first bad position) does not depend on the schedule. */
-cudaError_t luna_cuda_find_bad_id_launch(cudaStream_t s, const int32_t *ids, int64_t n, int V, int exempt,
-                                         int has_exempt, int *first_bad);
+cudaError_t luna_cuda_find_bad_id_launch(cudaStream_t s, const int32_t *ids, int64_t n, int V,
+                                         int exempt, int has_exempt, int *first_bad);
 
 /* ---- reduce.cu: the CPU's blocked order, bit-identical; partials: device scratch of
  * ceil(n / 4096) doubles (the tensor table's workspace for the multi op) ---- */
@@ -186,7 +214,7 @@ cudaError_t luna_cuda_layer_norm_forward(cudaStream_t s, int bf16, void *y, floa
 cudaError_t luna_cuda_layer_norm_backward(cudaStream_t s, int bf16, void *dx, float *dgamma,
                                           float *dbeta, const void *dy, const void *x,
                                           const float *mean, const float *rstd, const float *gamma,
-                                          int64_t rows, int d);
+                                          int64_t rows, int d, luna_cuda_colsum_ws ws);
 
 /* ---- fused.cu (rows < 2^31: one block per row for the row kernels). p in [0, 1); p = 0: no
  * dropout. softmax_dropout_forward writes yd only when yd != NULL and p > 0. ---- */
@@ -199,13 +227,15 @@ cudaError_t luna_cuda_residual_norm_backward(cudaStream_t s, int bf16, void *dre
                                              float *dbias, float *dgamma, float *dbeta,
                                              const void *dy, const void *r, const float *mean,
                                              const float *rstd, const float *gamma, int64_t rows,
-                                             int d, float p, luna_rng_key key);
+                                             int d, float p, luna_rng_key key,
+                                             luna_cuda_colsum_ws ws);
 cudaError_t luna_cuda_bias_relu_dropout_forward(cudaStream_t s, int bf16, void *a, void *h,
                                                 const float *bias, int64_t rows, int cols, float p,
                                                 luna_rng_key key);
 cudaError_t luna_cuda_bias_relu_dropout_backward(cudaStream_t s, int bf16, void *dh, float *dbias,
                                                  const void *da, const void *h, int64_t rows,
-                                                 int cols, float p, luna_rng_key key);
+                                                 int cols, float p, luna_rng_key key,
+                                                 luna_cuda_colsum_ws ws);
 cudaError_t luna_cuda_softmax_dropout_forward(cudaStream_t s, int bf16, void *y, void *yd,
                                               const void *x, int64_t rows, int cols,
                                               const int32_t *valid_cols, int64_t rows_per_group,

@@ -103,8 +103,9 @@ static luna_status linear_backward(luna_backend *be, luna_act *dx, float *dW, fl
     }
     if (db && out > 0) {
         WRITES(db, out);
-        LAUNCH("linear_backward (bias)",
-               luna_cuda_bias_add_backward(c->stream, c->bf16, db, dy, rows, out));
+        LAUNCH_WITH_COLSUM_WS(
+            "linear_backward (bias)", rows, out, 1,
+            luna_cuda_bias_add_backward(c->stream, c->bf16, db, dy, rows, out, ws));
     }
     return LUNA_OK;
 }
@@ -118,8 +119,9 @@ static luna_status bias_add_backward(luna_backend *be, float *db, const luna_act
                                      int cols) {
     if (rows < 0 || cols < 0) BAD("bias_add_backward: negative size");
     WRITES(db, cols);
-    LAUNCH("bias_add_backward",
-           luna_cuda_bias_add_backward(stream(be), bf16(be), db, dy, rows, cols));
+    LAUNCH_WITH_COLSUM_WS(
+        "bias_add_backward", rows, cols, 1,
+        luna_cuda_bias_add_backward(stream(be), bf16(be), db, dy, rows, cols, ws));
 }
 
 /* ---- embedding and positions ------------------------------------------------------------------
@@ -203,9 +205,9 @@ static luna_status layer_norm_backward(luna_backend *be, luna_act *dx, float *dg
             d);
     WRITES(dgamma, d);
     WRITES(dbeta, d);
-    LAUNCH("layer_norm_backward",
-           luna_cuda_layer_norm_backward(stream(be), bf16(be), dx, dgamma, dbeta, dy, x, mean, rstd,
-                                         gamma, rows, d));
+    LAUNCH_WITH_COLSUM_WS("layer_norm_backward", rows, d, 2,
+                          luna_cuda_layer_norm_backward(stream(be), bf16(be), dx, dgamma, dbeta, dy,
+                                                        x, mean, rstd, gamma, rows, d, ws));
 }
 
 static luna_status softmax_forward(luna_backend *be, luna_act *y, const luna_act *x, int64_t rows,

@@ -34,9 +34,10 @@ luna_status luna_cuda_op_residual_norm_backward(luna_backend *be, luna_act *dres
     WRITES(dbias, d);
     WRITES(dgamma, d);
     WRITES(dbeta, d);
-    LAUNCH("residual_norm_backward",
-           luna_cuda_residual_norm_backward(stream(be), bf16(be), dres, dsub, dbias, dgamma, dbeta,
-                                            dy, r, mean, rstd, gamma, rows, d, p, key));
+    LAUNCH_WITH_COLSUM_WS("residual_norm_backward", rows, d, 2,
+                          luna_cuda_residual_norm_backward(stream(be), bf16(be), dres, dsub, dbias,
+                                                           dgamma, dbeta, dy, r, mean, rstd, gamma,
+                                                           rows, d, p, key, ws));
 }
 
 luna_status luna_cuda_op_bias_relu_dropout_forward(luna_backend *be, luna_act *a, luna_act *h,
@@ -53,9 +54,9 @@ luna_status luna_cuda_op_bias_relu_dropout_backward(luna_backend *be, luna_act *
                                                     luna_rng_key key) {
     LUNA_TRY(check("bias_relu_dropout_backward", rows, cols, p));
     WRITES(dbias, cols);
-    LAUNCH("bias_relu_dropout_backward",
-           luna_cuda_bias_relu_dropout_backward(stream(be), bf16(be), dh, dbias, da, h, rows, cols,
-                                                p, key));
+    LAUNCH_WITH_COLSUM_WS("bias_relu_dropout_backward", rows, cols, 1,
+                          luna_cuda_bias_relu_dropout_backward(stream(be), bf16(be), dh, dbias, da,
+                                                               h, rows, cols, p, key, ws));
 }
 
 luna_status luna_cuda_op_softmax_dropout_forward(luna_backend *be, luna_act *y, luna_act *yd,

@@ -4,6 +4,7 @@
 
 #include "core/allocator.h"
 #include "model/kernels/cuda/backend_cuda.h"
+#include "model/kernels/cuda/cuda_kernels.h"
 
 #define REDUCE_BLOCK 4096 /* reduce.c's LUNA_REDUCE_BLOCK = LUNA_TENSOR_TABLE_BLOCK */
 
@@ -26,6 +27,19 @@ static inline luna_status scratch_doubles(luna_backend *be, const char *op, int6
     }
     return LUNA_OK;
 }
+
+/* Return the status of `call`, a launcher that sums columns (bias gradients, LayerNorm's dγ/dβ)
+ * with the workspace `ws` it names: nout sums of cols columns over rows, taken from be->scratch
+ * for the launch (the stream orders its reuse) and released after it. */
+#define LAUNCH_WITH_COLSUM_WS(op, rows, cols, nout, call)                                          \
+    do {                                                                                           \
+        const luna_arena_mark mark_ = luna_arena_get_mark(be->scratch);                            \
+        luna_cuda_colsum_ws ws = {NULL, luna_cuda_colsum_ws_doubles((rows), (cols), (nout))};      \
+        luna_status st_ = scratch_doubles(be, op, ws.n, &ws.p);                                    \
+        if (st_ == LUNA_OK) st_ = luna_cuda_check((call), op);                                     \
+        luna_arena_release(be->scratch, mark_);                                                    \
+        return st_;                                                                                \
+    } while (0)
 
 #define CHECK_N(what, cond)                                                                        \
     do {                                                                                           \

@@ -160,7 +160,7 @@ __global__ void bias_add_kernel(T *y, const float *b, int64_t rows, int cols) {
     GRID_STRIDE(i, rows * cols) store(y, i, __fadd_rn(load(y, i), b[i % cols]));
 }
 
-/* bias_add_backward: column_sum_kernel of column_sum.cuh. */
+/* bias_add_backward: column_sum of column_sum.cuh. */
 #include "model/kernels/cuda/column_sum.cuh"
 
 typedef __nv_bfloat16 bf16_t;
@@ -351,16 +351,10 @@ cudaError_t luna_cuda_bias_add_forward(cudaStream_t s, int bf16, void *y, const 
 }
 
 cudaError_t luna_cuda_bias_add_backward(cudaStream_t s, int bf16, float *db, const void *dy,
-                                        int64_t rows, int cols) {
+                                        int64_t rows, int cols, luna_cuda_colsum_ws ws) {
     if (rows <= 0 || cols <= 0) return cudaSuccess;
-    const unsigned blocks = colsum_blocks(cols);
-    if (bf16)
-        LUNA_LAUNCH(column_sum_kernel<bf16_t>, blocks, kColsumThreads, 0, s, db, CA(bf16_t, dy),
-                    rows, cols);
-    else
-        LUNA_LAUNCH(column_sum_kernel<float>, blocks, kColsumThreads, 0, s, db, CA(float, dy), rows,
-                    cols);
-    return cudaGetLastError();
+    return bf16 ? column_sum<bf16_t>(s, db, CA(bf16_t, dy), rows, cols, ws)
+                : column_sum<float>(s, db, CA(float, dy), rows, cols, ws);
 }
 
 cudaError_t luna_cuda_scale_matrix(cudaStream_t s, int bf16, void *c, int M, int N, int ldc,

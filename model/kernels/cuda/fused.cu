@@ -50,6 +50,19 @@ __device__ inline void drop_factors4(luna_rng_key key, uint64_t k, float p, floa
     f[3] = luna_rng_word_uniform(w[3]) >= p ? scale : 0.0f;
 }
 
+/* The factors of elements i .. i + 3: one Philox block when i is a multiple of 4 (the rows of the
+ * model's widths), else drop_factor each; all 1 when p = 0. */
+__device__ inline void drop4(luna_rng_key key, int64_t i, float p, float scale, float f[4]) {
+    if (!(p > 0.0f)) {
+        f[0] = f[1] = f[2] = f[3] = 1.0f;
+    } else if (i % 4 == 0) {
+        drop_factors4(key, (uint64_t)(i / 4), p, scale, f);
+    } else {
+        for (int e = 0; e < 4; e++)
+            f[e] = drop_factor(key, i + e, p, scale);
+    }
+}
+
 /* Σ over the block of one double per thread in a fixed order (layer_norm.cu's, softmax.cu's). */
 __device__ inline double block_sum(double v, double *partial) {
     for (int m = 16; m > 0; m /= 2)
@@ -116,9 +129,42 @@ inline unsigned row_blocks(int64_t rows, bool warp) {
 /* ---- residual_norm ----------------------------------------------------------------------------
  */
 
+/* The row loops of the residual_norm and softmax_dropout kernels give each thread runs of RUN
+ * consecutive elements (c4 = RUN·tid, RUN·tid + RUN·G, ...; c = c4 + e, e < RUN), the same runs
+ * in every loop of a kernel, so a thread re-reads only the elements it wrote itself. RUN = 4 for
+ * rows of at least 4·G elements: one Philox block draws a run's four dropout factors (drop4)
+ * where a factor per element cost a block each — on an H200 residual_norm_forward (d = 512, 8k
+ * rows) went from 43 to 26 µs a call. RUN = 1 (an element a thread, a block per factor) for
+ * shorter rows: with runs of 4, Luna's 32-wide attention rows left 24 of a warp's lanes idle and
+ * softmax_dropout_forward went from 31 to 43 µs a call (ncu, 2026-11-26). */
+#define ROW_RUNS(c4, n) for (int c4 = RUN * tid; c4 < (n); c4 += RUN * G)
+#define RUN_ELEMENTS(c, c4, n)                                                                     \
+    LUNA_UNROLL for (int e_ = 0, c = c4; e_ < RUN; e_++, c++) if (c < (n))
+
+template <int RUN>
+__device__ inline void drop_run(luna_rng_key key, int64_t i, float p, float scale, float f[4]) {
+    if (RUN == 4)
+        drop4(key, i, p, scale, f);
+    else
+        f[0] = drop_factor(key, i, p, scale);
+}
+
+/* Launch kernel<T, G, RUN> for rows of `cols`: a block per row past kWarpRowMax, else a warp per
+ * row; RUN = 4 when a thread gets at least 4 elements. */
+#define ROW_LAUNCH(kernel, T, cols, rows, s, ...)                                                  \
+    do {                                                                                           \
+        if ((cols) > kWarpRowMax)                                                                  \
+            LUNA_LAUNCH((kernel<T, kThreads, 4>), row_blocks(rows, false), kThreads, 0, s,         \
+                        __VA_ARGS__);                                                              \
+        else if ((cols) >= 4 * 32)                                                                 \
+            LUNA_LAUNCH((kernel<T, 32, 4>), row_blocks(rows, true), kThreads, 0, s, __VA_ARGS__);  \
+        else                                                                                       \
+            LUNA_LAUNCH((kernel<T, 32, 1>), row_blocks(rows, true), kThreads, 0, s, __VA_ARGS__);  \
+    } while (0)
+
 /* r = res + dropout(sub + bias), stored; then LayerNorm of the stored row (ln_fwd_kernel). Each
  * thread re-reads only the r elements it wrote itself. */
-template <typename T, int G>
+template <typename T, int G, int RUN>
 __global__ void resnorm_fwd_kernel(T *y, T *r, float *mean, float *rstd, const T *sub,
                                    const float *bias, const T *res, const float *gamma,
                                    const float *beta, int64_t rows, int d, float eps, float p,
@@ -130,33 +176,37 @@ __global__ void resnorm_fwd_kernel(T *y, T *r, float *mean, float *rstd, const T
     T *rr = r + off, *yr = y + off;
     const T *sr = sub + off, *rs_ = res + off;
     double s = 0.0;
-    for (int c = tid; c < d; c += G) {
-        float t = load(sr, c);
-        if (bias) t = __fadd_rn(t, bias[c]);
-        if (p > 0.0f) t = __fmul_rn(t, drop_factor(key, off + c, p, scale));
-        store(rr, c, __fadd_rn(t, load(rs_, c)));
-        s += (double)load(rr, c);
+    ROW_RUNS(c4, d) {
+        float f[4];
+        drop_run<RUN>(key, off + c4, p, scale, f);
+        RUN_ELEMENTS(c, c4, d) {
+            float t = load(sr, c);
+            if (bias) t = __fadd_rn(t, bias[c]);
+            if (p > 0.0f) t = __fmul_rn(t, f[c - c4]);
+            store(rr, c, __fadd_rn(t, load(rs_, c)));
+            s += (double)load(rr, c);
+        }
     }
     const double m = group_sum<G>(s, partial) / d;
     double v = 0.0;
-    for (int c = tid; c < d; c += G) {
+    ROW_RUNS(c4, d) RUN_ELEMENTS(c, c4, d) {
         const double t = (double)load(rr, c) - m;
         v = __dadd_rn(v, __dmul_rn(t, t));
     }
     v = group_sum<G>(v, partial) / d;
     const float mf = (float)m, rf = (float)(1.0 / sqrt(v + (double)eps));
     if (tid == 0) mean[row] = mf, rstd[row] = rf;
-    for (int c = tid; c < d; c += G) {
+    ROW_RUNS(c4, d) RUN_ELEMENTS(c, c4, d) {
         const float xh = __fmul_rn(__fsub_rn(load(rr, c), mf), rf);
         store(yr, c, __fadd_rn(__fmul_rn(xh, gamma[c]), beta[c]));
     }
 }
 
-/* dγ, dβ and dbias: ln_params_sum_kernel and column_sum_kernel (column_sum.cuh). */
+/* dγ, dβ and dbias: ln_params_sum and column_sum (column_sum.cuh). */
 #include "model/kernels/cuda/column_sum.cuh"
 
 /* dres row (ln_bwd_dx_kernel), then dsub = dropout_backward(dres as stored). */
-template <typename T, int G>
+template <typename T, int G, int RUN>
 __global__ void resnorm_bwd_kernel(T *dres, T *dsub, const T *dy, const T *x, const float *mean,
                                    const float *rstd, const float *gamma, int64_t rows, int d,
                                    float p, float scale, luna_rng_key key) {
@@ -168,7 +218,7 @@ __global__ void resnorm_bwd_kernel(T *dres, T *dsub, const T *dy, const T *x, co
     T *dxr = dres + off, *dsr = dsub + off;
     const float m = mean[row], rs = rstd[row];
     double s1 = 0.0, s2 = 0.0;
-    for (int c = tid; c < d; c += G) {
+    ROW_RUNS(c4, d) RUN_ELEMENTS(c, c4, d) {
         const float gc = __fmul_rn(load(dyr, c), gamma[c]);
         const float xhat = __fmul_rn(__fsub_rn(load(xr, c), m), rs);
         s1 += (double)gc;
@@ -176,12 +226,16 @@ __global__ void resnorm_bwd_kernel(T *dres, T *dsub, const T *dy, const T *x, co
     }
     const float m1 = (float)(group_sum<G>(s1, partial) / d),
                 m2 = (float)(group_sum<G>(s2, partial) / d);
-    for (int c = tid; c < d; c += G) {
-        const float gc = __fmul_rn(load(dyr, c), gamma[c]);
-        const float xhat = __fmul_rn(__fsub_rn(load(xr, c), m), rs);
-        store(dxr, c, __fmul_rn(rs, __fsub_rn(__fsub_rn(gc, m1), __fmul_rn(xhat, m2))));
-        const float g = load(dxr, c);
-        store(dsr, c, p > 0.0f ? __fmul_rn(g, drop_factor(key, off + c, p, scale)) : g);
+    ROW_RUNS(c4, d) {
+        float f[4];
+        drop_run<RUN>(key, off + c4, p, scale, f);
+        RUN_ELEMENTS(c, c4, d) {
+            const float gc = __fmul_rn(load(dyr, c), gamma[c]);
+            const float xhat = __fmul_rn(__fsub_rn(load(xr, c), m), rs);
+            store(dxr, c, __fmul_rn(rs, __fsub_rn(__fsub_rn(gc, m1), __fmul_rn(xhat, m2))));
+            const float g = load(dxr, c);
+            store(dsr, c, p > 0.0f ? __fmul_rn(g, f[c - c4]) : g);
+        }
     }
 }
 
@@ -227,7 +281,7 @@ __global__ void brd_bwd_kernel(T *dh, const T *da, const T *h, int64_t n, float 
  */
 
 /* softmax_fwd_kernel, and yd = dropout(y as stored) in the same loop (yd NULL: none). */
-template <typename T, int G>
+template <typename T, int G, int RUN>
 __global__ void smd_fwd_kernel(T *y, T *yd, const T *x, int64_t rows, int cols,
                                const int32_t *valid_cols, int64_t rows_per_group, int causal_period,
                                float p, float scale, luna_rng_key key) {
@@ -242,23 +296,25 @@ __global__ void smd_fwd_kernel(T *y, T *yd, const T *x, int64_t rows, int cols,
     if (causal_period > 0 && r % causal_period + 1 < v) v = r % causal_period + 1;
     int valid = v < 0 ? 0 : (v > cols ? cols : (int)v);
     float mx = -INFINITY;
-    for (int c = tid; c < valid; c += G)
-        mx = fmaxf(mx, load(xr, c));
+    ROW_RUNS(c4, valid) RUN_ELEMENTS(c, c4, valid) mx = fmaxf(mx, load(xr, c));
     mx = group_max<G>(mx, fpart);
     if (mx == -INFINITY) valid = 0;
     double sum = 0.0;
-    for (int c = tid; c < valid; c += G)
-        sum += (double)expf(__fsub_rn(load(xr, c), mx));
+    ROW_RUNS(c4, valid) RUN_ELEMENTS(c, c4, valid) sum += (double)expf(__fsub_rn(load(xr, c), mx));
     sum = group_sum<G>(sum, dpart);
     const float inv = (float)(1.0 / sum);
-    for (int c = tid; c < cols; c += G) {
-        store(yr, c, c < valid ? __fmul_rn(expf(__fsub_rn(load(xr, c), mx)), inv) : 0.0f);
-        if (yd) store(yd + off, c, __fmul_rn(load(yr, c), drop_factor(key, off + c, p, scale)));
+    ROW_RUNS(c4, cols) {
+        float f[4];
+        drop_run<RUN>(key, off + c4, yd ? p : 0.0f, scale, f);
+        RUN_ELEMENTS(c, c4, cols) {
+            store(yr, c, c < valid ? __fmul_rn(expf(__fsub_rn(load(xr, c), mx)), inv) : 0.0f);
+            if (yd) store(yd + off, c, __fmul_rn(load(yr, c), f[c - c4]));
+        }
     }
 }
 
 /* g = dropout_backward(dyd), dx = y·(g − Σ y·g) (softmax_bwd_kernel on g); dx may alias dyd. */
-template <typename T, int G>
+template <typename T, int G, int RUN>
 __global__ void smd_bwd_kernel(T *dx, const T *dyd, const T *y, int64_t rows, int cols, float p,
                                float scale, luna_rng_key key) {
     LUNA_SHARED(double, dpart, kWarps);
@@ -268,14 +324,22 @@ __global__ void smd_bwd_kernel(T *dx, const T *dyd, const T *y, int64_t rows, in
     const T *dyr = dyd + off, *yr = y + off;
     T *dxr = dx + off;
     double dot = 0.0;
-    for (int c = tid; c < cols; c += G) {
-        const float g = __fmul_rn(load(dyr, c), drop_factor(key, off + c, p, scale));
-        dot += (double)__fmul_rn(load(yr, c), g);
+    ROW_RUNS(c4, cols) {
+        float f[4];
+        drop_run<RUN>(key, off + c4, p, scale, f);
+        RUN_ELEMENTS(c, c4, cols) {
+            const float g = __fmul_rn(load(dyr, c), f[c - c4]);
+            dot += (double)__fmul_rn(load(yr, c), g);
+        }
     }
     const float s = (float)group_sum<G>(dot, dpart);
-    for (int c = tid; c < cols; c += G) {
-        const float g = __fmul_rn(load(dyr, c), drop_factor(key, off + c, p, scale));
-        store(dxr, c, __fmul_rn(load(yr, c), __fsub_rn(g, s)));
+    ROW_RUNS(c4, cols) {
+        float f[4];
+        drop_run<RUN>(key, off + c4, p, scale, f);
+        RUN_ELEMENTS(c, c4, cols) {
+            const float g = __fmul_rn(load(dyr, c), f[c - c4]);
+            store(dxr, c, __fmul_rn(load(yr, c), __fsub_rn(g, s)));
+        }
     }
 }
 
@@ -287,17 +351,9 @@ template <typename T>
 cudaError_t resnorm_fwd(cudaStream_t s, void *y, void *r, float *mean, float *rstd, const void *sub,
                         const float *bias, const void *res, const float *gamma, const float *beta,
                         int64_t rows, int d, float eps, float p, luna_rng_key key) {
-    const bool warp = d <= kWarpRowMax;
-    if (warp)
-        LUNA_LAUNCH((resnorm_fwd_kernel<T, 32>), row_blocks(rows, warp), kThreads, 0, s,
-                    static_cast<T *>(y), static_cast<T *>(r), mean, rstd,
-                    static_cast<const T *>(sub), bias, static_cast<const T *>(res), gamma, beta,
-                    rows, d, eps, p, drop_scale(p), key);
-    else
-        LUNA_LAUNCH((resnorm_fwd_kernel<T, kThreads>), row_blocks(rows, warp), kThreads, 0, s,
-                    static_cast<T *>(y), static_cast<T *>(r), mean, rstd,
-                    static_cast<const T *>(sub), bias, static_cast<const T *>(res), gamma, beta,
-                    rows, d, eps, p, drop_scale(p), key);
+    ROW_LAUNCH(resnorm_fwd_kernel, T, d, rows, s, static_cast<T *>(y), static_cast<T *>(r), mean,
+               rstd, static_cast<const T *>(sub), bias, static_cast<const T *>(res), gamma, beta,
+               rows, d, eps, p, drop_scale(p), key);
     return cudaGetLastError();
 }
 
@@ -305,24 +361,15 @@ template <typename T>
 cudaError_t resnorm_bwd(cudaStream_t s, void *dres, void *dsub, float *dbias, float *dgamma,
                         float *dbeta, const void *dy, const void *r, const float *mean,
                         const float *rstd, const float *gamma, int64_t rows, int d, float p,
-                        luna_rng_key key) {
-    const unsigned col_blocks = colsum_blocks(d);
+                        luna_rng_key key, luna_cuda_colsum_ws ws) {
     const T *dyt = static_cast<const T *>(dy), *rt = static_cast<const T *>(r);
-    if (dgamma || dbeta)
-        LUNA_LAUNCH(ln_params_sum_kernel<T>, col_blocks, kColsumThreads, 0, s, dgamma, dbeta, dyt,
-                    rt, mean, rstd, rows, d);
-    const bool warp = d <= kWarpRowMax;
-    if (warp)
-        LUNA_LAUNCH((resnorm_bwd_kernel<T, 32>), row_blocks(rows, warp), kThreads, 0, s,
-                    static_cast<T *>(dres), static_cast<T *>(dsub), dyt, rt, mean, rstd, gamma,
-                    rows, d, p, drop_scale(p), key);
-    else
-        LUNA_LAUNCH((resnorm_bwd_kernel<T, kThreads>), row_blocks(rows, warp), kThreads, 0, s,
-                    static_cast<T *>(dres), static_cast<T *>(dsub), dyt, rt, mean, rstd, gamma,
-                    rows, d, p, drop_scale(p), key);
-    if (dbias)
-        LUNA_LAUNCH(column_sum_kernel<T>, col_blocks, kColsumThreads, 0, s, dbias,
-                    static_cast<const T *>(dsub), rows, d);
+    if (dgamma || dbeta) { /* before the rows: dres may alias dy */
+        const cudaError_t e = ln_params_sum<T>(s, dgamma, dbeta, dyt, rt, mean, rstd, rows, d, ws);
+        if (e != cudaSuccess) return e;
+    }
+    ROW_LAUNCH(resnorm_bwd_kernel, T, d, rows, s, static_cast<T *>(dres), static_cast<T *>(dsub),
+               dyt, rt, mean, rstd, gamma, rows, d, p, drop_scale(p), key);
+    if (dbias) return column_sum<T>(s, dbias, static_cast<const T *>(dsub), rows, d, ws);
     return cudaGetLastError();
 }
 
@@ -336,13 +383,11 @@ cudaError_t brd_fwd(cudaStream_t s, void *a, void *h, const float *bias, int64_t
 
 template <typename T>
 cudaError_t brd_bwd(cudaStream_t s, void *dh, float *dbias, const void *da, const void *h,
-                    int64_t rows, int cols, float p, luna_rng_key key) {
+                    int64_t rows, int cols, float p, luna_rng_key key, luna_cuda_colsum_ws ws) {
     LUNA_LAUNCH(brd_bwd_kernel<T>, blocks_for((rows * cols + 3) / 4), kEltThreads, 0, s,
                 static_cast<T *>(dh), static_cast<const T *>(da), static_cast<const T *>(h),
                 rows * cols, p, drop_scale(p), key);
-    if (dbias)
-        LUNA_LAUNCH(column_sum_kernel<T>, colsum_blocks(cols), kColsumThreads, 0, s, dbias,
-                    static_cast<const T *>(dh), rows, cols);
+    if (dbias) return column_sum<T>(s, dbias, static_cast<const T *>(dh), rows, cols, ws);
     return cudaGetLastError();
 }
 
@@ -350,30 +395,17 @@ template <typename T>
 cudaError_t smd_fwd(cudaStream_t s, void *y, void *yd, const void *x, int64_t rows, int cols,
                     const int32_t *valid_cols, int64_t rows_per_group, int causal_period, float p,
                     luna_rng_key key) {
-    const bool warp = cols <= kWarpRowMax;
-    if (warp)
-        LUNA_LAUNCH((smd_fwd_kernel<T, 32>), row_blocks(rows, warp), kThreads, 0, s,
-                    static_cast<T *>(y), static_cast<T *>(yd), static_cast<const T *>(x), rows,
-                    cols, valid_cols, rows_per_group, causal_period, p, drop_scale(p), key);
-    else
-        LUNA_LAUNCH((smd_fwd_kernel<T, kThreads>), row_blocks(rows, warp), kThreads, 0, s,
-                    static_cast<T *>(y), static_cast<T *>(yd), static_cast<const T *>(x), rows,
-                    cols, valid_cols, rows_per_group, causal_period, p, drop_scale(p), key);
+    ROW_LAUNCH(smd_fwd_kernel, T, cols, rows, s, static_cast<T *>(y), static_cast<T *>(yd),
+               static_cast<const T *>(x), rows, cols, valid_cols, rows_per_group, causal_period, p,
+               drop_scale(p), key);
     return cudaGetLastError();
 }
 
 template <typename T>
 cudaError_t smd_bwd(cudaStream_t s, void *dx, const void *dyd, const void *y, int64_t rows,
                     int cols, float p, luna_rng_key key) {
-    const bool warp = cols <= kWarpRowMax;
-    if (warp)
-        LUNA_LAUNCH((smd_bwd_kernel<T, 32>), row_blocks(rows, warp), kThreads, 0, s,
-                    static_cast<T *>(dx), static_cast<const T *>(dyd), static_cast<const T *>(y),
-                    rows, cols, p, drop_scale(p), key);
-    else
-        LUNA_LAUNCH((smd_bwd_kernel<T, kThreads>), row_blocks(rows, warp), kThreads, 0, s,
-                    static_cast<T *>(dx), static_cast<const T *>(dyd), static_cast<const T *>(y),
-                    rows, cols, p, drop_scale(p), key);
+    ROW_LAUNCH(smd_bwd_kernel, T, cols, rows, s, static_cast<T *>(dx), static_cast<const T *>(dyd),
+               static_cast<const T *>(y), rows, cols, p, drop_scale(p), key);
     return cudaGetLastError();
 }
 
@@ -397,12 +429,13 @@ cudaError_t luna_cuda_residual_norm_backward(cudaStream_t s, int bf16, void *dre
                                              float *dbias, float *dgamma, float *dbeta,
                                              const void *dy, const void *r, const float *mean,
                                              const float *rstd, const float *gamma, int64_t rows,
-                                             int d, float p, luna_rng_key key) {
+                                             int d, float p, luna_rng_key key,
+                                             luna_cuda_colsum_ws ws) {
     if (rows <= 0 || d <= 0) return cudaSuccess;
     return bf16 ? resnorm_bwd<bf16_t>(s, dres, dsub, dbias, dgamma, dbeta, dy, r, mean, rstd, gamma,
-                                      rows, d, p, key)
+                                      rows, d, p, key, ws)
                 : resnorm_bwd<float>(s, dres, dsub, dbias, dgamma, dbeta, dy, r, mean, rstd, gamma,
-                                     rows, d, p, key);
+                                     rows, d, p, key, ws);
 }
 
 cudaError_t luna_cuda_bias_relu_dropout_forward(cudaStream_t s, int bf16, void *a, void *h,
@@ -415,10 +448,11 @@ cudaError_t luna_cuda_bias_relu_dropout_forward(cudaStream_t s, int bf16, void *
 
 cudaError_t luna_cuda_bias_relu_dropout_backward(cudaStream_t s, int bf16, void *dh, float *dbias,
                                                  const void *da, const void *h, int64_t rows,
-                                                 int cols, float p, luna_rng_key key) {
+                                                 int cols, float p, luna_rng_key key,
+                                                 luna_cuda_colsum_ws ws) {
     if (rows <= 0 || cols <= 0) return cudaSuccess;
-    return bf16 ? brd_bwd<bf16_t>(s, dh, dbias, da, h, rows, cols, p, key)
-                : brd_bwd<float>(s, dh, dbias, da, h, rows, cols, p, key);
+    return bf16 ? brd_bwd<bf16_t>(s, dh, dbias, da, h, rows, cols, p, key, ws)
+                : brd_bwd<float>(s, dh, dbias, da, h, rows, cols, p, key, ws);
 }
 
 cudaError_t luna_cuda_softmax_dropout_forward(cudaStream_t s, int bf16, void *y, void *yd,

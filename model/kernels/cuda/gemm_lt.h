@@ -20,12 +20,26 @@
 extern "C" {
 #endif
 
+typedef struct luna_gemm_plans luna_gemm_plans;
+
 typedef struct {
     cublasLtHandle_t lt;
     void *workspace; /* device memory for cuBLASLt's split-K and friends */
     size_t workspace_bytes;
-    bool tf32; /* fp32 storage may use TF32 tensor cores */
+    bool tf32;              /* fp32 storage may use TF32 tensor cores */
+    luna_gemm_plans *plans; /* NULL, or the plans made so far (luna_gemm_plans_create) */
 } luna_cuda_blas;
+
+/* The plans of the GEMMs called so far: cuBLASLt's descriptors, layouts and the heuristic's
+ * algorithm, by everything that decides them (types, transposes, sizes, strides, batch, bias
+ * epilogue, alignments). Making them took the host longer than many of the GEMMs it launched
+ * (a training update makes ~500 GEMM calls of ~50 shapes; beam search many more of a few). A
+ * plan is made once and reused; the same choice as without the cache, so the results do not
+ * change. Bounded: past its capacity a GEMM makes its plan for the call, as without it. */
+luna_status luna_gemm_plans_create(luna_gemm_plans **out);
+void luna_gemm_plans_free(luna_gemm_plans *p);
+/* Plans made, and GEMM calls that found their plan made (for tests and benchmarks). */
+void luna_gemm_plans_counts(const luna_gemm_plans *p, int64_t *made, int64_t *reused);
 
 /* LUNA_OK, or "cuBLASLt: <what> failed: <status name>". */
 luna_status luna_cublas_check(cublasStatus_t st, const char *what);

@@ -103,21 +103,21 @@ cudaError_t luna_cuda_layer_norm_forward(cudaStream_t s, int bf16, void *y, floa
 cudaError_t luna_cuda_layer_norm_backward(cudaStream_t s, int bf16, void *dx, float *dgamma,
                                           float *dbeta, const void *dy, const void *x,
                                           const float *mean, const float *rstd, const float *gamma,
-                                          int64_t rows, int d) {
+                                          int64_t rows, int d, luna_cuda_colsum_ws ws) {
     if (rows <= 0 || d <= 0) return cudaSuccess;
-    const unsigned col_blocks = colsum_blocks(d);
+    cudaError_t e = cudaSuccess;
     if (bf16) {
         const bf16_t *dyb = static_cast<const bf16_t *>(dy), *xb = static_cast<const bf16_t *>(x);
-        if (dgamma || dbeta)
-            LUNA_LAUNCH(ln_params_sum_kernel<bf16_t>, col_blocks, kColsumThreads, 0, s, dgamma,
-                        dbeta, dyb, xb, mean, rstd, rows, d);
+        if (dgamma || dbeta) /* before dx: dx may alias dy */
+            e = ln_params_sum<bf16_t>(s, dgamma, dbeta, dyb, xb, mean, rstd, rows, d, ws);
+        if (e != cudaSuccess) return e;
         LUNA_LAUNCH(ln_bwd_dx_kernel<bf16_t>, (unsigned)rows, kThreads, 0, s,
                     static_cast<bf16_t *>(dx), dyb, xb, mean, rstd, gamma, d);
     } else {
         const float *dyf = static_cast<const float *>(dy), *xf = static_cast<const float *>(x);
         if (dgamma || dbeta)
-            LUNA_LAUNCH(ln_params_sum_kernel<float>, col_blocks, kColsumThreads, 0, s, dgamma,
-                        dbeta, dyf, xf, mean, rstd, rows, d);
+            e = ln_params_sum<float>(s, dgamma, dbeta, dyf, xf, mean, rstd, rows, d, ws);
+        if (e != cudaSuccess) return e;
         LUNA_LAUNCH(ln_bwd_dx_kernel<float>, (unsigned)rows, kThreads, 0, s,
                     static_cast<float *>(dx), dyf, xf, mean, rstd, gamma, d);
     }
