@@ -127,10 +127,14 @@ static luna_status run_batch(luna_incremental *inc, const luna_beam_options *o, 
         z->tok[(size_t)r * cap] = z->eos;
         z->ignore[r] = false;
     }
+    /* beam search: step 0 decodes one row per sentence (luna_incremental_begin_one_row; its beams
+     * are identical there), the first reorder expands it; sampling draws on every row */
+    const bool one_row = !o->sampling;
     for (int step = 0;; step++) {
-        const int R = S * beam;
-        for (int r = 0; r < R; r++)
-            z->row_tok[r] = z->tok[(size_t)r * cap + step];
+        const int rpb = step == 0 && one_row ? 1 : beam; /* the decoder's rows per sentence */
+        const int R = S * rpb;
+        for (int r = 0; r < R; r++) /* decoder row r is the search's row r / rpb · beam + r % rpb */
+            z->row_tok[r] = z->tok[(size_t)(r / rpb * beam + r % rpb) * cap + step];
         /* the bias: </s> banned before min_len (a sentence at max_len reads its </s> unbiased) */
         if (step == 0 || step == o->min_len) {
             z->bias[z->eos] = step < o->min_len ? -INFINITY : 0.0f;
@@ -142,7 +146,8 @@ static luna_status run_batch(luna_incremental *inc, const luna_beam_options *o, 
         /* n-gram bans: ask for kb + (most bans of a row) candidates, drop the banned below */
         int most_bans = 0;
         for (int r = 0; ngram > 0 && r < R; r++) {
-            z->nban[r] = luna_ngram_bans(z->tok + (size_t)r * cap, step + 1, ngram,
+            z->nban[r] = luna_ngram_bans(z->tok + (size_t)(r / rpb * beam + r % rpb) * cap, step + 1,
+                                         ngram,
                                          z->ban + (size_t)r * cap);
             most_bans = z->nban[r] > most_bans ? z->nban[r] : most_bans;
         }
@@ -173,8 +178,8 @@ static luna_status run_batch(luna_incremental *inc, const luna_beam_options *o, 
             int n = 0;
             /* sampling: candidate k is row k's draw (every row draws, at step 0 too) */
             for (int k = 0; k < (step == 0 && !o->sampling ? 1 : beam); k++) {
-                const int r = s * beam + k;
-                const double base = step ? z->sc[(size_t)r * cap + step - 1] : 0.0;
+                const int r = s * rpb + k; /* the decoder's row; the search's is s·beam + k */
+                const double base = step ? z->sc[(size_t)(s * beam + k) * cap + step - 1] : 0.0;
                 if (forced) {
                     const float lp = isnan(z->picked[r]) ? -INFINITY : z->picked[r];
                     const cand c = {base + lp, k, z->eos};
@@ -231,7 +236,7 @@ static luna_status run_batch(luna_incremental *inc, const luna_beam_options *o, 
                     memcpy(z->sc2 + (size_t)nr * cap, z->sc + (size_t)parent * cap,
                            sizeof(double) * (size_t)step);
                     z->sc2[(size_t)nr * cap + step] = top[j].score;
-                    z->row_tok[nr] = parent; /* the reorder index */
+                    z->row_tok[nr] = parent / beam * rpb + parent % beam; /* the reorder index */
                 }
         }
         LUNA_TRY(luna_incremental_reorder(inc, z->row_tok, remaining * beam));
@@ -346,7 +351,10 @@ static luna_status search_batch(luna_incremental *inc, const luna_beam_options *
     }
     if (st == LUNA_OK) st = luna_incremental_set_temperature(inc, o->temperature);
     if (st == LUNA_OK)
-        st = luna_incremental_begin(inc, padded, padded + (size_t)S * m, S, m, o->beam, max_steps);
+        st = o->sampling ? luna_incremental_begin(inc, padded, padded + (size_t)S * m, S, m, o->beam,
+                                                  max_steps)
+                         : luna_incremental_begin_one_row(inc, padded, padded + (size_t)S * m, S, m,
+                                                          o->beam, max_steps);
     if (st == LUNA_OK) st = run_batch(inc, o, &z, out);
     for (int s = 0; s < S && st == LUNA_OK; s++)
         sort_nbest(&out[s], o->nbest);

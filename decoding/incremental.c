@@ -13,6 +13,8 @@ struct luna_incremental {
     int layers, d, H, V;
     bool luna;
     int beam, S, R, L, m, max_steps, step;
+    int rpb;               /* rows per sentence now: beam, or 1 before the first reorder of a
+                              begin_one_row */
     int cap_rows;          /* rows allocated at begin */
     bool masked;           /* per-sentence valid counts apply (P mask, or source padding) */
     int32_t *sent_host;    /* [S at begin] P mask (Luna) or source length (transformer) */
@@ -89,8 +91,9 @@ size_t luna_incremental_scratch_peak(const luna_incremental *inc) {
 
 static luna_decoder_dims dims_of(const luna_incremental *inc) {
     return (luna_decoder_dims){.S = inc->S,
-                               .beam = inc->beam,
+                               .beam = inc->rpb,
                                .R = inc->R,
+                               .R_cap = inc->cap_rows,
                                .m = inc->m,
                                .L = inc->L,
                                .max_steps = inc->max_steps,
@@ -108,7 +111,7 @@ static luna_status upload_masks(luna_incremental *inc) {
     int32_t *rows = malloc(sizeof(int32_t) * (size_t)inc->R);
     if (!rows) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "incremental decoding: out of memory");
     for (int r = 0; r < inc->R; r++)
-        rows[r] = inc->sent_host[r / inc->beam];
+        rows[r] = inc->sent_host[r / inc->rpb];
     luna_status st =
         luna_mem_from_host(inc->be, inc->row_valid, rows, sizeof(int32_t) * (size_t)inc->R);
     free(rows);
@@ -139,7 +142,7 @@ static luna_status check_source(const luna_config *c, const int32_t *src, const 
 static luna_status begin(luna_incremental *inc, const int32_t *src, const int32_t *lens) {
     const luna_config *c = &inc->model->config;
     luna_backend *be = inc->be;
-    const int S = inc->S, R = inc->R, m = inc->m;
+    const int S = inc->S, m = inc->m;
     luna_pass ps = {.be = be, .arena = inc->scratch}, pst = {.be = be, .arena = inc->state};
     int longest = 0;
     for (int b = 0; b < S; b++)
@@ -153,7 +156,7 @@ static luna_status begin(luna_incremental *inc, const int32_t *src, const int32_
     inc->row_valid = inc->sent_valid = NULL;
     if (inc->masked) LUNA_TRY(luna_pass_alloc_i32(&pst, &inc->sent_valid, S, "decoder masks"));
     if (inc->masked && inc->luna)
-        LUNA_TRY(luna_pass_alloc_i32(&pst, &inc->row_valid, R, "decoder masks"));
+        LUNA_TRY(luna_pass_alloc_i32(&pst, &inc->row_valid, inc->cap_rows, "decoder masks"));
     LUNA_TRY(upload_masks(inc));
     /* the encoder's masks: source lengths, and the P mask when dynamic */
     int32_t *tok, *src_valid, *p_valid = NULL;
@@ -167,9 +170,9 @@ static luna_status begin(luna_incremental *inc, const int32_t *src, const int32_
                               inc->ls);
 }
 
-luna_status luna_incremental_begin(luna_incremental *inc, const int32_t *src_tokens,
-                                   const int32_t *src_lengths, int S, int m, int beam,
-                                   int max_steps) {
+static luna_status begin_rows(luna_incremental *inc, const int32_t *src_tokens,
+                              const int32_t *src_lengths, int S, int m, int beam, int max_steps,
+                              int rows_per_sentence) {
     if (S <= 0 || m <= 0 || beam <= 0 || max_steps <= 0)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT,
                           "incremental decoding: bad sizes (sentences %d, source length %d, beam "
@@ -182,7 +185,9 @@ luna_status luna_incremental_begin(luna_incremental *inc, const int32_t *src_tok
     if (!sh) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "incremental decoding: out of memory");
     inc->sent_host = sh;
     inc->S = S;
-    inc->R = inc->cap_rows = S * beam;
+    inc->cap_rows = S * beam;
+    inc->R = S * rows_per_sentence;
+    inc->rpb = rows_per_sentence;
     inc->beam = beam;
     inc->m = m;
     inc->max_steps = max_steps;
@@ -195,6 +200,18 @@ luna_status luna_incremental_begin(luna_incremental *inc, const int32_t *src_tok
         luna_error_prefix("incremental decoding: begin");
     }
     return st;
+}
+
+luna_status luna_incremental_begin(luna_incremental *inc, const int32_t *src_tokens,
+                                   const int32_t *src_lengths, int S, int m, int beam,
+                                   int max_steps) {
+    return begin_rows(inc, src_tokens, src_lengths, S, m, beam, max_steps, beam);
+}
+
+luna_status luna_incremental_begin_one_row(luna_incremental *inc, const int32_t *src_tokens,
+                                           const int32_t *src_lengths, int S, int m, int beam,
+                                           int max_steps) {
+    return begin_rows(inc, src_tokens, src_lengths, S, m, beam, max_steps, 1);
 }
 
 /* ---- one step -------------------------------------------------------------------------------- */
@@ -312,14 +329,16 @@ static luna_status upload_index(luna_incremental *inc, int32_t **dev, const int3
 /* The state's gathers: rows by `rows` (device [new_R]; head-expanded `rows_h` [new_R·H] for the
  * transformer caches), sentences by `sent` (device [S], NULL when the sentences are unchanged). */
 static luna_status reorder_state(luna_incremental *inc, const int32_t *rows, const int32_t *rows_h,
-                                 const int32_t *sent, int new_rows, int S) {
+                                 const int32_t *sent, int new_rows, int S, bool expand) {
     const int64_t d = inc->d, dh = d / inc->H;
     for (int i = 0; i < inc->layers; i++) {
         luna_decoder_layer_state *ls = &inc->ls[i];
         if (inc->luna) {
             const int64_t Ld = (int64_t)inc->L * d;
-            /* P̃ is the same for the beams of a sentence: only a change of sentences moves it */
-            if (sent) LUNA_TRY(gather_in_place(inc, ls->causal.pt, Ld, Ld, rows, new_rows));
+            /* P̃ is the same for the beams of a sentence: only a change of sentences, or the
+             * expansion of one row per sentence to `beam`, moves it */
+            if (sent || expand)
+                LUNA_TRY(gather_in_place(inc, ls->causal.pt, Ld, Ld, rows, new_rows));
             LUNA_TRY(gather_in_place(inc, ls->causal.ksum, Ld, Ld, rows, new_rows));
             LUNA_TRY(gather_in_place(inc, ls->causal.vsum, Ld, Ld, rows, new_rows));
             if (sent) LUNA_TRY(gather_in_place(inc, ls->kp, Ld, Ld, sent, S));
@@ -339,21 +358,22 @@ static luna_status reorder_state(luna_incremental *inc, const int32_t *rows, con
 }
 
 luna_status luna_incremental_reorder(luna_incremental *inc, const int32_t *rows, int new_rows) {
-    const int beam = inc->beam, R = inc->R, H = inc->H;
+    const int beam = inc->beam, R = inc->R, H = inc->H, rpb = inc->rpb; /* rpb: the old grouping */
     if (new_rows < 0 || new_rows % beam || new_rows > inc->cap_rows)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT,
                           "incremental decoding: reorder to %d rows (beam %d, capacity %d)",
                           new_rows, beam, inc->cap_rows);
     const int S = new_rows / beam;
-    bool rows_identity = new_rows == R, sent_identity = S == inc->S;
+    const bool expand = rpb != beam;
+    bool rows_identity = new_rows == R && !expand, sent_identity = S == inc->S;
     for (int i = 0; i < new_rows; i++) {
-        if (rows[i] < 0 || rows[i] >= R || rows[i] / beam != rows[i - i % beam] / beam)
+        if (rows[i] < 0 || rows[i] >= R || rows[i] / rpb != rows[i - i % beam] / rpb)
             return luna_error(LUNA_ERR_INVALID_ARGUMENT,
                               "incremental decoding: reorder: row %d <- %d is out of [0, %d) or "
                               "mixes sentences within a beam group",
                               i, rows[i], R);
         rows_identity = rows_identity && rows[i] == i;
-        sent_identity = sent_identity && rows[i] / beam == i / beam;
+        sent_identity = sent_identity && rows[i] / rpb == i / beam;
     }
     if (rows_identity) return LUNA_OK;
     /* host: the new sentences' old indices, head-expanded rows (transformer) */
@@ -362,7 +382,7 @@ luna_status luna_incremental_reorder(luna_incremental *inc, const int32_t *rows,
     if (!sent) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "incremental decoding: out of memory");
     int32_t *rows_h = sent + S + 1;
     for (int s = 0; s < S; s++)
-        sent[s] = rows[s * beam] / beam;
+        sent[s] = rows[s * beam] / rpb;
     for (size_t g = 0; g < n_h; g++)
         rows_h[g] = rows[g / H] * H + (int32_t)(g % H);
     luna_arena_mark mark = luna_arena_get_mark(inc->scratch);
@@ -370,7 +390,8 @@ luna_status luna_incremental_reorder(luna_incremental *inc, const int32_t *rows,
     luna_status st = upload_index(inc, &rows_dev, rows, new_rows);
     if (st == LUNA_OK && n_h) st = upload_index(inc, &rows_h_dev, rows_h, (int64_t)n_h);
     if (st == LUNA_OK && !sent_identity && S > 0) st = upload_index(inc, &sent_dev, sent, S);
-    if (st == LUNA_OK) st = reorder_state(inc, rows_dev, rows_h_dev, sent_dev, new_rows, S);
+    if (st == LUNA_OK)
+        st = reorder_state(inc, rows_dev, rows_h_dev, sent_dev, new_rows, S, expand);
     luna_arena_release(inc->scratch, mark);
     if (st == LUNA_OK) {
         for (int s = 0; s < S; s++) /* the old values, then the new ones in their place */
@@ -378,6 +399,7 @@ luna_status luna_incremental_reorder(luna_incremental *inc, const int32_t *rows,
         memcpy(inc->sent_host, sent, sizeof(int32_t) * (size_t)S);
         inc->R = new_rows;
         inc->S = S;
+        inc->rpb = beam;
         st = upload_masks(inc);
     }
     free(sent);

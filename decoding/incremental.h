@@ -38,6 +38,14 @@ luna_status luna_incremental_begin(luna_incremental *inc, const int32_t *src_tok
                                    const int32_t *src_lengths, int S, int m, int beam,
                                    int max_steps);
 
+/* As begin, but with one row per sentence (S rows) until the first reorder, which must give each
+ * sentence `beam` rows taken from its row (rows[i] = old row of sentence i / beam). For a beam
+ * search's first step, where the beams of a sentence are identical: the step costs a beam-th
+ * (CTranslate2 does the same), and each row's results are those of begin's row s·beam. */
+luna_status luna_incremental_begin_one_row(luna_incremental *inc, const int32_t *src_tokens,
+                                           const int32_t *src_lengths, int S, int m, int beam,
+                                           int max_steps);
+
 /* What a step hands back to the host (all host arrays, rows = luna_incremental_rows):
  *   top_log_probs / top_tokens [rows, k]: the k most probable next tokens of each row, best
  *     first (ties: lower token id first; NaN counted as −inf), log-probs in nats after the
@@ -68,7 +76,8 @@ luna_status luna_incremental_step(luna_incremental *inc, const int32_t *tokens,
                                   const luna_step_output *out);
 
 /* New row i = old row rows[i] (host, new_rows entries, new_rows a multiple of beam, the beams
- * of each new sentence taken from one old sentence). Also removes rows (finished sentences). */
+ * of each new sentence taken from one old sentence). Also removes rows (finished sentences), and
+ * after luna_incremental_begin_one_row expands each sentence's row to `beam` rows. */
 luna_status luna_incremental_reorder(luna_incremental *inc, const int32_t *rows, int new_rows);
 
 const luna_config *luna_incremental_config(const luna_incremental *inc); /* the model's */

@@ -25,6 +25,7 @@ static luna_status luna_layer_begin(luna_seq2seq *model, const luna_pass *pst, c
     const luna_config *c = &model->config;
     luna_backend *be = ps->be;
     const int S = dims->S, R = dims->R, m = dims->m, L = dims->L;
+    const int R_cap = dims->R_cap > R ? dims->R_cap : R;
     const int d = c->decoder_embed_dim, H = c->decoder_attention_heads;
     const bool tied = !c->untie_luna_kv;
     const int64_t Ld = (int64_t)L * d;
@@ -36,9 +37,9 @@ static luna_status luna_layer_begin(luna_seq2seq *model, const luna_pass *pst, c
                               .tied = tied,
                               .activation = c->causal_activation,
                               .p_valid = dims->row_valid};
-    LUNA_TRY(luna_pass_alloc(pst, &rs->pt, R * Ld, "causal state"));
-    LUNA_TRY(luna_pass_alloc(pst, &rs->ksum, R * Ld, "causal state"));
-    LUNA_TRY(luna_pass_alloc(pst, &rs->vsum, R * Ld, "causal state"));
+    LUNA_TRY(luna_pass_alloc(pst, &rs->pt, R_cap * Ld, "causal state"));
+    LUNA_TRY(luna_pass_alloc(pst, &rs->ksum, R_cap * Ld, "causal state"));
+    LUNA_TRY(luna_pass_alloc(pst, &rs->vsum, R_cap * Ld, "causal state"));
     LUNA_TRY(luna_mem_zero(be, rs->ksum, luna_act_bytes(be, R * Ld)));
     LUNA_TRY(luna_mem_zero(be, rs->vsum, luna_act_bytes(be, R * Ld)));
     luna_arena_mark mark = luna_arena_get_mark(ps->arena);
@@ -80,7 +81,8 @@ static luna_status transformer_layer_begin(luna_seq2seq *model, const luna_pass 
     LUNA_TRY(luna_mha_keys(pst, &lw->encoder_attn, &ka, e, src_valid, dims->S, dims->m, d, H, 0));
     ls->cross_k = ka.k;
     ls->cross_v = ka.v;
-    const int64_t cache = (int64_t)dims->R * dims->max_steps * d;
+    const int64_t cache =
+        (int64_t)(dims->R_cap > dims->R ? dims->R_cap : dims->R) * dims->max_steps * d;
     LUNA_TRY(luna_pass_alloc(pst, &ls->self_k, cache, "key cache"));
     return luna_pass_alloc(pst, &ls->self_v, cache, "value cache");
 }

@@ -37,6 +37,8 @@ typedef struct {
 /* Sizes of a decoding batch. The masks are device int32 arrays owned by the caller. */
 typedef struct {
     int S, beam, R;   /* sentences, rows per sentence, rows (S·beam) */
+    int R_cap;        /* begin: rows the state is allocated for (reorders may grow R to it);
+                         0: R */
     int m;            /* source length (padded) */
     int L;            /* Luna: P slots (0: transformer) */
     int max_steps;    /* transformer: cache capacity T_max */

@@ -1,7 +1,8 @@
 /* Incremental decoding of the whole decoder: one step at a time (with beam reordering, sentence
  * removal and row duplication in between) reproduces the teacher-forced full-sequence forward
  * log-probs, for Luna (tied/untied, softplus/elu, P mask or fixed projection) and the transformer
- * baseline; the Luna decoder state's bytes do not change with the step count. */
+ * baseline; the Luna decoder state's bytes do not change with the step count; starting with one
+ * row per sentence (luna_incremental_begin_one_row) gives, bit for bit, begin's results. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -252,6 +253,70 @@ START_TEST(luna_state_constant) {
 }
 END_TEST
 
+/* begin_one_row: step 0 on one row per sentence, the first reorder expands each to BEAM rows;
+ * every step's log-probs are bit-identical to begin's (row s·BEAM at step 0), through a second
+ * reorder that swaps beams and drops a sentence. */
+static void one_row_matches(const variant *v) {
+    enum { S = 3, M = 7, R = S * BEAM };
+    luna_backend *be;
+    ck_assert_int_eq(luna_backend_cpu_create(&be, 2), LUNA_OK);
+    luna_seq2seq *model = make_model(be, v, 5);
+    int32_t src[S * M] = {5, 6, 7, 8, 9, 2, 1, /* */ 10, 11, 2, 1, 1, 1, 1, /* */
+                          4, 5, 6, 7, 8, 9, 2};
+    int32_t lens[S] = {6, 3, 7};
+    luna_incremental *full, *one;
+    ck_assert_int_eq(luna_incremental_create(&full, model), LUNA_OK);
+    ck_assert_int_eq(luna_incremental_create(&one, model), LUNA_OK);
+    ck_assert_int_eq(luna_incremental_begin(full, src, lens, S, M, BEAM, 4), LUNA_OK);
+    ck_assert_int_eq(luna_incremental_begin_one_row(one, src, lens, S, M, BEAM, 4), LUNA_OK);
+    ck_assert_int_eq(luna_incremental_rows(one), S);
+    float lp_full[R * V], lp_one[R * V];
+    int32_t tok[R] = {2, 2, 2, 2, 2, 2};
+    ck_assert_int_eq(step_full(full, tok, lp_full), LUNA_OK);
+    ck_assert_int_eq(step_full(one, tok, lp_one), LUNA_OK);
+    for (int s = 0; s < S; s++)
+        ck_assert(memcmp(lp_one + s * V, lp_full + s * BEAM * V, sizeof(float) * V) == 0);
+    /* a beam group from two sentences is refused (row 1 is sentence 1's) */
+    int32_t mixed[R] = {0, 1, 1, 1, 2, 2};
+    ck_assert_int_eq(luna_incremental_reorder(one, mixed, R), LUNA_ERR_INVALID_ARGUMENT);
+    int32_t exp_full[R], exp_one[R];
+    for (int i = 0; i < R; i++)
+        exp_full[i] = i - i % BEAM, exp_one[i] = i / BEAM;
+    ck_assert_int_eq(luna_incremental_reorder(full, exp_full, R), LUNA_OK);
+    ck_assert_int_eq(luna_incremental_reorder(one, exp_one, R), LUNA_OK);
+    ck_assert_int_eq(luna_incremental_rows(one), R);
+    for (int t = 1; t < 4; t++) {
+        const int rows = luna_incremental_rows(full);
+        for (int i = 0; i < rows; i++)
+            tok[i] = 4 + (7 * t + 3 * i) % (V - 4);
+        ck_assert_int_eq(step_full(full, tok, lp_full), LUNA_OK);
+        ck_assert_int_eq(step_full(one, tok, lp_one), LUNA_OK);
+        ck_assert(memcmp(lp_one, lp_full, sizeof(float) * (size_t)rows * V) == 0);
+        if (t == 2) { /* swap the beams, drop sentence 1 */
+            int32_t order[R];
+            int n = 0;
+            for (int i = 0; i < rows; i++)
+                if (i / BEAM != 1) order[n++] = i ^ 1;
+            ck_assert_int_eq(luna_incremental_reorder(full, order, n), LUNA_OK);
+            ck_assert_int_eq(luna_incremental_reorder(one, order, n), LUNA_OK);
+        }
+    }
+    luna_incremental_free(full);
+    luna_incremental_free(one);
+    luna_seq2seq_free(model);
+    luna_backend_free(be);
+}
+
+START_TEST(one_row_first_step) {
+    const variant tr = {"transformer_tiny", false, false, LUNA_CAUSAL_SOFTPLUS, false};
+    const variant lu = {"luna_tiny", false, false, LUNA_CAUSAL_SOFTPLUS, false};
+    const variant lf = {"luna_tiny", true, true, LUNA_CAUSAL_ELU, false};
+    one_row_matches(&tr);
+    one_row_matches(&lu);
+    one_row_matches(&lf);
+}
+END_TEST
+
 START_TEST(bad_inputs) {
     luna_backend *be;
     ck_assert_int_eq(luna_backend_cpu_create(&be, 1), LUNA_OK);
@@ -286,6 +351,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, luna_non_contextual);
     tcase_add_test(tc, transformer);
     tcase_add_test(tc, luna_state_constant);
+    tcase_add_test(tc, one_row_first_step);
     tcase_add_test(tc, bad_inputs);
     suite_add_tcase(s, tc);
     return s;
