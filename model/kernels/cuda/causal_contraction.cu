@@ -108,8 +108,32 @@ __device__ inline void stage(float *dst, const T *src, int64_t row0, int tn, int
     }
 }
 
-/* acc-and-state step over k < len from the staged vectors p1 (the state's factor) and p2 */
-#define STAGED_FOR(k4, len) LUNA_UNROLL for (int k4 = 0; k4 < R / 4; k4++) if (4 * k4 < (len))
+/* One position's step of a thread's state st from two staged vectors f and w (k < len):
+ *   st[k] = fma(f_k, factor, st[k]);  return Σ_k w_k·st[k] as an fma chain in k,
+ * with f_k = f[k]·pre (rounded) when PRE. The forward scan (f = u_t, factor v_t[j]), the reverse
+ * scan's column owners (f = x_s, factor g_s[j]) and its row owners (f = dout_s, pre = 1/(s+1),
+ * factor x_s[i]) are this step; fma's product is commutative, so the operations are the earlier
+ * kernels' bit for bit. */
+template <int R, bool PRE>
+__device__ inline float staged_step(float (&st)[R], const float4 *f4, const float4 *w4,
+                                    float factor, float pre, int len) {
+    float acc = 0.0f;
+    LUNA_UNROLL for (int k4 = 0; k4 < R / 4; k4++) {
+        if (4 * k4 < len) {
+            const float4 ff = f4[k4], ww = w4[k4];
+            const float fs[4] = {ff.x, ff.y, ff.z, ff.w}, ws[4] = {ww.x, ww.y, ww.z, ww.w};
+            LUNA_UNROLL for (int e = 0; e < 4; e++) {
+                const int k = 4 * k4 + e;
+                if (k < len) {
+                    const float f = PRE ? __fmul_rn(fs[e], pre) : fs[e];
+                    st[k] = fmaf(f, factor, st[k]);
+                    acc = fmaf(ws[e], st[k], acc);
+                }
+            }
+        }
+    }
+    return acc;
+}
 
 template <typename T, int R>
 __global__ void scan_tiled_kernel(T *out, const T *u, const T *v, const T *w, int n, int r, int c) {
@@ -131,18 +155,8 @@ __global__ void scan_tiled_kernel(T *out, const T *u, const T *v, const T *w, in
             const int t = t0 + tt;
             const int64_t rc = (g * n + t) * c;
             const float vj = r > 0 ? load(v, rc + j) : 0.0f; /* r = 0: v is not read (as the CPU) */
-            float acc = 0.0f;
-            STAGED_FOR(k4, r) {
-                const float4 uu = su4[tt * (R / 4) + k4], ww = sw4[tt * (R / 4) + k4];
-                const float us[4] = {uu.x, uu.y, uu.z, uu.w}, ws[4] = {ww.x, ww.y, ww.z, ww.w};
-                LUNA_UNROLL for (int e = 0; e < 4; e++) {
-                    const int k = 4 * k4 + e;
-                    if (k < r) {
-                        col[k] = fmaf(us[e], vj, col[k]);
-                        acc = fmaf(ws[e], col[k], acc);
-                    }
-                }
-            }
+            const float acc =
+                staged_step<R, false>(col, su4 + tt * (R / 4), sw4 + tt * (R / 4), vj, 1.0f, r);
             const float scale = 1.0f / (float)(t + 1);
             store(out, rc + j, scale != 1.0f ? __fmul_rn(acc, scale) : acc);
         }
@@ -178,40 +192,17 @@ __global__ void reverse_tiled_kernel(T *da, T *db, const T *dout, const T *x, co
             const int s = s0 + tt;
             const int64_t rp = (g * n + s) * p, rq = (g * n + s) * q;
             const float inv = 1.0f / (float)(s + 1);
-            float acc = 0.0f;
+            const int64_t at = tt * (R / 4);
             if (column) { /* R[i, me] += x_s[i]·g_s[me];  db_s[me] = Σ_i a_s[i]·R[i, me] */
                 const float gj = __fmul_rn(sd[tt * R + me], inv);
-                STAGED_FOR(k4, p) {
-                    const float4 xx = sx4[tt * (R / 4) + k4], aa = sa4[tt * (R / 4) + k4];
-                    const float xs[4] = {xx.x, xx.y, xx.z, xx.w}, as[4] = {aa.x, aa.y, aa.z, aa.w};
-                    LUNA_UNROLL for (int e = 0; e < 4; e++) {
-                        const int i = 4 * k4 + e;
-                        if (i < p) {
-                            st[i] = fmaf(xs[e], gj, st[i]);
-                            acc = fmaf(as[e], st[i], acc);
-                        }
-                    }
-                }
-                store(db, rq + me, acc);
+                store(db, rq + me, staged_step<R, false>(st, sx4 + at, sa4 + at, gj, 1.0f, p));
             } else { /* R[me, j] += x_s[me]·g_s[j];  da_s[me] = Σ_j R[me, j]·b_s[j] */
                 const float xi = sx[tt * R + me];
-                STAGED_FOR(k4, q) {
-                    const float4 dd = sd4[tt * (R / 4) + k4], bb = sb4[tt * (R / 4) + k4];
-                    const float ds[4] = {dd.x, dd.y, dd.z, dd.w}, bs[4] = {bb.x, bb.y, bb.z, bb.w};
-                    LUNA_UNROLL for (int e = 0; e < 4; e++) {
-                        const int j = 4 * k4 + e;
-                        if (j < q) {
-                            st[j] = fmaf(xi, __fmul_rn(ds[e], inv), st[j]);
-                            acc = fmaf(st[j], bs[e], acc);
-                        }
-                    }
-                }
-                store(da, rp + me, acc);
+                store(da, rp + me, staged_step<R, true>(st, sd4 + at, sb4 + at, xi, inv, q));
             }
         }
     }
 }
-#undef STAGED_FOR
 
 typedef __nv_bfloat16 bf16_t;
 
