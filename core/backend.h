@@ -23,9 +23,10 @@
  *   for any thread count (CPU) or launch configuration (GPU). No atomics in accumulations.
  * - Across backends, in fp32: every op equals the CPU backend's within a per-op tolerance
  *   (elementwise, layout and gather ops exactly; normalisations, softmaxes and the exp/log1p
- *   activations within 1e-6 relative; GEMMs, contractions and reductions within 1e-5 relative to the magnitude of the
- *   result), checked op by op on odd shapes by the op suites (tests/test_ops_*.c), and end to end
- *   within 1e-5 on logits and 1e-4 on gradients (the project's numerics targets).
+ *   activations within 1e-6 relative; GEMMs, contractions and reductions within 1e-5 relative to
+ * the magnitude of the result), checked op by op on odd shapes by the op suites
+ * (tests/test_ops_*.c), and end to end within 1e-5 on logits and 1e-4 on gradients (the project's
+ * numerics targets).
  * - Precision: parameters, their gradients and the optimizer state are fp32 master copies on
  *   every backend; losses, norms and other reductions are accumulated in fp32 or better (double
  *   on CPU). Activations are stored in `act_dtype`, chosen by the backend: fp32 on CPU; fp32 or
@@ -47,6 +48,10 @@
 #include "core/tensor.h"
 
 typedef struct luna_ops luna_ops;
+/* The two strides (elements) of a grid-batched operand (struct luna_ops, gemm_grid). */
+typedef struct {
+    int64_t outer, inner;
+} luna_grid_stride;
 typedef struct luna_tensor_table luna_tensor_table; /* core/tensor_table.h */
 
 /* An activation buffer: device memory holding elements of the backend's `act_dtype` (fp32 on
@@ -144,6 +149,15 @@ struct luna_ops {
                         float alpha, const luna_act *A, int lda, int64_t stride_a,
                         const luna_act *B, int ldb, int64_t stride_b, float beta, luna_act *C,
                         int ldc, int64_t stride_c, int batch);
+    /* The same over a grid of outer × inner products, each operand's matrices at two strides:
+     *   for o in [0, outer), i in [0, inner):  X_oi = X + o·sX.outer + i·sX.inner  (X = A, B, C).
+     * Attention heads are the use: the heads of a [batch, len, H·dh] activation are the matrices
+     * X + b·len·H·dh + h·dh with row stride H·dh — one grid, no copy into [batch, H, len, dh].
+     * gemm is the grid with inner = 1; results equal the same products made one by one. */
+    luna_status (*gemm_grid)(luna_backend *be, bool trans_a, bool trans_b, int M, int N, int K,
+                             float alpha, const luna_act *A, int lda, luna_grid_stride stride_a,
+                             const luna_act *B, int ldb, luna_grid_stride stride_b, float beta,
+                             luna_act *C, int ldc, luna_grid_stride stride_c, int outer, int inner);
 
     /* ---- Linear: y = x Wᵀ + b (PyTorch layout W [out, in]) -----------------------------------
      * x [rows, in], W [out, in], b [out] or NULL, y [rows, out] (overwritten). */
@@ -314,6 +328,14 @@ struct luna_ops {
                                           const luna_act *logits, const float *lse,
                                           const int32_t *targets, int64_t N, int V, float epsilon,
                                           int padding_idx, float grad_scale);
+    /* Both in one pass over the logits, for training (the loss of a chunk, then its gradient):
+     * the results of cross_entropy_forward followed by cross_entropy_backward with its lse, bit
+     * for bit, reading the logits once. dlogits may alias logits. */
+    luna_status (*cross_entropy_forward_backward)(luna_backend *be, float *loss, float *nll,
+                                                  float *lse, luna_act *dlogits,
+                                                  const luna_act *logits, const int32_t *targets,
+                                                  int64_t N, int V, float epsilon, int padding_idx,
+                                                  float grad_scale);
 
     /* ---- Reductions (device scalar results, accumulated in double, deterministic) ------------
      * sum_squares: Σ x² (L2² norm), sum_pow4: Σ x⁴ (L4⁴ norm), dot: Σ x·y, sum: Σ x,
@@ -385,8 +407,8 @@ struct luna_ops {
      *   row's result is also independent of the other rows (not on CUDA, whose cuBLASLt chooses
      *   its algorithm by shape, so the row count can move the last bits). Decoding holds
      *   the decoder's weights for its lifetime (model/decoder_step.h); training holds nothing.
-     * release_weights: ends one hold; the last drops what hold_weights kept (W NULL: no-op; a W not held is an error).
-     *   W must be released before its memory is freed or reused. */
+     * release_weights: ends one hold; the last drops what hold_weights kept (W NULL: no-op; a W not
+     * held is an error). W must be released before its memory is freed or reused. */
     luna_status (*hold_weights)(luna_backend *be, const float *W, int out, int in);
     luna_status (*release_weights)(luna_backend *be, const float *W);
 

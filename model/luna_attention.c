@@ -49,13 +49,26 @@ luna_status luna_bgemm(luna_backend *be, bool ta, bool tb, int M, int N, int K, 
                          (int64_t)K * N, beta, C, N, (int64_t)M * N, G);
 }
 
+luna_status luna_project(const luna_pass *ps, luna_act **y, const luna_act *x,
+                         const luna_linear_w *w, int64_t rows, int in, int out) {
+    LUNA_TRY(luna_pass_alloc(ps, y, rows * out, "attention projection"));
+    return ps->be->ops->linear_forward(ps->be, *y, x, w->weight, w->bias, rows, in, out);
+}
+
+luna_status luna_heads_gemm(luna_backend *be, bool ta, bool tb, int M, int N, int K, float alpha,
+                            const luna_act *A, luna_heads_layout la, const luna_act *Bm,
+                            luna_heads_layout lb, float beta, luna_act *C, luna_heads_layout lc,
+                            int B, int H) {
+    return be->ops->gemm_grid(be, ta, tb, M, N, K, alpha, A, la.ld, la.s, Bm, lb.ld, lb.s, beta, C,
+                              lc.ld, lc.s, B, H);
+}
+
 /* ---- forward --------------------------------------------------------------------------------- */
 
 luna_status luna_attention_pack(const luna_pass *ps, const luna_attn_w *w, luna_attn_act *act,
-                                const luna_act *p, const luna_act *c, const int32_t *c_valid,
-                                int B, int m, int L, int d, int H, bool tied, uint32_t site) {
+                                const luna_act *p, const luna_act *c, const int32_t *c_valid, int B,
+                                int m, int L, int d, int H, bool tied, uint32_t site) {
     luna_backend *be = ps->be;
-    const luna_ops *op = be->ops;
     const int dh = d / H, G = B * H;
     const float scale = 1.0f / sqrtf((float)dh);
     *act = (luna_attn_act){.B = B,
@@ -68,41 +81,35 @@ luna_status luna_attention_pack(const luna_pass *ps, const luna_attn_w *w, luna_
                            .p = p,
                            .c = c,
                            .c_valid = c_valid};
+    const luna_heads_layout hL = luna_heads_in_rows(L, d, dh), hm = luna_heads_in_rows(m, d, dh);
 
-    /* pack: Qp [B,H,L,dh], Kc/Vc [B,H,m,dh] */
-    LUNA_TRY(luna_project_heads(ps, &act->qp, p, &w->pq_proj, B, L, d, H, scale));
+    /* pack: Qp [B,L,d], Kc/Vc [B,m,d] */
+    LUNA_TRY(luna_project(ps, &act->qp, p, &w->pq_proj, (int64_t)B * L, d, d));
     if (tied) {
-        LUNA_TRY(luna_project_heads(ps, &act->kc, c, &w->pc_proj, B, m, d, H, 1.0f));
+        LUNA_TRY(luna_project(ps, &act->kc, c, &w->pc_proj, (int64_t)B * m, d, d));
         act->vc = act->kc;
     } else {
-        LUNA_TRY(luna_project_heads(ps, &act->kc, c, &w->pk_proj, B, m, d, H, 1.0f));
-        LUNA_TRY(luna_project_heads(ps, &act->vc, c, &w->pv_proj, B, m, d, H, 1.0f));
+        LUNA_TRY(luna_project(ps, &act->kc, c, &w->pk_proj, (int64_t)B * m, d, d));
+        LUNA_TRY(luna_project(ps, &act->vc, c, &w->pv_proj, (int64_t)B * m, d, d));
     }
-    const int64_t pack_n = (int64_t)G * L * m;
-    LUNA_TRY(luna_pass_alloc(ps, &act->a_pack, pack_n, "pack attention")); /* [B,H,L,m] */
-    LUNA_TRY(luna_bgemm(be, false, true, L, m, dh, 1.0f, act->qp, act->kc, 0.0f, act->a_pack, G));
+    /* A_pack [B,H,L,m] = softmax(dh^-1/2 · Qp Kcᵀ) */
+    LUNA_TRY(luna_pass_alloc(ps, &act->a_pack, (int64_t)G * L * m, "pack attention"));
+    LUNA_TRY(luna_heads_gemm(be, false, true, L, m, dh, scale, act->qp, hL, act->kc, hm, 0.0f,
+                             act->a_pack, luna_heads_packed(L, m, H), B, H));
     LUNA_TRY(luna_pass_softmax_dropout(ps, act->a_pack, &act->a_pack_d, act->a_pack, (int64_t)G * L,
                                        m, c_valid, (int64_t)H * L, 0, ps->attention_dropout,
                                        site + 0, "pack attention dropout"));
-    /* Y_P = merge(A_pack_d Vc) [B,L,d] */
+    /* Y_P [B,L,d] = A_pack_d Vc, each head into its columns */
     LUNA_TRY(luna_pass_alloc(ps, &act->yp, (int64_t)B * L * d, "packed context"));
-    {
-        luna_arena_mark mark = luna_arena_get_mark(ps->arena);
-        luna_act *yph; /* [B,H,L,dh] */
-        LUNA_TRY(luna_pass_alloc(ps, &yph, (int64_t)B * L * d, "packed context heads"));
-        luna_status st =
-            luna_bgemm(be, false, false, L, dh, m, 1.0f, act->a_pack_d, act->vc, 0.0f, yph, G);
-        if (st == LUNA_OK) st = op->merge_heads(be, act->yp, yph, B, L, H, dh);
-        luna_arena_release(ps->arena, mark);
-        LUNA_TRY(st);
-    }
-    /* unpack keys/values Kp/Vp [B,H,L,dh]: they depend on P and the context only */
+    LUNA_TRY(luna_heads_gemm(be, false, false, L, dh, m, 1.0f, act->a_pack_d,
+                             luna_heads_packed(L, m, H), act->vc, hm, 0.0f, act->yp, hL, B, H));
+    /* unpack keys/values Kp/Vp [B,L,d]: they depend on P and the context only */
     if (tied) {
-        LUNA_TRY(luna_project_heads(ps, &act->kp, act->yp, &w->c_proj, B, L, d, H, 1.0f));
+        LUNA_TRY(luna_project(ps, &act->kp, act->yp, &w->c_proj, (int64_t)B * L, d, d));
         act->vp = act->kp;
     } else {
-        LUNA_TRY(luna_project_heads(ps, &act->kp, act->yp, &w->k_proj, B, L, d, H, 1.0f));
-        LUNA_TRY(luna_project_heads(ps, &act->vp, act->yp, &w->v_proj, B, L, d, H, 1.0f));
+        LUNA_TRY(luna_project(ps, &act->kp, act->yp, &w->k_proj, (int64_t)B * L, d, d));
+        LUNA_TRY(luna_project(ps, &act->vp, act->yp, &w->v_proj, (int64_t)B * L, d, d));
     }
     return LUNA_OK;
 }
@@ -110,34 +117,27 @@ luna_status luna_attention_pack(const luna_pass *ps, const luna_attn_w *w, luna_
 luna_status luna_attention_unpack(const luna_pass *ps, const luna_attn_w *w, luna_attn_act *act,
                                   const luna_act *x, const int32_t *p_valid, int n) {
     luna_backend *be = ps->be;
-    const luna_ops *op = be->ops;
     const int B = act->B, L = act->L, d = act->d, H = act->H, dh = d / H, G = B * H;
     const float scale = 1.0f / sqrtf((float)dh);
+    const luna_heads_layout hn = luna_heads_in_rows(n, d, dh), hL = luna_heads_in_rows(L, d, dh);
     act->x = x;
     act->n = n;
     act->p_valid = p_valid;
-    /* unpack: Q [B,H,n,dh] against Kp/Vp */
-    LUNA_TRY(luna_project_heads(ps, &act->q, x, &w->q_proj, B, n, d, H, scale));
-    const int64_t un_n = (int64_t)G * n * L;
-    LUNA_TRY(luna_pass_alloc(ps, &act->a, un_n, "unpack attention")); /* [B,H,n,L] */
-    LUNA_TRY(luna_bgemm(be, false, true, n, L, dh, 1.0f, act->q, act->kp, 0.0f, act->a, G));
+    /* unpack: Q [B,n,d]; A [B,H,n,L] = softmax(dh^-1/2 · Q Kpᵀ) */
+    LUNA_TRY(luna_project(ps, &act->q, x, &w->q_proj, (int64_t)B * n, d, d));
+    LUNA_TRY(luna_pass_alloc(ps, &act->a, (int64_t)G * n * L, "unpack attention"));
+    LUNA_TRY(luna_heads_gemm(be, false, true, n, L, dh, scale, act->q, hn, act->kp, hL, 0.0f,
+                             act->a, luna_heads_packed(n, L, H), B, H));
     LUNA_TRY(luna_pass_softmax_dropout(ps, act->a, &act->a_d, act->a, (int64_t)G * n, L, p_valid,
                                        (int64_t)H * n, 0, ps->attention_dropout, act->site + 1,
                                        "unpack attention dropout"));
-    /* O = merge(A_d Vp) [B,n,d]; Y_X = out_proj(O) */
+    /* O [B,n,d] = A_d Vp, each head into its columns; Y_X = out_proj(O) */
     LUNA_TRY(luna_pass_alloc(ps, &act->o, (int64_t)B * n * d, "attention output"));
-    {
-        luna_arena_mark mark = luna_arena_get_mark(ps->arena);
-        luna_act *oh; /* [B,H,n,dh] */
-        LUNA_TRY(luna_pass_alloc(ps, &oh, (int64_t)B * n * d, "attention output heads"));
-        luna_status st =
-            luna_bgemm(be, false, false, n, dh, L, 1.0f, act->a_d, act->vp, 0.0f, oh, G);
-        if (st == LUNA_OK) st = op->merge_heads(be, act->o, oh, B, n, H, dh);
-        luna_arena_release(ps->arena, mark);
-        LUNA_TRY(st);
-    }
+    LUNA_TRY(luna_heads_gemm(be, false, false, n, dh, L, 1.0f, act->a_d, luna_heads_packed(n, L, H),
+                             act->vp, hL, 0.0f, act->o, hn, B, H));
     LUNA_TRY(luna_pass_alloc(ps, &act->y, (int64_t)B * n * d, "attention result"));
-    return op->linear_forward(be, act->y, act->o, w->out_proj.weight, NULL, (int64_t)B * n, d, d);
+    return be->ops->linear_forward(be, act->y, act->o, w->out_proj.weight, NULL, (int64_t)B * n, d,
+                                   d);
 }
 
 luna_status luna_attention_forward(const luna_pass *ps, const luna_attn_w *w, luna_attn_act *act,
@@ -150,6 +150,14 @@ luna_status luna_attention_forward(const luna_pass *ps, const luna_attn_w *w, lu
 
 /* ---- backward -------------------------------------------------------------------------------- */
 
+/* dx += the gradient through y = x Wᵀ + b, given dy; dW, db += theirs. */
+static luna_status project_backward(const luna_pass *ps, const luna_act *dy, const luna_act *x,
+                                    const luna_linear_w *w, luna_linear_w *g, luna_act *dx,
+                                    int64_t rows, int d) {
+    return ps->be->ops->linear_backward(ps->be, dx, g->weight, g->bias, dy, x, w->weight, rows, d,
+                                        d, true);
+}
+
 static luna_status backward(const luna_pass *ps, const luna_attn_w *w, luna_attn_w *g,
                             const luna_attn_act *act, const luna_act *dy, const luna_act *dyp,
                             luna_act *dx, luna_act *dp, luna_act *dc) {
@@ -160,33 +168,37 @@ static luna_status backward(const luna_pass *ps, const luna_attn_w *w, luna_attn
     const float scale = 1.0f / sqrtf((float)dh);
     const bool tied = act->tied;
     const int64_t nd = (int64_t)B * n * d, Ld = (int64_t)B * L * d, md = (int64_t)B * m * d;
+    const luna_heads_layout hn = luna_heads_in_rows(n, d, dh), hL = luna_heads_in_rows(L, d, dh),
+                            hm = luna_heads_in_rows(m, d, dh);
+    const luna_heads_layout hnL = luna_heads_packed(n, L, H), hLm = luna_heads_packed(L, m, H);
 
-    /* Y_X = out_proj(O): dO [B,n,d] -> heads dOh [B,H,n,dh] */
-    luna_act *d_o, *doh;
+    /* Y_X = out_proj(O): dO [B,n,d] */
+    luna_act *d_o;
     LUNA_TRY(luna_pass_alloc(ps, &d_o, nd, "attention gradient"));
-    LUNA_TRY(luna_pass_alloc(ps, &doh, nd, "attention gradient heads"));
     LUNA_TRY(op->linear_backward(be, d_o, g->out_proj.weight, NULL, dy, act->o, w->out_proj.weight,
                                  (int64_t)B * n, d, d, false));
-    LUNA_TRY(op->split_heads(be, doh, d_o, B, n, H, dh));
 
-    /* O_h = A_d Vp: dA_d = dOh Vpᵀ [B,H,n,L], dVp = A_dᵀ dOh [B,H,L,dh] */
-    const int64_t un_n = (int64_t)G * n * L;
+    /* O_h = A_d Vp_h: dA_d = dO_h Vp_hᵀ [B,H,n,L], dVp_h = A_dᵀ dO_h [B,L,d] */
     luna_act *da, *dkp, *dvp;
-    LUNA_TRY(luna_pass_alloc(ps, &da, un_n, "unpack attention gradient"));
+    LUNA_TRY(luna_pass_alloc(ps, &da, (int64_t)G * n * L, "unpack attention gradient"));
     LUNA_TRY(luna_pass_alloc(ps, &dkp, Ld, "unpack key gradient"));
     dvp = dkp;
     if (!tied) LUNA_TRY(luna_pass_alloc(ps, &dvp, Ld, "unpack value gradient"));
-    LUNA_TRY(luna_bgemm(be, false, true, n, L, dh, 1.0f, doh, act->vp, 0.0f, da, G));
-    LUNA_TRY(luna_bgemm(be, true, false, L, dh, n, 1.0f, act->a_d, doh, 0.0f, dvp, G));
+    LUNA_TRY(luna_heads_gemm(be, false, true, n, L, dh, 1.0f, d_o, hn, act->vp, hL, 0.0f, da, hnL,
+                             B, H));
+    LUNA_TRY(luna_heads_gemm(be, true, false, L, dh, n, 1.0f, act->a_d, hnL, d_o, hn, 0.0f, dvp, hL,
+                             B, H));
     LUNA_TRY(luna_pass_softmax_dropout_backward(ps, da, da, act->a, (int64_t)G * n, L,
                                                 ps->attention_dropout, act->site + 1));
-    /* S = Q Kpᵀ: dQ = dS Kp [B,H,n,dh] (reuses doh), dKp (+)= dSᵀ Q */
-    LUNA_TRY(luna_bgemm(be, false, false, n, dh, L, 1.0f, da, act->kp, 0.0f, doh, G));
-    LUNA_TRY(luna_bgemm(be, true, false, L, dh, n, 1.0f, da, act->q, tied ? 1.0f : 0.0f, dkp, G));
+    /* S = s·Q Kpᵀ (s = dh^-1/2): dQ = s·dS Kp [B,n,d] (into dO's buffer), dKp (+)= s·dSᵀ Q */
+    luna_act *dq = d_o;
+    LUNA_TRY(luna_heads_gemm(be, false, false, n, dh, L, scale, da, hnL, act->kp, hL, 0.0f, dq, hn,
+                             B, H));
+    LUNA_TRY(luna_heads_gemm(be, true, false, L, dh, n, scale, da, hnL, act->q, hn,
+                             tied ? 1.0f : 0.0f, dkp, hL, B, H));
 
-    /* Q = q_proj(X)·scale -> dX; Kp/Vp = proj(Y_P) -> dY_P */
-    LUNA_TRY(luna_project_heads_backward(ps, doh, act->x, &w->q_proj, &g->q_proj, dx, B, n, d, H,
-                                         scale));
+    /* Q = q_proj(X) -> dX; Kp/Vp = proj(Y_P) -> dY_P */
+    LUNA_TRY(project_backward(ps, dq, act->x, &w->q_proj, &g->q_proj, dx, (int64_t)B * n, d));
     luna_act *dyp_total; /* [B,L,d] */
     LUNA_TRY(luna_pass_alloc(ps, &dyp_total, Ld, "packed context gradient"));
     if (dyp)
@@ -194,43 +206,43 @@ static luna_status backward(const luna_pass *ps, const luna_attn_w *w, luna_attn
     else
         LUNA_TRY(luna_mem_zero(be, dyp_total, luna_act_bytes(be, Ld)));
     if (tied) {
-        LUNA_TRY(luna_project_heads_backward(ps, dkp, act->yp, &w->c_proj, &g->c_proj, dyp_total, B,
-                                             L, d, H, 1.0f));
+        LUNA_TRY(project_backward(ps, dkp, act->yp, &w->c_proj, &g->c_proj, dyp_total,
+                                  (int64_t)B * L, d));
     } else {
-        LUNA_TRY(luna_project_heads_backward(ps, dkp, act->yp, &w->k_proj, &g->k_proj, dyp_total, B,
-                                             L, d, H, 1.0f));
-        LUNA_TRY(luna_project_heads_backward(ps, dvp, act->yp, &w->v_proj, &g->v_proj, dyp_total, B,
-                                             L, d, H, 1.0f));
+        LUNA_TRY(project_backward(ps, dkp, act->yp, &w->k_proj, &g->k_proj, dyp_total,
+                                  (int64_t)B * L, d));
+        LUNA_TRY(project_backward(ps, dvp, act->yp, &w->v_proj, &g->v_proj, dyp_total,
+                                  (int64_t)B * L, d));
     }
 
-    /* Y_P = merge(A_pack_d Vc): dYp_h [B,H,L,dh] */
-    luna_act *dyph;
-    LUNA_TRY(luna_pass_alloc(ps, &dyph, Ld, "packed context gradient heads"));
-    LUNA_TRY(op->split_heads(be, dyph, dyp_total, B, L, H, dh));
-    const int64_t pack_n = (int64_t)G * L * m;
+    /* Y_P,h = A_pack_d Vc_h: dA_pack_d = dY_P,h Vc_hᵀ [B,H,L,m], dVc_h = A_pack_dᵀ dY_P,h */
     luna_act *dap, *dkc, *dvc;
-    LUNA_TRY(luna_pass_alloc(ps, &dap, pack_n, "pack attention gradient"));
+    LUNA_TRY(luna_pass_alloc(ps, &dap, (int64_t)G * L * m, "pack attention gradient"));
     LUNA_TRY(luna_pass_alloc(ps, &dkc, md, "pack key gradient"));
     dvc = dkc;
     if (!tied) LUNA_TRY(luna_pass_alloc(ps, &dvc, md, "pack value gradient"));
-    LUNA_TRY(luna_bgemm(be, false, true, L, m, dh, 1.0f, dyph, act->vc, 0.0f, dap, G));
-    LUNA_TRY(luna_bgemm(be, true, false, m, dh, L, 1.0f, act->a_pack_d, dyph, 0.0f, dvc, G));
+    LUNA_TRY(luna_heads_gemm(be, false, true, L, m, dh, 1.0f, dyp_total, hL, act->vc, hm, 0.0f, dap,
+                             hLm, B, H));
+    LUNA_TRY(luna_heads_gemm(be, true, false, m, dh, L, 1.0f, act->a_pack_d, hLm, dyp_total, hL,
+                             0.0f, dvc, hm, B, H));
     LUNA_TRY(luna_pass_softmax_dropout_backward(ps, dap, dap, act->a_pack, (int64_t)G * L, m,
                                                 ps->attention_dropout, act->site + 0));
-    /* S_pack = Qp Kcᵀ: dQp = dS Kc [B,H,L,dh] (reuses dyph), dKc (+)= dSᵀ Qp */
-    LUNA_TRY(luna_bgemm(be, false, false, L, dh, m, 1.0f, dap, act->kc, 0.0f, dyph, G));
-    LUNA_TRY(luna_bgemm(be, true, false, m, dh, L, 1.0f, dap, act->qp, tied ? 1.0f : 0.0f, dkc, G));
+    /* S_pack = s·Qp Kcᵀ: dQp = s·dS Kc [B,L,d] (into dY_P's buffer), dKc (+)= s·dSᵀ Qp */
+    luna_act *dqp = dyp_total;
+    LUNA_TRY(luna_heads_gemm(be, false, false, L, dh, m, scale, dap, hLm, act->kc, hm, 0.0f, dqp,
+                             hL, B, H));
+    LUNA_TRY(luna_heads_gemm(be, true, false, m, dh, L, scale, dap, hLm, act->qp, hL,
+                             tied ? 1.0f : 0.0f, dkc, hm, B, H));
 
-    LUNA_TRY(luna_project_heads_backward(ps, dyph, act->p, &w->pq_proj, &g->pq_proj, dp, B, L, d, H,
-                                         scale));
+    LUNA_TRY(project_backward(ps, dqp, act->p, &w->pq_proj, &g->pq_proj, dp, (int64_t)B * L, d));
     if (tied) {
-        LUNA_TRY(luna_project_heads_backward(ps, dkc, act->c, &w->pc_proj, &g->pc_proj, dc, B, m, d,
-                                             H, 1.0f));
+        LUNA_TRY(
+            project_backward(ps, dkc, act->c, &w->pc_proj, &g->pc_proj, dc, (int64_t)B * m, d));
     } else {
-        LUNA_TRY(luna_project_heads_backward(ps, dkc, act->c, &w->pk_proj, &g->pk_proj, dc, B, m, d,
-                                             H, 1.0f));
-        LUNA_TRY(luna_project_heads_backward(ps, dvc, act->c, &w->pv_proj, &g->pv_proj, dc, B, m, d,
-                                             H, 1.0f));
+        LUNA_TRY(
+            project_backward(ps, dkc, act->c, &w->pk_proj, &g->pk_proj, dc, (int64_t)B * m, d));
+        LUNA_TRY(
+            project_backward(ps, dvc, act->c, &w->pv_proj, &g->pv_proj, dc, (int64_t)B * m, d));
     }
     return LUNA_OK;
 }

@@ -8,9 +8,12 @@
  *           A = softmax_L(Q Kᵀ) with the P mask, attention dropout
  *           Y_X = out_proj(concat_h(A V))
  *
- * Layout: activations are batch-major [B, len, d]; heads are split to [B, H, len, dh] for the
- * batched GEMMs. Masks are given as per-sentence valid counts (device int32 [B]): context
- * positions c < c_valid[b] are real (right padding); slots j < p_valid[b] are visible (NULL: all).
+ * Layout: activations are batch-major [B, len, d]; the products read and write the heads where
+ * they are (head h of sentence b: the dh columns from h·dh, row stride d; gemm_grid), so no head
+ * is copied. The scale dh^-1/2 goes into the score GEMM's alpha (and its gradients'), not into
+ * a pass over Q: for dh = 64 (1/8, a power of two) the same bits as scaling Q first. Masks are
+ * given as per-sentence valid counts (device int32 [B]): context positions c < c_valid[b] are real
+ * (right padding); slots j < p_valid[b] are visible (NULL: all).
  */
 #ifndef LUNA_LUNA_ATTENTION_H
 #define LUNA_LUNA_ATTENTION_H
@@ -30,15 +33,15 @@ typedef struct {
     const int32_t *c_valid; /* [B] */
     const int32_t *p_valid; /* [B] or NULL */
     /* saved activations (arena) */
-    luna_act *qp;       /* [B, H, L, dh] scaled pack queries */
-    luna_act *kc, *vc;  /* [B, H, m, dh] pack keys/values (vc == kc when tied) */
+    luna_act *qp;       /* [B, L, d] pack queries (unscaled) */
+    luna_act *kc, *vc;  /* [B, m, d] pack keys/values (vc == kc when tied) */
     luna_act *a_pack;   /* [B, H, L, m] pack probabilities */
     luna_act *a_pack_d; /* [B, H, L, m] after dropout (== a_pack without dropout) */
     luna_act *yp;       /* [B, L, d] Y_P (output) */
-    luna_act *q;        /* [B, H, n, dh] scaled queries */
-    luna_act *kp, *vp;  /* [B, H, L, dh] unpack keys/values (vp == kp when tied) */
+    luna_act *q;        /* [B, n, d] queries (unscaled) */
+    luna_act *kp, *vp;  /* [B, L, d] unpack keys/values (vp == kp when tied) */
     luna_act *a, *a_d;  /* [B, H, n, L] unpack probabilities, after dropout */
-    luna_act *o;        /* [B, n, d] heads merged, input of out_proj */
+    luna_act *o;        /* [B, n, d] the heads' outputs, input of out_proj */
     luna_act *y;        /* [B, n, d] Y_X (output), out_proj(O) without its bias (layers.h) */
 } luna_attn_act;
 
@@ -53,8 +56,8 @@ luna_status luna_attention_forward(const luna_pass *ps, const luna_attn_w *w, lu
  * decoder's P does not depend on the target). unpack attends queries x [B, n, d] to act->kp/vp
  * (q, a, a_d, o, y); a decoder step uses it with the beams of a sentence as its n queries. */
 luna_status luna_attention_pack(const luna_pass *ps, const luna_attn_w *w, luna_attn_act *act,
-                                const luna_act *p, const luna_act *c, const int32_t *c_valid,
-                                int B, int m, int L, int d, int H, bool tied, uint32_t site);
+                                const luna_act *p, const luna_act *c, const int32_t *c_valid, int B,
+                                int m, int L, int d, int H, bool tied, uint32_t site);
 luna_status luna_attention_unpack(const luna_pass *ps, const luna_attn_w *w, luna_attn_act *act,
                                   const luna_act *x, const int32_t *p_valid, int n);
 
@@ -77,6 +80,30 @@ luna_status luna_project_heads(const luna_pass *ps, luna_act **heads, const luna
 luna_status luna_project_heads_backward(const luna_pass *ps, const luna_act *dheads,
                                         const luna_act *x, const luna_linear_w *w, luna_linear_w *g,
                                         luna_act *dx, int B, int len, int d, int H, float scale);
+
+/* Allocate y [rows, out] = x Wᵀ + b. */
+luna_status luna_project(const luna_pass *ps, luna_act **y, const luna_act *x,
+                         const luna_linear_w *w, int64_t rows, int in, int out);
+
+/* Where the B·H per-head matrices of an operand lie (gemm_grid): row stride and the strides
+ * between sentences (outer) and heads (inner). */
+typedef struct {
+    int ld;
+    luna_grid_stride s;
+} luna_heads_layout;
+/* The heads of a [B, len, H·dh] activation: head (b, h) at b·len·d + h·dh, row stride d. */
+static inline luna_heads_layout luna_heads_in_rows(int len, int d, int dh) {
+    return (luna_heads_layout){d, {(int64_t)len * d, dh}};
+}
+/* Packed [B, H, rows, cols] (attention probabilities). */
+static inline luna_heads_layout luna_heads_packed(int rows, int cols, int H) {
+    return (luna_heads_layout){cols, {(int64_t)H * rows * cols, (int64_t)rows * cols}};
+}
+/* For each sentence b < B and head h < H: C_bh = alpha·op(A_bh)·op(B_bh) + beta·C_bh. */
+luna_status luna_heads_gemm(luna_backend *be, bool ta, bool tb, int M, int N, int K, float alpha,
+                            const luna_act *A, luna_heads_layout la, const luna_act *Bm,
+                            luna_heads_layout lb, float beta, luna_act *C, luna_heads_layout lc,
+                            int B, int H);
 
 /* Batched GEMM over G contiguous groups: C_g = alpha·op(A_g) op(B_g) + beta·C_g with
  * op(A_g) [M, K], op(B_g) [K, N], C_g [M, N], all row-major and packed. */

@@ -129,7 +129,7 @@ typedef struct {
     luna_act *enc_out, *enc_p;    /* final encoder x and p */
     luna_act *dec_out;            /* final decoder x [B,n,d] */
     luna_arena_mark logits_mark;
-    luna_act *logits;        /* [N,V] when the caller wants them (keep_logits), else NULL */
+    luna_act *logits; /* [N,V] when the caller wants them (keep_logits), else NULL */
     /* (the loss and the output projection's backward run in the forward: loss_in_chunks) */
     int64_t loss_rows;       /* loss/nll entries written (non-pad rows, or all with logits) */
     float *loss, *nll, *lse; /* [N] each, fp32 */
@@ -346,11 +346,15 @@ static luna_status loss_in_chunks(luna_seq2seq *m, pass_state *s, const luna_bat
         const int64_t nr = npk - r0 < rows ? npk - r0 : rows;
         const luna_act *xc = luna_act_at(be, x, r0 * d);
         LUNA_TRY(op->linear_forward(be, logits, xc, E, NULL, nr, d, V));
-        LUNA_TRY(op->cross_entropy_forward(be, s->loss + r0, s->nll + r0, s->lse + r0, logits,
-                                           tgt + r0, nr, V, eps, pad));
-        if (!grads) continue;
-        LUNA_TRY(op->cross_entropy_backward(be, logits, logits, s->lse + r0, tgt + r0, nr, V, eps,
-                                            pad, 1.0f));
+        if (!grads) {
+            LUNA_TRY(op->cross_entropy_forward(be, s->loss + r0, s->nll + r0, s->lse + r0, logits,
+                                               tgt + r0, nr, V, eps, pad));
+            continue;
+        }
+        /* the loss and its gradient in one pass over the chunk's logits (in place) */
+        LUNA_TRY(op->cross_entropy_forward_backward(be, s->loss + r0, s->nll + r0, s->lse + r0,
+                                                    logits, logits, tgt + r0, nr, V, eps, pad,
+                                                    1.0f));
         LUNA_TRY(op->linear_backward(be, luna_act_at(be, dx, r0 * d),
                                      m->params->g.output_projection, NULL, logits, xc, E, nr, d, V,
                                      false));

@@ -7,10 +7,9 @@
 luna_status luna_mha_keys(const luna_pass *ps, const luna_attn_w *w, luna_mha_act *act,
                           const luna_act *c, const int32_t *c_valid, int B, int m, int d, int H,
                           uint32_t site) {
-    *act = (luna_mha_act){
-        .B = B, .m = m, .d = d, .H = H, .site = site, .c = c, .c_valid = c_valid};
-    LUNA_TRY(luna_project_heads(ps, &act->k, c, &w->k_proj, B, m, d, H, 1.0f));
-    return luna_project_heads(ps, &act->v, c, &w->v_proj, B, m, d, H, 1.0f);
+    *act = (luna_mha_act){.B = B, .m = m, .d = d, .H = H, .site = site, .c = c, .c_valid = c_valid};
+    LUNA_TRY(luna_project(ps, &act->k, c, &w->k_proj, (int64_t)B * m, d, d));
+    return luna_project(ps, &act->v, c, &w->v_proj, (int64_t)B * m, d, d);
 }
 
 luna_status luna_mha_attend(const luna_pass *ps, const luna_attn_w *w, luna_mha_act *act,
@@ -24,25 +23,20 @@ luna_status luna_mha_attend(const luna_pass *ps, const luna_attn_w *w, luna_mha_
     act->x = x;
     act->n = n;
     act->causal = causal;
-    LUNA_TRY(luna_project_heads(ps, &act->q, x, &w->q_proj, B, n, d, H, 1.0f / sqrtf((float)dh)));
-    const int64_t nm = (int64_t)G * n * m;
-    LUNA_TRY(luna_pass_alloc(ps, &act->a, nm, "attention probabilities")); /* [B,H,n,m] */
-    LUNA_TRY(luna_bgemm(be, false, true, n, m, dh, 1.0f, act->q, act->k, 0.0f, act->a, G));
+    const luna_heads_layout hn = luna_heads_in_rows(n, d, dh), hm = luna_heads_in_rows(m, d, dh);
+    /* A [B,H,n,m] = softmax(dh^-1/2 · Q Kᵀ) (the scale in the GEMM's alpha, luna_attention.h) */
+    LUNA_TRY(luna_project(ps, &act->q, x, &w->q_proj, (int64_t)B * n, d, d));
+    LUNA_TRY(luna_pass_alloc(ps, &act->a, (int64_t)G * n * m, "attention probabilities"));
+    LUNA_TRY(luna_heads_gemm(be, false, true, n, m, dh, 1.0f / sqrtf((float)dh), act->q, hn, act->k,
+                             hm, 0.0f, act->a, luna_heads_packed(n, m, H), B, H));
     LUNA_TRY(luna_pass_softmax_dropout(ps, act->a, &act->a_d, act->a, (int64_t)G * n, m,
                                        act->c_valid, (int64_t)H * n, causal ? n : 0,
                                        ps->attention_dropout, act->site, "attention dropout"));
+    /* O [B,n,d] = A_d V, each head into its columns */
     const int64_t nd = (int64_t)B * n * d;
     LUNA_TRY(luna_pass_alloc(ps, &act->o, nd, "attention output"));
-    {
-        luna_arena_mark mark = luna_arena_get_mark(ps->arena);
-        luna_act *oh; /* [B,H,n,dh] */
-        LUNA_TRY(luna_pass_alloc(ps, &oh, nd, "attention output heads"));
-        luna_status st =
-            luna_bgemm(be, false, false, n, dh, m, 1.0f, act->a_d, act->v, 0.0f, oh, G);
-        if (st == LUNA_OK) st = op->merge_heads(be, act->o, oh, B, n, H, dh);
-        luna_arena_release(ps->arena, mark);
-        LUNA_TRY(st);
-    }
+    LUNA_TRY(luna_heads_gemm(be, false, false, n, dh, m, 1.0f, act->a_d, luna_heads_packed(n, m, H),
+                             act->v, hm, 0.0f, act->o, hn, B, H));
     LUNA_TRY(luna_pass_alloc(ps, &act->y, nd, "attention result"));
     return op->linear_forward(be, act->y, act->o, w->out_proj.weight, NULL, (int64_t)B * n, d, d);
 }
@@ -63,31 +57,36 @@ static luna_status backward(const luna_pass *ps, const luna_attn_w *w, luna_attn
     luna_backend *be = ps->be;
     const luna_ops *op = be->ops;
     const int B = act->B, n = act->n, m = act->m, d = act->d, H = act->H, dh = d / H, G = B * H;
+    const float scale = 1.0f / sqrtf((float)dh);
     const int64_t nd = (int64_t)B * n * d, md = (int64_t)B * m * d, nm = (int64_t)G * n * m;
-    luna_act *d_o, *doh, *da, *dk, *dv;
+    const luna_heads_layout hn = luna_heads_in_rows(n, d, dh), hm = luna_heads_in_rows(m, d, dh),
+                            hnm = luna_heads_packed(n, m, H);
+    luna_act *d_o, *da, *dk, *dv;
     LUNA_TRY(luna_pass_alloc(ps, &d_o, nd, "attention gradient"));
-    LUNA_TRY(luna_pass_alloc(ps, &doh, nd, "attention gradient heads"));
     LUNA_TRY(luna_pass_alloc(ps, &da, nm, "attention probability gradient"));
     LUNA_TRY(luna_pass_alloc(ps, &dk, md, "key gradient"));
     LUNA_TRY(luna_pass_alloc(ps, &dv, md, "value gradient"));
     LUNA_TRY(op->linear_backward(be, d_o, g->out_proj.weight, NULL, dy, act->o, w->out_proj.weight,
                                  (int64_t)B * n, d, d, false));
-    LUNA_TRY(op->split_heads(be, doh, d_o, B, n, H, dh));
-    /* O = A_d V: dA_d = dO Vᵀ, dV = A_dᵀ dO */
-    LUNA_TRY(luna_bgemm(be, false, true, n, m, dh, 1.0f, doh, act->v, 0.0f, da, G));
-    LUNA_TRY(luna_bgemm(be, true, false, m, dh, n, 1.0f, act->a_d, doh, 0.0f, dv, G));
+    /* O_h = A_d V_h: dA_d = dO_h V_hᵀ, dV_h = A_dᵀ dO_h */
+    LUNA_TRY(
+        luna_heads_gemm(be, false, true, n, m, dh, 1.0f, d_o, hn, act->v, hm, 0.0f, da, hnm, B, H));
+    LUNA_TRY(luna_heads_gemm(be, true, false, m, dh, n, 1.0f, act->a_d, hnm, d_o, hn, 0.0f, dv, hm,
+                             B, H));
     LUNA_TRY(luna_pass_softmax_dropout_backward(ps, da, da, act->a, (int64_t)G * n, m,
                                                 ps->attention_dropout, act->site));
-    /* S = Q Kᵀ: dQ = dS K (into doh), dK = dSᵀ Q */
-    LUNA_TRY(luna_bgemm(be, false, false, n, dh, m, 1.0f, da, act->k, 0.0f, doh, G));
-    LUNA_TRY(luna_bgemm(be, true, false, m, dh, n, 1.0f, da, act->q, 0.0f, dk, G));
-    LUNA_TRY(luna_project_heads_backward(ps, doh, act->x, &w->q_proj, &g->q_proj, dx, B, n, d, H,
-                                         1.0f / sqrtf((float)dh)));
+    /* S = s·Q Kᵀ: dQ = s·dS K (into dO's buffer), dK = s·dSᵀ Q */
+    luna_act *dq = d_o;
+    LUNA_TRY(luna_heads_gemm(be, false, false, n, dh, m, scale, da, hnm, act->k, hm, 0.0f, dq, hn,
+                             B, H));
     LUNA_TRY(
-        luna_project_heads_backward(ps, dk, act->c, &w->k_proj, &g->k_proj, dc, B, m, d, H, 1.0f));
-    LUNA_TRY(
-        luna_project_heads_backward(ps, dv, act->c, &w->v_proj, &g->v_proj, dc, B, m, d, H, 1.0f));
-    return LUNA_OK;
+        luna_heads_gemm(be, true, false, m, dh, n, scale, da, hnm, act->q, hn, 0.0f, dk, hm, B, H));
+    LUNA_TRY(op->linear_backward(be, dx, g->q_proj.weight, g->q_proj.bias, dq, act->x,
+                                 w->q_proj.weight, (int64_t)B * n, d, d, true));
+    LUNA_TRY(op->linear_backward(be, dc, g->k_proj.weight, g->k_proj.bias, dk, act->c,
+                                 w->k_proj.weight, (int64_t)B * m, d, d, true));
+    return op->linear_backward(be, dc, g->v_proj.weight, g->v_proj.bias, dv, act->c,
+                               w->v_proj.weight, (int64_t)B * m, d, d, true);
 }
 
 luna_status luna_mha_backward(const luna_pass *ps, const luna_attn_w *w, luna_attn_w *g,

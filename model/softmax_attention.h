@@ -17,8 +17,8 @@ typedef struct {
     const luna_act *x;      /* [B, n, d] */
     const luna_act *c;      /* [B, m, d] */
     const int32_t *c_valid; /* [B] keys c < c_valid[b] are real */
-    luna_act *q;            /* [B, H, n, dh] scaled */
-    luna_act *k, *v;        /* [B, H, m, dh] */
+    luna_act *q;            /* [B, n, d] (unscaled: dh^-1/2 is the score GEMM's alpha) */
+    luna_act *k, *v;        /* [B, m, d]; head h: columns h·dh.. (luna_heads_in_rows) */
     luna_act *a, *a_d;      /* [B, H, n, m] probabilities, after dropout */
     luna_act *o;            /* [B, n, d] */
     luna_act *y;            /* [B, n, d], out_proj(O) without its bias (layers.h) */
@@ -28,7 +28,7 @@ typedef struct {
 luna_status luna_mha_forward(const luna_pass *ps, const luna_attn_w *w, luna_mha_act *act,
                              const luna_act *x, const luna_act *c, const int32_t *c_valid, int B,
                              int n, int m, int d, int H, bool causal, uint32_t site);
-/* The two halves of luna_mha_forward: keys/values K, V [B, H, m, dh] from the context c (and
+/* The two halves of luna_mha_forward: keys/values K, V [B, m, d] from the context c (and
  * the key mask), then the attention of queries x [B, n, d] to act->k, act->v. A decoder step
  * attends the beams of a sentence (n = beam) to the source keys computed once. */
 luna_status luna_mha_keys(const luna_pass *ps, const luna_attn_w *w, luna_mha_act *act,

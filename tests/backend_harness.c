@@ -30,6 +30,7 @@
  * rounding absorbs), and the chosen indices must agree anyway. */
 static const lh_op_row rows[] = {
     {"gemm", LH_ACCUM, "test_ops_linear"},
+    {"gemm_grid", LH_ACCUM, "test_ops_linear"},
     {"linear_forward", LH_ACCUM, "test_ops_linear"},
     {"linear_backward", LH_ACCUM, "test_ops_linear"},
     {"bias_add_forward", LH_EXACT, "test_ops_linear"},
@@ -60,6 +61,7 @@ static const lh_op_row rows[] = {
     {"causal_contraction_backward", LH_ACCUM, "test_ops_causal"},
     {"cross_entropy_forward", LH_ACCUM, "test_ops_cross_entropy"},
     {"cross_entropy_backward", LH_NORM, "test_ops_cross_entropy"},
+    {"cross_entropy_forward_backward", LH_ACCUM, "test_ops_cross_entropy"},
     {"sum_squares", LH_ACCUM, "test_ops_reduce"},
     {"sum_pow4", LH_ACCUM, "test_ops_reduce"},
     {"dot", LH_ACCUM, "test_ops_reduce"},

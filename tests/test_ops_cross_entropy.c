@@ -296,6 +296,69 @@ static luna_status cmp_backward(luna_backend *be, void *const *d, const void *ar
                                            a->scale);
 }
 
+static luna_status cmp_fused(luna_backend *be, void *const *d, const void *args) {
+    const cmp_args *a = args;
+    return be->ops->cross_entropy_forward_backward(be, d[2], d[3], d[4], d[5], d[0], d[1], a->N,
+                                                   a->V, a->eps, PAD, a->scale);
+}
+
+/* The fused op is the forward, then the backward with its lse, bit for bit, on the backend under
+ * test: pad rows, label smoothing on and off, the gradient in place over the logits and apart. */
+START_TEST(forward_backward_is_forward_then_backward) {
+    luna_backend *be = lh_backend(2);
+    const int shapes[][2] = {{1, 2}, {7, 13}, {37, 129}, {5, 3001}};
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++)
+        for (int variant = 0; variant < 4; variant++) {
+            const int N = shapes[k][0], V = shapes[k][1];
+            const bool smooth = variant & 1, in_place = variant & 2;
+            const float eps = smooth ? 0.1f : 0.0f;
+            const size_t n = (size_t)N * V;
+            luna_test_rng rng;
+            luna_test_rng_seed(&rng, 150 + k);
+            float *logits = luna_test_random_vector(&rng, n, -8, 8);
+            int32_t *targets = malloc((size_t)N * sizeof *targets);
+            for (int r = 0; r < N; r++)
+                targets[r] =
+                    r % 3 == 1 ? PAD : (int32_t)luna_test_uniform(&rng, 0, (float)V - 0.5f);
+            int32_t *vt = lh_i32(be, targets, (size_t)N);
+            float *out[2][4], *host[2][4];
+            for (int way = 0; way < 2; way++) { /* 0: two ops, 1: fused */
+                float *vz = lh_f32(be, logits, n);
+                for (int i = 0; i < 3; i++)
+                    out[way][i] = lh_alloc(be, (size_t)N * sizeof(float));
+                out[way][3] = in_place ? vz : lh_alloc(be, n * sizeof(float));
+                if (way == 0) {
+                    LUNA_CHECK_OK(be->ops->cross_entropy_forward(
+                        be, out[0][0], out[0][1], out[0][2], vz, vt, N, V, eps, PAD));
+                    LUNA_CHECK_OK(be->ops->cross_entropy_backward(be, out[0][3], vz, out[0][2], vt,
+                                                                  N, V, eps, PAD, 0.5f));
+                } else {
+                    LUNA_CHECK_OK(be->ops->cross_entropy_forward_backward(
+                        be, out[1][0], out[1][1], out[1][2], out[1][3], vz, vt, N, V, eps, PAD,
+                        0.5f));
+                }
+                for (int i = 0; i < 4; i++) {
+                    host[way][i] = lh_fetch_f32(be, out[way][i], i < 3 ? (size_t)N : n);
+                    lh_free(be, out[way][i]);
+                }
+                if (!in_place) lh_free(be, vz);
+            }
+            for (int i = 0; i < 4; i++) {
+                ck_assert_msg(
+                    memcmp(host[0][i], host[1][i], (i < 3 ? (size_t)N : n) * sizeof(float)) == 0,
+                    "N %d V %d eps %g in place %d: output %d differs", N, V, (double)eps, in_place,
+                    i);
+                free(host[0][i]);
+                free(host[1][i]);
+            }
+            lh_free(be, vt);
+            free(logits);
+            free(targets);
+        }
+    luna_backend_free(be);
+}
+END_TEST
+
 START_TEST(cross_entropy_matches_reference_backend) {
     const int shapes[][2] = {{1, 2}, {7, 13}, {37, 129}, {13, 1001}};
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++)
@@ -338,6 +401,12 @@ START_TEST(cross_entropy_matches_reference_backend) {
                            {lse, (size_t)N, LH_F32, LH_IN}, {NULL, n, LH_F32, LH_OUT}};
             ck_assert_int_eq(lh_compare("cross_entropy_backward", what, 2, cmp_backward, &a, bw, 6),
                              LUNA_OK);
+            lh_buf fb[] = {{logits, n, LH_F32, LH_IN},        {targets, (size_t)N, LH_I32, LH_IN},
+                           {NULL, (size_t)N, LH_F32, LH_OUT}, {NULL, (size_t)N, LH_F32, LH_OUT},
+                           {NULL, (size_t)N, LH_F32, LH_OUT}, {NULL, n, LH_F32, LH_OUT}};
+            ck_assert_int_eq(
+                lh_compare("cross_entropy_forward_backward", what, 2, cmp_fused, &a, fb, 6),
+                LUNA_OK);
             free(logits);
             free(targets);
             free(lse);
@@ -354,6 +423,7 @@ static Suite *ce_suite(void) {
     tcase_add_test(tc, pad_rows_in_place_and_threads);
     tcase_add_test(tc, argument_errors);
     tcase_add_test(tc, cross_entropy_matches_reference_backend);
+    tcase_add_test(tc, forward_backward_is_forward_then_backward);
     suite_add_tcase(s, tc);
     return s;
 }

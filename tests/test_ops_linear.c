@@ -261,6 +261,53 @@ START_TEST(gemm_interleaved_and_shared_outputs) {
 }
 END_TEST
 
+/* gemm_grid over attention heads (core/backend.h): B sentences × H heads of a [B, len, H·dh]
+ * activation with padded rows, every transpose pair, into the heads' columns with beta; equal to
+ * the same products made one at a time by gemm on the heads' addresses (bit for bit on the CPU,
+ * whose GEMMs do not depend on where operands lie; within the ACCUM tier elsewhere), padding
+ * untouched — on 1 and 2 threads. Also a grid summing every product into one C (strides 0). */
+static void grid_vs_one_by_one(luna_backend *be, bool ta, bool tb, luna_grid_stride sc) {
+    const int Bn = 3, H = 4, len = 6, dh = 6, ld = H * dh + 3; /* square heads: any transposes */
+    const size_t n = (size_t)Bn * len * ld;
+    const luna_grid_stride heads = {(int64_t)len * ld, dh};
+    const float beta = sc.outer == 0 ? 1.0f : 0.25f;
+    luna_test_rng rng;
+    luna_test_rng_seed(&rng, 14);
+    float *X = luna_test_random_vector(&rng, n, -1, 1),
+          *Y = luna_test_random_vector(&rng, n, -1, 1);
+    float *C0 = luna_test_random_vector(&rng, n, -1, 1);
+    float *C = malloc(n * sizeof(float)), *R = malloc(n * sizeof(float));
+    float *vX = up(be, X, n), *vY = up(be, Y, n), *vC = up(be, C0, n), *vR = up(be, C0, n);
+    LUNA_CHECK_OK(be->ops->gemm_grid(be, ta, tb, len, dh, dh, 0.5f, vX, ld, heads, vY, ld, heads,
+                                     beta, vC, ld, sc, Bn, H));
+    for (int b = 0; b < Bn; b++)
+        for (int h = 0; h < H; h++) {
+            const int64_t at = b * heads.outer + h * heads.inner,
+                          c_at = b * sc.outer + h * sc.inner;
+            LUNA_CHECK_OK(be->ops->gemm(be, ta, tb, len, dh, dh, 0.5f, vX + at, ld, 0, vY + at, ld,
+                                        0, beta, vR + c_at, ld, 0, 1));
+        }
+    down(be, LUNA_OK, C, vC, n);
+    down(be, LUNA_OK, R, vR, n);
+    ck_assert_uint_eq(lh_mismatch(LH_ACCUM, be->device == LUNA_DEVICE_CPU, C, R, n), 0);
+    for (size_t i = 0; i < n; i++)
+        if ((int)(i % ld) >= H * dh) ck_assert(memcmp(&C[i], &C0[i], 4) == 0);
+    lh_free(be, vX), lh_free(be, vY);
+    free(X), free(Y), free(C0), free(C), free(R);
+}
+
+START_TEST(gemm_grid_is_the_products_one_by_one) {
+    for (int threads = 1; threads <= 2; threads++) {
+        luna_backend *be = lh_backend(threads);
+        const luna_grid_stride heads = {6 * (4 * 6 + 3), 6};
+        for (int t = 0; t < 4; t++)
+            grid_vs_one_by_one(be, t & 1, t >> 1, heads);
+        grid_vs_one_by_one(be, false, false, (luna_grid_stride){0, 0});
+        luna_backend_free(be);
+    }
+}
+END_TEST
+
 START_TEST(gemm_rejects_bad_arguments) {
     luna_backend *be = lh_backend(1);
     float *A = lh_f32(be, NULL, 16), *B = lh_f32(be, NULL, 16), *C = lh_f32(be, NULL, 16);
@@ -553,6 +600,15 @@ static luna_status cmp_run(luna_backend *be, void *const *d, const void *args) {
                        (int64_t)a->M * a->K, d[1], ldb, (int64_t)a->K * a->N, a->beta, d[2], a->N,
                        (int64_t)a->M * a->N, a->batch);
     }
+    if (!strcmp(a->op, "gemm_grid")) { /* heads: outer = batch sentences, inner = K heads of
+                                        * M·N... see linear_ops_match_reference_backend */
+        const int H = a->in, ld = a->out;
+        const luna_grid_stride rows_a = {(int64_t)(a->ta ? a->K : a->M) * ld, a->ta ? a->M : a->K};
+        const luna_grid_stride rows_b = {(int64_t)(a->tb ? a->N : a->K) * ld, a->tb ? a->K : a->N};
+        const luna_grid_stride rows_c = {(int64_t)a->M * ld, a->N};
+        return o->gemm_grid(be, a->ta, a->tb, a->M, a->N, a->K, a->alpha, d[0], ld, rows_a, d[1],
+                            ld, rows_b, a->beta, d[2], ld, rows_c, a->batch, H);
+    }
     if (!strcmp(a->op, "linear_forward"))
         return o->linear_forward(be, d[3], d[0], d[1], a->acc ? d[2] : NULL, a->rows, a->in,
                                  a->out);
@@ -588,6 +644,31 @@ START_TEST(linear_ops_match_reference_backend) {
         free(A);
         free(B);
         free(C);
+    }
+    /* gemm_grid: `batch` sentences × H heads side by side in rows of ld (padding after them) */
+    const int gshapes[][5] = {{1, 1, 1, 1, 1}, {7, 6, 5, 3, 4}, {5, 8, 33, 2, 3}};
+    for (size_t k = 0; k < sizeof gshapes / sizeof gshapes[0]; k++) {
+        const int M = gshapes[k][0], N = gshapes[k][1], K = gshapes[k][2], batch = gshapes[k][3];
+        const int H = gshapes[k][4];
+        for (int t = 0; t < 4; t++) {
+            const bool ta = t & 1, tb = t >> 1;
+            const int wa = ta ? M : K, wb = tb ? K : N, ra = ta ? K : M, rb = tb ? N : K;
+            int ld = H * (wa > wb ? (wa > N ? wa : N) : (wb > N ? wb : N)) + 2;
+            size_t na = (size_t)batch * ra * ld, nb = (size_t)batch * rb * ld;
+            size_t nc = (size_t)batch * M * ld;
+            float *A = cmp_vec(110 + k, na), *B = cmp_vec(120 + k, nb), *C = cmp_vec(130 + k, nc);
+            cmp_args a = {"gemm_grid", ta, tb,   false,        M, N, K, batch, 0,
+                          H,           ld, 0.5f, t ? 0.25f : 0};
+            lh_buf bufs[] = {
+                {A, na, LH_F32, LH_IN}, {B, nb, LH_F32, LH_IN}, {C, nc, LH_F32, LH_OUT}};
+            char what[80];
+            snprintf(what, sizeof what, "M %d N %d K %d batch %d x %d heads trans %d", M, N, K,
+                     batch, H, t);
+            ck_assert_int_eq(lh_compare("gemm_grid", what, 2, cmp_run, &a, bufs, 3), LUNA_OK);
+            free(A);
+            free(B);
+            free(C);
+        }
     }
     const int lshapes[][3] = {{1, 1, 1}, {7, 13, 5}, {37, 13, 29}, {130, 65, 17}};
     for (size_t k = 0; k < sizeof lshapes / sizeof lshapes[0]; k++) {
@@ -635,6 +716,7 @@ static Suite *linear_suite(void) {
     tcase_add_test(tc, gemm_batch_threads_bit_identical);
     tcase_add_test(tc, gemm_interleaved_and_shared_outputs);
     tcase_add_test(tc, gemm_rejects_bad_arguments);
+    tcase_add_test(tc, gemm_grid_is_the_products_one_by_one);
     tcase_add_test(tc, linear_forward_matches_naive);
     tcase_add_test(tc, linear_gradients_match_finite_differences);
     tcase_add_test(tc, linear_backward_accumulation_semantics);

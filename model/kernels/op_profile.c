@@ -86,6 +86,19 @@ static luna_status w_gemm(luna_backend *be, bool ta, bool tb, int M, int N, int 
          .act_elems = D(batch) * (D(M) * K + D(K) * N + D(M) * N * (beta != 0 ? 2 : 1)));
     FORWARD(gemm, ta, tb, M, N, K, alpha, A, lda, sa, B, ldb, sb, beta, C, ldc, sc, batch);
 }
+static luna_status w_gemm_grid(luna_backend *be, bool ta, bool tb, int M, int N, int K, float alpha,
+                               const luna_act *A, int lda, luna_grid_stride sa, const luna_act *B,
+                               int ldb, luna_grid_stride sb, float beta, luna_act *C, int ldc,
+                               luna_grid_stride sc, int outer, int inner) {
+    /* As gemm: each operand once, wherever its matrices lie. A device reading the matrices'
+     * addresses from arrays (cuBLASLt's pointer-array batches) reads 3 pointers a product too. */
+    const double batch = D(outer) * inner;
+    COST(.mm_flops = 2 * D(M) * N * K * batch,
+         .act_elems = batch * (D(M) * K + D(K) * N + D(M) * N * (beta != 0 ? 2 : 1)),
+         .bytes = inner > 1 ? 3 * 8 * batch : 0);
+    FORWARD(gemm_grid, ta, tb, M, N, K, alpha, A, lda, sa, B, ldb, sb, beta, C, ldc, sc, outer,
+            inner);
+}
 static luna_status w_linear_forward(luna_backend *be, luna_act *y, const luna_act *x,
                                     const float *W, const float *b, int64_t rows, int in, int out) {
     COST(.mm_flops = 2 * D(rows) * in * out, .flops = b ? D(rows) * out : 0,
@@ -287,6 +300,17 @@ static luna_status w_cross_entropy_backward(luna_backend *be, luna_act *dlogits,
     FORWARD(cross_entropy_backward, dlogits, logits, lse, targets, N, V, eps, pad, scale);
 }
 
+static luna_status w_cross_entropy_forward_backward(luna_backend *be, float *loss, float *nll,
+                                                    float *lse, luna_act *dlogits,
+                                                    const luna_act *logits, const int32_t *targets,
+                                                    int64_t N, int V, float eps, int pad,
+                                                    float scale) {
+    /* the logits read once (a row's second read is from cache), the gradient written */
+    COST(.flops = 8 * D(N) * V, .act_elems = 2 * D(N) * V, .bytes = F32 * 4 * D(N));
+    FORWARD(cross_entropy_forward_backward, loss, nll, lse, dlogits, logits, targets, N, V, eps,
+            pad, scale);
+}
+
 /* ---- reductions (fp32 buffers) ------------------------------------------------------------------
  */
 #define REDUCE1(name, per_elem)                                                                    \
@@ -443,6 +467,7 @@ static luna_status w_multi_adam_update(luna_backend *be, float *th, const float 
 // clang-format off
 #define LUNA_OPS_LIST(X) \
     X(gemm, "gemm") \
+    X(gemm_grid, "gemm") \
     X(linear_forward, "linear") \
     X(linear_backward, "linear") \
     X(bias_add_forward, "bias") \
@@ -473,6 +498,7 @@ static luna_status w_multi_adam_update(luna_backend *be, float *th, const float 
     X(causal_contraction_backward, "causal_contraction") \
     X(cross_entropy_forward, "cross_entropy") \
     X(cross_entropy_backward, "cross_entropy") \
+    X(cross_entropy_forward_backward, "cross_entropy") \
     X(sum_squares, "reduce") \
     X(sum_pow4, "reduce") \
     X(dot, "reduce") \

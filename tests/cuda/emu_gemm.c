@@ -157,12 +157,112 @@ START_TEST(bias_epilogue_is_linear_forward) {
 }
 END_TEST
 
+/* Grids of heads (core/backend.h gemm_grid) as attention makes them, B sentences × H heads of a
+ * [B, len, H·dh] activation with padded rows: scores A_bh = Q_bh K_bhᵀ into packed [B, H, n, m]
+ * and outputs O_bh = A_bh V_bh (+ beta·O) back into the heads' columns. With plans: cuBLASLt's
+ * pointer-array batches, the pointer arrays filled by one launch the first time a grid is seen
+ * and found after; without (plans NULL): one strided batch per head. Both against the CPU. */
+static void check_grid(luna_backend *cpu, luna_cuda_blas *blas, int ta, int tb, float beta) {
+    const int B = 3, H = 4, n = 5, m = 7, dh = 6, ld = H * dh + 3; /* 3 padding columns */
+    const int64_t nq = (int64_t)B * n * ld, nk = (int64_t)B * m * ld, ns = (int64_t)B * H * n * m;
+    luna_test_rng rng;
+    luna_test_rng_seed(&rng, (uint64_t)(17 + ta * 2 + tb));
+    float *q = luna_test_random_vector(&rng, (size_t)nq, -1.0f, 1.0f);
+    float *k = luna_test_random_vector(&rng, (size_t)nk, -1.0f, 1.0f);
+    float *sc = luna_test_random_vector(&rng, (size_t)ns, -1.0f, 1.0f);
+    float *o = luna_test_random_vector(&rng, (size_t)nq, -1.0f, 1.0f);
+    float *got = malloc(4 * (size_t)(nq > ns ? nq : ns));
+    float *dq = dev(q, 4 * (size_t)nq), *dk = dev(k, 4 * (size_t)nk), *ds = dev(sc, 4 * (size_t)ns);
+    float *dout = dev(o, 4 * (size_t)nq);
+    const luna_grid_stride heads_n = {(int64_t)n * ld, dh}, heads_m = {(int64_t)m * ld, dh};
+    const luna_grid_stride packed = {(int64_t)H * n * m, (int64_t)n * m};
+    /* scores: S_bh [n, m] = 1/8 · Q_bh K_bhᵀ */
+    LUNA_CHECK_OK(cpu->ops->gemm_grid(cpu, false, true, n, m, dh, 0.125f, q, ld, heads_n, k, ld,
+                                      heads_m, 0.0f, sc, m, packed, B, H));
+    LUNA_CHECK_OK(luna_cuda_gemm_grid(blas, 0, 0, false, true, n, m, dh, 0.125f, dq, ld, heads_n,
+                                      dk, ld, heads_m, 0.0f, ds, m, packed, B, H));
+    down(got, ds, 4 * (size_t)ns);
+    for (int64_t i = 0; i < ns; i++)
+        ck_assert_msg(fabs(got[i] - sc[i]) <= 1e-5 * (dh + 1), "scores[%lld] = %.9g, CPU %.9g",
+                      (long long)i, (double)got[i], (double)sc[i]);
+    /* outputs: O_bh [n, dh] = 1/2 · op(S_bh) K_bh + beta · O_bh, op(S_bh) [n, m] (S_bh read as
+     * stored [m, n] when ta), into the heads' columns of O */
+    (void)tb;
+    const int lda = ta ? n : m, ldb = ld;
+    LUNA_CHECK_OK(cpu->ops->gemm_grid(cpu, ta, false, n, dh, m, 0.5f, sc, lda, packed, k, ldb,
+                                      heads_m, beta, o, ld, heads_n, B, H));
+    LUNA_CHECK_OK(luna_cuda_gemm_grid(blas, 0, 0, ta, false, n, dh, m, 0.5f, ds, lda, packed, dk,
+                                      ldb, heads_m, beta, dout, ld, heads_n, B, H));
+    down(got, dout, 4 * (size_t)nq);
+    for (int64_t i = 0; i < nq; i++) {
+        const bool head_col = i % ld < H * dh;
+        if (head_col)
+            ck_assert_msg(fabs(got[i] - o[i]) <= 1e-5 * (m + 2), "out[%lld] = %.9g, CPU %.9g",
+                          (long long)i, (double)got[i], (double)o[i]);
+        else /* padding columns untouched */
+            ck_assert_msg(memcmp(&got[i], &o[i], 4) == 0, "grid wrote padding at %lld",
+                          (long long)i);
+    }
+    cudaFree(dq), cudaFree(dk), cudaFree(ds), cudaFree(dout);
+    free(q), free(k), free(sc), free(o), free(got);
+}
+
+START_TEST(grid_gemm_matches_cpu) {
+    luna_backend *cpu;
+    LUNA_CHECK_OK(luna_backend_cpu_create(&cpu, 1));
+    luna_cuda_blas plain = blas_create(false), planned = blas_create(true);
+    for (int t = 0; t < 2; t++) {
+        check_grid(cpu, &plain, t, 0, 0.0f);
+        check_grid(cpu, &plain, t, 0, 0.25f);
+    }
+    int64_t fills, hits, made, reused;
+    luna_gemm_plans_pointer_counts(plain.plans, &fills, &hits);
+    ck_assert_int_eq(fills + hits, 0); /* no plans: the strided fallback */
+    for (int again = 0; again < 2; again++)
+        for (int t = 0; t < 2; t++)
+            check_grid(cpu, &planned, t, 0, 0.25f);
+    luna_gemm_plans_pointer_counts(planned.plans, &fills, &hits);
+    luna_gemm_plans_counts(planned.plans, &made, &reused);
+    /* 2 grids a case (scores, outputs) × 2 cases × 2 rounds; every buffer is new each call (new
+     * addresses: a fill) unless the allocator hands the same back (a hit) — together 8 calls */
+    ck_assert_int_eq(fills + hits, 8);
+    ck_assert_int_ge(fills, 1);
+    ck_assert_int_eq(made + reused, 8);
+    ck_assert_int_eq(made, 3); /* scores (one shape), outputs with ta 0 and ta 1 */
+    blas_free(&plain);
+    blas_free(&planned);
+    luna_backend_free(cpu);
+}
+END_TEST
+
+/* The same grid twice at the same addresses: the second call finds its pointer array. */
+START_TEST(grid_pointer_arrays_are_kept) {
+    luna_cuda_blas blas = blas_create(true);
+    const int B = 2, H = 3, n = 4, dh = 8, ld = H * dh;
+    float *zeros = calloc((size_t)B * n * ld, 4);
+    float *x = dev(zeros, 4 * (size_t)B * n * ld), *s = dev(NULL, 4 * (size_t)B * H * n * n);
+    free(zeros);
+    const luna_grid_stride hx = {(int64_t)n * ld, dh}, hs = {(int64_t)H * n * n, (int64_t)n * n};
+    int64_t fills, hits;
+    for (int call = 0; call < 3; call++)
+        LUNA_CHECK_OK(luna_cuda_gemm_grid(&blas, 0, 0, false, true, n, n, dh, 1.0f, x, ld, hx, x,
+                                          ld, hx, 0.0f, s, n, hs, B, H));
+    luna_gemm_plans_pointer_counts(blas.plans, &fills, &hits);
+    ck_assert_int_eq(fills, 1);
+    ck_assert_int_eq(hits, 2);
+    cudaFree(x), cudaFree(s);
+    blas_free(&blas);
+}
+END_TEST
+
 static Suite *gemm_suite(void) {
     Suite *s = suite_create("cuda_gemm");
     TCase *tc = tcase_create("gemm");
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, gemm_matches_cpu);
     tcase_add_test(tc, bias_epilogue_is_linear_forward);
+    tcase_add_test(tc, grid_gemm_matches_cpu);
+    tcase_add_test(tc, grid_pointer_arrays_are_kept);
     suite_add_tcase(s, tc);
     return s;
 }

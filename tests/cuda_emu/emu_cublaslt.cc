@@ -1,11 +1,13 @@
 // luna-cuda-emu: the cuBLASLt subset of a GEMM path, defined against NVIDIA's cublasLt.h.
 //
 // Supported: column-major layouts (CUBLASLT_ORDER_COL) of CUDA_R_32F or CUDA_R_16BF with batch
-// count and strided batch offset; A and B of one type, C and D of one type (fp32 A/B need fp32
-// D); compute CUBLAS_COMPUTE_32F (_PEDANTIC, _FAST_TF32, _FAST_16BF), scale type CUDA_R_32F,
-// alpha/beta on host or device; TRANSA/TRANSB; epilogues DEFAULT, RELU, BIAS, RELU_BIAS (bias
-// of length M, type D's or CUDA_R_32F, BIAS_BATCH_STRIDE). Anything else is
-// CUBLAS_STATUS_NOT_SUPPORTED with a message, never silently ignored.
+// count and strided batch offset, or pointer-array batches (CUBLASLT_MATRIX_LAYOUT_BATCH_MODE =
+// CUBLASLT_BATCH_MODE_POINTER_ARRAY on all four layouts: A, B, C, D are then device arrays of
+// batch-count device pointers, each matrix checked as a strided one is); A and B of one type, C and
+// D of one type (fp32 A/B need fp32 D); compute CUBLAS_COMPUTE_32F (_PEDANTIC, _FAST_TF32,
+// _FAST_16BF), scale type CUDA_R_32F, alpha/beta on host or device; TRANSA/TRANSB; epilogues
+// DEFAULT, RELU, BIAS, RELU_BIAS (bias of length M, type D's or CUDA_R_32F, BIAS_BATCH_STRIDE).
+// Anything else is CUBLAS_STATUS_NOT_SUPPORTED with a message, never silently ignored.
 //
 // Computed in double from the stored inputs (rounded to TF32 / bf16 first for the FAST_TF32 /
 // FAST_16BF compute types, as the tensor cores do), then alpha·AB + beta·C (+ bias, ReLU) rounded
@@ -20,6 +22,7 @@
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
@@ -53,6 +56,7 @@ struct lt_layout {
     int64_t ld;
     int32_t batch = 1;
     int64_t stride = 0;
+    uint32_t batch_mode = CUBLASLT_BATCH_MODE_STRIDED;
 };
 struct lt_pref {
     uint64_t max_workspace = 0;
@@ -113,6 +117,8 @@ struct problem {
     uint64_t m, n, k;
 };
 
+cublasStatus_t validate_epilogue(const lt_desc *d, const lt_layout *const l[4]);
+
 // Validates the descriptors (shared by the heuristic and the matmul).
 cublasStatus_t validate(cublasLtHandle_t h, const lt_desc *d, const lt_layout *const l[4],
                         problem *p) {
@@ -167,6 +173,13 @@ cublasStatus_t validate(cublasLtHandle_t h, const lt_desc *d, const lt_layout *c
                         (unsigned long long)p->n, (unsigned long long)l[2]->rows,
                         (unsigned long long)l[2]->cols, (unsigned long long)l[3]->rows,
                         (unsigned long long)l[3]->cols);
+    for (int i = 1; i < 4; i++)
+        if (l[i]->batch_mode != l[0]->batch_mode)
+            return lt_error(CUBLAS_STATUS_NOT_SUPPORTED,
+                            "layout %s: batch mode %u, A has %u (one mode for all four)", names[i],
+                            l[i]->batch_mode, l[0]->batch_mode);
+    if (l[0]->batch_mode == CUBLASLT_BATCH_MODE_POINTER_ARRAY)
+        return validate_epilogue(d, l); // D's matrices are checked by the matmul
     // Batches of D are disjoint when stacked (stride ≥ one matrix's span) or interleaved within
     // each column (rows ≤ stride and the last batch's rows end within ld: heads side by side).
     const uint64_t dstride = (uint64_t)(l[3]->stride < 0 ? -l[3]->stride : l[3]->stride);
@@ -177,6 +190,10 @@ cublasStatus_t validate(cublasLtHandle_t h, const lt_desc *d, const lt_layout *c
     if (l[3]->batch > 1 && !stacked && !interleaved)
         return lt_error(CUBLAS_STATUS_INVALID_VALUE, "D's batches overlap (stride %lld)",
                         (long long)l[3]->stride);
+    return validate_epilogue(d, l);
+}
+
+cublasStatus_t validate_epilogue(const lt_desc *d, const lt_layout *const l[4]) {
     if (d->epilogue != CUBLASLT_EPILOGUE_DEFAULT && d->epilogue != CUBLASLT_EPILOGUE_RELU &&
         d->epilogue != CUBLASLT_EPILOGUE_BIAS && d->epilogue != CUBLASLT_EPILOGUE_RELU_BIAS)
         return lt_error(CUBLAS_STATUS_NOT_SUPPORTED, "epilogue %u (DEFAULT, RELU, BIAS, RELU_BIAS)",
@@ -290,6 +307,14 @@ cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t layout,
     case CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT: return set_attr(l->batch, buf, size, "BATCH_COUNT");
     case CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET:
         return set_attr(l->stride, buf, size, "STRIDED_BATCH_OFFSET");
+    case CUBLASLT_MATRIX_LAYOUT_BATCH_MODE: {
+        cublasStatus_t st = set_attr(l->batch_mode, buf, size, "BATCH_MODE");
+        if (st == CUBLAS_STATUS_SUCCESS && l->batch_mode != CUBLASLT_BATCH_MODE_STRIDED &&
+            l->batch_mode != CUBLASLT_BATCH_MODE_POINTER_ARRAY)
+            return lt_error(CUBLAS_STATUS_NOT_SUPPORTED, "batch mode %u is not emulated",
+                            l->batch_mode);
+        return st;
+    }
     default:
         return lt_error(CUBLAS_STATUS_NOT_SUPPORTED, "matrix layout attribute %d is not emulated",
                         (int)attr);
@@ -391,19 +416,60 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
     if (C == D && (l[2]->ld != l[3]->ld || l[2]->stride != l[3]->stride))
         return lt_error(CUBLAS_STATUS_INVALID_VALUE,
                         "in place (C == D) needs equal C and D layouts");
+    const int64_t batch = l[0]->batch;
+    const bool ptr_mode = l[0]->batch_mode == CUBLASLT_BATCH_MODE_POINTER_ARRAY;
+    std::vector<const char *> mat[4]; // each operand's matrices, batch by batch
     for (int i = 0; i < 4; i++) {
         if (i == 2 && !ptr[2]) continue;
         const size_t es = elem_size(l[i]->type);
+        size_t need = algo ? (size_t)algo->data[1 + i] : es;
+        if (need < es) need = es;
+        if (ptr_mode) {
+            if (!ptr[i] || !aligned(ptr[i], sizeof(void *)) ||
+                !device_range(ptr[i], (size_t)batch * sizeof(void *)))
+                return lt_error(CUBLAS_STATUS_INVALID_VALUE,
+                                "pointer array %s (%p, %lld pointers) is not device memory",
+                                names[i], ptr[i], (long long)batch);
+            lt_layout one = *l[i];
+            one.batch = 1;
+            for (int64_t bi = 0; bi < batch; bi++) {
+                const char *m = static_cast<const char *const *>(ptr[i])[bi];
+                if (!m || !device_range(m, extent(one) * es))
+                    return lt_error(CUBLAS_STATUS_INVALID_VALUE,
+                                    "matrix %s[%lld] (%p, %llu elements) is not inside one device "
+                                    "allocation",
+                                    names[i], (long long)bi, (const void *)m,
+                                    (unsigned long long)extent(one));
+                if (!aligned(m, need))
+                    return lt_error(CUBLAS_STATUS_INVALID_VALUE,
+                                    "matrix %s[%lld] at %p is not %zu-byte aligned (the "
+                                    "algorithm's requirement)",
+                                    names[i], (long long)bi, (const void *)m, need);
+                mat[i].push_back(m);
+            }
+            continue;
+        }
         if (!ptr[i] || !device_range(ptr[i], extent(*l[i]) * es))
             return lt_error(CUBLAS_STATUS_INVALID_VALUE,
                             "matrix %s (%p, %llu elements) is not inside one device allocation",
                             names[i], ptr[i], (unsigned long long)extent(*l[i]));
-        size_t need = algo ? (size_t)algo->data[1 + i] : es;
-        if (need < es) need = es;
         if (!aligned(ptr[i], need))
             return lt_error(CUBLAS_STATUS_INVALID_VALUE,
                             "matrix %s at %p is not %zu-byte aligned (the algorithm's requirement)",
                             names[i], ptr[i], need);
+        for (int64_t bi = 0; bi < batch; bi++)
+            mat[i].push_back(static_cast<const char *>(ptr[i]) + bi * l[i]->stride * (int64_t)es);
+    }
+    if (ptr_mode) { // D's matrices must not share an element
+        std::vector<const char *> at;
+        const size_t es = elem_size(l[3]->type);
+        for (int64_t bi = 0; bi < batch; bi++)
+            for (uint64_t j = 0; j < l[3]->cols; j++)
+                for (uint64_t r = 0; r < l[3]->rows; r++)
+                    at.push_back(mat[3][bi] + (j * (uint64_t)l[3]->ld + r) * es);
+        std::sort(at.begin(), at.end());
+        if (std::adjacent_find(at.begin(), at.end()) != at.end())
+            return lt_error(CUBLAS_STATUS_INVALID_VALUE, "D's matrices overlap");
     }
     if (algo && algo->data[0] != k_algo_magic)
         return lt_error(CUBLAS_STATUS_INVALID_VALUE,
@@ -414,7 +480,6 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
                         "workspace %p of %zu bytes (the algorithm needs %zu of device memory)",
                         workspace, workspace_bytes, ws_need);
     const uint32_t btype = d->bias_type < 0 ? l[3]->type : (uint32_t)d->bias_type;
-    const int64_t batch = l[0]->batch;
     if (d->epilogue & CUBLASLT_EPILOGUE_BIAS) {
         uint64_t n = (uint64_t)(batch - 1) *
                          (uint64_t)(d->bias_stride < 0 ? -d->bias_stride : d->bias_stride) +
@@ -433,18 +498,17 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
     std::vector<double> a(M * K), b(K * N); // op(A) row-major, op(B) column-major
     std::vector<float> out(M * N);
     for (int64_t bi = 0; bi < batch; bi++) {
-        const int64_t oa = bi * l[0]->stride, ob = bi * l[1]->stride, oc = bi * l[2]->stride,
-                      od = bi * l[3]->stride;
+        const void *Ab = mat[0][bi], *Bb = mat[1][bi];
+        const void *Cb = ptr[2] ? mat[2][bi] : nullptr;
+        void *Db = const_cast<char *>(mat[3][bi]);
         for (uint64_t i = 0; i < M; i++)
             for (uint64_t k = 0; k < K; k++) {
-                float v =
-                    load(A, l[0]->type, oa + (int64_t)(ta ? k + i * l[0]->ld : i + k * l[0]->ld));
+                float v = load(Ab, l[0]->type, (int64_t)(ta ? k + i * l[0]->ld : i + k * l[0]->ld));
                 a[i * K + k] = round_bits < 23 ? round_mantissa(v, round_bits) : v;
             }
         for (uint64_t j = 0; j < N; j++)
             for (uint64_t k = 0; k < K; k++) {
-                float v =
-                    load(B, l[1]->type, ob + (int64_t)(tb ? j + k * l[1]->ld : k + j * l[1]->ld));
+                float v = load(Bb, l[1]->type, (int64_t)(tb ? j + k * l[1]->ld : k + j * l[1]->ld));
                 b[j * K + k] = round_bits < 23 ? round_mantissa(v, round_bits) : v;
             }
         for (uint64_t j = 0; j < N; j++)
@@ -453,8 +517,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
                 for (uint64_t k = 0; k < K; k++)
                     acc += a[i * K + k] * b[j * K + k];
                 double v = al * acc;
-                if (be != 0.0f)
-                    v += be * (double)load(C, l[2]->type, oc + (int64_t)(i + j * l[2]->ld));
+                if (be != 0.0f) v += be * (double)load(Cb, l[2]->type, (int64_t)(i + j * l[2]->ld));
                 if (d->epilogue & CUBLASLT_EPILOGUE_BIAS)
                     v += load(d->bias, btype, bi * d->bias_stride + (int64_t)i);
                 if ((d->epilogue & CUBLASLT_EPILOGUE_RELU) && !(v > 0.0)) v = 0.0;
@@ -462,11 +525,11 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
             }
         for (uint64_t j = 0; j < N; j++) // stored after every read of C (C may be D)
             for (uint64_t i = 0; i < M; i++) {
-                int64_t at = od + (int64_t)(i + j * l[3]->ld);
+                int64_t at = (int64_t)(i + j * l[3]->ld);
                 if (l[3]->type == CUDA_R_16BF)
-                    static_cast<__nv_bfloat16 *>(D)[at] = __float2bfloat16_rn(out[j * M + i]);
+                    static_cast<__nv_bfloat16 *>(Db)[at] = __float2bfloat16_rn(out[j * M + i]);
                 else
-                    static_cast<float *>(D)[at] = out[j * M + i];
+                    static_cast<float *>(Db)[at] = out[j * M + i];
             }
     }
     return CUBLAS_STATUS_SUCCESS;

@@ -12,6 +12,7 @@
 
 static const luna_ops cpu_ops = {
     .gemm = luna_cpu_gemm,
+    .gemm_grid = luna_cpu_gemm_grid,
     .linear_forward = luna_cpu_linear_forward,
     .linear_backward = luna_cpu_linear_backward,
     .bias_add_forward = luna_cpu_bias_add_forward,
@@ -42,6 +43,7 @@ static const luna_ops cpu_ops = {
     .causal_contraction_backward = luna_cpu_causal_contraction_backward,
     .cross_entropy_forward = luna_cpu_cross_entropy_forward,
     .cross_entropy_backward = luna_cpu_cross_entropy_backward,
+    .cross_entropy_forward_backward = luna_cpu_cross_entropy_forward_backward,
     .sum_squares = luna_cpu_sum_squares,
     .sum_pow4 = luna_cpu_sum_pow4,
     .dot = luna_cpu_dot,

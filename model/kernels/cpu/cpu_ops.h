@@ -5,6 +5,10 @@
 
 #include "core/backend.h"
 
+luna_status luna_cpu_gemm_grid(luna_backend *be, bool trans_a, bool trans_b, int M, int N, int K,
+                               float alpha, const luna_act *A, int lda, luna_grid_stride sa,
+                               const luna_act *B, int ldb, luna_grid_stride sb, float beta,
+                               luna_act *C, int ldc, luna_grid_stride sc, int outer, int inner);
 luna_status luna_cpu_gemm(luna_backend *be, bool trans_a, bool trans_b, int M, int N, int K,
                           float alpha, const luna_act *A, int lda, int64_t stride_a,
                           const luna_act *B, int ldb, int64_t stride_b, float beta, luna_act *C,
@@ -74,6 +78,11 @@ luna_status luna_cpu_causal_contraction_backward(luna_backend *be, luna_act *dx,
 luna_status luna_cpu_cross_entropy_forward(luna_backend *be, float *loss, float *nll, float *lse,
                                            const luna_act *logits, const int32_t *targets,
                                            int64_t N, int V, float epsilon, int padding_idx);
+luna_status luna_cpu_cross_entropy_forward_backward(luna_backend *be, float *loss, float *nll,
+                                                    float *lse, luna_act *dlogits,
+                                                    const luna_act *logits, const int32_t *targets,
+                                                    int64_t N, int V, float epsilon,
+                                                    int padding_idx, float grad_scale);
 luna_status luna_cpu_cross_entropy_backward(luna_backend *be, luna_act *dlogits,
                                             const luna_act *logits, const float *lse,
                                             const int32_t *targets, int64_t N, int V, float epsilon,

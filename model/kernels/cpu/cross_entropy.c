@@ -91,6 +91,37 @@ static luna_status check_args(const char *what, const void *out, const float *lo
     return LUNA_OK;
 }
 
+/* One row's forward: lse, nll, loss (see the file comment). */
+static void row_forward(const float *restrict z, int V, int32_t y, double eps, float *loss,
+                        float *nll, float *lse) {
+    float m = z[0];
+    double zsum = 0.0;
+#pragma omp simd reduction(max : m) reduction(+ : zsum)
+    for (int v = 0; v < V; v++) {
+        m = z[v] > m ? z[v] : m;
+        zsum += (double)z[v];
+    }
+    double esum = 0.0;
+#pragma omp simd reduction(+ : esum)
+    for (int v = 0; v < V; v++)
+        esum += (double)vexpf(z[v] - m);
+    const double row_lse = (double)m + log(esum);
+    const double row_nll = row_lse - (double)z[y];
+    const double smooth = row_lse - zsum / (double)V; /* (1/V) Σ_v −log p_v */
+    *lse = (float)row_lse;
+    *nll = (float)row_nll;
+    *loss = (float)((1.0 - eps) * row_nll + eps * smooth);
+}
+
+/* One row's gradient from its lse; dz may be z (each element read before it is written). */
+static void row_backward(float *dz, const float *z, int V, int32_t y, float row_lse,
+                         float grad_scale, float smooth, float target_term) {
+#pragma omp simd
+    for (int v = 0; v < V; v++)
+        dz[v] = grad_scale * vexpf(z[v] - row_lse) - smooth;
+    dz[y] -= target_term;
+}
+
 /* loss, nll, lse [N] from logits [N, V] and targets [N]. */
 luna_status luna_cpu_cross_entropy_forward(luna_backend *be, float *loss, float *nll, float *lse,
                                            const luna_act *logits_, const int32_t *targets,
@@ -100,33 +131,14 @@ luna_status luna_cpu_cross_entropy_forward(luna_backend *be, float *loss, float 
         check_args("cross_entropy_forward", loss, logits, targets, N, V, epsilon, padding_idx));
     if (N > 0 && (!nll || !lse))
         return luna_error(LUNA_ERR_INVALID_ARGUMENT, "cross_entropy_forward: null pointer");
-    const double eps = epsilon;
 #pragma omp parallel for num_threads(be->num_threads)                                              \
     schedule(static) if (N * (int64_t)V > LUNA_CE_PARALLEL_MIN)
     for (int64_t r = 0; r < N; r++) {
         const int32_t y = targets[r];
-        if (y == padding_idx) {
+        if (y == padding_idx)
             loss[r] = nll[r] = lse[r] = 0.0f;
-            continue;
-        }
-        const float *restrict z = logits + r * (int64_t)V;
-        float m = z[0];
-        double zsum = 0.0;
-#pragma omp simd reduction(max : m) reduction(+ : zsum)
-        for (int v = 0; v < V; v++) {
-            m = z[v] > m ? z[v] : m;
-            zsum += (double)z[v];
-        }
-        double esum = 0.0;
-#pragma omp simd reduction(+ : esum)
-        for (int v = 0; v < V; v++)
-            esum += (double)vexpf(z[v] - m);
-        const double row_lse = (double)m + log(esum);
-        const double row_nll = row_lse - (double)z[y];
-        const double smooth = row_lse - zsum / (double)V; /* (1/V) Σ_v −log p_v */
-        lse[r] = (float)row_lse;
-        nll[r] = (float)row_nll;
-        loss[r] = (float)((1.0 - eps) * row_nll + eps * smooth);
+        else
+            row_forward(logits + r * (int64_t)V, V, y, epsilon, &loss[r], &nll[r], &lse[r]);
     }
     return LUNA_OK;
 }
@@ -148,8 +160,7 @@ luna_status luna_cpu_cross_entropy_backward(luna_backend *be, luna_act *dlogits_
 #pragma omp parallel for num_threads(be->num_threads)                                              \
     schedule(static) if (N * (int64_t)V > LUNA_CE_PARALLEL_MIN)
     for (int64_t r = 0; r < N; r++) {
-        /* Not restrict: dz may be z. Each element is read before it is written. */
-        const float *z = logits + r * (int64_t)V;
+        /* Not restrict: dz may be z. */
         float *dz = dlogits + r * (int64_t)V;
         const int32_t y = targets[r];
         if (y == padding_idx) {
@@ -157,11 +168,40 @@ luna_status luna_cpu_cross_entropy_backward(luna_backend *be, luna_act *dlogits_
                 dz[v] = 0.0f;
             continue;
         }
-        const float row_lse = lse[r];
-#pragma omp simd
-        for (int v = 0; v < V; v++)
-            dz[v] = grad_scale * vexpf(z[v] - row_lse) - smooth;
-        dz[y] -= target_term;
+        row_backward(dz, logits + r * (int64_t)V, V, y, lse[r], grad_scale, smooth, target_term);
+    }
+    return LUNA_OK;
+}
+
+/* Forward and backward row by row: the row is read from cache the second time. */
+luna_status luna_cpu_cross_entropy_forward_backward(luna_backend *be, float *loss, float *nll,
+                                                    float *lse, luna_act *dlogits_,
+                                                    const luna_act *logits_, const int32_t *targets,
+                                                    int64_t N, int V, float epsilon,
+                                                    int padding_idx, float grad_scale) {
+    float *dlogits = (float *)dlogits_;
+    const float *logits = (const float *)logits_;
+    LUNA_TRY(check_args("cross_entropy_forward_backward", loss, logits, targets, N, V, epsilon,
+                        padding_idx));
+    if (N > 0 && (!nll || !lse || !dlogits))
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                          "cross_entropy_forward_backward: null pointer");
+    const float smooth = grad_scale * (epsilon / (float)V);
+    const float target_term = grad_scale * (1.0f - epsilon);
+#pragma omp parallel for num_threads(be->num_threads)                                              \
+    schedule(static) if (N * (int64_t)V > LUNA_CE_PARALLEL_MIN)
+    for (int64_t r = 0; r < N; r++) {
+        float *dz = dlogits + r * (int64_t)V;
+        const float *z = logits + r * (int64_t)V;
+        const int32_t y = targets[r];
+        if (y == padding_idx) {
+            loss[r] = nll[r] = lse[r] = 0.0f;
+            for (int v = 0; v < V; v++)
+                dz[v] = 0.0f;
+            continue;
+        }
+        row_forward(z, V, y, epsilon, &loss[r], &nll[r], &lse[r]);
+        row_backward(dz, z, V, y, lse[r], grad_scale, smooth, target_term);
     }
     return LUNA_OK;
 }

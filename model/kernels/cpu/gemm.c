@@ -17,6 +17,7 @@
 
 #include "model/kernels/column_sum_order.h"
 #include "model/kernels/cpu/cpu_ops.h"
+#include "model/kernels/gemm_grid.h"
 
 /* Below this many multiply-adds a parallel region costs more than it saves. */
 #define PAR_MIN_WORK 32768
@@ -201,21 +202,24 @@ static void row_gemm(bool tb, int N, int K, const float *A, const float *B, int 
 static bool row_gemm_available(void) { return false; }
 #endif
 
-/* Batched strided GEMM, for b in [0, batch):
- *   C_b [M, N] = alpha · op(A_b) · op(B_b) + beta · C_b,  op(A_b) [M, K], op(B_b) [K, N],
- *   A_b = A + b·stride_a (stored [M, K], or [K, M] when trans_a; row stride lda), same for B, C.
- * Tile (i0, j0) of C_b needs rows i0.. of op(A_b) (A + i0·lda, or column offset A + i0 when
- * transposed) and columns j0.. of op(B_b) (B + j0, or B + j0·ldb when transposed). */
-luna_status luna_cpu_gemm(luna_backend *be, bool trans_a, bool trans_b, int M, int N, int K,
-                          float alpha, const luna_act *A_, int lda, int64_t stride_a,
-                          const luna_act *B_, int ldb, int64_t stride_b, float beta, luna_act *C_,
-                          int ldc, int64_t stride_c, int batch) {
+/* Grid-batched GEMM (core/backend.h, gemm_grid), for o in [0, outer), i in [0, inner):
+ *   C_oi [M, N] = alpha · op(A_oi) · op(B_oi) + beta · C_oi,  op(A_oi) [M, K], op(B_oi) [K, N],
+ *   A_oi = A + o·sa.outer + i·sa.inner (stored [M, K], or [K, M] when trans_a; row stride lda),
+ *   the same for B and C. The plain batched GEMM is the grid with inner = 1.
+ * Tile (i0, j0) of C_oi needs rows i0.. of op(A_oi) (A + i0·lda, or column offset A + i0 when
+ * transposed) and columns j0.. of op(B_oi) (B + j0, or B + j0·ldb when transposed). A product's
+ * result depends on (M, N, K) and its operands' values only, never on where they are stored. */
+luna_status luna_cpu_gemm_grid(luna_backend *be, bool trans_a, bool trans_b, int M, int N, int K,
+                               float alpha, const luna_act *A_, int lda, luna_grid_stride sa,
+                               const luna_act *B_, int ldb, luna_grid_stride sb, float beta,
+                               luna_act *C_, int ldc, luna_grid_stride sc, int outer, int inner) {
     const float *A = (const float *)A_;
     const float *B = (const float *)B_;
     float *C = (float *)C_;
-    if (M < 0 || N < 0 || K < 0 || batch < 0)
+    if (M < 0 || N < 0 || K < 0 || outer < 0 || inner < 0)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT,
-                          "gemm: negative size (M %d, N %d, K %d, batch %d)", M, N, K, batch);
+                          "gemm: negative size (M %d, N %d, K %d, batch %d x %d)", M, N, K, outer,
+                          inner);
     /* Row lengths of the matrices as stored. */
     int a_cols = trans_a ? M : K, b_cols = trans_b ? K : N;
     if (lda < imax(1, a_cols) || ldb < imax(1, b_cols) || ldc < imax(1, N))
@@ -224,26 +228,29 @@ luna_status luna_cpu_gemm(luna_backend *be, bool trans_a, bool trans_b, int M, i
                           "%d; trans_a %d, trans_b %d, M %d, N %d, K %d)",
                           lda, imax(1, a_cols), ldb, imax(1, b_cols), ldc, imax(1, N), trans_a,
                           trans_b, M, N, K);
+    const int64_t batch = (int64_t)outer * inner;
     if (batch == 0 || M == 0 || N == 0) return LUNA_OK;
     if (!C || (K > 0 && (!A || !B)))
         return luna_error(LUNA_ERR_INVALID_ARGUMENT, "gemm: NULL matrix pointer");
 
     gemm_tiling tl = gemm_tile(M, N);
     int tm = (M + tl.tm - 1) / tl.tm, tn = (N + tl.tn - 1) / tl.tn;
-    int64_t tasks = (int64_t)batch * tm * tn;
-    /* The C_b are disjoint when stacked (|stride_c| ≥ extent of one C_b) or side by side within a
-     * row (heads interleaved: N ≤ |stride_c| and all batch entries fit in ldc). Otherwise (e.g.
-     * stride_c = 0, summing into one C) they are updated in batch order, without threads. */
-    int64_t sc = stride_c < 0 ? -stride_c : stride_c;
-    bool disjoint = batch == 1 || sc >= (int64_t)(M - 1) * ldc + N ||
-                    (sc >= N && (int64_t)(batch - 1) * sc + N <= ldc);
+    int64_t tasks = batch * tm * tn;
+    bool disjoint = luna_grid_disjoint(M, N, ldc, sc, outer, inner);
     int64_t work = (int64_t)M * N * (K > 0 ? K : 1) * batch;
     int threads = !disjoint || work < PAR_MIN_WORK ? 1 : be->num_threads;
-    if (M == 1 && !trans_a && alpha == 1.0f && beta == 0.0f && K > 0 && K <= ROW_GEMM_MAX_K &&
+#define GRID_OFFSET(s, b) (((b) / inner) * (s).outer + ((b) % inner) * (s).inner)
+    if (M == 1 && !trans_a && beta == 0.0f && K > 0 && K <= ROW_GEMM_MAX_K &&
         row_gemm_available()) {
+        /* alpha after the sum: for a power of two the same as scaling A first */
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-        for (int b = 0; b < batch; b++)
-            row_gemm(trans_b, N, K, A + b * stride_a, B + b * stride_b, ldb, C + b * stride_c);
+        for (int64_t b = 0; b < batch; b++) {
+            float *Cb = C + GRID_OFFSET(sc, b);
+            row_gemm(trans_b, N, K, A + GRID_OFFSET(sa, b), B + GRID_OFFSET(sb, b), ldb, Cb);
+            if (alpha != 1.0f)
+                for (int j = 0; j < N; j++)
+                    Cb[j] *= alpha;
+        }
         return LUNA_OK;
     }
     /* OpenBLAS (pthreads build) must not start its own pool from inside the region: the backend
@@ -256,13 +263,24 @@ luna_status luna_cpu_gemm(luna_backend *be, bool trans_a, bool trans_b, int M, i
         int rest = (int)(t % ((int64_t)tm * tn));
         int i0 = rest / tn * tl.tm, j0 = rest % tn * tl.tn;
         int m = imin(tl.tm, M - i0), n = imin(tl.tn, N - j0);
-        const float *Ab = A ? A + b * stride_a + (trans_a ? i0 : (int64_t)i0 * lda) : NULL;
-        const float *Bb = B ? B + b * stride_b + (trans_b ? (int64_t)j0 * ldb : j0) : NULL;
-        float *Cb = C + b * stride_c + (int64_t)i0 * ldc + j0;
+        const float *Ab = A ? A + GRID_OFFSET(sa, b) + (trans_a ? i0 : (int64_t)i0 * lda) : NULL;
+        const float *Bb = B ? B + GRID_OFFSET(sb, b) + (trans_b ? (int64_t)j0 * ldb : j0) : NULL;
+        float *Cb = C + GRID_OFFSET(sc, b) + (int64_t)i0 * ldc + j0;
         sgemm1(trans_a, trans_b, m, n, K, alpha, Ab, lda, Bb, ldb, beta, Cb, ldc);
     }
+#undef GRID_OFFSET
     if (blas_threads != 1) openblas_set_num_threads(blas_threads);
     return LUNA_OK;
+}
+
+/* Batched strided GEMM (core/backend.h, gemm): the grid with one inner product per batch entry. */
+luna_status luna_cpu_gemm(luna_backend *be, bool trans_a, bool trans_b, int M, int N, int K,
+                          float alpha, const luna_act *A, int lda, int64_t stride_a,
+                          const luna_act *B, int ldb, int64_t stride_b, float beta, luna_act *C,
+                          int ldc, int64_t stride_c, int batch) {
+    return luna_cpu_gemm_grid(
+        be, trans_a, trans_b, M, N, K, alpha, A, lda, (luna_grid_stride){stride_a, 0}, B, ldb,
+        (luna_grid_stride){stride_b, 0}, beta, C, ldc, (luna_grid_stride){stride_c, 0}, batch, 1);
 }
 
 static luna_status check_linear(const char *op, int64_t rows, int in, int out) {

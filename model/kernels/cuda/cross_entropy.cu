@@ -110,6 +110,58 @@ __global__ void ce_bwd_kernel(T *dz, const T *logits, const float *lse, const in
     }
 }
 
+/* Forward and backward of a row in one block (cross_entropy_forward_backward): the forward's
+ * sums, then every thread forms the same lse and writes its elements' gradient from it — the
+ * row's second read hits the cache. The same roundings as ce_fwd_kernel then ce_bwd_kernel. */
+template <typename T>
+__global__ void ce_fwd_bwd_kernel(float *loss, float *nll, float *lse, T *dz, const T *logits,
+                                  const int32_t *targets, int V, float epsilon, int padding_idx,
+                                  float grad_scale, float smooth, float target_term) {
+    LUNA_SHARED(double, dpart, kWarps);
+    LUNA_SHARED(float, fpart, kWarps);
+    const int64_t r = blockIdx.x;
+    const int y = targets[r];
+    const T *z = logits + r * (int64_t)V;
+    T *d = dz + r * (int64_t)V;
+    if (y == padding_idx || y < 0 || y >= V) {
+        const float out = y == padding_idx ? 0.0f : __int_as_float(0x7fc00000);
+        if (threadIdx.x == 0) loss[r] = nll[r] = lse[r] = out;
+        for (int v = threadIdx.x; v < V; v += kThreads)
+            store(d, v, out);
+        return; /* the whole block leaves: no barrier is left waiting */
+    }
+    float m = load(z, 0);
+    double zsum = 0.0;
+    for (int v = threadIdx.x; v < V; v += kThreads) {
+        const float zv = load(z, v);
+        m = zv > m ? zv : m;
+        zsum += (double)zv;
+    }
+    m = block_max(m, fpart);
+    zsum = block_sum(zsum, dpart);
+    double esum = 0.0;
+    for (int v = threadIdx.x; v < V; v += kThreads)
+        esum += (double)expf(__fsub_rn(load(z, v), m));
+    esum = block_sum(esum, dpart);
+    const double row_lse = (double)m + log(esum); /* the same in every thread */
+    const float zy = load(z, y); /* read before any thread overwrites the row (dz may be z) */
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const double eps = epsilon;
+        const double row_nll = row_lse - (double)zy;
+        const double smooth_d = row_lse - zsum / (double)V;
+        lse[r] = (float)row_lse;
+        nll[r] = (float)row_nll;
+        loss[r] = (float)__dadd_rn(__dmul_rn(1.0 - eps, row_nll), __dmul_rn(eps, smooth_d));
+    }
+    const float lse_f = (float)row_lse;
+    for (int v = threadIdx.x; v < V; v += kThreads) {
+        float g = __fsub_rn(__fmul_rn(grad_scale, expf(__fsub_rn(load(z, v), lse_f))), smooth);
+        if (v == y) g = __fsub_rn(g, target_term);
+        store(d, v, g);
+    }
+}
+
 typedef __nv_bfloat16 bf16_t;
 
 } // namespace
@@ -145,6 +197,25 @@ cudaError_t luna_cuda_cross_entropy_backward(cudaStream_t s, int bf16, void *dlo
         LUNA_LAUNCH(ce_bwd_kernel<float>, (unsigned)N, kThreads, 0, s,
                     static_cast<float *>(dlogits), static_cast<const float *>(logits), lse, targets,
                     V, padding_idx, grad_scale, smooth, target_term);
+    return cudaGetLastError();
+}
+
+cudaError_t luna_cuda_cross_entropy_forward_backward(cudaStream_t s, int bf16, float *loss,
+                                                     float *nll, float *lse, void *dlogits,
+                                                     const void *logits, const int32_t *targets,
+                                                     int64_t N, int V, float epsilon,
+                                                     int padding_idx, float grad_scale) {
+    if (N <= 0 || V <= 0) return cudaSuccess;
+    const float smooth = grad_scale * (epsilon / (float)V); /* host: as the CPU computes them */
+    const float target_term = grad_scale * (1.0f - epsilon);
+    if (bf16)
+        LUNA_LAUNCH(ce_fwd_bwd_kernel<bf16_t>, (unsigned)N, kThreads, 0, s, loss, nll, lse,
+                    static_cast<bf16_t *>(dlogits), static_cast<const bf16_t *>(logits), targets, V,
+                    epsilon, padding_idx, grad_scale, smooth, target_term);
+    else
+        LUNA_LAUNCH(ce_fwd_bwd_kernel<float>, (unsigned)N, kThreads, 0, s, loss, nll, lse,
+                    static_cast<float *>(dlogits), static_cast<const float *>(logits), targets, V,
+                    epsilon, padding_idx, grad_scale, smooth, target_term);
     return cudaGetLastError();
 }
 

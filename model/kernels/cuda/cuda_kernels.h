@@ -74,6 +74,12 @@ cudaError_t luna_cuda_dropout(cudaStream_t s, int bf16, void *y, const void *x, 
 /* split (1) or merge (0) heads: [B, n, H, dh] <-> [B, H, n, dh]; out must not overlap x. */
 cudaError_t luna_cuda_heads_permute(cudaStream_t s, int bf16, void *out, const void *x, int B,
                                     int n, int H, int dh, int split);
+/* The matrices of a grid GEMM as cuBLASLt's pointer-array batches: for g = o·inner + i < G,
+ * out[g] = A + o·a_outer + i·a_inner, out[G + g] = B + …, out[2G + g] = C + … (byte strides). */
+cudaError_t luna_cuda_grid_pointers(cudaStream_t s, void **out, const void *A, int64_t a_outer,
+                                    int64_t a_inner, const void *B, int64_t b_outer,
+                                    int64_t b_inner, const void *C, int64_t c_outer,
+                                    int64_t c_inner, int outer, int inner);
 cudaError_t luna_cuda_broadcast_rows(cudaStream_t s, int bf16, void *out, const void *x, int B,
                                      int64_t rows, int d);
 /* dst[i, 0:cols] = src[idx ? idx[i] : i, 0:cols], rows dst_stride / src_stride apart. */
@@ -173,6 +179,12 @@ cudaError_t luna_cuda_cross_entropy_backward(cudaStream_t s, int bf16, void *dlo
                                              const void *logits, const float *lse,
                                              const int32_t *targets, int64_t N, int V,
                                              float epsilon, int padding_idx, float grad_scale);
+
+cudaError_t luna_cuda_cross_entropy_forward_backward(cudaStream_t s, int bf16, float *loss,
+                                                     float *nll, float *lse, void *dlogits,
+                                                     const void *logits, const int32_t *targets,
+                                                     int64_t N, int V, float epsilon,
+                                                     int padding_idx, float grad_scale);
 
 /* ---- decode_select.cu: the k best log-probs per row (k ≤ V) and the picked one ---- */
 cudaError_t luna_cuda_log_softmax_topk(cudaStream_t s, int bf16, const void *logits,

@@ -10,6 +10,7 @@
 #include "core/tensor_table.h"
 #include "model/kernels/cuda/backend_cuda.h"
 #include "model/kernels/cuda/cuda_kernels.h"
+#include "model/kernels/gemm_grid.h"
 
 #include "model/kernels/cuda/cuda_ops_util.h"
 
@@ -41,6 +42,38 @@ static luna_status gemm(luna_backend *be, bool trans_a, bool trans_b, int M, int
     }
     return luna_cuda_gemm(&c->blas, c->stream, c->bf16, trans_a, trans_b, M, N, K, alpha, A, lda,
                           stride_a, B, ldb, stride_b, beta, C, ldc, stride_c, batch, NULL);
+}
+
+static luna_status gemm_grid(luna_backend *be, bool trans_a, bool trans_b, int M, int N, int K,
+                             float alpha, const luna_act *A, int lda, luna_grid_stride sa,
+                             const luna_act *B, int ldb, luna_grid_stride sb, float beta,
+                             luna_act *C, int ldc, luna_grid_stride sc, int outer, int inner) {
+    if (M < 0 || N < 0 || K < 0 || outer < 0 || inner < 0)
+        BAD("gemm: negative size (M %d, N %d, K %d, batch %d x %d)", M, N, K, outer, inner);
+    const int a_cols = trans_a ? M : K, b_cols = trans_b ? K : N;
+    if (lda < imax(1, a_cols) || ldb < imax(1, b_cols) || ldc < imax(1, N))
+        BAD("gemm: leading dimension too small (lda %d < %d, ldb %d < %d or ldc %d < %d; trans_a "
+            "%d, trans_b %d, M %d, N %d, K %d)",
+            lda, imax(1, a_cols), ldb, imax(1, b_cols), ldc, imax(1, N), trans_a, trans_b, M, N, K);
+    if ((int64_t)outer * inner == 0 || M == 0 || N == 0) return LUNA_OK;
+    if (!C || (K > 0 && (!A || !B))) BAD("gemm: NULL matrix pointer");
+    luna_cuda_impl *c = luna_cuda_impl_of(be);
+    if (!luna_grid_disjoint(M, N, ldc, sc, outer, inner)) {
+        /* outputs that share elements: the products one by one, in grid order (the CPU's
+         * semantics), as gemm does for stride_c = 0 */
+        const size_t es = luna_dtype_size(be->act_dtype);
+        for (int64_t g = 0; g < (int64_t)outer * inner; g++) {
+            const int64_t o = g / inner, i = g % inner;
+            LUNA_TRY(luna_cuda_gemm(
+                &c->blas, c->stream, c->bf16, trans_a, trans_b, M, N, K, alpha,
+                (const char *)A + (size_t)(o * sa.outer + i * sa.inner) * es, lda, 0,
+                (const char *)B + (size_t)(o * sb.outer + i * sb.inner) * es, ldb, 0, beta,
+                (char *)C + (size_t)(o * sc.outer + i * sc.inner) * es, ldc, 0, 1, NULL));
+        }
+        return LUNA_OK;
+    }
+    return luna_cuda_gemm_grid(&c->blas, c->stream, c->bf16, trans_a, trans_b, M, N, K, alpha, A,
+                               lda, sa, B, ldb, sb, beta, C, ldc, sc, outer, inner);
 }
 
 static luna_status check_linear(const char *op, int64_t rows, int in, int out) {
@@ -332,6 +365,21 @@ static luna_status cross_entropy_backward(luna_backend *be, luna_act *dlogits,
                                             V, epsilon, padding_idx, grad_scale));
 }
 
+static luna_status cross_entropy_forward_backward(luna_backend *be, float *loss, float *nll,
+                                                  float *lse, luna_act *dlogits,
+                                                  const luna_act *logits, const int32_t *targets,
+                                                  int64_t N, int V, float epsilon, int padding_idx,
+                                                  float grad_scale) {
+    LUNA_TRY(check_ce(be, "cross_entropy_forward_backward", loss, logits, targets, N, V, epsilon,
+                      padding_idx));
+    if (N > 0 && (!nll || !lse || !dlogits)) BAD("cross_entropy_forward_backward: null pointer");
+    if (N == 0) return LUNA_OK;
+    LAUNCH("cross_entropy_forward_backward",
+           luna_cuda_cross_entropy_forward_backward(stream(be), bf16(be), loss, nll, lse, dlogits,
+                                                    logits, targets, N, V, epsilon, padding_idx,
+                                                    grad_scale));
+}
+
 /* ---- elementwise helpers and layout ------------------------------------------------------------
  */
 static luna_status add(luna_backend *be, luna_act *y, const luna_act *a, const luna_act *b,
@@ -425,6 +473,7 @@ static luna_status log_softmax_topk(luna_backend *be, const luna_act *logits, co
 
 const luna_ops luna_cuda_ops = {
     .gemm = gemm,
+    .gemm_grid = gemm_grid,
     .linear_forward = linear_forward,
     .linear_backward = linear_backward,
     .bias_add_forward = bias_add_forward,
@@ -455,6 +504,7 @@ const luna_ops luna_cuda_ops = {
     .causal_contraction_backward = causal_contraction_backward,
     .cross_entropy_forward = cross_entropy_forward,
     .cross_entropy_backward = cross_entropy_backward,
+    .cross_entropy_forward_backward = cross_entropy_forward_backward,
     .sum_squares = luna_cuda_op_sum_squares,
     .sum_pow4 = luna_cuda_op_sum_pow4,
     .dot = luna_cuda_op_dot,

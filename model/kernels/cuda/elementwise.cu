@@ -37,6 +37,19 @@ template <typename T> __global__ void scale_kernel(T *x, float alpha, int64_t n)
 
 __global__ void fill_kernel(float *x, float value, int64_t n) { GRID_STRIDE(i, n) x[i] = value; }
 
+/* Three byte addresses per grid entry g = o·inner + i (luna_cuda_grid_pointers). */
+__global__ void grid_pointers_kernel(const char **out, const char *A, int64_t a_outer,
+                                     int64_t a_inner, const char *B, int64_t b_outer,
+                                     int64_t b_inner, const char *C, int64_t c_outer,
+                                     int64_t c_inner, int64_t G, int inner) {
+    GRID_STRIDE(g, G) {
+        const int64_t o = g / inner, i = g % inner;
+        out[g] = A + o * a_outer + i * a_inner;
+        out[G + g] = B + o * b_outer + i * b_inner;
+        out[2 * G + g] = C + o * c_outer + i * c_inner;
+    }
+}
+
 __global__ void convert_to_bf16_kernel(__nv_bfloat16 *y, const float *x, int64_t n) {
     GRID_STRIDE(i, n) store(y, i, x[i]);
 }
@@ -295,6 +308,18 @@ cudaError_t luna_cuda_heads_permute(cudaStream_t s, int bf16, void *out, const v
     if (al % 8 == 0) return heads_launch<uint2>(s, out, x, B, n, H, row_bytes / 8, split);
     if (al % 4 == 0) return heads_launch<uint32_t>(s, out, x, B, n, H, row_bytes / 4, split);
     return heads_launch<uint16_t>(s, out, x, B, n, H, row_bytes / 2, split);
+}
+
+cudaError_t luna_cuda_grid_pointers(cudaStream_t s, void **out, const void *A, int64_t a_outer,
+                                    int64_t a_inner, const void *B, int64_t b_outer,
+                                    int64_t b_inner, const void *C, int64_t c_outer,
+                                    int64_t c_inner, int outer, int inner) {
+    const int64_t G = (int64_t)outer * inner;
+    if (G <= 0) return cudaSuccess;
+    LUNA_LAUNCH(grid_pointers_kernel, blocks_for(G), kThreads, 0, s, (const char **)out,
+                (const char *)A, a_outer, a_inner, (const char *)B, b_outer, b_inner,
+                (const char *)C, c_outer, c_inner, G, inner);
+    return cudaGetLastError();
 }
 
 cudaError_t luna_cuda_broadcast_rows(cudaStream_t s, int bf16, void *out, const void *x, int B,

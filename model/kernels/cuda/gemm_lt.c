@@ -21,14 +21,20 @@ luna_status luna_cublas_check(cublasStatus_t st, const char *what) {
         if (st != LUNA_OK) goto done;                                                              \
     } while (0)
 
-/* A column-major layout of `rows` × `cols` (ld ≥ rows), batched. */
+/* A column-major layout of `rows` × `cols` (ld ≥ rows), batched: strided, or (ptr_mode) the
+ * matrices' addresses in a device array of pointers. */
 static cublasStatus_t make_layout(cublasLtMatrixLayout_t *l, cudaDataType_t type, int rows,
-                                  int cols, int ld, int batch, int64_t stride) {
+                                  int cols, int ld, int batch, int64_t stride, bool ptr_mode) {
     cublasStatus_t s = cublasLtMatrixLayoutCreate(l, type, (uint64_t)rows, (uint64_t)cols, ld);
-    if (s != CUBLAS_STATUS_SUCCESS || batch == 1) return s;
+    if (s != CUBLAS_STATUS_SUCCESS || (batch == 1 && !ptr_mode)) return s;
     s = cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch,
                                          sizeof batch);
     if (s != CUBLAS_STATUS_SUCCESS) return s;
+    if (ptr_mode) {
+        const uint32_t mode = CUBLASLT_BATCH_MODE_POINTER_ARRAY;
+        return cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &mode,
+                                                sizeof mode);
+    }
     return cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
                                             &stride, sizeof stride);
 }
@@ -57,7 +63,7 @@ luna_status luna_cuda_gemm(const luna_cuda_blas *b, cudaStream_t s, int bf16, bo
 /* ---- plans -------------------------------------------------------------------------------- */
 
 typedef struct {
-    int32_t ab_bf16, c_bf16, compute, op_a, op_b, has_bias;
+    int32_t ab_bf16, c_bf16, compute, op_a, op_b, has_bias, ptr_mode;
     int32_t M, N, K, lda, ldb, ldc, batch;
     uint32_t align[3];
     int64_t stride_a, stride_b, stride_c;
@@ -66,6 +72,7 @@ typedef struct {
 typedef struct {
     plan_key key;
     bool used;
+    bool unsupported; /* pointer-array plans only: the heuristic had no algorithm for the key */
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo;
@@ -73,9 +80,30 @@ typedef struct {
 
 #define PLAN_CAPACITY 1024 /* a power of two; a training update makes ~50 shapes */
 
+/* The device pointer arrays of grid GEMMs (luna_cuda_gemm_grid), by everything that decides
+ * them: a training step makes the same ~100 grids at the same addresses every step, so after the
+ * first step a grid GEMM is one launch, cuBLASLt's. */
+typedef struct {
+    const void *a, *b, *c;
+    int64_t stride[6]; /* bytes: A outer, A inner, B outer, B inner, C outer, C inner */
+    int32_t outer, inner;
+} ptrs_key;
+
+typedef struct {
+    ptrs_key key;
+    bool used;
+    void **dev;       /* 3·outer·inner pointers: A's, B's, C's */
+    int64_t capacity; /* pointers dev holds */
+} ptrs_entry;
+
+#define PTRS_CAPACITY 512 /* a power of two */
+#define PTRS_PROBE 8
+
 struct luna_gemm_plans {
     plan slot[PLAN_CAPACITY];
     int64_t count, made, reused;
+    ptrs_entry ptrs[PTRS_CAPACITY];
+    int64_t ptr_fills, ptr_hits;
 };
 
 luna_status luna_gemm_plans_create(luna_gemm_plans **out) {
@@ -97,6 +125,8 @@ void luna_gemm_plans_free(luna_gemm_plans *ps) {
     if (!ps) return;
     for (int i = 0; i < PLAN_CAPACITY; i++)
         if (ps->slot[i].used) plan_destroy(&ps->slot[i]);
+    for (int i = 0; i < PTRS_CAPACITY; i++)
+        if (ps->ptrs[i].dev) cudaFree(ps->ptrs[i].dev);
     free(ps);
 }
 
@@ -105,13 +135,14 @@ void luna_gemm_plans_counts(const luna_gemm_plans *ps, int64_t *made, int64_t *r
     *reused = ps ? ps->reused : 0;
 }
 
-static uint64_t key_hash(const plan_key *k) { /* FNV-1a over the key's bytes (zeroed padding) */
-    const unsigned char *b = (const unsigned char *)k;
+static uint64_t bytes_hash(const void *key, size_t n) { /* FNV-1a (keys have zeroed padding) */
+    const unsigned char *b = (const unsigned char *)key;
     uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < sizeof *k; i++)
+    for (size_t i = 0; i < n; i++)
         h = (h ^ b[i]) * 1099511628211ull;
     return h;
 }
+static uint64_t key_hash(const plan_key *k) { return bytes_hash(k, sizeof *k); }
 
 /* The slot of key k: its plan (used), or the free slot to put it in; NULL when full. */
 static plan *plan_slot(luna_gemm_plans *ps, const plan_key *k) {
@@ -142,11 +173,12 @@ static luna_status plan_make(const luna_cuda_blas *b, const plan_key *k, plan *p
     }
     /* stored shapes (column-major view of row-major storage): our B is [K, N] row-major = N×K
      * column-major with ld = ldb when not transposed, [N, K] row-major = K×N when transposed */
+    const bool pm = k->ptr_mode != 0;
     LT_TRY(make_layout(&p->la, type, trans_b ? k->K : k->N, trans_b ? k->N : k->K, k->ldb, k->batch,
-                       k->stride_b));
+                       k->stride_b, pm));
     LT_TRY(make_layout(&p->lb, type, trans_a ? k->M : k->K, trans_a ? k->K : k->M, k->lda, k->batch,
-                       k->stride_a));
-    LT_TRY(make_layout(&p->lc, ctype, k->N, k->M, k->ldc, k->batch, k->stride_c));
+                       k->stride_a, pm));
+    LT_TRY(make_layout(&p->lc, ctype, k->N, k->M, k->ldc, k->batch, k->stride_c, pm));
     LT_TRY(cublasLtMatmulPreferenceCreate(&pref));
     LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                 &b->workspace_bytes, sizeof b->workspace_bytes));
@@ -163,8 +195,9 @@ static luna_status plan_make(const luna_cuda_blas *b, const plan_key *k, plan *p
                                           &heur, &found));
     if (found < 1) {
         st = luna_error(LUNA_ERR_UNSUPPORTED,
-                        "cuBLASLt: no algorithm for M %d N %d K %d batch %d (%s)", k->M, k->N, k->K,
-                        k->batch, k->ab_bf16 ? (k->c_bf16 ? "bf16" : "bf16 -> fp32") : "fp32");
+                        "cuBLASLt: no algorithm for M %d N %d K %d batch %d%s (%s)", k->M, k->N,
+                        k->K, k->batch, k->ptr_mode ? " of pointers" : "",
+                        k->ab_bf16 ? (k->c_bf16 ? "bf16" : "bf16 -> fp32") : "fp32");
         goto done;
     }
     p->algo = heur.algo;
@@ -172,6 +205,59 @@ done:
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
     if (st != LUNA_OK) plan_destroy(p);
     return st;
+}
+
+/* The plan of key k (made, or found made), then cuBLASLt's matmul with it: A, B, C the matrices
+ * (strided key) or the device arrays of their addresses (ptr_mode key), our row-major names. */
+static luna_status run_plan(const luna_cuda_blas *b, cudaStream_t s, const plan_key *k, float alpha,
+                            const void *A, const void *B, float beta, void *C, const void *bias) {
+    plan local = {0}, *p = b->plans ? plan_slot(b->plans, k) : NULL;
+    luna_status st = LUNA_OK;
+    if (p && p->used) {
+        if (p->unsupported)
+            return luna_error(LUNA_ERR_UNSUPPORTED, "cuBLASLt: no pointer-array algorithm");
+        b->plans->reused++;
+    } else {
+        plan *made = p ? p : &local;
+        st = plan_make(b, k, made);
+        if (st != LUNA_OK) {
+            if (p && k->ptr_mode && st == LUNA_ERR_UNSUPPORTED) {
+                /* remembered: the caller falls back to strided batches, every call */
+                p->key = *k;
+                p->used = p->unsupported = true;
+                b->plans->count++;
+            }
+            return st;
+        }
+        if (p) {
+            p->key = *k;
+            p->used = true;
+            b->plans->count++;
+            b->plans->made++;
+        } else {
+            p = &local; /* no cache, or a full one: this call's plan only */
+        }
+    }
+    if (bias)
+        LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                              sizeof bias));
+    LT_TRY(cublasLtMatmul(b->lt, p->desc, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C, p->lc,
+                          &p->algo, b->workspace, b->workspace_bytes, s));
+done:
+    if (p == &local) plan_destroy(&local);
+    return st;
+}
+
+/* The fields of a plan key every GEMM sets alike. */
+static void key_init(plan_key *k, const luna_cuda_blas *b, int ab_bf16, int c_bf16, bool trans_a,
+                     bool trans_b, int M, int N, int K, int lda, int ldb, int ldc, int batch) {
+    memset(k, 0, sizeof *k); /* padding too: the key is hashed and compared as bytes */
+    k->ab_bf16 = ab_bf16;
+    k->c_bf16 = c_bf16;
+    k->compute = !ab_bf16 && b->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    k->op_a = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N; /* on our B */
+    k->op_b = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N; /* on our A */
+    k->M = M, k->N = N, k->K = K, k->lda = lda, k->ldb = ldb, k->ldc = ldc, k->batch = batch;
 }
 
 luna_status luna_cuda_gemm_ex(const luna_cuda_blas *b, cudaStream_t s, int ab_bf16, int c_bf16,
@@ -197,42 +283,119 @@ luna_status luna_cuda_gemm_ex(const luna_cuda_blas *b, cudaStream_t s, int ab_bf
      * unless told otherwise (alignment() above). */
     const size_t es_ab = ab_bf16 ? 2 : 4, es_c = c_bf16 ? 2 : 4;
     plan_key k;
-    memset(&k, 0, sizeof k); /* padding too: the key is hashed and compared as bytes */
-    k.ab_bf16 = ab_bf16;
-    k.c_bf16 = c_bf16;
-    k.compute = !ab_bf16 && b->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-    k.op_a = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N; /* on our B */
-    k.op_b = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N; /* on our A */
+    key_init(&k, b, ab_bf16, c_bf16, trans_a, trans_b, M, N, K, lda, ldb, ldc, batch);
     k.has_bias = bias != NULL;
-    k.M = M, k.N = N, k.K = K, k.lda = lda, k.ldb = ldb, k.ldc = ldc, k.batch = batch;
     k.stride_a = batch > 1 ? stride_a : 0; /* unused (and not set) for one matrix */
     k.stride_b = batch > 1 ? stride_b : 0;
     k.stride_c = batch > 1 ? stride_c : 0;
     k.align[0] = alignment(B, stride_b, es_ab, batch);
     k.align[1] = alignment(A, stride_a, es_ab, batch);
     k.align[2] = alignment(C, stride_c, es_c, batch);
-    plan local = {0}, *p = b->plans ? plan_slot(b->plans, &k) : NULL;
-    luna_status st = LUNA_OK;
-    if (p && p->used) {
-        b->plans->reused++;
-    } else {
-        plan *made = p ? p : &local;
-        LUNA_TRY(plan_make(b, &k, made));
-        if (p) {
-            p->key = k;
-            p->used = true;
-            b->plans->count++;
-            b->plans->made++;
-        } else {
-            p = &local; /* no cache, or a full one: this call's plan only */
+    return run_plan(b, s, &k, alpha, A, B, beta, C, bias);
+}
+
+/* ---- grids -------------------------------------------------------------------------------- */
+
+void luna_gemm_plans_pointer_counts(const luna_gemm_plans *ps, int64_t *fills, int64_t *hits) {
+    *fills = ps ? ps->ptr_fills : 0;
+    *hits = ps ? ps->ptr_hits : 0;
+}
+
+/* The device array of the grid's matrix addresses (A's, then B's, then C's): found, or filled by
+ * one launch into an entry of the cache (allocated, or grown, the first time). */
+static luna_status grid_pointers(luna_gemm_plans *ps, cudaStream_t s, const ptrs_key *k,
+                                 void ***out) {
+    const uint64_t h = bytes_hash(k, sizeof *k);
+    ptrs_entry *e = NULL;
+    for (int n = 0; n < PTRS_PROBE; n++) {
+        ptrs_entry *c = &ps->ptrs[(h + (uint64_t)n) & (PTRS_CAPACITY - 1)];
+        if (c->used && memcmp(&c->key, k, sizeof *k) == 0) {
+            ps->ptr_hits++;
+            *out = c->dev;
+            return LUNA_OK;
+        }
+        if (!e && !c->used) e = c;
+    }
+    if (!e) e = &ps->ptrs[h & (PTRS_CAPACITY - 1)]; /* full around here: replace the first */
+    const int64_t need = 3 * (int64_t)k->outer * k->inner;
+    if (e->capacity < need) {
+        /* cudaFree waits for the device: the array may still be read by a queued GEMM */
+        if (e->dev) LUNA_TRY(luna_cuda_check(cudaFree(e->dev), "cudaFree (GEMM pointers)"));
+        e->dev = NULL;
+        e->used = false;
+        e->capacity = 0;
+        LUNA_TRY(luna_cuda_check(cudaMalloc((void **)&e->dev, (size_t)need * sizeof(void *)),
+                                 "cudaMalloc (GEMM pointers)"));
+        e->capacity = need;
+    }
+    e->used = false; /* until filled */
+    LUNA_TRY(luna_cuda_check(
+        luna_cuda_grid_pointers(s, e->dev, k->a, k->stride[0], k->stride[1], k->b, k->stride[2],
+                                k->stride[3], k->c, k->stride[4], k->stride[5], k->outer, k->inner),
+        "grid_pointers"));
+    e->key = *k;
+    e->used = true;
+    ps->ptr_fills++;
+    *out = e->dev;
+    return LUNA_OK;
+}
+
+/* The largest power of two ≤ 256 dividing every matrix address of a grid operand. */
+static uint32_t grid_alignment(const void *p, luna_grid_stride st, size_t elem) {
+    uintptr_t a = (uintptr_t)p;
+    a |= (uintptr_t)(st.outer < 0 ? -st.outer : st.outer) * elem;
+    a |= (uintptr_t)(st.inner < 0 ? -st.inner : st.inner) * elem;
+    uint32_t al = 256;
+    while (al > 1 && a % al)
+        al >>= 1;
+    return al;
+}
+
+luna_status luna_cuda_gemm_grid(const luna_cuda_blas *b, cudaStream_t s, int bf16, bool trans_a,
+                                bool trans_b, int M, int N, int K, float alpha, const void *A,
+                                int lda, luna_grid_stride sa, const void *B, int ldb,
+                                luna_grid_stride sb, float beta, void *C, int ldc,
+                                luna_grid_stride sc, int outer, int inner) {
+    const int64_t G = (int64_t)outer * inner;
+    if (M == 0 || N == 0 || G == 0) return LUNA_OK;
+    /* one stride for all: a plain strided batch */
+    if (inner == 1 || (sa.outer == inner * sa.inner && sb.outer == inner * sb.inner &&
+                       sc.outer == inner * sc.inner && G <= INT32_MAX))
+        return luna_cuda_gemm(b, s, bf16, trans_a, trans_b, M, N, K, alpha, A, lda,
+                              inner == 1 ? sa.outer : sa.inner, B, ldb,
+                              inner == 1 ? sb.outer : sb.inner, beta, C, ldc,
+                              inner == 1 ? sc.outer : sc.inner, (int)G, NULL);
+    const size_t es = bf16 ? 2 : 4;
+    if (K > 0 && b->plans && G <= INT32_MAX) {
+        ptrs_key pk;
+        memset(&pk, 0, sizeof pk);
+        pk.a = A, pk.b = B, pk.c = C;
+        const luna_grid_stride st[3] = {sa, sb, sc};
+        for (int i = 0; i < 3; i++) {
+            pk.stride[2 * i] = st[i].outer * (int64_t)es;
+            pk.stride[2 * i + 1] = st[i].inner * (int64_t)es;
+        }
+        pk.outer = outer, pk.inner = inner;
+        plan_key k;
+        key_init(&k, b, bf16, bf16, trans_a, trans_b, M, N, K, lda, ldb, ldc, (int)G);
+        k.ptr_mode = 1;
+        k.align[0] = grid_alignment(B, sb, es);
+        k.align[1] = grid_alignment(A, sa, es);
+        k.align[2] = grid_alignment(C, sc, es);
+        plan *p = plan_slot(b->plans, &k);
+        if (!(p && p->used && p->unsupported)) {
+            void **dev;
+            LUNA_TRY(grid_pointers(b->plans, s, &pk, &dev));
+            luna_status st2 = run_plan(b, s, &k, alpha, dev, dev + G, beta, dev + 2 * G, NULL);
+            if (st2 != LUNA_ERR_UNSUPPORTED) return st2;
         }
     }
-    if (bias)
-        LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
-                                              sizeof bias));
-    LT_TRY(cublasLtMatmul(b->lt, p->desc, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C, p->lc,
-                          &p->algo, b->workspace, b->workspace_bytes, s));
-done:
-    if (p == &local) plan_destroy(&local);
-    return st;
+    /* no pointer-array algorithm (or K = 0): one strided batch over the outer index per inner */
+    for (int i = 0; i < inner; i++)
+        LUNA_TRY(luna_cuda_gemm(b, s, bf16, trans_a, trans_b, M, N, K, alpha,
+                                (const char *)A + (size_t)i * (size_t)sa.inner * es, lda, sa.outer,
+                                (const char *)B + (size_t)i * (size_t)sb.inner * es, ldb, sb.outer,
+                                beta, (char *)C + (size_t)i * (size_t)sc.inner * es, ldc, sc.outer,
+                                outer, NULL));
+    return LUNA_OK;
 }

@@ -14,6 +14,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
+#include "core/backend.h"
 #include "core/status.h"
 
 #ifdef __cplusplus
@@ -41,6 +42,9 @@ void luna_gemm_plans_free(luna_gemm_plans *p);
 /* Plans made, and GEMM calls that found their plan made (for tests and benchmarks). */
 void luna_gemm_plans_counts(const luna_gemm_plans *p, int64_t *made, int64_t *reused);
 
+/* Grid pointer arrays filled (a launch) and found filled (none), for tests and benchmarks. */
+void luna_gemm_plans_pointer_counts(const luna_gemm_plans *p, int64_t *fills, int64_t *hits);
+
 /* LUNA_OK, or "cuBLASLt: <what> failed: <status name>". */
 luna_status luna_cublas_check(cublasStatus_t st, const char *what);
 
@@ -59,6 +63,18 @@ luna_status luna_cuda_gemm_ex(const luna_cuda_blas *b, cudaStream_t s, int ab_bf
                               const void *A, int lda, int64_t stride_a, const void *B, int ldb,
                               int64_t stride_b, float beta, void *C, int ldc, int64_t stride_c,
                               int batch, const void *bias);
+
+/* Grid-batched GEMM (core/backend.h, gemm_grid) with A, B, C of one storage type. A grid whose
+ * strides collapse to one is a strided batch. Otherwise cuBLASLt's pointer-array batches: the
+ * matrices' addresses in a device array, made by one launch and kept by key (the same grids at
+ * the same addresses recur every training step), so a grid is usually one launch. Where the
+ * heuristic has no pointer-array algorithm (remembered per shape), one strided batch over the
+ * outer index per inner index. The caller makes sure the outputs do not overlap. */
+luna_status luna_cuda_gemm_grid(const luna_cuda_blas *b, cudaStream_t s, int bf16, bool trans_a,
+                                bool trans_b, int M, int N, int K, float alpha, const void *A,
+                                int lda, luna_grid_stride sa, const void *B, int ldb,
+                                luna_grid_stride sb, float beta, void *C, int ldc,
+                                luna_grid_stride sc, int outer, int inner);
 
 #ifdef __cplusplus
 }
