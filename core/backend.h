@@ -48,6 +48,18 @@
 #include "core/tensor.h"
 
 typedef struct luna_ops luna_ops;
+/* Where the rows of a causal contraction's operands lie (struct luna_ops, causal_contraction_*):
+ * for group g < G = B·H and position t, the p-long rows (x, a, dx, da) at
+ *   (g / H)·p_outer + (g % H)·p_inner + t·p_ld
+ * and the q-long rows (b, out, db, dout) likewise with the q strides. Packed [G, n, p]:
+ * {H 1, p_ld p, p_outer n·p}; heads of a [B, n, H·dh] activation: {p_ld H·dh, p_outer n·H·dh,
+ * p_inner dh}. */
+typedef struct {
+    int H;
+    int p_ld, q_ld;
+    int64_t p_outer, p_inner, q_outer, q_inner;
+} luna_causal_layout;
+
 /* The two strides (elements) of a grid-batched operand (struct luna_ops, gemm_grid). */
 typedef struct {
     int64_t outer, inner;
@@ -300,20 +312,23 @@ struct luna_ops {
 
     /* ---- Causal normalised contraction (the two causal Luna products of spec §3) ------------
      * For each of G independent groups (batch × head) and t = 1..n:
-     *   out_t = (1/t) · Σ_{s≤t} (x_t · a_s) · b_s,
-     * x, a [G, n, p]; b, out [G, n, q]. With (x, a, b) = (Q, K, Φ) this is S_t [l]; with
-     * (A, Φ, V) it is O_t [d_h]. Computed as a scan over t with a running p×q state
-     * (Σ_{s≤t} a_s b_sᵀ), never materialising n×n or n×p×q tensors.
-     * Backward (overwrites dx, da, db): with g_t = dout_t / t,
+     *   out_t = alpha · (1/t) · Σ_{s≤t} (x_t · a_s) · b_s,
+     * x, a [G, n, p]; b, out [G, n, q]. With (x, a, b) = (Q, K, Φ) this is S_t [l] (alpha:
+     * Q's dh^-1/2); with (A, Φ, V) it is O_t [d_h]. Computed as a scan over t with a running
+     * p×q state (Σ_{s≤t} a_s b_sᵀ), never materialising n×n or n×p×q tensors.
+     * Backward (overwrites dx, da, db): with g_t = alpha · dout_t / t,
      *   dx_t = (Σ_{s≤t} a_s b_sᵀ) g_t,  da_s = R_s b_s,  db_s = R_sᵀ a_s,  R_s = Σ_{t≥s} x_t g_tᵀ.
-     */
+     * layout: where the rows lie (NULL: packed as above), so heads are read where a Linear
+     * wrote them (luna_causal_layout). */
     luna_status (*causal_contraction_forward)(luna_backend *be, luna_act *out, const luna_act *x,
                                               const luna_act *a, const luna_act *b, int G, int n,
-                                              int p, int q);
+                                              int p, int q, float alpha,
+                                              const luna_causal_layout *layout);
     luna_status (*causal_contraction_backward)(luna_backend *be, luna_act *dx, luna_act *da,
                                                luna_act *db, const luna_act *dout,
                                                const luna_act *x, const luna_act *a,
-                                               const luna_act *b, int G, int n, int p, int q);
+                                               const luna_act *b, int G, int n, int p, int q,
+                                               float alpha, const luna_causal_layout *layout);
 
     /* ---- Log-softmax + label-smoothed cross entropy (spec §8) --------------------------------
      * logits [N, V], targets [N]; rows with targets == padding_idx are ignored. Per row (nats):

@@ -18,6 +18,29 @@ static luna_status phi_backward(luna_backend *be, luna_causal_activation a, luna
 
 /* ---- training form --------------------------------------------------------------------------- */
 
+/* The causal contractions' rows: the dh-long ones (Q, K, V, O and their gradients) are the heads
+ * of [B, n, d] activations, the L-long ones (Φ, S, A) packed [B, H, n, L]. heads_on_p: the
+ * (Q, K, Φ) product (p = dh, q = L); else the (A, Φ, V) one (p = L, q = dh). */
+static luna_causal_layout causal_layout(int n, int L, int d, int H, bool heads_on_p) {
+    const int dh = d / H;
+    const int64_t heads_outer = (int64_t)n * d, packed_outer = (int64_t)H * n * L;
+    if (heads_on_p)
+        return (luna_causal_layout){.H = H,
+                                    .p_ld = d,
+                                    .q_ld = L,
+                                    .p_outer = heads_outer,
+                                    .p_inner = dh,
+                                    .q_outer = packed_outer,
+                                    .q_inner = (int64_t)n * L};
+    return (luna_causal_layout){.H = H,
+                                .p_ld = L,
+                                .q_ld = d,
+                                .p_outer = packed_outer,
+                                .p_inner = (int64_t)n * L,
+                                .q_outer = heads_outer,
+                                .q_inner = dh};
+}
+
 luna_status luna_causal_attention_forward(const luna_pass *ps, const luna_attn_w *w,
                                           luna_causal_act *act, const luna_act *x,
                                           const luna_act *p, const int32_t *p_valid, int B, int n,
@@ -39,47 +62,54 @@ luna_status luna_causal_attention_forward(const luna_pass *ps, const luna_attn_w
                              .p = p,
                              .p_valid = p_valid};
     const int64_t nL = (int64_t)G * n * L, nd = (int64_t)B * n * d;
+    const luna_causal_layout qk = causal_layout(n, L, d, H, true),
+                             av = causal_layout(n, L, d, H, false);
 
-    /* 1-2. P̃ [B,H,L,dh]; Φ = φ(pc_proj(X) P̃ᵀ) [B,H,n,L], dropped */
-    LUNA_TRY(luna_project_heads(ps, &act->pt, p, &w->pq_proj, B, L, d, H, scale));
-    LUNA_TRY(luna_project_heads(ps, &act->pc, x, &w->pc_proj, B, n, d, H, 1.0f));
+    /* 1-2. pq_proj(P) [B,L,d], pc_proj(X) [B,n,d]; Φ = φ(pc P̃ᵀ) [B,H,n,L] with P̃ = dh^-1/2 ·
+     * pq_proj(P) (the scale in the GEMM's alpha), dropped */
+    LUNA_TRY(luna_project(ps, &act->pt, p, &w->pq_proj, (int64_t)B * L, d, d));
+    LUNA_TRY(luna_project(ps, &act->pc, x, &w->pc_proj, (int64_t)B * n, d, d));
     LUNA_TRY(luna_pass_alloc(ps, &act->z, nL, "causal projection scores"));
-    LUNA_TRY(luna_bgemm(be, false, true, n, L, dh, 1.0f, act->pc, act->pt, 0.0f, act->z, G));
+    LUNA_TRY(luna_heads_gemm(be, false, true, n, L, dh, scale, act->pc,
+                             luna_heads_in_rows(n, d, dh), act->pt, luna_heads_in_rows(L, d, dh),
+                             0.0f, act->z, luna_heads_packed(n, L, H), B, H));
     LUNA_TRY(luna_pass_alloc(ps, &act->phi_d, nL, "causal projection weights"));
     LUNA_TRY(phi_forward(be, activation, act->phi_d, act->z, nL));
     LUNA_TRY(luna_pass_dropout(ps, act->phi_d, act->phi_d, nL, ps->attention_dropout, site + 2));
 
-    /* 3. Q (scaled), K = V = c_proj(X) (untied: k_proj, v_proj) [B,H,n,dh] */
-    LUNA_TRY(luna_project_heads(ps, &act->q, x, &w->q_proj, B, n, d, H, scale));
+    /* 3. Q (unscaled: dh^-1/2 is the contraction's alpha), K = V = c_proj(X) (untied: k_proj,
+     * v_proj) [B,n,d] */
+    LUNA_TRY(luna_project(ps, &act->q, x, &w->q_proj, (int64_t)B * n, d, d));
     if (tied) {
-        LUNA_TRY(luna_project_heads(ps, &act->k, x, &w->c_proj, B, n, d, H, 1.0f));
+        LUNA_TRY(luna_project(ps, &act->k, x, &w->c_proj, (int64_t)B * n, d, d));
         act->v = act->k;
     } else {
-        LUNA_TRY(luna_project_heads(ps, &act->k, x, &w->k_proj, B, n, d, H, 1.0f));
-        LUNA_TRY(luna_project_heads(ps, &act->v, x, &w->v_proj, B, n, d, H, 1.0f));
+        LUNA_TRY(luna_project(ps, &act->k, x, &w->k_proj, (int64_t)B * n, d, d));
+        LUNA_TRY(luna_project(ps, &act->v, x, &w->v_proj, (int64_t)B * n, d, d));
     }
 
-    /* 4-5. S_t = (1/t) Σ_{s≤t} (Q_t·K_s) Φ_s; A = softmax_L(S) with the P mask, dropped */
+    /* 4-5. S_t = (dh^-1/2/t) Σ_{s≤t} (Q_t·K_s) Φ_s; A = softmax_L(S) with the P mask, dropped */
     LUNA_TRY(luna_pass_alloc(ps, &act->a, nL, "causal attention"));
-    LUNA_TRY(op->causal_contraction_forward(be, act->a, act->q, act->k, act->phi_d, G, n, dh, L));
+    LUNA_TRY(op->causal_contraction_forward(be, act->a, act->q, act->k, act->phi_d, G, n, dh, L,
+                                            scale, &qk));
     LUNA_TRY(luna_pass_softmax_dropout(ps, act->a, &act->a_d, act->a, (int64_t)G * n, L, p_valid,
                                        (int64_t)H * n, 0, ps->attention_dropout, site + 3,
                                        "causal attention dropout"));
 
-    /* 6-7. O_t = (1/t) Σ_{s≤t} (A_t·Φ_s) V_s; Y = out_proj(merge O) */
+    /* 6-7. O_t = (1/t) Σ_{s≤t} (A_t·Φ_s) V_s, each head into its columns; Y = out_proj(O) */
     LUNA_TRY(luna_pass_alloc(ps, &act->o, nd, "causal attention output"));
-    {
-        luna_arena_mark mark = luna_arena_get_mark(ps->arena);
-        luna_act *oh; /* [B,H,n,dh] */
-        LUNA_TRY(luna_pass_alloc(ps, &oh, nd, "causal attention output heads"));
-        luna_status st =
-            op->causal_contraction_forward(be, oh, act->a_d, act->phi_d, act->v, G, n, L, dh);
-        if (st == LUNA_OK) st = op->merge_heads(be, act->o, oh, B, n, H, dh);
-        luna_arena_release(ps->arena, mark);
-        LUNA_TRY(st);
-    }
+    LUNA_TRY(op->causal_contraction_forward(be, act->o, act->a_d, act->phi_d, act->v, G, n, L, dh,
+                                            1.0f, &av));
     LUNA_TRY(luna_pass_alloc(ps, &act->y, nd, "causal attention result"));
     return op->linear_forward(be, act->y, act->o, w->out_proj.weight, NULL, (int64_t)B * n, d, d);
+}
+
+/* dx += the gradient through y = x Wᵀ + b, given dy; dW, db += theirs. */
+static luna_status project_backward(const luna_pass *ps, const luna_act *dy, const luna_act *x,
+                                    const luna_linear_w *w, luna_linear_w *g, luna_act *dx,
+                                    int64_t rows, int d) {
+    return ps->be->ops->linear_backward(ps->be, dx, g->weight, g->bias, dy, x, w->weight, rows, d,
+                                        d, true);
 }
 
 static luna_status backward(const luna_pass *ps, const luna_attn_w *w, luna_attn_w *g,
@@ -91,57 +121,57 @@ static luna_status backward(const luna_pass *ps, const luna_attn_w *w, luna_attn
     const int dh = d / H, G = B * H;
     const float scale = 1.0f / sqrtf((float)dh);
     const int64_t nL = (int64_t)G * n * L, nd = (int64_t)B * n * d, Ld = (int64_t)B * L * d;
+    const luna_causal_layout qk = causal_layout(n, L, d, H, true),
+                             av = causal_layout(n, L, d, H, false);
 
-    /* 7. out_proj: dO [B,n,d] -> dOh [B,H,n,dh] */
-    luna_act *d_o, *doh;
+    /* 7. out_proj: dO [B,n,d] */
+    luna_act *d_o;
     LUNA_TRY(luna_pass_alloc(ps, &d_o, nd, "causal attention gradient"));
-    LUNA_TRY(luna_pass_alloc(ps, &doh, nd, "causal attention gradient heads"));
     LUNA_TRY(op->linear_backward(be, d_o, g->out_proj.weight, NULL, dy, act->o, w->out_proj.weight,
                                  (int64_t)B * n, d, d, false));
-    LUNA_TRY(op->split_heads(be, doh, d_o, B, n, H, dh));
 
     /* 6. O = contraction(A_d, Φ_d, V): dA_d, dΦ (first part), dV */
-    luna_act *da, *dphi, *dphi2, *dk, *dv;
+    luna_act *da, *dphi, *dphi2, *dq, *dk, *dv;
     LUNA_TRY(luna_pass_alloc(ps, &da, nL, "causal attention probability gradient"));
     LUNA_TRY(luna_pass_alloc(ps, &dphi, nL, "causal projection weight gradient"));
     LUNA_TRY(luna_pass_alloc(ps, &dphi2, nL, "causal projection weight gradient"));
+    LUNA_TRY(luna_pass_alloc(ps, &dq, nd, "causal query gradient"));
     LUNA_TRY(luna_pass_alloc(ps, &dk, nd, "causal key gradient"));
     LUNA_TRY(luna_pass_alloc(ps, &dv, nd, "causal value gradient"));
-    LUNA_TRY(op->causal_contraction_backward(be, da, dphi, dv, doh, act->a_d, act->phi_d, act->v, G,
-                                             n, L, dh));
+    LUNA_TRY(op->causal_contraction_backward(be, da, dphi, dv, d_o, act->a_d, act->phi_d, act->v, G,
+                                             n, L, dh, 1.0f, &av));
     /* 5. dropout and softmax */
     LUNA_TRY(luna_pass_softmax_dropout_backward(ps, da, da, act->a, (int64_t)G * n, L,
                                                 ps->attention_dropout, act->site + 3));
-    /* 4. S = contraction(Q, K, Φ_d): dQ (into doh), dK, dΦ (second part) */
-    LUNA_TRY(op->causal_contraction_backward(be, doh, dk, dphi2, da, act->q, act->k, act->phi_d, G,
-                                             n, dh, L));
+    /* 4. S = contraction(Q, K, Φ_d) with alpha dh^-1/2: dQ, dK, dΦ (second part) */
+    LUNA_TRY(op->causal_contraction_backward(be, dq, dk, dphi2, da, act->q, act->k, act->phi_d, G,
+                                             n, dh, L, scale, &qk));
     LUNA_TRY(op->add(be, dphi, dphi, dphi2, nL));
     if (act->tied) LUNA_TRY(op->add(be, dk, dk, dv, nd));
 
-    /* 2. Φ = dropout(φ(Z)), Z = pc P̃ᵀ: dZ (into dphi); dpc = dZ P̃; dP̃ = dZᵀ pc */
+    /* 2. Φ = dropout(φ(Z)), Z = dh^-1/2 · pc pq_projᵀ: dZ (into dphi); dpc = dh^-1/2 · dZ pq_proj;
+     * dpq_proj = dh^-1/2 · dZᵀ pc (per head, into the heads' columns) */
     LUNA_TRY(luna_pass_dropout_backward(ps, dphi, dphi, nL, ps->attention_dropout, act->site + 2));
     LUNA_TRY(phi_backward(be, act->activation, dphi, dphi, act->z, nL));
     luna_act *dpc, *dpt;
     LUNA_TRY(luna_pass_alloc(ps, &dpc, nd, "causal projection gradient"));
     LUNA_TRY(luna_pass_alloc(ps, &dpt, Ld, "causal P gradient"));
-    LUNA_TRY(luna_bgemm(be, false, false, n, dh, L, 1.0f, dphi, act->pt, 0.0f, dpc, G));
-    LUNA_TRY(luna_bgemm(be, true, false, L, dh, n, 1.0f, dphi, act->pc, 0.0f, dpt, G));
+    const luna_heads_layout hn = luna_heads_in_rows(n, d, dh), hL = luna_heads_in_rows(L, d, dh);
+    const luna_heads_layout hnL = luna_heads_packed(n, L, H);
+    LUNA_TRY(luna_heads_gemm(be, false, false, n, dh, L, scale, dphi, hnL, act->pt, hL, 0.0f, dpc,
+                             hn, B, H));
+    LUNA_TRY(luna_heads_gemm(be, true, false, L, dh, n, scale, dphi, hnL, act->pc, hn, 0.0f, dpt,
+                             hL, B, H));
 
     /* 1 and 3: the projections */
-    LUNA_TRY(luna_project_heads_backward(ps, dpt, act->p, &w->pq_proj, &g->pq_proj, dp, B, L, d, H,
-                                         scale));
-    LUNA_TRY(luna_project_heads_backward(ps, dpc, act->x, &w->pc_proj, &g->pc_proj, dx, B, n, d, H,
-                                         1.0f));
-    LUNA_TRY(luna_project_heads_backward(ps, doh, act->x, &w->q_proj, &g->q_proj, dx, B, n, d, H,
-                                         scale));
+    LUNA_TRY(project_backward(ps, dpt, act->p, &w->pq_proj, &g->pq_proj, dp, (int64_t)B * L, d));
+    LUNA_TRY(project_backward(ps, dpc, act->x, &w->pc_proj, &g->pc_proj, dx, (int64_t)B * n, d));
+    LUNA_TRY(project_backward(ps, dq, act->x, &w->q_proj, &g->q_proj, dx, (int64_t)B * n, d));
     if (act->tied) {
-        LUNA_TRY(luna_project_heads_backward(ps, dk, act->x, &w->c_proj, &g->c_proj, dx, B, n, d, H,
-                                             1.0f));
+        LUNA_TRY(project_backward(ps, dk, act->x, &w->c_proj, &g->c_proj, dx, (int64_t)B * n, d));
     } else {
-        LUNA_TRY(luna_project_heads_backward(ps, dk, act->x, &w->k_proj, &g->k_proj, dx, B, n, d, H,
-                                             1.0f));
-        LUNA_TRY(luna_project_heads_backward(ps, dv, act->x, &w->v_proj, &g->v_proj, dx, B, n, d, H,
-                                             1.0f));
+        LUNA_TRY(project_backward(ps, dk, act->x, &w->k_proj, &g->k_proj, dx, (int64_t)B * n, d));
+        LUNA_TRY(project_backward(ps, dv, act->x, &w->v_proj, &g->v_proj, dx, (int64_t)B * n, d));
     }
     return LUNA_OK;
 }

@@ -26,14 +26,14 @@ typedef struct {
     const luna_act *x;      /* [B, n, d] */
     const luna_act *p;      /* [B, L, d] */
     const int32_t *p_valid; /* [B] or NULL */
-    luna_act *pt;           /* [B, H, L, dh] P̃ */
-    luna_act *pc;           /* [B, H, n, dh] pc_proj(X) heads */
+    luna_act *pt;           /* [B, L, d] pq_proj(P) (P̃ = dh^-1/2 · its heads) */
+    luna_act *pc;           /* [B, n, d] pc_proj(X) */
     luna_act *z;            /* [B, H, n, L] pre-activation pc·P̃ᵀ */
     luna_act *phi_d;        /* [B, H, n, L] Φ after dropout */
-    luna_act *q;            /* [B, H, n, dh] scaled */
-    luna_act *k, *v;        /* [B, H, n, dh] (v == k when tied) */
+    luna_act *q;            /* [B, n, d] (unscaled: dh^-1/2 is the contraction's alpha) */
+    luna_act *k, *v;        /* [B, n, d] (v == k when tied); heads read in place */
     luna_act *a, *a_d;      /* [B, H, n, L] probabilities, after dropout */
-    luna_act *o;            /* [B, n, d] heads merged */
+    luna_act *o;            /* [B, n, d] the heads' outputs */
     luna_act *y;            /* [B, n, d] output, out_proj(O) without its bias (layers.h) */
 } luna_causal_act;
 

@@ -62,7 +62,8 @@ static void forward(causal_case *c) {
     size_t np = (size_t)c->G * c->n * c->p, nq = (size_t)c->G * c->n * c->q;
     float *x = lh_f32(be, c->x, np), *a = lh_f32(be, c->a, np), *b = lh_f32(be, c->b, nq);
     float *out = lh_f32(be, c->out, nq);
-    luna_status st = be->ops->causal_contraction_forward(be, out, x, a, b, c->G, c->n, c->p, c->q);
+    luna_status st =
+        be->ops->causal_contraction_forward(be, out, x, a, b, c->G, c->n, c->p, c->q, 1.0f, NULL);
     ck_assert_msg(st == LUNA_OK, "forward: %s", luna_error_message());
     lh_download(be, c->out, out, nq * sizeof(float));
     float *all[] = {x, a, b, out};
@@ -76,8 +77,8 @@ static void backward(causal_case *c) {
     float *x = lh_f32(be, c->x, np), *a = lh_f32(be, c->a, np), *b = lh_f32(be, c->b, nq);
     float *w = lh_f32(be, c->w, nq), *dx = lh_f32(be, c->dx, np), *da = lh_f32(be, c->da, np);
     float *db = lh_f32(be, c->db, nq);
-    luna_status st =
-        be->ops->causal_contraction_backward(be, dx, da, db, w, x, a, b, c->G, c->n, c->p, c->q);
+    luna_status st = be->ops->causal_contraction_backward(be, dx, da, db, w, x, a, b, c->G, c->n,
+                                                          c->p, c->q, 1.0f, NULL);
     ck_assert_msg(st == LUNA_OK, "backward: %s", luna_error_message());
     lh_download(be, c->dx, dx, np * sizeof(float));
     lh_download(be, c->da, da, np * sizeof(float));
@@ -299,23 +300,126 @@ START_TEST(threads_and_scratch) {
 }
 END_TEST
 
+/* Rows where a Linear wrote them (luna_causal_layout) and alpha, on the backend under test:
+ * heads of a [B, n, H·dim + 3] activation on one side (p: the (Q, K, Φ) product; q: the
+ * (A, Φ, V) one), packed rows on the other; alpha = 1/8. Equal bit for bit to the packed op with
+ * x scaled by 1/8 first (dx: 1/8 of its dx), the padding columns untouched. n = 19 crosses the
+ * CUDA kernels' 16-position tiles. */
+static float *spread(const float *packed, int B, int H, int n, int dim, int ld, size_t *count) {
+    *count = (size_t)B * n * ld;
+    float *s = malloc(*count * sizeof(float));
+    for (size_t i = 0; i < *count; i++)
+        s[i] = -7.0f; /* padding */
+    for (int g = 0; g < B * H; g++)
+        for (int t = 0; t < n; t++)
+            memcpy(s + (size_t)(g / H) * n * ld + (size_t)(g % H) * dim + (size_t)t * ld,
+                   packed + ((size_t)g * n + t) * dim, (size_t)dim * sizeof(float));
+    return s;
+}
+
+static void check_layout(luna_backend *be, bool heads_on_p) {
+    const int B = 2, H = 3, G = B * H, n = 19, dim = 8, other = 5;
+    const int p = heads_on_p ? dim : other, q = heads_on_p ? other : dim, ld = H * dim + 3;
+    const float alpha = 0.125f;
+    causal_case ref = make_case(be, G, n, p, q, 99);
+    causal_case c = make_case(be, G, n, p, q, 99);
+    for (size_t i = 0; i < (size_t)G * n * p; i++)
+        ref.x[i] = alpha * c.x[i]; /* exact: a power of two */
+    forward(&ref);
+    backward(&ref);
+    /* the heads side: (sentence, head) at n·ld, dim; the packed side: group g at g·n·len */
+    const luna_causal_layout ly = {.H = H,
+                                   .p_ld = heads_on_p ? ld : p,
+                                   .q_ld = heads_on_p ? q : ld,
+                                   .p_outer = heads_on_p ? (int64_t)n * ld : (int64_t)H * n * p,
+                                   .p_inner = heads_on_p ? dim : (int64_t)n * p,
+                                   .q_outer = heads_on_p ? (int64_t)H * n * q : (int64_t)n * ld,
+                                   .q_inner = heads_on_p ? (int64_t)n * q : dim};
+    /* the heads side spread into rows of ld, the other side packed (as given) */
+    size_t nh;
+    float *hx = heads_on_p ? spread(c.x, B, H, n, dim, ld, &nh) : NULL;
+    float *ha = heads_on_p ? spread(c.a, B, H, n, dim, ld, &nh) : NULL;
+    float *hb = heads_on_p ? NULL : spread(c.b, B, H, n, dim, ld, &nh);
+    float *hw = heads_on_p ? NULL : spread(c.w, B, H, n, dim, ld, &nh);
+    const size_t np = heads_on_p ? nh : (size_t)G * n * p, nq = heads_on_p ? (size_t)G * n * q : nh;
+    float *x = lh_f32(be, heads_on_p ? hx : c.x, np), *a = lh_f32(be, heads_on_p ? ha : c.a, np);
+    float *b = lh_f32(be, heads_on_p ? c.b : hb, nq), *w = lh_f32(be, heads_on_p ? c.w : hw, nq);
+    float *pad_p = malloc(np * sizeof(float)), *pad_q = malloc(nq * sizeof(float));
+    for (size_t i = 0; i < np; i++)
+        pad_p[i] = -7.0f;
+    for (size_t i = 0; i < nq; i++)
+        pad_q[i] = -7.0f;
+    float *out = lh_f32(be, pad_q, nq), *dx = lh_f32(be, pad_p, np), *da = lh_f32(be, pad_p, np);
+    float *db = lh_f32(be, pad_q, nq);
+    LUNA_CHECK_OK(be->ops->causal_contraction_forward(be, out, x, a, b, G, n, p, q, alpha, &ly));
+    LUNA_CHECK_OK(
+        be->ops->causal_contraction_backward(be, dx, da, db, w, x, a, b, G, n, p, q, alpha, &ly));
+    float *got[4] = {lh_fetch_f32(be, out, nq), lh_fetch_f32(be, dx, np), lh_fetch_f32(be, da, np),
+                     lh_fetch_f32(be, db, nq)};
+    const float *want[4] = {ref.out, ref.dx, ref.da, ref.db};
+    const bool on_p[4] = {false, true, true, false};
+    for (int k = 0; k < 4; k++) {
+        const bool heads = on_p[k] == heads_on_p;
+        const int len = on_p[k] ? p : q;
+        const size_t total = on_p[k] ? np : nq;
+        size_t checked = 0;
+        for (int g = 0; g < G; g++)
+            for (int t = 0; t < n; t++)
+                for (int j = 0; j < len; j++) {
+                    const size_t at = heads ? (size_t)(g / H) * n * ld + (size_t)(g % H) * dim +
+                                                  (size_t)t * ld + (size_t)j
+                                            : ((size_t)g * n + t) * len + (size_t)j;
+                    const float expect = k == 1 ? alpha * want[k][((size_t)g * n + t) * len + j]
+                                                : want[k][((size_t)g * n + t) * len + j];
+                    ck_assert_msg(memcmp(&got[k][at], &expect, 4) == 0,
+                                  "heads on %s: output %d (g %d, t %d, %d) = %.9g, want %.9g",
+                                  heads_on_p ? "p" : "q", k, g, t, j, (double)got[k][at],
+                                  (double)expect);
+                    checked++;
+                }
+        size_t pads = 0;
+        for (size_t i = 0; i < total; i++)
+            pads += got[k][i] == -7.0f;
+        ck_assert_uint_eq(pads, total - checked); /* every other element still padding */
+        free(got[k]);
+    }
+    float *all[] = {x, a, b, w, out, dx, da, db};
+    for (int i = 0; i < 8; i++)
+        lh_free(be, all[i]);
+    free(hx), free(ha), free(hb), free(hw), free(pad_p), free(pad_q);
+    free_case(&ref);
+    free_case(&c);
+}
+
+START_TEST(layouts_and_alpha) {
+    luna_backend *be = lh_backend(2);
+    check_layout(be, true);
+    check_layout(be, false);
+    luna_backend_free(be);
+}
+END_TEST
+
 START_TEST(degenerate_shapes) {
     luna_backend *be = lh_backend(2);
     const float four[4] = {1, 2, 3, 4}, sevens[6] = {7, 7, 7, 7, 7, 7};
     float *dummy = lh_f32(be, four, 4), *vout = lh_f32(be, sevens, 6);
     const luna_ops *ops = be->ops;
-    ck_assert_int_eq(ops->causal_contraction_forward(be, dummy, dummy, dummy, dummy, 0, 3, 2, 2),
-                     LUNA_OK);
-    ck_assert_int_eq(ops->causal_contraction_forward(be, dummy, dummy, dummy, dummy, 2, 0, 2, 2),
-                     LUNA_OK);
-    ck_assert_int_eq(ops->causal_contraction_forward(be, dummy, dummy, dummy, dummy, 1, -1, 2, 2),
-                     LUNA_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(
+        ops->causal_contraction_forward(be, dummy, dummy, dummy, dummy, 0, 3, 2, 2, 1.0f, NULL),
+        LUNA_OK);
+    ck_assert_int_eq(
+        ops->causal_contraction_forward(be, dummy, dummy, dummy, dummy, 2, 0, 2, 2, 1.0f, NULL),
+        LUNA_OK);
+    ck_assert_int_eq(
+        ops->causal_contraction_forward(be, dummy, dummy, dummy, dummy, 1, -1, 2, 2, 1.0f, NULL),
+        LUNA_ERR_INVALID_ARGUMENT);
     ck_assert_int_eq(ops->causal_contraction_backward(be, dummy, dummy, dummy, dummy, dummy, dummy,
-                                                      dummy, 1, 2, 2, -3),
+                                                      dummy, 1, 2, 2, -3, 1.0f, NULL),
                      LUNA_ERR_INVALID_ARGUMENT);
     /* p = 0: out = 0 (an empty dot product), overwritten. */
-    ck_assert_int_eq(ops->causal_contraction_forward(be, vout, dummy, dummy, dummy, 1, 2, 0, 3),
-                     LUNA_OK);
+    ck_assert_int_eq(
+        ops->causal_contraction_forward(be, vout, dummy, dummy, dummy, 1, 2, 0, 3, 1.0f, NULL),
+        LUNA_OK);
     float out[6];
     lh_download(be, out, vout, sizeof out);
     lh_free(be, dummy);
@@ -334,12 +438,13 @@ typedef struct {
 /* d[0] x, d[1] a, d[2] b, d[3] out / dout, d[4] dx, d[5] da, d[6] db. */
 static luna_status cmp_forward(luna_backend *be, void *const *d, const void *args) {
     const cmp_args *s = args;
-    return be->ops->causal_contraction_forward(be, d[3], d[0], d[1], d[2], s->G, s->n, s->p, s->q);
+    return be->ops->causal_contraction_forward(be, d[3], d[0], d[1], d[2], s->G, s->n, s->p, s->q,
+                                               1.0f, NULL);
 }
 static luna_status cmp_backward(luna_backend *be, void *const *d, const void *args) {
     const cmp_args *s = args;
     return be->ops->causal_contraction_backward(be, d[4], d[5], d[6], d[3], d[0], d[1], d[2], s->G,
-                                                s->n, s->p, s->q);
+                                                s->n, s->p, s->q, 1.0f, NULL);
 }
 
 START_TEST(causal_matches_reference_backend) {
@@ -382,6 +487,7 @@ static Suite *causal_suite(void) {
     tcase_add_test(tc, causality);
     tcase_add_test(tc, threads_and_scratch);
     tcase_add_test(tc, degenerate_shapes);
+    tcase_add_test(tc, layouts_and_alpha);
     tcase_add_test(tc, causal_matches_reference_backend);
     suite_add_tcase(s, tc);
     return s;

@@ -271,17 +271,19 @@ static luna_status w_softmax_dropout_backward(luna_backend *be, luna_act *dx, co
  * CUDA kernel is a register scan, model/kernels/cuda/causal_contraction.cu) ------------------- */
 static luna_status w_causal_contraction_forward(luna_backend *be, luna_act *out, const luna_act *x,
                                                 const luna_act *a, const luna_act *b, int G, int n,
-                                                int p, int q) {
+                                                int p, int q, float alpha,
+                                                const luna_causal_layout *layout) {
     COST(.flops = D(G) * n * (4 * D(p) * q + q), .act_elems = D(G) * n * (2 * D(p) + 2 * D(q)));
-    FORWARD(causal_contraction_forward, out, x, a, b, G, n, p, q);
+    FORWARD(causal_contraction_forward, out, x, a, b, G, n, p, q, alpha, layout);
 }
 static luna_status w_causal_contraction_backward(luna_backend *be, luna_act *dx, luna_act *da,
                                                  luna_act *db, const luna_act *dout,
                                                  const luna_act *x, const luna_act *a,
-                                                 const luna_act *b, int G, int n, int p, int q) {
+                                                 const luna_act *b, int G, int n, int p, int q,
+                                                 float alpha, const luna_causal_layout *layout) {
     /* Forward state rebuilt (2pq) and used for dx (2pq); R_s built (2pq), da and db (4pq). */
     COST(.flops = D(G) * n * (10 * D(p) * q + q), .act_elems = D(G) * n * (4 * D(p) + 3 * D(q)));
-    FORWARD(causal_contraction_backward, dx, da, db, dout, x, a, b, G, n, p, q);
+    FORWARD(causal_contraction_backward, dx, da, db, dout, x, a, b, G, n, p, q, alpha, layout);
 }
 
 /* ---- cross entropy over [N, V] ------------------------------------------------------------------

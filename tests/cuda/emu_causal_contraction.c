@@ -70,16 +70,17 @@ START_TEST(causal_contraction_matches_cpu) {
             char what[96];
             snprintf(what, sizeof what, "causal G %d n %d p %d q %d %s", G, n, p, q,
                      bf16 ? "bf16" : "fp32");
-            LUNA_CHECK_OK(cpu->ops->causal_contraction_forward(cpu, out, x, a, b, G, n, p, q));
-            ck_assert_int_eq(
-                luna_cuda_causal_contraction_forward(0, bf16, dout, dx_, da_, db_, G, n, p, q),
-                cudaSuccess);
+            LUNA_CHECK_OK(
+                cpu->ops->causal_contraction_forward(cpu, out, x, a, b, G, n, p, q, 1.0f, NULL));
+            ck_assert_int_eq(luna_cuda_causal_contraction_forward(0, bf16, dout, dx_, da_, db_, G,
+                                                                  n, p, q, 1.0f, NULL),
+                             cudaSuccess);
             down_act(got, dout, nq, bf16);
             compare(out, got, nq, 0.0, bf16, what);
-            LUNA_CHECK_OK(
-                cpu->ops->causal_contraction_backward(cpu, cx, ca, cb, d, x, a, b, G, n, p, q));
-            ck_assert_int_eq(luna_cuda_causal_contraction_backward(0, bf16, gx, ga, gb, dd_, dx_,
-                                                                   da_, db_, G, n, p, q),
+            LUNA_CHECK_OK(cpu->ops->causal_contraction_backward(cpu, cx, ca, cb, d, x, a, b, G, n,
+                                                                p, q, 1.0f, NULL));
+            ck_assert_int_eq(luna_cuda_causal_contraction_backward(
+                                 0, bf16, gx, ga, gb, dd_, dx_, da_, db_, G, n, p, q, 1.0f, NULL),
                              cudaSuccess);
             down_act(got, gx, np, bf16);
             compare(cx, got, np, 0.0, bf16, what);

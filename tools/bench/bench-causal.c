@@ -53,11 +53,11 @@ static double time_op(luna_backend *be, int which, int G, int p, int q, float *b
     for (int r = -3; r < REPEATS; r++) { /* 3 warm-up runs */
         double start = now();
         luna_status st =
-            which == 0
-                ? be->ops->causal_contraction_forward(be, bufs[0], bufs[1], bufs[2], bufs[3], G, N,
-                                                      p, q)
-                : be->ops->causal_contraction_backward(be, bufs[4], bufs[5], bufs[6], bufs[7],
-                                                       bufs[1], bufs[2], bufs[3], G, N, p, q);
+            which == 0 ? be->ops->causal_contraction_forward(be, bufs[0], bufs[1], bufs[2], bufs[3],
+                                                             G, N, p, q, 1.0f, NULL)
+                       : be->ops->causal_contraction_backward(be, bufs[4], bufs[5], bufs[6],
+                                                              bufs[7], bufs[1], bufs[2], bufs[3], G,
+                                                              N, p, q, 1.0f, NULL);
         double elapsed = now() - start;
         if (st != LUNA_OK) {
             fprintf(stderr, "bench-causal: %s\n", luna_error_message());

@@ -141,22 +141,47 @@ static float *thread_states(luna_backend *be, const char *what, int64_t floats, 
     return s;
 }
 
-static luna_status check_shape(const char *what, int G, int n, int p, int q) {
+static luna_status check_shape(const char *what, int G, int n, int p, int q,
+                               const luna_causal_layout *layout, luna_causal_layout *out) {
     if (G < 0 || n < 0 || p < 0 || q < 0)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT, "%s: negative size (G=%d n=%d p=%d q=%d)",
                           what, G, n, p, q);
+    if (layout && (layout->H < 1 || layout->p_ld < p || layout->q_ld < q))
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                          "%s: bad layout (H %d, row strides %d, %d for rows of %d, %d)", what,
+                          layout->H, layout->p_ld, layout->q_ld, p, q);
+    *out = layout ? *layout
+                  : (luna_causal_layout){.H = 1,
+                                         .p_ld = p,
+                                         .q_ld = q,
+                                         .p_outer = (int64_t)n * p,
+                                         .q_outer = (int64_t)n * q};
     return LUNA_OK;
 }
 
-/* out [G, n, q] = (1/t) Σ_{s≤t} (x_t·a_s) b_s for x, a [G, n, p], b [G, n, q]. */
+/* Element offsets of row t of group g: p-long (x, a, dx, da) and q-long (b, out, db, dout). */
+static inline int64_t row_p(const luna_causal_layout *l, int g, int t) {
+    return (int64_t)(g / l->H) * l->p_outer + (int64_t)(g % l->H) * l->p_inner +
+           (int64_t)t * l->p_ld;
+}
+static inline int64_t row_q(const luna_causal_layout *l, int g, int t) {
+    return (int64_t)(g / l->H) * l->q_outer + (int64_t)(g % l->H) * l->q_inner +
+           (int64_t)t * l->q_ld;
+}
+
+/* out [G, n, q] = alpha·(1/t) Σ_{s≤t} (x_t·a_s) b_s for x, a [G, n, p], b [G, n, q] (rows
+ * where the layout puts them). alpha·(1/t) is one factor: for a power-of-two alpha the bits of
+ * scaling x first. */
 luna_status luna_cpu_causal_contraction_forward(luna_backend *be, luna_act *out_,
                                                 const luna_act *x_, const luna_act *a_,
-                                                const luna_act *b_, int G, int n, int p, int q) {
+                                                const luna_act *b_, int G, int n, int p, int q,
+                                                float alpha, const luna_causal_layout *layout) {
     float *out = (float *)out_;
     const float *x = (const float *)x_;
     const float *a = (const float *)a_;
     const float *b = (const float *)b_;
-    LUNA_TRY(check_shape("causal_contraction_forward", G, n, p, q));
+    luna_causal_layout ly;
+    LUNA_TRY(check_shape("causal_contraction_forward", G, n, p, q, layout, &ly));
     if ((int64_t)G * n * q == 0) return LUNA_OK;
     if (!out || (p > 0 && (!x || !a || !b)))
         return luna_error(LUNA_ERR_INVALID_ARGUMENT, "causal_contraction_forward: null pointer");
@@ -174,9 +199,9 @@ luna_status luna_cpu_causal_contraction_forward(luna_backend *be, luna_act *out_
             for (int64_t i = 0; i < (int64_t)p * q; i++)
                 S[i] = 0.0f;
             for (int t = 0; t < n; t++) {
-                int64_t rp = ((int64_t)g * n + t) * p, rq = ((int64_t)g * n + t) * q;
-                /* S[i, :] += a_t[i]·b_t;  out_t = (1/t) Σ_i x_t[i] S[i, :] */
-                step_sum(S, p, q, A + rp, Bm + rq, X + rp, O + rq, 1.0f / (float)(t + 1));
+                int64_t rp = row_p(&ly, g, t), rq = row_q(&ly, g, t);
+                /* S[i, :] += a_t[i]·b_t;  out_t = (alpha/t) Σ_i x_t[i] S[i, :] */
+                step_sum(S, p, q, A + rp, Bm + rq, X + rp, O + rq, alpha * (1.0f / (float)(t + 1)));
             }
         }
     }
@@ -184,11 +209,13 @@ luna_status luna_cpu_causal_contraction_forward(luna_backend *be, luna_act *out_
     return LUNA_OK;
 }
 
-/* dx, da [G, n, p], db [G, n, q] (overwritten) from dout [G, n, q]; see the file comment. */
+/* dx, da [G, n, p], db [G, n, q] (overwritten) from dout [G, n, q]; see the file comment
+ * (alpha goes into g_t = alpha·dout_t / t, so into all three). */
 luna_status luna_cpu_causal_contraction_backward(luna_backend *be, luna_act *dx_, luna_act *da_,
                                                  luna_act *db_, const luna_act *dout_,
                                                  const luna_act *x_, const luna_act *a_,
-                                                 const luna_act *b_, int G, int n, int p, int q) {
+                                                 const luna_act *b_, int G, int n, int p, int q,
+                                                 float alpha, const luna_causal_layout *layout) {
     float *dx = (float *)dx_;
     float *da = (float *)da_;
     float *db = (float *)db_;
@@ -196,7 +223,8 @@ luna_status luna_cpu_causal_contraction_backward(luna_backend *be, luna_act *dx_
     const float *x = (const float *)x_;
     const float *a = (const float *)a_;
     const float *b = (const float *)b_;
-    LUNA_TRY(check_shape("causal_contraction_backward", G, n, p, q));
+    luna_causal_layout ly;
+    LUNA_TRY(check_shape("causal_contraction_backward", G, n, p, q, layout, &ly));
     if ((int64_t)G * n * (p + q) == 0) return LUNA_OK;
     if (!dx || !da || !db || !dout || !x || !a || !b)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT, "causal_contraction_backward: null pointer");
@@ -217,16 +245,17 @@ luna_status luna_cpu_causal_contraction_backward(luna_backend *be, luna_act *dx_
             for (int64_t i = 0; i < pq; i++)
                 M[i] = 0.0f;
             for (int t = 0; t < n; t++) {
-                int64_t rp = ((int64_t)g * n + t) * p, rq = ((int64_t)g * n + t) * q;
-                step_sum(M, q, p, Bm + rq, A + rp, D + rq, DX + rp, 1.0f / (float)(t + 1));
+                int64_t rp = row_p(&ly, g, t), rq = row_q(&ly, g, t);
+                step_sum(M, q, p, Bm + rq, A + rp, D + rq, DX + rp,
+                         alpha * (1.0f / (float)(t + 1)));
             }
             /* Reverse: R_s = R_{s+1} + x_s g_sᵀ, db_s = R_sᵀ a_s, da_s = R_s b_s, from R [p, q]
              * (q ≥ p: db along the rows, da as dots) or Rᵀ [q, p] (the other way round). */
             for (int64_t i = 0; i < pq; i++)
                 M[i] = 0.0f;
             for (int s = n - 1; s >= 0; s--) {
-                int64_t rp = ((int64_t)g * n + s) * p, rq = ((int64_t)g * n + s) * q;
-                const float inv = 1.0f / (float)(s + 1);
+                int64_t rp = row_p(&ly, g, s), rq = row_q(&ly, g, s);
+                const float inv = alpha * (1.0f / (float)(s + 1));
                 for (int j = 0; j < q; j++)
                     gs[j] = D[rq + j] * inv;
                 if (q >= p)

@@ -70,11 +70,13 @@ luna_status luna_cpu_elu_plus_one_backward(luna_backend *be, luna_act *dx, const
                                            const luna_act *x, int64_t n);
 luna_status luna_cpu_causal_contraction_forward(luna_backend *be, luna_act *out, const luna_act *x,
                                                 const luna_act *a, const luna_act *b, int G, int n,
-                                                int p, int q);
+                                                int p, int q, float alpha,
+                                                const luna_causal_layout *layout);
 luna_status luna_cpu_causal_contraction_backward(luna_backend *be, luna_act *dx, luna_act *da,
                                                  luna_act *db, const luna_act *dout,
                                                  const luna_act *x, const luna_act *a,
-                                                 const luna_act *b, int G, int n, int p, int q);
+                                                 const luna_act *b, int G, int n, int p, int q,
+                                                 float alpha, const luna_causal_layout *layout);
 luna_status luna_cpu_cross_entropy_forward(luna_backend *be, float *loss, float *nll, float *lse,
                                            const luna_act *logits, const int32_t *targets,
                                            int64_t N, int V, float epsilon, int padding_idx);

@@ -33,25 +33,35 @@ constexpr int kMaxDim = 256;
 template <int R> struct State { float v[R > 0 ? R : kMaxDim]; };
 #define FOR_STATE(k, len) LUNA_UNROLL for (int k = 0; k < (R > 0 ? R : (len)); k++) if (k < (len))
 
+/* Where row t of group g lies (core/backend.h, luna_causal_layout: one side's strides). */
+struct Rows {
+    int64_t outer, inner;
+    int ld, H;
+};
+__device__ inline int64_t row_at(const Rows &l, int64_t g, int t) {
+    return (g / l.H) * l.outer + (g % l.H) * l.inner + (int64_t)t * l.ld;
+}
+
 /* One scan: state M [r, c], thread j < c keeps column j; per position t:
- *   M[k, j] = fma(u_t[k], v_t[j], M[k, j]);  out_t[j] = (Σ_k w_t[k]·M[k, j])·(1/(t+1)).
- * u, w have rows r per position, v and out c per position. */
+ *   M[k, j] = fma(u_t[k], v_t[j], M[k, j]);  out_t[j] = (Σ_k w_t[k]·M[k, j])·(alpha·(1/(t+1))).
+ * u, w have rows r per position (at lr), v and out c per position (at lc). */
 template <typename T, int R>
-__global__ void scan_kernel(T *out, const T *u, const T *v, const T *w, int n, int r, int c) {
+__global__ void scan_kernel(T *out, const T *u, const T *v, const T *w, int n, int r, int c,
+                            Rows lr, Rows lc, float alpha) {
     const int j = threadIdx.x;
     if (j >= c) return;
     const int64_t g = blockIdx.x;
     State<R> col;
     FOR_STATE(k, r) col.v[k] = 0.0f;
     for (int t = 0; t < n; t++) {
-        const int64_t ru = (g * n + t) * r, rc = (g * n + t) * c;
+        const int64_t ru = row_at(lr, g, t), rc = row_at(lc, g, t);
         const float vj = r > 0 ? load(v, rc + j) : 0.0f; /* r = 0: v is not read (as the CPU) */
         float acc = 0.0f;
         FOR_STATE(k, r) {
             col.v[k] = fmaf(load(u, ru + k), vj, col.v[k]);
             acc = fmaf(load(w, ru + k), col.v[k], acc);
         }
-        const float scale = 1.0f / (float)(t + 1);
+        const float scale = alpha * (1.0f / (float)(t + 1));
         store(out, rc + j, scale != 1.0f ? __fmul_rn(acc, scale) : acc);
     }
 }
@@ -60,7 +70,7 @@ __global__ void scan_kernel(T *out, const T *u, const T *v, const T *w, int n, i
  * q ≤ t < q + p own R[t − q, :] (da). */
 template <typename T, int R>
 __global__ void reverse_kernel(T *da, T *db, const T *dout, const T *x, const T *a, const T *b,
-                               int n, int p, int q) {
+                               int n, int p, int q, Rows lp, Rows lq, float alpha) {
     const int tid = threadIdx.x;
     if (tid >= p + q) return;
     const int64_t g = blockIdx.x;
@@ -69,8 +79,8 @@ __global__ void reverse_kernel(T *da, T *db, const T *dout, const T *x, const T 
     const int me = column ? tid : tid - q, len = column ? p : q;
     FOR_STATE(k, len) st.v[k] = 0.0f;
     for (int s = n - 1; s >= 0; s--) {
-        const int64_t rp = (g * n + s) * p, rq = (g * n + s) * q;
-        const float inv = 1.0f / (float)(s + 1);
+        const int64_t rp = row_at(lp, g, s), rq = row_at(lq, g, s);
+        const float inv = alpha * (1.0f / (float)(s + 1));
         float acc = 0.0f;
         if (column) { /* R[i, me] += x_s[i]·g_s[me];  db_s[me] = Σ_i a_s[i]·R[i, me] */
             const float gj = __fmul_rn(load(dout, rq + me), inv);
@@ -99,12 +109,12 @@ __global__ void reverse_kernel(T *da, T *db, const T *dout, const T *x, const T 
  * the kernels' above, operation for operation, so the results are bit-identical. */
 constexpr int kTile = 16;
 
-/* rows [t0, t0 + tn) of src (len values each) into dst[tt][0:R) as fp32, zeros past len */
+/* tn rows from src + at (len values each, ld apart) into dst[tt][0:R) as fp32, zeros past len */
 template <typename T, int R>
-__device__ inline void stage(float *dst, const T *src, int64_t row0, int tn, int len) {
+__device__ inline void stage(float *dst, const T *src, int64_t at, int ld, int tn, int len) {
     for (int i = threadIdx.x; i < kTile * R; i += blockDim.x) {
         const int tt = i / R, k = i % R;
-        dst[i] = tt < tn && k < len ? load(src, (row0 + tt) * len + k) : 0.0f;
+        dst[i] = tt < tn && k < len ? load(src, at + (int64_t)tt * ld + k) : 0.0f;
     }
 }
 
@@ -136,7 +146,8 @@ __device__ inline float staged_step(float (&st)[R], const float4 *f4, const floa
 }
 
 template <typename T, int R>
-__global__ void scan_tiled_kernel(T *out, const T *u, const T *v, const T *w, int n, int r, int c) {
+__global__ void scan_tiled_kernel(T *out, const T *u, const T *v, const T *w, int n, int r, int c,
+                                  Rows lr, Rows lc, float alpha) {
     LUNA_SHARED(float4, su4, kTile * R / 4);
     LUNA_SHARED(float4, sw4, kTile * R / 4);
     float *su = reinterpret_cast<float *>(su4), *sw = reinterpret_cast<float *>(sw4);
@@ -147,17 +158,18 @@ __global__ void scan_tiled_kernel(T *out, const T *u, const T *v, const T *w, in
     for (int t0 = 0; t0 < n; t0 += kTile) {
         const int tn = n - t0 < kTile ? n - t0 : kTile;
         __syncthreads(); /* the previous tile is read */
-        stage<T, R>(su, u, g * n + t0, tn, r);
-        stage<T, R>(sw, w, g * n + t0, tn, r);
+        const int64_t at = row_at(lr, g, t0);
+        stage<T, R>(su, u, at, lr.ld, tn, r);
+        stage<T, R>(sw, w, at, lr.ld, tn, r);
         __syncthreads();
         if (j >= c) continue;
         for (int tt = 0; tt < tn; tt++) {
             const int t = t0 + tt;
-            const int64_t rc = (g * n + t) * c;
+            const int64_t rc = row_at(lc, g, t);
             const float vj = r > 0 ? load(v, rc + j) : 0.0f; /* r = 0: v is not read (as the CPU) */
             const float acc =
                 staged_step<R, false>(col, su4 + tt * (R / 4), sw4 + tt * (R / 4), vj, 1.0f, r);
-            const float scale = 1.0f / (float)(t + 1);
+            const float scale = alpha * (1.0f / (float)(t + 1));
             store(out, rc + j, scale != 1.0f ? __fmul_rn(acc, scale) : acc);
         }
     }
@@ -165,7 +177,8 @@ __global__ void scan_tiled_kernel(T *out, const T *u, const T *v, const T *w, in
 
 template <typename T, int R>
 __global__ void reverse_tiled_kernel(T *da, T *db, const T *dout, const T *x, const T *a,
-                                     const T *b, int n, int p, int q) {
+                                     const T *b, int n, int p, int q, Rows lp, Rows lq,
+                                     float alpha) {
     LUNA_SHARED(float4, sx4, kTile * R / 4);
     LUNA_SHARED(float4, sa4, kTile * R / 4);
     LUNA_SHARED(float4, sd4, kTile * R / 4);
@@ -182,16 +195,17 @@ __global__ void reverse_tiled_kernel(T *da, T *db, const T *dout, const T *x, co
     for (int tile = ntiles - 1; tile >= 0; tile--) {
         const int s0 = tile * kTile, tn = n - s0 < kTile ? n - s0 : kTile;
         __syncthreads(); /* the previous tile is read */
-        stage<T, R>(sx, x, g * n + s0, tn, p);
-        stage<T, R>(sa, a, g * n + s0, tn, p);
-        stage<T, R>(sd, dout, g * n + s0, tn, q);
-        stage<T, R>(sb, b, g * n + s0, tn, q);
+        const int64_t at_p = row_at(lp, g, s0), at_q = row_at(lq, g, s0);
+        stage<T, R>(sx, x, at_p, lp.ld, tn, p);
+        stage<T, R>(sa, a, at_p, lp.ld, tn, p);
+        stage<T, R>(sd, dout, at_q, lq.ld, tn, q);
+        stage<T, R>(sb, b, at_q, lq.ld, tn, q);
         __syncthreads();
         if (!active) continue;
         for (int tt = tn - 1; tt >= 0; tt--) {
             const int s = s0 + tt;
-            const int64_t rp = (g * n + s) * p, rq = (g * n + s) * q;
-            const float inv = 1.0f / (float)(s + 1);
+            const int64_t rp = row_at(lp, g, s), rq = row_at(lq, g, s);
+            const float inv = alpha * (1.0f / (float)(s + 1));
             const int64_t at = tt * (R / 4);
             if (column) { /* R[i, me] += x_s[i]·g_s[me];  db_s[me] = Σ_i a_s[i]·R[i, me] */
                 const float gj = __fmul_rn(sd[tt * R + me], inv);
@@ -213,35 +227,50 @@ inline int state_bucket(int len) { return len <= 32 ? 32 : (len <= 64 ? 64 : 0);
 
 template <typename T>
 void launch_scan(cudaStream_t s, int G, unsigned threads, T *out, const T *u, const T *v,
-                 const T *w, int n, int r, int c) {
+                 const T *w, int n, int r, int c, Rows lr, Rows lc, float alpha) {
     switch (state_bucket(r)) {
     case 32:
-        LUNA_LAUNCH((scan_tiled_kernel<T, 32>), (unsigned)G, threads, 0, s, out, u, v, w, n, r, c);
+        LUNA_LAUNCH((scan_tiled_kernel<T, 32>), (unsigned)G, threads, 0, s, out, u, v, w, n, r, c,
+                    lr, lc, alpha);
         break;
     case 64:
-        LUNA_LAUNCH((scan_tiled_kernel<T, 64>), (unsigned)G, threads, 0, s, out, u, v, w, n, r, c);
+        LUNA_LAUNCH((scan_tiled_kernel<T, 64>), (unsigned)G, threads, 0, s, out, u, v, w, n, r, c,
+                    lr, lc, alpha);
         break;
-    default: LUNA_LAUNCH((scan_kernel<T, 0>), (unsigned)G, threads, 0, s, out, u, v, w, n, r, c);
+    default:
+        LUNA_LAUNCH((scan_kernel<T, 0>), (unsigned)G, threads, 0, s, out, u, v, w, n, r, c, lr, lc,
+                    alpha);
     }
 }
 
 template <typename T>
 void launch_reverse(cudaStream_t s, int G, T *da, T *db, const T *dout, const T *x, const T *a,
-                    const T *b, int n, int p, int q) {
+                    const T *b, int n, int p, int q, Rows lp, Rows lq, float alpha) {
     const unsigned threads = threads_for(p + q);
     switch (state_bucket(p > q ? p : q)) {
     case 32:
         LUNA_LAUNCH((reverse_tiled_kernel<T, 32>), (unsigned)G, threads, 0, s, da, db, dout, x, a,
-                    b, n, p, q);
+                    b, n, p, q, lp, lq, alpha);
         break;
     case 64:
         LUNA_LAUNCH((reverse_tiled_kernel<T, 64>), (unsigned)G, threads, 0, s, da, db, dout, x, a,
-                    b, n, p, q);
+                    b, n, p, q, lp, lq, alpha);
         break;
     default:
         LUNA_LAUNCH((reverse_kernel<T, 0>), (unsigned)G, threads, 0, s, da, db, dout, x, a, b, n, p,
-                    q);
+                    q, lp, lq, alpha);
     }
+}
+
+/* The two sides' rows (NULL: packed [G, n, p] and [G, n, q]). */
+void sides(const luna_causal_layout *ly, int n, int p, int q, Rows *lp, Rows *lq) {
+    if (!ly) {
+        *lp = Rows{(int64_t)n * p, 0, p, 1};
+        *lq = Rows{(int64_t)n * q, 0, q, 1};
+        return;
+    }
+    *lp = Rows{ly->p_outer, ly->p_inner, ly->p_ld, ly->H};
+    *lq = Rows{ly->q_outer, ly->q_inner, ly->q_ld, ly->H};
 }
 
 } // namespace
@@ -250,39 +279,49 @@ extern "C" {
 
 cudaError_t luna_cuda_causal_contraction_forward(cudaStream_t s, int bf16, void *out, const void *x,
                                                  const void *a, const void *b, int G, int n, int p,
-                                                 int q) {
+                                                 int q, float alpha,
+                                                 const luna_causal_layout *layout) {
     if (G <= 0 || n <= 0 || q <= 0) return cudaSuccess;
     if (p > kMaxDim || q > kMaxDim) return cudaErrorInvalidValue;
+    Rows lp, lq;
+    sides(layout, n, p, q, &lp, &lq);
     /* state S [p, q]: rows p (u = a, w = x), columns q (v = b, out) */
     if (bf16)
         launch_scan(s, G, threads_for(q), static_cast<bf16_t *>(out),
                     static_cast<const bf16_t *>(a), static_cast<const bf16_t *>(b),
-                    static_cast<const bf16_t *>(x), n, p, q);
+                    static_cast<const bf16_t *>(x), n, p, q, lp, lq, alpha);
     else
         launch_scan(s, G, threads_for(q), static_cast<float *>(out), static_cast<const float *>(a),
-                    static_cast<const float *>(b), static_cast<const float *>(x), n, p, q);
+                    static_cast<const float *>(b), static_cast<const float *>(x), n, p, q, lp, lq,
+                    alpha);
     return cudaGetLastError();
 }
 
 cudaError_t luna_cuda_causal_contraction_backward(cudaStream_t s, int bf16, void *dx, void *da,
                                                   void *db, const void *dout, const void *x,
                                                   const void *a, const void *b, int G, int n, int p,
-                                                  int q) {
+                                                  int q, float alpha,
+                                                  const luna_causal_layout *layout) {
     if (G <= 0 || n <= 0 || p + q <= 0) return cudaSuccess;
     if (p > kMaxDim || q > kMaxDim) return cudaErrorInvalidValue;
+    Rows lp, lq;
+    sides(layout, n, p, q, &lp, &lq);
     if (bf16) {
         const bf16_t *D = static_cast<const bf16_t *>(dout), *X = static_cast<const bf16_t *>(x),
                      *A = static_cast<const bf16_t *>(a), *B = static_cast<const bf16_t *>(b);
-        if (p > 0) /* dx_t = (1/t) Σ_k dout_t[k] Sᵀ[k, :], Sᵀ [q, p] (u = b, v = a, w = dout) */
-            launch_scan(s, G, threads_for(p), static_cast<bf16_t *>(dx), B, A, D, n, q, p);
+        if (p > 0) /* dx_t = (alpha/t) Σ_k dout_t[k] Sᵀ[k, :], Sᵀ [q, p] (u = b, v = a, w = dout) */
+            launch_scan(s, G, threads_for(p), static_cast<bf16_t *>(dx), B, A, D, n, q, p, lq, lp,
+                        alpha);
         launch_reverse(s, G, static_cast<bf16_t *>(da), static_cast<bf16_t *>(db), D, X, A, B, n, p,
-                       q);
+                       q, lp, lq, alpha);
     } else {
         const float *D = static_cast<const float *>(dout), *X = static_cast<const float *>(x),
                     *A = static_cast<const float *>(a), *B = static_cast<const float *>(b);
-        if (p > 0) launch_scan(s, G, threads_for(p), static_cast<float *>(dx), B, A, D, n, q, p);
+        if (p > 0)
+            launch_scan(s, G, threads_for(p), static_cast<float *>(dx), B, A, D, n, q, p, lq, lp,
+                        alpha);
         launch_reverse(s, G, static_cast<float *>(da), static_cast<float *>(db), D, X, A, B, n, p,
-                       q);
+                       q, lp, lq, alpha);
     }
     return cudaGetLastError();
 }

@@ -14,6 +14,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "core/backend.h"
 #include "core/philox.h"
 
 #ifdef __cplusplus
@@ -194,11 +195,13 @@ cudaError_t luna_cuda_log_softmax_topk(cudaStream_t s, int bf16, const void *log
 /* ---- causal_contraction.cu (p, q ≤ 256: cudaErrorInvalidValue otherwise) ---- */
 cudaError_t luna_cuda_causal_contraction_forward(cudaStream_t s, int bf16, void *out, const void *x,
                                                  const void *a, const void *b, int G, int n, int p,
-                                                 int q);
+                                                 int q, float alpha,
+                                                 const luna_causal_layout *layout);
 cudaError_t luna_cuda_causal_contraction_backward(cudaStream_t s, int bf16, void *dx, void *da,
                                                   void *db, const void *dout, const void *x,
                                                   const void *a, const void *b, int G, int n, int p,
-                                                  int q);
+                                                  int q, float alpha,
+                                                  const luna_causal_layout *layout);
 
 /* The single-tensor updates (test-only references of core/backend.h) at step `step` (≥ 1), over
  * n elements; workspace: 5·ceil(n/4096) + 8 doubles. */

@@ -299,30 +299,37 @@ ACTIVATION(elu_plus_one)
 
 /* ---- causal contraction and cross entropy ------------------------------------------------------
  */
-static luna_status check_causal(const char *what, int G, int n, int p, int q) {
+static luna_status check_causal(const char *what, int G, int n, int p, int q,
+                                const luna_causal_layout *layout) {
     if (G < 0 || n < 0 || p < 0 || q < 0)
         BAD("%s: negative size (G=%d n=%d p=%d q=%d)", what, G, n, p, q);
+    if (layout && (layout->H < 1 || layout->p_ld < p || layout->q_ld < q))
+        BAD("%s: bad layout (H %d, row strides %d, %d for rows of %d, %d)", what, layout->H,
+            layout->p_ld, layout->q_ld, p, q);
     return LUNA_OK;
 }
 static luna_status causal_contraction_forward(luna_backend *be, luna_act *out, const luna_act *x,
                                               const luna_act *a, const luna_act *b, int G, int n,
-                                              int p, int q) {
-    LUNA_TRY(check_causal("causal_contraction_forward", G, n, p, q));
+                                              int p, int q, float alpha,
+                                              const luna_causal_layout *layout) {
+    LUNA_TRY(check_causal("causal_contraction_forward", G, n, p, q, layout));
     if ((int64_t)G * n * q > 0 && (!out || !x || !a || !b))
         BAD("causal_contraction_forward: null pointer");
     LAUNCH("causal_contraction_forward",
-           luna_cuda_causal_contraction_forward(stream(be), bf16(be), out, x, a, b, G, n, p, q));
+           luna_cuda_causal_contraction_forward(stream(be), bf16(be), out, x, a, b, G, n, p, q,
+                                                alpha, layout));
 }
 static luna_status causal_contraction_backward(luna_backend *be, luna_act *dx, luna_act *da,
                                                luna_act *db, const luna_act *dout,
                                                const luna_act *x, const luna_act *a,
-                                               const luna_act *b, int G, int n, int p, int q) {
-    LUNA_TRY(check_causal("causal_contraction_backward", G, n, p, q));
+                                               const luna_act *b, int G, int n, int p, int q,
+                                               float alpha, const luna_causal_layout *layout) {
+    LUNA_TRY(check_causal("causal_contraction_backward", G, n, p, q, layout));
     if ((int64_t)G * n > 0 && (!dx || !da || !db || !dout || !x || !a || !b))
         BAD("causal_contraction_backward: null pointer");
     LAUNCH("causal_contraction_backward",
            luna_cuda_causal_contraction_backward(stream(be), bf16(be), dx, da, db, dout, x, a, b, G,
-                                                 n, p, q));
+                                                 n, p, q, alpha, layout));
 }
 
 static luna_status check_ce(luna_backend *be, const char *what, const void *out, const void *logits,
