@@ -646,7 +646,7 @@ START_TEST(linear_ops_match_reference_backend) {
         free(C);
     }
     /* gemm_grid: `batch` sentences × H heads side by side in rows of ld (padding after them) */
-    const int gshapes[][5] = {{1, 1, 1, 1, 1}, {7, 6, 5, 3, 4}, {5, 8, 33, 2, 3}};
+    const int gshapes[][5] = {{1, 1, 1, 1, 1}, {7, 6, 5, 3, 4}, {5, 8, 33, 2, 3}, {4, 5, 6, 1, 3}};
     for (size_t k = 0; k < sizeof gshapes / sizeof gshapes[0]; k++) {
         const int M = gshapes[k][0], N = gshapes[k][1], K = gshapes[k][2], batch = gshapes[k][3];
         const int H = gshapes[k][4];

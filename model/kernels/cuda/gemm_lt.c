@@ -1,6 +1,7 @@
 /* GEMMs through cuBLASLt (gemm_lt.h). */
 #include "model/kernels/cuda/gemm_lt.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -222,10 +223,15 @@ static luna_status run_plan(const luna_cuda_blas *b, cudaStream_t s, const plan_
         st = plan_make(b, k, made);
         if (st != LUNA_OK) {
             if (p && k->ptr_mode && st == LUNA_ERR_UNSUPPORTED) {
-                /* remembered: the caller falls back to strided batches, every call */
+                /* remembered: the caller falls back to strided batches, every call; said once
+                 * per shape, since it costs a launch per head */
                 p->key = *k;
                 p->used = p->unsupported = true;
                 b->plans->count++;
+                fprintf(stderr,
+                        "luna: cuda: cuBLASLt has no pointer-array algorithm for %d x %d x %d "
+                        "(batch %d): these grid GEMMs run as one strided batch per head\n",
+                        k->M, k->N, k->K, k->batch);
             }
             return st;
         }
@@ -358,9 +364,10 @@ luna_status luna_cuda_gemm_grid(const luna_cuda_blas *b, cudaStream_t s, int bf1
                                 luna_grid_stride sc, int outer, int inner) {
     const int64_t G = (int64_t)outer * inner;
     if (M == 0 || N == 0 || G == 0) return LUNA_OK;
-    /* one stride for all: a plain strided batch */
-    if (inner == 1 || (sa.outer == inner * sa.inner && sb.outer == inner * sb.inner &&
-                       sc.outer == inner * sc.inner && G <= INT32_MAX))
+    /* one stride for all (one index, or strides that collapse): a plain strided batch */
+    if (inner == 1 || outer == 1 ||
+        (sa.outer == inner * sa.inner && sb.outer == inner * sb.inner &&
+         sc.outer == inner * sc.inner && G <= INT32_MAX))
         return luna_cuda_gemm(b, s, bf16, trans_a, trans_b, M, N, K, alpha, A, lda,
                               inner == 1 ? sa.outer : sa.inner, B, ldb,
                               inner == 1 ? sb.outer : sb.inner, beta, C, ldc,
