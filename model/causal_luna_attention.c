@@ -215,7 +215,7 @@ static luna_status step(luna_pass *ps, const luna_attn_w *w, luna_causal_state *
     const int B = st->B, L = st->L, d = st->d, H = st->H, dh = d / H, G = B * H;
     const float scale = 1.0f / sqrtf((float)dh);
     /* Φ_t = φ(pc_proj(x) P̃ᵀ) [G, 1, L] */
-    luna_act *pc, *phi, *q, *k, *v, *s, *oh, *o;
+    luna_act *pc, *phi, *q, *k, *v, *s, *o;
     LUNA_TRY(luna_project_heads(ps, &pc, x, &w->pc_proj, B, 1, d, H, 1.0f));
     LUNA_TRY(luna_pass_alloc(ps, &phi, (int64_t)G * L, "causal step"));
     LUNA_TRY(luna_bgemm(be, false, true, 1, L, dh, 1.0f, pc, st->pt, 0.0f, phi, G));
@@ -237,10 +237,9 @@ static luna_status step(luna_pass *ps, const luna_attn_w *w, luna_causal_state *
     LUNA_TRY(op->softmax_forward(be, s, s, G, L, st->p_valid, H, 0));
     /* Σ Φᵀ V += φ_tᵀ v_t [L, dh]; O_t = A_t Σ Φᵀ V / t */
     LUNA_TRY(luna_bgemm(be, true, false, L, dh, 1, 1.0f, phi, v, 1.0f, st->vsum, G));
-    LUNA_TRY(luna_pass_alloc(ps, &oh, (int64_t)B * d, "causal step"));
-    LUNA_TRY(luna_bgemm(be, false, false, 1, dh, L, inv_t, s, st->vsum, 0.0f, oh, G));
+    /* one position: [B, H, 1, dh] is [B, d], the heads merged already */
     LUNA_TRY(luna_pass_alloc(ps, &o, (int64_t)B * d, "causal step"));
-    LUNA_TRY(op->merge_heads(be, o, oh, B, 1, H, dh));
+    LUNA_TRY(luna_bgemm(be, false, false, 1, dh, L, inv_t, s, st->vsum, 0.0f, o, G));
     return op->linear_forward(be, y, o, w->out_proj.weight, NULL, B, d, d);
 }
 

@@ -16,6 +16,8 @@ luna_status luna_project_heads(const luna_pass *ps, luna_act **heads, const luna
                                const luna_linear_w *w, int B, int len, int d, int H, float scale) {
     const int64_t rows = (int64_t)B * len;
     LUNA_TRY(luna_pass_alloc(ps, heads, rows * d, "attention heads")); /* [B, H, len, dh] */
+    if (len == 1) /* [B, 1, H, dh] is [B, H, 1, dh]: a decoding step's rows need no split */
+        return luna_linear_scaled(ps, *heads, x, w, rows, d, d, scale);
     luna_arena_mark mark = luna_arena_get_mark(ps->arena);
     luna_act *flat; /* [B, len, d] */
     LUNA_TRY(luna_pass_alloc(ps, &flat, rows * d, "attention projection"));
