@@ -2,7 +2,8 @@
  * fake cuBLASLt (which checks leading dimensions, alignment, workspace and computes in double)
  * against the CPU backend's gemm and linear_forward: all four transpose combinations, sizes 1 and
  * odd, leading dimensions larger than the rows, strided batches, alpha/beta (beta = 0 with NaN
- * in C), K = 0, the bias epilogue as linear_forward's bias, plans made once and reused. fp32 within
+ * in C), K = 0, the bias epilogue as linear_forward's bias, plans made once and reused, grids of
+ * attention heads (gemm_grid: pointer-array batches, the strided fallback). fp32 within
  * the ACCUM tier (1e-5 relative to the magnitude of the result); bf16 storage within bf16 rounding
  * of the result. */
 #include <math.h>
@@ -10,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "luna_cuda_emu_api.h"
 #include "model/kernels/cpu/backend_cpu.h"
 #include "model/kernels/cuda/device_runtime.h"
 #include "model/kernels/cuda/gemm_lt.h"
@@ -162,11 +164,11 @@ END_TEST
  * and outputs O_bh = A_bh V_bh (+ beta·O) back into the heads' columns. With plans: cuBLASLt's
  * pointer-array batches, the pointer arrays filled by one launch the first time a grid is seen
  * and found after; without (plans NULL): one strided batch per head. Both against the CPU. */
-static void check_grid(luna_backend *cpu, luna_cuda_blas *blas, int ta, int tb, float beta) {
+static void check_grid(luna_backend *cpu, luna_cuda_blas *blas, int ta, float beta) {
     const int B = 3, H = 4, n = 5, m = 7, dh = 6, ld = H * dh + 3; /* 3 padding columns */
     const int64_t nq = (int64_t)B * n * ld, nk = (int64_t)B * m * ld, ns = (int64_t)B * H * n * m;
     luna_test_rng rng;
-    luna_test_rng_seed(&rng, (uint64_t)(17 + ta * 2 + tb));
+    luna_test_rng_seed(&rng, (uint64_t)(17 + ta));
     float *q = luna_test_random_vector(&rng, (size_t)nq, -1.0f, 1.0f);
     float *k = luna_test_random_vector(&rng, (size_t)nk, -1.0f, 1.0f);
     float *sc = luna_test_random_vector(&rng, (size_t)ns, -1.0f, 1.0f);
@@ -187,7 +189,6 @@ static void check_grid(luna_backend *cpu, luna_cuda_blas *blas, int ta, int tb, 
                       (long long)i, (double)got[i], (double)sc[i]);
     /* outputs: O_bh [n, dh] = 1/2 · op(S_bh) K_bh + beta · O_bh, op(S_bh) [n, m] (S_bh read as
      * stored [m, n] when ta), into the heads' columns of O */
-    (void)tb;
     const int lda = ta ? n : m, ldb = ld;
     LUNA_CHECK_OK(cpu->ops->gemm_grid(cpu, ta, false, n, dh, m, 0.5f, sc, lda, packed, k, ldb,
                                       heads_m, beta, o, ld, heads_n, B, H));
@@ -212,16 +213,17 @@ START_TEST(grid_gemm_matches_cpu) {
     LUNA_CHECK_OK(luna_backend_cpu_create(&cpu, 1));
     luna_cuda_blas plain = blas_create(false), planned = blas_create(true);
     for (int t = 0; t < 2; t++) {
-        check_grid(cpu, &plain, t, 0, 0.0f);
-        check_grid(cpu, &plain, t, 0, 0.25f);
+        check_grid(cpu, &plain, t, 0.0f);
+        check_grid(cpu, &plain, t, 0.25f);
     }
-    int64_t fills, hits, made, reused;
-    luna_gemm_plans_pointer_counts(plain.plans, &fills, &hits);
+    int64_t fills, hits, no_plan, made, reused;
+    luna_gemm_plans_pointer_counts(plain.plans, &fills, &hits, &no_plan);
     ck_assert_int_eq(fills + hits, 0); /* no plans: the strided fallback */
     for (int again = 0; again < 2; again++)
         for (int t = 0; t < 2; t++)
-            check_grid(cpu, &planned, t, 0, 0.25f);
-    luna_gemm_plans_pointer_counts(planned.plans, &fills, &hits);
+            check_grid(cpu, &planned, t, 0.25f);
+    luna_gemm_plans_pointer_counts(planned.plans, &fills, &hits, &no_plan);
+    ck_assert_int_eq(no_plan, 0);
     luna_gemm_plans_counts(planned.plans, &made, &reused);
     /* 2 grids a case (scores, outputs) × 2 cases × 2 rounds; every buffer is new each call (new
      * addresses: a fill) unless the allocator hands the same back (a hit) — together 8 calls */
@@ -243,15 +245,37 @@ START_TEST(grid_pointer_arrays_are_kept) {
     float *x = dev(zeros, 4 * (size_t)B * n * ld), *s = dev(NULL, 4 * (size_t)B * H * n * n);
     free(zeros);
     const luna_grid_stride hx = {(int64_t)n * ld, dh}, hs = {(int64_t)H * n * n, (int64_t)n * n};
-    int64_t fills, hits;
+    int64_t fills, hits, no_plan;
     for (int call = 0; call < 3; call++)
         LUNA_CHECK_OK(luna_cuda_gemm_grid(&blas, 0, 0, false, true, n, n, dh, 1.0f, x, ld, hx, x,
                                           ld, hx, 0.0f, s, n, hs, B, H));
-    luna_gemm_plans_pointer_counts(blas.plans, &fills, &hits);
+    luna_gemm_plans_pointer_counts(blas.plans, &fills, &hits, &no_plan);
     ck_assert_int_eq(fills, 1);
     ck_assert_int_eq(hits, 2);
     cudaFree(x), cudaFree(s);
     blas_free(&blas);
+}
+END_TEST
+
+/* A cuBLASLt whose heuristic has no pointer-array algorithm (the harness's knob): grids still
+ * match the CPU through the per-head strided batches, the missing plan is asked for once per
+ * shape and remembered, and no pointer array is filled. */
+START_TEST(grid_falls_back_without_pointer_arrays) {
+    luna_backend *cpu;
+    LUNA_CHECK_OK(luna_backend_cpu_create(&cpu, 1));
+    luna_cuda_blas blas = blas_create(true);
+    luna_emu_cublaslt_refuse_pointer_arrays(true);
+    for (int again = 0; again < 2; again++)
+        for (int t = 0; t < 2; t++)
+            check_grid(cpu, &blas, t, 0.25f);
+    luna_emu_cublaslt_refuse_pointer_arrays(false);
+    int64_t fills, hits, no_plan;
+    luna_gemm_plans_pointer_counts(blas.plans, &fills, &hits, &no_plan);
+    ck_assert_int_eq(no_plan, 3); /* the three grid shapes, each once */
+    ck_assert_int_eq(fills, 3);   /* filled before the first (refused) plan; never after */
+    ck_assert_int_eq(hits, 0);
+    blas_free(&blas);
+    luna_backend_free(cpu);
 }
 END_TEST
 
@@ -263,6 +287,7 @@ static Suite *gemm_suite(void) {
     tcase_add_test(tc, bias_epilogue_is_linear_forward);
     tcase_add_test(tc, grid_gemm_matches_cpu);
     tcase_add_test(tc, grid_pointer_arrays_are_kept);
+    tcase_add_test(tc, grid_falls_back_without_pointer_arrays);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -65,7 +65,8 @@ struct lt_pref {
 const uint64_t k_algo_magic = 0x6c756e61656d75ull; // "lunaemu"
 const size_t k_algo_workspace = 1 << 20;           // what the emulated algorithm asks for at most
 
-std::set<const void *> g_objects; // live handles and descriptors
+std::set<const void *> g_objects;     // live handles and descriptors
+bool g_refuse_pointer_arrays = false; // luna_emu_cublaslt_refuse_pointer_arrays
 
 cublasStatus_t lt_error(cublasStatus_t st, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
@@ -374,6 +375,8 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
     problem pr;
     cublasStatus_t st = validate(h, reinterpret_cast<lt_desc *>(desc), l, &pr);
     if (st) return st;
+    if (g_refuse_pointer_arrays && l[0]->batch_mode == CUBLASLT_BATCH_MODE_POINTER_ARRAY)
+        return CUBLAS_STATUS_SUCCESS; /* no algorithm (*returned = 0) */
     memset(&results[0], 0, sizeof results[0]);
     uint64_t *a = results[0].algo.data;
     a[0] = k_algo_magic;
@@ -534,5 +537,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
     }
     return CUBLAS_STATUS_SUCCESS;
 }
+
+void luna_emu_cublaslt_refuse_pointer_arrays(bool refuse) { g_refuse_pointer_arrays = refuse; }
 
 } // extern "C"

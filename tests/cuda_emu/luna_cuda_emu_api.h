@@ -18,6 +18,7 @@
 #ifndef LUNA_CUDA_EMU_API_H
 #define LUNA_CUDA_EMU_API_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -38,6 +39,9 @@ const char *luna_emu_last_error(void);
 /* Launches run so far, and device bytes currently allocated (cudaMalloc minus cudaFree). */
 uint64_t luna_emu_launch_count(void);
 uint64_t luna_emu_device_bytes(void);
+/* true: cublasLtMatmulAlgoGetHeuristic returns no algorithm for pointer-array batches (as a
+ * library without them would), to test the callers' fallback. Default false. */
+void luna_emu_cublaslt_refuse_pointer_arrays(bool refuse);
 
 #ifdef __cplusplus
 }

@@ -104,7 +104,7 @@ struct luna_gemm_plans {
     plan slot[PLAN_CAPACITY];
     int64_t count, made, reused;
     ptrs_entry ptrs[PTRS_CAPACITY];
-    int64_t ptr_fills, ptr_hits;
+    int64_t ptr_fills, ptr_hits, no_pointer_plan;
 };
 
 luna_status luna_gemm_plans_create(luna_gemm_plans **out) {
@@ -221,20 +221,23 @@ static luna_status run_plan(const luna_cuda_blas *b, cudaStream_t s, const plan_
     } else {
         plan *made = p ? p : &local;
         st = plan_make(b, k, made);
-        if (st != LUNA_OK) {
-            if (p && k->ptr_mode && st == LUNA_ERR_UNSUPPORTED) {
-                /* remembered: the caller falls back to strided batches, every call; said once
-                 * per shape, since it costs a launch per head */
+        if (st != LUNA_OK && k->ptr_mode) {
+            /* no pointer-array plan, for whatever reason (no algorithm; a cuBLASLt without
+             * the mode): the caller falls back to strided batches. Remembered, and said once
+             * per shape, since it costs a launch per head. */
+            if (p) {
                 p->key = *k;
                 p->used = p->unsupported = true;
                 b->plans->count++;
+                b->plans->no_pointer_plan++;
                 fprintf(stderr,
-                        "luna: cuda: cuBLASLt has no pointer-array algorithm for %d x %d x %d "
-                        "(batch %d): these grid GEMMs run as one strided batch per head\n",
-                        k->M, k->N, k->K, k->batch);
+                        "luna: cuda: no cuBLASLt pointer-array plan for %d x %d x %d (batch %d: "
+                        "%s): these grid GEMMs run as one strided batch per head\n",
+                        k->M, k->N, k->K, k->batch, luna_error_message());
             }
-            return st;
+            return LUNA_ERR_UNSUPPORTED;
         }
+        if (st != LUNA_OK) return st;
         if (p) {
             p->key = *k;
             p->used = true;
@@ -302,9 +305,11 @@ luna_status luna_cuda_gemm_ex(const luna_cuda_blas *b, cudaStream_t s, int ab_bf
 
 /* ---- grids -------------------------------------------------------------------------------- */
 
-void luna_gemm_plans_pointer_counts(const luna_gemm_plans *ps, int64_t *fills, int64_t *hits) {
+void luna_gemm_plans_pointer_counts(const luna_gemm_plans *ps, int64_t *fills, int64_t *hits,
+                                    int64_t *no_plan) {
     *fills = ps ? ps->ptr_fills : 0;
     *hits = ps ? ps->ptr_hits : 0;
+    *no_plan = ps ? ps->no_pointer_plan : 0;
 }
 
 /* The device array of the grid's matrix addresses (A's, then B's, then C's): found, or filled by

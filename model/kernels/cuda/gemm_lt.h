@@ -42,8 +42,10 @@ void luna_gemm_plans_free(luna_gemm_plans *p);
 /* Plans made, and GEMM calls that found their plan made (for tests and benchmarks). */
 void luna_gemm_plans_counts(const luna_gemm_plans *p, int64_t *made, int64_t *reused);
 
-/* Grid pointer arrays filled (a launch) and found filled (none), for tests and benchmarks. */
-void luna_gemm_plans_pointer_counts(const luna_gemm_plans *p, int64_t *fills, int64_t *hits);
+/* Grid pointer arrays filled (a launch) and found filled (none), and grid shapes with no
+ * pointer-array plan (run per head), for tests and benchmarks. */
+void luna_gemm_plans_pointer_counts(const luna_gemm_plans *p, int64_t *fills, int64_t *hits,
+                                    int64_t *no_plan);
 
 /* LUNA_OK, or "cuBLASLt: <what> failed: <status name>". */
 luna_status luna_cublas_check(cublasStatus_t st, const char *what);
