@@ -277,6 +277,14 @@ START_TEST(argument_errors) {
 }
 END_TEST
 
+/* Targets in [0, V), every third row (from row 1) padding. */
+static int32_t *random_targets(luna_test_rng *rng, int N, int V) {
+    int32_t *targets = malloc((size_t)N * sizeof *targets);
+    for (int r = 0; r < N; r++)
+        targets[r] = r % 3 == 1 ? PAD : (int32_t)luna_test_uniform(rng, 0, (float)V - 0.5f);
+    return targets;
+}
+
 /* ---- the backend under test against the CPU reference ---------------------------------------- */
 typedef struct {
     int64_t N;
@@ -316,10 +324,7 @@ START_TEST(forward_backward_is_forward_then_backward) {
             luna_test_rng rng;
             luna_test_rng_seed(&rng, 150 + k);
             float *logits = luna_test_random_vector(&rng, n, -8, 8);
-            int32_t *targets = malloc((size_t)N * sizeof *targets);
-            for (int r = 0; r < N; r++)
-                targets[r] =
-                    r % 3 == 1 ? PAD : (int32_t)luna_test_uniform(&rng, 0, (float)V - 0.5f);
+            int32_t *targets = random_targets(&rng, N, V);
             int32_t *vt = lh_i32(be, targets, (size_t)N);
             float *out[2][4], *host[2][4];
             for (int way = 0; way < 2; way++) { /* 0: two ops, 1: fused */
@@ -368,10 +373,7 @@ START_TEST(cross_entropy_matches_reference_backend) {
             luna_test_rng rng;
             luna_test_rng_seed(&rng, 110 + k);
             float *logits = luna_test_random_vector(&rng, n, -8, 8);
-            int32_t *targets = malloc((size_t)N * sizeof *targets);
-            for (int r = 0; r < N; r++)
-                targets[r] =
-                    r % 3 == 1 ? PAD : (int32_t)luna_test_uniform(&rng, 0, (float)V - 0.5f);
+            int32_t *targets = random_targets(&rng, N, V);
             cmp_args a = {N, V, ls ? 0.1f : 0.0f, 0.5f};
             char what[48];
             snprintf(what, sizeof what, "N %d V %d eps %g", N, V, (double)a.eps);

@@ -113,6 +113,12 @@ static void row_forward(const float *restrict z, int V, int32_t y, double eps, f
     *loss = (float)((1.0 - eps) * row_nll + eps * smooth);
 }
 
+/* A pad row's gradient. */
+static void zero_row(float *dz, int V) {
+    for (int v = 0; v < V; v++)
+        dz[v] = 0.0f;
+}
+
 /* One row's gradient from its lse; dz may be z (each element read before it is written). */
 static void row_backward(float *dz, const float *z, int V, int32_t y, float row_lse,
                          float grad_scale, float smooth, float target_term) {
@@ -164,8 +170,7 @@ luna_status luna_cpu_cross_entropy_backward(luna_backend *be, luna_act *dlogits_
         float *dz = dlogits + r * (int64_t)V;
         const int32_t y = targets[r];
         if (y == padding_idx) {
-            for (int v = 0; v < V; v++)
-                dz[v] = 0.0f;
+            zero_row(dz, V);
             continue;
         }
         row_backward(dz, logits + r * (int64_t)V, V, y, lse[r], grad_scale, smooth, target_term);
@@ -196,8 +201,7 @@ luna_status luna_cpu_cross_entropy_forward_backward(luna_backend *be, float *los
         const int32_t y = targets[r];
         if (y == padding_idx) {
             loss[r] = nll[r] = lse[r] = 0.0f;
-            for (int v = 0; v < V; v++)
-                dz[v] = 0.0f;
+            zero_row(dz, V);
             continue;
         }
         row_forward(z, V, y, epsilon, &loss[r], &nll[r], &lse[r]);

@@ -43,6 +43,49 @@ __device__ inline float block_max(float v, float *partial) {
     return total;
 }
 
+/* A row's max m, Σ z and Σ exp(z − m) (in double, fixed trees), the same in every thread. */
+template <typename T>
+__device__ inline void row_sums(const T *z, int V, float *fpart, double *dpart, float *m_out,
+                                double *zsum_out, double *esum_out) {
+    float m = load(z, 0);
+    double zsum = 0.0;
+    for (int v = threadIdx.x; v < V; v += kThreads) {
+        const float zv = load(z, v);
+        m = zv > m ? zv : m;
+        zsum += (double)zv;
+    }
+    m = block_max(m, fpart);
+    zsum = block_sum(zsum, dpart);
+    double esum = 0.0;
+    for (int v = threadIdx.x; v < V; v += kThreads)
+        esum += (double)expf(__fsub_rn(load(z, v), m));
+    *m_out = m;
+    *zsum_out = zsum;
+    *esum_out = block_sum(esum, dpart);
+}
+
+/* lse, nll and loss of row r from its sums and target logit, formed in double, rounded once. */
+__device__ inline void row_losses(float *loss, float *nll, float *lse, int64_t r, double row_lse,
+                                  float zy, double zsum, int V, float epsilon) {
+    const double eps = epsilon;
+    const double row_nll = row_lse - (double)zy;
+    const double smooth = row_lse - zsum / (double)V;
+    lse[r] = (float)row_lse;
+    nll[r] = (float)row_nll;
+    loss[r] = (float)__dadd_rn(__dmul_rn(1.0 - eps, row_nll), __dmul_rn(eps, smooth));
+}
+
+/* A row's gradient from its lse (the CPU's order of roundings); d may be z. */
+template <typename T>
+__device__ inline void row_gradient(T *d, const T *z, int V, int y, float row_lse, float grad_scale,
+                                    float smooth, float target_term) {
+    for (int v = threadIdx.x; v < V; v += kThreads) {
+        float g = __fsub_rn(__fmul_rn(grad_scale, expf(__fsub_rn(load(z, v), row_lse))), smooth);
+        if (v == y) g = __fsub_rn(g, target_term);
+        store(d, v, g);
+    }
+}
+
 template <typename T>
 __global__ void ce_fwd_kernel(float *loss, float *nll, float *lse, const T *logits,
                               const int32_t *targets, int V, float epsilon, int padding_idx,
@@ -64,28 +107,11 @@ __global__ void ce_fwd_kernel(float *loss, float *nll, float *lse, const T *logi
         return;
     }
     const T *z = logits + r * (int64_t)V;
-    float m = load(z, 0);
-    double zsum = 0.0;
-    for (int v = threadIdx.x; v < V; v += kThreads) {
-        const float zv = load(z, v);
-        m = zv > m ? zv : m;
-        zsum += (double)zv;
-    }
-    m = block_max(m, fpart);
-    zsum = block_sum(zsum, dpart);
-    double esum = 0.0;
-    for (int v = threadIdx.x; v < V; v += kThreads)
-        esum += (double)expf(__fsub_rn(load(z, v), m));
-    esum = block_sum(esum, dpart);
-    if (threadIdx.x == 0) {
-        const double eps = epsilon;
-        const double row_lse = (double)m + log(esum);
-        const double row_nll = row_lse - (double)load(z, y);
-        const double smooth = row_lse - zsum / (double)V;
-        lse[r] = (float)row_lse;
-        nll[r] = (float)row_nll;
-        loss[r] = (float)__dadd_rn(__dmul_rn(1.0 - eps, row_nll), __dmul_rn(eps, smooth));
-    }
+    float m;
+    double zsum, esum;
+    row_sums(z, V, fpart, dpart, &m, &zsum, &esum);
+    if (threadIdx.x == 0)
+        row_losses(loss, nll, lse, r, (double)m + log(esum), load(z, y), zsum, V, epsilon);
 }
 
 template <typename T>
@@ -101,13 +127,12 @@ __global__ void ce_bwd_kernel(T *dz, const T *logits, const float *lse, const in
             store(d, v, 0.0f);
         return;
     }
-    const bool valid = y >= 0 && y < V;
-    const float row_lse = lse[r];
-    for (int v = threadIdx.x; v < V; v += kThreads) {
-        float g = __fsub_rn(__fmul_rn(grad_scale, expf(__fsub_rn(load(z, v), row_lse))), smooth);
-        if (v == y) g = __fsub_rn(g, target_term);
-        store(d, v, valid ? g : __int_as_float(0x7fc00000));
+    if (y < 0 || y >= V) { /* not read: NaN, as the forward */
+        for (int v = threadIdx.x; v < V; v += kThreads)
+            store(d, v, __int_as_float(0x7fc00000));
+        return;
     }
+    row_gradient(d, z, V, y, lse[r], grad_scale, smooth, target_term);
 }
 
 /* Forward and backward of a row in one block (cross_entropy_forward_backward): the forward's
@@ -130,36 +155,14 @@ __global__ void ce_fwd_bwd_kernel(float *loss, float *nll, float *lse, T *dz, co
             store(d, v, out);
         return; /* the whole block leaves: no barrier is left waiting */
     }
-    float m = load(z, 0);
-    double zsum = 0.0;
-    for (int v = threadIdx.x; v < V; v += kThreads) {
-        const float zv = load(z, v);
-        m = zv > m ? zv : m;
-        zsum += (double)zv;
-    }
-    m = block_max(m, fpart);
-    zsum = block_sum(zsum, dpart);
-    double esum = 0.0;
-    for (int v = threadIdx.x; v < V; v += kThreads)
-        esum += (double)expf(__fsub_rn(load(z, v), m));
-    esum = block_sum(esum, dpart);
+    float m;
+    double zsum, esum;
+    row_sums(z, V, fpart, dpart, &m, &zsum, &esum);
     const double row_lse = (double)m + log(esum); /* the same in every thread */
     const float zy = load(z, y); /* read before any thread overwrites the row (dz may be z) */
     __syncthreads();
-    if (threadIdx.x == 0) {
-        const double eps = epsilon;
-        const double row_nll = row_lse - (double)zy;
-        const double smooth_d = row_lse - zsum / (double)V;
-        lse[r] = (float)row_lse;
-        nll[r] = (float)row_nll;
-        loss[r] = (float)__dadd_rn(__dmul_rn(1.0 - eps, row_nll), __dmul_rn(eps, smooth_d));
-    }
-    const float lse_f = (float)row_lse;
-    for (int v = threadIdx.x; v < V; v += kThreads) {
-        float g = __fsub_rn(__fmul_rn(grad_scale, expf(__fsub_rn(load(z, v), lse_f))), smooth);
-        if (v == y) g = __fsub_rn(g, target_term);
-        store(d, v, g);
-    }
+    if (threadIdx.x == 0) row_losses(loss, nll, lse, r, row_lse, zy, zsum, V, epsilon);
+    row_gradient(d, z, V, y, (float)row_lse, grad_scale, smooth, target_term);
 }
 
 typedef __nv_bfloat16 bf16_t;

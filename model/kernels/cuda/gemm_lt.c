@@ -208,51 +208,65 @@ done:
     return st;
 }
 
-/* The plan of key k (made, or found made), then cuBLASLt's matmul with it: A, B, C the matrices
- * (strided key) or the device arrays of their addresses (ptr_mode key), our row-major names. */
-static luna_status run_plan(const luna_cuda_blas *b, cudaStream_t s, const plan_key *k, float alpha,
-                            const void *A, const void *B, float beta, void *C, const void *bias) {
-    plan local = {0}, *p = b->plans ? plan_slot(b->plans, k) : NULL;
-    luna_status st = LUNA_OK;
+/* The plan of key k: found made, or made now (into its cache slot, or into *local when there is
+ * no cache or it is full). A pointer-array key that cannot get a plan, for whatever reason (no
+ * algorithm; a cuBLASLt without the mode), is remembered and gives LUNA_ERR_UNSUPPORTED: the
+ * caller falls back to strided batches, said once per shape since it costs a launch per head. */
+static luna_status find_plan(const luna_cuda_blas *b, const plan_key *k, plan *local, plan **out) {
+    plan *p = b->plans ? plan_slot(b->plans, k) : NULL;
     if (p && p->used) {
         if (p->unsupported)
-            return luna_error(LUNA_ERR_UNSUPPORTED, "cuBLASLt: no pointer-array algorithm");
+            return luna_error(LUNA_ERR_UNSUPPORTED, "cuBLASLt: no pointer-array plan");
         b->plans->reused++;
-    } else {
-        plan *made = p ? p : &local;
-        st = plan_make(b, k, made);
-        if (st != LUNA_OK && k->ptr_mode) {
-            /* no pointer-array plan, for whatever reason (no algorithm; a cuBLASLt without
-             * the mode): the caller falls back to strided batches. Remembered, and said once
-             * per shape, since it costs a launch per head. */
-            if (p) {
-                p->key = *k;
-                p->used = p->unsupported = true;
-                b->plans->count++;
-                b->plans->no_pointer_plan++;
-                fprintf(stderr,
-                        "luna: cuda: no cuBLASLt pointer-array plan for %d x %d x %d (batch %d: "
-                        "%s): these grid GEMMs run as one strided batch per head\n",
-                        k->M, k->N, k->K, k->batch, luna_error_message());
-            }
-            return LUNA_ERR_UNSUPPORTED;
-        }
-        if (st != LUNA_OK) return st;
+        *out = p;
+        return LUNA_OK;
+    }
+    plan *made = p ? p : local;
+    luna_status st = plan_make(b, k, made);
+    if (st != LUNA_OK && k->ptr_mode) {
         if (p) {
             p->key = *k;
-            p->used = true;
+            p->used = p->unsupported = true;
             b->plans->count++;
-            b->plans->made++;
-        } else {
-            p = &local; /* no cache, or a full one: this call's plan only */
+            b->plans->no_pointer_plan++;
+            fprintf(stderr,
+                    "luna: cuda: no cuBLASLt pointer-array plan for %d x %d x %d (batch %d: %s): "
+                    "these grid GEMMs run as one strided batch per head\n",
+                    k->M, k->N, k->K, k->batch, luna_error_message());
         }
+        return LUNA_ERR_UNSUPPORTED;
     }
+    LUNA_TRY(st);
+    if (p) {
+        p->key = *k;
+        p->used = true;
+        b->plans->count++;
+        b->plans->made++;
+    }
+    *out = made;
+    return LUNA_OK;
+}
+
+/* cuBLASLt's matmul with plan p: A, B, C the matrices (strided key) or the device arrays of their
+ * addresses (ptr_mode key), our row-major names. */
+static luna_status matmul(const luna_cuda_blas *b, cudaStream_t s, plan *p, float alpha,
+                          const void *A, const void *B, float beta, void *C, const void *bias) {
+    luna_status st = LUNA_OK;
     if (bias)
         LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                               sizeof bias));
     LT_TRY(cublasLtMatmul(b->lt, p->desc, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C, p->lc,
                           &p->algo, b->workspace, b->workspace_bytes, s));
 done:
+    return st;
+}
+
+/* find_plan, then matmul; a plan made outside the cache is destroyed after its one call. */
+static luna_status run_plan(const luna_cuda_blas *b, cudaStream_t s, const plan_key *k, float alpha,
+                            const void *A, const void *B, float beta, void *C, const void *bias) {
+    plan local = {0}, *p = NULL;
+    LUNA_TRY(find_plan(b, k, &local, &p));
+    luna_status st = matmul(b, s, p, alpha, A, B, beta, C, bias);
     if (p == &local) plan_destroy(&local);
     return st;
 }
@@ -382,10 +396,10 @@ luna_status luna_cuda_gemm_grid(const luna_cuda_blas *b, cudaStream_t s, int bf1
         ptrs_key pk;
         memset(&pk, 0, sizeof pk);
         pk.a = A, pk.b = B, pk.c = C;
-        const luna_grid_stride st[3] = {sa, sb, sc};
+        const luna_grid_stride strides[3] = {sa, sb, sc};
         for (int i = 0; i < 3; i++) {
-            pk.stride[2 * i] = st[i].outer * (int64_t)es;
-            pk.stride[2 * i + 1] = st[i].inner * (int64_t)es;
+            pk.stride[2 * i] = strides[i].outer * (int64_t)es;
+            pk.stride[2 * i + 1] = strides[i].inner * (int64_t)es;
         }
         pk.outer = outer, pk.inner = inner;
         plan_key k;
@@ -394,12 +408,15 @@ luna_status luna_cuda_gemm_grid(const luna_cuda_blas *b, cudaStream_t s, int bf1
         k.align[0] = grid_alignment(B, sb, es);
         k.align[1] = grid_alignment(A, sa, es);
         k.align[2] = grid_alignment(C, sc, es);
-        plan *p = plan_slot(b->plans, &k);
-        if (!(p && p->used && p->unsupported)) {
-            void **dev;
-            LUNA_TRY(grid_pointers(b->plans, s, &pk, &dev));
-            luna_status st2 = run_plan(b, s, &k, alpha, dev, dev + G, beta, dev + 2 * G, NULL);
-            if (st2 != LUNA_ERR_UNSUPPORTED) return st2;
+        /* the plan first: a shape without one fills no pointer array */
+        plan local = {0}, *p = NULL;
+        luna_status st = find_plan(b, &k, &local, &p);
+        if (st != LUNA_ERR_UNSUPPORTED) {
+            void **dev = NULL;
+            if (st == LUNA_OK) st = grid_pointers(b->plans, s, &pk, &dev);
+            if (st == LUNA_OK) st = matmul(b, s, p, alpha, dev, dev + G, beta, dev + 2 * G, NULL);
+            if (p == &local) plan_destroy(&local);
+            return st;
         }
     }
     /* no pointer-array algorithm (or K = 0): one strided batch over the outer index per inner */
