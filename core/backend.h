@@ -405,13 +405,27 @@ struct luna_ops {
      *   counted (and returned) as −inf; picked[r] = (float)(x_r,pick[r] − lse_r), without the
      *   bias, for pick [rows] (NULL: none).
      *   The host receives k candidates per row instead of V log-probs (beam search) or one
-     *   log-prob per row (scoring); k ≤ V, k = 0 allowed. */
+     *   log-prob per row (scoring); k ≤ V, k = 0 allowed.
+     * cache_products: a decoding step's self-attention products over a key/value cache read
+     *   through a beam indirection, so that reordering beams moves indices, not cached rows. The
+     *   cache C (activations) holds groups (slot, h) of T_cap rows of dh elements, group at
+     *   (slot·H + h)·T_cap·dh, its row p at + p·dh; row r of the batch finds its position p in
+     *   slot ind[r·T_cap + p] (device int32 [R, T_cap]; only p < T read). For g = r·H + h < R·H:
+     *     values false (scores):  y[g·T + p]  = Σ_{k<dh} x[g·dh + k] · C[ind[r, p], h, p, k]
+     *     values true (outputs):  y[g·dh + j] = Σ_{p<T}  x[g·T + p] · C[ind[r, p], h, p, j]
+     *   (x, y activations). Each sum is one chain of fused multiply-adds in ascending order from
+     *   0 — on the CPU the bits of the one-row gemm over a gathered copy of the rows (K ≤ 256),
+     *   elsewhere within the GEMM tolerance. Slot indices outside the cache are the caller's bug
+     *   (not checked on a device). */
     luna_status (*gather_rows)(luna_backend *be, luna_act *dst, int64_t dst_stride,
                                const luna_act *src, int64_t src_stride, const int32_t *idx,
                                int64_t n, int64_t cols);
     luna_status (*log_softmax_topk)(luna_backend *be, const luna_act *logits, const float *bias,
                                     int64_t rows, int V, int k, float *top_lp, int32_t *top_idx,
                                     const int32_t *pick, float *picked);
+    luna_status (*cache_products)(luna_backend *be, bool values, luna_act *y, const luna_act *x,
+                                  const luna_act *C, const int32_t *ind, int R, int H, int dh,
+                                  int T, int T_cap);
 
     /* ---- Weights held constant (decoding) -----------------------------------------------------
      * hold_weights: W [out, in] (fp32, a Linear weight) will not change until release_weights(W);

@@ -23,7 +23,13 @@ struct luna_incremental {
     float *bias;           /* [V] device token bias (luna_mem_alloc), NULL: none */
     float inv_temperature; /* logits ×= 1/T before the log-softmax; 1: off */
     luna_decoder_layer_state *ls; /* [layers] */
-    bool held;                    /* the decoder's weights are held (luna_decoder_hold_weights) */
+    /* Transformer: the beam indirection of the key/value caches. Row r writes its step-t key and
+     * value in cache slot r at position t; slots_host[r·max_steps + p] is the slot holding row
+     * r's position p (its ancestor's row at step p). A reorder gathers these indices (t per row)
+     * instead of the cached rows (t·d per row and layer, twice); uploaded to `slots` each step. */
+    int32_t *slots_host, *slots_tmp; /* [cap_rows·max_steps] host */
+    int32_t *slots;                  /* [cap_rows·max_steps] device (state arena) */
+    bool held; /* the decoder's weights are held (luna_decoder_hold_weights) */
 };
 
 luna_status luna_incremental_create(luna_incremental **out, luna_seq2seq *model) {
@@ -67,6 +73,8 @@ void luna_incremental_free(luna_incremental *inc) {
     luna_arena_free(inc->scratch);
     if (inc->bias) luna_mem_release(inc->be, inc->bias, sizeof(float) * (size_t)inc->V);
     free(inc->sent_host);
+    free(inc->slots_host);
+    free(inc->slots_tmp);
     free(inc->ls);
     free(inc);
 }
@@ -99,7 +107,8 @@ static luna_decoder_dims dims_of(const luna_incremental *inc) {
                                .max_steps = inc->max_steps,
                                .step = inc->step,
                                .row_valid = inc->row_valid,
-                               .sent_valid = inc->sent_valid};
+                               .sent_valid = inc->sent_valid,
+                               .cache_slots = inc->slots};
 }
 
 /* Upload the per-sentence masks and their per-row expansion (Luna). */
@@ -158,6 +167,10 @@ static luna_status begin(luna_incremental *inc, const int32_t *src, const int32_
     if (inc->masked && inc->luna)
         LUNA_TRY(luna_pass_alloc_i32(&pst, &inc->row_valid, inc->cap_rows, "decoder masks"));
     LUNA_TRY(upload_masks(inc));
+    inc->slots = NULL;
+    if (!inc->luna)
+        LUNA_TRY(luna_pass_alloc_i32(&pst, &inc->slots, (int64_t)inc->cap_rows * inc->max_steps,
+                                     "cache slots"));
     /* the encoder's masks: source lengths, and the P mask when dynamic */
     int32_t *tok, *src_valid, *p_valid = NULL;
     LUNA_TRY(luna_pass_alloc_i32(&ps, &tok, (int64_t)S * m, "source tokens"));
@@ -184,6 +197,15 @@ static luna_status begin_rows(luna_incremental *inc, const int32_t *src_tokens,
     int32_t *sh = realloc(inc->sent_host, sizeof(int32_t) * (size_t)S);
     if (!sh) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "incremental decoding: out of memory");
     inc->sent_host = sh;
+    if (!inc->luna) {
+        const size_t n = (size_t)S * beam * (size_t)max_steps;
+        int32_t *a = realloc(inc->slots_host, sizeof(int32_t) * n);
+        if (a) inc->slots_host = a;
+        int32_t *b = a ? realloc(inc->slots_tmp, sizeof(int32_t) * n) : NULL;
+        if (b) inc->slots_tmp = b;
+        if (!a || !b)
+            return luna_error(LUNA_ERR_OUT_OF_MEMORY, "incremental decoding: out of memory");
+    }
     inc->S = S;
     inc->cap_rows = S * beam;
     inc->R = S * rows_per_sentence;
@@ -254,6 +276,13 @@ static luna_status step(luna_incremental *inc, const int32_t *tokens, const luna
         LUNA_TRY(luna_pass_alloc_i32(&ps, &pick, R, "picked tokens"));
         LUNA_TRY(luna_pass_alloc_f32(&ps, &picked, R, "picked log-probs"));
         LUNA_TRY(luna_mem_from_host(be, pick, out->pick, sizeof(int32_t) * (size_t)R));
+    }
+    if (!inc->luna) { /* row r writes position t in slot r */
+        const int T_cap = inc->max_steps;
+        for (int r = 0; r < R; r++)
+            inc->slots_host[(int64_t)r * T_cap + inc->step] = r;
+        LUNA_TRY(luna_mem_from_host(be, inc->slots, inc->slots_host,
+                                    sizeof(int32_t) * (size_t)R * (size_t)T_cap));
     }
     luna_decoder_dims dims = dims_of(inc);
     LUNA_TRY(luna_decoder_step(&ps, inc->model, &dims, inc->ls, tok, &logits));
@@ -326,11 +355,21 @@ static luna_status upload_index(luna_incremental *inc, int32_t **dev, const int3
     return luna_mem_from_host(inc->be, *dev, host, sizeof(int32_t) * (size_t)n);
 }
 
-/* The state's gathers: rows by `rows` (device [new_R]; head-expanded `rows_h` [new_R·H] for the
- * transformer caches), sentences by `sent` (device [S], NULL when the sentences are unchanged). */
-static luna_status reorder_state(luna_incremental *inc, const int32_t *rows, const int32_t *rows_h,
-                                 const int32_t *sent, int new_rows, int S, bool expand) {
-    const int64_t d = inc->d, dh = d / inc->H;
+/* The state's gathers: rows by `rows` (device [new_R]; host `rows_host`), sentences by `sent`
+ * (device [S], NULL when the sentences are unchanged). */
+static luna_status reorder_state(luna_incremental *inc, const int32_t *rows,
+                                 const int32_t *rows_host, const int32_t *sent, int new_rows, int S,
+                                 bool expand) {
+    if (!inc->luna) { /* the caches stay; new row i takes old row rows[i]'s slot indices */
+        const int64_t T_cap = inc->max_steps, t = inc->step;
+        for (int i = 0; i < new_rows; i++)
+            memcpy(inc->slots_tmp + i * T_cap, inc->slots_host + rows_host[i] * T_cap,
+                   sizeof(int32_t) * (size_t)t);
+        for (int i = 0; i < new_rows; i++)
+            memcpy(inc->slots_host + i * T_cap, inc->slots_tmp + i * T_cap,
+                   sizeof(int32_t) * (size_t)t);
+    }
+    const int64_t d = inc->d;
     for (int i = 0; i < inc->layers; i++) {
         luna_decoder_layer_state *ls = &inc->ls[i];
         if (inc->luna) {
@@ -345,11 +384,8 @@ static luna_status reorder_state(luna_incremental *inc, const int32_t *rows, con
             if (sent && ls->vp != ls->kp) LUNA_TRY(gather_in_place(inc, ls->vp, Ld, Ld, sent, S));
             ls->causal.B = new_rows;
         } else {
-            /* caches [R, H, T_max, dh]: the used prefix of each (row, head) */
-            const int64_t stride = (int64_t)inc->max_steps * dh, used = (int64_t)inc->step * dh;
-            const int64_t G = (int64_t)new_rows * inc->H, md = (int64_t)inc->m * d;
-            LUNA_TRY(gather_in_place(inc, ls->self_k, stride, used, rows_h, G));
-            LUNA_TRY(gather_in_place(inc, ls->self_v, stride, used, rows_h, G));
+            /* self-attention caches: through the slot indices above */
+            const int64_t md = (int64_t)inc->m * d;
             if (sent) LUNA_TRY(gather_in_place(inc, ls->cross_k, md, md, sent, S));
             if (sent) LUNA_TRY(gather_in_place(inc, ls->cross_v, md, md, sent, S));
         }
@@ -358,7 +394,7 @@ static luna_status reorder_state(luna_incremental *inc, const int32_t *rows, con
 }
 
 luna_status luna_incremental_reorder(luna_incremental *inc, const int32_t *rows, int new_rows) {
-    const int beam = inc->beam, R = inc->R, H = inc->H, rpb = inc->rpb; /* rpb: the old grouping */
+    const int beam = inc->beam, R = inc->R, rpb = inc->rpb; /* rpb: the old grouping */
     if (new_rows < 0 || new_rows % beam || new_rows > inc->cap_rows)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT,
                           "incremental decoding: reorder to %d rows (beam %d, capacity %d)",
@@ -376,22 +412,16 @@ luna_status luna_incremental_reorder(luna_incremental *inc, const int32_t *rows,
         sent_identity = sent_identity && rows[i] / rpb == i / beam;
     }
     if (rows_identity) return LUNA_OK;
-    /* host: the new sentences' old indices, head-expanded rows (transformer) */
-    const size_t n_h = inc->luna ? 0 : (size_t)new_rows * H;
-    int32_t *sent = malloc(sizeof(int32_t) * ((size_t)S + 1 + n_h));
+    /* host: the new sentences' old indices */
+    int32_t *sent = malloc(sizeof(int32_t) * ((size_t)S + 1));
     if (!sent) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "incremental decoding: out of memory");
-    int32_t *rows_h = sent + S + 1;
     for (int s = 0; s < S; s++)
         sent[s] = rows[s * beam] / rpb;
-    for (size_t g = 0; g < n_h; g++)
-        rows_h[g] = rows[g / H] * H + (int32_t)(g % H);
     luna_arena_mark mark = luna_arena_get_mark(inc->scratch);
-    int32_t *rows_dev = NULL, *rows_h_dev = NULL, *sent_dev = NULL;
-    luna_status st = upload_index(inc, &rows_dev, rows, new_rows);
-    if (st == LUNA_OK && n_h) st = upload_index(inc, &rows_h_dev, rows_h, (int64_t)n_h);
+    int32_t *rows_dev = NULL, *sent_dev = NULL;
+    luna_status st = inc->luna ? upload_index(inc, &rows_dev, rows, new_rows) : LUNA_OK;
     if (st == LUNA_OK && !sent_identity && S > 0) st = upload_index(inc, &sent_dev, sent, S);
-    if (st == LUNA_OK)
-        st = reorder_state(inc, rows_dev, rows_h_dev, sent_dev, new_rows, S, expand);
+    if (st == LUNA_OK) st = reorder_state(inc, rows_dev, rows, sent_dev, new_rows, S, expand);
     luna_arena_release(inc->scratch, mark);
     if (st == LUNA_OK) {
         for (int s = 0; s < S; s++) /* the old values, then the new ones in their place */

@@ -10,8 +10,9 @@
  * The network's part (encoder, the per-layer state and one decoder step) is model/decoder_step.h;
  * this object owns the state (one arena whose size is fixed by begin: constant in the number of
  * steps for Luna, the transformer's caches sized for max_steps), reorders it between steps
- * (gather_rows on the device: beams within a sentence, finished sentences removed) and hands the
- * search k candidates per row.
+ * (gather_rows on the device: beams within a sentence, finished sentences removed; the
+ * transformer's self-attention caches stay where they are written and only their per-row slot
+ * indices are reordered, on the host) and hands the search k candidates per row.
  * All state lives in one arena (luna_incremental_state_bytes: constant after begin); each step's
  * temporaries come from a scratch arena released before the step returns. No dropout.
  */

@@ -210,15 +210,16 @@ static luna_status transformer_layer_step(const luna_pass *ps, const luna_config
                              NULL, G, dh));
     LUNA_TRY(op->gather_rows(be, luna_act_at(be, ls->self_v, (int64_t)t * dh), cache_stride, v, dh,
                              NULL, G, dh));
-    /* per (row, head): s = q·K[:T]ᵀ, softmax, o = s·V[:T] — one batched GEMM each */
+    /* per (row, head): s = q·K[:T]ᵀ, softmax, o = s·V[:T], position p of row r read from slot
+     * dims->cache_slots[r, p] (beam reorders move slot indices, not cached rows) */
     LUNA_TRY(luna_pass_alloc(ps, &s, (int64_t)G * T, "self-attention scores"));
     LUNA_TRY(luna_pass_alloc(ps, &o, (int64_t)R * d, "self-attention output"));
-    LUNA_TRY(op->gemm(be, false, true, 1, T, dh, 1.0f, q, dh, dh, ls->self_k, dh, cache_stride,
-                      0.0f, s, T, T, G));
+    LUNA_TRY(op->cache_products(be, false, s, q, ls->self_k, dims->cache_slots, R, H, dh, T,
+                                dims->max_steps));
     LUNA_TRY(op->softmax_forward(be, s, s, G, T, NULL, 1, 0));
     /* [R, H, 1, dh] is [R, d]: heads merged already */
-    LUNA_TRY(op->gemm(be, false, false, 1, dh, T, 1.0f, s, T, T, ls->self_v, dh, cache_stride, 0.0f,
-                      o, dh, dh, G));
+    LUNA_TRY(op->cache_products(be, true, o, s, ls->self_v, dims->cache_slots, R, H, dh, T,
+                                dims->max_steps));
     LUNA_TRY(luna_pass_alloc(ps, &y, (int64_t)R * d, "self-attention result"));
     LUNA_TRY(op->linear_forward(be, y, o, w->self_attn.out_proj.weight, NULL, R, d, d));
     LUNA_TRY(luna_resnorm_forward(ps, &w->self_attn_layer_norm, &r1, x, y,

@@ -13,11 +13,14 @@
  *   step:  x1 = LN(x + CausalLuna_step(x)); x2 = LN(x1 + unpack(x1)) with the beams of a
  *          sentence as the unpack's queries (luna_attention_unpack); x3 = LN(x2 + FFN(x2)).
  * Transformer decoder layer:
- *   begin: per sentence the cross-attention keys/values [S, H, m, dh] (luna_mha_keys); per row a
- *          key/value cache [R, H, T_max, dh] (head-major: one batched GEMM over rows × heads).
- *   step:  the step's key/value written at position t of the cache (gather_rows, strided), one
- *          batched GEMM for the scores and one for the output over R·H groups; cross-attention
- *          by luna_mha_attend with the beams of a sentence as queries.
+ *   begin: per sentence the cross-attention keys/values [S, H, m, dh] (luna_mha_keys); per row
+ *          slot a key/value cache [R_cap, H, T_max, dh] (head-major).
+ *   step:  row r writes the step's key/value at position t of cache slot r (gather_rows,
+ *          strided) and reads position p < t from slot cache_slots[r, p], the slot its ancestor
+ *          beam wrote it in (a beam indirection kept by decoding/incremental.c: reordering beams
+ *          moves T indices per row instead of T·d cached values); scores and outputs by
+ *          cache_products over R·H groups; cross-attention by luna_mha_attend with the beams of
+ *          a sentence as queries.
  */
 #ifndef LUNA_DECODER_STEP_H
 #define LUNA_DECODER_STEP_H
@@ -36,20 +39,22 @@ typedef struct {
 
 /* Sizes of a decoding batch. The masks are device int32 arrays owned by the caller. */
 typedef struct {
-    int S, beam, R;   /* sentences, rows per sentence, rows (S·beam) */
-    int R_cap;        /* begin: rows the state is allocated for (reorders may grow R to it);
-                         0: R */
-    int m;            /* source length (padded) */
-    int L;            /* Luna: P slots (0: transformer) */
-    int max_steps;    /* transformer: cache capacity T_max */
-    int step;         /* positions decoded so far (t of the next step, 0-based) */
-    int32_t *row_valid;  /* [R] Luna P mask per row (causal step), NULL: none */
-    int32_t *sent_valid; /* [S] Luna P mask / transformer source length per sentence, NULL: none */
+    int S, beam, R;       /* sentences, rows per sentence, rows (S·beam) */
+    int R_cap;            /* begin: rows the state is allocated for (reorders may grow R to it);
+                             0: R */
+    int m;                /* source length (padded) */
+    int L;                /* Luna: P slots (0: transformer) */
+    int max_steps;        /* transformer: cache capacity T_max */
+    int step;             /* positions decoded so far (t of the next step, 0-based) */
+    int32_t *row_valid;   /* [R] Luna P mask per row (causal step), NULL: none */
+    int32_t *sent_valid;  /* [S] Luna P mask / transformer source length per sentence, NULL: none */
+    int32_t *cache_slots; /* transformer: [R_cap, max_steps] slot of row r's position p in the
+                             caches (row r writes slot r at its step), device; NULL for Luna */
 } luna_decoder_dims;
 
 /* Decoding reads the model's weights many times and never changes them: hold (true) asks the
- * backend to keep every Linear weight (encoder, decoder) and the output projection in its fastest layout
- * for as long as decoding runs (core/backend.h, hold_weights); hold false releases them. The
+ * backend to keep every Linear weight (encoder, decoder) and the output projection in its fastest
+ * layout for as long as decoding runs (core/backend.h, hold_weights); hold false releases them. The
  * weights must not change, and must be released before the model is freed. */
 luna_status luna_decoder_hold_weights(luna_seq2seq *model, bool hold);
 
@@ -60,9 +65,8 @@ int luna_decoder_projection_slots(const luna_config *c, int longest);
  * set up layers[decoder_layers]: per-sentence and per-row state from `state` (kept), temporaries
  * from `scratch` (released). Requires dims->row_valid / sent_valid uploaded by the caller. */
 luna_status luna_decoder_begin(luna_seq2seq *model, luna_arena *state, luna_arena *scratch,
-                               const int32_t *src, const int32_t *src_valid,
-                               const int32_t *p_valid, const luna_decoder_dims *dims,
-                               luna_decoder_layer_state *layers);
+                               const int32_t *src, const int32_t *src_valid, const int32_t *p_valid,
+                               const luna_decoder_dims *dims, luna_decoder_layer_state *layers);
 
 /* One step for all rows: tokens (device [R]) at position dims->step -> logits [R, V] (from
  * ps->arena; activations). Updates the per-row state (Luna sums, transformer caches). */

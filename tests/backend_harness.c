@@ -81,6 +81,7 @@ static const lh_op_row rows[] = {
     {"sum_broadcast", LH_ACCUM, "test_ops_elementwise"},
     {"gather_rows", LH_EXACT, "test_ops_decode"},
     {"log_softmax_topk", LH_EXACT, "test_ops_decode"},
+    {"cache_products", LH_ACCUM, "test_ops_decode"},
     {"hold_weights", LH_ACCUM, "test_ops_held"},
     {"release_weights", LH_ACCUM, "test_ops_held"},
     {"apollo_update", LH_ACCUM, "test_ops_optimizer"},

@@ -2,7 +2,10 @@
  * gather_rows (index-select with repeats and permutations, idx NULL as a strided copy, padding
  * between rows untouched, bad sizes rejected) and log_softmax_topk (the k best log-probs of each
  * row against a host reference computed in double as documented: best first, ties by lower index,
- * NaN as -inf, the bias banning and penalising tokens, pick/picked unbiased). Both against a host
+ * NaN as -inf, the bias banning and penalising tokens, pick/picked unbiased) and cache_products
+ * (a step's attention products over a beam-indirect cache: against a double-precision loop over
+ * the indexed rows, and on the CPU bit-equal to the one-row gemm over a gathered copy). Both
+ * against a host
  * loop on the backend under test (LUNA_TEST_BACKEND) and, EXACT, against the CPU reference. Ops
  * get device buffers from the harness (tests/backend_harness.h). */
 #include <math.h>
@@ -372,6 +375,160 @@ START_TEST(log_softmax_topk_known_values) {
 }
 END_TEST
 
+/* ---- cache_products ---------------------------------------------------------------------------
+ */
+typedef struct {
+    bool values;
+    int R, H, dh, T, T_cap;
+} cache_args;
+
+/* d[0] y, d[1] x, d[2] C [slots, H, T_cap, dh], d[3] ind [R, T_cap]. */
+static luna_status run_cache(luna_backend *be, void *const *d, const void *args) {
+    const cache_args *a = args;
+    return be->ops->cache_products(be, a->values, d[0], d[1], d[2], d[3], a->R, a->H, a->dh, a->T,
+                                   a->T_cap);
+}
+
+/* One case: y on the backend under test against a double-precision host loop over the indexed
+ * rows (1e-5 of max|y|); on the CPU, for T ≤ 256, bit-equal to the one-row gemm over a gathered
+ * copy of the rows (what decoding computed before the indirection); then against the CPU
+ * reference. Indices past T are out of range: reading one would be caught (ASan, the harness). */
+static void check_cache(bool values, int R, int H, int dh, int T, int T_cap, int slots,
+                        uint64_t seed) {
+    const int64_t G = (int64_t)R * H, group = (int64_t)T_cap * dh;
+    const size_t nC = (size_t)slots * H * group, nx = (size_t)G * (values ? T : dh),
+                 ny = (size_t)G * (values ? dh : T), nind = (size_t)R * T_cap;
+    luna_test_rng rng;
+    luna_test_rng_seed(&rng, seed);
+    float *C = luna_test_random_vector(&rng, nC, -1, 1);
+    float *x = luna_test_random_vector(&rng, nx, -1, 1);
+    int32_t *ind = malloc(sizeof(int32_t) * nind);
+    float *got = malloc(sizeof(float) * ny), *gathered = malloc(sizeof(float) * G * T * dh);
+    double *want = malloc(sizeof(double) * ny);
+    ck_assert(ind && got && gathered && want);
+    for (int r = 0; r < R; r++)
+        for (int p = 0; p < T_cap; p++)
+            ind[r * T_cap + p] = p < T ? (int32_t)luna_test_uniform(&rng, 0, (float)slots - 0.01f)
+                                       : 1000000 + p; /* never read */
+    /* gathered[g, p, :] = the row that (r, h) reads at position p */
+    for (int64_t g = 0; g < G; g++)
+        for (int p = 0; p < T; p++)
+            memcpy(gathered + (g * T + p) * dh,
+                   C + ((int64_t)ind[(g / H) * T_cap + p] * H + g % H) * group + (int64_t)p * dh,
+                   sizeof(float) * (size_t)dh);
+    double ymax = 0;
+    for (int64_t g = 0; g < G; g++) {
+        const float *Kg = gathered + g * T * dh;
+        if (values)
+            for (int j = 0; j < dh; j++) {
+                double acc = 0;
+                for (int p = 0; p < T; p++)
+                    acc += (double)x[g * T + p] * Kg[(int64_t)p * dh + j];
+                want[g * dh + j] = acc;
+            }
+        else
+            for (int p = 0; p < T; p++) {
+                double acc = 0;
+                for (int k = 0; k < dh; k++)
+                    acc += (double)x[g * dh + k] * Kg[(int64_t)p * dh + k];
+                want[g * T + p] = acc;
+            }
+    }
+    for (size_t i = 0; i < ny; i++)
+        ymax = fmax(ymax, fabs(want[i]));
+    char what[112];
+    snprintf(what, sizeof what, "%s R %d H %d dh %d T %d T_cap %d", values ? "values" : "scores", R,
+             H, dh, T, T_cap);
+
+    luna_backend *be = lh_backend(2);
+    float *vy = lh_f32(be, NULL, ny), *vx = lh_f32(be, x, nx), *vC = lh_f32(be, C, nC);
+    int32_t *vind = lh_i32(be, ind, nind);
+    LUNA_CHECK_OK(be->ops->cache_products(be, values, vy, vx, vC, vind, R, H, dh, T, T_cap));
+    lh_download(be, got, vy, ny * sizeof *got);
+    for (size_t i = 0; i < ny; i++)
+        LUNA_EXPECT(fabs(got[i] - want[i]) <= 1e-5 * fmax(ymax, 1e-30),
+                    "cache_products [%s]: y[%zu] = %.9g, want %.9g", what, i, (double)got[i],
+                    want[i]);
+    if (strcmp(lh_backend_name(), "cpu") == 0 && T <= 256) {
+        float *vg = lh_f32(be, gathered, (size_t)G * T * dh), *vy2 = lh_f32(be, NULL, ny);
+        float *copy = malloc(sizeof(float) * ny);
+        ck_assert_ptr_nonnull(copy);
+        if (values) /* o_g [1, dh] = x_g [1, T] · K_g [T, dh] */
+            LUNA_CHECK_OK(be->ops->gemm(be, false, false, 1, dh, T, 1.0f, vx, T, T, vg, dh,
+                                        (int64_t)T * dh, 0.0f, vy2, dh, dh, (int)G));
+        else /* s_g [1, T] = x_g [1, dh] · K_g [T, dh]ᵀ */
+            LUNA_CHECK_OK(be->ops->gemm(be, false, true, 1, T, dh, 1.0f, vx, dh, dh, vg, dh,
+                                        (int64_t)T * dh, 0.0f, vy2, T, T, (int)G));
+        lh_download(be, copy, vy2, ny * sizeof *copy);
+        for (size_t i = 0; i < ny; i++)
+            LUNA_EXPECT(memcmp(&copy[i], &got[i], sizeof(float)) == 0,
+                        "cache_products [%s]: y[%zu] = %.9g, the gathered gemm's %.9g", what, i,
+                        (double)got[i], (double)copy[i]);
+        lh_free(be, vg);
+        lh_free(be, vy2);
+        free(copy);
+    }
+    lh_free(be, vy);
+    lh_free(be, vx);
+    lh_free(be, vC);
+    lh_free(be, vind);
+    luna_backend_free(be);
+
+    cache_args a = {values, R, H, dh, T, T_cap};
+    lh_buf bufs[] = {{NULL, ny, LH_F32, LH_OUT},
+                     {x, nx, LH_F32, LH_IN},
+                     {C, nC, LH_F32, LH_IN},
+                     {ind, nind, LH_I32, LH_IN}};
+    ck_assert_int_eq(lh_compare("cache_products", what, 2, run_cache, &a, bufs, 4), LUNA_OK);
+    free(C);
+    free(x);
+    free(ind);
+    free(got);
+    free(gathered);
+    free(want);
+}
+
+START_TEST(cache_products_read_through_the_indices) {
+    static const int shapes[][6] = {/* R, H, dh, T, T_cap, slots */
+                                    {3, 2, 64, 1, 5, 3},     {3, 2, 64, 19, 23, 4},
+                                    {5, 3, 13, 8, 8, 5},     {2, 4, 40, 33, 40, 7},
+                                    {16, 4, 64, 24, 30, 16}, /* G·T·dh ≥ 32768: threaded */
+                                    {2, 1, 16, 300, 301, 2}};
+    uint64_t seed = 500;
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (int values = 0; values < 2; values++) {
+            const int *s = shapes[i];
+            check_cache(values, s[0], s[1], s[2], s[3], s[4], s[5], seed++);
+        }
+}
+END_TEST
+
+START_TEST(cache_products_rejects_bad_sizes) {
+    static const int bad[][5] = {/* R, H, dh, T, T_cap */
+                                 {-1, 2, 4, 2, 3},
+                                 {2, 0, 4, 2, 3},
+                                 {2, 2, 0, 2, 3},
+                                 {2, 2, 4, 0, 3},
+                                 {2, 2, 4, 4, 3}};
+    luna_backend *be = lh_backend(1);
+    float *buf = lh_f32(be, NULL, 64);
+    int32_t *ind = lh_i32(be, NULL, 8);
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        const int *b = bad[k];
+        luna_status st =
+            be->ops->cache_products(be, false, buf, buf, buf, ind, b[0], b[1], b[2], b[3], b[4]);
+        ck_assert_msg(st == LUNA_ERR_INVALID_ARGUMENT, "case %zu: status %d", k, st);
+        ck_assert_ptr_nonnull(strstr(luna_error_message(), "cache_products"));
+        luna_error_clear();
+    }
+    /* no rows: nothing to do, whatever the pointers */
+    LUNA_CHECK_OK(be->ops->cache_products(be, true, NULL, NULL, NULL, NULL, 0, 2, 4, 2, 3));
+    lh_free(be, buf);
+    lh_free(be, ind);
+    luna_backend_free(be);
+}
+END_TEST
+
 static Suite *decode_suite(void) {
     Suite *s = suite_create("ops_decode");
     TCase *tc = tcase_create("decode");
@@ -380,6 +537,8 @@ static Suite *decode_suite(void) {
     tcase_add_test(tc, gather_rows_rejects_bad_sizes);
     tcase_add_test(tc, log_softmax_topk_matches_host_reference);
     tcase_add_test(tc, log_softmax_topk_known_values);
+    tcase_add_test(tc, cache_products_read_through_the_indices);
+    tcase_add_test(tc, cache_products_rejects_bad_sizes);
     suite_add_tcase(s, tc);
     return s;
 }

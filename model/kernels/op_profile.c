@@ -403,6 +403,15 @@ static luna_status w_log_softmax_topk(luna_backend *be, const luna_act *logits, 
          .bytes = F32 * ((bias ? D(V) : 0) + 2 * D(rows) * k + (pick ? 2 * D(rows) : 0)));
     FORWARD(log_softmax_topk, logits, bias, rows, V, k, top_lp, top_idx, pick, picked);
 }
+static luna_status w_cache_products(luna_backend *be, bool values, luna_act *y, const luna_act *x,
+                                    const luna_act *C, const int32_t *ind, int R, int H, int dh,
+                                    int T, int T_cap) {
+    /* Matrix-vector products per (row, head), on vector units (no tensor-core tile to fill): x,
+     * y and the T cached rows read once; T indices per row (shared by its heads). */
+    const double G = D(R) * H;
+    COST(.flops = 2 * G * T * dh, .act_elems = G * (D(T) * dh + T + dh), .bytes = 4 * D(R) * T);
+    FORWARD(cache_products, values, y, x, C, ind, R, H, dh, T, T_cap);
+}
 static luna_status w_hold_weights(luna_backend *be, const float *W, int out, int in) {
     /* Upper bound: a backend that repacks reads and writes W once (one-off per decoder). */
     COST(.bytes = F32 * 2 * D(out) * in);
@@ -520,6 +529,7 @@ static luna_status w_multi_adam_update(luna_backend *be, float *th, const float 
     X(sum_broadcast, "layout") \
     X(gather_rows, "decode_gather") \
     X(log_softmax_topk, "decode_topk") \
+    X(cache_products, "decode_attention") \
     X(hold_weights, "hold_weights") \
     X(release_weights, "hold_weights") \
     X(apollo_update, "optimizer") \

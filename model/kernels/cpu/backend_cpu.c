@@ -61,6 +61,7 @@ static const luna_ops cpu_ops = {
     .merge_heads = luna_cpu_merge_heads,
     .gather_rows = luna_cpu_gather_rows,
     .log_softmax_topk = luna_cpu_log_softmax_topk,
+    .cache_products = luna_cpu_cache_products,
     .hold_weights = luna_cpu_hold_weights,
     .release_weights = luna_cpu_release_weights,
     .broadcast_rows = luna_cpu_broadcast_rows,

@@ -130,6 +130,9 @@ luna_status luna_cpu_gather_rows(luna_backend *be, luna_act *dst, int64_t dst_st
 luna_status luna_cpu_log_softmax_topk(luna_backend *be, const luna_act *logits, const float *bias,
                                       int64_t rows, int V, int k, float *top_lp, int32_t *top_idx,
                                       const int32_t *pick, float *picked);
+luna_status luna_cpu_cache_products(luna_backend *be, bool values, luna_act *y, const luna_act *x,
+                                    const luna_act *C, const int32_t *ind, int R, int H, int dh,
+                                    int T, int T_cap);
 
 luna_status luna_cpu_multi_sum_squares(luna_backend *be, float *result, const float *x,
                                        const luna_tensor_table *tt);

@@ -15,6 +15,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "core/allocator.h"
 #include "model/kernels/column_sum_order.h"
 #include "model/kernels/cpu/cpu_ops.h"
 #include "model/kernels/gemm_grid.h"
@@ -99,97 +100,124 @@ static gemm_tiling gemm_tile(int M, int N) {
  * C[j] is one chain of fused multiply-adds over k in ascending order from 0 — what OpenBLAS's
  * kernel computes for a single row when K fits one of its K blocks (K ≤ 256 here; checked
  * bit for bit against OpenBLAS 0.3.21's Zen/Haswell kernel on random shapes), so results do not
- * change. */
+ * change. The kernels take the rows of B as pointers, so that cache_products (decoding's
+ * attention over a beam-indirect cache) runs the same code on rows scattered over the cache. */
 #define ROW_GEMM_MAX_K 256
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
-__attribute__((target("avx2,fma"))) static void row_gemm(bool tb, int N, int K, const float *A,
-                                                         const float *B, int ldb, float *C) {
+/* C[j] = Σ_k A[k] · rows[k][j] (j < N, k < K): 8 columns per register. */
+__attribute__((target("avx2,fma"))) static void row_axpy(int N, int K, const float *A,
+                                                         const float *const *rows, float *C) {
     int j = 0;
-    if (!tb) { /* C[j] = Σ_k A[k] B[k, j]: 8 columns per register */
-        for (; j + 32 <= N; j += 32) {
-            __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
-            for (int k = 0; k < K; k++) {
-                const __m256 a = _mm256_broadcast_ss(A + k);
-                const float *b = B + (int64_t)k * ldb + j;
-                c0 = _mm256_fmadd_ps(a, _mm256_loadu_ps(b), c0);
-                c1 = _mm256_fmadd_ps(a, _mm256_loadu_ps(b + 8), c1);
-                c2 = _mm256_fmadd_ps(a, _mm256_loadu_ps(b + 16), c2);
-                c3 = _mm256_fmadd_ps(a, _mm256_loadu_ps(b + 24), c3);
-            }
-            _mm256_storeu_ps(C + j, c0);
-            _mm256_storeu_ps(C + j + 8, c1);
-            _mm256_storeu_ps(C + j + 16, c2);
-            _mm256_storeu_ps(C + j + 24, c3);
+    for (; j + 32 <= N; j += 32) {
+        __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
+        for (int k = 0; k < K; k++) {
+            const __m256 a = _mm256_broadcast_ss(A + k);
+            const float *b = rows[k] + j;
+            c0 = _mm256_fmadd_ps(a, _mm256_loadu_ps(b), c0);
+            c1 = _mm256_fmadd_ps(a, _mm256_loadu_ps(b + 8), c1);
+            c2 = _mm256_fmadd_ps(a, _mm256_loadu_ps(b + 16), c2);
+            c3 = _mm256_fmadd_ps(a, _mm256_loadu_ps(b + 24), c3);
         }
-        for (; j + 8 <= N; j += 8) {
-            __m256 c0 = _mm256_setzero_ps();
-            for (int k = 0; k < K; k++)
-                c0 = _mm256_fmadd_ps(_mm256_broadcast_ss(A + k),
-                                     _mm256_loadu_ps(B + (int64_t)k * ldb + j), c0);
-            _mm256_storeu_ps(C + j, c0);
-        }
-        for (; j < N; j++) {
-            float c = 0.0f;
-            for (int k = 0; k < K; k++)
-                c = fmaf(A[k], B[(int64_t)k * ldb + j], c);
-            C[j] = c;
-        }
-        return;
+        _mm256_storeu_ps(C + j, c0);
+        _mm256_storeu_ps(C + j + 8, c1);
+        _mm256_storeu_ps(C + j + 16, c2);
+        _mm256_storeu_ps(C + j + 24, c3);
     }
-    /* C[j] = Σ_k A[k] B[j, k]: 8 rows of B at once, transposed 8 k at a time in registers */
     for (; j + 8 <= N; j += 8) {
-        const float *b = B + (int64_t)j * ldb;
-        __m256 c = _mm256_setzero_ps();
-        int k = 0;
-        for (; k + 8 <= K; k += 8) {
-            __m256 r0 = _mm256_loadu_ps(b + k), r1 = _mm256_loadu_ps(b + ldb + k);
-            __m256 r2 = _mm256_loadu_ps(b + 2 * (int64_t)ldb + k);
-            __m256 r3 = _mm256_loadu_ps(b + 3 * (int64_t)ldb + k);
-            __m256 r4 = _mm256_loadu_ps(b + 4 * (int64_t)ldb + k);
-            __m256 r5 = _mm256_loadu_ps(b + 5 * (int64_t)ldb + k);
-            __m256 r6 = _mm256_loadu_ps(b + 6 * (int64_t)ldb + k);
-            __m256 r7 = _mm256_loadu_ps(b + 7 * (int64_t)ldb + k);
-            /* 8x8 transpose: t_i holds B[j..j+7, k + i] */
-            __m256 u0 = _mm256_unpacklo_ps(r0, r1), u1 = _mm256_unpackhi_ps(r0, r1);
-            __m256 u2 = _mm256_unpacklo_ps(r2, r3), u3 = _mm256_unpackhi_ps(r2, r3);
-            __m256 u4 = _mm256_unpacklo_ps(r4, r5), u5 = _mm256_unpackhi_ps(r4, r5);
-            __m256 u6 = _mm256_unpacklo_ps(r6, r7), u7 = _mm256_unpackhi_ps(r6, r7);
-            __m256 v0 = _mm256_shuffle_ps(u0, u2, 0x44), v1 = _mm256_shuffle_ps(u0, u2, 0xEE);
-            __m256 v2 = _mm256_shuffle_ps(u1, u3, 0x44), v3 = _mm256_shuffle_ps(u1, u3, 0xEE);
-            __m256 v4 = _mm256_shuffle_ps(u4, u6, 0x44), v5 = _mm256_shuffle_ps(u4, u6, 0xEE);
-            __m256 v6 = _mm256_shuffle_ps(u5, u7, 0x44), v7 = _mm256_shuffle_ps(u5, u7, 0xEE);
-            const __m256 t0 = _mm256_permute2f128_ps(v0, v4, 0x20);
-            const __m256 t1 = _mm256_permute2f128_ps(v1, v5, 0x20);
-            const __m256 t2 = _mm256_permute2f128_ps(v2, v6, 0x20);
-            const __m256 t3 = _mm256_permute2f128_ps(v3, v7, 0x20);
-            const __m256 t4 = _mm256_permute2f128_ps(v0, v4, 0x31);
-            const __m256 t5 = _mm256_permute2f128_ps(v1, v5, 0x31);
-            const __m256 t6 = _mm256_permute2f128_ps(v2, v6, 0x31);
-            const __m256 t7 = _mm256_permute2f128_ps(v3, v7, 0x31);
-            c = _mm256_fmadd_ps(_mm256_broadcast_ss(A + k), t0, c);
-            c = _mm256_fmadd_ps(_mm256_broadcast_ss(A + k + 1), t1, c);
-            c = _mm256_fmadd_ps(_mm256_broadcast_ss(A + k + 2), t2, c);
-            c = _mm256_fmadd_ps(_mm256_broadcast_ss(A + k + 3), t3, c);
-            c = _mm256_fmadd_ps(_mm256_broadcast_ss(A + k + 4), t4, c);
-            c = _mm256_fmadd_ps(_mm256_broadcast_ss(A + k + 5), t5, c);
-            c = _mm256_fmadd_ps(_mm256_broadcast_ss(A + k + 6), t6, c);
-            c = _mm256_fmadd_ps(_mm256_broadcast_ss(A + k + 7), t7, c);
-        }
-        float out[8];
-        _mm256_storeu_ps(out, c);
-        for (int l = 0; l < 8; l++) {
-            float cl = out[l];
-            for (int kk = k; kk < K; kk++)
-                cl = fmaf(A[kk], b[(int64_t)l * ldb + kk], cl);
-            C[j + l] = cl;
-        }
+        __m256 c0 = _mm256_setzero_ps();
+        for (int k = 0; k < K; k++)
+            c0 = _mm256_fmadd_ps(_mm256_broadcast_ss(A + k), _mm256_loadu_ps(rows[k] + j), c0);
+        _mm256_storeu_ps(C + j, c0);
     }
     for (; j < N; j++) {
         float c = 0.0f;
         for (int k = 0; k < K; k++)
-            c = fmaf(A[k], B[(int64_t)j * ldb + k], c);
+            c = fmaf(A[k], rows[k][j], c);
         C[j] = c;
+    }
+}
+
+/* C[l] = Σ_k A[k] · b[l][k] for l < 8: the 8 rows transposed 8 k at a time in registers. */
+__attribute__((target("avx2,fma"))) static void row_dots8(int K, const float *A,
+                                                          const float *const b[8], float *C) {
+    __m256 c = _mm256_setzero_ps();
+    int k = 0;
+    for (; k + 8 <= K; k += 8) {
+        __m256 r0 = _mm256_loadu_ps(b[0] + k), r1 = _mm256_loadu_ps(b[1] + k);
+        __m256 r2 = _mm256_loadu_ps(b[2] + k), r3 = _mm256_loadu_ps(b[3] + k);
+        __m256 r4 = _mm256_loadu_ps(b[4] + k), r5 = _mm256_loadu_ps(b[5] + k);
+        __m256 r6 = _mm256_loadu_ps(b[6] + k), r7 = _mm256_loadu_ps(b[7] + k);
+        /* 8x8 transpose: t_i holds b[0..7][k + i] */
+        __m256 u0 = _mm256_unpacklo_ps(r0, r1), u1 = _mm256_unpackhi_ps(r0, r1);
+        __m256 u2 = _mm256_unpacklo_ps(r2, r3), u3 = _mm256_unpackhi_ps(r2, r3);
+        __m256 u4 = _mm256_unpacklo_ps(r4, r5), u5 = _mm256_unpackhi_ps(r4, r5);
+        __m256 u6 = _mm256_unpacklo_ps(r6, r7), u7 = _mm256_unpackhi_ps(r6, r7);
+        __m256 v0 = _mm256_shuffle_ps(u0, u2, 0x44), v1 = _mm256_shuffle_ps(u0, u2, 0xEE);
+        __m256 v2 = _mm256_shuffle_ps(u1, u3, 0x44), v3 = _mm256_shuffle_ps(u1, u3, 0xEE);
+        __m256 v4 = _mm256_shuffle_ps(u4, u6, 0x44), v5 = _mm256_shuffle_ps(u4, u6, 0xEE);
+        __m256 v6 = _mm256_shuffle_ps(u5, u7, 0x44), v7 = _mm256_shuffle_ps(u5, u7, 0xEE);
+        const __m256 t0 = _mm256_permute2f128_ps(v0, v4, 0x20);
+        const __m256 t1 = _mm256_permute2f128_ps(v1, v5, 0x20);
+        const __m256 t2 = _mm256_permute2f128_ps(v2, v6, 0x20);
+        const __m256 t3 = _mm256_permute2f128_ps(v3, v7, 0x20);
+        const __m256 t4 = _mm256_permute2f128_ps(v0, v4, 0x31);
+        const __m256 t5 = _mm256_permute2f128_ps(v1, v5, 0x31);
+        const __m256 t6 = _mm256_permute2f128_ps(v2, v6, 0x31);
+        const __m256 t7 = _mm256_permute2f128_ps(v3, v7, 0x31);
+        c = _mm256_fmadd_ps(_mm256_broadcast_ss(A + k), t0, c);
+        c = _mm256_fmadd_ps(_mm256_broadcast_ss(A + k + 1), t1, c);
+        c = _mm256_fmadd_ps(_mm256_broadcast_ss(A + k + 2), t2, c);
+        c = _mm256_fmadd_ps(_mm256_broadcast_ss(A + k + 3), t3, c);
+        c = _mm256_fmadd_ps(_mm256_broadcast_ss(A + k + 4), t4, c);
+        c = _mm256_fmadd_ps(_mm256_broadcast_ss(A + k + 5), t5, c);
+        c = _mm256_fmadd_ps(_mm256_broadcast_ss(A + k + 6), t6, c);
+        c = _mm256_fmadd_ps(_mm256_broadcast_ss(A + k + 7), t7, c);
+    }
+    float out[8];
+    _mm256_storeu_ps(out, c);
+    for (int l = 0; l < 8; l++) {
+        float cl = out[l];
+        for (int kk = k; kk < K; kk++)
+            cl = fmaf(A[kk], b[l][kk], cl);
+        C[l] = cl;
+    }
+}
+
+/* C[j] = Σ_k A[k] · rows[j][k] (j < N). */
+__attribute__((target("avx2,fma"))) static void row_dots(int N, int K, const float *A,
+                                                         const float *const *rows, float *C) {
+    int j = 0;
+    for (; j + 8 <= N; j += 8)
+        row_dots8(K, A, rows + j, C + j);
+    for (; j < N; j++) {
+        float c = 0.0f;
+        for (int k = 0; k < K; k++)
+            c = fmaf(A[k], rows[j][k], c);
+        C[j] = c;
+    }
+}
+
+__attribute__((target("avx2,fma"))) static void row_gemm(bool tb, int N, int K, const float *A,
+                                                         const float *B, int ldb, float *C) {
+    const float *rows[8];
+    if (!tb) { /* C[j] = Σ_k A[k] B[k, j] */
+        const float *brows[ROW_GEMM_MAX_K];
+        for (int k = 0; k < K; k++)
+            brows[k] = B + (int64_t)k * ldb;
+        row_axpy(N, K, A, brows, C);
+        return;
+    }
+    /* C[j] = Σ_k A[k] B[j, k], 8 rows of B at a time */
+    int j = 0;
+    for (; j + 8 <= N; j += 8) {
+        for (int l = 0; l < 8; l++)
+            rows[l] = B + (int64_t)(j + l) * ldb;
+        row_dots8(K, A, rows, C + j);
+    }
+    for (; j < N; j++) {
+        rows[0] = B + (int64_t)j * ldb;
+        row_dots(1, K, A, rows, C + j);
     }
 }
 static bool row_gemm_available(void) {
@@ -201,6 +229,24 @@ static void row_gemm(bool tb, int N, int K, const float *A, const float *B, int 
 }
 static bool row_gemm_available(void) { return false; }
 #endif
+
+/* Without AVX2/FMA: the same chains, one scalar fused multiply-add at a time. */
+static void row_axpy_scalar(int N, int K, const float *A, const float *const *rows, float *C) {
+    for (int j = 0; j < N; j++) {
+        float c = 0.0f;
+        for (int k = 0; k < K; k++)
+            c = fmaf(A[k], rows[k][j], c);
+        C[j] = c;
+    }
+}
+static void row_dots_scalar(int N, int K, const float *A, const float *const *rows, float *C) {
+    for (int j = 0; j < N; j++) {
+        float c = 0.0f;
+        for (int k = 0; k < K; k++)
+            c = fmaf(A[k], rows[j][k], c);
+        C[j] = c;
+    }
+}
 
 /* Grid-batched GEMM (core/backend.h, gemm_grid), for o in [0, outer), i in [0, inner):
  *   C_oi [M, N] = alpha · op(A_oi) · op(B_oi) + beta · C_oi,  op(A_oi) [M, K], op(B_oi) [K, N],
@@ -389,5 +435,55 @@ luna_status luna_cpu_bias_add_backward(luna_backend *be, float *db, const luna_a
         for (int j = 0; j < w; j++)
             out[c0 + j] = (float)((double)out[c0 + j] + acc[j]);
     }
+    return LUNA_OK;
+}
+
+/* cache_products (core/backend.h): a decoding step's attention products over a beam-indirect
+ * cache. Per group g = r·H + h the T cached rows are located through ind (row p of the group in
+ * slot ind[r, p]) and handed to the one-row kernels above as pointers: the bits of the one-row
+ * gemm over a gathered copy, without the copy. */
+luna_status luna_cpu_cache_products(luna_backend *be, bool values, luna_act *y_, const luna_act *x_,
+                                    const luna_act *C_, const int32_t *ind, int R, int H, int dh,
+                                    int T, int T_cap) {
+    if (R < 0 || H < 1 || dh < 1 || T < 1 || T > T_cap)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                          "cache_products: bad sizes (R %d, H %d, dh %d, T %d, T_cap %d)", R, H, dh,
+                          T, T_cap);
+    if (R == 0) return LUNA_OK;
+    if (!y_ || !x_ || !C_ || !ind)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "cache_products: null pointer");
+    float *y = (float *)y_;
+    const float *x = (const float *)x_, *C = (const float *)C_;
+    const int64_t G = (int64_t)R * H, group = (int64_t)T_cap * dh;
+    const int threads = G * T * dh >= PAR_MIN_WORK && be->num_threads > 1 ? be->num_threads : 1;
+    luna_arena_mark mark = luna_arena_get_mark(be->scratch);
+    const float **rows = luna_arena_alloc(be->scratch, sizeof(float *) * (size_t)threads * T);
+    if (!rows) {
+        luna_arena_release(be->scratch, mark);
+        return luna_error(LUNA_ERR_OUT_OF_MEMORY, "cache_products: scratch exhausted");
+    }
+    const bool simd = row_gemm_available();
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int64_t g = 0; g < G; g++) {
+        const int64_t r = g / H, h = g % H;
+        const float **rp = rows + (size_t)omp_get_thread_num() * T;
+        for (int p = 0; p < T; p++)
+            rp[p] = C + ((int64_t)ind[r * T_cap + p] * H + h) * group + (int64_t)p * dh;
+#if defined(__x86_64__) && defined(__GNUC__)
+        if (simd) {
+            if (values)
+                row_axpy(dh, T, x + g * T, rp, y + g * dh);
+            else
+                row_dots(T, dh, x + g * dh, rp, y + g * T);
+            continue;
+        }
+#endif
+        if (values)
+            row_axpy_scalar(dh, T, x + g * T, rp, y + g * dh);
+        else
+            row_dots_scalar(T, dh, x + g * dh, rp, y + g * T);
+    }
+    (void)simd;
+    luna_arena_release(be->scratch, mark);
     return LUNA_OK;
 }

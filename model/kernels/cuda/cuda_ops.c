@@ -477,6 +477,16 @@ static luna_status log_softmax_topk(luna_backend *be, const luna_act *logits, co
     LAUNCH("log_softmax_topk", luna_cuda_log_softmax_topk(stream(be), bf16(be), logits, bias, rows,
                                                           V, k, top_lp, top_idx, pick, picked));
 }
+static luna_status cache_products(luna_backend *be, bool values, luna_act *y, const luna_act *x,
+                                  const luna_act *C, const int32_t *ind, int R, int H, int dh,
+                                  int T, int T_cap) {
+    if (R < 0 || H < 1 || dh < 1 || T < 1 || T > T_cap)
+        BAD("cache_products: bad sizes (R %d, H %d, dh %d, T %d, T_cap %d)", R, H, dh, T, T_cap);
+    if (R == 0) return LUNA_OK;
+    if (!y || !x || !C || !ind) BAD("cache_products: null pointer");
+    LAUNCH("cache_products", luna_cuda_cache_products(stream(be), bf16(be), values, y, x, C, ind, R,
+                                                      H, dh, T, T_cap));
+}
 
 const luna_ops luna_cuda_ops = {
     .gemm = gemm,
@@ -531,6 +541,7 @@ const luna_ops luna_cuda_ops = {
     .sum_broadcast = sum_broadcast,
     .gather_rows = gather_rows,
     .log_softmax_topk = log_softmax_topk,
+    .cache_products = cache_products,
     .hold_weights = luna_cuda_hold_weights,
     .release_weights = luna_cuda_release_weights,
     .apollo_update = luna_cuda_op_apollo_update,

@@ -7,7 +7,9 @@
  * So top_lp / top_idx equal the CPU's bit for bit under the CPU execution harness (a GPU's double
  * log may differ from glibc's by an ulp of lse). A row per thread costs O(V) sequential work: at
  * beam-search sizes (rows = sentences × beam, V ≈ 32k) that is ~0.1 ms per step, small beside the
- * output GEMM; a block-per-row selection is the faster design when the cost model asks for it. */
+ * output GEMM; a block-per-row selection is the faster design when the cost model asks for it.
+ * Also cache_products, a decoding step's attention products over the beam-indexed KV cache
+ * (below, before the launchers). */
 #include "model/kernels/cuda/cuda_compat.h"
 
 #include "core/exp_double.h"
@@ -65,6 +67,59 @@ __global__ void topk_kernel(const T *logits, const float *bias, int64_t rows, in
     }
 }
 
+/* cache_products (core/backend.h "Decoding"): one block per group g = r·H + h. Row p of the
+ * group's cache lives in slot ind[r·T_cap + p], at C + ((slot·H + h)·T_cap + p)·dh.
+ *   scores  (values false): thread per p,  y[g·T + p]  = Σ_{k<dh} x[g·dh + k] · C_p[k]
+ *   outputs (values true):  thread per j,  y[g·dh + j] = Σ_{p<T}  x[g·T + p] · C_p[j]
+ * Each sum is one fmaf chain in ascending order from 0, stored once. */
+template <typename T>
+__global__ void cache_scores_kernel(T *y, const T *x, const T *C, const int32_t *ind, int H, int dh,
+                                    int Tn, int T_cap) {
+    const int64_t g = blockIdx.x;
+    const int64_t r = g / H, h = g % H;
+    const T *xg = x + g * dh;
+    for (int p = threadIdx.x; p < Tn; p += blockDim.x) {
+        const int64_t slot = ind[r * T_cap + p];
+        const T *c = C + ((slot * H + h) * T_cap + p) * dh;
+        float acc = 0.0f;
+        for (int k = 0; k < dh; k++)
+            acc = fmaf(load(xg, k), load(c, k), acc);
+        store(y, g * Tn + p, acc);
+    }
+}
+
+template <typename T>
+__global__ void cache_outputs_kernel(T *y, const T *x, const T *C, const int32_t *ind, int H,
+                                     int dh, int Tn, int T_cap) {
+    const int64_t g = blockIdx.x;
+    const int64_t r = g / H, h = g % H;
+    const T *xg = x + g * Tn;
+    const int32_t *ir = ind + r * T_cap;
+    for (int j = threadIdx.x; j < dh; j += blockDim.x) {
+        float acc = 0.0f;
+        for (int p = 0; p < Tn; p++) {
+            const T *c = C + (((int64_t)ir[p] * H + h) * T_cap + p) * dh;
+            acc = fmaf(load(xg, p), load(c, j), acc);
+        }
+        store(y, g * dh + j, acc);
+    }
+}
+
+template <typename T>
+cudaError_t cache_products_launch(cudaStream_t s, int values, void *y, const void *x, const void *C,
+                                  const int32_t *ind, int R, int H, int dh, int Tn, int T_cap) {
+    const unsigned blocks = (unsigned)R * (unsigned)H;
+    const int n = values ? dh : Tn;
+    const unsigned threads = n >= 256 ? 256u : (unsigned)((n + 31) / 32 * 32);
+    if (values)
+        LUNA_LAUNCH(cache_outputs_kernel<T>, blocks, threads, 0, s, static_cast<T *>(y),
+                    static_cast<const T *>(x), static_cast<const T *>(C), ind, H, dh, Tn, T_cap);
+    else
+        LUNA_LAUNCH(cache_scores_kernel<T>, blocks, threads, 0, s, static_cast<T *>(y),
+                    static_cast<const T *>(x), static_cast<const T *>(C), ind, H, dh, Tn, T_cap);
+    return cudaGetLastError();
+}
+
 typedef __nv_bfloat16 bf16_t;
 
 } // namespace
@@ -82,4 +137,12 @@ extern "C" cudaError_t luna_cuda_log_softmax_topk(cudaStream_t s, int bf16, cons
         LUNA_LAUNCH(topk_kernel<float>, blocks, 64, 0, s, static_cast<const float *>(logits), bias,
                     rows, V, k, top_lp, top_idx, pick, picked);
     return cudaGetLastError();
+}
+
+extern "C" cudaError_t luna_cuda_cache_products(cudaStream_t s, int bf16, int values, void *y,
+                                                const void *x, const void *C, const int32_t *ind,
+                                                int R, int H, int dh, int T, int T_cap) {
+    if (R <= 0 || H <= 0 || dh <= 0 || T <= 0) return cudaSuccess;
+    if (bf16) return cache_products_launch<bf16_t>(s, values, y, x, C, ind, R, H, dh, T, T_cap);
+    return cache_products_launch<float>(s, values, y, x, C, ind, R, H, dh, T, T_cap);
 }
