@@ -86,6 +86,49 @@ __attribute__((target("avx2,fma"))) static double sum_exp_avx2(const float *x, i
         lane[0] += luna_exp_nonpositive((double)x[j] - (double)mx);
     return (lane[0] + lane[1]) + (lane[2] + lane[3]);
 }
+
+/* max_j x_j (a NaN never wins: v > mx ? v : mx, which is maxps(v, mx)) and whether any x_j is
+ * NaN, 8 lanes at a time. The lanes may keep −0 where the scalar loop kept +0 (or the reverse):
+ * x − mx and lse are the same for either zero. */
+__attribute__((target("avx2"))) static float row_max_avx2(const float *x, int V, int *nan) {
+    __m256 m = _mm256_set1_ps(-INFINITY), un = _mm256_setzero_ps();
+    int j = 0;
+    for (; j + 8 <= V; j += 8) {
+        const __m256 v = _mm256_loadu_ps(x + j);
+        m = _mm256_max_ps(v, m);
+        un = _mm256_or_ps(un, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    }
+    float lane[8];
+    _mm256_storeu_ps(lane, m);
+    float mx = -INFINITY;
+    for (int l = 0; l < 8; l++)
+        mx = lane[l] > mx ? lane[l] : mx;
+    int bad = _mm256_movemask_ps(un) != 0;
+    for (; j < V; j++) {
+        mx = x[j] > mx ? x[j] : mx;
+        bad |= x[j] != x[j];
+    }
+    *nan = bad;
+    return mx;
+}
+
+/* lp_j = (float)(x_j − lse) + bias_j (bias NULL: 0), NaN → −inf: the scalar loop's operations,
+ * 4 at a time (the conversions round to nearest as the casts do). */
+__attribute__((target("avx2"))) static void
+row_log_probs_avx2(float *lp, const float *x, const float *bias, int V, double lse) {
+    const __m256d l = _mm256_set1_pd(lse);
+    const __m128 ninf = _mm_set1_ps(-INFINITY);
+    int j = 0;
+    for (; j + 4 <= V; j += 4) {
+        __m128 v = _mm256_cvtpd_ps(_mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + j)), l));
+        if (bias) v = _mm_add_ps(v, _mm_loadu_ps(bias + j));
+        _mm_storeu_ps(lp + j, _mm_blendv_ps(v, ninf, _mm_cmpunord_ps(v, v)));
+    }
+    for (; j < V; j++) {
+        const float v = (float)((double)x[j] - lse) + (bias ? bias[j] : 0.0f);
+        lp[j] = v != v ? -INFINITY : v;
+    }
+}
 #endif
 
 /* Σ_j exp(x_j − mx) in double for a row without NaN: four lanes of partial sums (j mod 4), added
@@ -133,8 +176,7 @@ __attribute__((target("avx2"))) static void topk_scan_avx2(candidate *top, int k
         topk_insert(top, &n, k, lp[j], j);
     for (; j + 8 <= V; j += 8) {
         const __m256 thr = _mm256_set1_ps(top[k - 1].lp);
-        if (!_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(lp + j), thr, _CMP_GT_OQ)))
-            continue;
+        if (!_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(lp + j), thr, _CMP_GT_OQ))) continue;
         for (int l = 0; l < 8; l++)
             topk_insert(top, &n, k, lp[j + l], j + l);
     }
@@ -187,6 +229,9 @@ luna_status luna_cpu_log_softmax_topk(luna_backend *be, const luna_act *logits_,
                                   (long long)r, pick[r], V);
     luna_arena_mark mark = luna_arena_get_mark(be->scratch);
     const int threads = be->num_threads > 0 ? be->num_threads : 1;
+#if defined(__x86_64__) && defined(__GNUC__)
+    const bool avx2 = __builtin_cpu_supports("avx2");
+#endif
     candidate *lists = NULL;
     float *lp_rows = NULL;    /* [threads][V]: one row's log-probs, per thread */
     candidate *sorted = NULL; /* [threads][V]: one row's candidates (k > TOPK_SORT_ABOVE) */
@@ -206,11 +251,16 @@ luna_status luna_cpu_log_softmax_topk(luna_backend *be, const luna_act *logits_,
         const float *x = logits + r * V;
         float mx = -INFINITY;
         int nan = 0;
-        for (int j = 0; j < V; j++) {
-            const float v = x[j];
-            mx = v > mx ? v : mx; /* = fmaxf (a NaN never wins), inlined */
-            nan |= v != v;
-        }
+#if defined(__x86_64__) && defined(__GNUC__)
+        if (avx2)
+            mx = row_max_avx2(x, V, &nan);
+        else
+#endif
+            for (int j = 0; j < V; j++) {
+                const float v = x[j];
+                mx = v > mx ? v : mx; /* = fmaxf (a NaN never wins), inlined */
+                nan |= v != v;
+            }
         /* a NaN logit, or ±inf − ±inf at the maximum, makes the whole row NaN, as with libm exp */
         const double sum = nan || isinf(mx) ? NAN : sum_exp(x, V, mx);
         const double lse = (double)mx + log(sum);
@@ -222,7 +272,12 @@ luna_status luna_cpu_log_softmax_topk(luna_backend *be, const luna_act *logits_,
         /* the row's log-probs (fp32, biased, NaN as −inf) in one vectorised pass, then the top k
          * by one comparison per token against the current k-th best */
         float *lp = lp_rows + (size_t)omp_get_thread_num() * (size_t)V;
-        if (bias)
+#if defined(__x86_64__) && defined(__GNUC__)
+        if (avx2)
+            row_log_probs_avx2(lp, x, bias, V, lse);
+        else
+#endif
+            if (bias)
             for (int j = 0; j < V; j++) {
                 const float v = (float)((double)x[j] - lse) + bias[j];
                 lp[j] = v != v ? -INFINITY : v;
