@@ -246,7 +246,7 @@ luna_status luna_cpu_log_softmax_topk(luna_backend *be, const luna_act *logits_,
             return luna_error(LUNA_ERR_OUT_OF_MEMORY, "log_softmax_topk: scratch exhausted");
         }
     }
-#pragma omp parallel for num_threads(threads) schedule(static) if (rows * V >= 65536)
+#pragma omp parallel for num_threads(threads) schedule(static) if (rows > 1 && rows * V >= 16384)
     for (int64_t r = 0; r < rows; r++) {
         const float *x = logits + r * V;
         float mx = -INFINITY;
