@@ -52,7 +52,7 @@ typedef struct {
 struct luna_cpu_held {
     held_weight *items;
     int count, cap;
-    int last; /* index of the last hit: decoding looks the same few weights up in turn */
+    int last;     /* index of the last hit: decoding looks the same few weights up in turn */
     float *xpack; /* the rows of x packed for the micro-kernel (luna_cpu_held_linear) */
     size_t xpack_cap;
 };
@@ -268,20 +268,18 @@ __attribute__((target("avx2,fma"))) static void panel_rows(const held_weight *hw
     store_rows(hw, q, 1, acc, b, y, full, mr);
 }
 
-/* xp [ceil(rows/MR)][K][MR] from x [rows, K] (zeros past the last row). */
-static void pack_rows(float *xp, const float *x, int64_t rows, int K) {
-    for (int64_t i0 = 0; i0 < rows; i0 += MR) {
-        float *blk = xp + i0 * K;
-        const int mr = rows - i0 < MR ? (int)(rows - i0) : MR;
-        for (int i = 0; i < MR; i++) {
-            const float *xr = x + (i0 + i) * K;
-            if (i < mr)
-                for (int k = 0; k < K; k++)
-                    blk[(size_t)k * MR + i] = xr[k];
-            else
-                for (int k = 0; k < K; k++)
-                    blk[(size_t)k * MR + i] = 0.0f;
-        }
+/* Block i0 / MR of xp [ceil(rows/MR)][K][MR] from x [rows, K] (zeros past the last row). */
+static void pack_block(float *xp, const float *x, int64_t rows, int K, int64_t i0) {
+    float *blk = xp + i0 * K;
+    const int mr = rows - i0 < MR ? (int)(rows - i0) : MR;
+    for (int i = 0; i < MR; i++) {
+        const float *xr = x + (i0 + i) * K;
+        if (i < mr)
+            for (int k = 0; k < K; k++)
+                blk[(size_t)k * MR + i] = xr[k];
+        else
+            for (int k = 0; k < K; k++)
+                blk[(size_t)k * MR + i] = 0.0f;
     }
 }
 #endif
@@ -302,12 +300,20 @@ bool luna_cpu_held_linear(luna_backend *be, float *y, const float *x, const floa
         h->xpack_cap = need;
     }
     float *xp = h->xpack;
-    pack_rows(xp, x, rows, in);
-    /* threads split the pairs of panels; small products stay on one thread (fork/join ~µs) */
+    /* threads pack blocks of rows, then split the pairs of panels (one region: the packing is
+     * not left to one thread while the other waits); small products stay on one thread
+     * (fork/join ~µs) */
     const int threads = rows * (int64_t)in * out >= 65536 ? be->num_threads : 1;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-    for (int q2 = 0; q2 < npairs; q2++)
-        panel_rows(hw, 2 * q2, 2 * q2 + 1 < np ? 2 : 1, xp, b, y, rows);
+    const int64_t nblk = (rows + MR - 1) / MR;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+#pragma omp for schedule(static)
+        for (int64_t blk = 0; blk < nblk; blk++)
+            pack_block(xp, x, rows, in, blk * MR);
+#pragma omp for schedule(static)
+        for (int q2 = 0; q2 < npairs; q2++)
+            panel_rows(hw, 2 * q2, 2 * q2 + 1 < np ? 2 : 1, xp, b, y, rows);
+    }
     return true;
 #else
     (void)be, (void)y, (void)x, (void)W, (void)b, (void)rows, (void)in, (void)out;
