@@ -103,6 +103,27 @@ static gemm_tiling gemm_tile(int M, int N) {
  * change. The kernels take the rows of B as pointers, so that cache_products (decoding's
  * attention over a beam-indirect cache) runs the same code on rows scattered over the cache. */
 #define ROW_GEMM_MAX_K 256
+/* The chains one scalar fused multiply-add at a time (columns j0 ≤ j < N; rows j0 ≤ j < N): the
+ * vector kernels' edges, and the kernels without AVX2/FMA. */
+static void row_axpy_scalar(int j0, int N, int K, const float *A, const float *const *rows,
+                            float *C) {
+    for (int j = j0; j < N; j++) {
+        float c = 0.0f;
+        for (int k = 0; k < K; k++)
+            c = fmaf(A[k], rows[k][j], c);
+        C[j] = c;
+    }
+}
+static void row_dots_scalar(int j0, int N, int K, const float *A, const float *const *rows,
+                            float *C) {
+    for (int j = j0; j < N; j++) {
+        float c = 0.0f;
+        for (int k = 0; k < K; k++)
+            c = fmaf(A[k], rows[j][k], c);
+        C[j] = c;
+    }
+}
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 /* C[j] = Σ_k A[k] · rows[k][j] (j < N, k < K): 8 columns per register. */
@@ -130,12 +151,7 @@ __attribute__((target("avx2,fma"))) static void row_axpy(int N, int K, const flo
             c0 = _mm256_fmadd_ps(_mm256_broadcast_ss(A + k), _mm256_loadu_ps(rows[k] + j), c0);
         _mm256_storeu_ps(C + j, c0);
     }
-    for (; j < N; j++) {
-        float c = 0.0f;
-        for (int k = 0; k < K; k++)
-            c = fmaf(A[k], rows[k][j], c);
-        C[j] = c;
-    }
+    row_axpy_scalar(j, N, K, A, rows, C);
 }
 
 /* C[l] = Σ_k A[k] · b[l][k] for l < 8: the 8 rows transposed 8 k at a time in registers. */
@@ -190,12 +206,7 @@ __attribute__((target("avx2,fma"))) static void row_dots(int N, int K, const flo
     int j = 0;
     for (; j + 8 <= N; j += 8)
         row_dots8(K, A, rows + j, C + j);
-    for (; j < N; j++) {
-        float c = 0.0f;
-        for (int k = 0; k < K; k++)
-            c = fmaf(A[k], rows[j][k], c);
-        C[j] = c;
-    }
+    row_dots_scalar(j, N, K, A, rows, C);
 }
 
 __attribute__((target("avx2,fma"))) static void row_gemm(bool tb, int N, int K, const float *A,
@@ -215,10 +226,9 @@ __attribute__((target("avx2,fma"))) static void row_gemm(bool tb, int N, int K, 
             rows[l] = B + (int64_t)(j + l) * ldb;
         row_dots8(K, A, rows, C + j);
     }
-    for (; j < N; j++) {
-        rows[0] = B + (int64_t)j * ldb;
-        row_dots(1, K, A, rows, C + j);
-    }
+    for (int l = 0; j + l < N; l++)
+        rows[l] = B + (int64_t)(j + l) * ldb;
+    row_dots_scalar(0, N - j, K, A, rows, C + j);
 }
 static bool row_gemm_available(void) {
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -229,24 +239,6 @@ static void row_gemm(bool tb, int N, int K, const float *A, const float *B, int 
 }
 static bool row_gemm_available(void) { return false; }
 #endif
-
-/* Without AVX2/FMA: the same chains, one scalar fused multiply-add at a time. */
-static void row_axpy_scalar(int N, int K, const float *A, const float *const *rows, float *C) {
-    for (int j = 0; j < N; j++) {
-        float c = 0.0f;
-        for (int k = 0; k < K; k++)
-            c = fmaf(A[k], rows[k][j], c);
-        C[j] = c;
-    }
-}
-static void row_dots_scalar(int N, int K, const float *A, const float *const *rows, float *C) {
-    for (int j = 0; j < N; j++) {
-        float c = 0.0f;
-        for (int k = 0; k < K; k++)
-            c = fmaf(A[k], rows[j][k], c);
-        C[j] = c;
-    }
-}
 
 /* Grid-batched GEMM (core/backend.h, gemm_grid), for o in [0, outer), i in [0, inner):
  *   C_oi [M, N] = alpha · op(A_oi) · op(B_oi) + beta · C_oi,  op(A_oi) [M, K], op(B_oi) [K, N],
@@ -462,7 +454,9 @@ luna_status luna_cpu_cache_products(luna_backend *be, bool values, luna_act *y_,
         luna_arena_release(be->scratch, mark);
         return luna_error(LUNA_ERR_OUT_OF_MEMORY, "cache_products: scratch exhausted");
     }
+#if defined(__x86_64__) && defined(__GNUC__)
     const bool simd = row_gemm_available();
+#endif
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (int64_t g = 0; g < G; g++) {
         const int64_t r = g / H, h = g % H;
@@ -479,11 +473,10 @@ luna_status luna_cpu_cache_products(luna_backend *be, bool values, luna_act *y_,
         }
 #endif
         if (values)
-            row_axpy_scalar(dh, T, x + g * T, rp, y + g * dh);
+            row_axpy_scalar(0, dh, T, x + g * T, rp, y + g * dh);
         else
-            row_dots_scalar(T, dh, x + g * dh, rp, y + g * T);
+            row_dots_scalar(0, T, dh, x + g * dh, rp, y + g * T);
     }
-    (void)simd;
     luna_arena_release(be->scratch, mark);
     return LUNA_OK;
 }
