@@ -78,7 +78,7 @@ luna_status luna_checkpoint_open(luna_safetensors **out, const char *path) {
         luna_status s = luna_error(
             LUNA_ERR_FORMAT,
             "%s: __metadata__.format is %s%s%s, expected \"" LUNA_CHECKPOINT_FORMAT
-            "\" (not a luna checkpoint; a fairseq .pt converts with tools/convert-checkpoint.py)",
+            "\" (not a luna checkpoint; a fairseq .pt converts with tools/scripts/convert-checkpoint.py)",
             path, format ? "\"" : "", format ? format : "missing", format ? "\"" : "");
         luna_safetensors_close(st);
         return s;

@@ -407,7 +407,7 @@ static luna_status check_alias(const luna_safetensors *st, const luna_param_info
         return luna_error(LUNA_ERR_MISMATCH,
                           "%s: tensor '%s' does not have the dtype and shape of '%s', which it "
                           "aliases in this configuration (untied embeddings? convert the file "
-                          "with tools/convert-checkpoint.py)",
+                          "with tools/scripts/convert-checkpoint.py)",
                           path, name, target->name);
     if (memcmp(a->data, t->data, t->nbytes) == 0) return LUNA_OK;
     size_t n = t->nbytes / sizeof(float), row = 0;
@@ -426,7 +426,7 @@ static luna_status check_alias(const luna_safetensors *st, const luna_param_info
                       "%s: tensor '%s' differs from '%s' (max |difference| %.3g, row %zu) but "
                       "the configuration shares them: the model has untied embeddings; set "
                       "share_all_embeddings (and share_decoder_input_output_embed) false in "
-                      "__metadata__.config, as tools/convert-checkpoint.py does",
+                      "__metadata__.config, as tools/scripts/convert-checkpoint.py does",
                       path, name, target->name, worst, row);
 }
 
@@ -456,7 +456,7 @@ static luna_status layernorm_convention(luna_params *p, const luna_safetensors *
         snprintf(p->load_warning, sizeof p->load_warning,
                  "%s: the LayerNorm weights have mean %.3f, not near 1: the file probably stores "
                  "gamma - 1 (fairseq-apollo's 2023 revision) without saying so, and the model "
-                 "will be wrong; convert it with tools/convert-checkpoint.py --source-revision "
+                 "will be wrong; convert it with tools/scripts/convert-checkpoint.py --source-revision "
                  "2023 (or set __metadata__." LUNA_LAYERNORM_KEY " to \"gamma_minus_1\")",
                  path, mean);
     return LUNA_OK;

@@ -8,7 +8,7 @@
  *     "gamma_minus_1" (loaded as stored + 1), anything else an error; without the key, LayerNorm
  *     weights with mean near 0 load with a warning naming γ − 1 as the likely cause.
  *
- * Also a helper mode for tools/convert-checkpoint.py's PyTorch test (tests/reference/
+ * Also a helper mode for tools/scripts/convert-checkpoint.py's PyTorch test (tests/reference/
  * test_convert.py): `test_model_interchange --logits CHECKPOINT INPUTS OUT` loads CHECKPOINT
  * with luna_checkpoint_load_model (the programs' loader), runs luna's forward on the batch in
  * INPUTS (input.src_tokens, input.src_lengths, input.prev_output_tokens, input.target: the

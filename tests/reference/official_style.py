@@ -1,6 +1,6 @@
 """A PyTorch module with the state_dict conventions of the official Luna code (fairseq-apollo,
 fairseq/models/luna.py at 035a360e; fairseq's TransformerModel for arch transformer), for testing
-tools/convert-checkpoint.py where the official code cannot be installed (no GitHub access here).
+tools/scripts/convert-checkpoint.py where the official code cannot be installed (no GitHub access here).
 
 What it reproduces from the official build_model / LunaEncoder / LunaDecoder (read, not imported):
   - module attribute names and nesting, hence every state_dict key and shape: encoder.embed_tokens,

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""tools/convert-checkpoint.py in both directions, against the official Luna code's state_dict
+"""tools/scripts/convert-checkpoint.py in both directions, against the official Luna code's state_dict
 conventions as reproduced by tests/reference/official_style.py (the official code itself cannot
 be installed here: see that file for what is and is not reproduced).
 
@@ -28,7 +28,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-CONVERTER = os.path.join(ROOT, "tools", "convert-checkpoint.py")
+CONVERTER = os.path.join(ROOT, "tools", "scripts", "convert-checkpoint.py")
 
 try:
     import numpy as np
