@@ -19,7 +19,7 @@
 #include "core/backend.h"
 #include "core/rng.h"
 #include "model/kernels/cpu/backend_cpu.h"
-#include "tools/program_start.h"
+#include "tools/programs/program_start.h"
 
 enum { B = 32, H = 8, N = 64, DH = 64, L = 32, REPEATS = 30 };
 

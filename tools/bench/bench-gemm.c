@@ -13,7 +13,7 @@
 
 #include "core/backend.h"
 #include "model/kernels/cpu/backend_cpu.h"
-#include "tools/program_start.h"
+#include "tools/programs/program_start.h"
 
 static double now_seconds(void) {
     struct timespec t;

@@ -34,7 +34,7 @@
 #include "model/kernels/registry.h"
 #include "optim/clip.h"
 #include "optim/optimizer.h"
-#include "tools/program_start.h"
+#include "tools/programs/program_start.h"
 
 static double clock_seconds(clockid_t id) {
     struct timespec ts;

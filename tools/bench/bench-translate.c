@@ -35,7 +35,7 @@
 #include "model/kernels/op_profile.h"
 #include "model/kernels/op_report.h"
 #include "model/kernels/registry.h"
-#include "tools/program_start.h"
+#include "tools/programs/program_start.h"
 
 static double now(void) {
     struct timespec ts;

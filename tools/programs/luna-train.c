@@ -20,7 +20,7 @@
 #include "trainer/communicator.h"
 #include "trainer/options.h"
 #include "trainer/trainer.h"
-#include "tools/program_start.h"
+#include "tools/programs/program_start.h"
 
 #define PROG "luna-train"
 

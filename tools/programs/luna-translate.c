@@ -43,7 +43,7 @@
 #include "model/checkpoint.h"
 #include "model/kernels/registry.h"
 #include "core/options_registry.h"
-#include "tools/program_start.h"
+#include "tools/programs/program_start.h"
 
 #define PROG "luna-translate"
 
