@@ -3,9 +3,9 @@
 #
 #   tools/demo.sh [--data DIR] [--minutes 15] [--threads 2] [--out DIR] [options]
 #
-# On a fresh machine it does its own setup: tools/install-deps.sh (apt), a build of the programs
+# On a fresh machine it does its own setup: tools/ci/install-deps.sh (apt), a build of the programs
 # in build/ (cmake, -Werror), and a Python venv with sacreBLEU and matplotlib (PyPI; shared with
-# tools/evaluate.sh: build-eval/.venv-eval, or $LUNA_EVAL_VENV). Then:
+# tools/scripts/evaluate.sh: build-eval/.venv-eval, or $LUNA_EVAL_VENV). Then:
 #   1. preprocess Multi30k (29k short caption pairs) with a joint 8000-piece SentencePiece BPE;
 #   2. train the luna_demo model (Luna, d 256, FFN 1024, 3+3 layers, 4 heads, l 16, 8.1M
 #      parameters; Adam lr 1e-3, inverse_sqrt, 200 warmup updates, ~1500-token batches) for
@@ -35,7 +35,7 @@
 #   --beam N           beam size (default 4)       --lenpen F  length penalty (default 0.6)
 #                      (the defaults are luna-translate's; the demo also bounds the length:
 #                      --max-len-a 1.5 --max-len-b 10, and prints the full command at the end)
-#   --no-deps          skip tools/install-deps.sh
+#   --no-deps          skip tools/ci/install-deps.sh
 #   -h, --help         this help
 # Anything after "--" is passed to luna-train (e.g. -- --max-tokens 2000 --dropout 0.2).
 set -euo pipefail
@@ -86,7 +86,7 @@ done
 data="$(cd "$data" && pwd)"
 stage "setup: dependencies, build, Python venv"
 if [[ $deps -eq 1 ]]; then
-    "$repo/tools/install-deps.sh" || die "tools/install-deps.sh failed (run it by hand to see why, or pass --no-deps)"
+    "$repo/tools/ci/install-deps.sh" || die "tools/ci/install-deps.sh failed (run it by hand to see why, or pass --no-deps)"
 fi
 programs=(luna-preprocess luna-train luna-translate luna-average)
 if [[ ! -f "$build/CMakeCache.txt" ]]; then
@@ -224,7 +224,7 @@ stage "final validation: $(basename "$final") on $data/val (nll by --score-refer
 read -r valid_nll valid_tokens < <(awk -F'\t' '$1 ~ /^P-/ { n = split($2, a, " "); for (i = 1; i <= n; i++) s -= a[i]; t += n }
     END { if (t > 0) printf "%.4f %d\n", s / t, t; else print "nan 0" }' "$out/val.scores")
 valid_ppl=$(awk -v n="$valid_nll" 'BEGIN { printf "%.2f", 2 ^ n }')
-"$repo/tools/evaluate.sh" "$final" --src "$data/val.en" --ref "$data/val.de" \
+"$repo/tools/scripts/evaluate.sh" "$final" --src "$data/val.en" --ref "$data/val.de" \
     --output "$out/val.hyp.de" --venv "$venv" --translate "$build/luna-translate" \
     -- "${search[@]}" --threads "$threads" >"$out/val.bleu.txt" 2>>"$out/val.log" ||
     { cat "$out/val.log" "$out/val.bleu.txt" >&2; die "translating or scoring the validation set failed"; }
@@ -234,7 +234,7 @@ say "  valid nll $valid_nll bits/token (ppl $valid_ppl, $valid_tokens tokens), v
 # ---- 5. translate and score ----------------------------------------------------------------------
 stage "translate: $data/test_2016_flickr.en (1000 sentences, ${search[*]}) and score"
 hyp="$out/test_2016_flickr.hyp.de"
-"$repo/tools/evaluate.sh" "$final" --src "$data/test_2016_flickr.en" --ref "$data/test_2016_flickr.de" \
+"$repo/tools/scripts/evaluate.sh" "$final" --src "$data/test_2016_flickr.en" --ref "$data/test_2016_flickr.de" \
     --output "$hyp" --venv "$venv" --translate "$build/luna-translate" \
     -- "${search[@]}" --threads "$threads" \
     >"$out/bleu.txt" 2>"$out/translate.log" || { cat "$out/translate.log" "$out/bleu.txt" >&2; die "translation or scoring failed"; }
@@ -255,7 +255,7 @@ plot="$out/learning_curve.png"
 bleu=$(sed -n 's/^sacreBLEU: //p' "$out/bleu.txt")
 if grep -qE '"(valid_)?loss"' "$log"; then
     stage "plot: learning curve"
-    "$venv/bin/python" "$repo/tools/eval/plot_curve.py" "$log" --output "$plot" --nll \
+    "$venv/bin/python" "$repo/tools/scripts/eval/plot_curve.py" "$log" --output "$plot" --nll \
         --final "${updates:-0}:$valid_nll" --bleu "valid:${updates:-0}:$valid_bleu" --bleu "test:${updates:-0}:$bleu" \
         --title "luna_demo on Multi30k: $updates updates, $minutes min on $threads thread(s)" | sed 's/^/  /'
 else

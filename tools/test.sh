@@ -7,7 +7,7 @@ usage() {
 usage: tools/test.sh [--sanitize] [--gpu] [--mpi] [--no-cuda-emu] [--no-mpi] [--no-deps] [-- CTEST-ARGS...]
 
 Builds luna and runs its test suite (CTest + Check), doing its own setup on a fresh Debian
-machine: installs the dependencies (tools/install-deps.sh), configures build/ with -Werror, builds
+machine: installs the dependencies (tools/ci/install-deps.sh), configures build/ with -Werror, builds
 and runs every CPU test. Then, where the CUDA toolkit's headers are installed, it builds the CUDA
 backend against the CPU execution harness in build-emu/ (-DLUNA_CUDA_EMU=ON) and runs the op,
 model and program suites on it (LUNA_TEST_BACKEND=cuda, three thread orders; label cuda-emu).
@@ -23,7 +23,7 @@ options:
   --no-mpi      skip the build-mpi/ stage
   --gpu         a CUDA build (-DLUNA_CUDA=ON) that also runs the tests labelled gpu (needs a GPU)
   --mpi         only the build-mpi/ stage: CPU and mpi tests there
-  --no-deps     skip tools/install-deps.sh
+  --no-deps     skip tools/ci/install-deps.sh
   -h, --help    show this help
   -- ARGS...    pass ARGS to ctest
 
@@ -86,9 +86,9 @@ if [ "$mpi_stage" -eq 1 ] && [ "$mpi" -eq 0 ] && [ "$sanitize" -eq 0 ] && [ "$gp
 fi
 if [ "$deps" -eq 1 ]; then
   if [ "$mpi" -eq 1 ] || [ "$run_mpi_stage" -eq 1 ]; then
-    "$root/tools/install-deps.sh" --mpi
+    "$root/tools/ci/install-deps.sh" --mpi
   else
-    "$root/tools/install-deps.sh"
+    "$root/tools/ci/install-deps.sh"
   fi
 fi
 jobs=$(nproc 2>/dev/null || echo 2)
@@ -129,6 +129,6 @@ if [ "$run_mpi_stage" -eq 1 ]; then
     "$root/tools/test.sh" --no-deps --mpi "${extra[@]}" -- -L mpi
     echo "multi-rank stage: $(( $(date +%s) - mpi_start )) s (build and tests)"
   else
-    echo "note: no mpiexec (tools/install-deps.sh --mpi installs OpenMPI): the multi-rank tests are not run"
+    echo "note: no mpiexec (tools/ci/install-deps.sh --mpi installs OpenMPI): the multi-rank tests are not run"
   fi
 fi

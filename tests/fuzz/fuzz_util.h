@@ -1,5 +1,5 @@
 /* Shared by the libFuzzer targets in tests/fuzz/ (built with -DLUNA_FUZZ=ON, run by
- * tools/fuzz.sh). The readers under test take paths and map files, so the file-based targets
+ * tools/ci/fuzz.sh). The readers under test take paths and map files, so the file-based targets
  * write each input to a per-process directory in /dev/shm (memory; $TMPDIR when /dev/shm is
  * missing) and open that. */
 #ifndef LUNA_FUZZ_UTIL_H

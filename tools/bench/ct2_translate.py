@@ -2,7 +2,7 @@
 """Translate a file with CTranslate2 the way luna-translate does (tools/bench/decode-vs-ct2.sh).
 
 SentencePiece pieces of each line (the checkpoint's model), beam search on the model exported by
-tools/export-ctranslate2.py with luna-translate's settings, the best hypothesis detokenized, one
+tools/scripts/export-ctranslate2.py with luna-translate's settings, the best hypothesis detokenized, one
 line per input line. Prints to stderr, like luna-translate, the time of the search alone (model
 load, tokenization and detokenization excluded, as luna-translate's figure excludes them):
   ct2: translated N sentences in S s: X sentences/s, Y target tokens/s (beam B, T threads)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CPU decoding: luna-translate against CTranslate2 (fp32) on the same transformer weights.
 #
-# Exports the transformer checkpoint with tools/export-ctranslate2.py, then decodes INPUT with
+# Exports the transformer checkpoint with tools/scripts/export-ctranslate2.py, then decodes INPUT with
 # luna-translate and with CTranslate2 (tools/bench/ct2_translate.py) alternately, at each thread
 # count, REPS times, and (when --luna is given) with luna-translate on a Luna checkpoint at the
 # same beam. Times are the decoding alone as each program reports it (model load, SentencePiece
@@ -83,7 +83,7 @@ if ! "$PY" -c "import ctranslate2, sentencepiece, numpy, safetensors" 2>/dev/nul
     "$VENV/bin/pip" install -q "ctranslate2==$CT2_VERSION" sentencepiece numpy safetensors
 fi
 echo "decode-vs-ct2.sh: ctranslate2 $("$PY" -c 'import ctranslate2; print(ctranslate2.__version__)')" >&2
-"$PY" "$ROOT/tools/export-ctranslate2.py" "$TR" "$WORK/ct2-model" --force \
+"$PY" "$ROOT/tools/scripts/export-ctranslate2.py" "$TR" "$WORK/ct2-model" --force \
     --spm-model "$WORK/spm.model"
 
 # run NAME THREADS REP: one decode; appends "name threads secs tokens" to $WORK/times

@@ -32,7 +32,7 @@
 # ((2·layers + 1) · batch · heads · len² · 4 bytes) exceeds --max-softmax-gib are skipped
 # (reported as "-"), as the paper's table stops where softmax no longer fits.
 # Output: OUT/long.tsv (raw), OUT/long.md (the table, also printed), OUT/long.png (memory and
-# time vs length, needs matplotlib: the evaluation venv of tools/demo.sh / tools/evaluate.sh,
+# time vs length, needs matplotlib: the evaluation venv of tools/demo.sh / tools/scripts/evaluate.sh,
 # build-eval/.venv-eval or $LUNA_EVAL_VENV; without it the plot is skipped with a message).
 # Default run: about 4 minutes on one core.
 set -euo pipefail

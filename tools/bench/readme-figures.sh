@@ -2,7 +2,7 @@
 # Re-measure the figures README.md quotes for the CPU demo: run tools/demo.sh from scratch and
 # print them, ready to compare with (or paste into) the README's "The CPU demo" section.
 #
-#   tools/readme-figures.sh [--minutes 15] [--quick] [--out DIR] [--no-deps] [-- demo options]
+#   tools/bench/readme-figures.sh [--minutes 15] [--quick] [--out DIR] [--no-deps] [-- demo options]
 #
 # Prints: the machine (cores, CPU model), the parameter count, updates reached, test sacreBLEU
 # with its signature, the final validation (nll in bits per token, ppl, valid sacreBLEU), the
@@ -13,7 +13,7 @@
 # Takes --minutes + about 3 minutes on 2 cores (+ about 6 more with --quick).
 set -euo pipefail
 
-repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 die() { echo "readme-figures.sh: error: $*" >&2; exit 1; }
 minutes=15 quick=0 out="$repo/build-figures" deps=()
 demo_extra=()

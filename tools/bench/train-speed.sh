@@ -11,7 +11,7 @@
 # every UPDATES/2: the second log line's wps is the steady state (the first includes the
 # arena's first-touch page faults). Without --before only the after build is measured. Timing
 # runs get `nice -n -10` when allowed, so that niced background work barely disturbs them.
-# DATA-BIN: tools/recipes/wmt14-en-de/prepare.sh --offline --bpe-vocab-size 32000 (default
+# DATA-BIN: tools/scripts/recipes/wmt14-en-de/prepare.sh --offline --bpe-vocab-size 32000 (default
 # build-wmt14/data-bin).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -30,7 +30,7 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 [[ "$updates" =~ ^[1-9][0-9]*$ && $updates -ge 2 ]] || die "--updates must be an integer >= 2"
-[[ -f "$data/dict.en.txt" ]] || die "$data is not a data-bin (run tools/recipes/wmt14-en-de/prepare.sh --offline --bpe-vocab-size 32000, or give --data)"
+[[ -f "$data/dict.en.txt" ]] || die "$data is not a data-bin (run tools/scripts/recipes/wmt14-en-de/prepare.sh --offline --bpe-vocab-size 32000, or give --data)"
 builds=("$after"); names=(after)
 [[ -n "$before" ]] && { builds=("$before" "$after"); names=(before after); }
 for b in "${builds[@]}"; do

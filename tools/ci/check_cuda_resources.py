@@ -16,7 +16,7 @@ ALLOWED = {}  # kernel name -> reason, for kernels that opt into more shared mem
 
 
 def main():
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     nvcc = os.environ.get("CUDACXX", "nvcc")
     srcdir = os.path.join(root, "model", "kernels", "cuda")
     files = sorted(f for f in os.listdir(srcdir) if f.endswith(".cu"))

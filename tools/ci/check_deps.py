@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Check the layering of luna's libraries from their #include lines.
 
-    tools/check_deps.py [ROOT]      exit 0 if every rule holds, 1 (listing each violation) if not
+    tools/ci/check_deps.py [ROOT]      exit 0 if every rule holds, 1 (listing each violation) if not
 
 The layers (CMakeLists.txt builds one library per layer):
   core/           foundation (status, files, JSON, safetensors, allocator, backend, RNG, options)
@@ -77,7 +77,7 @@ def violations(root):
 
 def main():
     root = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else
-                        pathlib.Path(__file__).resolve().parent.parent)
+                        pathlib.Path(__file__).resolve().parents[2])
     found = violations(root)
     for v in found:
         print(f"check_deps: {v}", file=sys.stderr)

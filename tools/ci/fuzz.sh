@@ -2,16 +2,16 @@
 # Build the libFuzzer targets (tests/fuzz/fuzz_*.c) with clang, ASan and UBSan in build-fuzz/ and
 # run each for a while from its committed seed corpus (tests/fuzz/corpus/<target>/).
 #
-#   tools/fuzz.sh                 every target for 60 s (CI: --seconds 30)
-#   tools/fuzz.sh --seconds N     every target for N seconds
-#   tools/fuzz.sh --runs N        every target for N executions instead (a long run: --runs 10000000)
-#   tools/fuzz.sh --only NAME     just that target (e.g. --only fuzz_json)
+#   tools/ci/fuzz.sh               every target for 60 s (CI: --seconds 30)
+#   tools/ci/fuzz.sh --seconds N   every target for N seconds
+#   tools/ci/fuzz.sh --runs N      every target for N executions instead (a long run: --runs 10000000)
+#   tools/ci/fuzz.sh --only NAME   just that target (e.g. --only fuzz_json)
 # Each input must finish within 1 s (-timeout=1) and leak nothing (-detect_leaks=1). New inputs
 # found go to build-fuzz/corpus/<target>/ (not committed); a crash, hang or leak stops the run
 # with its reproducer in build-fuzz/artifacts/ and a non-zero exit status. Needs clang:
-# tools/install-deps.sh --fuzz.
+# tools/ci/install-deps.sh --fuzz.
 set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 build="$root/build-fuzz"
 seconds=60
 runs=""
@@ -21,12 +21,12 @@ while [ $# -gt 0 ]; do
     --seconds) seconds="$2"; shift ;;
     --runs) runs="$2"; shift ;;
     --only) only="$2"; shift ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) echo "fuzz.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
   esac
   shift
 done
-command -v clang >/dev/null || { echo "fuzz.sh: clang not found (tools/install-deps.sh --fuzz)" >&2; exit 1; }
+command -v clang >/dev/null || { echo "fuzz.sh: clang not found (tools/ci/install-deps.sh --fuzz)" >&2; exit 1; }
 targets=()
 for src in "$root"/tests/fuzz/fuzz_*.c; do
   name="$(basename "$src" .c)"

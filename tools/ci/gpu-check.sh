@@ -3,7 +3,7 @@
 # written for but never ran on (README, "GPU"). Prints one summary at the end; exit status 0 only
 # when every step passed.
 #
-#   tools/gpu-check.sh [--no-sanitizer] [--quick] [--build-dir DIR] [--no-build] [--no-torch]
+#   tools/ci/gpu-check.sh [--no-sanitizer] [--quick] [--build-dir DIR] [--no-build] [--no-torch]
 #                     [--test-timeout S]
 #
 # Steps (each one summary line):
@@ -27,7 +27,7 @@
 #                  --quick: smaller batches
 # Nothing here is run by CI (no GPU there); tools/test.sh --gpu runs step 2 alone.
 set -uo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 build="$root/build-gpu"
 sanitizer=1
 quick=0

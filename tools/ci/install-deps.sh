@@ -2,11 +2,12 @@
 # Install every system dependency of luna on a Debian machine (apt-get).
 # Idempotent: when everything is present it only checks and returns (≈1 s).
 #
-#   tools/install-deps.sh              build, test and run dependencies
-#   tools/install-deps.sh --reference  also python3-torch (tools/convert-checkpoint.py and its test
-#                                      convert_checkpoint; regenerating the PyTorch oracle fixtures)
-#   tools/install-deps.sh --mpi        also OpenMPI (the LUNA_MPI build option)
-#   tools/install-deps.sh --fuzz       also clang with libFuzzer and libomp (tools/fuzz.sh)
+#   tools/ci/install-deps.sh              build, test and run dependencies
+#   tools/ci/install-deps.sh --reference  also python3-torch (tools/scripts/convert-checkpoint.py and
+#                                         its test convert_checkpoint; regenerating the PyTorch oracle
+#                                         fixtures)
+#   tools/ci/install-deps.sh --mpi        also OpenMPI (the LUNA_MPI build option)
+#   tools/ci/install-deps.sh --fuzz       also clang with libFuzzer and libomp (tools/ci/fuzz.sh)
 set -euo pipefail
 
 packages=(
@@ -21,7 +22,7 @@ for arg in "$@"; do
     --reference) packages+=(python3-torch python3-numpy) ;;
     --mpi) packages+=(libopenmpi-dev openmpi-bin) ;;
     --fuzz) packages+=(clang libclang-rt-dev libomp-dev) ;;
-    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
     *) echo "install-deps.sh: unknown option '$arg' (try --help)" >&2; exit 2 ;;
   esac
 done

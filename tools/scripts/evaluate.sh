@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Translate a test set with a checkpoint and score it with sacreBLEU.
 #
-#   tools/evaluate.sh CHECKPOINT --src FILE --ref FILE [--tokenized-bleu] [--lang de]
+#   tools/scripts/evaluate.sh CHECKPOINT --src FILE --ref FILE [--tokenized-bleu] [--lang de]
 #                     [--output HYP] [--translate BIN] [--venv DIR] [-- luna-translate options]
 #
 # Defaults follow the usual fairseq practice for WMT'14 EN-DE: --beam 4 --lenpen 0.6 (anything
@@ -12,12 +12,12 @@
 # BLEU with compound splitting (get_ende_bleu.sh), clearly labelled.
 #
 # Example (newstest2014 full):
-#   tools/evaluate.sh checkpoints/avg5.safetensors \
+#   tools/scripts/evaluate.sh checkpoints/avg5.safetensors \
 #       --src ../shared/data/wmt14-en-de/test/newstest2014-full.en \
 #       --ref ../shared/data/wmt14-en-de/test/newstest2014-full.de --tokenized-bleu -- --threads 2
 set -euo pipefail
 
-repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 die() { echo "evaluate.sh: $*" >&2; exit 1; }
 usage() { sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
@@ -73,4 +73,4 @@ echo "checkpoint: $ckpt"
 echo "test set:   $src -> $ref ($(wc -l < "$ref") sentences)"
 args=("$hyp" "$ref" --lang "$lang")
 [[ $tokenized -eq 1 ]] && args+=(--tokenized-bleu)
-"$venv/bin/python" "$repo/tools/eval/bleu.py" "${args[@]}"
+"$venv/bin/python" "$repo/tools/scripts/eval/bleu.py" "${args[@]}"

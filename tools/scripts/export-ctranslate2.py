@@ -16,7 +16,7 @@ interrupted export leaves no partial model. Luna and Linformer checkpoints are r
 Requires: ctranslate2 (tested with 4.8.5), numpy, safetensors.
 
 Example (then translate SentencePiece pieces with ctranslate2.Translator(OUTPUT_DIR)):
-  python3 tools/export-ctranslate2.py checkpoints/checkpoint_best.safetensors ct2-model
+  python3 tools/scripts/export-ctranslate2.py checkpoints/checkpoint_best.safetensors ct2-model
 """
 import argparse
 import json

@@ -20,7 +20,7 @@ void luna_backend_cpu_set_threads(luna_backend *be, int num_threads);
  * same CPU. Only OPENBLAS_CORETYPE, read at load time, changes the choice.
  * luna_cpu_blas_better_core returns the family to use ("SkylakeX" with AVX-512, "Haswell" with
  * AVX2 + FMA) when the loaded one is such a fallback and OPENBLAS_CORETYPE is unset, else NULL;
- * programs then set the variable and start again (tools/program_start.h). Different kernels
+ * programs then set the variable and start again (tools/programs/program_start.h). Different kernels
  * round differently: results are reproducible for a given kernel family. */
 const char *luna_cpu_blas_better_core(void);
 const char *luna_cpu_blas_loaded_core(void); /* the family in use (openblas_get_corename) */

@@ -1,4 +1,4 @@
-"""BLEU for tools/evaluate.sh (runs inside the evaluation venv).
+"""BLEU for tools/scripts/evaluate.sh (runs inside the evaluation venv).
 
   bleu.py HYP REF [--tokenized-bleu] [--lang de]
 

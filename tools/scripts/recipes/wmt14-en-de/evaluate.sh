@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # WMT'14 English->German, step 3: average the last 5 checkpoints and score newstest2014.
 #
-#   tools/recipes/wmt14-en-de/evaluate.sh [--work DIR] [--checkpoint FILE] [--smoke] [-- luna-translate options]
+#   tools/scripts/recipes/wmt14-en-de/evaluate.sh [--work DIR] [--checkpoint FILE] [--smoke] [-- luna-translate options]
 #
 # Averages the parameters of the last 5 checkpoint_<epoch>_<update> files in WORK/checkpoints
 # (luna-average; fewer when fewer exist) into WORK/checkpoint_avg5.safetensors, translates
 # newstest2014 full (WORK/raw/test.en; 3003 sentences, or prepare.sh --smoke's 200) with beam 4,
-# length penalty 0.6, and scores it with tools/evaluate.sh against WORK/raw/test.de (the sacreBLEU
+# length penalty 0.6, and scores it with tools/scripts/evaluate.sh against WORK/raw/test.de (the sacreBLEU
 # wmt14/full reference): sacreBLEU (13a, mixed case) with its signature, and the papers'
 # tokenized BLEU with compound splitting (clearly labelled; not comparable with sacreBLEU).
 # Hypotheses go to WORK/newstest2014.hyp.de, the scores to WORK/bleu.txt.
@@ -23,7 +23,7 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-repo="$(cd "$here/../../.." && pwd)"
+repo="$(cd "$here/../../../.." && pwd)"
 die() { echo "evaluate.sh: error: $*" >&2; exit 1; }
 say() { echo "evaluate.sh: $*"; }
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; }
@@ -81,7 +81,7 @@ targs=(--beam 4 --lenpen 0.6 --threads "$threads")
 [[ $smoke -eq 1 ]] && targs+=(--max-len-a 1.2 --max-len-b 10)
 targs+=("${extra[@]}")
 say "translating $src ($(wc -l <"$src") sentences) with ${targs[*]}"
-"$repo/tools/evaluate.sh" "$ckpt" --src "$src" --ref "$ref" --tokenized-bleu \
+"$repo/tools/scripts/evaluate.sh" "$ckpt" --src "$src" --ref "$ref" --tokenized-bleu \
     --output "$work/newstest2014.hyp.de" --translate "$translate" -- "${targs[@]}" | tee "$work/bleu.txt" ||
     die "translation or scoring failed"
 say "hypotheses: $work/newstest2014.hyp.de; scores: $work/bleu.txt"

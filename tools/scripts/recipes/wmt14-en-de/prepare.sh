@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # WMT'14 English->German, step 1: get the data and binarize it with a joint SentencePiece BPE.
 #
-#   tools/recipes/wmt14-en-de/prepare.sh [--work DIR] [--bpe-vocab-size N] [--offline] [--smoke]
+#   tools/scripts/recipes/wmt14-en-de/prepare.sh [--work DIR] [--bpe-vocab-size N] [--offline] [--smoke]
 #
 # Where the network allows, downloads the WMT'14 training data of the paper (Europarl v7, Common
 # Crawl, News Commentary v9: 4.5M pairs), newstest2013 (dev) and newstest2014 full (test) from
@@ -26,7 +26,7 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-repo="$(cd "$here/../../.." && pwd)"
+repo="$(cd "$here/../../../.." && pwd)"
 die() { echo "prepare.sh: error: $*" >&2; exit 1; }
 say() { echo "prepare.sh: $*"; }
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; }

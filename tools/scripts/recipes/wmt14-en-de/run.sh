@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # WMT'14 English->German end to end: prepare.sh, train.sh, evaluate.sh (see each one's --help).
 #
-#   tools/recipes/wmt14-en-de/run.sh [--smoke] [--mode 8gpu|1gpu|cpu] [--work DIR] [--no-deps] [-- luna-train options]
+#   tools/scripts/recipes/wmt14-en-de/run.sh [--smoke] [--mode 8gpu|1gpu|cpu] [--work DIR] [--no-deps] [-- luna-train options]
 #
-# Does its own setup first (tools/install-deps.sh, a build of the programs in build/ when missing;
-# tools/evaluate.sh makes the sacreBLEU venv). Then: data (downloaded where the network allows,
+# Does its own setup first (tools/ci/install-deps.sh, a build of the programs in build/ when missing;
+# tools/scripts/evaluate.sh makes the sacreBLEU venv). Then: data (downloaded where the network allows,
 # else ../shared/data/wmt14-en-de train-mini), the paper's training command in the chosen mode,
 # averaging of the last 5 checkpoints, sacreBLEU (wmt14/full reference, 13a, signature) and
 # tokenized compound-split BLEU on newstest2014 full.
@@ -19,13 +19,13 @@
 #   --work DIR     working folder (default: build-wmt14, or build-wmt14-smoke)
 #   --build DIR    build folder (default: build in the repository)
 #   --threads N    CPU threads (default: nproc)
-#   --no-deps      skip tools/install-deps.sh
+#   --no-deps      skip tools/ci/install-deps.sh
 #   -h, --help     this help
 # Anything after "--" is passed to train.sh (and so to luna-train).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-repo="$(cd "$here/../../.." && pwd)"
+repo="$(cd "$here/../../../.." && pwd)"
 die() { echo "run.sh: error: $*" >&2; exit 1; }
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; }
 
@@ -50,7 +50,7 @@ start=$(date +%s)
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"   # see train.sh / evaluate.sh
 elapsed() { echo "$(( $(date +%s) - start )) s"; }
 
-[[ $deps -eq 1 ]] && { "$repo/tools/install-deps.sh" || die "tools/install-deps.sh failed"; }
+[[ $deps -eq 1 ]] && { "$repo/tools/ci/install-deps.sh" || die "tools/ci/install-deps.sh failed"; }
 programs=(luna-preprocess luna-train luna-translate luna-average)
 if [[ ! -f "$build/CMakeCache.txt" ]]; then
     cmake -S "$repo" -B "$build" -DLUNA_WERROR=ON >"$build.configure.log" 2>&1 ||

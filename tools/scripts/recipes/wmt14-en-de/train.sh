@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # WMT'14 English->German, step 2: train Luna with the paper's recipe (recipe-wmt14.md).
 #
-#   tools/recipes/wmt14-en-de/train.sh [--mode 8gpu|1gpu|cpu] [--work DIR] [--smoke] [-- luna-train options]
+#   tools/scripts/recipes/wmt14-en-de/train.sh [--mode 8gpu|1gpu|cpu] [--work DIR] [--smoke] [-- luna-train options]
 #
 # The recipe: luna_base_tied (l 32, softplus), Apollo lr 0.1 (β 0.9, ε 1e-4, L2 weight decay
 # 1e-8, per-tensor clip 0.1), milestone schedule (warmup 1000 updates from 1e-5, ×0.1 at 300k and
@@ -30,7 +30,7 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-repo="$(cd "$here/../../.." && pwd)"
+repo="$(cd "$here/../../../.." && pwd)"
 die() { echo "train.sh: error: $*" >&2; exit 1; }
 say() { echo "train.sh: $*"; }
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; }
@@ -91,7 +91,7 @@ if [[ $dry -eq 1 ]]; then
     exit 0
 fi
 [[ "$mode" != 8gpu || $smoke -eq 1 ]] || command -v mpirun >/dev/null ||
-    die "mpirun not found: the 8-GPU mode runs 8 ranks with MPI (tools/install-deps.sh --mpi; configure with -DLUNA_MPI=ON -DLUNA_CUDA=ON)"
+    die "mpirun not found: the 8-GPU mode runs 8 ranks with MPI (tools/ci/install-deps.sh --mpi; configure with -DLUNA_MPI=ON -DLUNA_CUDA=ON)"
 mkdir -p "$work/checkpoints"
 say "mode $mode$([[ $smoke -eq 1 ]] && echo ' (smoke)'), log: $work/train.log"
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
