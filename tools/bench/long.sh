@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Long-sequence efficiency (issue 15): training steps/s and peak activation memory of softmax
+# Long-sequence efficiency: training steps/s and peak activation memory of softmax
 # attention, Luna-16/128/256 and Linformer (k = 256, headwise sharing, E, F as long as the
 # source) at long lengths, as ratios to softmax beside the paper's Table 2.
 #

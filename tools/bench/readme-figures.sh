@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Re-measure the figures README.md quotes for the CPU demo: run tools/demo.sh from scratch and
-# print them, ready to compare with (or paste into) the README's "The CPU demo" section.
+# Re-measure the CPU demo's figures that README.md and docs/benchmarks.md ("CPU demo") quote: run
+# tools/demo.sh from scratch and print them, ready to compare with (or paste into) those tables.
 #
 #   tools/bench/readme-figures.sh [--minutes 15] [--quick] [--out DIR] [--no-deps] [-- demo options]
 #
 # Prints: the machine (cores, CPU model), the parameter count, updates reached, test sacreBLEU
 # with its signature, the final validation (nll in bits per token, ppl, valid sacreBLEU), the
 # demo's wall time and the disk space of its output folder and of the evaluation venv.
-# --quick also runs the short demo the README mentions (tools/demo.sh --minutes 3) and prints
+# --quick also runs the short demo (tools/demo.sh --minutes 3) and prints
 # its figures. OUT (default build-figures in the repository) is removed first, so the run is a
 # fresh one (preprocessing included); the build and the venv are reused when present.
 # Takes --minutes + about 3 minutes on 2 cores (+ about 6 more with --quick).

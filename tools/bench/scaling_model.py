@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""A scaling model, on paper, of luna-train's data parallelism (README "Multi-GPU and multi-node").
+"""A scaling model, on paper, of luna-train's data parallelism (docs/gpu.md, "Multi-GPU and
+multi-node").
 
-PREDICTED figures: no GPU has run luna yet. Per update every rank computes forward + backward on its
-own tokens, then the fp32 gradients (4 bytes x parameters) are summed by NCCL all-reduce in buckets
+PREDICTED figures: multi-GPU data parallelism has not run on real GPUs. Per update every rank
+computes forward + backward on its own tokens, then the fp32 gradients (4 bytes x parameters) are
+summed by NCCL all-reduce in buckets
 (--bucket-size-mb, default 25); with overlap a bucket starts as soon as the backward pass has
 finished its layers (trainer/grad_buckets.c), so only what is left when the backward ends is
 exposed: the last bucket (the shared embedding, reported when the backward ends) and any backlog.
@@ -17,8 +19,8 @@ exposed: the last bucket (the shared embedding, reported when the backward ends)
   efficiency  = t_c / t
 
 Constants (sources):
-  H100 SXM bf16 dense peak 989 TFLOP/s (NVIDIA H100 datasheet); MFU 0.40 (luna's GPU target,
-  issue "Speed"); 8 GPUs on NVLink: busbw 480 GB/s with NVLink SHARP, 370 GB/s ring
+  H100 SXM bf16 dense peak 989 TFLOP/s (NVIDIA H100 datasheet); MFU 0.40 (luna's GPU target);
+  8 GPUs on NVLink: busbw 480 GB/s with NVLink SHARP, 370 GB/s ring
   (NVIDIA/nccl-tests#212, S. Jeaugey; 475 GB/s measured on 8 x H200, nccl-tests#272); across
   nodes, 8 x 400 Gb/s NDR per node at 46-48 GB/s per NIC (NVIDIA/nccl-tests#290, D. Addison):
   busbw 8 x 47 = 376 GB/s; latency alpha(W) = 10 us launch + 2 log2(W) x 5 us (tree hops).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CPU training speed, before/after in one run (README "Benchmarks: CPU training").
+# CPU training speed, before/after in one run (docs/benchmarks.md, "CPU training").
 #
 #   tools/bench/train-speed.sh [--before BUILD] [--after BUILD] [--data DATA-BIN] [--threads 2]
 #                              [--reps 2] [--updates 20]

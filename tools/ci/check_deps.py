@@ -11,7 +11,7 @@ The layers (CMakeLists.txt builds one library per layer):
   optim/          optimizers, schedules, clipping
   decoding/       decoder state and beam search
   trainer/        the training loop
-Rules (issue 11): kernels never include model layers; model never includes trainer, decoding or
+Rules: kernels never include model layers; model never includes trainer, decoding or
 data; data never includes model; optim sees only the parameter table, not layers; no library
 directory includes tools/; decoding never includes trainer; core includes only core.
 Only quoted includes ("dir/file.h") are project includes; <...> are system headers.

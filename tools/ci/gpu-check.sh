@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# For the first real GPU: build luna with CUDA and check the CUDA backend on the hardware it was
-# written for but never ran on (README, "GPU"). Prints one summary at the end; exit status 0 only
-# when every step passed.
+# On a machine with a GPU: build luna with CUDA and check the CUDA backend on the real hardware,
+# which CI cannot (docs/gpu.md). Prints one summary at the end; exit status 0 only when every step
+# passed.
 #
 #   tools/ci/gpu-check.sh [--no-sanitizer] [--quick] [--build-dir DIR] [--no-build] [--no-torch]
-#                     [--test-timeout S]
+#                         [--test-timeout S]
 #
 # Steps (each one summary line):
 #   1. build       -DLUNA_CUDA=ON in build-gpu/ (nvcc, sm_80 + sm_90a, -Werror; -DLUNA_MPI=ON with
@@ -46,7 +46,7 @@ while [ $# -gt 0 ]; do
     --build-dir)
       [ $# -ge 2 ] || { echo "gpu-check: --build-dir needs a directory" >&2; exit 2; }
       build="$(mkdir -p "$2" && cd "$2" && pwd)"; shift ;;
-    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "gpu-check: unknown option '$1' (try --help)" >&2; exit 2 ;;
   esac
   shift
@@ -117,7 +117,7 @@ if [ "$sanitizer" -eq 1 ]; then
   fi
 fi
 
-# 4. benchmarks (measured on this GPU; the README's GPU figures are predictions until these run).
+# 4. benchmarks, measured on this GPU (docs/benchmarks.md, docs/gpu.md).
 # bench-model's "target tokens/s" line and PyTorch's, at the same shapes, side by side.
 if [ "$quick" -eq 1 ]; then batches="32"; sentences=64; else batches="256 1024"; sentences=512; fi
 bench() { # label, then bench-model arguments

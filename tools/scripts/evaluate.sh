@@ -2,7 +2,7 @@
 # Translate a test set with a checkpoint and score it with sacreBLEU.
 #
 #   tools/scripts/evaluate.sh CHECKPOINT --src FILE --ref FILE [--tokenized-bleu] [--lang de]
-#                     [--output HYP] [--translate BIN] [--venv DIR] [-- luna-translate options]
+#                             [--output HYP] [--translate BIN] [--venv DIR] [-- luna-translate options]
 #
 # Defaults follow the usual fairseq practice for WMT'14 EN-DE: --beam 4 --lenpen 0.6 (anything
 # after "--" is passed to luna-translate and overrides them). sacreBLEU (and sacremoses for

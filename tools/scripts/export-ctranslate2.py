@@ -229,7 +229,7 @@ def main(argv=None):
         "ctranslate2.Translator(OUTPUT_DIR).translate_batch(pieces, beam_size=4, "
         "length_penalty=0.6, return_end_token=True) matches luna-translate --beam 4 --lenpen 0.6 "
         "(return_end_token=True makes CTranslate2 count </s> in the length, as fairseq and luna "
-        "do). See README.md, 'CPU decoding vs CTranslate2'.")
+        "do). See docs/benchmarks.md, 'CPU decoding vs CTranslate2'.")
     ap.add_argument("checkpoint", help="luna transformer checkpoint (.safetensors)")
     ap.add_argument("output_dir", help="CTranslate2 model directory to create")
     ap.add_argument("--force", action="store_true", help="replace OUTPUT_DIR if it exists")

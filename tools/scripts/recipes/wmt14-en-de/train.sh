@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# WMT'14 English->German, step 2: train Luna with the paper's recipe (recipe-wmt14.md).
+# WMT'14 English->German, step 2: train Luna with the paper's recipe (../shared/spec/recipe-wmt14.md).
 #
 #   tools/scripts/recipes/wmt14-en-de/train.sh [--mode 8gpu|1gpu|cpu] [--work DIR] [--smoke] [-- luna-train options]
 #
@@ -11,8 +11,8 @@
 #   8gpu  the paper's command: 8 ranks (mpirun -np 8), --device cuda --max-tokens 8192 --update-freq 1
 #   1gpu  one GPU: --device cuda --max-tokens 8192 --update-freq 8
 #   cpu   the CPU fallback: --device cpu --threads N --max-tokens 4096 --update-freq 16 (the same
-#         optimisation; luna_base_tied runs at ~200 target tokens/s on 2 cores, ~5 min per update,
-#         so pass -- --max-update N for a bounded run)
+#         optimisation; luna_base_tied trains at a few hundred target tokens/s on 2 cores, minutes
+#         per update (docs/benchmarks.md), so pass -- --max-update N for a bounded run)
 # The GPU modes need a luna-train built with -DLUNA_CUDA=ON (8gpu also -DLUNA_MPI=ON and mpirun);
 # luna-train says so clearly when it was not. Running the same command again resumes from
 # WORK/checkpoints/checkpoint_last.
