@@ -1,4 +1,4 @@
-/* Document-level data (issue 15): training pairs made of windows of consecutive sentences, joined
+/* Document-level data: training pairs made of windows of consecutive sentences, joined
  * by a separator symbol, and the way back from a translated window to sentences.
  *
  * A window is s_1 <sep> s_2 <sep> ... s_k </s>: each sentence's own </s> except the last is
