@@ -15,7 +15,8 @@ One update, as luna-train does it (spec apollo.md "One update, in order"): forwa
 (0.1 / 0.1 / 0.1), label-smoothed loss (0.1) summed over target tokens, backward, gradients / ntokens,
 per-tensor clipping to --clip-norm (clip mode "each"), L2 weight decay, Apollo step (constant
 rebound, float32 state: the official apollo.py's vectorised torch form), milestone schedule with
-linear warmup. The causal attention uses the vectorised `tril` form (2.3x faster here than cumsum).
+linear warmup. The causal attention uses the vectorised `tril` form (faster than `cumsum`, whose
+running sums cost memory traffic; timings in tests/reference/README.md).
 The model is initialised by luna_reference.init_params (spec section 5), not from luna's own
 initial weights, so the losses are comparable but not equal. The first --warmup updates are not
 timed (allocator warm-up).
