@@ -11,6 +11,10 @@ void luna_tensor_table_free(luna_tensor_table *t) {
     free(t->host_offsets);
     free(t->host_numels);
     free(t->host_block_start);
+    if (t->host_tensors)
+        for (int i = 0; i < t->num_tensors; i++)
+            free((char *)t->host_tensors[i].name);
+    free(t->host_tensors);
     free(t);
 }
 
@@ -92,4 +96,90 @@ oom:
     free(block_tensor);
     luna_tensor_table_free(t);
     return luna_error(LUNA_ERR_OUT_OF_MEMORY, "tensor table: out of host memory");
+}
+
+/* A description is usable when it names the tensor and its shape matches its size. */
+static luna_status check_desc(const luna_tensor_desc *d, int i) {
+    if (!d->name || !d->name[0])
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "tensor_table_create: tensor %d has no name",
+                          i);
+    if (d->ndim < 0 || d->ndim > LUNA_MAX_DIMS)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "tensor_table_create: %s has %d dimensions",
+                          d->name, d->ndim);
+    int64_t prod = 1;
+    for (int k = 0; k < d->ndim && prod >= 0; k++)
+        prod = d->shape[k] >= 0 ? prod * d->shape[k] : -1;
+    if (d->ndim > 0 && prod != d->numel)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                          "tensor_table_create: %s: its shape has %lld elements, not %lld", d->name,
+                          (long long)prod, (long long)d->numel);
+    return LUNA_OK;
+}
+
+luna_status luna_tensor_table_create_named(luna_tensor_table **out, luna_backend *be, int n,
+                                           const luna_tensor_desc *tensors) {
+    if (!out || n < 0 || (n > 0 && !tensors))
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "tensor_table_create: bad arguments");
+    *out = NULL;
+    size_t nn = (size_t)n;
+    for (int i = 0; i < n; i++) {
+        LUNA_TRY(check_desc(&tensors[i], i));
+        for (int j = 0; j < i; j++)
+            if (strcmp(tensors[i].name, tensors[j].name) == 0)
+                return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                                  "tensor_table_create: two tensors named %s", tensors[i].name);
+    }
+    int64_t *offsets = malloc((nn + 1) * sizeof *offsets);
+    int64_t *numels = malloc((nn + 1) * sizeof *numels);
+    luna_tensor_desc *copy = calloc(nn + 1, sizeof *copy);
+    bool ok = offsets && numels && copy;
+    for (int i = 0; ok && i < n; i++) {
+        offsets[i] = tensors[i].offset;
+        numels[i] = tensors[i].numel;
+        copy[i] = tensors[i];
+        copy[i].name = strdup(tensors[i].name);
+        ok = copy[i].name != NULL;
+    }
+    luna_status st = ok ? luna_tensor_table_create(out, be, n, offsets, numels)
+                        : luna_error(LUNA_ERR_OUT_OF_MEMORY, "tensor table: out of host memory");
+    free(offsets);
+    free(numels);
+    if (st != LUNA_OK) {
+        for (int i = 0; copy && i < n; i++)
+            free((char *)copy[i].name);
+        free(copy);
+        return st;
+    }
+    (*out)->host_tensors = copy;
+    return LUNA_OK;
+}
+
+const char *luna_tensor_table_name(const luna_tensor_table *t, int i) {
+    if (!t || !t->host_tensors || i < 0 || i >= t->num_tensors) return "";
+    return t->host_tensors[i].name;
+}
+
+int luna_tensor_table_find(const luna_tensor_table *t, const char *name) {
+    if (!t || !t->host_tensors || !name) return -1;
+    for (int i = 0; i < t->num_tensors; i++)
+        if (strcmp(t->host_tensors[i].name, name) == 0) return i;
+    return -1;
+}
+
+luna_tensor luna_tensor_table_view(const luna_tensor_table *t, int i, float *base) {
+    int64_t shape[LUNA_MAX_DIMS] = {t->host_numels[i]};
+    int ndim = 1;
+    if (t->host_tensors && t->host_tensors[i].ndim > 0) {
+        ndim = t->host_tensors[i].ndim;
+        memcpy(shape, t->host_tensors[i].shape, sizeof shape);
+    }
+    return luna_tensor_view(base + t->host_offsets[i], t->be->device, LUNA_F32, ndim, shape);
+}
+
+int64_t luna_tensor_table_extent(const luna_tensor_table *t) {
+    int64_t end = 0;
+    for (int i = 0; t && i < t->num_tensors; i++)
+        if (t->host_offsets[i] + t->host_numels[i] > end)
+            end = t->host_offsets[i] + t->host_numels[i];
+    return end;
 }

@@ -11,10 +11,13 @@
  * the table equals the single-tensor op bit for bit, and a device kernel can map one thread block
  * to one table block.
  *
- * The table is built once (at optimizer or clipper creation) and uploaded with
- * luna_mem_from_host; it also owns a device workspace large enough for the per-block partials and
- * per-tensor scalars of every multi op (LUNA_TENSOR_TABLE_WORKSPACE_* below), so no op over it
- * allocates. The host keeps a copy of the description (for launch planning and error messages).
+ * The table is built once (by whoever owns the flat buffers, e.g. the trainer for the trainable
+ * parameters) and uploaded with luna_mem_from_host; it also owns a device workspace large enough
+ * for the per-block partials and per-tensor scalars of every multi op
+ * (LUNA_TENSOR_TABLE_WORKSPACE_* below), so no op over it allocates. The host keeps a copy of the
+ * description (for launch planning and error messages) and, for a table made from descriptions
+ * (luna_tensor_table_create_named), each tensor's name and shape: what a consumer such as the
+ * optimizer needs to name and view per-tensor state without knowing where the tensors come from.
  */
 #ifndef LUNA_CORE_TENSOR_TABLE_H
 #define LUNA_CORE_TENSOR_TABLE_H
@@ -24,12 +27,22 @@
 
 #include "core/backend.h"
 #include "core/status.h"
+#include "core/tensor.h"
 
 #define LUNA_TENSOR_TABLE_BLOCK 4096 /* = reduce.c's LUNA_REDUCE_BLOCK (elements) */
 /* Workspace doubles per block and per tensor the multi ops may use (5 per block: Apollo's four
  * reductions and ΣD; 8 per tensor: the derived per-tensor scalars). */
 #define LUNA_TENSOR_TABLE_WORKSPACE_PER_BLOCK 5
 #define LUNA_TENSOR_TABLE_WORKSPACE_PER_TENSOR 8
+
+/* One tensor of a named table: a slice of the flat buffers with the name and shape that views of
+ * it carry (checkpoint keys, messages). ndim 0 means a vector of numel elements. */
+typedef struct {
+    const char *name;
+    int64_t offset, numel;
+    int ndim;
+    int64_t shape[LUNA_MAX_DIMS];
+} luna_tensor_desc;
 
 struct luna_tensor_table {
     luna_backend *be;
@@ -46,6 +59,7 @@ struct luna_tensor_table {
     size_t workspace_doubles;
     /* host copies */
     int64_t *host_offsets, *host_numels, *host_block_start;
+    luna_tensor_desc *host_tensors; /* [num_tensors], names owned; NULL for an unnamed table */
     /* private */
     void *dev_ints;
     size_t dev_ints_bytes;
@@ -57,5 +71,18 @@ typedef struct luna_tensor_table luna_tensor_table;
 luna_status luna_tensor_table_create(luna_tensor_table **out, luna_backend *be, int n,
                                      const int64_t *offsets, const int64_t *numels);
 void luna_tensor_table_free(luna_tensor_table *t);
+
+/* The same from n ≥ 0 descriptions (copied, names included): every name non-empty and distinct,
+ * and a shape's product equal to numel (LUNA_ERR_INVALID_ARGUMENT naming the tensor otherwise). */
+luna_status luna_tensor_table_create_named(luna_tensor_table **out, luna_backend *be, int n,
+                                           const luna_tensor_desc *tensors);
+/* Tensor i's name ("" in an unnamed table); the index of `name` (-1 when absent or unnamed). */
+const char *luna_tensor_table_name(const luna_tensor_table *t, int i);
+int luna_tensor_table_find(const luna_tensor_table *t, const char *name);
+/* An F32 view of tensor i inside the flat device buffer `base` (which has the table's layout),
+ * with the tensor's shape ([numel] when it has none). */
+luna_tensor luna_tensor_table_view(const luna_tensor_table *t, int i, float *base);
+/* One past the last element any tensor occupies: the length a flat buffer must have. */
+int64_t luna_tensor_table_extent(const luna_tensor_table *t);
 
 #endif
