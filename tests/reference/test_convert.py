@@ -46,6 +46,9 @@ import luna_reference as ref  # noqa: E402
 import official_style  # noqa: E402
 from safetensors_io import load_file, save_file  # noqa: E402
 
+sys.path.insert(0, os.path.join(ROOT, "tools", "scripts"))
+import safe_pt  # noqa: E402
+
 TOL = 1e-5
 failures = []
 
@@ -148,9 +151,11 @@ def case_pt_to_luna(tool, translate, tmp, name, args, revision, act, score=True)
     write_dict(os.path.join(tmp, "dict.en.txt"), V)
     write_dict(os.path.join(tmp, "dict.de.txt"), V)
     out = os.path.join(tmp, f"{name}.safetensors")
+    # a 2023 (gamma - 1) .pt says nothing of its convention: the option states it
+    stated = ["--source-revision", "2023"] if revision == "2023" else []
     r = run([sys.executable, CONVERTER, pt, out, "--src-dict", os.path.join(tmp, "dict.en.txt"),
-             "--tgt-dict", os.path.join(tmp, "dict.de.txt"), "--causal-activation", act])
-    check(f"read as the {revision} convention" in r.stderr, f"{name}: LayerNorm convention {revision} detected")
+             "--tgt-dict", os.path.join(tmp, "dict.de.txt"), "--causal-activation", act] + stated)
+    check(f"({revision} convention" in r.stderr, f"{name}: LayerNorm convention {revision} applied")
     want = torch.log_softmax(m(SRC, SRC_LEN, PREV), -1)
     got, warn = c_logprobs(tool, out, tmp)
     e = max_err(got, want)
@@ -192,16 +197,18 @@ def main():
         for name, args, rev, act in cases:
             made[name] = case_pt_to_luna(tool, translate, tmp, name, args, rev, act, score=name != cases[0][0])
 
-        # the comparison detects a wrong convention: the 2023 file read as 2021
+        # a wrong convention is refused, and forced through it is visible: the 2023 file read as 2021
         pt, _, m = made["untied_kv_shared_dec_2023_elu"]
         wrong = os.path.join(tmp, "wrong.safetensors")
-        r = run([sys.executable, CONVERTER, pt, wrong, "--src-dict", os.path.join(tmp, "dict.en.txt"),
-                 "--tgt-dict", os.path.join(tmp, "dict.de.txt"), "--causal-activation", "elu",
-                 "--source-revision", "2021"])
+        conv = [sys.executable, CONVERTER, pt, wrong, "--src-dict", os.path.join(tmp, "dict.en.txt"),
+                "--tgt-dict", os.path.join(tmp, "dict.de.txt"), "--causal-activation", "elu"]
+        r = run(conv + ["--source-revision", "2021"], expect_ok=False)
+        check(r.returncode == 1 and "--force" in r.stderr and not os.path.exists(wrong),
+              f"2023 file with --source-revision 2021: refused ({r.stderr.strip()[:100]}...)")
+        r = run(conv + ["--source-revision", "2021", "--force"])
         got, _ = c_logprobs(tool, wrong, tmp)
         e = max_err(got, torch.log_softmax(m(SRC, SRC_LEN, PREV), -1))
-        check(e > 0.01 and "looks like the 2023 convention" in r.stderr,
-              f"2023 file forced to 2021: log-probs off by {e:.2f} (the comparison sees it), converter warns")
+        check(e > 0.01, f"2023 file forced to 2021: log-probs off by {e:.2f} (the comparison sees it)")
 
         # luna -> .pt, both revisions: strict load into the official-style module, same log-probs;
         # a checkpoint written by luna itself (luna_checkpoint_save, luna_tiny: d 32, l 8,
@@ -217,7 +224,8 @@ def main():
                 pt = os.path.join(tmp, f"back_{name}_{rev}.pt")
                 run([sys.executable, CONVERTER, luna_ckpt, pt, "--target-revision", rev,
                      "--dict-dir", os.path.join(tmp, "dicts")])
-                ck = torch.load(pt, weights_only=False)  # args are an argparse.Namespace
+                ck = safe_pt.load(pt)  # never torch.load(weights_only=False): see safe_pt.py
+                ck["model"] = {k: torch.from_numpy(v) for k, v in ck["model"].items()}
                 a = ck["args"]
                 mod = official_style.OfficialStyleModel(a, V, rev, made[name][2].causal_activation)
                 have, want_keys = set(ck["model"]), set(mod.state_dict())
@@ -234,6 +242,14 @@ def main():
                     e = max_err(torch.log_softmax(mod(SRC, SRC_LEN, PREV), -1), want)
                     check(e <= TOL, f"{name} -> .pt ({rev}): module log-probs vs luna's C {e:.2e} (<= {TOL})")
             check(os.path.exists(os.path.join(tmp, "dicts", "dict.en.txt")), "--dict-dir writes dict.en.txt")
+            # the .pt states its convention (args.layernorm_revision): converting it back needs no option
+            again = os.path.join(tmp, f"again_{name}.safetensors")
+            r = run([sys.executable, CONVERTER, os.path.join(tmp, f"back_{name}_2023.pt"), again, "--causal-activation",
+                     made[name][2].causal_activation, "--src-dict", os.path.join(tmp, "dicts", f"dict.{a.source_lang}.txt"),
+                     "--tgt-dict", os.path.join(tmp, "dicts", f"dict.{a.target_lang}.txt")], expect_ok=False)
+            e = max_err(c_logprobs(tool, again, tmp)[0], want) if r.returncode == 0 else float("inf")
+            check(e <= TOL and "from args.layernorm_revision = 2023" in r.stderr,
+                  f"{name} -> .pt (2023) -> luna with --source-revision auto: {e:.2e} ({r.stderr.strip()[:80]})")
 
         # strictness of the test module itself: without encoder.version the strict load fails
         sd = dict(ck["model"])
@@ -253,9 +269,10 @@ def main():
                for k, v in tensors.items()}
         save_file(gm1, os.path.join(tmp, "gm1.safetensors"), meta)
         r = run([translate, os.path.join(tmp, "gm1.safetensors"), "--input", src_txt, "--quiet"], expect_ok=False)
-        warn = [ln for ln in r.stderr.splitlines() if "warning" in ln]
-        check(r.returncode == 0 and len(warn) == 1 and "gamma - 1" in warn[0] and "gm1.safetensors" in warn[0],
-              f"luna-translate on undeclared gamma-1 weights: one warning line ({warn[0][:90] if warn else ''}...)")
+        err = r.stderr.strip()
+        check(r.returncode != 0 and "\n" not in err and "gamma - 1" in err and "gm1.safetensors" in err
+              and "layernorm_weight" in err and not r.stdout,
+              f"luna-translate on undeclared gamma-1 weights: refused in one line ({err[:90]}...)")
         tensors, meta = load_file(made["tied_kv_shared_all_2021_softplus"][1])
         tensors["decoder.embed_tokens.weight"] = np.array(tensors["encoder.embed_tokens.weight"]) * 0.5
         save_file(tensors, os.path.join(tmp, "alias.safetensors"), meta)

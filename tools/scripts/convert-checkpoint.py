@@ -3,7 +3,7 @@
 
   convert-checkpoint.py MODEL.pt OUT.safetensors --src-dict dict.en.txt --tgt-dict dict.de.txt
                         [--spm-model spm.model] [--source-lang en --target-lang de]
-                        [--causal-activation elu|softplus] [--source-revision auto|2021|2023]
+                        [--causal-activation elu|softplus] [--source-revision auto|2021|2023] [--force]
   convert-checkpoint.py CHECKPOINT.safetensors OUT.pt [--target-revision 2021|2023]
                         [--dict-dir DIR]
 
@@ -27,9 +27,13 @@ a luna checkpoint becomes a .pt whose "model" state_dict loads into the official
   table they alias when args say the embeddings are shared (an error otherwise) and kept as
   luna's untied tables when they are not.
   LayerNorm weights: the Luna-era code (2021) stores the gain γ, fairseq-apollo's 2023 revision
-  stores γ - 1 under the same names. --source-revision auto (the default) decides from the
-  mean of all LayerNorm weights (near 0: 2023) and says which it chose; luna stores γ and
-  records it in __metadata__.layernorm_weight.
+  stores γ - 1 under the same names, and nothing in its .pt says which. --source-revision auto
+  (the default) takes the file's args.layernorm_revision when it has one (this converter writes
+  it), else γ; weights whose mean is near 0 (γ - 1) without such a statement are refused: name
+  the convention with --source-revision 2023. A stated convention that the weights contradict is
+  refused unless --force. luna stores γ and records it in __metadata__.layernorm_weight.
+  Every tensor is checked before anything is written: present, no extra, shapes agreeing with
+  the args and the dictionaries, floating dtype, finite values; errors name the tensor.
   The dictionaries (fairseq dict.<lang>.txt) and the SentencePiece model are not in a .pt: name
   them; their sizes are checked against the embedding tables.
 
@@ -41,17 +45,28 @@ luna -> .pt
   as γ (--target-revision 2021, the default: the Luna-era code) or γ - 1 (2023). --dict-dir DIR
   also writes dict.<src>.txt, dict.<tgt>.txt and spm.model there (fairseq's data directory).
 
-A .pt file is a Python pickle, which can run code when loaded: convert only files you trust.
-Needs python3-torch and python3-numpy (tools/install-deps.sh --reference). Writes atomically
-(temporary sibling, fsync, rename). Errors: one line naming the file and the problem, exit 1.
+A .pt file is a Python pickle, and unpickling can run code: this converter never unpickles with
+pickle's or torch's loader. It reads a .pt with tools/scripts/safe_pt.py, which builds only
+tensors, containers, scalars and argparse.Namespace and refuses any other name in the pickle
+(the list is in that file). .pt -> luna needs numpy only; luna -> .pt also python3-torch
+(tools/ci/install-deps.sh --reference). Writes atomically (temporary sibling, fsync, rename; no
+temporary file is left on any failure). Errors: one line naming the file and the problem, exit 1.
 """
 import argparse
 import base64
+import io
 import json
 import math
 import os
 import struct
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+try:
+    import checkpoint_schema  # noqa: E402
+    import safe_pt  # noqa: E402
+except ImportError:  # numpy missing: main() says so
+    safe_pt = checkpoint_schema = None
 
 PROG = "convert-checkpoint"
 LUNA_FORMAT = "luna-checkpoint-1"
@@ -104,6 +119,8 @@ def read_safetensors(path):
 
 
 def atomic_write(path, write):
+    """write(f) into a temporary sibling, fsync, rename: `path` is the whole file or untouched,
+    and no temporary file is left behind whatever fails (ENOSPC, EIO, a write() that raises)."""
     tmp = f"{path}.tmp{os.getpid()}"
     try:
         with open(tmp, "wb") as f:
@@ -111,10 +128,14 @@ def atomic_write(path, write):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError as e:
-        if os.path.exists(tmp):
+    except BaseException as e:
+        try:
             os.unlink(tmp)
-        fail(path, f"cannot write: {e.strerror}")
+        except OSError:
+            pass
+        if isinstance(e, OSError):
+            fail(path, f"cannot write: {e.strerror or e}")
+        raise
 
 
 def write_safetensors(path, tensors, metadata):
@@ -181,34 +202,54 @@ def args_of(path, ckpt):
     args = ckpt.get("args")
     if args is None and ckpt.get("cfg") is not None:
         cfg = ckpt["cfg"]
-        model = cfg["model"] if "model" in cfg else None
-        if model is None:
-            fail(path, "cfg has no 'model' section")
-        return {k: model[k] for k in model}
+        model = cfg.get("model") if isinstance(cfg, dict) else None
+        if isinstance(model, argparse.Namespace):
+            model = vars(model)
+        if not isinstance(model, dict):
+            fail(path, "cfg has no 'model' section (a dict)")
+        return dict(model)
     if args is None:
         fail(path, "neither 'args' nor 'cfg': the model configuration is not in the file")
+    if not isinstance(args, argparse.Namespace):
+        fail(path, f"'args' is a {type(args).__name__}, not an argparse.Namespace")
     return dict(vars(args))
+
+
+def state_of(path, ckpt):
+    """The state_dict as {name: float64 array} (buffers as stored), types checked."""
+    import numpy as np
+    model = ckpt["model"]
+    if not isinstance(model, dict):
+        fail(path, f"'model' is a {type(model).__name__}, not a state_dict")
+    state = {}
+    for k, v in model.items():
+        if not isinstance(k, str):
+            fail(path, f"'model' has a key of type {type(k).__name__}, not a tensor name")
+        if not isinstance(v, np.ndarray):
+            fail(path, f"'model' entry '{k}' is a {type(v).__name__}, not a tensor")
+        if k.endswith(BUFFER_SUFFIXES):
+            state[k] = v
+        elif v.dtype.kind != "f":
+            fail(path, f"tensor '{k}' has dtype {v.dtype}, not a floating type")
+        else:
+            state[k] = v.astype(np.float64)
+    if "encoder.embed_tokens.weight" not in state or state["encoder.embed_tokens.weight"].ndim != 2:
+        fail(path, "no 'encoder.embed_tokens.weight' [dictionary size, embed_dim]: not a fairseq "
+                   "translation model")
+    return state
 
 
 def pt_to_luna(opt):
     import numpy as np
-    import torch
     path = opt.input
     try:
-        # fairseq checkpoints pickle argparse.Namespace args: torch >= 2.6's default
-        # weights_only=True refuses them. A .pt is a pickle: convert only files you trust.
-        try:
-            ckpt = torch.load(path, map_location="cpu", weights_only=False)
-        except TypeError:  # torch < 1.13 has no weights_only
-            ckpt = torch.load(path, map_location="cpu")
-    except ModuleNotFoundError as e:
-        fail(path, f"unpickling needs the Python module '{e.name}' (install it, or re-save the "
-                   "checkpoint with plain argparse args)")
-    except Exception as e:  # torch raises several kinds for a file that is not a checkpoint
-        fail(path, f"not a PyTorch checkpoint ({type(e).__name__}: {str(e).splitlines()[0][:120]})")
+        ckpt = safe_pt.load(path)
+    except safe_pt.PtError as e:
+        fail(path, str(e))
+    except OSError as e:
+        fail(path, f"cannot read: {e.strerror}")
     a = args_of(path, ckpt)
-    state = {k: v.detach().to(torch.float64).cpu().numpy() if v.is_floating_point() else v.cpu().numpy()
-             for k, v in ckpt["model"].items()}
+    state = state_of(path, ckpt)
     luna = "encoder.projected_embeddings" in state
     arch = str(a.get("arch", a.get("_name", "")))
 
@@ -218,6 +259,18 @@ def pt_to_luna(opt):
 
     def refuse(key, why):
         fail(path, f"args.{key} = {a.get(key)!r}: {why}")
+
+    def number(key, default, kind=int):
+        v = get(key, default)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and v != int(v)):
+            refuse(key, f"not {'an integer' if kind is int else 'a number'}")
+        if kind is int and v < 0:
+            refuse(key, "negative")
+        return kind(v)
+
+    def shape0(name):
+        t = state.get(name)
+        return int(t.shape[0]) if t is not None and t.ndim >= 1 else None
 
     for key in ("encoder_normalize_before", "decoder_normalize_before"):
         if get(key, False):
@@ -233,11 +286,13 @@ def pt_to_luna(opt):
     d = int(state["encoder.embed_tokens.weight"].shape[1])
     V = int(state["encoder.embed_tokens.weight"].shape[0])
     for key in ("encoder_embed_dim", "decoder_embed_dim", "decoder_output_dim", "decoder_input_dim"):
-        if int(get(key, d)) != d:
+        if number(key, d) != d:
             refuse(key, f"luna needs every model dimension equal to the embedding's ({d})")
     for side in ("encoder", "decoder"):
-        heads = int(get(f"{side}_attention_heads", 8))
-        ph = int(get(f"{side}_projected_attention_heads", heads))
+        heads = number(f"{side}_attention_heads", 8)
+        if heads < 1 or d % heads != 0:
+            refuse(f"{side}_attention_heads", f"the embedding dimension {d} is not a multiple of it")
+        ph = number(f"{side}_projected_attention_heads", heads)
         if luna and ph != heads:
             refuse(f"{side}_projected_attention_heads",
                    f"luna uses the attention heads ({heads}) for packing too")
@@ -245,30 +300,39 @@ def pt_to_luna(opt):
     share_dec = share_all or bool(get("share_decoder_input_output_embed", False))
 
     def layers(prefix):
-        ids = {int(k.split(".")[2]) for k in state if k.startswith(prefix + ".layers.")}
+        ids = set()
+        for k in state:
+            parts = k.split(".")
+            if k.startswith(prefix + ".layers.") and len(parts) > 3 and parts[2].isdigit():
+                ids.add(int(parts[2]))
         return max(ids) + 1 if ids else 0
+    # Dimensions from args where fairseq records them (so a transposed or mis-sized tensor is
+    # reported against them), else from the state_dict.
     cfg = {
         "arch": "luna" if luna else "transformer",
         "vocab_size": V, "padding_idx": 1,
         "encoder_embed_dim": d,
-        "encoder_ffn_embed_dim": int(state["encoder.layers.0.fc1.weight"].shape[0]),
-        "encoder_layers": layers("encoder"),
-        "encoder_attention_heads": int(get("encoder_attention_heads", 8)),
+        "encoder_ffn_embed_dim": number("encoder_ffn_embed_dim", shape0("encoder.layers.0.fc1.weight") or 0),
+        "encoder_layers": number("encoder_layers", layers("encoder")),
+        "encoder_attention_heads": number("encoder_attention_heads", 8),
         "decoder_embed_dim": d,
-        "decoder_ffn_embed_dim": int(state["decoder.layers.0.fc1.weight"].shape[0]),
-        "decoder_layers": layers("decoder"),
-        "decoder_attention_heads": int(get("decoder_attention_heads", 8)),
-        "projection_length": int(state["encoder.projected_embeddings"].shape[0]) if luna else 0,
+        "decoder_ffn_embed_dim": number("decoder_ffn_embed_dim", shape0("decoder.layers.0.fc1.weight") or 0),
+        "decoder_layers": number("decoder_layers", layers("decoder")),
+        "decoder_attention_heads": number("decoder_attention_heads", 8),
+        "projection_length": number("projection_length", shape0("encoder.projected_embeddings")) if luna else 0,
         "untie_luna_kv": "encoder.layers.0.self_attn.pk_proj.weight" in state,
         "fix_projection_length": bool(get("fix_projection_length", False)),
-        "label_smoothing": float(get("label_smoothing", 0.1)),
-        "dropout": float(get("dropout", 0.1)),
-        "attention_dropout": float(get("attention_dropout", 0.0)),
-        "activation_dropout": float(get("activation_dropout", get("relu_dropout", 0.0))),
+        "label_smoothing": number("label_smoothing", 0.1, float),
+        "dropout": number("dropout", 0.1, float),
+        "attention_dropout": number("attention_dropout", 0.0, float),
+        "activation_dropout": number("activation_dropout", get("relu_dropout", 0.0), float),
     }
+    for key in ("encoder_layers", "decoder_layers", "encoder_ffn_embed_dim", "decoder_ffn_embed_dim"):
+        if cfg[key] < 1:
+            refuse(key, "the model needs at least one layer of a positive width")
     for key in ("encoder_layers", "decoder_layers"):
-        if key in a and int(a[key]) != cfg[key]:
-            refuse(key, f"the state_dict has {cfg[key]} layers")
+        if cfg[key] != layers(key.split("_")[0]):
+            refuse(key, f"the state_dict has {layers(key.split('_')[0])} layers")
     if luna:
         if bool(get("untie_luna_kv", False)) != cfg["untie_luna_kv"]:
             refuse("untie_luna_kv", "the state_dict's projections say otherwise")
@@ -323,19 +387,38 @@ def pt_to_luna(opt):
         if n != V:
             fail(p, f"{n - 4} symbols + 4 specials = {n}, but the model's embedding tables have {V} rows")
 
-    # LayerNorm convention
+    problem = checkpoint_schema.check_tensors(out, cfg)
+    if problem:
+        fail(path, problem)
+
+    # LayerNorm convention: the weights' mean tells γ (near 1) from γ - 1 (near 0), but only a
+    # statement decides: γ - 1 read as γ (or the reverse) converts without error into a model
+    # whose every translation is wrong.
     ln = [out[k].ravel() for k in out if is_layernorm_weight(k)]
     mean = float(np.concatenate(ln).mean()) if ln else 1.0
-    revision = opt.source_revision
     looks = "2023" if abs(mean) < 0.5 else "2021"
-    if revision != "auto" and revision != looks:
-        print(f"{PROG}: warning: {path}: LayerNorm weights have mean {mean:.3f}, which looks like the "
-              f"{looks} convention, but --source-revision {revision} was given", file=sys.stderr)
+    stated = get("layernorm_revision")  # written by this converter's luna -> .pt direction
+    if stated is not None and stated not in ("2021", "2023"):
+        refuse("layernorm_revision", "expected '2021' (gamma) or '2023' (gamma - 1)")
+    said = {"2021": "gamma", "2023": "gamma - 1"}
+    revision = opt.source_revision
     if revision == "auto":
-        revision = "2023" if abs(mean) < 0.5 else "2021"
-        print(f"{PROG}: {path}: LayerNorm weights have mean {mean:.3f}: read as the {revision} "
-              f"convention ({'gamma - 1' if revision == '2023' else 'gamma'}); "
-              "--source-revision overrides", file=sys.stderr)
+        if stated is None and looks == "2023":
+            fail(path, f"the LayerNorm weights have mean {mean:.3f}, as if stored as gamma - 1 "
+                       "(fairseq-apollo's 2023 revision), but nothing in the file says so: state "
+                       "the convention with --source-revision 2023 (or --source-revision 2021 --force)")
+        revision = stated or "2021"
+        source = f"args.layernorm_revision = {stated}" if stated else "fairseq's convention"
+    else:
+        source = "--source-revision"
+        if stated is not None and stated != revision and not opt.force:
+            fail(path, f"--source-revision {revision} contradicts args.layernorm_revision = {stated} "
+                       "(pass --force to convert anyway)")
+    if revision != looks and not opt.force:
+        fail(path, f"{source} says {said[revision]} ({revision}), but the LayerNorm weights have mean "
+                   f"{mean:.3f}, which looks like {said[looks]} ({looks}): pass --source-revision "
+                   f"{looks}, or --force to convert as {revision} anyway")
+    layernorm_note = f"LayerNorm weights read as {said[revision]} ({revision} convention, from {source}; mean {mean:.3f})"
     if revision == "2023":
         for k in out:
             if is_layernorm_weight(k):
@@ -360,13 +443,10 @@ def pt_to_luna(opt):
         "training_state": "",
         "converted_from": f"{os.path.basename(path)} (fairseq .pt, LayerNorm {revision} convention)",
     }
-    for k, t in out.items():
-        if not np.all(np.isfinite(t)):
-            fail(path, f"tensor '{k}' has non-finite values")
     write_safetensors(opt.output, out, meta)
     n = sum(t.size for t in out.values())
     print(f"{PROG}: wrote {opt.output}: {cfg['arch']}, {len(out)} tensors, {n} parameters, "
-          f"{'shared' if share_all else 'untied'} embeddings", file=sys.stderr)
+          f"{'shared' if share_all else 'untied'} embeddings; {layernorm_note}", file=sys.stderr)
 
 
 # ---- luna -> .pt -----------------------------------------------------------------------------------
@@ -447,7 +527,11 @@ def luna_to_pt(opt):
         "extra_state": {"epoch": 1, "train_iterator": {"epoch": 1}, "val_loss": None},
         "last_optimizer_state": None,
     }
-    atomic_write(opt.output, lambda f: torch.save(ckpt, f))
+    # torch.save into memory first: its own writer aborts the process on a full disk, Python's
+    # file write reports ENOSPC as an OSError that atomic_write handles.
+    buf = io.BytesIO()
+    torch.save(ckpt, buf)
+    atomic_write(opt.output, lambda f: f.write(buf.getbuffer()))
     if opt.dict_dir:
         os.makedirs(opt.dict_dir, exist_ok=True)
         for lang, key in ((args.source_lang, "src_dict"), (args.target_lang, "tgt_dict")):
@@ -480,7 +564,10 @@ def main(argv):
     g.add_argument("--causal-activation", choices=["elu", "softplus"],
                    help="the decoder's causal φ (required for Luna models: not in the .pt)")
     g.add_argument("--source-revision", choices=["auto", "2021", "2023"], default="auto",
-                   help="LayerNorm weights stored as γ (2021) or γ-1 (2023); auto: by their mean")
+                   help="LayerNorm weights stored as γ (2021) or γ-1 (2023); auto: as the file's "
+                        "args.layernorm_revision says, else γ (weights that look like γ-1 are refused)")
+    g.add_argument("--force", action="store_true",
+                   help="convert even when the stated LayerNorm convention contradicts the weights")
     g = ap.add_argument_group("luna -> .pt")
     g.add_argument("--target-revision", choices=["2021", "2023"], default="2021",
                    help="write LayerNorm weights as γ (2021, default) or γ-1 (2023)")
@@ -493,15 +580,16 @@ def main(argv):
         print(f"{PROG}: {opt.input}: cannot read: {e.strerror}", file=sys.stderr)
         return 1
     try:
-        try:
-            import numpy  # noqa: F401
-            import torch  # noqa: F401
-        except ImportError as e:
-            raise ConvertError(f"{opt.input}: needs the Python module '{e.name}' "
-                               "(tools/install-deps.sh --reference installs python3-torch and python3-numpy "
-                               "for Debian's /usr/bin/python3: run the converter with that python)")
         # a zip (torch >= 1.6) or legacy pickle is a .pt; a safetensors file starts with a u64 length and '{'
         is_st = len(head) >= 9 and head[8:9] == b"{"
+        try:
+            import numpy  # noqa: F401
+            if is_st:
+                import torch  # noqa: F401  (torch.save writes the .pt)
+        except ImportError as e:
+            raise ConvertError(f"{opt.input}: needs the Python module '{e.name}' "
+                               "(tools/ci/install-deps.sh --reference installs python3-torch and python3-numpy "
+                               "for Debian's /usr/bin/python3: run the converter with that python)")
         if is_st:
             luna_to_pt(opt)
         else:
@@ -512,6 +600,10 @@ def main(argv):
             pt_to_luna(opt)
     except ConvertError as e:
         print(f"{PROG}: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:  # an input no check above foresaw: still one line, never a traceback
+        print(f"{PROG}: {opt.input}: cannot convert ({type(e).__name__}: "
+              f"{(str(e).splitlines() or [''])[0][:160]})", file=sys.stderr)
         return 1
     return 0
 
