@@ -20,7 +20,8 @@ static luna_status read_dict(const luna_safetensors *st, const char *key, int vo
         luna_dictionary_free(*out);
         *out = NULL;
         return luna_error(LUNA_ERR_MISMATCH,
-                          "%s has %d symbols but the model's vocab_size is %d (damaged checkpoint)",
+                          "%s has %d symbols but __metadata__.config says vocab_size %d: the "
+                          "configuration disagrees with the dictionary (damaged checkpoint)",
                           name, (int)size, vocab);
     }
     return LUNA_OK;

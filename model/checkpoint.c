@@ -113,6 +113,32 @@ luna_status luna_checkpoint_read_meta(const luna_safetensors *st, luna_checkpoin
     return LUNA_OK;
 }
 
+/* Entries of a dictionary's text in the metadata (its non-empty lines; data/ parses it fully). */
+static int dict_entries(const char *text) {
+    int n = 0;
+    for (const char *p = text; p && *p;) {
+        const char *end = strchr(p, '\n');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len > 0) n++;
+        p = end ? end + 1 : p + len;
+    }
+    return n;
+}
+
+/* A configuration whose vocab_size disagrees with the embedding table is refused before the
+ * tensors are checked one by one, so the message names the disagreement rather than a shape. */
+static luna_status check_vocab_size(const luna_safetensors *st, const luna_config *c) {
+    const luna_st_tensor *t = luna_safetensors_find(st, "encoder.embed_tokens.weight");
+    if (!t || t->ndim != 2 || t->shape[0] == c->vocab_size) return LUNA_OK;
+    const char *dict = luna_safetensors_metadata(st, "tgt_dict");
+    return luna_error(LUNA_ERR_MISMATCH,
+                      "%s: __metadata__.config says vocab_size %d, but the embedding table has "
+                      "%lld rows and __metadata__.tgt_dict %d entries (+ 4 specials): the "
+                      "configuration disagrees with the dictionary",
+                      luna_safetensors_path(st), c->vocab_size, (long long)t->shape[0],
+                      dict_entries(dict));
+}
+
 luna_status luna_checkpoint_load_model(const char *path, luna_backend *be, luna_seq2seq **model,
                                        luna_checkpoint_meta *meta) {
     *model = NULL;
@@ -122,8 +148,10 @@ luna_status luna_checkpoint_load_model(const char *path, luna_backend *be, luna_
     luna_checkpoint_meta m;
     luna_seq2seq *mdl = NULL;
     luna_status s = luna_checkpoint_read_meta(st, &m);
+    if (s == LUNA_OK) s = check_vocab_size(st, &m.config);
     if (s != LUNA_OK) {
         luna_safetensors_close(st);
+        luna_checkpoint_meta_release(&m);
         return s;
     }
     s = luna_seq2seq_create_for_inference(&mdl, be, &m.config);

@@ -430,11 +430,17 @@ static luna_status check_alias(const luna_safetensors *st, const luna_param_info
                       path, name, target->name, worst, row);
 }
 
-/* LayerNorm weights: "gamma" as stored, "gamma_minus_1" + 1; undeclared: warn when they look
- * like γ − 1 (mean near 0 rather than near 1). */
+/* LayerNorm weights: "gamma" as stored, "gamma_minus_1" + 1. Undeclared (an older luna file) they
+ * must look like gains: weights with a mean near 0 are γ − 1 stored without saying so, and a model
+ * loaded from them would translate wrongly with no other sign. */
 static luna_status layernorm_convention(luna_params *p, const luna_safetensors *st, float *host) {
     const char *path = luna_safetensors_path(st);
     const char *conv = luna_safetensors_metadata(st, LUNA_LAYERNORM_KEY);
+    if (conv && strcmp(conv, "gamma") != 0 && strcmp(conv, "gamma_minus_1") != 0)
+        return luna_error(LUNA_ERR_FORMAT,
+                          "%s: __metadata__." LUNA_LAYERNORM_KEY " is \"%s\"; expected \"gamma\" "
+                          "or \"gamma_minus_1\"",
+                          path, conv);
     double sum = 0;
     size_t count = 0;
     for (int i = 0; i < p->num_tensors; i++) {
@@ -446,25 +452,20 @@ static luna_status layernorm_convention(luna_params *p, const luna_safetensors *
         }
         count += t->numel;
     }
-    if (conv && strcmp(conv, "gamma") != 0 && strcmp(conv, "gamma_minus_1") != 0)
-        return luna_error(LUNA_ERR_FORMAT,
-                          "%s: __metadata__." LUNA_LAYERNORM_KEY " is \"%s\"; expected \"gamma\" "
-                          "or \"gamma_minus_1\"",
-                          path, conv);
     double mean = count ? sum / (double)count : 1.0;
     if (!conv && fabs(mean) < 0.5)
-        snprintf(p->load_warning, sizeof p->load_warning,
-                 "%s: the LayerNorm weights have mean %.3f, not near 1: the file probably stores "
-                 "gamma - 1 (fairseq-apollo's 2023 revision) without saying so, and the model "
-                 "will be wrong; convert it with tools/scripts/convert-checkpoint.py --source-revision "
-                 "2023 (or set __metadata__." LUNA_LAYERNORM_KEY " to \"gamma_minus_1\")",
-                 path, mean);
+        return luna_error(LUNA_ERR_FORMAT,
+                          "%s: the LayerNorm weights have mean %.3f, as if stored as gamma - 1 "
+                          "(fairseq-apollo's 2023 revision), and the file does not say which: "
+                          "state it with __metadata__." LUNA_LAYERNORM_KEY " = \"gamma_minus_1\" "
+                          "(or \"gamma\"), or convert the .pt with "
+                          "tools/scripts/convert-checkpoint.py --source-revision 2023",
+                          path, mean);
     return LUNA_OK;
 }
 
 luna_status luna_params_load(luna_params *p, const luna_safetensors *st) {
     const char *path = luna_safetensors_path(st);
-    p->load_warning[0] = '\0';
     for (int i = 0; i < luna_safetensors_count(st); i++) {
         const char *name = luna_safetensors_at(st, i)->name;
         bool param_like = strncmp(name, "encoder.", 8) == 0 || strncmp(name, "decoder.", 8) == 0;

@@ -46,10 +46,6 @@ typedef struct {
     float *grad;       /* device [num_params] */
     luna_weights w;    /* views into data */
     luna_weights g;    /* views into grad, same layout */
-    /* Set by luna_params_load when the file loaded but looks wrong (one line, no newline; ""
-     * otherwise): e.g. LayerNorm weights that look like γ−1 in a file that does not say so.
-     * Programs print it as "warning: ..." (the library prints nothing). */
-    char load_warning[512];
 } luna_params;
 
 /* Allocates both buffers (parameters initialised with seed 1, gradients zero). */
@@ -84,7 +80,8 @@ size_t luna_params_count(const luna_config *config, int *num_tensors);
  * decoder.output_projection.weight when the configuration shares that table — then the alias
  * must equal the table it aliases exactly (an untied model read as tied is an error naming both
  * tensors, not a silent drop). LayerNorm weights: converted per LUNA_LAYERNORM_KEY (an unknown
- * value is an error); without the key, a mean LayerNorm weight near 0 sets load_warning. */
+ * value is an error); without the key, a mean LayerNorm weight near 0 is an error (γ − 1 stored
+ * without saying so). */
 luna_status luna_params_save(const luna_params *p, const char *path, const luna_st_metadata *extra,
                              int num_extra);
 luna_status luna_params_load(luna_params *p, const luna_safetensors *st);

@@ -205,8 +205,12 @@ START_TEST(translate_integer_options_in_range) {
         ARGS("a.safetensors", "--input", "in.txt", "--max-len-b", "4294967301"),
         ARGS("a.safetensors", "--input", "in.txt", "--beam", "99999999999999999999"),
         ARGS("a.safetensors", "--input", "in.txt", "--batch-size", "4294967296"),
+        /* --device cpu has no device numbers; no device has a negative one */
+        ARGS("a.safetensors", "--input", "in.txt", "--device-id", "99"),
+        ARGS("a.safetensors", "--input", "in.txt", "--device-id", "-2"),
     };
-    const char *names[] = {"--max-len-b", "--beam", "--batch-size"};
+    const char *names[] = {"--max-len-b", "--beam", "--batch-size", "--device-id 99",
+                           "--device-id -2"};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         result r = run(translate, cases[i], NULL);
         ck_assert_msg(r.status == 2 && strstr(r.err, names[i]) &&

@@ -101,6 +101,14 @@ START_TEST(test_option_errors) {
         r = run(ARGS(bin, "--device", "cuda", "--tf32"));
         expect_error(&r, 2, ARGS("--tf32", "--precision fp32"));
     }
+    r = run(ARGS(bin, "--device-id", "99")); /* --device cpu has no device numbers */
+    expect_error(&r, 2, ARGS("--device-id 99", "--device cpu"));
+    r = run(ARGS(bin, "--device-id", "-2"));
+    expect_error(&r, 2, ARGS("--device-id -2", "0 or more"));
+    if (!luna_backend_missing("cuda")) {
+        r = run(ARGS(bin, "--device", "cuda", "--device-id", "-2"));
+        expect_error(&r, 2, ARGS("--device-id -2", "0 or more"));
+    }
     r = run(ARGS(bin, "--precision", "bf16"));
     expect_error(&r, 2, ARGS("--precision bf16", "fp32 only"));
     r = run(ARGS(bin, "--lr", "abc"));
@@ -232,7 +240,7 @@ START_TEST(test_disk_full) {
     /* Resume and try to save with room for half a checkpoint. */
     result r = run_limited(ARGS(bin, TINY, "--max-update", "4", "--save-dir", save),
                            (long)before_size / 2);
-    expect_error(&r, 1, ARGS(save, ".safetensors", "write failed", "previous one is intact"));
+    expect_error(&r, 1, ARGS(save, ".safetensors", "write failed", "saved before are intact"));
     char *after;
     size_t after_size;
     ck_assert_int_eq(luna_read_file(ckpt, &after, &after_size), LUNA_OK);
@@ -243,6 +251,13 @@ START_TEST(test_disk_full) {
     /* No temporary left behind: only checkpoint1? and checkpoint_last/best. */
     char cmd[1300];
     snprintf(cmd, sizeof cmd, "ls -a %s | grep -q tmp", save);
+    ck_assert_int_ne(system(cmd), 0);
+    /* The first save of a fresh --save-dir fails: the message does not claim an earlier one. */
+    snprintf(save, sizeof save, "%s/ck-full-first", tmp);
+    r = run_limited(ARGS(bin, TINY, "--max-update", "2", "--save-dir", save), (long)before_size / 2);
+    expect_error(&r, 1, ARGS(save, "write failed", "none had been saved"));
+    ck_assert_ptr_null(strstr(r.err, "intact"));
+    snprintf(cmd, sizeof cmd, "ls -a %s | grep -q safetensors", save);
     ck_assert_int_ne(system(cmd), 0);
 }
 END_TEST

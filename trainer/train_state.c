@@ -269,6 +269,14 @@ luna_status luna_trainer_save(luna_trainer *t, const char *const *names, int cou
         memcpy(extra[i].shape, view.shape, sizeof view.shape);
     }
     if (s == LUNA_OK) s = training_state_json(t, &state);
+    /* Whether an earlier checkpoint stands under one of the names: the failure message says what
+     * is left, and a first save that fails leaves nothing. */
+    bool earlier = false;
+    for (int i = 0; i < count && s == LUNA_OK && !earlier; i++) {
+        char *path = luna_path_join(t->o->save_dir, names[i]);
+        earlier = path && access(path, F_OK) == 0;
+        free(path);
+    }
     if (s == LUNA_OK) {
         first = luna_path_join(t->o->save_dir, names[0]);
         if (!first) s = luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
@@ -306,7 +314,10 @@ luna_status luna_trainer_save(luna_trainer *t, const char *const *names, int cou
         apply_retention(t, false, t->o->keep_interval_updates);
         apply_retention(t, true, t->o->keep_last_epochs);
     } else {
-        luna_error_prefix("saving a checkpoint failed (the previous one is intact)");
+        luna_error_prefix(earlier ? "saving a checkpoint failed (the checkpoints saved before are "
+                                    "intact)"
+                                  : "saving a checkpoint failed (none had been saved in this "
+                                    "--save-dir yet: there is no checkpoint to resume from)");
     }
     for (int i = 0; i < ns && host; i++)
         free(host[i]);
@@ -402,8 +413,6 @@ static luna_status restore_from(luna_trainer *t, const luna_safetensors *st,
                           path, t->o->data_bin, (int)(d1 >= 0 ? d1 : d2));
     LUNA_TRY(check_architecture(path, &meta->config, &t->o->model));
     LUNA_TRY(luna_params_load(t->model->params, st));
-    if (t->model->params->load_warning[0])
-        luna_log_message(t, "warning: %s", t->model->params->load_warning);
     if (!meta->training_state) {
         luna_log_message(t, "loaded the parameters of %s (no training state: starting at update 0)",
                          path);

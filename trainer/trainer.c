@@ -186,7 +186,11 @@ luna_status luna_trainer_create(luna_trainer **out, luna_train_options *o, luna_
     luna_status s = LUNA_OK;
     luna_backend_options backend_options = luna_backend_options_default();
     backend_options.num_threads = (int)o->threads;
-    backend_options.device_id = o->device_id >= 0 ? (int)o->device_id : default_device_id(comm);
+    /* -1 (not given) picks the rank's GPU under a launcher; anything else is checked by the
+     * backend (CPU: no device numbers; CUDA: 0..count-1). */
+    backend_options.device_id = (int)o->device_id;
+    if (o->device_id == -1 && strcmp(o->device, "cuda") == 0)
+        backend_options.device_id = default_device_id(comm);
     /* --save-dir first: an unwritable one must fail before any expensive work. */
     if (o->max_update != 0 && !o->no_save && comm->rank == 0) {
         s = luna_trainer_check_save_dir(o->save_dir);

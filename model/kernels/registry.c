@@ -12,6 +12,11 @@ luna_status luna_backend_cuda_create(luna_backend **out, const luna_backend_opti
 #endif
 
 static luna_status create_cpu(luna_backend **out, const luna_backend_options *opt) {
+    if (opt->device_id != -1)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                          "--device-id %d: the CPU backend has no device numbers (leave "
+                          "--device-id out with --device cpu)",
+                          opt->device_id);
     return luna_backend_cpu_create(out, opt->num_threads);
 }
 
@@ -64,6 +69,21 @@ luna_status luna_backend_options_set_precision(luna_backend_options *o, const ch
     return LUNA_OK;
 }
 
+luna_status luna_backend_options_set_device_id(luna_backend_options *o, const char *device,
+                                               long long device_id) {
+    if (device_id < -1 || device_id > 1000000)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                          "--device-id %lld: a GPU number is 0 or more (-1: the default)",
+                          device_id);
+    if (device_id != -1 && strcmp(device, "cpu") == 0)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                          "--device-id %lld: --device cpu has no device numbers (leave "
+                          "--device-id out)",
+                          device_id);
+    o->device_id = (int)device_id;
+    return LUNA_OK;
+}
+
 const char *const *luna_backend_names(void) { return names; }
 
 const char *luna_backend_missing(const char *name) {
@@ -78,6 +98,10 @@ luna_status luna_backend_create(luna_backend **out, const char *name,
     *out = NULL;
     luna_backend_options defaults = luna_backend_options_default();
     if (!opt) opt = &defaults;
+    if (opt->device_id < -1)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                          "--device-id %d: a GPU number is 0 or more (-1: the default)",
+                          opt->device_id);
     for (size_t i = 0; i < sizeof backends / sizeof backends[0]; i++) {
         if (strcmp(backends[i].name, name) != 0) continue;
         if (!backends[i].create)

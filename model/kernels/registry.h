@@ -36,6 +36,11 @@ luna_status luna_backend_create(luna_backend **out, const char *name,
  * --tf32 on the CPU are errors (one line naming the option). */
 luna_status luna_backend_options_set_precision(luna_backend_options *o, const char *device,
                                                const char *precision, bool tf32, bool training);
+/* Sets o->device_id from --device-id: -1 (not given) on every device; a GPU number >= 0 only on
+ * a device that has them (whether that GPU exists is checked when the backend is created).
+ * Anything else is an error naming the option. */
+luna_status luna_backend_options_set_device_id(luna_backend_options *o, const char *device,
+                                               long long device_id);
 
 #ifdef LUNA_WITH_CUDA
 /* The CUDA backend's compute stream (a cudaStream_t) and its GPU ordinal in *device, for code

@@ -193,8 +193,6 @@ static luna_status average(char **paths, int n) {
             st = luna_error(LUNA_ERR_MISMATCH, "%s: dictionaries differ from %s's", paths[i],
                             paths[0]);
         if (st == LUNA_OK) st = luna_params_load(p, f);
-        if (st == LUNA_OK && p->load_warning[0])
-            fprintf(stderr, "luna-average: warning: %s\n", p->load_warning);
         if (st == LUNA_OK) st = luna_mem_to_host(be, host, p->data, np * sizeof(float));
         if (st == LUNA_OK) {
             for (size_t j = 0; j < np; j++)

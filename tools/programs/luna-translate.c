@@ -126,7 +126,8 @@ static int parse_args(int argc, char **argv) {
                                         missing);
     luna_backend_options bo = luna_backend_options_default();
     if (luna_backend_options_set_precision(&bo, opt.device, opt.precision, opt.tf32, false) !=
-        LUNA_OK)
+            LUNA_OK ||
+        luna_backend_options_set_device_id(&bo, opt.device, (long long)opt.device_id) != LUNA_OK)
         return luna_options_usage_error(PROG, "%s", luna_error_message());
     if (opt.beam < 1 || opt.beam > 1024)
         return luna_options_usage_error(PROG, "%s", "--beam must be in 1..1024");
@@ -535,8 +536,6 @@ static luna_status run(program *p) {
     LUNA_TRY(luna_backend_options_set_precision(&bo, opt.device, opt.precision, opt.tf32, false));
     LUNA_TRY(luna_backend_create(&p->be, opt.device, &bo));
     LUNA_TRY(luna_checkpoint_load_model(opt.checkpoint, p->be, &p->model, &p->meta));
-    if (p->model->params->load_warning[0])
-        fprintf(stderr, PROG ": warning: %s\n", p->model->params->load_warning);
     LUNA_TRY(luna_checkpoint_load_vocab(opt.checkpoint, p->model->config.vocab_size, &p->src_dict,
                                         &p->tgt_dict, &p->spm));
     if (!p->src_dict || !p->tgt_dict ||

@@ -23,6 +23,9 @@ luna_status luna_cuda_select_device(int device_id, int *out) {
     if (count <= 0)
         return luna_error(LUNA_ERR_UNSUPPORTED,
                           "--device cuda: no GPU found (cudaGetDeviceCount 0)");
+    if (device_id < -1)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                          "--device-id %d: a GPU number is 0 or more (-1: the first)", device_id);
     const int dev = device_id < 0 ? 0 : device_id;
     if (dev >= count)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT,
