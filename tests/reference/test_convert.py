@@ -38,7 +38,7 @@ except ImportError:
     if os.path.exists("/usr/bin/python3") and os.path.realpath(sys.executable) != os.path.realpath("/usr/bin/python3") \
             and subprocess.run(["/usr/bin/python3", "-c", "import torch, numpy"], capture_output=True).returncode == 0:
         os.execv("/usr/bin/python3", ["/usr/bin/python3", os.path.abspath(__file__)] + sys.argv[1:])
-    print("SKIPPED: PyTorch is not installed (tools/install-deps.sh --reference installs python3-torch)")
+    print("SKIPPED: PyTorch is not installed (tools/ci/install-deps.sh --reference installs python3-torch)")
     sys.exit(77)
 
 sys.path.insert(0, HERE)
