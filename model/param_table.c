@@ -333,6 +333,27 @@ const luna_param_info *luna_params_find(const luna_params *p, const char *name) 
     return NULL;
 }
 
+luna_status luna_params_trainable_table(const luna_params *p, luna_tensor_table **out) {
+    if (!p || !out)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "params_trainable_table: NULL argument");
+    luna_tensor_desc *d = calloc((size_t)p->num_tensors + 1, sizeof *d);
+    if (!d) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "parameters: out of host memory");
+    int n = 0;
+    for (int i = 0; i < p->num_tensors; i++) {
+        const luna_param_info *t = &p->tensors[i];
+        if (!t->has_grad) continue;
+        d[n] = (luna_tensor_desc){.name = t->name,
+                                  .offset = (int64_t)t->offset,
+                                  .numel = (int64_t)t->numel,
+                                  .ndim = t->ndim,
+                                  .shape = {t->shape[0], t->shape[1]}};
+        n++;
+    }
+    luna_status st = luna_tensor_table_create_named(out, p->be, n, d);
+    free(d);
+    return st;
+}
+
 /* ---- checkpoint I/O -------------------------------------------------------------------------- */
 
 luna_status luna_params_save(const luna_params *p, const char *path, const luna_st_metadata *extra,

@@ -2,8 +2,9 @@
  * parameters live in ONE device allocation and all gradients in another with the same layout, so a
  * checkpoint is one write, an all-reduce one buffer and optimizer sharding a matter of offsets.
  * The buffers are carved into named tensors whose names and order are those of the official
- * PyTorch state_dict (spec §7; fairseq transformer names for the baseline). This is what
- * optimizers, clipping and communication see; layers use the typed views (model/weights.h). */
+ * PyTorch state_dict (spec §7; fairseq transformer names for the baseline). Communication sees
+ * the flat buffers, the optimizer the trainable tensors as a tensor table
+ * (luna_params_trainable_table); layers use the typed views (model/weights.h). */
 #ifndef LUNA_MODEL_PARAM_TABLE_H
 #define LUNA_MODEL_PARAM_TABLE_H
 
@@ -13,6 +14,7 @@
 
 #include "core/backend.h"
 #include "core/safetensors.h"
+#include "core/tensor_table.h"
 #include "model/config.h"
 #include "model/weights.h"
 
@@ -62,6 +64,9 @@ void luna_params_free(luna_params *p);
 luna_status luna_params_init(luna_params *p, uint64_t seed);
 luna_status luna_params_zero_grad(luna_params *p);
 const luna_param_info *luna_params_find(const luna_params *p, const char *name);
+/* The tensors with has_grad, in parameter order, as a named tensor table over `data` and `grad`
+ * (core/tensor_table.h): how the trainer hands the optimizer what to update. */
+luna_status luna_params_trainable_table(const luna_params *p, luna_tensor_table **out);
 
 /* The layout without allocating: number of tensors and parameters for a configuration. */
 size_t luna_params_count(const luna_config *config, int *num_tensors);

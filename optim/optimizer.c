@@ -1,9 +1,9 @@
-/* Apollo and Adam over the parameter table (see optim/optimizer.h). The math lives in the backend
- * ops multi_apollo_update / multi_adam_update (model/kernels/cpu/optimizer_kernels.c is the
- * specification): one launch updates every trainable tensor, described once by a tensor table
- * (core/tensor_table.h). This file owns the state blocks, the per-tensor step counters (on the
- * host, mirrored on the device for the ops) and the checkpoint description. An update allocates
- * nothing and reads nothing back. */
+/* Apollo and Adam over a tensor table (see optim/optimizer.h). The math lives in the backend ops
+ * multi_apollo_update / multi_adam_update (model/kernels/cpu/optimizer_kernels.c is the
+ * specification): one launch updates every tensor of the table. This file owns the state blocks,
+ * the per-tensor step counters (on the host, mirrored on the device for the ops), the clipper
+ * the step runs first, and the checkpoint description. An update allocates nothing and reads
+ * back only the clip summary, which decides whether the update happens. */
 #include "optim/optimizer.h"
 
 #include <stdio.h>
@@ -11,7 +11,6 @@
 #include <string.h>
 
 #include "core/json.h"
-#include "core/tensor_table.h"
 
 #define MAX_STATE_KINDS 3
 
@@ -24,17 +23,17 @@ _Static_assert(LUNA_WEIGHT_DECAY_L2 == 0 && LUNA_WEIGHT_DECAY_DECOUPLED == 1 &&
 struct luna_optimizer {
     luna_backend *be;
     luna_optimizer_config cfg;
-    luna_params *params;
+    const luna_tensor_table *tt;   /* the tensors to update, with names and shapes */
+    float *params, *grads;         /* device flat buffers in tt's layout */
+    size_t state_floats;           /* length of each state block: the table's extent */
     int num_kinds;                 /* state blocks: Apollo 3, Adam 2 */
-    float *state[MAX_STATE_KINDS]; /* device [params->num_params] each, params->data's layout */
+    float *state[MAX_STATE_KINDS]; /* device [state_floats] each, in tt's layout */
     const char *kind_names[MAX_STATE_KINDS];
-    int64_t *steps;        /* [params->num_tensors] */
-    int num_trainable;     /* tensors with has_grad */
-    int *trainable;        /* [num_trainable] indices into params->tensors */
-    char **names;          /* [num_kinds * num_trainable] state tensor names */
-    luna_tensor_table *tt; /* the trainable tensors, in parameter order */
-    int64_t *dev_steps;    /* device [num_trainable]: steps[trainable[j]], advanced by the ops */
-    int64_t *host_tmp;     /* [num_trainable] staging for uploads of the step counts */
+    int num_tensors;    /* tt->num_tensors */
+    int64_t *steps;     /* [num_tensors] */
+    char **names;       /* [num_kinds * num_tensors] state tensor names */
+    int64_t *dev_steps; /* device [num_tensors]: steps, advanced by the ops */
+    luna_clipper *clip; /* scaling and clipping before the update */
 };
 
 void luna_optimizer_config_defaults(luna_optimizer_config *c, luna_optimizer_kind kind) {
@@ -141,72 +140,86 @@ static luna_status check_config(const luna_optimizer_config *c) {
 
 void luna_optimizer_free(luna_optimizer *opt) {
     if (!opt) return;
-    size_t bytes = opt->params ? opt->params->num_params * sizeof(float) : 0;
+    size_t bytes = opt->state_floats * sizeof(float);
     for (int k = 0; k < MAX_STATE_KINDS; k++)
-        if (opt->state[k]) luna_mem_release(opt->be, opt->state[k], bytes);
+        if (opt->state[k]) luna_mem_release(opt->be, opt->state[k], bytes ? bytes : sizeof(float));
     if (opt->names)
-        for (int i = 0; i < opt->num_kinds * opt->num_trainable; i++)
+        for (int i = 0; i < opt->num_kinds * opt->num_tensors; i++)
             free(opt->names[i]);
     free(opt->names);
-    luna_tensor_table_free(opt->tt);
     if (opt->dev_steps)
         luna_mem_release(opt->be, opt->dev_steps,
-                         (size_t)(opt->num_trainable + 1) * sizeof *opt->dev_steps);
-    free(opt->host_tmp);
+                         (size_t)(opt->num_tensors + 1) * sizeof *opt->dev_steps);
+    luna_clipper_free(opt->clip);
     free(opt->steps);
-    free(opt->trainable);
     free(opt);
 }
 
-/* Copies the host step counts of the trainable tensors to the device mirror. */
+/* Copies the host step counts to the device mirror and waits: the host copy may change next. */
 static luna_status upload_steps(luna_optimizer *opt) {
-    for (int j = 0; j < opt->num_trainable; j++)
-        opt->host_tmp[j] = opt->steps[opt->trainable[j]];
-    luna_status st = luna_mem_from_host(opt->be, opt->dev_steps, opt->host_tmp,
-                                        (size_t)opt->num_trainable * sizeof *opt->host_tmp);
+    luna_status st = luna_mem_from_host(opt->be, opt->dev_steps, opt->steps,
+                                        (size_t)opt->num_tensors * sizeof *opt->steps);
+    if (st == LUNA_OK) st = luna_backend_synchronize(opt->be);
     return st;
 }
 
-/* The tensor table of the trainable tensors and the device step counters. */
-static luna_status make_table(luna_optimizer *opt) {
-    int n = opt->num_trainable;
-    int64_t *offsets = malloc((size_t)(n + 1) * sizeof *offsets);
-    int64_t *numels = malloc((size_t)(n + 1) * sizeof *numels);
-    opt->host_tmp = malloc((size_t)(n + 1) * sizeof *opt->host_tmp);
-    if (!offsets || !numels || !opt->host_tmp) {
-        free(offsets);
-        free(numels);
-        return luna_error(LUNA_ERR_OUT_OF_MEMORY, "optimizer: out of host memory");
+/* "optimizer.<kind>.<tensor>" for every state tensor. */
+static luna_status make_names(luna_optimizer *opt) {
+    int n = opt->num_tensors;
+    opt->names = calloc((size_t)(opt->num_kinds * n + 1), sizeof *opt->names);
+    if (!opt->names) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "optimizer: out of host memory");
+    for (int k = 0; k < opt->num_kinds; k++)
+        for (int j = 0; j < n; j++) {
+            const char *tname = luna_tensor_table_name(opt->tt, j);
+            size_t len = strlen("optimizer.") + strlen(opt->kind_names[k]) + 1 + strlen(tname) + 1;
+            char *s = malloc(len);
+            if (!s) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "optimizer: out of host memory");
+            snprintf(s, len, "optimizer.%s.%s", opt->kind_names[k], tname);
+            opt->names[k * n + j] = s;
+        }
+    return LUNA_OK;
+}
+
+/* The zeroed state blocks, the device step counters and the clipper. */
+static luna_status make_device_state(luna_optimizer *opt) {
+    luna_backend *be = opt->be;
+    size_t bytes = opt->state_floats * sizeof(float);
+    for (int k = 0; k < opt->num_kinds; k++) {
+        opt->state[k] = luna_mem_alloc(be, bytes ? bytes : sizeof(float));
+        if (!opt->state[k])
+            return luna_error(LUNA_ERR_OUT_OF_MEMORY,
+                              "optimizer: cannot allocate %zu bytes of %s state on %s", bytes,
+                              luna_optimizer_kind_name(opt->cfg.kind), be->name);
+        LUNA_TRY(luna_mem_zero(be, opt->state[k], bytes));
     }
-    for (int j = 0; j < n; j++) {
-        const luna_param_info *info = &opt->params->tensors[opt->trainable[j]];
-        offsets[j] = (int64_t)info->offset;
-        numels[j] = (int64_t)info->numel;
-    }
-    luna_status st = luna_tensor_table_create(&opt->tt, opt->be, n, offsets, numels);
-    free(offsets);
-    free(numels);
-    if (st != LUNA_OK) return st;
-    opt->dev_steps = luna_mem_alloc(opt->be, (size_t)(n + 1) * sizeof *opt->dev_steps);
+    opt->dev_steps = luna_mem_alloc(be, (size_t)(opt->num_tensors + 1) * sizeof *opt->dev_steps);
     if (!opt->dev_steps)
         return luna_error(LUNA_ERR_OUT_OF_MEMORY, "optimizer: cannot allocate step counters on %s",
-                          opt->be->name);
-    st = upload_steps(opt);
-    if (st == LUNA_OK) st = luna_backend_synchronize(opt->be); /* host_tmp is reused */
-    return st;
+                          be->name);
+    LUNA_TRY(upload_steps(opt));
+    return luna_clipper_create(&opt->clip, be, opt->tt);
 }
 
 luna_status luna_optimizer_create(luna_optimizer **out, luna_backend *be,
-                                  const luna_optimizer_config *cfg, luna_params *params) {
-    if (!out || !be || !cfg || !params)
+                                  const luna_optimizer_config *cfg, const luna_tensor_table *tt,
+                                  float *params, float *grads) {
+    if (!out || !be || !cfg || !tt)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT, "optimizer_create: NULL argument");
     *out = NULL;
+    if (tt->num_tensors > 0 && (!params || !grads || !tt->host_tensors))
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "optimizer_create: %s",
+                          !tt->host_tensors ? "the tensor table has no names"
+                                            : "NULL parameter or gradient buffer");
     LUNA_TRY(check_config(cfg));
     luna_optimizer *opt = calloc(1, sizeof *opt);
     if (!opt) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "optimizer: out of host memory");
     opt->be = be;
     opt->cfg = *cfg;
+    opt->tt = tt;
     opt->params = params;
+    opt->grads = grads;
+    opt->num_tensors = tt->num_tensors;
+    opt->state_floats = (size_t)luna_tensor_table_extent(tt);
     if (cfg->kind == LUNA_OPTIMIZER_APOLLO) {
         opt->num_kinds = 3;
         opt->kind_names[0] = "exp_avg";
@@ -217,73 +230,62 @@ luna_status luna_optimizer_create(luna_optimizer **out, luna_backend *be,
         opt->kind_names[0] = "exp_avg";
         opt->kind_names[1] = "exp_avg_sq";
     }
-    int nt = params->num_tensors;
-    opt->steps = calloc((size_t)(nt > 0 ? nt : 1), sizeof *opt->steps);
-    opt->trainable = calloc((size_t)(nt > 0 ? nt : 1), sizeof *opt->trainable);
-    if (!opt->steps || !opt->trainable) goto oom;
-    for (int i = 0; i < nt; i++)
-        if (params->tensors[i].has_grad) opt->trainable[opt->num_trainable++] = i;
-    opt->names = calloc((size_t)(opt->num_kinds * opt->num_trainable + 1), sizeof *opt->names);
-    if (!opt->names) goto oom;
-    for (int k = 0; k < opt->num_kinds; k++)
-        for (int j = 0; j < opt->num_trainable; j++) {
-            const char *pname = params->tensors[opt->trainable[j]].name;
-            size_t len = strlen("optimizer.") + strlen(opt->kind_names[k]) + 1 + strlen(pname) + 1;
-            char *s = malloc(len);
-            if (!s) goto oom;
-            snprintf(s, len, "optimizer.%s.%s", opt->kind_names[k], pname);
-            opt->names[k * opt->num_trainable + j] = s;
-        }
-    size_t bytes = params->num_params * sizeof(float);
-    for (int k = 0; k < opt->num_kinds; k++) {
-        opt->state[k] = luna_mem_alloc(be, bytes ? bytes : sizeof(float));
-        if (!opt->state[k]) {
-            luna_optimizer_free(opt);
-            return luna_error(LUNA_ERR_OUT_OF_MEMORY,
-                              "optimizer: cannot allocate %zu bytes of %s state on %s", bytes,
-                              luna_optimizer_kind_name(cfg->kind), be->name);
-        }
-        luna_status st = luna_mem_zero(be, opt->state[k], bytes);
-        if (st != LUNA_OK) {
-            luna_optimizer_free(opt);
-            return st;
-        }
-    }
-    luna_status st = make_table(opt);
+    opt->steps = calloc((size_t)opt->num_tensors + 1, sizeof *opt->steps);
+    luna_status st = opt->steps
+                         ? make_names(opt)
+                         : luna_error(LUNA_ERR_OUT_OF_MEMORY, "optimizer: out of host memory");
+    if (st == LUNA_OK) st = make_device_state(opt);
     if (st != LUNA_OK) {
         luna_optimizer_free(opt);
         return st;
     }
     *out = opt;
     return LUNA_OK;
-oom:
-    luna_optimizer_free(opt);
-    return luna_error(LUNA_ERR_OUT_OF_MEMORY, "optimizer: out of host memory");
 }
 
-luna_status luna_optimizer_step(luna_optimizer *opt, double lr) {
-    if (!opt) return luna_error(LUNA_ERR_INVALID_ARGUMENT, "optimizer_step: NULL optimizer");
-    if (!(lr >= 0.0) || lr > 1e300)
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "optimizer_step: bad learning rate %g", lr);
-    luna_params *p = opt->params;
+/* The optimizer op over the table, with the gradients as they are now. */
+static luna_status apply_update(luna_optimizer *opt, double lr) {
     luna_backend *be = opt->be;
     const luna_optimizer_config *c = &opt->cfg;
-    luna_status st;
     if (c->kind == LUNA_OPTIMIZER_APOLLO)
-        st = be->ops->multi_apollo_update(
-            be, p->data, p->grad, opt->state[0], opt->state[1], opt->state[2], opt->tt,
+        return be->ops->multi_apollo_update(
+            be, opt->params, opt->grads, opt->state[0], opt->state[1], opt->state[2], opt->tt,
             opt->dev_steps, lr, c->apollo_beta, c->apollo_eps, LUNA_APOLLO_SIGMA, (int)c->rebound,
             c->weight_decay, (int)c->weight_decay_type);
-    else
-        st = be->ops->multi_adam_update(be, p->data, p->grad, opt->state[0], opt->state[1], opt->tt,
-                                        opt->dev_steps, lr, c->adam_beta1, c->adam_beta2,
-                                        c->adam_eps, c->weight_decay);
+    return be->ops->multi_adam_update(be, opt->params, opt->grads, opt->state[0], opt->state[1],
+                                      opt->tt, opt->dev_steps, lr, c->adam_beta1, c->adam_beta2,
+                                      c->adam_eps, c->weight_decay);
+}
+
+luna_status luna_optimizer_step(luna_optimizer *opt, const luna_optimizer_step_args *args,
+                                luna_optimizer_step_result *result) {
+    luna_optimizer_step_result r = {.grad_norm = 0.0, .clipped = false, .finite = true};
+    if (result) *result = r;
+    if (!opt || !args)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "optimizer_step: NULL argument");
+    if (!(args->lr >= 0.0) || args->lr > 1e300)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "optimizer_step: bad learning rate %g",
+                          args->lr);
+    /* The factor is applied in fp32, so it must be a finite, nonzero fp32 value. */
+    float scale = (float)args->grad_scale;
+    if (!(args->grad_scale > 0.0) || !(scale > 0.0f) || scale > 3.0e38f)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "optimizer_step: bad gradient scale %g",
+                          args->grad_scale);
+    luna_backend *be = opt->be;
+    luna_status st = LUNA_OK;
+    if (scale != 1.0f) st = be->ops->multi_scale(be, opt->grads, opt->tt, NULL, scale);
+    if (st == LUNA_OK)
+        st = luna_clipper_apply(opt->clip, opt->grads, args->clip_norm, args->clip_mode,
+                                &r.grad_norm, &r.clipped, &r.finite);
+    if (st == LUNA_OK && r.finite) st = apply_update(opt, args->lr);
     if (st != LUNA_OK) {
         luna_error_prefix("optimizer step");
         return st;
     }
-    for (int j = 0; j < opt->num_trainable; j++)
-        opt->steps[opt->trainable[j]]++;
+    if (r.finite)
+        for (int j = 0; j < opt->num_tensors; j++)
+            opt->steps[j]++;
+    if (result) *result = r;
     return LUNA_OK;
 }
 
@@ -291,32 +293,22 @@ const luna_optimizer_config *luna_optimizer_get_config(const luna_optimizer *opt
     return &opt->cfg;
 }
 
-int64_t luna_optimizer_tensor_step(const luna_optimizer *opt, int param_index) {
-    if (!opt || param_index < 0 || param_index >= opt->params->num_tensors) return -1;
-    return opt->steps[param_index];
+int64_t luna_optimizer_tensor_step(const luna_optimizer *opt, int index) {
+    if (!opt || index < 0 || index >= opt->num_tensors) return -1;
+    return opt->steps[index];
 }
 
 int luna_optimizer_num_state_tensors(const luna_optimizer *opt) {
-    return opt ? opt->num_kinds * opt->num_trainable : 0;
+    return opt ? opt->num_kinds * opt->num_tensors : 0;
 }
 
 luna_status luna_optimizer_state_tensor(const luna_optimizer *opt, int i, const char **name,
                                         luna_tensor *view) {
     if (!opt || i < 0 || i >= luna_optimizer_num_state_tensors(opt))
         return luna_error(LUNA_ERR_INVALID_ARGUMENT, "optimizer state tensor %d: out of range", i);
-    int k = i / opt->num_trainable, j = i % opt->num_trainable;
-    const luna_param_info *info = &opt->params->tensors[opt->trainable[j]];
+    int k = i / opt->num_tensors, j = i % opt->num_tensors;
     if (name) *name = opt->names[i];
-    if (view) {
-        int64_t shape[2] = {info->shape[0], info->shape[1]};
-        int ndim = info->ndim;
-        if (ndim < 1) {
-            ndim = 1;
-            shape[0] = (int64_t)info->numel;
-        }
-        *view =
-            luna_tensor_view(opt->state[k] + info->offset, opt->be->device, LUNA_F32, ndim, shape);
-    }
+    if (view) *view = luna_tensor_table_view(opt->tt, j, opt->state[k]);
     return LUNA_OK;
 }
 
@@ -354,10 +346,9 @@ luna_status luna_optimizer_state_to_json(const luna_optimizer *opt, char **json_
     luna_json_end_object(&w);
     luna_json_key(&w, "steps");
     luna_json_begin_object(&w);
-    for (int j = 0; j < opt->num_trainable; j++) {
-        int i = opt->trainable[j];
-        luna_json_key(&w, opt->params->tensors[i].name);
-        luna_json_int(&w, opt->steps[i]);
+    for (int j = 0; j < opt->num_tensors; j++) {
+        luna_json_key(&w, luna_tensor_table_name(opt->tt, j));
+        luna_json_int(&w, opt->steps[j]);
     }
     luna_json_end_object(&w);
     luna_json_end_object(&w);
@@ -423,8 +414,8 @@ static luna_status check_json(const luna_optimizer *opt, const luna_json *root, 
     if (!st || st->type != LUNA_JSON_OBJECT)
         return luna_error(LUNA_ERR_FORMAT, "optimizer state: \"steps\" missing");
     for (size_t k = 0; k < st->length; k++) {
-        const luna_param_info *info = luna_params_find(opt->params, st->keys[k]);
-        if (!info || !info->has_grad)
+        int j = luna_tensor_table_find(opt->tt, st->keys[k]);
+        if (j < 0)
             return luna_error(LUNA_ERR_MISMATCH,
                               "optimizer state: step count for '%s', which is not a trainable "
                               "parameter of this model (%s)",
@@ -434,14 +425,12 @@ static luna_status check_json(const luna_optimizer *opt, const luna_json *root, 
             return luna_error(LUNA_ERR_FORMAT,
                               "optimizer state: step count of '%s' is not a non-negative integer",
                               st->keys[k]);
-        steps[info - opt->params->tensors] = (int64_t)v->uint_value;
+        steps[j] = (int64_t)v->uint_value;
     }
-    for (int j = 0; j < opt->num_trainable; j++) {
-        int i = opt->trainable[j];
-        if (steps[i] < 0)
+    for (int j = 0; j < opt->num_tensors; j++)
+        if (steps[j] < 0)
             return luna_error(LUNA_ERR_MISMATCH, "optimizer state: no step count for '%s' (%s)",
-                              opt->params->tensors[i].name, HINT);
-    }
+                              luna_tensor_table_name(opt->tt, j), HINT);
     return LUNA_OK;
 }
 
@@ -454,19 +443,18 @@ luna_status luna_optimizer_state_from_json(luna_optimizer *opt, const char *json
         luna_error_prefix("optimizer state");
         return s;
     }
-    int nt = opt->params->num_tensors;
-    int64_t *steps = malloc((size_t)(nt > 0 ? nt : 1) * sizeof *steps);
+    int nt = opt->num_tensors;
+    int64_t *steps = malloc((size_t)(nt + 1) * sizeof *steps);
     if (!steps) {
         luna_json_free(root);
         return luna_error(LUNA_ERR_OUT_OF_MEMORY, "optimizer state: out of host memory");
     }
-    for (int i = 0; i < nt; i++)
-        steps[i] = opt->params->tensors[i].has_grad ? -1 : 0;
+    for (int j = 0; j < nt; j++)
+        steps[j] = -1;
     s = check_json(opt, root, steps);
     if (s == LUNA_OK) {
         memcpy(opt->steps, steps, (size_t)nt * sizeof *steps);
         s = upload_steps(opt);
-        if (s == LUNA_OK) s = luna_backend_synchronize(opt->be); /* host_tmp is reused */
     }
     free(steps);
     luna_json_free(root);

@@ -1,16 +1,20 @@
 /* Optimizers: Apollo (spec apollo.md, the Luna recipe) and Adam/AdamW (fairseq's FairseqAdam).
  *
- * The optimizer owns its state on the backend's device, one block per state kind laid out exactly
- * like params->data (the same offsets), so sharding or saving the state is a matter of offsets:
+ * The optimizer sees tensors, not a model: a tensor table (core/tensor_table.h, made with
+ * luna_tensor_table_create_named) names the tensors it updates and places them inside two flat
+ * device buffers, the parameters and their gradients. The caller decides what goes in the table
+ * (the trainer passes the model's trainable tensors); tensors outside it are neither updated nor
+ * decayed. The optimizer owns its state on the backend's device, one block per state kind laid out
+ * like the parameter buffer (the same offsets), so sharding or saving the state is a matter of
+ * offsets:
  *   Apollo: exp_avg (m), approx_hessian (B), update (d)     Adam: exp_avg (m), exp_avg_sq (v)
- * plus a host-side step counter t per parameter tensor. All state starts at zero.
+ * plus a host-side step counter t per tensor. All state starts at zero.
  *
- * luna_optimizer_step() updates every tensor with has_grad, reading params->grad (the already
- * clipped gradient; it is never modified) and writing params->data and the state through ONE
- * backend op, multi_apollo_update / multi_adam_update (core/backend.h) over a tensor table of the
- * trainable tensors built at creation (core/tensor_table.h), so the same code runs on the GPU;
- * an update allocates nothing and reads nothing back.
- * Tensors without has_grad are neither updated nor decayed, and their state stays zero.
+ * luna_optimizer_step() is the whole update (spec apollo.md "One update", steps 2-6): it scales
+ * the gradients (grad_scale, e.g. 1/target tokens), clips them and checks them for non-finite
+ * values (optim/clip.h), and, when they are finite, updates the parameters and the state through
+ * ONE backend op, multi_apollo_update / multi_adam_update (core/backend.h) over the table, so the
+ * same code runs on the GPU. An update allocates nothing and reads back once (the clip summary).
  *
  * Precision: state and parameters are stored in fp32; each step computes every element in double
  * from the stored values and rounds what it stores (see model/kernels/cpu/optimizer_kernels.c).
@@ -22,9 +26,10 @@
 #include <stdint.h>
 
 #include "core/backend.h"
-#include "model/param_table.h"
 #include "core/status.h"
 #include "core/tensor.h"
+#include "core/tensor_table.h"
+#include "optim/clip.h"
 
 /* σ of the constant rebound (apollo.md; older releases used σ = 1 with lr ×100, equivalent). */
 #define LUNA_APOLLO_SIGMA 0.01
@@ -64,39 +69,60 @@ luna_weight_decay_type_name(luna_weight_decay_type type); /* "L2"/"decoupled"/"s
 
 typedef struct luna_optimizer luna_optimizer;
 
-/* State zero, one block per state kind laid out like params->data. `params` (and `be`) must
- * outlive the optimizer. Checks the configuration (β in [0, 1), ε > 0, weight_decay ≥ 0). */
+/* State zero, one block per state kind as long as the table's extent. `tt` (named), `params`
+ * and `grads` (device buffers in tt's layout) and `be` must outlive the optimizer. Checks the
+ * configuration (β in [0, 1), ε > 0, weight_decay ≥ 0). */
 luna_status luna_optimizer_create(luna_optimizer **out, luna_backend *be,
-                                  const luna_optimizer_config *cfg, luna_params *params);
+                                  const luna_optimizer_config *cfg, const luna_tensor_table *tt,
+                                  float *params, float *grads);
 void luna_optimizer_free(luna_optimizer *opt);
 
-/* One update of every tensor with has_grad, using params->grad, with learning rate `lr` (the
- * scheduler's value for this update, see optim/lr_scheduler.h). Increments each tensor's t. */
-luna_status luna_optimizer_step(luna_optimizer *opt, double lr);
+/* One update's inputs. */
+typedef struct {
+    double lr;         /* the scheduler's value for this update (optim/lr_scheduler.h) */
+    double grad_scale; /* every gradient is first multiplied by this, rounded to fp32 (the trainer:
+                        * 1 / target tokens of the update); 1: no scaling */
+    double clip_norm;  /* > 0: clip (optim/clip.h); 0: no clipping, the norm is still measured */
+    luna_clip_mode clip_mode;
+} luna_optimizer_step_args;
+
+/* What one update found (the trainer's gnorm and clip meters). */
+typedef struct {
+    double grad_norm; /* after grad_scale, before clipping */
+    bool clipped;     /* some coefficient < 1 */
+    bool finite; /* false: a non-finite gradient; parameters, state and step counts unchanged */
+} luna_optimizer_step_result;
+
+/* The update of every tensor of the table (see the file comment): scale, clip, and when the
+ * gradients are finite one optimizer step with learning rate args->lr, incrementing each tensor's
+ * t. The gradients are left scaled and clipped (and only scaled when not finite). */
+luna_status luna_optimizer_step(luna_optimizer *opt, const luna_optimizer_step_args *args,
+                                luna_optimizer_step_result *result);
 
 const luna_optimizer_config *luna_optimizer_get_config(const luna_optimizer *opt);
-/* The step count t of parameter tensor `param_index` (index into params->tensors). */
-int64_t luna_optimizer_tensor_step(const luna_optimizer *opt, int param_index);
+/* The step count t of tensor `index` of the table (-1 when out of range). */
+int64_t luna_optimizer_tensor_step(const luna_optimizer *opt, int index);
 
 /* Checkpointing: the state as named tensors (device pointers into the state blocks) and the
- * per-tensor step counters. Only tensors with has_grad have state tensors. Order: state kind
- * major (all exp_avg, then approx_hessian, then update; Adam: exp_avg, exp_avg_sq), parameter
- * order within a kind. Names: "optimizer.exp_avg.<param name>", "optimizer.approx_hessian.<..>",
- * "optimizer.update.<..>" (Apollo), "optimizer.exp_avg_sq.<..>" (Adam). `view` is a non-owning
- * F32 tensor with the parameter's shape on the backend's device; write into it to restore. */
+ * per-tensor step counters. Order: state kind major (all exp_avg, then approx_hessian, then
+ * update; Adam: exp_avg, exp_avg_sq), table order within a kind. Names:
+ * "optimizer.exp_avg.<tensor name>", "optimizer.approx_hessian.<..>", "optimizer.update.<..>"
+ * (Apollo), "optimizer.exp_avg_sq.<..>" (Adam). `view` is a non-owning F32 tensor with the
+ * tensor's shape on the backend's device; write into it to restore. */
 int luna_optimizer_num_state_tensors(const luna_optimizer *opt);
 luna_status luna_optimizer_state_tensor(const luna_optimizer *opt, int i, const char **name,
                                         luna_tensor *view);
 
 /* JSON with the kind, the configuration and the per-tensor step counts:
- *   {"kind":"apollo","config":{"apollo_beta":0.9,...},"steps":{"<param name>":t,...}}
+ *   {"kind":"apollo","config":{"apollo_beta":0.9,...},"steps":{"<tensor name>":t,...}}
  * (*json_out malloc'd, caller frees). */
 luna_status luna_optimizer_state_to_json(const luna_optimizer *opt, char **json_out);
 /* Restores the step counts. The kind and every configuration value must equal this optimizer's
  * (LUNA_ERR_MISMATCH naming the first difference, e.g. "optimizer state: rebound is 'belief' in
  * the checkpoint but 'constant' here (use --reset-optimizer to start a fresh optimizer)"), and
- * every has_grad tensor must have a step count (LUNA_ERR_MISMATCH otherwise). Nothing is changed
- * on error. The tensors themselves are restored through luna_optimizer_state_tensor views. */
+ * every tensor of the table must have a step count and every step count a tensor of the table
+ * (LUNA_ERR_MISMATCH otherwise). Nothing is changed on error. The tensors themselves are
+ * restored through luna_optimizer_state_tensor views. */
 luna_status luna_optimizer_state_from_json(luna_optimizer *opt, const char *json);
 
 #endif

@@ -4,7 +4,7 @@
  *    written by make_optim_fixtures.py): params and every state tensor within 1e-6 relative;
  *  - the first Apollo step is θ −= lr·g/σ;
  *  - bit-identical results with 1 and 2 threads (multi-block tensors);
- *  - tensors without has_grad are neither updated nor decayed;
+ *  - tensors outside the optimizer's table are neither updated nor decayed;
  *  - state_to_json / state_from_json roundtrip (resume is bit-exact) and mismatch errors. */
 #include <math.h>
 #include <stdio.h>
@@ -12,16 +12,15 @@
 #include <string.h>
 
 #include "core/backend.h"
-#include "model/param_table.h"
-#include "model/pass.h"
 #include "core/safetensors.h"
+#include "core/tensor_table.h"
 #include "optim/optimizer.h"
 #include "tests/test_util.h"
 
 #define FIXTURE_DIR LUNA_SOURCE_DIR "/tests/fixtures/optim"
 #define STEPS 20
 
-/* ---- a hand-made parameter table ------------------------------------------------------------- */
+/* ---- hand-made flat buffers and the table of their trainable tensors ------------------------- */
 
 typedef struct {
     const char *name;
@@ -30,25 +29,45 @@ typedef struct {
     bool has_grad;
 } tensor_spec;
 
-static luna_params *make_params(luna_backend *be, const tensor_spec *specs, int n) {
-    luna_params *p = calloc(1, sizeof *p);
+typedef struct {
+    const char *name;
+    size_t offset, numel;
+} tensor_slot;
+
+typedef struct {
+    luna_backend *be;
+    int num_tensors;
+    tensor_slot *tensors;  /* every tensor, trainable or not */
+    size_t num_params;     /* floats in each buffer */
+    float *data, *grad;    /* device */
+    luna_tensor_table *tt; /* the tensors with has_grad: what the optimizer sees */
+} flat_params;
+
+static flat_params *make_params(luna_backend *be, const tensor_spec *specs, int n) {
+    flat_params *p = calloc(1, sizeof *p);
     ck_assert_ptr_nonnull(p);
     p->be = be;
     p->num_tensors = n;
     p->tensors = calloc((size_t)n, sizeof *p->tensors);
-    ck_assert_ptr_nonnull(p->tensors);
+    luna_tensor_desc *d = calloc((size_t)n, sizeof *d);
+    ck_assert(p->tensors && d);
     size_t off = 0;
+    int nt = 0;
     for (int i = 0; i < n; i++) {
-        luna_param_info *t = &p->tensors[i];
-        snprintf(t->name, sizeof t->name, "%s", specs[i].name);
-        t->ndim = specs[i].ndim;
-        t->shape[0] = specs[i].shape[0];
-        t->shape[1] = specs[i].ndim > 1 ? specs[i].shape[1] : 0;
+        tensor_slot *t = &p->tensors[i];
+        t->name = specs[i].name;
         t->numel = (size_t)(specs[i].shape[0] * (specs[i].ndim > 1 ? specs[i].shape[1] : 1));
         t->offset = off;
-        t->has_grad = specs[i].has_grad;
+        if (specs[i].has_grad)
+            d[nt++] = (luna_tensor_desc){.name = t->name,
+                                         .offset = (int64_t)off,
+                                         .numel = (int64_t)t->numel,
+                                         .ndim = specs[i].ndim,
+                                         .shape = {specs[i].shape[0], specs[i].shape[1]}};
         off += (t->numel + 63) & ~(size_t)63; /* gaps, as a real layout may have */
     }
+    LUNA_CHECK_OK(luna_tensor_table_create_named(&p->tt, be, nt, d));
+    free(d);
     p->num_params = off;
     p->data = luna_mem_alloc(be, off * sizeof(float));
     p->grad = luna_mem_alloc(be, off * sizeof(float));
@@ -58,9 +77,10 @@ static luna_params *make_params(luna_backend *be, const tensor_spec *specs, int 
     return p;
 }
 
-static void free_params(luna_params *p) {
+static void free_params(flat_params *p) {
     luna_mem_release(p->be, p->data, p->num_params * sizeof(float));
     luna_mem_release(p->be, p->grad, p->num_params * sizeof(float));
+    luna_tensor_table_free(p->tt);
     free(p->tensors);
     free(p);
 }
@@ -72,16 +92,20 @@ static luna_backend *make_backend(int threads) {
 }
 
 static luna_optimizer *make_optimizer(luna_backend *be, const luna_optimizer_config *cfg,
-                                      luna_params *p) {
+                                      flat_params *p) {
     luna_optimizer *opt = NULL;
-    luna_status st = luna_optimizer_create(&opt, be, cfg, p);
+    luna_status st = luna_optimizer_create(&opt, be, cfg, p->tt, p->data, p->grad);
     ck_assert_msg(st == LUNA_OK, "%s", luna_error_message());
     return opt;
 }
 
+/* A plain update: no gradient scaling, no clipping. */
 static void step_ok(luna_optimizer *opt, double lr) {
-    luna_status st = luna_optimizer_step(opt, lr);
+    luna_optimizer_step_args a = {.lr = lr, .grad_scale = 1.0, .clip_norm = 0.0};
+    luna_optimizer_step_result r;
+    luna_status st = luna_optimizer_step(opt, &a, &r);
     ck_assert_msg(st == LUNA_OK, "%s", luna_error_message());
+    ck_assert(r.finite && !r.clipped);
 }
 
 /* max|a−b| / max|b| (absolute when b is all zero). */
@@ -134,7 +158,7 @@ static const golden_case CASES[] = {
 START_TEST(test_golden) {
     const golden_case *gc = &CASES[_i];
     luna_backend *be = make_backend(2);
-    luna_params *p = make_params(be, FIXTURE_SPECS, NUM_FIXTURE_TENSORS);
+    flat_params *p = make_params(be, FIXTURE_SPECS, NUM_FIXTURE_TENSORS);
     luna_safetensors *in = NULL, *out = NULL;
     ck_assert_msg(luna_safetensors_open(&in, FIXTURE_DIR "/inputs.safetensors") == LUNA_OK, "%s",
                   luna_error_message());
@@ -159,7 +183,7 @@ START_TEST(test_golden) {
     memcpy(lr, lr_t->data, sizeof lr);
 
     for (int i = 0; i < NUM_FIXTURE_TENSORS; i++) {
-        const luna_param_info *info = &p->tensors[i];
+        const tensor_slot *info = &p->tensors[i];
         char name[160];
         snprintf(name, sizeof name, "init.%s", info->name);
         const luna_st_tensor *t = fixture_tensor(in, name);
@@ -169,7 +193,7 @@ START_TEST(test_golden) {
     luna_optimizer *opt = make_optimizer(be, &cfg, p);
     for (int k = 0; k < STEPS; k++) {
         for (int i = 0; i < NUM_FIXTURE_TENSORS; i++) {
-            const luna_param_info *info = &p->tensors[i];
+            const tensor_slot *info = &p->tensors[i];
             char name[160];
             snprintf(name, sizeof name, "grads.%s", info->name);
             const luna_st_tensor *t = fixture_tensor(in, name);
@@ -187,7 +211,7 @@ START_TEST(test_golden) {
     float *host = malloc(p->num_params * sizeof(float) + 64);
     ck_assert_ptr_nonnull(host);
     for (int i = 0; i < NUM_FIXTURE_TENSORS; i++) {
-        const luna_param_info *info = &p->tensors[i];
+        const tensor_slot *info = &p->tensors[i];
         char name[160];
         snprintf(name, sizeof name, "param.%s", info->name);
         const luna_st_tensor *t = fixture_tensor(out, name);
@@ -234,7 +258,7 @@ END_TEST
 START_TEST(test_first_step) {
     luna_backend *be = make_backend(1);
     const tensor_spec specs[] = {{"w", 2, {9, 5}, true}};
-    luna_params *p = make_params(be, specs, 1);
+    flat_params *p = make_params(be, specs, 1);
     size_t n = p->tensors[0].numel;
     luna_test_rng rng;
     luna_test_rng_seed(&rng, 7);
@@ -289,7 +313,7 @@ static const tensor_spec BIG_SPECS[] = {
 /* Runs 6 steps with random gradients; returns data + all state, host copy. */
 static float *run_threads(int threads, const luna_optimizer_config *cfg, size_t *count) {
     luna_backend *be = make_backend(threads);
-    luna_params *p = make_params(be, BIG_SPECS, 3);
+    flat_params *p = make_params(be, BIG_SPECS, 3);
     size_t np = p->num_params;
     float *h = malloc(np * sizeof(float));
     luna_test_rng rng;
@@ -347,14 +371,14 @@ START_TEST(test_threads_bit_identical) {
 }
 END_TEST
 
-/* ---- tensors without gradients --------------------------------------------------------------- */
+/* ---- tensors outside the table --------------------------------------------------------------- */
 
-START_TEST(test_no_grad_untouched) {
+START_TEST(test_outside_table_untouched) {
     for (int c = 0; c < NUM_CASES; c++) {
         luna_backend *be = make_backend(1);
         const tensor_spec specs[] = {
             {"x", 1, {10, 0}, true}, {"frozen", 2, {4, 6}, false}, {"y", 1, {3, 0}, true}};
-        luna_params *p = make_params(be, specs, 3);
+        flat_params *p = make_params(be, specs, 3);
         size_t np = p->num_params;
         float *h = malloc(np * sizeof(float)), *before = malloc(np * sizeof(float));
         luna_test_rng rng;
@@ -373,12 +397,14 @@ START_TEST(test_no_grad_untouched) {
             step_ok(opt, 0.05);
         }
         LUNA_CHECK_OK(luna_mem_to_host(be, h, p->data, np * sizeof(float)));
-        const luna_param_info *fz = &p->tensors[1], *x = &p->tensors[0];
+        const tensor_slot *fz = &p->tensors[1], *x = &p->tensors[0];
         ck_assert_mem_eq(h + fz->offset, before + fz->offset, fz->numel * sizeof(float));
         ck_assert_msg(memcmp(h + x->offset, before + x->offset, x->numel * sizeof(float)) != 0,
                       "trainable tensor unchanged");
-        ck_assert_int_eq(luna_optimizer_tensor_step(opt, 1), 0);
+        /* The table holds x and y only: their step counts, and nothing for a third tensor. */
         ck_assert_int_eq(luna_optimizer_tensor_step(opt, 0), 3);
+        ck_assert_int_eq(luna_optimizer_tensor_step(opt, 1), 3);
+        ck_assert_int_eq(luna_optimizer_tensor_step(opt, 2), -1);
         int ns = luna_optimizer_num_state_tensors(opt);
         ck_assert_int_eq(ns, (CASES[c].kind == LUNA_OPTIMIZER_APOLLO ? 3 : 2) * 2);
         for (int s = 0; s < ns; s++) {
@@ -413,8 +439,8 @@ static void copy_state(luna_backend *be, luna_optimizer *dst, const luna_optimiz
 
 START_TEST(test_json_roundtrip) {
     luna_backend *be = make_backend(1);
-    luna_params *p = make_params(be, FIXTURE_SPECS, NUM_FIXTURE_TENSORS);
-    luna_params *q = make_params(be, FIXTURE_SPECS, NUM_FIXTURE_TENSORS);
+    flat_params *p = make_params(be, FIXTURE_SPECS, NUM_FIXTURE_TENSORS);
+    flat_params *q = make_params(be, FIXTURE_SPECS, NUM_FIXTURE_TENSORS);
     size_t np = p->num_params;
     float *h = malloc(np * sizeof(float)), *h2 = malloc(np * sizeof(float));
     luna_test_rng rng;
@@ -514,7 +540,7 @@ static Suite *suite(void) {
     tcase_add_loop_test(tc, test_golden, 0, NUM_CASES);
     tcase_add_test(tc, test_first_step);
     tcase_add_test(tc, test_threads_bit_identical);
-    tcase_add_test(tc, test_no_grad_untouched);
+    tcase_add_test(tc, test_outside_table_untouched);
     tcase_add_test(tc, test_json_roundtrip);
     suite_add_tcase(s, tc);
     return s;

@@ -1,13 +1,12 @@
 /* Tests of gradient clipping (optim/clip.c): each/total modes against a naive double computation,
- * clip_norm = 0, tensors without gradients, and the non-finite check (nothing modified). */
+ * clip_norm = 0, tensors outside the table, and the non-finite check (nothing modified). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/backend.h"
-#include "model/param_table.h"
-#include "model/pass.h"
+#include "core/tensor_table.h"
 #include "optim/clip.h"
 #include "tests/test_util.h"
 
@@ -22,37 +21,52 @@ static const struct {
 };
 #define NT 5
 
-static luna_params *make_params(luna_backend *be) {
-    luna_params *p = calloc(1, sizeof *p);
+typedef struct {
+    size_t offset, numel;
+    bool has_grad;
+    const char *name;
+} tensor_slot;
+
+/* A flat gradient buffer of the SPECS tensors and the table of those with has_grad. */
+typedef struct {
+    luna_backend *be;
+    tensor_slot tensors[NT];
+    size_t num_params;
+    float *grad; /* device */
+    luna_tensor_table *tt;
+} flat_grads;
+
+static flat_grads *make_params(luna_backend *be) {
+    flat_grads *p = calloc(1, sizeof *p);
     p->be = be;
-    p->num_tensors = NT;
-    p->tensors = calloc(NT, sizeof *p->tensors);
+    luna_tensor_desc d[NT];
+    int n = 0;
     size_t off = 0;
     for (int i = 0; i < NT; i++) {
-        luna_param_info *t = &p->tensors[i];
-        snprintf(t->name, sizeof t->name, "%s", SPECS[i].name);
-        t->ndim = 1;
-        t->shape[0] = SPECS[i].numel;
+        tensor_slot *t = &p->tensors[i];
+        t->name = SPECS[i].name;
         t->numel = (size_t)SPECS[i].numel;
         t->offset = off;
         t->has_grad = SPECS[i].has_grad;
+        if (t->has_grad)
+            d[n++] = (luna_tensor_desc){
+                .name = t->name, .offset = (int64_t)off, .numel = SPECS[i].numel, .ndim = 0};
         off += t->numel;
     }
+    LUNA_CHECK_OK(luna_tensor_table_create_named(&p->tt, be, n, d));
     p->num_params = off;
-    p->data = luna_mem_alloc(be, off * sizeof(float));
     p->grad = luna_mem_alloc(be, off * sizeof(float));
-    LUNA_CHECK_OK(luna_mem_zero(be, p->data, off * sizeof(float)));
+    ck_assert_ptr_nonnull(p->grad);
     return p;
 }
 
-static void free_params(luna_params *p) {
-    luna_mem_release(p->be, p->data, p->num_params * sizeof(float));
+static void free_params(flat_grads *p) {
     luna_mem_release(p->be, p->grad, p->num_params * sizeof(float));
-    free(p->tensors);
+    luna_tensor_table_free(p->tt);
     free(p);
 }
 
-static float *random_grads(const luna_params *p, uint64_t seed) {
+static float *random_grads(const flat_grads *p, uint64_t seed) {
     float *g = malloc(p->num_params * sizeof(float));
     luna_test_rng rng;
     luna_test_rng_seed(&rng, seed);
@@ -72,12 +86,13 @@ static double naive_norm(const float *g, size_t n) {
 static void check_mode(luna_clip_mode mode, double clip_norm) {
     luna_backend *be;
     ck_assert_int_eq(luna_backend_cpu_create(&be, 2), LUNA_OK);
-    luna_params *p = make_params(be);
+    flat_grads *p = make_params(be);
     float *g = random_grads(p, 3), *out = malloc(p->num_params * sizeof(float));
     LUNA_CHECK_OK(luna_mem_from_host(be, p->grad, g, p->num_params * sizeof(float)));
     double norm = -1;
     bool clipped = false, finite = false;
-    luna_status st = luna_clip_gradients(be, p, clip_norm, mode, &norm, &clipped, &finite);
+    luna_status st =
+        luna_clip_gradients(be, p->tt, p->grad, clip_norm, mode, &norm, &clipped, &finite);
     ck_assert_msg(st == LUNA_OK, "%s", luna_error_message());
     ck_assert(finite);
     /* Naive: norms per tensor and the expected coefficients. */
@@ -95,7 +110,7 @@ static void check_mode(luna_clip_mode mode, double clip_norm) {
     LUNA_CHECK_OK(luna_mem_to_host(be, out, p->grad, p->num_params * sizeof(float)));
     bool any = false;
     for (int i = 0; i < NT; i++) {
-        const luna_param_info *t = &p->tensors[i];
+        const tensor_slot *t = &p->tensors[i];
         double nrm = mode == LUNA_CLIP_TOTAL ? total : norms[i];
         double coef = clip_norm > 0 ? fmin(1.0, clip_norm / (nrm + 1e-6)) : 1.0;
         if (!t->has_grad) coef = 1.0;
@@ -137,15 +152,15 @@ START_TEST(test_non_finite) {
         for (int b = 0; b < 3; b++) {
             luna_backend *be;
             ck_assert_int_eq(luna_backend_cpu_create(&be, 1), LUNA_OK);
-            luna_params *p = make_params(be);
+            flat_grads *p = make_params(be);
             float *g = random_grads(p, 9), *out = malloc(p->num_params * sizeof(float));
             g[p->tensors[3].offset + 17] = bad_values[b];
             LUNA_CHECK_OK(luna_mem_from_host(be, p->grad, g, p->num_params * sizeof(float)));
             double norm = 0;
             bool clipped = true, finite = true;
-            ck_assert_int_eq(
-                luna_clip_gradients(be, p, 0.1, (luna_clip_mode)mode, &norm, &clipped, &finite),
-                LUNA_OK);
+            ck_assert_int_eq(luna_clip_gradients(be, p->tt, p->grad, 0.1, (luna_clip_mode)mode,
+                                                 &norm, &clipped, &finite),
+                             LUNA_OK);
             ck_assert(!finite);
             ck_assert(!clipped);
             ck_assert(!isfinite(norm));
@@ -160,12 +175,13 @@ START_TEST(test_non_finite) {
     /* A non-finite value in a tensor without gradient is ignored. */
     luna_backend *be;
     ck_assert_int_eq(luna_backend_cpu_create(&be, 1), LUNA_OK);
-    luna_params *p = make_params(be);
+    flat_grads *p = make_params(be);
     float *g = random_grads(p, 10);
     g[p->tensors[2].offset] = NAN;
     LUNA_CHECK_OK(luna_mem_from_host(be, p->grad, g, p->num_params * sizeof(float)));
     bool finite = false;
-    ck_assert_int_eq(luna_clip_gradients(be, p, 1.0, LUNA_CLIP_EACH, NULL, NULL, &finite), LUNA_OK);
+    ck_assert_int_eq(
+        luna_clip_gradients(be, p->tt, p->grad, 1.0, LUNA_CLIP_EACH, NULL, NULL, &finite), LUNA_OK);
     ck_assert(finite);
     luna_clip_mode m;
     ck_assert_int_eq(luna_clip_mode_parse("total", &m), LUNA_OK);

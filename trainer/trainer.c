@@ -208,8 +208,10 @@ luna_status luna_trainer_create(luna_trainer **out, luna_train_options *o, luna_
     }
     if (s == LUNA_OK) s = luna_seq2seq_create(&t->model, t->be, &o->model);
     if (s == LUNA_OK) s = luna_seq2seq_init(t->model, (uint64_t)o->seed);
-    if (s == LUNA_OK) s = luna_optimizer_create(&t->opt, t->be, &o->optim, t->model->params);
-    if (s == LUNA_OK) s = luna_clipper_create(&t->clip, t->be, t->model->params);
+    if (s == LUNA_OK) s = luna_params_trainable_table(t->model->params, &t->trainable);
+    if (s == LUNA_OK)
+        s = luna_optimizer_create(&t->opt, t->be, &o->optim, t->trainable, t->model->params->data,
+                                  t->model->params->grad);
     if (s == LUNA_OK && o->max_update != 0) {
         bool explicit_ = false;
         char *path = luna_trainer_restore_path(t, &explicit_);
@@ -238,8 +240,8 @@ void luna_trainer_free(luna_trainer *t) {
     if (!t) return;
     luna_grad_buckets_free(t->buckets);
     free(t->ranks_table);
-    luna_clipper_free(t->clip);
     luna_optimizer_free(t->opt);
+    luna_tensor_table_free(t->trainable);
     luna_seq2seq_free(t->model);
     luna_data_batch_free(t->batch);
     luna_batch_iterator_free(t->it);
@@ -325,7 +327,6 @@ static luna_status reduce_stats(luna_trainer *t, double *stats, int n, luna_stat
  * (0: the epoch was already exhausted, nothing done); *stepped: the optimizer stepped. */
 static luna_status train_update(luna_trainer *t, int *got, bool *stepped) {
     const luna_train_options *o = t->o;
-    luna_params *p = t->model->params;
     *got = 0;
     *stepped = false;
     double t0 = luna_trainer_now();
@@ -378,14 +379,17 @@ static luna_status train_update(luna_trainer *t, int *got, bool *stepped) {
                          (long long)t->num_updates + 1);
         return LUNA_OK;
     }
-    double gnorm = NAN;
-    bool clipped = false, finite = stats[4] == 0;
-    if (finite) {
-        LUNA_TRY(
-            t->be->ops->scale(t->be, p->grad, (float)(1.0 / stats[2]), (int64_t)p->num_params));
-        LUNA_TRY(
-            luna_clipper_apply(t->clip, o->clip_norm, t->o->clip_mode, &gnorm, &clipped, &finite));
+    /* Gradients per target token, clipped, then the optimizer's update: one call. */
+    luna_optimizer_step_result r = {.grad_norm = NAN, .clipped = false, .finite = stats[4] == 0};
+    if (r.finite) {
+        luna_optimizer_step_args a = {.lr = luna_lr_at(&o->lr_config, t->num_updates),
+                                      .grad_scale = 1.0 / stats[2],
+                                      .clip_norm = o->clip_norm,
+                                      .clip_mode = o->clip_mode};
+        LUNA_TRY(luna_optimizer_step(t->opt, &a, &r));
     }
+    double gnorm = r.grad_norm;
+    bool clipped = r.clipped, finite = r.finite;
     if (!finite) {
         t->skipped_updates++;
         t->consecutive_skips++;
@@ -403,7 +407,6 @@ static luna_status train_update(luna_trainer *t, int *got, bool *stepped) {
                               o->save_dir);
         return LUNA_OK;
     }
-    LUNA_TRY(luna_optimizer_step(t->opt, luna_lr_at(&o->lr_config, t->num_updates)));
     t->num_updates++;
     t->consecutive_skips = 0;
     t->lr = luna_lr_at(&o->lr_config, t->num_updates);

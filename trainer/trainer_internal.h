@@ -47,8 +47,8 @@ struct luna_trainer {
     luna_batch_iterator *it, *valid_it;
     luna_data_batch *batch;
     luna_seq2seq *model;
-    luna_optimizer *opt;
-    luna_clipper *clip; /* gradient clipping over the parameter table (made once) */
+    luna_tensor_table *trainable; /* the model's trainable tensors: what the optimizer updates */
+    luna_optimizer *opt;          /* scales, clips and updates over `trainable` */
     char *src_lang, *tgt_lang;
     char *spm_bytes; /* spm.model of the data-bin (NULL when absent) */
     size_t spm_size;

@@ -79,8 +79,9 @@ static int parse_int(const char *flag, const char *s, int lo) {
     return (int)v;
 }
 
-/* With --update, the clipper and optimizer of a whole training update (else NULL). */
-static luna_clipper *g_clip;
+/* With --update, the optimizer of a whole training update over the trainable tensors (else
+ * NULL). */
+static luna_tensor_table *g_trainable;
 static luna_optimizer *g_opt;
 
 /* One step: forward + backward, and with --update the rest of luna-train's update around it. */
@@ -90,11 +91,9 @@ static luna_status train_step(luna_seq2seq *model, const luna_batch *batch, uint
     if (g_opt) st = luna_seq2seq_zero_grad(model);
     if (st == LUNA_OK) st = luna_seq2seq_forward_backward(model, batch, seed, loss, NULL);
     if (st != LUNA_OK || !g_opt) return st;
-    double norm;
-    bool clipped, finite;
-    st = luna_clipper_apply(g_clip, 0.1, LUNA_CLIP_TOTAL, &norm, &clipped, &finite);
-    if (st == LUNA_OK) st = luna_optimizer_step(g_opt, 1e-4);
-    return st;
+    luna_optimizer_step_args a = {
+        .lr = 1e-4, .grad_scale = 1.0, .clip_norm = 0.1, .clip_mode = LUNA_CLIP_TOTAL};
+    return luna_optimizer_step(g_opt, &a, NULL);
 }
 
 /* The counters of one forward+backward step at the first b sentences of `batch`. */
@@ -269,8 +268,9 @@ int main(int argc, char **argv) {
     if (update) {
         luna_optimizer_config oc;
         luna_optimizer_config_defaults(&oc, LUNA_OPTIMIZER_APOLLO);
-        if (luna_clipper_create(&g_clip, be, model->params) != LUNA_OK ||
-            luna_optimizer_create(&g_opt, be, &oc, model->params) != LUNA_OK) {
+        if (luna_params_trainable_table(model->params, &g_trainable) != LUNA_OK ||
+            luna_optimizer_create(&g_opt, be, &oc, g_trainable, model->params->data,
+                                  model->params->grad) != LUNA_OK) {
             fprintf(stderr, "bench-model: %s\n", luna_error_message());
             return 1;
         }
@@ -348,7 +348,7 @@ int main(int argc, char **argv) {
     luna_op_profile_detach(prof);
     free(src), free(len), free(prev), free(tgt);
     luna_optimizer_free(g_opt);
-    luna_clipper_free(g_clip);
+    luna_tensor_table_free(g_trainable);
     luna_seq2seq_free(model);
     luna_backend_free(be);
     return 0;

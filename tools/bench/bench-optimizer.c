@@ -4,7 +4,7 @@
  *                   [--clip-mode each|total] [--clip-norm 0.1] [--threads 1,2] [--reps 5]
  *
  * Two paths on the same gradients and state:
- *   new: luna_clipper_apply + luna_optimizer_step (optim/): multi-tensor ops, one launch each,
+ *   new: luna_optimizer_step (optim/), which clips inside: multi-tensor ops, one launch each,
  *        one scalar readback, no allocation per update;
  *   old: the per-tensor path these replaced (kept here for comparison): one sum_squares op per
  *        tensor into a freshly allocated device array, a host array, one readback, the norm on
@@ -190,10 +190,10 @@ int main(int argc, char **argv) {
         if (strcmp(which, "both") && strcmp(which, kind ? "adam" : "apollo")) continue;
         luna_optimizer_config oc;
         luna_optimizer_config_defaults(&oc, kind ? LUNA_OPTIMIZER_ADAM : LUNA_OPTIMIZER_APOLLO);
+        luna_tensor_table *tt;
         luna_optimizer *opt;
-        luna_clipper *clip;
-        if (luna_optimizer_create(&opt, be, &oc, p) != LUNA_OK) die("optimizer");
-        if (luna_clipper_create(&clip, be, p) != LUNA_OK) die("clipper");
+        if (luna_params_trainable_table(p, &tt) != LUNA_OK) die("tensor table");
+        if (luna_optimizer_create(&opt, be, &oc, tt, p->data, p->grad) != LUNA_OK) die("optimizer");
         float *state[3] = {NULL, NULL, NULL};
         for (int k = 0; k < 3; k++) {
             state[k] = luna_mem_alloc(be, np * sizeof(float));
@@ -221,10 +221,11 @@ int main(int argc, char **argv) {
                         if (st == LUNA_OK)
                             st = old_step(be, p, &oc, state, (int64_t)r + 1, 1e-4, &ops0);
                     } else {
-                        double norm;
-                        bool clipped, finite;
-                        st = luna_clipper_apply(clip, clip_norm, mode, &norm, &clipped, &finite);
-                        if (st == LUNA_OK) st = luna_optimizer_step(opt, 1e-4);
+                        luna_optimizer_step_args a = {.lr = 1e-4,
+                                                      .grad_scale = 1.0,
+                                                      .clip_norm = clip_norm,
+                                                      .clip_mode = mode};
+                        st = luna_optimizer_step(opt, &a, NULL);
                         ops0 = 4; /* multi_sum_squares, clip_coefficients, multi_scale, update */
                     }
                     if (st == LUNA_OK) st = luna_backend_synchronize(be);
@@ -246,8 +247,8 @@ int main(int argc, char **argv) {
         }
         for (int k = 0; k < 3; k++)
             luna_mem_release(be, state[k], np * sizeof(float));
-        luna_clipper_free(clip);
         luna_optimizer_free(opt);
+        luna_tensor_table_free(tt);
     }
     free(g0);
     luna_params_free(p);
