@@ -1,4 +1,4 @@
-/* The op-cost layer (model/kernels/op_profile.h, op_report.h): every op of struct luna_ops (parsed
+/* The op-cost layer (model/profile/op_profile.h, op_report.h): every op of struct luna_ops (parsed
  * from core/backend.h) has a counting wrapper, a name and a family; the cost formulas on known
  * shapes; ops through the wrapper give bit-identical results to the backend's own; attach/detach
  * restore the table; the affine extrapolation is exact on affine counters. CPU backend (device
@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/kernels/op_profile.h"
-#include "model/kernels/op_report.h"
+#include "model/profile/op_profile.h"
+#include "model/profile/op_report.h"
 #include "model/kernels/registry.h"
 #include "tests/test_util.h"
 

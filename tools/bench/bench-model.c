@@ -12,9 +12,9 @@
  * optimizer state are not counted: they do not depend on the sequence length). The batch is
  * random tokens of full length (no padding), so every position does work. The last line,
  * "bench-model-result: key=value ...", is for scripts (tools/bench/long.sh).
- * --profile: the timed steps run through the op-cost layer (model/kernels/op_profile.h): a table
+ * --profile: the timed steps run through the op-cost layer (model/profile/op_profile.h): a table
  * per op family of calls, FLOPs, bytes and time (each op synchronized, so the steps are slower),
- * with PREDICTED H100/H200 times, tokens/s and MFU (model/kernels/op_report.h).
+ * with PREDICTED H100/H200 times, tokens/s and MFU (model/profile/op_report.h).
  * --predict-batch P (with --profile; up to 4): also counts one step at B/4 and B/2 sentences,
  * checks that the affine fit through them reproduces the counts at B, and prints the table
  * extrapolated to P sentences (a 32k-token update need not be run on a CPU).
@@ -29,8 +29,8 @@
 
 #include "core/allocator.h"
 #include "model/seq2seq.h"
-#include "model/kernels/op_profile.h"
-#include "model/kernels/op_report.h"
+#include "model/profile/op_profile.h"
+#include "model/profile/op_report.h"
 #include "model/kernels/registry.h"
 #include "optim/clip.h"
 #include "optim/optimizer.h"

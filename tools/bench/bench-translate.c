@@ -15,9 +15,9 @@
  * writes the encoded sources for it.
  * tests/reference/decode_reference.py decodes the same checkpoint with the PyTorch oracle for
  * the throughput ratio.
- * --profile: decoding runs through the op-cost layer (model/kernels/op_profile.h, each op
+ * --profile: decoding runs through the op-cost layer (model/profile/op_profile.h, each op
  * synchronized) and a per-op-family table follows, with PREDICTED H100/H200 times, target
- * tokens/s and MFU for the same decoding work (model/kernels/op_report.h).
+ * tokens/s and MFU for the same decoding work (model/profile/op_report.h).
  */
 #include <math.h>
 #include <stdio.h>
@@ -32,8 +32,8 @@
 #include "model/seq2seq.h"
 #include "data/checkpoint_vocab.h"
 #include "model/checkpoint.h"
-#include "model/kernels/op_profile.h"
-#include "model/kernels/op_report.h"
+#include "model/profile/op_profile.h"
+#include "model/profile/op_report.h"
 #include "model/kernels/registry.h"
 #include "tools/programs/program_start.h"
 

@@ -145,7 +145,7 @@ done
 [ "$have_torch" -eq 1 ] || note "skip PyTorch AMP reference: python3 has no torch with CUDA (or --no-torch)"
 bench "bench-model fp32 fwd+bwd  ${batches%% *} x 32" --precision fp32 --batch "${batches%% *}" --warmup 2 --steps 5
 # The op-cost profile of a whole bf16 update on this GPU: each family's measured time next to the
-# roofline's PREDICTED one (model/kernels/op_report.h), to calibrate the cost model.
+# roofline's PREDICTED one (model/profile/op_report.h), to calibrate the cost model.
 pbatch="${batches##* }"
 if "$build/bench-model" --device cuda --precision bf16 --batch "$pbatch" --tgt-len 32 \
      --src-len 32 --warmup 1 --steps 1 --update --profile > "$build/gpu-check.profile.log" 2>&1; then

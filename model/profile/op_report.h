@@ -14,7 +14,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 
-#include "model/kernels/op_profile.h"
+#include "model/profile/op_profile.h"
 
 /* The per-family table and the predictions for `tokens` tokens (tokens/s and MFU). measured:
  * whether c[].seconds are meaningful (false for extrapolated counters); measured_act_bytes: the

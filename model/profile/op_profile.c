@@ -2,7 +2,7 @@
  * the op's cost from its arguments (see op_profile.h for what the four quantities mean) and
  * forwards the call unchanged to the table it wraps. Elementwise FLOP counts are approximations
  * (a few per element); those ops are memory-bound, so their bytes decide a roofline's time. */
-#include "model/kernels/op_profile.h"
+#include "model/profile/op_profile.h"
 
 #include <stddef.h>
 #include <stdlib.h>

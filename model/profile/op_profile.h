@@ -1,10 +1,10 @@
-/* Cost accounting of the backend ops (issue 14, "Speed"): a counting layer that wraps any
+/* Cost accounting of the backend ops, for the benchmarks: a counting layer that wraps any
  * backend's op table. While attached, be->ops points at a table whose entries compute the op's
  * cost from its arguments (shapes only, never data), add it to a per-op counter and forward to the
  * real table, so the model code runs unchanged and the results are bit-identical. Only the
  * benchmarks attach it: without it nothing is counted and nothing costs anything.
  *
- * What is counted per op (model/kernels/op_profile.c has each formula next to its op):
+ * What is counted per op (model/profile/op_profile.c has each formula next to its op):
  *   mm_flops   multiply-add FLOPs of the matrix products that run on tensor cores on a GPU
  *              (gemm, linear_forward/backward): 2·M·N·K;
  *   flops      every other FLOP (elementwise, normalisations, the causal scan, reductions,

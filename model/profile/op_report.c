@@ -1,10 +1,10 @@
 /* op_report.h: the per-family table and the roofline predictions. */
-#include "model/kernels/op_report.h"
+#include "model/profile/op_report.h"
 
 #include <math.h>
 #include <string.h>
 
-#include "model/kernels/gpu_roofline.h"
+#include "model/profile/gpu_roofline.h"
 
 #define BF16_BYTES 2.0
 #define MAX_FAMILIES 64
