@@ -1,6 +1,7 @@
-/* The backend boundary (after ggml): model code calls ops through this table; each backend (CPU
- * now, CUDA next) implements every op. Ops take device pointers plus the backend (which carries
- * the thread count or CUDA stream); they never allocate except from `backend->scratch`.
+/* The backend boundary (after ggml): model code calls ops through this table; each backend (CPU,
+ * CUDA) implements every op, behind one layer of argument checks (core/op_checks.c). Ops take
+ * device pointers plus the backend (which carries the thread count or CUDA stream); they never
+ * allocate except from `backend->scratch`.
  *
  * Conventions for every op below:
  * - All matrices are row-major and contiguous unless a leading dimension is given.
@@ -15,7 +16,8 @@
  *   any thread count.
  * - Dropout masks come from core/philox.h, one host/device definition: bit-identical on every
  *   backend by construction.
- * - Every op returns LUNA_OK or an error (with message) — e.g. scratch exhausted.
+ * - Every op returns LUNA_OK or an error (with one line naming the op) — e.g. a bad size, scratch
+ *   exhausted.
  * Math for each op is in the CPU implementation (model/kernels/cpu/), which is the specification.
  *
  * The contract between backends:
@@ -109,7 +111,8 @@ struct luna_backend {
     int num_threads;      /* CPU: OpenMP threads for ops (GEMM threads follow it) */
     void *impl;           /* the backend's private state (CUDA: stream, cuBLAS handle, ...) */
     luna_arena *scratch;  /* temporary space for ops; ops release what they take before returning */
-    const luna_ops *ops;
+    const luna_ops *ops;  /* what callers call: the argument checks, then `kernels` */
+    const luna_ops *kernels; /* the backend's own implementations (luna_backend_set_kernels) */
     const luna_backend_memory *mem;
 
     size_t bytes_in_use;  /* device bytes allocated through luna_mem_alloc and not yet released */
@@ -150,9 +153,17 @@ LUNA_MUST_CHECK luna_status luna_backend_synchronize(luna_backend *be);
  * name with luna_backend_create (model/kernels/registry.h). */
 void luna_backend_free(luna_backend *be);
 
+/* ---- the ops ----------------------------------------------------------------------------------
+ * Model, optimizer and decoding code call be->ops->X. be->ops is the dispatch layer of
+ * core/op_checks.c: it checks every op's arguments once, for every backend, and forwards the call
+ * to the backend's own table be->kernels, installed by luna_backend_set_kernels. Kernels receive
+ * checked arguments; they check only what they alone can read (token ids in their memory, with
+ * luna_op_check_ids / luna_op_bad_id, so the message is the same on every backend) and their own
+ * state. An op exists because library code calls it: a test's reference computation that no
+ * library code needs lives with the tests (tests/op_reference.h). */
 struct luna_ops {
-    /* ---- GEMM -------------------------------------------------------------------------------
-     * Batched strided GEMM: for b in [0, batch):
+    /* ==== GEMM and linear ========================================================================
+     * gemm: batched strided GEMM: for b in [0, batch):
      *   C_b = alpha · op(A_b) · op(B_b) + beta · C_b,  op(X) = X or Xᵀ,
      *   op(A_b) [M, K], op(B_b) [K, N], C_b [M, N]; X_b = X + b·stride_x; ld* are row strides of
      *   the matrices as stored (A stored [M, K] if !trans_a else [K, M]).
@@ -161,8 +172,8 @@ struct luna_ops {
                         float alpha, const luna_act *A, int lda, int64_t stride_a,
                         const luna_act *B, int ldb, int64_t stride_b, float beta, luna_act *C,
                         int ldc, int64_t stride_c, int batch);
-    /* The same over a grid of outer × inner products, each operand's matrices at two strides:
-     *   for o in [0, outer), i in [0, inner):  X_oi = X + o·sX.outer + i·sX.inner  (X = A, B, C).
+    /* gemm_grid: the same over a grid of outer × inner products, each operand's matrices at two
+     * strides:  for o in [0, outer), i in [0, inner):  X_oi = X + o·sX.outer + i·sX.inner.
      * Attention heads are the use: the heads of a [batch, len, H·dh] activation are the matrices
      * X + b·len·H·dh + h·dh with row stride H·dh — one grid, no copy into [batch, H, len, dh].
      * gemm is the grid with inner = 1; results equal the same products made one by one. */
@@ -170,111 +181,34 @@ struct luna_ops {
                              float alpha, const luna_act *A, int lda, luna_grid_stride stride_a,
                              const luna_act *B, int ldb, luna_grid_stride stride_b, float beta,
                              luna_act *C, int ldc, luna_grid_stride stride_c, int outer, int inner);
-
-    /* ---- Linear: y = x Wᵀ + b (PyTorch layout W [out, in]) -----------------------------------
-     * x [rows, in], W [out, in], b [out] or NULL, y [rows, out] (overwritten). */
+    /* Linear: y = x Wᵀ + b (PyTorch layout W [out, in]).
+     * forward: x [rows, in], W [out, in], b [out] or NULL, y [rows, out] (overwritten).
+     * backward: dx [rows, in] (= dy W; overwritten, or added when accumulate_dx; NULL to skip),
+     *   dW [out, in] += dyᵀ x (NULL to skip), db [out] += Σ_rows dy (NULL to skip; the bias
+     *   gradient alone is linear_backward with in = 0). */
     luna_status (*linear_forward)(luna_backend *be, luna_act *y, const luna_act *x, const float *W,
                                   const float *b, int64_t rows, int in, int out);
-    /* dx [rows, in] (= dy W; overwritten, or added when accumulate_dx; NULL to skip),
-     * dW [out, in] += dyᵀ x, db [out] += Σ_rows dy (NULL to skip). */
     luna_status (*linear_backward)(luna_backend *be, luna_act *dx, float *dW, float *db,
                                    const luna_act *dy, const luna_act *x, const float *W,
                                    int64_t rows, int in, int out, bool accumulate_dx);
 
-    /* ---- Bias: y[r, c] += b[c]; backward db[c] += Σ_r dy[r, c] ------------------------------
-     * test-only: no production code calls them (linear_forward/backward take the bias); kept as
-     * the bias half of the linear op, compared across backends by tests/test_ops_linear.c. */
-    luna_status (*bias_add_forward)(luna_backend *be, luna_act *y, const float *b, int64_t rows,
-                                    int cols);
-    luna_status (*bias_add_backward)(luna_backend *be, float *db, const luna_act *dy, int64_t rows,
-                                     int cols);
-
-    /* ---- Embedding: out[i] = scale · table[tokens[i]] (the padding_idx row gives zeros) ------
-     * tokens [n] int32, table [V, d], out [n, d]. Backward: dtable[tokens[i]] += scale · dout[i]
-     * for tokens[i] != padding_idx; deterministic (no atomics: threads own column ranges).
-     * Token ids outside [0, V) are an error. */
-    luna_status (*embedding_forward)(luna_backend *be, luna_act *out, const float *table,
-                                     const int32_t *tokens, int64_t n, int V, int d, float scale,
-                                     int padding_idx);
-    luna_status (*embedding_backward)(luna_backend *be, float *dtable, const luna_act *dout,
-                                      const int32_t *tokens, int64_t n, int V, int d, float scale,
-                                      int padding_idx);
-
-    /* ---- Sinusoidal positions (spec §1, fairseq convention) ----------------------------------
-     * table: out[j] = PE(first_pos + j) for j in [0, npos), out [npos, d]. PE(pos)[i] =
-     * sin(pos·f_i) for i < d/2, cos(pos·f_{i-d/2}) after, f_i = exp(-i·ln(10000)/(d/2 - 1)).
-     * (d odd: the last feature is 0, as fairseq pads.) */
-    luna_status (*sinusoidal_table)(luna_backend *be, luna_act *out, int first_pos, int npos,
-                                    int d);
-    /* x [B, n, d] += PE(position) for non-pad tokens, where position = padding_idx + number of
-     * non-pad tokens in tokens[b, 0..t] (fairseq's make_positions); pads get nothing added.
-     * (Incremental decoding adds sinusoidal_table rows itself.) No parameters, so backward is the
-     * identity on dx: there is no backward op. */
-    luna_status (*positions_add)(luna_backend *be, luna_act *x, const int32_t *tokens, int B, int n,
-                                 int d, int padding_idx);
-
-    /* ---- LayerNorm over the last axis (eps inside the sqrt, biased variance) -----------------
-     * x, y [rows, d]; gamma, beta [d]; mean, rstd [rows] saved for backward. */
-    luna_status (*layer_norm_forward)(luna_backend *be, luna_act *y, float *mean, float *rstd,
-                                      const luna_act *x, const float *gamma, const float *beta,
-                                      int64_t rows, int d, float eps);
-    /* dx [rows, d] overwritten (may alias dy); dgamma, dbeta [d] accumulated. */
-    luna_status (*layer_norm_backward)(luna_backend *be, luna_act *dx, float *dgamma, float *dbeta,
-                                       const luna_act *dy, const luna_act *x, const float *mean,
-                                       const float *rstd, const float *gamma, int64_t rows, int d);
-
-    /* ---- Masked softmax over the last axis ---------------------------------------------------
-     * x, y [rows, cols]. Row r attends to columns c < valid(r), with
-     *   valid(r) = valid_cols ? valid_cols[r / rows_per_group] : cols,
-     *   and if causal_period > 0: valid(r) = min(valid(r), r % causal_period + 1).
-     * Masked entries of y are 0; a row with valid(r) = 0 is all zeros. In place allowed.
-     * Backward: dx = y ⊙ (dy − Σ_c y·dy) (masked entries 0); dx may alias dy. */
-    luna_status (*softmax_forward)(luna_backend *be, luna_act *y, const luna_act *x, int64_t rows,
-                                   int cols, const int32_t *valid_cols, int64_t rows_per_group,
-                                   int causal_period);
-    luna_status (*softmax_backward)(luna_backend *be, luna_act *dx, const luna_act *dy,
-                                    const luna_act *y, int64_t rows, int cols);
-
-    /* ---- Dropout: y = x · keep / (1 − p), keep(i) = luna_rng_dropout_keep(key, i, p) ---------
-     * In place allowed. p = 0 copies. Backward: dx = dy · keep / (1 − p). */
-    luna_status (*dropout_forward)(luna_backend *be, luna_act *y, const luna_act *x, int64_t n,
-                                   float p, luna_rng_key key);
-    luna_status (*dropout_backward)(luna_backend *be, luna_act *dx, const luna_act *dy, int64_t n,
-                                    float p, luna_rng_key key);
-
-    /* ---- Activations (elementwise; in place allowed; backward takes the forward INPUT x) ----
-     * relu: max(x, 0);  softplus_ln2: φ(z) = log2(1 + 2^z) = softplus(z; β = ln 2), linear when
-     * β·z > 20 (PyTorch threshold); elu_plus_one: φ(z) = elu(z) + 1 = z + 1 (z > 0), exp(z) else.
-     * backward: dx = dy · φ'(x); dx may alias dy. */
-    luna_status (*relu_forward)(luna_backend *be, luna_act *y, const luna_act *x, int64_t n);
-    luna_status (*relu_backward)(luna_backend *be, luna_act *dx, const luna_act *dy,
-                                 const luna_act *x, int64_t n);
-    luna_status (*softplus_ln2_forward)(luna_backend *be, luna_act *y, const luna_act *x,
-                                        int64_t n);
-    luna_status (*softplus_ln2_backward)(luna_backend *be, luna_act *dx, const luna_act *dy,
-                                         const luna_act *x, int64_t n);
-    luna_status (*elu_plus_one_forward)(luna_backend *be, luna_act *y, const luna_act *x,
-                                        int64_t n);
-    luna_status (*elu_plus_one_backward)(luna_backend *be, luna_act *dx, const luna_act *dy,
-                                         const luna_act *x, int64_t n);
-
-    /* ---- Fused ops (issue 14): one pass over the rows instead of three to four ops ----------
-     * Each equals the composition of the ops above that it replaces (dropout masks included: the
-     * same key and element indices, so a model step gives the same masks); on the CPU backend bit
-     * for bit (the same fp32 expressions in the same order, the same row and column reductions).
+    /* ==== Fused training ops: one pass over the rows instead of three or four ====================
      * `p` is the dropout probability in [0, 1) (0: no dropout, key unused), keep(i) =
-     * luna_rng_dropout_keep(key, i, p) with i the element's index in its [rows, d] buffer.
+     * luna_rng_dropout_keep(key, i, p) with i the element's index in its [rows, d] buffer — the
+     * masks of dropout_forward, so a fused op drops the elements the separate ops would.
      *
      * residual_norm: the post-norm sublayer end (model/layers.c), bias + dropout + residual +
-     * LayerNorm. sub, res, r, y [rows, d]; bias [d] or NULL; gamma, beta [d]; mean, rstd [rows].
-     *   forward:  r = res + dropout(sub + bias)   (= bias_add_forward, dropout_forward, add)
-     *             y = LayerNorm(r; gamma, beta, eps), mean, rstd as layer_norm_forward.
-     *             r, mean and rstd are kept for backward (r is the LayerNorm input). r may alias
-     *             sub or res (elementwise); y must not overlap r, sub or res.
-     *   backward: dres = layer_norm_backward of dy (overwritten; dres may alias dy),
+     * LayerNorm over the last axis (eps inside the sqrt, biased variance). sub, res, r, y
+     * [rows, d]; bias [d] or NULL; gamma, beta [d]; mean, rstd [rows].
+     *   forward:  r = res + dropout(sub + bias), y = LayerNorm(r; gamma, beta, eps); r, mean and
+     *             rstd are kept for backward. r may alias sub or res (elementwise); y must not
+     *             overlap r, sub or res. LayerNorm alone is p = 0, no bias, res = 0.
+     *   backward: dres = the LayerNorm backward of dy (overwritten; dres may alias dy):
+     *               with x̂ = (r − mean)·rstd, g = dy·γ:
+     *               dres = rstd · (g − mean_c(g) − x̂ · mean_c(g·x̂)),
      *             dsub = dropout_backward(dres) (overwritten; must not overlap dres or dy),
-     *             dbias [d] += Σ_rows dsub (NULL: skip; = bias_add_backward),
-     *             dgamma, dbeta [d] += as layer_norm_backward (either NULL: skip). */
+     *             dbias [d] += Σ_rows dsub (NULL: skip),
+     *             dgamma [d] += Σ_rows dy·x̂, dbeta [d] += Σ_rows dy (either NULL: skip). */
     luna_status (*residual_norm_forward)(luna_backend *be, luna_act *y, luna_act *r, float *mean,
                                          float *rstd, const luna_act *sub, const float *bias,
                                          const luna_act *res, const float *gamma, const float *beta,
@@ -286,8 +220,7 @@ struct luna_ops {
                                           int d, float p, luna_rng_key key);
     /* bias_relu_dropout: the FFN's hidden activation. h, a [rows, cols]; bias [cols] or NULL.
      *   forward:  h += bias (in place; NULL: h unchanged; h is kept: the pre-activation),
-     *             a = dropout(relu(h))   (= bias_add_forward, relu_forward, dropout_forward).
-     *             a must not overlap h.
+     *             a = dropout(relu(h)), relu(z) = max(z, 0) (NaN stays NaN). a must not overlap h.
      *   backward: dh = dropout_backward(da) ⊙ [h > 0] (overwritten; dh may alias da),
      *             dbias [cols] += Σ_rows dh (NULL: skip). */
     luna_status (*bias_relu_dropout_forward)(luna_backend *be, luna_act *a, luna_act *h,
@@ -300,8 +233,8 @@ struct luna_ops {
      *   forward:  y = softmax_forward(x; valid_cols, rows_per_group, causal_period) (kept; y may
      *             alias x), yd = dropout(y) in the same pass; yd NULL or p = 0: only y is written.
      *             yd must not overlap x or y.
-     *   backward: g = dropout_backward(dyd), dx = y ⊙ (g − Σ_c y·g) (= softmax_backward; masked
-     *             entries 0); dx may alias dyd. */
+     *   backward: g = dropout_backward(dyd), dx = y ⊙ (g − Σ_c y·g) (masked entries 0); dx may
+     *             alias dyd. */
     luna_status (*softmax_dropout_forward)(luna_backend *be, luna_act *y, luna_act *yd,
                                            const luna_act *x, int64_t rows, int cols,
                                            const int32_t *valid_cols, int64_t rows_per_group,
@@ -309,9 +242,34 @@ struct luna_ops {
     luna_status (*softmax_dropout_backward)(luna_backend *be, luna_act *dx, const luna_act *dyd,
                                             const luna_act *y, int64_t rows, int cols, float p,
                                             luna_rng_key key);
+    /* Log-softmax + label-smoothed cross entropy (spec §8). logits [N, V], targets [N]; rows with
+     * targets == padding_idx are ignored. Per row (nats):
+     *   nll = −log p_y,  loss = (1−ε)·nll + (ε/V)·Σ_v (−log p_v).
+     * cross_entropy_forward writes loss[N], nll[N] (0 on pad rows) and lse[N] (log-sum-exp).
+     * cross_entropy_forward_backward (training: the loss of a chunk, then its gradient, reading
+     * the logits once) writes the same and dlogits = grad_scale · (softmax − (1−ε)·onehot(y) −
+     * ε/V) on non-pad rows, 0 on pad rows; dlogits may alias logits (the [N, V] buffer is reused).
+     * A target outside [0, V) other than padding_idx is an error. */
+    luna_status (*cross_entropy_forward)(luna_backend *be, float *loss, float *nll, float *lse,
+                                         const luna_act *logits, const int32_t *targets, int64_t N,
+                                         int V, float epsilon, int padding_idx);
+    luna_status (*cross_entropy_forward_backward)(luna_backend *be, float *loss, float *nll,
+                                                  float *lse, luna_act *dlogits,
+                                                  const luna_act *logits, const int32_t *targets,
+                                                  int64_t N, int V, float epsilon, int padding_idx,
+                                                  float grad_scale);
 
-    /* ---- Causal normalised contraction (the two causal Luna products of spec §3) ------------
-     * For each of G independent groups (batch × head) and t = 1..n:
+    /* ==== Attention: masked softmax and the causal contraction ===================================
+     * softmax_forward: over the last axis, x, y [rows, cols]. Row r attends to columns
+     *   c < valid(r), with valid(r) = valid_cols ? valid_cols[r / rows_per_group] : cols, and if
+     *   causal_period > 0: valid(r) = min(valid(r), r % causal_period + 1). Masked entries of y
+     *   are 0; a row with valid(r) = 0 is all zeros. In place allowed. (Training uses
+     *   softmax_dropout, which also has the backward.) */
+    luna_status (*softmax_forward)(luna_backend *be, luna_act *y, const luna_act *x, int64_t rows,
+                                   int cols, const int32_t *valid_cols, int64_t rows_per_group,
+                                   int causal_period);
+    /* Causal normalised contraction (the two causal Luna products of spec §3). For each of G
+     * independent groups (batch × head) and t = 1..n:
      *   out_t = alpha · (1/t) · Σ_{s≤t} (x_t · a_s) · b_s,
      * x, a [G, n, p]; b, out [G, n, q]. With (x, a, b) = (Q, K, Φ) this is S_t [l] (alpha:
      * Q's dh^-1/2); with (A, Φ, V) it is O_t [d_h]. Computed as a scan over t with a running
@@ -330,60 +288,59 @@ struct luna_ops {
                                                const luna_act *b, int G, int n, int p, int q,
                                                float alpha, const luna_causal_layout *layout);
 
-    /* ---- Log-softmax + label-smoothed cross entropy (spec §8) --------------------------------
-     * logits [N, V], targets [N]; rows with targets == padding_idx are ignored. Per row (nats):
-     *   nll = −log p_y,  loss = (1−ε)·nll + (ε/V)·Σ_v (−log p_v).
-     * Forward writes loss[N], nll[N] (0 on pad rows) and lse[N] (log-sum-exp, for backward).
-     * Backward: dlogits = grad_scale · (softmax − (1−ε)·onehot(y) − ε/V) on non-pad rows, 0 on
-     * pad rows; dlogits may alias logits (the [N, V] buffer is reused). */
-    luna_status (*cross_entropy_forward)(luna_backend *be, float *loss, float *nll, float *lse,
-                                         const luna_act *logits, const int32_t *targets, int64_t N,
-                                         int V, float epsilon, int padding_idx);
-    luna_status (*cross_entropy_backward)(luna_backend *be, luna_act *dlogits,
-                                          const luna_act *logits, const float *lse,
-                                          const int32_t *targets, int64_t N, int V, float epsilon,
-                                          int padding_idx, float grad_scale);
-    /* Both in one pass over the logits, for training (the loss of a chunk, then its gradient):
-     * the results of cross_entropy_forward followed by cross_entropy_backward with its lse, bit
-     * for bit, reading the logits once. dlogits may alias logits. */
-    luna_status (*cross_entropy_forward_backward)(luna_backend *be, float *loss, float *nll,
-                                                  float *lse, luna_act *dlogits,
-                                                  const luna_act *logits, const int32_t *targets,
-                                                  int64_t N, int V, float epsilon, int padding_idx,
-                                                  float grad_scale);
+    /* ==== Embeddings and positions ===============================================================
+     * embedding: out[i] = scale · table[tokens[i]] (the padding_idx row gives zeros); tokens [n]
+     *   int32, table [V, d], out [n, d]. Backward: dtable[tokens[i]] += scale · dout[i] for
+     *   tokens[i] != padding_idx; deterministic (no atomics: threads own column ranges). Token
+     *   ids outside [0, V) are an error. */
+    luna_status (*embedding_forward)(luna_backend *be, luna_act *out, const float *table,
+                                     const int32_t *tokens, int64_t n, int V, int d, float scale,
+                                     int padding_idx);
+    luna_status (*embedding_backward)(luna_backend *be, float *dtable, const luna_act *dout,
+                                      const int32_t *tokens, int64_t n, int V, int d, float scale,
+                                      int padding_idx);
+    /* Sinusoidal positions (spec §1, fairseq convention).
+     * sinusoidal_table: out[j] = PE(first_pos + j) for j in [0, npos), out [npos, d]. PE(pos)[i] =
+     *   sin(pos·f_i) for i < d/2, cos(pos·f_{i-d/2}) after, f_i = exp(-i·ln(10000)/(d/2 - 1)).
+     *   (d odd: the last feature is 0, as fairseq pads.)
+     * positions_add: x [B, n, d] += PE(position) for non-pad tokens, where position = padding_idx
+     *   + number of non-pad tokens in tokens[b, 0..t] (fairseq's make_positions); pads get nothing
+     *   added. (Incremental decoding adds sinusoidal_table rows itself.) No parameters, so its
+     *   backward is the identity on dx: there is no backward op. */
+    luna_status (*sinusoidal_table)(luna_backend *be, luna_act *out, int first_pos, int npos,
+                                    int d);
+    luna_status (*positions_add)(luna_backend *be, luna_act *x, const int32_t *tokens, int B, int n,
+                                 int d, int padding_idx);
 
-    /* ---- Reductions (device scalar results, accumulated in double, deterministic) ------------
-     * sum_squares: Σ x² (L2² norm), sum_pow4: Σ x⁴ (L4⁴ norm), dot: Σ x·y, sum: Σ x,
-     * max_abs: max |x|. Backward of the differentiable ones for a scalar upstream gradient g:
-     *   d(Σx²)/dx = 2x·g,  d(Σx⁴)/dx = 4x³·g,  d(Σxy) = (y·g, x·g); added (+=) into dx / dy.
-     * test-only: sum_pow4, dot, sum, max_abs and the three backward ops are called by no
-     * production code (gradient clipping uses sum_squares; Apollo fuses its norms into
-     * apollo_update); they are kept for the reduction suite (tests/test_ops_reduce.c). */
-    luna_status (*sum_squares)(luna_backend *be, float *result, const float *x, int64_t n);
-    luna_status (*sum_pow4)(luna_backend *be, float *result, const float *x, int64_t n);
-    luna_status (*dot)(luna_backend *be, float *result, const float *x, const float *y, int64_t n);
-    luna_status (*sum)(luna_backend *be, float *result, const float *x, int64_t n);
-    luna_status (*max_abs)(luna_backend *be, float *result, const float *x, int64_t n);
-    luna_status (*sum_squares_backward)(luna_backend *be, float *dx, const float *x, float g,
-                                        int64_t n);
-    luna_status (*sum_pow4_backward)(luna_backend *be, float *dx, const float *x, float g,
-                                     int64_t n);
-    luna_status (*dot_backward)(luna_backend *be, float *dx, float *dy, const float *x,
-                                const float *y, float g, int64_t n);
-
-    /* ---- Elementwise helpers and layout ------------------------------------------------------
-     * add: y = a + b (activations); axpy: y += alpha·x (y an activation, x an fp32 parameter:
-     * the projected embeddings' scale·P added to the sinusoids); scale: x *= alpha on fp32
-     * buffers (gradients), scale_act the same on an activation; fill: x = value (fp32).
+    /* ==== Elementwise, activations and layout ====================================================
+     * dropout: y = x · keep / (1 − p), keep(i) = luna_rng_dropout_keep(key, i, p); in place
+     *   allowed; p = 0 copies. Backward: dx = dy · keep / (1 − p).
+     * Activations (elementwise; in place allowed; backward takes the forward INPUT x and writes
+     *   dx = dy · φ'(x); dx may alias dy): softplus_ln2: φ(z) = log2(1 + 2^z) = softplus(z; β =
+     *   ln 2), linear when β·z > 20 (PyTorch threshold); elu_plus_one: φ(z) = elu(z) + 1 = z + 1
+     *   (z > 0), exp(z) else.
+     * add: y = a + b (activations); axpy: y += alpha·x (y an activation, x an fp32 parameter: the
+     *   projected embeddings' scale·P added to the sinusoids); scale_act: x *= alpha on an
+     *   activation.
      * split_heads: [B, n, H, dh] -> [B, H, n, dh]; merge_heads is its inverse (and its backward).
      * broadcast_rows: out[b] = x for b in [0, B) (x [rows, d], out [B, rows, d]); its backward
-     * sum_broadcast: dx += Σ_b dout[b] (dx an fp32 parameter gradient). */
+     *   sum_broadcast: dx += Σ_b dout[b] (dx an fp32 parameter gradient). */
+    luna_status (*dropout_forward)(luna_backend *be, luna_act *y, const luna_act *x, int64_t n,
+                                   float p, luna_rng_key key);
+    luna_status (*dropout_backward)(luna_backend *be, luna_act *dx, const luna_act *dy, int64_t n,
+                                    float p, luna_rng_key key);
+    luna_status (*softplus_ln2_forward)(luna_backend *be, luna_act *y, const luna_act *x,
+                                        int64_t n);
+    luna_status (*softplus_ln2_backward)(luna_backend *be, luna_act *dx, const luna_act *dy,
+                                         const luna_act *x, int64_t n);
+    luna_status (*elu_plus_one_forward)(luna_backend *be, luna_act *y, const luna_act *x,
+                                        int64_t n);
+    luna_status (*elu_plus_one_backward)(luna_backend *be, luna_act *dx, const luna_act *dy,
+                                         const luna_act *x, int64_t n);
     luna_status (*add)(luna_backend *be, luna_act *y, const luna_act *a, const luna_act *b,
                        int64_t n);
     luna_status (*axpy)(luna_backend *be, luna_act *y, float alpha, const float *x, int64_t n);
-    luna_status (*scale)(luna_backend *be, float *x, float alpha, int64_t n); /* fp32 buffers */
     luna_status (*scale_act)(luna_backend *be, luna_act *x, float alpha, int64_t n);
-    luna_status (*fill)(luna_backend *be, float *x, float value, int64_t n); /* test-only */
     luna_status (*split_heads)(luna_backend *be, luna_act *out, const luna_act *x, int B, int n,
                                int H, int dh);
     luna_status (*merge_heads)(luna_backend *be, luna_act *out, const luna_act *x, int B, int n,
@@ -393,95 +350,16 @@ struct luna_ops {
     luna_status (*sum_broadcast)(luna_backend *be, float *dx, const luna_act *dout, int B,
                                  int64_t rows, int d);
 
-    /* ---- Decoding: row gathers and the next-token candidates ---------------------------------
-     * gather_rows: dst[i, 0:cols] = src[idx[i], 0:cols] for i in [0, n) (idx NULL: src[i]), rows
-     *   dst_stride / src_stride elements apart (activations). Reorders beams (index-select) and,
-     *   with idx NULL, writes a step's keys into a strided cache. dst and src must not overlap.
-     *   Indices outside [0, src_rows) are the caller's bug (not checked on a device).
-     * log_softmax_topk: per row r of logits [rows, V] (activations), in double:
-     *   lse_r = max + log Σ_j exp(x_rj − max),  lp_rj = (float)(x_rj − lse_r) + bias[j]
-     *   (bias [V] fp32, NULL: none; −inf bans a token), then
-     *   top_lp / top_idx [rows, k]: the k largest lp_rj, best first, ties by lower j first, a NaN
-     *   counted (and returned) as −inf; picked[r] = (float)(x_r,pick[r] − lse_r), without the
-     *   bias, for pick [rows] (NULL: none).
-     *   The host receives k candidates per row instead of V log-probs (beam search) or one
-     *   log-prob per row (scoring); k ≤ V, k = 0 allowed.
-     * cache_products: a decoding step's self-attention products over a key/value cache read
-     *   through a beam indirection, so that reordering beams moves indices, not cached rows. The
-     *   cache C (activations) holds groups (slot, h) of T_cap rows of dh elements, group at
-     *   (slot·H + h)·T_cap·dh, its row p at + p·dh; row r of the batch finds its position p in
-     *   slot ind[r·T_cap + p] (device int32 [R, T_cap]; only p < T read). For g = r·H + h < R·H:
-     *     values false (scores):  y[g·T + p]  = Σ_{k<dh} x[g·dh + k] · C[ind[r, p], h, p, k]
-     *     values true (outputs):  y[g·dh + j] = Σ_{p<T}  x[g·T + p] · C[ind[r, p], h, p, j]
-     *   (x, y activations). Each sum is one chain of fused multiply-adds in ascending order from
-     *   0 — on the CPU the bits of the one-row gemm over a gathered copy of the rows (K ≤ 256),
-     *   elsewhere within the GEMM tolerance. Slot indices outside the cache are the caller's bug
-     *   (not checked on a device). */
-    luna_status (*gather_rows)(luna_backend *be, luna_act *dst, int64_t dst_stride,
-                               const luna_act *src, int64_t src_stride, const int32_t *idx,
-                               int64_t n, int64_t cols);
-    luna_status (*log_softmax_topk)(luna_backend *be, const luna_act *logits, const float *bias,
-                                    int64_t rows, int V, int k, float *top_lp, int32_t *top_idx,
-                                    const int32_t *pick, float *picked);
-    luna_status (*cache_products)(luna_backend *be, bool values, luna_act *y, const luna_act *x,
-                                  const luna_act *C, const int32_t *ind, int R, int H, int dh,
-                                  int T, int T_cap);
-
-    /* ---- Weights held constant (decoding) -----------------------------------------------------
-     * hold_weights: W [out, in] (fp32, a Linear weight) will not change until release_weights(W);
-     *   the backend may keep it in a layout its linear_forward(W) uses faster (CPU: 16-column
-     *   panels for a small-batch kernel, model/kernels/cpu/held_weights.c; a backend may keep
-     *   nothing). Holds of one W are counted (each needs its release). linear_forward with a held W
-     *   equals the unheld op within the GEMM tolerance above and is deterministic; on the CPU a
-     *   row's result is also independent of the other rows (not on CUDA, whose cuBLASLt chooses
-     *   its algorithm by shape, so the row count can move the last bits). Decoding holds
-     *   the decoder's weights for its lifetime (model/decoder_step.h); training holds nothing.
-     * release_weights: ends one hold; the last drops what hold_weights kept (W NULL: no-op; a W not
-     * held is an error). W must be released before its memory is freed or reused. */
-    luna_status (*hold_weights)(luna_backend *be, const float *W, int out, int in);
-    luna_status (*release_weights)(luna_backend *be, const float *W);
-
-    /* ---- Optimizer updates of ONE tensor (test-only: the reference the multi-tensor updates below
-     * are checked against, tests/test_optim_multi.c; optim/optimizer.c uses the multi ops) ------
-     * g [n] is the (clipped) gradient and is only read; theta and the state [n] are updated in
-     * place. Hyperparameters are doubles; every element is computed in double from the stored
-     * fp32 values and each stored quantity is rounded to fp32 when written (later sub-steps read
-     * the rounded value). `step` is t, already incremented (t ≥ 1).
-     *
-     * apollo_update (spec apollo.md steps 1–11): m = exp_avg, B = approx_hessian, d = update.
-     *   rebound: 0 constant, 1 belief; wd_type: 0 L2, 1 decoupled, 2 stable (= the enums of
-     *   optim/optimizer.h). With g' = g + wd·θ (L2) else g, α = (1−β)/(1−β^t), Δg = g' − m:
-     *     S4 = Σ d⁴, S_gd = Σ Δg·d, S_Bd = Σ B·d², r = max|Δg|   (old m, B, d; one fused pass)
-     *     ε' = ε/σ (constant) or ε (belief);  den = S4^(1/4) + ε';  v = d/den
-     *     δ = −α·S_gd/den² − S_Bd/den²     (= −α·Σ Δg·v / den − Σ B·v², the spec's scalar)
-     *     m ← m + α·Δg;  B ← B + δ·v²;  D = max(|B|, σ)  (belief: max(|B|, r) + ε/α)
-     *     d ← m / D;  decoupled: d ← d + wd·θ;  stable: d ← d + (wd / mean(D))·θ
-     *     θ ← θ − lr·d
-     *   The sums are accumulated in double with reduce.c's fixed blocking (4096-element blocks,
-     *   8 lanes, blocks combined in order), mean(D) likewise: bit-identical for any thread
-     *   count. On a GPU: a (multi-tensor) reduction kernel, then the elementwise kernel.
-     * adam_update (fairseq's FairseqAdam, AdamW-style decoupled decay): m = exp_avg,
-     *   v = exp_avg_sq;  m ← β1·m + (1−β1)·g;  v ← β2·v + (1−β2)·g²;
-     *   step_size = lr·sqrt(1−β2^t)/(1−β1^t);  θ ← θ − lr·wd·θ;  θ ← θ − step_size·m/(sqrt(v)+ε).
-     *   (ε is added to sqrt(v) before bias correction, as fairseq, not torch.optim.AdamW.) */
-    luna_status (*apollo_update)(luna_backend *be, float *theta, const float *g, float *exp_avg,
-                                 float *approx_hessian, float *update, int64_t n, int64_t step,
-                                 double lr, double beta, double eps, double sigma, int rebound,
-                                 double weight_decay, int wd_type);
-    luna_status (*adam_update)(luna_backend *be, float *theta, const float *g, float *exp_avg,
-                               float *exp_avg_sq, int64_t n, int64_t step, double lr, double beta1,
-                               double beta2, double eps, double weight_decay);
-
-    /* ---- Multi-tensor ops (clipping and the optimizer over the flat buffers, one launch each) -
+    /* ==== Optimizer: clipping and the updates, every tensor of a table in one launch =============
      * tt (core/tensor_table.h) describes N tensors inside flat buffers: tensor i of a buffer X is
-     * X[offsets[i], offsets[i] + numels[i]); the ops below take the buffers' base pointers. Each
-     * op equals the loop over i of the single-tensor op on tensor i, BIT FOR BIT (the same fixed
-     * blocks of 4096 elements, now numbered over the whole table, the same double accumulation
-     * and per-block/lane order), for any thread count. Per-block partials and per-tensor scalars
-     * live in tt->workspace: no op here allocates. Tensors of 0 elements are allowed.
+     * X[offsets[i], offsets[i] + numels[i]); the ops take the buffers' base pointers. Per-block
+     * partials and per-tensor scalars live in tt->workspace: no op here allocates. Tensors of 0
+     * elements are allowed. Every sum is accumulated in double in the fixed order of
+     * core/reduce_order.h (blocks of LUNA_REDUCE_BLOCK elements numbered over the whole table,
+     * LUNA_REDUCE_LANES lanes per block, blocks combined in order), so each tensor's result is
+     * the same bits whatever the other tensors, the thread count or the launch configuration.
      *
-     * multi_sum_squares: result[i] = Σ x_i² = sum_squares(tensor i), rounded once to fp32;
-     *   result [N] device.
+     * multi_sum_squares: result[i] = Σ x_i², rounded once to fp32; result [N] device.
      * clip_coefficients (spec apollo.md step 3, optim/clip.h), from sumsq [N] (the Σg² above):
      *   mode 0 (each): norm = max_i sqrt(sumsq[i]) (NaN propagates), coef[i] = c(sqrt(sumsq[i]));
      *   mode 1 (total): norm = sqrt(Σ_i sumsq[i]) (double, in order i = 0..N-1), coef[i] = c(norm);
@@ -489,14 +367,31 @@ struct luna_ops {
      *   finite = every sumsq[i] is finite (else norm = +Inf unless already NaN/Inf); when
      *   !finite or clip_norm = 0 every coef[i] = 1 (nothing is scaled). summary [3] doubles:
      *   {norm, finite ? 1 : 0, (some coef[i] < 1) ? 1 : 0}. coef [N], summary [3] device.
-     * multi_scale: x_i *= coef[i] (fp32 product, as `scale`), or x_i *= alpha for every i when
-     *   coef is NULL; a tensor whose factor is exactly 1 is left untouched (x·1 = x).
-     * multi_apollo_update / multi_adam_update: apollo_update / adam_update of every tensor i
-     *   (theta, g and the state are flat buffers in tt's layout) with step t_i = steps[i] + 1;
-     *   steps [N] int64 device counters, incremented by the op (the host keeps its own copy).
-     *   Apollo's per-tensor reductions (Σd⁴, ΣΔg·d, ΣB·d², max|Δg|, ΣD) are computed inside, in
-     *   the same launch: a reduction pass over all blocks, per-tensor scalars, then the
-     *   elementwise pass over all blocks (on a GPU: three kernels, no host round trip). */
+     * multi_scale: x_i *= coef[i] (an fp32 product), or x_i *= alpha for every i when coef is
+     *   NULL; a tensor whose factor is exactly 1 is left untouched (x·1 = x).
+     * multi_apollo_update / multi_adam_update: one optimizer step of every tensor i (theta, g and
+     *   the state are flat buffers in tt's layout) with step t_i = steps[i] + 1; steps [N] int64
+     *   device counters, incremented by the op (the host keeps its own copy). g is the (clipped)
+     *   gradient and is only read; theta and the state are updated in place. Hyperparameters are
+     *   doubles; every element is computed in double from the stored fp32 values and each stored
+     *   quantity is rounded to fp32 when written (later sub-steps read the rounded value).
+     *
+     * Apollo (spec apollo.md steps 1–11), per tensor: m = exp_avg, B = approx_hessian,
+     *   d = update; rebound: 0 constant, 1 belief; wd_type: 0 L2, 1 decoupled, 2 stable (= the
+     *   enums of optim/optimizer.h). With g' = g + wd·θ (L2) else g, α = (1−β)/(1−β^t),
+     *   Δg = g' − m:
+     *     S4 = Σ d⁴, S_gd = Σ Δg·d, S_Bd = Σ B·d², r = max|Δg|   (old m, B, d; one fused pass)
+     *     ε' = ε/σ (constant) or ε (belief);  den = S4^(1/4) + ε';  v = d/den
+     *     δ = −α·S_gd/den² − S_Bd/den²     (= −α·Σ Δg·v / den − Σ B·v², the spec's scalar)
+     *     m ← m + α·Δg;  B ← B + δ·v²;  D = max(|B|, σ)  (belief: max(|B|, r) + ε/α)
+     *     d ← m / D;  decoupled: d ← d + wd·θ;  stable: d ← d + (wd / mean(D))·θ
+     *     θ ← θ − lr·d
+     *   The per-tensor sums (and mean(D)) in the fixed order above; on a GPU a reduction pass
+     *   over all blocks, per-tensor scalars, then the elementwise pass, with no host round trip.
+     * Adam (fairseq's FairseqAdam, AdamW-style decoupled decay): m = exp_avg, v = exp_avg_sq;
+     *   m ← β1·m + (1−β1)·g;  v ← β2·v + (1−β2)·g²;  step_size = lr·sqrt(1−β2^t)/(1−β1^t);
+     *   θ ← θ − lr·wd·θ;  θ ← θ − step_size·m/(sqrt(v)+ε)  (ε is added to sqrt(v) before bias
+     *   correction, as fairseq, not torch.optim.AdamW). */
     luna_status (*multi_sum_squares)(luna_backend *be, float *result, const float *x,
                                      const luna_tensor_table *tt);
     luna_status (*clip_coefficients)(luna_backend *be, float *coef, double *summary,
@@ -512,6 +407,65 @@ struct luna_ops {
                                      float *exp_avg_sq, const luna_tensor_table *tt, int64_t *steps,
                                      double lr, double beta1, double beta2, double eps,
                                      double weight_decay);
+
+    /* ==== Decoding ===============================================================================
+     * gather_rows: dst[i, 0:cols] = src[idx[i], 0:cols] for i in [0, n) (idx NULL: src[i]), rows
+     *   dst_stride / src_stride elements apart (activations). Reorders beams (index-select) and,
+     *   with idx NULL, writes a step's keys into a strided cache. dst and src must not overlap.
+     *   Indices outside [0, src_rows) are the caller's bug (not checked on a device).
+     * log_softmax_topk: per row r of logits [rows, V] (activations), in double:
+     *   lse_r = max + log Σ_j exp(x_rj − max),  lp_rj = (float)(x_rj − lse_r) + bias[j]
+     *   (bias [V] fp32, NULL: none; −inf bans a token), then
+     *   top_lp / top_idx [rows, k]: the k largest lp_rj, best first, ties by lower j first, a NaN
+     *   counted (and returned) as −inf; picked[r] = (float)(x_r,pick[r] − lse_r), without the
+     *   bias, for pick [rows] (NULL: none; an id outside [0, V) is an error).
+     *   The host receives k candidates per row instead of V log-probs (beam search) or one
+     *   log-prob per row (scoring); k ≤ V, k = 0 allowed.
+     * cache_products: a decoding step's self-attention products over a key/value cache read
+     *   through a beam indirection, so that reordering beams moves indices, not cached rows. The
+     *   cache C (activations) holds groups (slot, h) of T_cap rows of dh elements, group at
+     *   (slot·H + h)·T_cap·dh, its row p at + p·dh; row r of the batch finds its position p in
+     *   slot ind[r·T_cap + p] (device int32 [R, T_cap]; only p < T read). For g = r·H + h < R·H:
+     *     values false (scores):  y[g·T + p]  = Σ_{k<dh} x[g·dh + k] · C[ind[r, p], h, p, k]
+     *     values true (outputs):  y[g·dh + j] = Σ_{p<T}  x[g·T + p] · C[ind[r, p], h, p, j]
+     *   (x, y activations). Each sum is one chain of fused multiply-adds in ascending order from
+     *   0 — on the CPU the bits of the one-row gemm over a gathered copy of the rows (K ≤ 256),
+     *   elsewhere within the GEMM tolerance. Slot indices outside the cache are the caller's bug
+     *   (not checked on a device).
+     * hold_weights: W [out, in] (fp32, a Linear weight) will not change until release_weights(W);
+     *   the backend may keep it in a layout its linear_forward(W) uses faster (CPU: 16-column
+     *   panels for a small-batch kernel, model/kernels/cpu/held_weights.c; a backend may keep
+     *   nothing). Holds of one W are counted (each needs its release). linear_forward with a held W
+     *   equals the unheld op within the GEMM tolerance above and is deterministic; on the CPU a
+     *   row's result is also independent of the other rows (not on CUDA, whose cuBLASLt chooses
+     *   its algorithm by shape, so the row count can move the last bits). Decoding holds the
+     *   decoder's weights for its lifetime (model/decoder_step.h); training holds nothing.
+     * release_weights: ends one hold; the last drops what hold_weights kept (W NULL: no-op; a W not
+     *   held is an error). W must be released before its memory is freed or reused. */
+    luna_status (*gather_rows)(luna_backend *be, luna_act *dst, int64_t dst_stride,
+                               const luna_act *src, int64_t src_stride, const int32_t *idx,
+                               int64_t n, int64_t cols);
+    luna_status (*log_softmax_topk)(luna_backend *be, const luna_act *logits, const float *bias,
+                                    int64_t rows, int V, int k, float *top_lp, int32_t *top_idx,
+                                    const int32_t *pick, float *picked);
+    luna_status (*cache_products)(luna_backend *be, bool values, luna_act *y, const luna_act *x,
+                                  const luna_act *C, const int32_t *ind, int R, int H, int dh,
+                                  int T, int T_cap);
+    luna_status (*hold_weights)(luna_backend *be, const float *W, int out, int in);
+    luna_status (*release_weights)(luna_backend *be, const float *W);
 };
+
+/* Installs `kernels` (every op non-NULL) as be->kernels behind the checks of core/op_checks.c
+ * (be->ops). Every backend's constructor calls it. */
+luna_status luna_backend_set_kernels(luna_backend *be, const luna_ops *kernels);
+
+/* Data checks a backend makes itself, with one message for every backend:
+ * luna_op_check_ids: ids [n] in host memory within [0, V) (except an id equal to *exempt, exempt
+ *   non-NULL: a padding target), else the error of the first bad one;
+ * luna_op_bad_id: the error for id `id` at position `pos` ("<op>: <what> <id> at position <pos>
+ *   is outside the vocabulary [0, V)"), for a backend that found it in device memory. */
+luna_status luna_op_check_ids(const char *op, const char *what, const int32_t *ids, int64_t n,
+                              int V, const int32_t *exempt);
+luna_status luna_op_bad_id(const char *op, const char *what, int64_t pos, int32_t id, int V);
 
 #endif

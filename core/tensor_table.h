@@ -7,9 +7,9 @@
  * blocks of LUNA_TENSOR_TABLE_BLOCK elements (the last block of a tensor may be shorter; a tensor
  * of 0 elements has no block), numbered globally in tensor order: tensor i owns blocks
  * [block_start[i], block_start[i + 1]) and block_tensor[k] names the tensor of block k. These are
- * the fixed blocks of every deterministic reduction (reduce.c), so a per-tensor reduction over
- * the table equals the single-tensor op bit for bit, and a device kernel can map one thread block
- * to one table block.
+ * the fixed blocks of every deterministic reduction (core/reduce_order.h), so a per-tensor
+ * reduction over the table equals the same reduction of that tensor alone bit for bit, and a
+ * device kernel can map one thread block to one table block.
  *
  * The table is built once (by whoever owns the flat buffers, e.g. the trainer for the trainable
  * parameters) and uploaded with luna_mem_from_host; it also owns a device workspace large enough
@@ -26,10 +26,11 @@
 #include <stdint.h>
 
 #include "core/backend.h"
+#include "core/reduce_order.h"
 #include "core/status.h"
 #include "core/tensor.h"
 
-#define LUNA_TENSOR_TABLE_BLOCK 4096 /* = reduce.c's LUNA_REDUCE_BLOCK (elements) */
+#define LUNA_TENSOR_TABLE_BLOCK LUNA_REDUCE_BLOCK /* elements (core/reduce_order.h) */
 /* Workspace doubles per block and per tensor the multi ops may use (5 per block: Apollo's four
  * reductions and ΣD; 8 per tensor: the derived per-tensor scalars). */
 #define LUNA_TENSOR_TABLE_WORKSPACE_PER_BLOCK 5

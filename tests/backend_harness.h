@@ -109,9 +109,45 @@ typedef luna_status (*lh_op_fn)(luna_backend *be, void *const *dev, const void *
  * messages. Returns the status both returned. */
 luna_status lh_compare(const char *op, const char *what, int threads, lh_op_fn fn, const void *args,
                        const lh_buf *bufs, int nbufs);
+/* The same within `tier` instead of the row's: an output held to a tighter tier than the op's
+ * (the cross-entropy gradient, NORM, beside its loss, ACCUM). */
+luna_status lh_compare_tier(const char *op, lh_tier tier, const char *what, int threads,
+                            lh_op_fn fn, const void *args, const lh_buf *bufs, int nbufs);
 
 /* The comparison of one output (exposed for the harness's own checks): 0 when `got` matches
  * `ref` within `tier` (bit_exact: memcmp), else the index + 1 of the first bad element. */
 size_t lh_mismatch(lh_tier tier, bool bit_exact, const float *got, const float *ref, size_t n);
+
+/* ---- references that are not ops -----------------------------------------------------------
+ * Computations the suites compare against that no library code needs, so they are not ops of
+ * struct luna_ops: each is composed from the ops (and so runs on any backend, device pointers in
+ * and out; temporaries from luna_mem_alloc) or is a plain host computation. The composed ones are
+ * the ops they are made of, bit for bit. */
+/* LayerNorm over the last axis: residual_norm with no bias, no dropout and a zero residual.
+ * forward: x, y [rows, d], mean, rstd [rows]; backward: dx (may alias dy) overwritten, dgamma,
+ * dbeta [d] accumulated (either NULL: skipped). */
+luna_status lh_layer_norm_forward(luna_backend *be, float *y, float *mean, float *rstd,
+                                  const float *x, const float *gamma, const float *beta,
+                                  int64_t rows, int d, float eps);
+luna_status lh_layer_norm_backward(luna_backend *be, float *dx, float *dgamma, float *dbeta,
+                                   const float *dy, const float *x, const float *mean,
+                                   const float *rstd, const float *gamma, int64_t rows, int d);
+/* ReLU (y = x < 0 ? 0 : x + 0) and its backward (dx = x > 0 ? dy : 0): bias_relu_dropout with no
+ * bias and no dropout. y must not overlap x; dx may alias dy. n < 2^31. */
+luna_status lh_relu_forward(luna_backend *be, float *y, const float *x, int64_t n);
+luna_status lh_relu_backward(luna_backend *be, float *dx, const float *dy, const float *x,
+                             int64_t n);
+/* The softmax backward dx = y ⊙ (dy − Σ_c y·dy) (dx may alias dy): softmax_dropout_backward with
+ * no dropout. */
+luna_status lh_softmax_backward(luna_backend *be, float *dx, const float *dy, const float *y,
+                                int64_t rows, int cols);
+/* The cross-entropy gradient alone: cross_entropy_forward_backward's dlogits (its loss, nll and
+ * lse in temporaries). dlogits may alias logits. */
+luna_status lh_cross_entropy_backward(luna_backend *be, float *dlogits, const float *logits,
+                                      const int32_t *targets, int64_t N, int V, float epsilon,
+                                      int padding_idx, float grad_scale);
+/* Σ x² of host memory x [n] in core/reduce_order.h's order (blocks, lanes, blocks in order, one
+ * rounding to fp32): what multi_sum_squares gives for a tensor of n elements, on every backend. */
+float lh_sum_squares_reference(const float *x, int64_t n);
 
 #endif

@@ -1,6 +1,8 @@
 /* Every op of struct luna_ops (parsed from core/backend.h at test time) has a row in the op-test
  * harness's table of compared ops, each row names a real op and a suite whose source compares it,
- * and the harness's comparison and buffers do what tests/backend_harness.h says. */
+ * the harness's comparison and buffers do what tests/backend_harness.h says, and every backend's
+ * kernels sit behind the argument checks of core/op_checks.c (a bad argument never reaches a
+ * kernel; a kernel table missing an op is refused). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -119,7 +121,7 @@ START_TEST(tiers_accept_and_reject) {
 END_TEST
 
 static luna_status run_scale(luna_backend *be, void *const *dev, const void *args) {
-    return be->ops->scale(be, dev[0], *(const float *)args, (int64_t)lh_size(dev[0]) / 4);
+    return be->ops->scale_act(be, dev[0], *(const float *)args, (int64_t)lh_size(dev[0]) / 4);
 }
 
 /* lh_compare runs the op on both backends and returns its status (an error on both: equal). */
@@ -129,7 +131,8 @@ START_TEST(compare_runs_both_backends) {
         x[i] = (float)i - 6.5f;
     lh_buf bufs[] = {{x, 13, LH_F32, LH_OUT}};
     float alpha = 0.75f;
-    ck_assert_int_eq(lh_compare("scale", "13 elements", 2, run_scale, &alpha, bufs, 1), LUNA_OK);
+    ck_assert_int_eq(lh_compare("scale_act", "13 elements", 2, run_scale, &alpha, bufs, 1),
+                     LUNA_OK);
 }
 END_TEST
 
@@ -156,6 +159,43 @@ START_TEST(buffers_are_exact_and_poisoned) {
 }
 END_TEST
 
+/* A kernel that counts its calls, in place of the backend's add. */
+static int add_calls;
+static luna_status counting_add(luna_backend *be, luna_act *y, const luna_act *a, const luna_act *b,
+                                int64_t n) {
+    (void)be, (void)y, (void)a, (void)b, (void)n;
+    add_calls++;
+    return LUNA_OK;
+}
+
+START_TEST(kernels_sit_behind_the_checks) {
+    luna_backend *be = lh_backend(1);
+    ck_assert_ptr_nonnull(be->kernels);
+    ck_assert_ptr_ne(be->ops, be->kernels);
+    /* a copy of the backend whose add kernel counts: the checks call it only with good arguments */
+    luna_ops counting = *be->kernels;
+    counting.add = counting_add;
+    luna_backend copy = *be;
+    LUNA_CHECK_OK(luna_backend_set_kernels(&copy, &counting));
+    ck_assert_ptr_eq(copy.ops, be->ops); /* the same checks for every backend */
+    float *x = lh_alloc(be, 4 * sizeof(float));
+    ck_assert_int_eq(copy.ops->add(&copy, x, x, NULL, 4), LUNA_ERR_INVALID_ARGUMENT);
+    ck_assert_str_eq(luna_error_message(), "add: null pointer or negative size (n=4)");
+    ck_assert_int_eq(copy.ops->add(&copy, x, x, x, -1), LUNA_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(add_calls, 0);
+    LUNA_CHECK_OK(copy.ops->add(&copy, x, x, x, 4));
+    LUNA_CHECK_OK(
+        copy.ops->add(&copy, NULL, NULL, NULL, 0)); /* nothing to do: no pointers needed */
+    ck_assert_int_eq(add_calls, 2);
+    /* a kernel table without an op is refused, naming the backend */
+    counting.cache_products = NULL;
+    ck_assert_int_eq(luna_backend_set_kernels(&copy, &counting), LUNA_ERR_INTERNAL);
+    ck_assert_ptr_nonnull(strstr(luna_error_message(), "has no kernel"));
+    lh_free(be, x);
+    luna_backend_free(be);
+}
+END_TEST
+
 static Suite *coverage_suite(void) {
     Suite *s = suite_create("ops_coverage");
     TCase *tc = tcase_create("coverage");
@@ -164,6 +204,7 @@ static Suite *coverage_suite(void) {
     tcase_add_test(tc, tiers_accept_and_reject);
     tcase_add_test(tc, compare_runs_both_backends);
     tcase_add_test(tc, buffers_are_exact_and_poisoned);
+    tcase_add_test(tc, kernels_sit_behind_the_checks);
     suite_add_tcase(s, tc);
     return s;
 }

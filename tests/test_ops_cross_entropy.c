@@ -1,8 +1,10 @@
 /* Tests of the label-smoothed cross entropy (model/kernels/cpu/cross_entropy.c, spec §8):
  * forward against a naive double implementation (ε = 0 and 0.1, pad rows ignored, huge logits),
- * finite-difference gradients of grad_scale · Σ loss, exact zeros on pad rows, in-place backward
- * (dlogits == logits), thread-count independence and argument errors; and both ops on the backend
- * under test (LUNA_TEST_BACKEND) against the CPU reference. Ops get device buffers from the
+ * finite-difference gradients of grad_scale · Σ loss (the gradient of
+ * cross_entropy_forward_backward: lh_cross_entropy_backward), exact zeros on pad rows, in-place
+ * gradient (dlogits == logits), thread-count independence and argument errors; that the fused
+ * op's losses are the forward's; and both ops on the backend under test (LUNA_TEST_BACKEND)
+ * against the CPU reference. Ops get device buffers from the
  * harness (tests/backend_harness.h): a case's host arrays are uploaded for each call and the
  * outputs read back. */
 #include <math.h>
@@ -81,20 +83,18 @@ static luna_status ce_forward(ce_case *c, int V, int pad) {
     return st;
 }
 
-/* The backward from `logits` and the case's lse and targets into dlogits (read back when it
- * succeeds); dlogits == logits runs it in place on the device too. */
+/* The gradient from `logits` and the case's targets into dlogits (read back when it succeeds);
+ * dlogits == logits runs it in place on the device too. */
 static luna_status ce_backward(ce_case *c, float *dlogits, const float *logits) {
     luna_backend *be = c->be;
     size_t n = (size_t)(c->N * c->V);
     float *vz = lh_f32(be, logits, n), *vd = dlogits == logits ? vz : lh_alloc(be, n * 4);
-    float *vlse = lh_f32(be, c->lse, (size_t)c->N);
     int32_t *vt = lh_i32(be, c->targets, (size_t)c->N);
-    luna_status st = be->ops->cross_entropy_backward(be, vd, vz, vlse, vt, c->N, c->V, c->eps, PAD,
-                                                     c->grad_scale);
+    luna_status st =
+        lh_cross_entropy_backward(be, vd, vz, vt, c->N, c->V, c->eps, PAD, c->grad_scale);
     if (st == LUNA_OK) lh_download(be, dlogits, vd, n * 4);
     if (vd != vz) lh_free(be, vd);
     lh_free(be, vz);
-    lh_free(be, vlse);
     lh_free(be, vt);
     return st;
 }
@@ -298,21 +298,15 @@ static luna_status cmp_forward(luna_backend *be, void *const *d, const void *arg
     return be->ops->cross_entropy_forward(be, d[2], d[3], d[4], d[0], d[1], a->N, a->V, a->eps,
                                           PAD);
 }
-static luna_status cmp_backward(luna_backend *be, void *const *d, const void *args) {
-    const cmp_args *a = args;
-    return be->ops->cross_entropy_backward(be, d[5], d[0], d[4], d[1], a->N, a->V, a->eps, PAD,
-                                           a->scale);
-}
-
 static luna_status cmp_fused(luna_backend *be, void *const *d, const void *args) {
     const cmp_args *a = args;
     return be->ops->cross_entropy_forward_backward(be, d[2], d[3], d[4], d[5], d[0], d[1], a->N,
                                                    a->V, a->eps, PAD, a->scale);
 }
 
-/* The fused op is the forward, then the backward with its lse, bit for bit, on the backend under
- * test: pad rows, label smoothing on and off, the gradient in place over the logits and apart. */
-START_TEST(forward_backward_is_forward_then_backward) {
+/* The fused op's loss, nll and lse are the forward's, bit for bit, on the backend under test: pad
+ * rows, label smoothing on and off, the gradient in place over the logits and apart. */
+START_TEST(forward_backward_losses_are_the_forward) {
     luna_backend *be = lh_backend(2);
     const int shapes[][2] = {{1, 2}, {7, 13}, {37, 129}, {5, 3001}};
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++)
@@ -326,33 +320,30 @@ START_TEST(forward_backward_is_forward_then_backward) {
             float *logits = luna_test_random_vector(&rng, n, -8, 8);
             int32_t *targets = random_targets(&rng, N, V);
             int32_t *vt = lh_i32(be, targets, (size_t)N);
-            float *out[2][4], *host[2][4];
-            for (int way = 0; way < 2; way++) { /* 0: two ops, 1: fused */
+            float *out[2][4], *host[2][3];
+            for (int way = 0; way < 2; way++) { /* 0: the forward, 1: fused */
                 float *vz = lh_f32(be, logits, n);
                 for (int i = 0; i < 3; i++)
                     out[way][i] = lh_alloc(be, (size_t)N * sizeof(float));
-                out[way][3] = in_place ? vz : lh_alloc(be, n * sizeof(float));
-                if (way == 0) {
+                out[way][3] = in_place || way == 0 ? vz : lh_alloc(be, n * sizeof(float));
+                if (way == 0)
                     LUNA_CHECK_OK(be->ops->cross_entropy_forward(
                         be, out[0][0], out[0][1], out[0][2], vz, vt, N, V, eps, PAD));
-                    LUNA_CHECK_OK(be->ops->cross_entropy_backward(be, out[0][3], vz, out[0][2], vt,
-                                                                  N, V, eps, PAD, 0.5f));
-                } else {
+                else
                     LUNA_CHECK_OK(be->ops->cross_entropy_forward_backward(
                         be, out[1][0], out[1][1], out[1][2], out[1][3], vz, vt, N, V, eps, PAD,
                         0.5f));
-                }
-                for (int i = 0; i < 4; i++) {
-                    host[way][i] = lh_fetch_f32(be, out[way][i], i < 3 ? (size_t)N : n);
+                for (int i = 0; i < 3; i++) {
+                    host[way][i] = lh_fetch_f32(be, out[way][i], (size_t)N);
                     lh_free(be, out[way][i]);
                 }
-                if (!in_place) lh_free(be, vz);
+                if (out[way][3] != vz) lh_free(be, out[way][3]);
+                lh_free(be, vz);
             }
-            for (int i = 0; i < 4; i++) {
-                ck_assert_msg(
-                    memcmp(host[0][i], host[1][i], (i < 3 ? (size_t)N : n) * sizeof(float)) == 0,
-                    "N %d V %d eps %g in place %d: output %d differs", N, V, (double)eps, in_place,
-                    i);
+            for (int i = 0; i < 3; i++) {
+                ck_assert_msg(memcmp(host[0][i], host[1][i], (size_t)N * sizeof(float)) == 0,
+                              "N %d V %d eps %g in place %d: output %d differs", N, V, (double)eps,
+                              in_place, i);
                 free(host[0][i]);
                 free(host[1][i]);
             }
@@ -384,34 +375,21 @@ START_TEST(cross_entropy_matches_reference_backend) {
                            {NULL, (size_t)N, LH_F32, LH_OUT}};
             ck_assert_int_eq(lh_compare("cross_entropy_forward", what, 2, cmp_forward, &a, fw, 5),
                              LUNA_OK);
-            /* lse for the backward: the reference's */
-            luna_backend *ref = lh_reference();
-            float *vl = lh_f32(ref, logits, n), *v[3];
-            int32_t *vt = lh_i32(ref, targets, (size_t)N);
-            for (int i = 0; i < 3; i++)
-                v[i] = lh_alloc(ref, (size_t)N * sizeof(float));
-            LUNA_CHECK_OK(
-                ref->ops->cross_entropy_forward(ref, v[0], v[1], v[2], vl, vt, N, V, a.eps, PAD));
-            float *lse = lh_fetch_f32(ref, v[2], (size_t)N);
-            for (int i = 0; i < 3; i++)
-                lh_free(ref, v[i]);
-            lh_free(ref, vl);
-            lh_free(ref, vt);
-            luna_backend_free(ref);
-            lh_buf bw[] = {{logits, n, LH_F32, LH_IN},      {targets, (size_t)N, LH_I32, LH_IN},
-                           {NULL, 0, LH_F32, LH_IN},        {NULL, 0, LH_F32, LH_IN},
-                           {lse, (size_t)N, LH_F32, LH_IN}, {NULL, n, LH_F32, LH_OUT}};
-            ck_assert_int_eq(lh_compare("cross_entropy_backward", what, 2, cmp_backward, &a, bw, 6),
-                             LUNA_OK);
             lh_buf fb[] = {{logits, n, LH_F32, LH_IN},        {targets, (size_t)N, LH_I32, LH_IN},
                            {NULL, (size_t)N, LH_F32, LH_OUT}, {NULL, (size_t)N, LH_F32, LH_OUT},
                            {NULL, (size_t)N, LH_F32, LH_OUT}, {NULL, n, LH_F32, LH_OUT}};
             ck_assert_int_eq(
                 lh_compare("cross_entropy_forward_backward", what, 2, cmp_fused, &a, fb, 6),
                 LUNA_OK);
+            /* the gradient alone, within its own tier (NORM, as the contract says) */
+            lh_buf gb[] = {{logits, n, LH_F32, LH_IN},       {targets, (size_t)N, LH_I32, LH_IN},
+                           {NULL, (size_t)N, LH_F32, LH_IN}, {NULL, (size_t)N, LH_F32, LH_IN},
+                           {NULL, (size_t)N, LH_F32, LH_IN}, {NULL, n, LH_F32, LH_OUT}};
+            ck_assert_int_eq(lh_compare_tier("cross_entropy_forward_backward", LH_NORM, what, 2,
+                                             cmp_fused, &a, gb, 6),
+                             LUNA_OK);
             free(logits);
             free(targets);
-            free(lse);
         }
 }
 END_TEST
@@ -425,7 +403,7 @@ static Suite *ce_suite(void) {
     tcase_add_test(tc, pad_rows_in_place_and_threads);
     tcase_add_test(tc, argument_errors);
     tcase_add_test(tc, cross_entropy_matches_reference_backend);
-    tcase_add_test(tc, forward_backward_is_forward_then_backward);
+    tcase_add_test(tc, forward_backward_losses_are_the_forward);
     suite_add_tcase(s, tc);
     return s;
 }

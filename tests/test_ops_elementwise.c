@@ -1,5 +1,5 @@
 /* Tests of the elementwise helpers and layout ops (model/kernels/cpu/elementwise.c): add, axpy,
- * scale, fill against exact host arithmetic; split/merge heads as inverse permutations with
+ * scale_act against exact host arithmetic; split/merge heads as inverse permutations with
  * finite-difference gradients; broadcast_rows/sum_broadcast as adjoints, sum_broadcast
  * accumulating; and every one of them on the backend under test (LUNA_TEST_BACKEND) against the
  * CPU reference on odd shapes. Dropout and the activations: tests/test_ops_activations.c. Ops get
@@ -95,7 +95,7 @@ static int dev_cmp(luna_backend *be, const float *a, const float *b, int64_t n) 
 }
 
 /* ---- Arithmetic ------------------------------------------------------------------------------ */
-START_TEST(add_axpy_scale_fill) {
+START_TEST(add_axpy_scale_act) {
     luna_backend *be = lh_backend(2);
     const int64_t ns[] = {0, 1, 5, 100003};
     for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
@@ -119,15 +119,10 @@ START_TEST(add_axpy_scale_fill) {
         for (int64_t i = 0; i < n; i++)
             bad += y[i] != y0[i] + -0.75f * b[i];
         ck_assert_int_eq(bad, 0);
-        OK(be->ops->scale(be, vy1, 3.0f, n));
+        OK(be->ops->scale_act(be, vy1, 3.0f, n));
         lh_download(be, y, vy1, bytes);
         for (int64_t i = 0; i < n; i++)
             bad += y[i] != 3.0f * y0[i];
-        ck_assert_int_eq(bad, 0);
-        OK(be->ops->fill(be, vy, 2.5f, n));
-        lh_download(be, y, vy, bytes);
-        for (int64_t i = 0; i < n; i++)
-            bad += y[i] != 2.5f;
         ck_assert_int_eq(bad, 0);
         free(a);
         free(b);
@@ -139,7 +134,8 @@ START_TEST(add_axpy_scale_fill) {
         lh_free(be, vy1);
     }
     float *z = lh_alloc(be, sizeof(float));
-    ck_assert_int_eq(be->ops->fill(be, z, 1.0f, -1), LUNA_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(be->ops->scale_act(be, z, 1.0f, -1), LUNA_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(be->ops->scale_act(be, NULL, 1.0f, 1), LUNA_ERR_INVALID_ARGUMENT);
     lh_free(be, z);
     luna_backend_free(be);
 }
@@ -272,9 +268,7 @@ static luna_status cmp_run(luna_backend *be, void *const *d, const void *args) {
     const char *op = a->op;
     if (!strcmp(op, "add")) return o->add(be, d[0], d[1], d[2], a->n);
     if (!strcmp(op, "axpy")) return o->axpy(be, d[0], a->alpha, d[1], a->n);
-    if (!strcmp(op, "scale")) return o->scale(be, d[0], a->alpha, a->n);
     if (!strcmp(op, "scale_act")) return o->scale_act(be, d[0], a->alpha, a->n);
-    if (!strcmp(op, "fill")) return o->fill(be, d[0], a->alpha, a->n);
     if (!strcmp(op, "split_heads")) return o->split_heads(be, d[0], d[1], s[0], s[1], s[2], s[3]);
     if (!strcmp(op, "merge_heads")) return o->merge_heads(be, d[0], d[1], s[0], s[1], s[2], s[3]);
     if (!strcmp(op, "broadcast_rows")) return o->broadcast_rows(be, d[0], d[1], s[0], s[1], s[2]);
@@ -282,7 +276,7 @@ static luna_status cmp_run(luna_backend *be, void *const *d, const void *args) {
 }
 
 START_TEST(elementwise_match_reference_backend) {
-    static const char *const unary[] = {"add", "axpy", "scale", "scale_act", "fill"};
+    static const char *const unary[] = {"add", "axpy", "scale_act"};
     const int64_t ns[] = {1, 7, 13, 1001, 70001};
     for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
         size_t n = (size_t)ns[k];
@@ -330,7 +324,7 @@ static Suite *elementwise_suite(void) {
     Suite *s = suite_create("ops_elementwise");
     TCase *tc = tcase_create("elementwise");
     tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, add_axpy_scale_fill);
+    tcase_add_test(tc, add_axpy_scale_act);
     tcase_add_test(tc, split_merge_heads);
     tcase_add_test(tc, broadcast_adjoint);
     tcase_add_test(tc, elementwise_match_reference_backend);

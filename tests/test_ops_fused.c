@@ -1,10 +1,15 @@
-/* Tests of the fused ops (core/backend.h, "Fused ops"): each fused op against the unfused
- * composition it replaces, on the CPU backend BIT FOR BIT (forward and backward, every output,
- * dropout masks included, 1 and 3 threads, the aliasing the contract allows: dres == dy,
- * dh == da, dx == dyd, y == x), on odd shapes (rows 1, 7, 33; d 1, 5, 64, 130, 600 — more than
- * one dropout run of a row; p 0, 0.1, 0.5; bias NULL or not; softmax masks by group and causal);
- * then the backend under test (LUNA_TEST_BACKEND) against the CPU reference within each op's
- * tier (tests/backend_harness.h). The bf16 kernels are checked by tests/cuda/emu_fused.c. */
+/* Tests of the fused training ops (core/backend.h, "Fused training ops"): each fused op against
+ * the composition of the steps it fuses, on the CPU backend BIT FOR BIT (forward and backward,
+ * every output, dropout masks included, 1 and 3 threads, the aliasing the contract allows:
+ * dres == dy, dh == da, dx == dyd, y == x), on odd shapes (rows 1, 7, 33; d 1, 5, 64, 130, 600 —
+ * more than one dropout run of a row; p 0, 0.1, 0.5; bias NULL or not; softmax masks by group and
+ * causal). The composition is made of other ops: the bias add on the host (one fp32 addition),
+ * dropout_forward / _backward, add, linear_backward with in = 0 (the bias gradient),
+ * softmax_forward; the normalisation or activation itself is the same fused op with no bias and
+ * no dropout (their own values are tests/test_ops_layer_norm.c, test_ops_activations.c and
+ * test_ops_softmax.c), so this checks where the bias, dropout and residual enter. Then the backend
+ * under test (LUNA_TEST_BACKEND) against the CPU reference within each op's tier
+ * (tests/backend_harness.h). The bf16 kernels are checked by tests/cuda/emu_fused.c. */
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -41,6 +46,18 @@ static void expect_same(const float *got, const float *want, size_t n, const cha
                          (double)got[i], (double)want[i]);
 }
 
+/* y [rows, d] += b [d]: one fp32 addition per element, as every bias add. */
+static void add_bias(float *y, const float *b, int rows, int d) {
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < d; c++)
+            y[(size_t)r * d + c] += b[c];
+}
+
+/* db [d] += Σ_rows dy: the bias gradient of the Linear (linear_backward with in = 0). */
+static luna_status bias_grad(luna_backend *be, float *db, const float *dy, int rows, int d) {
+    return be->ops->linear_backward(be, NULL, NULL, db, dy, NULL, NULL, rows, 0, d, false);
+}
+
 /* CPU backends with host memory (device memory is host memory on the CPU backend). */
 static luna_backend *cpu(int threads) {
     luna_backend_options o = luna_backend_options_default();
@@ -70,13 +87,13 @@ static void residual_norm_case(luna_backend *be, int rows, int d, float p, bool 
     char what[96];
     snprintf(what, sizeof what, "residual_norm rows %d d %d p %g%s%s", rows, d, (double)p,
              with_bias ? " bias" : "", alias ? " dres==dy" : "");
-    /* the composition: linear_forward's bias add, dropout, add, layer_norm */
+    /* the composition: the bias add, dropout, add, LayerNorm */
     float *t = copy(sub, n), *r0 = malloc(n * 4), *y0 = malloc(n * 4), *m0 = malloc(rows * 4),
           *s0 = malloc(rows * 4);
-    if (bp) LUNA_CHECK_OK(be->ops->bias_add_forward(be, t, bp, rows, d));
+    if (bp) add_bias(t, bp, rows, d);
     if (p > 0) LUNA_CHECK_OK(be->ops->dropout_forward(be, t, t, (int64_t)n, p, key));
     LUNA_CHECK_OK(be->ops->add(be, r0, t, res, (int64_t)n));
-    LUNA_CHECK_OK(be->ops->layer_norm_forward(be, y0, m0, s0, r0, g, b, rows, d, LN_EPS));
+    LUNA_CHECK_OK(lh_layer_norm_forward(be, y0, m0, s0, r0, g, b, rows, d, LN_EPS));
     float *r1 = malloc(n * 4), *y1 = malloc(n * 4), *m1 = malloc(rows * 4), *s1 = malloc(rows * 4);
     LUNA_CHECK_OK(be->ops->residual_norm_forward(be, y1, r1, m1, s1, sub, bp, res, g, b, rows, d,
                                                  LN_EPS, p, key));
@@ -84,16 +101,15 @@ static void residual_norm_case(luna_backend *be, int rows, int d, float p, bool 
     expect_same(y1, y0, n, what, "y");
     expect_same(m1, m0, (size_t)rows, what, "mean");
     expect_same(s1, s0, (size_t)rows, what, "rstd");
-    /* backward: layer_norm_backward, dropout_backward, linear_backward's bias sum */
+    /* backward: the LayerNorm backward, dropout_backward, linear_backward's bias sum */
     float *acc_c = copy(acc0, (size_t)d * 3), *acc_f = copy(acc0, (size_t)d * 3);
     float *dres0 = malloc(n * 4), *dsub0 = malloc(n * 4);
-    LUNA_CHECK_OK(
-        be->ops->layer_norm_backward(be, dres0, acc_c, acc_c + d, dy, r0, m0, s0, g, rows, d));
+    LUNA_CHECK_OK(lh_layer_norm_backward(be, dres0, acc_c, acc_c + d, dy, r0, m0, s0, g, rows, d));
     if (p > 0)
         LUNA_CHECK_OK(be->ops->dropout_backward(be, dsub0, dres0, (int64_t)n, p, key));
     else
         memcpy(dsub0, dres0, n * 4);
-    if (bp) LUNA_CHECK_OK(be->ops->bias_add_backward(be, acc_c + 2 * d, dsub0, rows, d));
+    if (bp) LUNA_CHECK_OK(bias_grad(be, acc_c + 2 * d, dsub0, rows, d));
     float *dy1 = copy(dy, n), *dres1 = alias ? dy1 : malloc(n * 4), *dsub1 = malloc(n * 4);
     LUNA_CHECK_OK(be->ops->residual_norm_backward(be, dres1, dsub1, bp ? acc_f + 2 * d : NULL,
                                                   acc_f, acc_f + d, dy1, r1, m1, s1, g, rows, d, p,
@@ -127,8 +143,8 @@ static void bias_relu_dropout_case(luna_backend *be, int rows, int d, float p, b
     snprintf(what, sizeof what, "bias_relu_dropout rows %d d %d p %g%s%s", rows, d, (double)p,
              with_bias ? " bias" : "", alias ? " dh==da" : "");
     float *h0 = copy(h, n), *a0 = malloc(n * 4);
-    if (bp) LUNA_CHECK_OK(be->ops->bias_add_forward(be, h0, bp, rows, d));
-    LUNA_CHECK_OK(be->ops->relu_forward(be, a0, h0, (int64_t)n));
+    if (bp) add_bias(h0, bp, rows, d);
+    LUNA_CHECK_OK(lh_relu_forward(be, a0, h0, (int64_t)n));
     if (p > 0) LUNA_CHECK_OK(be->ops->dropout_forward(be, a0, a0, (int64_t)n, p, key));
     float *h1 = copy(h, n), *a1 = malloc(n * 4);
     LUNA_CHECK_OK(be->ops->bias_relu_dropout_forward(be, a1, h1, bp, rows, d, p, key));
@@ -140,8 +156,8 @@ static void bias_relu_dropout_case(luna_backend *be, int rows, int d, float p, b
         LUNA_CHECK_OK(be->ops->dropout_backward(be, dh0, da, (int64_t)n, p, key));
     else
         memcpy(dh0, da, n * 4);
-    LUNA_CHECK_OK(be->ops->relu_backward(be, dh0, dh0, h0, (int64_t)n));
-    if (bp) LUNA_CHECK_OK(be->ops->bias_add_backward(be, dbc, dh0, rows, d));
+    LUNA_CHECK_OK(lh_relu_backward(be, dh0, dh0, h0, (int64_t)n));
+    if (bp) LUNA_CHECK_OK(bias_grad(be, dbc, dh0, rows, d));
     float *da1 = copy(da, n), *dh1 = alias ? da1 : malloc(n * 4);
     LUNA_CHECK_OK(
         be->ops->bias_relu_dropout_backward(be, dh1, bp ? dbf : NULL, da1, h1, rows, d, p, key));
@@ -191,10 +207,10 @@ static void softmax_dropout_case(luna_backend *be, int rows, int cols, float p, 
     LUNA_CHECK_OK(be->ops->softmax_dropout_forward(be, y2, NULL, x, rows, cols, vp, mk->group,
                                                    mk->causal, p, key));
     expect_same(y2, y0, n, what, "y (yd NULL)");
-    /* backward: dropout_backward, softmax_backward */
+    /* backward: dropout_backward, the softmax backward */
     float *dx0 = malloc(n * 4);
     LUNA_CHECK_OK(be->ops->dropout_backward(be, dx0, dyd, (int64_t)n, p, key));
-    LUNA_CHECK_OK(be->ops->softmax_backward(be, dx0, dx0, y0, rows, cols));
+    LUNA_CHECK_OK(lh_softmax_backward(be, dx0, dx0, y0, rows, cols));
     float *dyd1 = copy(dyd, n), *dx1 = alias ? dyd1 : malloc(n * 4);
     LUNA_CHECK_OK(be->ops->softmax_dropout_backward(be, dx1, dyd1, y1, rows, cols, p, key));
     expect_same(dx1, dx0, n, what, "dx");

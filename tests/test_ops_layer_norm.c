@@ -1,7 +1,10 @@
-/* Tests of LayerNorm: forward against a naive double implementation, finite-difference gradients
- * for dx, dgamma and dbeta, dx aliasing dy, accumulation, thread-count determinism, and the backend
- * under test (LUNA_TEST_BACKEND) against the CPU reference. Ops get device buffers from the harness
- * (tests/backend_harness.h). */
+/* Tests of LayerNorm, the model's only normalisation, which runs inside residual_norm (the fused
+ * post-norm sublayer end): here alone, as residual_norm with no bias, no dropout and a zero
+ * residual (lh_layer_norm_forward / _backward, tests/backend_harness.h). Forward against a naive
+ * double implementation, finite-difference gradients for dx, dgamma and dbeta, dx aliasing dy,
+ * accumulation, thread-count determinism, and the backend under test (LUNA_TEST_BACKEND) against
+ * the CPU reference. Ops get device buffers from the harness. (The bias, dropout and residual
+ * parts of residual_norm: tests/test_ops_fused.c.) */
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -30,7 +33,7 @@ static luna_status ln_forward(luna_backend *be, float *y, float *mean, float *rs
     float *vx = lh_f32(be, x, n), *vg = lh_f32(be, g, (size_t)d), *vb = lh_f32(be, b, (size_t)d);
     float *vy = lh_alloc(be, n * 4), *vm = lh_alloc(be, (size_t)rows * 4);
     float *vr = lh_alloc(be, (size_t)rows * 4);
-    luna_status st = be->ops->layer_norm_forward(be, vy, vm, vr, vx, vg, vb, rows, d, LN_EPS);
+    luna_status st = lh_layer_norm_forward(be, vy, vm, vr, vx, vg, vb, rows, d, LN_EPS);
     if (st == LUNA_OK) {
         lh_download(be, y, vy, n * 4);
         lh_download(be, mean, vm, (size_t)rows * 4);
@@ -51,7 +54,7 @@ static luna_status ln_backward(luna_backend *be, float *dx, float *dg, float *db
     float *vr = lh_f32(be, rstd, (size_t)rows), *vg = lh_f32(be, g, (size_t)d);
     float *vdx = dx == dy ? vdy : lh_alloc(be, n * 4);
     float *vdg = lh_f32(be, dg, (size_t)d), *vdb = lh_f32(be, db, (size_t)d);
-    luna_status st = be->ops->layer_norm_backward(be, vdx, vdg, vdb, vdy, vx, vm, vr, vg, rows, d);
+    luna_status st = lh_layer_norm_backward(be, vdx, vdg, vdb, vdy, vx, vm, vr, vg, rows, d);
     if (st == LUNA_OK) {
         lh_download(be, dx, vdx, n * 4);
         lh_download(be, dg, vdg, (size_t)d * 4);
@@ -242,13 +245,12 @@ typedef struct {
  * d[8] dbeta. */
 static luna_status cmp_forward(luna_backend *be, void *const *d, const void *args) {
     const cmp_args *a = args;
-    return be->ops->layer_norm_forward(be, d[3], d[4], d[5], d[0], d[1], d[2], a->rows, a->d,
-                                       LN_EPS);
+    return lh_layer_norm_forward(be, d[3], d[4], d[5], d[0], d[1], d[2], a->rows, a->d, LN_EPS);
 }
 static luna_status cmp_backward(luna_backend *be, void *const *d, const void *args) {
     const cmp_args *a = args;
-    return be->ops->layer_norm_backward(be, d[6], d[7], d[8], d[3], d[0], d[4], d[5], d[1], a->rows,
-                                        a->d);
+    return lh_layer_norm_backward(be, d[6], d[7], d[8], d[3], d[0], d[4], d[5], d[1], a->rows,
+                                  a->d);
 }
 
 START_TEST(layer_norm_matches_reference_backend) {
@@ -274,7 +276,7 @@ START_TEST(layer_norm_matches_reference_backend) {
                        {NULL, n, LH_F32, LH_OUT},
                        {NULL, (size_t)rows, LH_F32, LH_OUT},
                        {NULL, (size_t)rows, LH_F32, LH_OUT}};
-        ck_assert_int_eq(lh_compare("layer_norm_forward", what, 2, cmp_forward, &a, fw, 6),
+        ck_assert_int_eq(lh_compare("residual_norm_forward", what, 2, cmp_forward, &a, fw, 6),
                          LUNA_OK);
         /* the statistics the backward reads: the reference's */
         luna_backend *ref = lh_reference();
@@ -282,7 +284,7 @@ START_TEST(layer_norm_matches_reference_backend) {
               *vb = lh_f32(ref, b, (size_t)d);
         float *vy = lh_alloc(ref, n * sizeof(float)), *vm = lh_alloc(ref, (size_t)rows * 4);
         float *vr = lh_alloc(ref, (size_t)rows * 4);
-        LUNA_CHECK_OK(ref->ops->layer_norm_forward(ref, vy, vm, vr, vx, vg, vb, rows, d, LN_EPS));
+        LUNA_CHECK_OK(lh_layer_norm_forward(ref, vy, vm, vr, vx, vg, vb, rows, d, LN_EPS));
         lh_download(ref, mean, vm, (size_t)rows * 4);
         lh_download(ref, rstd, vr, (size_t)rows * 4);
         float *bufs[] = {vx, vg, vb, vy, vm, vr};
@@ -298,7 +300,7 @@ START_TEST(layer_norm_matches_reference_backend) {
                        {NULL, n, LH_F32, LH_OUT},
                        {dg, (size_t)d, LH_F32, LH_OUT},
                        {db, (size_t)d, LH_F32, LH_OUT}};
-        ck_assert_int_eq(lh_compare("layer_norm_backward", what, 2, cmp_backward, &a, bw, 9),
+        ck_assert_int_eq(lh_compare("residual_norm_backward", what, 2, cmp_backward, &a, bw, 9),
                          LUNA_OK);
         free(x);
         free(g);

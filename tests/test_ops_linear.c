@@ -1,8 +1,9 @@
 /* Tests of the GEMM group: batched GEMM against a naive triple loop (all transposes, strides,
- * alpha/beta), Linear and bias add (forward vs naive, finite-difference gradients, accumulation
- * semantics) and bit-identical backward results for 1 and 2 threads; and every op on the backend
- * under test (LUNA_TEST_BACKEND) against the CPU reference. Ops get device buffers from the
- * harness (tests/backend_harness.h); the checks read them back. */
+ * alpha/beta), Linear (forward vs naive, finite-difference gradients, accumulation semantics; its
+ * bias alone as the Linear with in = 0: the bias gradient's column sums) and bit-identical
+ * backward results for 1 and 2 threads; and every op on the backend under test
+ * (LUNA_TEST_BACKEND) against the CPU reference. Ops get device buffers from the harness
+ * (tests/backend_harness.h); the checks read them back. */
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -84,22 +85,12 @@ static luna_status linear_bwd(luna_backend *be, float *dx, float *dW, float *db,
     return st;
 }
 
+/* The bias half of the Linear (in = 0): y = b in every row; db += Σ_rows dy. */
 static luna_status bias_fwd(luna_backend *be, float *y, const float *b, int rows, int cols) {
-    size_t n = (size_t)rows * cols;
-    float *vy = up(be, y, n), *vb = up(be, b, (size_t)cols);
-    luna_status st = be->ops->bias_add_forward(be, vy, vb, rows, cols);
-    down(be, st, y, vy, n);
-    down(be, st, NULL, vb, (size_t)cols);
-    return st;
+    return linear_fwd(be, y, NULL, NULL, b, rows, 0, cols);
 }
-
 static luna_status bias_bwd(luna_backend *be, float *db, const float *dy, int rows, int cols) {
-    size_t n = (size_t)rows * cols;
-    float *vdb = up(be, db, (size_t)cols), *vdy = up(be, dy, n);
-    luna_status st = be->ops->bias_add_backward(be, vdb, vdy, rows, cols);
-    down(be, st, db, vdb, (size_t)cols);
-    down(be, st, NULL, vdy, n);
-    return st;
+    return linear_bwd(be, NULL, NULL, db, dy, NULL, NULL, rows, 0, cols, false);
 }
 
 /* ---- GEMM vs naive --------------------------------------------------------------------------- */
@@ -463,23 +454,23 @@ START_TEST(linear_backward_accumulation_semantics) {
 }
 END_TEST
 
-/* ---- Bias add -------------------------------------------------------------------------------- */
+/* ---- The bias: the Linear with in = 0 -------------------------------------------------------- */
 
 typedef struct {
     luna_backend *be;
-    float *y0, *y, *b, *w;
+    float *y, *b, *w;
     int rows, cols;
 } bias_ctx;
 
 static double bias_loss(void *p) {
     bias_ctx *c = p;
-    memcpy(c->y, c->y0, sizeof(float) * c->rows * c->cols);
     LUNA_EXPECT(bias_fwd(c->be, c->y, c->b, c->rows, c->cols) == LUNA_OK, "%s",
                 luna_error_message());
     return luna_test_weighted_sum(c->y, c->w, (size_t)c->rows * c->cols);
 }
 
-START_TEST(bias_add_gradient_and_accumulation) {
+/* y = b in every row; db accumulates Σ_rows dy (its gradient, checked by finite differences). */
+START_TEST(bias_gradient_and_accumulation) {
     luna_backend *be = lh_backend(2);
     static const int shapes[][2] = {{1, 1}, {3, 5}, {7, 33}, {1, 5}, {7, 1}, {700, 70}};
     double worst = 0;
@@ -488,7 +479,6 @@ START_TEST(bias_add_gradient_and_accumulation) {
         luna_test_rng rng;
         luna_test_rng_seed(&rng, 200 + s);
         bias_ctx c = {be,
-                      luna_test_random_vector(&rng, rows * cols, -1, 1),
                       luna_test_zeros(rows * cols),
                       luna_test_random_vector(&rng, cols, -1, 1),
                       luna_test_random_vector(&rng, rows * cols, -1, 1),
@@ -499,16 +489,18 @@ START_TEST(bias_add_gradient_and_accumulation) {
         ck_assert_int_eq(bias_bwd(be, db, c.w, rows, cols), LUNA_OK);
         for (int j = 0; j < cols; j++)
             db[j] -= db0[j]; /* the increment */
-        worst = fmax(worst, luna_test_gradcheck("bias_add db", bias_loss, &c, c.b, cols, db, 1e-2,
-                                                GC_RTOL, GC_FLOOR));
-        free(c.y0);
+        bias_loss(&c);
+        for (int r = 0; r < rows; r++)
+            ck_assert_int_eq(memcmp(c.y + (size_t)r * cols, c.b, sizeof(float) * cols), 0);
+        worst = fmax(worst, luna_test_gradcheck("linear (in = 0) db", bias_loss, &c, c.b, cols, db,
+                                                1e-2, GC_RTOL, GC_FLOOR));
         free(c.y);
         free(c.b);
         free(c.w);
         free(db0);
         free(db);
     }
-    printf("bias_add: worst gradcheck error %.3g\n", worst);
+    printf("bias: worst gradcheck error %.3g\n", worst);
     luna_backend_free(be);
 }
 END_TEST
@@ -518,7 +510,7 @@ END_TEST
  * 33 chunks, the last one partial, and a partial block of columns. Every row must be counted once:
  * the result equals the plain sum bit for bit (the values are multiples of 2^-12 in [-1, 1], so
  * every partial sum is exact in any order, and only a lost or repeated row changes the result). */
-START_TEST(bias_add_backward_counts_every_row_of_many_chunks) {
+START_TEST(bias_gradient_counts_every_row_of_many_chunks) {
     luna_backend *be = lh_backend(2);
     luna_test_rng rng;
     luna_test_rng_seed(&rng, 4242);
@@ -568,6 +560,7 @@ START_TEST(backward_bit_identical_across_thread_counts) {
     ck_assert_int_eq(memcmp(dW[0], dW[1], sizeof(float) * out * in), 0);
     ck_assert_int_eq(memcmp(db[0], db[1], sizeof(float) * out), 0);
     ck_assert_int_eq(memcmp(db2[0], db2[1], sizeof(float) * out), 0);
+    ck_assert_int_eq(memcmp(db[0], db2[0], sizeof(float) * out), 0); /* the same column sums */
     for (int t = 0; t < 2; t++) {
         free(dx[t]);
         free(dW[t]);
@@ -590,7 +583,7 @@ typedef struct {
 } cmp_args;
 
 /* gemm: d[0] A, d[1] B, d[2] C. linear: d[0] x, d[1] W, d[2] b, d[3] y / dy, d[4] dx, d[5] dW,
- * d[6] db. bias_add: d[0] y / dy, d[1] b / db. */
+ * d[6] db. */
 static luna_status cmp_run(luna_backend *be, void *const *d, const void *args) {
     const cmp_args *a = args;
     const luna_ops *o = be->ops;
@@ -612,12 +605,8 @@ static luna_status cmp_run(luna_backend *be, void *const *d, const void *args) {
     if (!strcmp(a->op, "linear_forward"))
         return o->linear_forward(be, d[3], d[0], d[1], a->acc ? d[2] : NULL, a->rows, a->in,
                                  a->out);
-    if (!strcmp(a->op, "linear_backward"))
-        return o->linear_backward(be, d[4], d[5], d[6], d[3], d[0], d[1], a->rows, a->in, a->out,
-                                  a->acc);
-    if (!strcmp(a->op, "bias_add_forward"))
-        return o->bias_add_forward(be, d[0], d[1], a->rows, a->out);
-    return o->bias_add_backward(be, d[1], d[0], a->rows, a->out); /* "bias_add_backward" */
+    return o->linear_backward(be, d[4], d[5], d[6], d[3], d[0], d[1], a->rows, a->in, a->out,
+                              a->acc); /* "linear_backward" */
 }
 
 static float *cmp_vec(uint64_t seed, size_t n) {
@@ -670,32 +659,28 @@ START_TEST(linear_ops_match_reference_backend) {
             free(C);
         }
     }
-    const int lshapes[][3] = {{1, 1, 1}, {7, 13, 5}, {37, 13, 29}, {130, 65, 17}};
+    /* in = 0: the bias alone (y = b; db += Σ_rows dy) */
+    const int lshapes[][3] = {{1, 1, 1}, {7, 13, 5}, {37, 13, 29}, {130, 65, 17}, {70, 0, 33}};
     for (size_t k = 0; k < sizeof lshapes / sizeof lshapes[0]; k++) {
         int rows = lshapes[k][0], in = lshapes[k][1], out = lshapes[k][2];
-        size_t nx = (size_t)rows * in, nw = (size_t)out * in, ny = (size_t)rows * out;
+        size_t nx = in ? (size_t)rows * in : 1, nw = in ? (size_t)out * in : 1; /* in = 0: unread */
+        size_t ny = (size_t)rows * out;
         float *x = cmp_vec(40 + k, nx), *W = cmp_vec(50 + k, nw), *b = cmp_vec(60 + k, (size_t)out);
         float *y = cmp_vec(70 + k, ny), *dx = cmp_vec(80 + k, nx), *dW = cmp_vec(90 + k, nw);
         float *db = cmp_vec(100 + k, (size_t)out);
-        static const char *const ops[] = {"linear_forward", "linear_backward", "bias_add_forward",
-                                          "bias_add_backward"};
-        for (size_t i = 0; i < 4; i++)
+        static const char *const ops[] = {"linear_forward", "linear_backward"};
+        for (size_t i = 0; i < 2; i++)
             for (int acc = 0; acc < 2; acc++) {
                 cmp_args a = {ops[i], false, false, acc, 0, 0, 0, 0, rows, in, out, 0, 0};
-                bool bias = i >= 2;
                 lh_buf lin[] = {
                     {x, nx, LH_F32, LH_IN},           {W, nw, LH_F32, LH_IN},
                     {b, (size_t)out, LH_F32, LH_IN},  {y, ny, LH_F32, i ? LH_IN : LH_OUT},
                     {dx, nx, LH_F32, LH_OUT},         {dW, nw, LH_F32, LH_OUT},
                     {db, (size_t)out, LH_F32, LH_OUT}};
-                lh_buf bia[] = {{y, ny, LH_F32, i == 2 ? LH_OUT : LH_IN},
-                                {i == 2 ? b : db, (size_t)out, LH_F32, i == 2 ? LH_IN : LH_OUT}};
                 char what[64];
                 snprintf(what, sizeof what, "rows %d in %d out %d %s", rows, in, out,
                          acc ? "bias/accumulate" : "");
-                ck_assert_int_eq(
-                    lh_compare(ops[i], what, 2, cmp_run, &a, bias ? bia : lin, bias ? 2 : 7),
-                    LUNA_OK);
+                ck_assert_int_eq(lh_compare(ops[i], what, 2, cmp_run, &a, lin, 7), LUNA_OK);
             }
         free(x);
         free(W);
@@ -720,8 +705,8 @@ static Suite *linear_suite(void) {
     tcase_add_test(tc, linear_forward_matches_naive);
     tcase_add_test(tc, linear_gradients_match_finite_differences);
     tcase_add_test(tc, linear_backward_accumulation_semantics);
-    tcase_add_test(tc, bias_add_gradient_and_accumulation);
-    tcase_add_test(tc, bias_add_backward_counts_every_row_of_many_chunks);
+    tcase_add_test(tc, bias_gradient_and_accumulation);
+    tcase_add_test(tc, bias_gradient_counts_every_row_of_many_chunks);
     tcase_add_test(tc, backward_bit_identical_across_thread_counts);
     tcase_add_test(tc, linear_ops_match_reference_backend);
     suite_add_tcase(s, tc);

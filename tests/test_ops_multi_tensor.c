@@ -2,9 +2,9 @@
  * multi_adam_update) on the backend under test (LUNA_TEST_BACKEND) against the CPU reference:
  * tensors of odd sizes, one of 0 elements and one of several blocks, with gaps between them in
  * the flat buffers, per-tensor step counts, every rebound and weight-decay type. Each op's tensor
- * table (core/tensor_table.h) and step counters are built on the backend the op runs on. (That the
- * multi ops equal the single-tensor ops bit for bit, and the update's allocation and readback
- * counts, are tests/test_optim_multi.c.) */
+ * table (core/tensor_table.h) and step counters are built on the backend the op runs on. (That
+ * each tensor's result is the op's on that tensor alone, bit for bit, and the update's allocation
+ * and readback counts, are tests/test_optim_multi.c.) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,8 +1,9 @@
 /* Tests of the masked softmax: forward against a naive double implementation under every kind of
  * mask (valid lengths 0, partial, full, beyond cols; causal; both), in-place use, large logits,
- * finite-difference gradients through the backward, dx aliasing dy, thread determinism, and the
- * backend under test (LUNA_TEST_BACKEND) against the CPU reference on odd shapes. Every op buffer
- * is device memory from the harness (tests/backend_harness.h). */
+ * finite-difference gradients through the backward (training's softmax_dropout_backward with no
+ * dropout: lh_softmax_backward), dx aliasing dy, thread determinism, and the backend under test
+ * (LUNA_TEST_BACKEND) against the CPU reference on odd shapes. Every op buffer is device memory
+ * from the harness (tests/backend_harness.h). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -158,7 +159,7 @@ START_TEST(softmax_gradient_matches_finite_differences) {
         sm_loss(&c);
         float *ddx = lh_random_f32(be, &rng, n, 7, 8, NULL); /* overwritten */
         float *dw = lh_f32(be, c.w, n);
-        ck_assert_int_eq(be->ops->softmax_backward(be, ddx, dw, c.dy, m->rows, m->cols), LUNA_OK);
+        ck_assert_int_eq(lh_softmax_backward(be, ddx, dw, c.dy, m->rows, m->cols), LUNA_OK);
         float *dx = lh_fetch_f32(be, ddx, n);
         for (int r = 0; r < m->rows; r++)
             for (int c2 = ref_valid(m, r); c2 < m->cols; c2++)
@@ -200,11 +201,11 @@ START_TEST(softmax_alias_and_thread_determinism) {
         dx[t] = lh_alloc(be, bytes);
         ck_assert_int_eq(be->ops->softmax_forward(be, y[t], x, rows, cols, valid, 100, 97),
                          LUNA_OK);
-        ck_assert_int_eq(be->ops->softmax_backward(be, dx[t], dy, y[t], rows, cols), LUNA_OK);
+        ck_assert_int_eq(lh_softmax_backward(be, dx[t], dy, y[t], rows, cols), LUNA_OK);
     }
     dx[2] = lh_alloc(be, bytes);
     LUNA_CHECK_OK(luna_mem_copy(be, dx[2], dy, bytes));
-    ck_assert_int_eq(be->ops->softmax_backward(be, dx[2], dx[2], y[0], rows, cols), LUNA_OK);
+    ck_assert_int_eq(lh_softmax_backward(be, dx[2], dx[2], y[0], rows, cols), LUNA_OK);
     for (int t = 0; t < 2; t++)
         h[t] = lh_fetch_f32(be, y[t], n);
     for (int t = 0; t < 3; t++)
@@ -233,7 +234,7 @@ static luna_status cmp_forward(luna_backend *be, void *const *d, const void *arg
 }
 static luna_status cmp_backward(luna_backend *be, void *const *d, const void *args) {
     const mask_case *m = args;
-    return be->ops->softmax_backward(be, d[0], d[1], d[2], m->rows, m->cols);
+    return lh_softmax_backward(be, d[0], d[1], d[2], m->rows, m->cols);
 }
 
 START_TEST(softmax_matches_reference_backend) {
@@ -269,7 +270,8 @@ START_TEST(softmax_matches_reference_backend) {
         lh_free(ref, dv);
         luna_backend_free(ref);
         lh_buf bb[] = {{NULL, n, LH_F32, LH_OUT}, {dy, n, LH_F32, LH_IN}, {y, n, LH_F32, LH_IN}};
-        ck_assert_int_eq(lh_compare("softmax_backward", what, 2, cmp_backward, m, bb, 3), LUNA_OK);
+        ck_assert_int_eq(lh_compare("softmax_dropout_backward", what, 2, cmp_backward, m, bb, 3),
+                         LUNA_OK);
         free(x);
         free(y);
         free(dy);

@@ -2,9 +2,10 @@
  * multi_scale, multi_apollo_update, multi_adam_update over a core/tensor_table.h), of the named
  * tensor table, and of the clipping and optimizer update built on them (optim/clip.c,
  * optim/optimizer.c):
- *  - every multi op equals the loop of the single-tensor op over the tensors BIT FOR BIT (many
- *    tensors, odd sizes, one- and many-block tensors, a 0-element tensor, gaps in the layout,
- *    per-tensor step counts), with 1 and 2 threads;
+ *  - every multi op equals the loop over the tensors of the same op on each tensor alone BIT FOR
+ *    BIT (Σx²: the fixed order of core/reduce_order.h computed on the host; the updates: a table
+ *    of that one tensor), for many tensors, odd sizes, one- and many-block tensors, a 0-element
+ *    tensor, gaps in the layout, per-tensor step counts, with 1 and 2 threads;
  *  - a named table's names, views, extent and its errors;
  *  - an update (scale + clip + optimizer step) allocates nothing and reads back from the device
  *    once, and equals the same three stages run one by one, bit for bit; a non-finite gradient
@@ -19,6 +20,7 @@
 #include "core/tensor_table.h"
 #include "optim/clip.h"
 #include "optim/optimizer.h"
+#include "tests/backend_harness.h"
 #include "tests/test_util.h"
 
 /* Sizes: 0, 1, odd, one block (4096) ± 1, several blocks, > OPT_PARALLEL_MIN blocks, and more
@@ -85,9 +87,9 @@ START_TEST(test_multi_sum_squares) {
         layout_make(&l, threads);
         float *x = random_flat(&l, 11);
         for (int i = 0; i < NT; i++)
-            LUNA_CHECK_OK(l.be->ops->sum_squares(l.be, &ref[i], x + l.offsets[i], l.numels[i]));
+            ref[i] = lh_sum_squares_reference(x + l.offsets[i], l.numels[i]);
         LUNA_CHECK_OK(l.be->ops->multi_sum_squares(l.be, threads == 1 ? got1 : got, x, l.tt));
-        SAME(ref, threads == 1 ? got1 : got, NT, "multi_sum_squares vs sum_squares");
+        SAME(ref, threads == 1 ? got1 : got, NT, "multi_sum_squares vs the fixed order");
         ck_assert(ref[1] == 0.0f); /* the empty tensor */
         free(x);
         layout_free(&l);
@@ -104,15 +106,17 @@ START_TEST(test_multi_scale) {
     for (int i = 0; i < NT; i++)
         coef[i] = i % 3 == 0 ? 1.0f : 0.37f + 0.01f * (float)i;
     for (int i = 0; i < NT; i++) {
-        LUNA_CHECK_OK(l.be->ops->scale(l.be, ref + l.offsets[i], coef[i], l.numels[i]));
-        LUNA_CHECK_OK(l.be->ops->scale(l.be, ref2 + l.offsets[i], 0.25f, l.numels[i]));
+        for (int64_t j = 0; j < l.numels[i]; j++) { /* one fp32 product each */
+            ref[l.offsets[i] + j] *= coef[i];
+            ref2[l.offsets[i] + j] *= 0.25f;
+        }
     }
     float *y = dup(x, l.total);
     LUNA_CHECK_OK(l.be->ops->multi_scale(l.be, y, l.tt, coef, 1.0f));
-    SAME(ref, y, l.total, "multi_scale (per-tensor coefficients) vs scale");
+    SAME(ref, y, l.total, "multi_scale (per-tensor coefficients) vs the products");
     memcpy(y, x, l.total * sizeof *y);
     LUNA_CHECK_OK(l.be->ops->multi_scale(l.be, y, l.tt, NULL, 0.25f));
-    SAME(ref2, y, l.total, "multi_scale (one coefficient) vs scale");
+    SAME(ref2, y, l.total, "multi_scale (one coefficient) vs the products");
     free(x);
     free(y);
     free(ref);
@@ -121,8 +125,25 @@ START_TEST(test_multi_scale) {
 }
 END_TEST
 
-/* Runs `steps` updates of every tensor with the single-tensor op (reference) and the multi op,
- * fresh gradients each step, per-tensor step counts that differ; compares everything bitwise. */
+/* One update of a tensor alone (theta, g and the state at its offset, n elements): the multi op
+ * over a table of that one tensor, its step counter *step advanced by the op. */
+static void update_one(luna_backend *be, bool apollo, float *theta, const float *g, float *s0,
+                       float *s1, float *s2, int64_t n, int64_t *step, double lr, int rebound,
+                       double wd, int wd_type) {
+    const int64_t offset = 0;
+    luna_tensor_table *one = NULL;
+    LUNA_CHECK_OK(luna_tensor_table_create(&one, be, 1, &offset, &n));
+    if (apollo)
+        LUNA_CHECK_OK(be->ops->multi_apollo_update(be, theta, g, s0, s1, s2, one, step, lr, 0.9,
+                                                   1e-4, 0.01, rebound, wd, wd_type));
+    else
+        LUNA_CHECK_OK(
+            be->ops->multi_adam_update(be, theta, g, s0, s1, one, step, lr, 0.9, 0.98, 1e-8, wd));
+    luna_tensor_table_free(one);
+}
+
+/* Runs `steps` updates of every tensor, each alone (reference) and all with the multi op, fresh
+ * gradients each step, per-tensor step counts that differ; compares everything bitwise. */
 static void check_optimizer(bool apollo, int rebound, int wd_type, double wd, int threads,
                             float **final_theta) {
     layout l;
@@ -142,14 +163,10 @@ static void check_optimizer(bool apollo, int rebound, int wd_type, double wd, in
         float *g = random_flat(&l, 100 + (uint64_t)s);
         double lr = 0.01 * (s + 1);
         for (int i = 0; i < NT; i++) {
-            int64_t o = l.offsets[i], n = l.numels[i], t = ++rsteps[i];
-            if (apollo)
-                LUNA_CHECK_OK(be->ops->apollo_update(be, rtheta + o, g + o, rstate[0] + o,
-                                                     rstate[1] + o, rstate[2] + o, n, t, lr, 0.9,
-                                                     1e-4, 0.01, rebound, wd, wd_type));
-            else
-                LUNA_CHECK_OK(be->ops->adam_update(be, rtheta + o, g + o, rstate[0] + o,
-                                                   rstate[1] + o, n, t, lr, 0.9, 0.98, 1e-8, wd));
+            const int64_t o = l.offsets[i];
+            update_one(be, apollo, rtheta + o, g + o, rstate[0] + o, rstate[1] + o,
+                       apollo ? rstate[2] + o : NULL, l.numels[i], &rsteps[i], lr, rebound, wd,
+                       wd_type);
         }
         if (apollo)
             LUNA_CHECK_OK(be->ops->multi_apollo_update(be, theta, g, state[0], state[1], state[2],

@@ -114,17 +114,6 @@ static luna_status w_linear_backward(luna_backend *be, luna_act *dx, float *dW, 
          .bytes = F32 * (2 * D(in) * out + (dx ? D(in) * out : 0) + (db ? 2 * D(out) : 0)));
     FORWARD(linear_backward, dx, dW, db, dy, x, W, rows, in, out, acc);
 }
-static luna_status w_bias_add_forward(luna_backend *be, luna_act *y, const float *b, int64_t rows,
-                                      int cols) {
-    COST(.flops = D(rows) * cols, .act_elems = 2 * D(rows) * cols, .bytes = F32 * cols);
-    FORWARD(bias_add_forward, y, b, rows, cols);
-}
-static luna_status w_bias_add_backward(luna_backend *be, float *db, const luna_act *dy,
-                                       int64_t rows, int cols) {
-    COST(.flops = D(rows) * cols, .act_elems = D(rows) * cols, .bytes = 2 * F32 * cols);
-    FORWARD(bias_add_backward, db, dy, rows, cols);
-}
-
 /* ---- embeddings and positions ------------------------------------------------------------------
  */
 static luna_status w_embedding_forward(luna_backend *be, luna_act *out, const float *table,
@@ -150,33 +139,13 @@ static luna_status w_positions_add(luna_backend *be, luna_act *x, const int32_t 
     FORWARD(positions_add, x, tokens, B, n, d, pad);
 }
 
-/* ---- LayerNorm, softmax, dropout, activations ---------------------------------------------------
+/* ---- softmax, dropout, activations --------------------------------------------------------------
  */
-static luna_status w_layer_norm_forward(luna_backend *be, luna_act *y, float *mean, float *rstd,
-                                        const luna_act *x, const float *gamma, const float *beta,
-                                        int64_t rows, int d, float eps) {
-    COST(.flops = 8 * D(rows) * d, .act_elems = 2 * D(rows) * d,
-         .bytes = F32 * (2 * D(d) + 2 * D(rows)));
-    FORWARD(layer_norm_forward, y, mean, rstd, x, gamma, beta, rows, d, eps);
-}
-static luna_status w_layer_norm_backward(luna_backend *be, luna_act *dx, float *dgamma,
-                                         float *dbeta, const luna_act *dy, const luna_act *x,
-                                         const float *mean, const float *rstd, const float *gamma,
-                                         int64_t rows, int d) {
-    COST(.flops = 12 * D(rows) * d, .act_elems = 3 * D(rows) * d,
-         .bytes = F32 * (2 * D(rows) + 5 * D(d)));
-    FORWARD(layer_norm_backward, dx, dgamma, dbeta, dy, x, mean, rstd, gamma, rows, d);
-}
 static luna_status w_softmax_forward(luna_backend *be, luna_act *y, const luna_act *x, int64_t rows,
                                      int cols, const int32_t *valid, int64_t rpg, int causal) {
     COST(.flops = 5 * D(rows) * cols, .act_elems = 2 * D(rows) * cols,
          .bytes = valid && rpg > 0 ? F32 * D(rows) / D(rpg) : 0);
     FORWARD(softmax_forward, y, x, rows, cols, valid, rpg, causal);
-}
-static luna_status w_softmax_backward(luna_backend *be, luna_act *dx, const luna_act *dy,
-                                      const luna_act *y, int64_t rows, int cols) {
-    COST(.flops = 4 * D(rows) * cols, .act_elems = 3 * D(rows) * cols);
-    FORWARD(softmax_backward, dx, dy, y, rows, cols);
 }
 static luna_status w_dropout_forward(luna_backend *be, luna_act *y, const luna_act *x, int64_t n,
                                      float p, luna_rng_key key) {
@@ -200,13 +169,12 @@ static luna_status w_dropout_backward(luna_backend *be, luna_act *dx, const luna
         COST(.flops = (bwd_flops)*D(n), .act_elems = 3 * D(n));                                    \
         FORWARD(name##_backward, dx, dy, x, n);                                                    \
     }
-ELEMENTWISE(relu, 1, 1)
 ELEMENTWISE(softplus_ln2, 4, 4) /* exp2 and log2 */
 ELEMENTWISE(elu_plus_one, 2, 2)
 
 /* ---- fused ops: the minimum traffic of one pass (each activation read or written once), which
- * is what they save over their unfused composition (e.g. residual_norm: 4 activation passes
- * instead of 9 for bias_add + dropout + add + layer_norm) ------------------------------------- */
+ * is what they save over separate passes (e.g. residual_norm: 4 activation passes instead of 9
+ * for a bias add, dropout, residual add and LayerNorm one after the other) -------------------- */
 static luna_status w_residual_norm_forward(luna_backend *be, luna_act *y, luna_act *r, float *mean,
                                            float *rstd, const luna_act *sub, const float *bias,
                                            const luna_act *res, const float *gamma,
@@ -294,14 +262,6 @@ static luna_status w_cross_entropy_forward(luna_backend *be, float *loss, float 
     COST(.flops = 4 * D(N) * V, .act_elems = D(N) * V, .bytes = F32 * 4 * D(N));
     FORWARD(cross_entropy_forward, loss, nll, lse, logits, targets, N, V, eps, pad);
 }
-static luna_status w_cross_entropy_backward(luna_backend *be, luna_act *dlogits,
-                                            const luna_act *logits, const float *lse,
-                                            const int32_t *targets, int64_t N, int V, float eps,
-                                            int pad, float scale) {
-    COST(.flops = 4 * D(N) * V, .act_elems = 2 * D(N) * V, .bytes = F32 * 2 * D(N));
-    FORWARD(cross_entropy_backward, dlogits, logits, lse, targets, N, V, eps, pad, scale);
-}
-
 static luna_status w_cross_entropy_forward_backward(luna_backend *be, float *loss, float *nll,
                                                     float *lse, luna_act *dlogits,
                                                     const luna_act *logits, const int32_t *targets,
@@ -311,37 +271,6 @@ static luna_status w_cross_entropy_forward_backward(luna_backend *be, float *los
     COST(.flops = 8 * D(N) * V, .act_elems = 2 * D(N) * V, .bytes = F32 * 4 * D(N));
     FORWARD(cross_entropy_forward_backward, loss, nll, lse, dlogits, logits, targets, N, V, eps,
             pad, scale);
-}
-
-/* ---- reductions (fp32 buffers) ------------------------------------------------------------------
- */
-#define REDUCE1(name, per_elem)                                                                    \
-    static luna_status w_##name(luna_backend *be, float *r, const float *x, int64_t n) {           \
-        COST(.flops = (per_elem)*D(n), .bytes = F32 * (D(n) + 1));                                 \
-        FORWARD(name, r, x, n);                                                                    \
-    }
-REDUCE1(sum_squares, 2)
-REDUCE1(sum_pow4, 4)
-REDUCE1(sum, 1)
-REDUCE1(max_abs, 2)
-static luna_status w_dot(luna_backend *be, float *r, const float *x, const float *y, int64_t n) {
-    COST(.flops = 2 * D(n), .bytes = F32 * (2 * D(n) + 1));
-    FORWARD(dot, r, x, y, n);
-}
-static luna_status w_sum_squares_backward(luna_backend *be, float *dx, const float *x, float g,
-                                          int64_t n) {
-    COST(.flops = 3 * D(n), .bytes = F32 * 3 * D(n));
-    FORWARD(sum_squares_backward, dx, x, g, n);
-}
-static luna_status w_sum_pow4_backward(luna_backend *be, float *dx, const float *x, float g,
-                                       int64_t n) {
-    COST(.flops = 5 * D(n), .bytes = F32 * 3 * D(n));
-    FORWARD(sum_pow4_backward, dx, x, g, n);
-}
-static luna_status w_dot_backward(luna_backend *be, float *dx, float *dy, const float *x,
-                                  const float *y, float g, int64_t n) {
-    COST(.flops = 4 * D(n), .bytes = F32 * 6 * D(n));
-    FORWARD(dot_backward, dx, dy, x, y, g, n);
 }
 
 /* ---- elementwise helpers and layout
@@ -355,17 +284,9 @@ static luna_status w_axpy(luna_backend *be, luna_act *y, float alpha, const floa
     COST(.flops = 2 * D(n), .act_elems = 2 * D(n), .bytes = F32 * D(n));
     FORWARD(axpy, y, alpha, x, n);
 }
-static luna_status w_scale(luna_backend *be, float *x, float alpha, int64_t n) {
-    COST(.flops = D(n), .bytes = F32 * 2 * D(n));
-    FORWARD(scale, x, alpha, n);
-}
 static luna_status w_scale_act(luna_backend *be, luna_act *x, float alpha, int64_t n) {
     COST(.flops = D(n), .act_elems = 2 * D(n));
     FORWARD(scale_act, x, alpha, n);
-}
-static luna_status w_fill(luna_backend *be, float *x, float value, int64_t n) {
-    COST(.bytes = F32 * D(n));
-    FORWARD(fill, x, value, n);
 }
 static luna_status w_split_heads(luna_backend *be, luna_act *out, const luna_act *x, int B, int n,
                                  int H, int dh) {
@@ -429,18 +350,6 @@ static luna_status w_release_weights(luna_backend *be, const float *W) {
 #define APOLLO_FLOPS(n) (30 * D(n))
 #define ADAM_BYTES(n) (F32 * 7 * D(n))
 #define ADAM_FLOPS(n) (15 * D(n))
-static luna_status w_apollo_update(luna_backend *be, float *th, const float *g, float *m, float *B,
-                                   float *d, int64_t n, int64_t step, double lr, double beta,
-                                   double eps, double sigma, int rebound, double wd, int wdt) {
-    COST(.flops = APOLLO_FLOPS(n), .bytes = APOLLO_BYTES(n));
-    FORWARD(apollo_update, th, g, m, B, d, n, step, lr, beta, eps, sigma, rebound, wd, wdt);
-}
-static luna_status w_adam_update(luna_backend *be, float *th, const float *g, float *m, float *v,
-                                 int64_t n, int64_t step, double lr, double b1, double b2,
-                                 double eps, double wd) {
-    COST(.flops = ADAM_FLOPS(n), .bytes = ADAM_BYTES(n));
-    FORWARD(adam_update, th, g, m, v, n, step, lr, b1, b2, eps, wd);
-}
 static luna_status w_multi_sum_squares(luna_backend *be, float *r, const float *x,
                                        const luna_tensor_table *tt) {
     COST(.flops = 2 * D(tt->num_elements), .bytes = F32 * (D(tt->num_elements) + tt->num_tensors));
@@ -481,20 +390,13 @@ static luna_status w_multi_adam_update(luna_backend *be, float *th, const float 
     X(gemm_grid, "gemm") \
     X(linear_forward, "linear") \
     X(linear_backward, "linear") \
-    X(bias_add_forward, "bias") \
-    X(bias_add_backward, "bias") \
     X(embedding_forward, "embedding") \
     X(embedding_backward, "embedding") \
     X(sinusoidal_table, "positions") \
     X(positions_add, "positions") \
-    X(layer_norm_forward, "layer_norm") \
-    X(layer_norm_backward, "layer_norm") \
     X(softmax_forward, "softmax") \
-    X(softmax_backward, "softmax") \
     X(dropout_forward, "dropout") \
     X(dropout_backward, "dropout") \
-    X(relu_forward, "activation") \
-    X(relu_backward, "activation") \
     X(softplus_ln2_forward, "activation") \
     X(softplus_ln2_backward, "activation") \
     X(elu_plus_one_forward, "activation") \
@@ -508,21 +410,10 @@ static luna_status w_multi_adam_update(luna_backend *be, float *th, const float 
     X(causal_contraction_forward, "causal_contraction") \
     X(causal_contraction_backward, "causal_contraction") \
     X(cross_entropy_forward, "cross_entropy") \
-    X(cross_entropy_backward, "cross_entropy") \
     X(cross_entropy_forward_backward, "cross_entropy") \
-    X(sum_squares, "reduce") \
-    X(sum_pow4, "reduce") \
-    X(dot, "reduce") \
-    X(sum, "reduce") \
-    X(max_abs, "reduce") \
-    X(sum_squares_backward, "reduce") \
-    X(sum_pow4_backward, "reduce") \
-    X(dot_backward, "reduce") \
     X(add, "elementwise") \
     X(axpy, "elementwise") \
-    X(scale, "elementwise") \
     X(scale_act, "elementwise") \
-    X(fill, "elementwise") \
     X(split_heads, "layout") \
     X(merge_heads, "layout") \
     X(broadcast_rows, "layout") \
@@ -532,8 +423,6 @@ static luna_status w_multi_adam_update(luna_backend *be, float *th, const float 
     X(cache_products, "decode_attention") \
     X(hold_weights, "hold_weights") \
     X(release_weights, "hold_weights") \
-    X(apollo_update, "optimizer") \
-    X(adam_update, "optimizer") \
     X(multi_sum_squares, "clip") \
     X(clip_coefficients, "clip") \
     X(multi_scale, "clip") \

@@ -1,8 +1,9 @@
 /* The CUDA cross-entropy kernels (model/kernels/cuda/cross_entropy.cu) under the harness against
- * the CPU backend: loss, nll and lse (ACCUM: 1e-5 relative) and dlogits (NORM: 1e-6, here 2e-6
- * since the two sides' exp differ by up to 2 ulp each) for V = 1, 7, 1000 and 7792 with label
- * smoothing 0 and 0.1, pad rows, gradient scale, in place (dlogits = logits); bf16 logits within
- * bf16 rounding; a target outside the vocabulary gives NaN and the device flag. */
+ * the CPU backend: loss, nll and lse (ACCUM: 1e-5 relative) of the forward and of the
+ * forward-backward kernel, and its dlogits (NORM: 1e-6, here 2e-6 since the two sides' exp differ
+ * by up to 2 ulp each) for V = 1, 7, 1000 and 7792 with label smoothing 0 and 0.1, pad rows,
+ * gradient scale, in place (dlogits = logits); bf16 logits within bf16 rounding; a target outside
+ * the vocabulary gives NaN and the device flag. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,13 +47,17 @@ static void check(luna_backend *cpu, int N, int V, float eps, int bf16) {
     close_enough(loss, gl, N, 1e-5, what);
     close_enough(nll, gn, N, 1e-5, what);
     close_enough(lse, ge, N, 1e-5, what);
-    /* backward in place, from the CPU's lse */
-    ck_assert_int_eq(cudaMemcpy(dlse, lse, 4 * N, cudaMemcpyHostToDevice), cudaSuccess);
+    /* forward and gradient in one kernel, the gradient in place over the logits */
     float *grad = malloc(4 * (size_t)n), *got = malloc(4 * (size_t)n);
-    LUNA_CHECK_OK(cpu->ops->cross_entropy_backward(cpu, grad, z, lse, y, N, V, eps, pad, 0.5f));
-    ck_assert_int_eq(
-        luna_cuda_cross_entropy_backward(0, bf16, dz, dz, dlse, dy, N, V, eps, pad, 0.5f),
-        cudaSuccess);
+    LUNA_CHECK_OK(cpu->ops->cross_entropy_forward_backward(cpu, loss, nll, lse, grad, z, y, N, V,
+                                                           eps, pad, 0.5f));
+    ck_assert_int_eq(luna_cuda_cross_entropy_forward_backward(0, bf16, dloss, dnll, dlse, dz, dz,
+                                                              dy, N, V, eps, pad, 0.5f),
+                     cudaSuccess);
+    down(gl, dloss, 4 * N), down(gn, dnll, 4 * N), down(ge, dlse, 4 * N);
+    close_enough(loss, gl, N, 1e-5, what);
+    close_enough(nll, gn, N, 1e-5, what);
+    close_enough(lse, ge, N, 1e-5, what);
     if (bf16) {
         uint16_t *h = malloc(2 * (size_t)n);
         down(h, dz, 2 * (size_t)n);

@@ -59,12 +59,10 @@ static void same_bits(const float *want, const float *got, int64_t n, const char
 }
 
 /* The unary/binary ops under test: which inputs, CPU op, CUDA launcher. */
-typedef enum { ADD, AXPY, SCALE_ACT, RELU_F, RELU_B, SP_F, SP_B, ELU_F, ELU_B, DROP } op_kind;
+typedef enum { ADD, AXPY, SCALE_ACT, SP_F, SP_B, ELU_F, ELU_B, DROP } op_kind;
 static const char *const op_names[] = {"add",
                                        "axpy",
                                        "scale_act",
-                                       "relu_forward",
-                                       "relu_backward",
                                        "softplus_ln2_forward",
                                        "softplus_ln2_backward",
                                        "elu_plus_one_forward",
@@ -84,8 +82,6 @@ static void run_cpu(luna_backend *cpu, op_kind k, float *y, const float *a, cons
         memcpy(y, a, sizeof(float) * n);
         LUNA_CHECK_OK(o->scale_act(cpu, y, -1.7f, n));
         break;
-    case RELU_F: LUNA_CHECK_OK(o->relu_forward(cpu, y, a, n)); break;
-    case RELU_B: LUNA_CHECK_OK(o->relu_backward(cpu, y, b, a, n)); break;
     case SP_F: LUNA_CHECK_OK(o->softplus_ln2_forward(cpu, y, a, n)); break;
     case SP_B: LUNA_CHECK_OK(o->softplus_ln2_backward(cpu, y, b, a, n)); break;
     case ELU_F: LUNA_CHECK_OK(o->elu_plus_one_forward(cpu, y, a, n)); break;
@@ -107,8 +103,6 @@ static void run_cuda(op_kind k, int bf16, void *y, const void *a, const void *b,
         ck_assert_int_eq(cudaMemcpy(y, a, esize * n, cudaMemcpyDeviceToDevice), cudaSuccess);
         e = luna_cuda_scale_act(0, bf16, y, -1.7f, n);
         break;
-    case RELU_F: e = luna_cuda_relu_forward(0, bf16, y, a, n); break;
-    case RELU_B: e = luna_cuda_relu_backward(0, bf16, y, b, a, n); break;
     case SP_F: e = luna_cuda_softplus_ln2_forward(0, bf16, y, a, n); break;
     case SP_B: e = luna_cuda_softplus_ln2_backward(0, bf16, y, b, a, n); break;
     case ELU_F: e = luna_cuda_elu_plus_one_forward(0, bf16, y, a, n); break;
@@ -164,28 +158,6 @@ START_TEST(elementwise_ops_equal_cpu) {
     for (int i = 0; i < 3; i++) {
         const luna_rng_key k2 = {.seed = 99 + (uint64_t)i, .step = (uint64_t)i, .stream_id = 2};
         check_op(cpu, DROP, 70001, ps[i], k2);
-    }
-    luna_backend_free(cpu);
-}
-END_TEST
-
-START_TEST(fp32_scale_and_fill) {
-    luna_backend *cpu;
-    LUNA_CHECK_OK(luna_backend_cpu_create(&cpu, 1));
-    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
-        const int64_t n = sizes[s];
-        float *x = inputs(5 + n, n), *got = malloc(4 * n);
-        float *dx = dev_copy(x, 4 * n);
-        ck_assert_int_eq(luna_cuda_scale(0, dx, 0.3f, n), cudaSuccess);
-        LUNA_CHECK_OK(cpu->ops->scale(cpu, x, 0.3f, n));
-        host_copy(got, dx, 4 * n);
-        same_bits(x, got, n, "scale");
-        ck_assert_int_eq(luna_cuda_fill(0, dx, -2.5f, n), cudaSuccess);
-        LUNA_CHECK_OK(cpu->ops->fill(cpu, x, -2.5f, n));
-        host_copy(got, dx, 4 * n);
-        same_bits(x, got, n, "fill");
-        cudaFree(dx);
-        free(x), free(got);
     }
     luna_backend_free(cpu);
 }
@@ -288,9 +260,10 @@ START_TEST(layout_ops_equal_cpu) {
 }
 END_TEST
 
-/* Column sums and broadcasts: sum_broadcast (fp32 in b order), bias_add forward, bias_add
- * backward (double, in the chunked order of column_sum_order.h, in one round or one chunk a
- * round) — bit-equal to the CPU, fp32 and bf16 inputs. */
+/* Column sums and broadcasts: sum_broadcast (fp32 in b order), the bias add and the bias gradient
+ * of the Linear (the CPU's linear_forward / linear_backward with in = 0; the gradient in double,
+ * in the chunked order of column_sum_order.h, in one round or one chunk a round) — bit-equal to
+ * the CPU, fp32 and bf16 inputs. */
 START_TEST(sums_and_bias_equal_cpu) {
     luna_backend *cpu;
     LUNA_CHECK_OK(luna_backend_cpu_create(&cpu, 2));
@@ -318,8 +291,9 @@ START_TEST(sums_and_bias_equal_cpu) {
                              cudaSuccess);
             host_copy(got, dacc, 4 * m);
             same_bits(acc, got, m, "sum_broadcast");
-            /* bias backward over all B·rows rows of dout, into the bias */
-            LUNA_CHECK_OK(cpu->ops->bias_add_backward(cpu, bias, dout, (int64_t)B * rows, d));
+            /* the bias gradient over all B·rows rows of dout, into the bias */
+            LUNA_CHECK_OK(cpu->ops->linear_backward(cpu, NULL, NULL, bias, dout, NULL, NULL,
+                                                    (int64_t)B * rows, 0, d, false));
             /* the launchers' workspace, or the one-chunk-a-round least (k + bf16 odd) */
             luna_cuda_colsum_ws ws = colsum_ws((int64_t)B * rows, d, 1, (int)((k + bf16) & 1));
             ck_assert_int_eq(
@@ -327,15 +301,16 @@ START_TEST(sums_and_bias_equal_cpu) {
                 cudaSuccess);
             cudaFree(ws.p);
             host_copy(got, dbias, 4 * (size_t)d);
-            same_bits(bias, got, d, "bias_add_backward");
-            /* bias forward onto dout (fp32 only: the CPU op is fp32) */
+            same_bits(bias, got, d, "bias gradient");
+            /* the bias add onto dout (fp32 only: the CPU is fp32): one fp32 addition each */
             if (!bf16) {
-                LUNA_CHECK_OK(cpu->ops->bias_add_forward(cpu, dout, bias, (int64_t)B * rows, d));
+                for (int64_t i = 0; i < B * m; i++)
+                    dout[i] += bias[i % d];
                 ck_assert_int_eq(
                     luna_cuda_bias_add_forward(0, 0, ddout, dbias, (int64_t)B * rows, d),
                     cudaSuccess);
                 host_copy(got, ddout, 4 * (size_t)(B * m));
-                same_bits(dout, got, B * m, "bias_add_forward");
+                same_bits(dout, got, B * m, "bias add");
             }
             cudaFree(ddout), cudaFree(dacc), cudaFree(dbias);
             free(dout), free(acc), free(bias), free(h), free(got);
@@ -349,7 +324,6 @@ static Suite *elementwise_suite(void) {
     TCase *tc = tcase_create("elementwise");
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, elementwise_ops_equal_cpu);
-    tcase_add_test(tc, fp32_scale_and_fill);
     tcase_add_test(tc, convert_to_bf16_rounds_to_nearest_even);
     tcase_add_test(tc, layout_ops_equal_cpu);
     tcase_add_test(tc, sums_and_bias_equal_cpu);

@@ -1,5 +1,6 @@
 /* The CUDA fused kernels (model/kernels/cuda/fused.cu) under the CPU execution harness against the
- * CPU backend's fused ops (equal bit for bit to the unfused composition: tests/test_ops_fused.c),
+ * CPU backend's fused ops (equal bit for bit to the composition of their steps:
+ * tests/test_ops_fused.c),
  * fp32 and bf16: odd shapes, p 0 and 0.1, bias or not, softmax masks and the causal period,
  * dx == dyd. fp32 within the NORM tier (1e-6; the elementwise outputs exactly agree); bf16 within
  * a few bf16 ulps of the CPU computed from the bf16-rounded inputs (the activation outputs; the

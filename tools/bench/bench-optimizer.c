@@ -3,15 +3,11 @@
  *   bench-optimizer [--arch luna_base_tied] [--vocab 32000] [--optimizer apollo|adam|both]
  *                   [--clip-mode each|total] [--clip-norm 0.1] [--threads 1,2] [--reps 5]
  *
- * Two paths on the same gradients and state:
- *   new: luna_optimizer_step (optim/), which clips inside: multi-tensor ops, one launch each,
- *        one scalar readback, no allocation per update;
- *   old: the per-tensor path these replaced (kept here for comparison): one sum_squares op per
- *        tensor into a freshly allocated device array, a host array, one readback, the norm on
- *        the host, one scale op per clipped tensor, one apollo_update / adam_update per tensor.
+ * The update is luna_optimizer_step (optim/), which clips inside: multi-tensor ops over the
+ * trainable tensors' table, one launch each, one scalar readback, no allocation per update.
  * The gradients are restored before every update (outside the timed region), so every timed
- * update clips. The paths alternate (the same machine load for both); prints ms/update (best
- * and median of --reps) and the ops, readbacks and allocations per update. */
+ * update clips. Prints ms/update (best and median of --reps) and the ops, readbacks and
+ * allocations per update. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,76 +31,7 @@ static void usage(void) {
     printf("usage: bench-optimizer [--arch NAME] [--vocab V] [--optimizer apollo|adam|both]\n"
            "                       [--clip-mode each|total] [--clip-norm C] [--threads LIST]\n"
            "                       [--reps R]\n"
-           "  ms per update of clipping + optimizer step, old per-tensor path vs multi-tensor\n");
-}
-
-/* ---- the old path (per-tensor ops; what optim/clip.c and optim/optimizer.c did before) ----- */
-
-static double clip_coefficient(double clip_norm, double norm) {
-    double c = clip_norm / (norm + 1e-6);
-    return c < 1.0 ? c : 1.0;
-}
-
-static luna_status old_clip(luna_backend *be, luna_params *p, double clip_norm, luna_clip_mode mode,
-                            int *ops) {
-    int nt = p->num_tensors;
-    size_t bytes = (size_t)nt * sizeof(float);
-    float *dev = luna_mem_alloc(be, bytes);
-    float *host = malloc(bytes);
-    if (!dev || !host) return LUNA_ERR_OUT_OF_MEMORY;
-    luna_status st = LUNA_OK;
-    for (int i = 0; i < nt && st == LUNA_OK; i++) {
-        const luna_param_info *info = &p->tensors[i];
-        if (!info->has_grad) continue;
-        st = be->ops->sum_squares(be, dev + i, p->grad + info->offset, (int64_t)info->numel);
-        ++*ops;
-    }
-    if (st == LUNA_OK) st = luna_backend_synchronize(be);
-    if (st == LUNA_OK) st = luna_mem_to_host(be, host, dev, bytes);
-    luna_mem_release(be, dev, bytes);
-    double total_sq = 0.0, max_norm = 0.0;
-    for (int i = 0; i < nt; i++) {
-        if (!p->tensors[i].has_grad) continue;
-        total_sq += (double)host[i];
-        double nrm = sqrt((double)host[i]);
-        if (!(nrm <= max_norm)) max_norm = nrm;
-    }
-    double norm = mode == LUNA_CLIP_TOTAL ? sqrt(total_sq) : max_norm;
-    double total_coef = clip_coefficient(clip_norm, norm);
-    for (int i = 0; i < nt && st == LUNA_OK; i++) {
-        const luna_param_info *info = &p->tensors[i];
-        if (!info->has_grad) continue;
-        double coef = mode == LUNA_CLIP_TOTAL ? total_coef
-                                              : clip_coefficient(clip_norm, sqrt((double)host[i]));
-        if (coef >= 1.0) continue;
-        st = be->ops->scale(be, p->grad + info->offset, (float)coef, (int64_t)info->numel);
-        ++*ops;
-    }
-    free(host);
-    return st;
-}
-
-static luna_status old_step(luna_backend *be, luna_params *p, const luna_optimizer_config *c,
-                            float *state[3], int64_t t, double lr, int *ops) {
-    for (int i = 0; i < p->num_tensors; i++) {
-        const luna_param_info *info = &p->tensors[i];
-        if (!info->has_grad) continue;
-        int64_t n = (int64_t)info->numel;
-        size_t o = info->offset;
-        luna_status st;
-        if (c->kind == LUNA_OPTIMIZER_APOLLO)
-            st = be->ops->apollo_update(be, p->data + o, p->grad + o, state[0] + o, state[1] + o,
-                                        state[2] + o, n, t, lr, c->apollo_beta, c->apollo_eps,
-                                        LUNA_APOLLO_SIGMA, (int)c->rebound, c->weight_decay,
-                                        (int)c->weight_decay_type);
-        else
-            st = be->ops->adam_update(be, p->data + o, p->grad + o, state[0] + o, state[1] + o, n,
-                                      t, lr, c->adam_beta1, c->adam_beta2, c->adam_eps,
-                                      c->weight_decay);
-        if (st != LUNA_OK) return st;
-        ++*ops;
-    }
-    return LUNA_OK;
+           "  ms per update of clipping + optimizer step (multi-tensor ops)\n");
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -193,60 +120,36 @@ int main(int argc, char **argv) {
         luna_tensor_table *tt;
         luna_optimizer *opt;
         if (luna_params_trainable_table(p, &tt) != LUNA_OK) die("tensor table");
-        if (luna_optimizer_create(&opt, be, &oc, tt, p->data, p->grad) != LUNA_OK) die("optimizer");
-        float *state[3] = {NULL, NULL, NULL};
-        for (int k = 0; k < 3; k++) {
-            state[k] = luna_mem_alloc(be, np * sizeof(float));
-            if (!state[k] || luna_mem_zero(be, state[k], np * sizeof(float)) != LUNA_OK)
-                die("old-path state");
-        }
+        if (luna_optimizer_create(&opt, be, &oc, tt, p->data, p->grad) != LUNA_OK)
+            die("optimizer");
         char list[64], *save = NULL;
         snprintf(list, sizeof list, "%s", threads_list);
         for (char *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
             luna_backend_cpu_set_threads(be, atoi(tok));
-            /* The two paths alternate, so both see the same machine load. */
-            double times[2][64];
-            int ops[2] = {0, 0};
-            size_t reads[2] = {0, 0}, allocs[2] = {0, 0};
-            for (int r = 0; r <= reps; r++) {           /* r = 0: warm-up */
-                for (int path = 0; path <= 1; path++) { /* 0 old, 1 new */
-                    if (luna_mem_from_host(be, p->grad, g0, np * sizeof(float)) != LUNA_OK)
-                        die("gradients");
-                    size_t reads0 = be->to_host_calls, allocs0 = be->alloc_calls;
-                    int ops0 = 0;
-                    double t0 = now_seconds();
-                    luna_status st;
-                    if (path == 0) {
-                        st = old_clip(be, p, clip_norm, mode, &ops0);
-                        if (st == LUNA_OK)
-                            st = old_step(be, p, &oc, state, (int64_t)r + 1, 1e-4, &ops0);
-                    } else {
-                        luna_optimizer_step_args a = {.lr = 1e-4,
-                                                      .grad_scale = 1.0,
-                                                      .clip_norm = clip_norm,
-                                                      .clip_mode = mode};
-                        st = luna_optimizer_step(opt, &a, NULL);
-                        ops0 = 4; /* multi_sum_squares, clip_coefficients, multi_scale, update */
-                    }
-                    if (st == LUNA_OK) st = luna_backend_synchronize(be);
-                    double t = now_seconds() - t0;
-                    if (st != LUNA_OK) die(path ? "new path" : "old path");
-                    if (r > 0) times[path][r - 1] = t;
-                    ops[path] = ops0;
-                    reads[path] = be->to_host_calls - reads0;
-                    allocs[path] = be->alloc_calls - allocs0;
-                }
+            double times[64];
+            size_t reads = 0, allocs = 0;
+            for (int r = 0; r <= reps; r++) { /* r = 0: warm-up */
+                if (luna_mem_from_host(be, p->grad, g0, np * sizeof(float)) != LUNA_OK)
+                    die("gradients");
+                size_t reads0 = be->to_host_calls, allocs0 = be->alloc_calls;
+                double t0 = now_seconds();
+                luna_optimizer_step_args a = {
+                    .lr = 1e-4, .grad_scale = 1.0, .clip_norm = clip_norm, .clip_mode = mode};
+                luna_status st = luna_optimizer_step(opt, &a, NULL);
+                if (st == LUNA_OK) st = luna_backend_synchronize(be);
+                double t = now_seconds() - t0;
+                if (st != LUNA_OK) die("update");
+                if (r > 0) times[r - 1] = t;
+                reads = be->to_host_calls - reads0;
+                allocs = be->alloc_calls - allocs0;
             }
-            for (int path = 0; path <= 1; path++) {
-                qsort(times[path], (size_t)reps, sizeof(double), cmp_double);
-                printf("  %-6s threads=%s %s path: %8.2f ms/update best, %8.2f median  (%d ops, "
-                       "%zu readbacks, %zu allocations per update)\n",
-                       kind ? "adam" : "apollo", tok, path ? "new" : "old", times[path][0] * 1e3,
-                       times[path][reps / 2] * 1e3, ops[path], reads[path], allocs[path]);
-            }
+            qsort(times, (size_t)reps, sizeof(double), cmp_double);
+            /* 4 ops: multi_sum_squares, clip_coefficients, multi_scale, the update */
+            printf("  %-6s threads=%s: %8.2f ms/update best, %8.2f median  (4 ops, %zu readbacks, "
+                   "%zu allocations per update)\n",
+                   kind ? "adam" : "apollo", tok, times[0] * 1e3, times[reps / 2] * 1e3, reads,
+                   allocs);
         }
-        for (int k = 0; k < 3; k++)
-            luna_mem_release(be, state[k], np * sizeof(float));
         luna_optimizer_free(opt);
         luna_tensor_table_free(tt);
     }

@@ -1,8 +1,6 @@
 /* Elementwise activations, x, y, dx, dy [n]. In place allowed (y == x; dx == dy), so no restrict.
  * Backward takes the forward INPUT x and overwrites dx = dy · φ'(x).
  *
- *   relu:          φ(z) = max(z, 0) (NaN stays NaN),  φ'(z) = 1 if z > 0 else 0 (0 at z = 0, as
- *                                                    PyTorch's threshold_backward)
  *   softplus_ln2:  φ(z) = log2(1 + 2^z) = (1/β)·log1p(exp(β z)),  β = ln 2;
  *                  φ(z) = z when β z > 20 (PyTorch's Softplus threshold);
  *                  φ'(z) = sigmoid(β z) = e/(1 + e), e = exp(β z)  (1 when β z > 20)
@@ -15,38 +13,8 @@
 
 #include "model/kernels/cpu/cpu_ops.h"
 
-#define LUNA_PARALLEL_MIN 65536
 #define SOFTPLUS_BETA 0.6931471805599453f /* ln 2 */
 #define SOFTPLUS_THRESHOLD 20.0f
-
-#define CHECK_ARGS(what, cond)                                                                     \
-    do {                                                                                           \
-        if (n < 0 || (n > 0 && !(cond)))                                                           \
-            return luna_error(LUNA_ERR_INVALID_ARGUMENT,                                           \
-                              what ": null pointer or negative size (n=%lld)", (long long)n);      \
-    } while (0)
-
-luna_status luna_cpu_relu_forward(luna_backend *be, luna_act *y_, const luna_act *x_, int64_t n) {
-    float *y = (float *)y_;
-    const float *x = (const float *)x_;
-    CHECK_ARGS("relu_forward", y && x);
-#pragma omp parallel for num_threads(be->num_threads) schedule(static) if (n > LUNA_PARALLEL_MIN)
-    for (int64_t i = 0; i < n; i++)
-        y[i] = x[i] < 0.0f ? 0.0f : x[i] + 0.0f; /* NaN stays NaN */
-    return LUNA_OK;
-}
-
-luna_status luna_cpu_relu_backward(luna_backend *be, luna_act *dx_, const luna_act *dy_,
-                                   const luna_act *x_, int64_t n) {
-    float *dx = (float *)dx_;
-    const float *dy = (const float *)dy_;
-    const float *x = (const float *)x_;
-    CHECK_ARGS("relu_backward", dx && dy && x);
-#pragma omp parallel for num_threads(be->num_threads) schedule(static) if (n > LUNA_PARALLEL_MIN)
-    for (int64_t i = 0; i < n; i++)
-        dx[i] = x[i] > 0.0f ? dy[i] : 0.0f;
-    return LUNA_OK;
-}
 
 static inline float softplus_ln2(float z) {
     float bz = SOFTPLUS_BETA * z;
@@ -64,8 +32,8 @@ luna_status luna_cpu_softplus_ln2_forward(luna_backend *be, luna_act *y_, const 
                                           int64_t n) {
     float *y = (float *)y_;
     const float *x = (const float *)x_;
-    CHECK_ARGS("softplus_ln2_forward", y && x);
-#pragma omp parallel for num_threads(be->num_threads) schedule(static) if (n > LUNA_PARALLEL_MIN)
+#pragma omp parallel for num_threads(be->num_threads)                                              \
+    schedule(static) if (n > LUNA_CPU_PAR_ELEMENTS)
     for (int64_t i = 0; i < n; i++)
         y[i] = softplus_ln2(x[i]);
     return LUNA_OK;
@@ -76,8 +44,8 @@ luna_status luna_cpu_softplus_ln2_backward(luna_backend *be, luna_act *dx_, cons
     float *dx = (float *)dx_;
     const float *dy = (const float *)dy_;
     const float *x = (const float *)x_;
-    CHECK_ARGS("softplus_ln2_backward", dx && dy && x);
-#pragma omp parallel for num_threads(be->num_threads) schedule(static) if (n > LUNA_PARALLEL_MIN)
+#pragma omp parallel for num_threads(be->num_threads)                                              \
+    schedule(static) if (n > LUNA_CPU_PAR_ELEMENTS)
     for (int64_t i = 0; i < n; i++)
         dx[i] = dy[i] * softplus_ln2_grad(x[i]);
     return LUNA_OK;
@@ -87,8 +55,8 @@ luna_status luna_cpu_elu_plus_one_forward(luna_backend *be, luna_act *y_, const 
                                           int64_t n) {
     float *y = (float *)y_;
     const float *x = (const float *)x_;
-    CHECK_ARGS("elu_plus_one_forward", y && x);
-#pragma omp parallel for num_threads(be->num_threads) schedule(static) if (n > LUNA_PARALLEL_MIN)
+#pragma omp parallel for num_threads(be->num_threads)                                              \
+    schedule(static) if (n > LUNA_CPU_PAR_ELEMENTS)
     for (int64_t i = 0; i < n; i++)
         y[i] = x[i] > 0.0f ? x[i] + 1.0f : expf(x[i]);
     return LUNA_OK;
@@ -99,8 +67,8 @@ luna_status luna_cpu_elu_plus_one_backward(luna_backend *be, luna_act *dx_, cons
     float *dx = (float *)dx_;
     const float *dy = (const float *)dy_;
     const float *x = (const float *)x_;
-    CHECK_ARGS("elu_plus_one_backward", dx && dy && x);
-#pragma omp parallel for num_threads(be->num_threads) schedule(static) if (n > LUNA_PARALLEL_MIN)
+#pragma omp parallel for num_threads(be->num_threads)                                              \
+    schedule(static) if (n > LUNA_CPU_PAR_ELEMENTS)
     for (int64_t i = 0; i < n; i++)
         dx[i] = x[i] > 0.0f ? dy[i] : dy[i] * expf(x[i]);
     return LUNA_OK;

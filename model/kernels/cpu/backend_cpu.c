@@ -10,69 +10,50 @@
 #include "model/kernels/cpu/backend_cpu.h"
 #include "model/kernels/cpu/cpu_ops.h"
 
-static const luna_ops cpu_ops = {
+/* The kernels behind core/op_checks.c's checks (be->kernels), in struct luna_ops's order. */
+static const luna_ops cpu_kernels = {
     .gemm = luna_cpu_gemm,
     .gemm_grid = luna_cpu_gemm_grid,
     .linear_forward = luna_cpu_linear_forward,
     .linear_backward = luna_cpu_linear_backward,
-    .bias_add_forward = luna_cpu_bias_add_forward,
-    .bias_add_backward = luna_cpu_bias_add_backward,
-    .embedding_forward = luna_cpu_embedding_forward,
-    .embedding_backward = luna_cpu_embedding_backward,
-    .sinusoidal_table = luna_cpu_sinusoidal_table,
-    .positions_add = luna_cpu_positions_add,
-    .layer_norm_forward = luna_cpu_layer_norm_forward,
-    .layer_norm_backward = luna_cpu_layer_norm_backward,
-    .softmax_forward = luna_cpu_softmax_forward,
-    .softmax_backward = luna_cpu_softmax_backward,
-    .dropout_forward = luna_cpu_dropout_forward,
-    .dropout_backward = luna_cpu_dropout_backward,
-    .relu_forward = luna_cpu_relu_forward,
-    .relu_backward = luna_cpu_relu_backward,
-    .softplus_ln2_forward = luna_cpu_softplus_ln2_forward,
-    .softplus_ln2_backward = luna_cpu_softplus_ln2_backward,
-    .elu_plus_one_forward = luna_cpu_elu_plus_one_forward,
-    .elu_plus_one_backward = luna_cpu_elu_plus_one_backward,
     .residual_norm_forward = luna_cpu_residual_norm_forward,
     .residual_norm_backward = luna_cpu_residual_norm_backward,
     .bias_relu_dropout_forward = luna_cpu_bias_relu_dropout_forward,
     .bias_relu_dropout_backward = luna_cpu_bias_relu_dropout_backward,
     .softmax_dropout_forward = luna_cpu_softmax_dropout_forward,
     .softmax_dropout_backward = luna_cpu_softmax_dropout_backward,
+    .cross_entropy_forward = luna_cpu_cross_entropy_forward,
+    .cross_entropy_forward_backward = luna_cpu_cross_entropy_forward_backward,
+    .softmax_forward = luna_cpu_softmax_forward,
     .causal_contraction_forward = luna_cpu_causal_contraction_forward,
     .causal_contraction_backward = luna_cpu_causal_contraction_backward,
-    .cross_entropy_forward = luna_cpu_cross_entropy_forward,
-    .cross_entropy_backward = luna_cpu_cross_entropy_backward,
-    .cross_entropy_forward_backward = luna_cpu_cross_entropy_forward_backward,
-    .sum_squares = luna_cpu_sum_squares,
-    .sum_pow4 = luna_cpu_sum_pow4,
-    .dot = luna_cpu_dot,
-    .sum = luna_cpu_sum,
-    .max_abs = luna_cpu_max_abs,
-    .sum_squares_backward = luna_cpu_sum_squares_backward,
-    .sum_pow4_backward = luna_cpu_sum_pow4_backward,
-    .dot_backward = luna_cpu_dot_backward,
+    .embedding_forward = luna_cpu_embedding_forward,
+    .embedding_backward = luna_cpu_embedding_backward,
+    .sinusoidal_table = luna_cpu_sinusoidal_table,
+    .positions_add = luna_cpu_positions_add,
+    .dropout_forward = luna_cpu_dropout_forward,
+    .dropout_backward = luna_cpu_dropout_backward,
+    .softplus_ln2_forward = luna_cpu_softplus_ln2_forward,
+    .softplus_ln2_backward = luna_cpu_softplus_ln2_backward,
+    .elu_plus_one_forward = luna_cpu_elu_plus_one_forward,
+    .elu_plus_one_backward = luna_cpu_elu_plus_one_backward,
     .add = luna_cpu_add,
     .axpy = luna_cpu_axpy,
-    .scale = luna_cpu_scale,
     .scale_act = luna_cpu_scale_act,
-    .fill = luna_cpu_fill,
     .split_heads = luna_cpu_split_heads,
     .merge_heads = luna_cpu_merge_heads,
-    .gather_rows = luna_cpu_gather_rows,
-    .log_softmax_topk = luna_cpu_log_softmax_topk,
-    .cache_products = luna_cpu_cache_products,
-    .hold_weights = luna_cpu_hold_weights,
-    .release_weights = luna_cpu_release_weights,
     .broadcast_rows = luna_cpu_broadcast_rows,
     .sum_broadcast = luna_cpu_sum_broadcast,
-    .apollo_update = luna_cpu_apollo_update,
-    .adam_update = luna_cpu_adam_update,
     .multi_sum_squares = luna_cpu_multi_sum_squares,
     .clip_coefficients = luna_cpu_clip_coefficients,
     .multi_scale = luna_cpu_multi_scale,
     .multi_apollo_update = luna_cpu_multi_apollo_update,
     .multi_adam_update = luna_cpu_multi_adam_update,
+    .gather_rows = luna_cpu_gather_rows,
+    .log_softmax_topk = luna_cpu_log_softmax_topk,
+    .cache_products = luna_cpu_cache_products,
+    .hold_weights = luna_cpu_hold_weights,
+    .release_weights = luna_cpu_release_weights,
 };
 
 /* 256-byte aligned host memory: the arena's alignment, as cudaMalloc gives on the GPU. */
@@ -135,10 +116,10 @@ luna_status luna_backend_cpu_create(luna_backend **out, int num_threads) {
     be->name = "cpu";
     be->device = LUNA_DEVICE_CPU;
     be->act_dtype = LUNA_F32;
-    be->ops = &cpu_ops;
     be->mem = &cpu_memory;
     luna_backend_cpu_set_threads(be, num_threads);
-    luna_status st = luna_arena_create(&be->scratch, be, (size_t)16 << 20);
+    luna_status st = luna_backend_set_kernels(be, &cpu_kernels);
+    if (st == LUNA_OK) st = luna_arena_create(&be->scratch, be, (size_t)16 << 20);
     if (st != LUNA_OK) {
         free(be);
         return st;

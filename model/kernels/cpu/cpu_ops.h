@@ -1,5 +1,6 @@
-/* Declarations of the CPU kernels (model/kernels/cpu/); backend_cpu.c puts them in the op
- * table. Semantics: see the matching entry of struct luna_ops in core/backend.h. */
+/* Declarations of the CPU kernels (model/kernels/cpu/); backend_cpu.c puts them in its kernel
+ * table. Semantics: see the matching entry of struct luna_ops in core/backend.h. The kernels
+ * receive arguments checked by core/op_checks.c. */
 #ifndef LUNA_CPU_OPS_H
 #define LUNA_CPU_OPS_H
 
@@ -27,10 +28,6 @@ bool luna_cpu_held_linear(luna_backend *be, float *y, const float *x, const floa
 luna_status luna_cpu_linear_backward(luna_backend *be, luna_act *dx, float *dW, float *db,
                                      const luna_act *dy, const luna_act *x, const float *W,
                                      int64_t rows, int in, int out, bool accumulate_dx);
-luna_status luna_cpu_bias_add_forward(luna_backend *be, luna_act *y, const float *b, int64_t rows,
-                                      int cols);
-luna_status luna_cpu_bias_add_backward(luna_backend *be, float *db, const luna_act *dy,
-                                       int64_t rows, int cols);
 luna_status luna_cpu_embedding_forward(luna_backend *be, luna_act *out, const float *table,
                                        const int32_t *tokens, int64_t n, int V, int d, float scale,
                                        int padding_idx);
@@ -41,25 +38,13 @@ luna_status luna_cpu_sinusoidal_table(luna_backend *be, luna_act *out, int first
                                       int d);
 luna_status luna_cpu_positions_add(luna_backend *be, luna_act *x, const int32_t *tokens, int B,
                                    int n, int d, int padding_idx);
-luna_status luna_cpu_layer_norm_forward(luna_backend *be, luna_act *y, float *mean, float *rstd,
-                                        const luna_act *x, const float *gamma, const float *beta,
-                                        int64_t rows, int d, float eps);
-luna_status luna_cpu_layer_norm_backward(luna_backend *be, luna_act *dx, float *dgamma,
-                                         float *dbeta, const luna_act *dy, const luna_act *x,
-                                         const float *mean, const float *rstd, const float *gamma,
-                                         int64_t rows, int d);
 luna_status luna_cpu_softmax_forward(luna_backend *be, luna_act *y, const luna_act *x, int64_t rows,
                                      int cols, const int32_t *valid_cols, int64_t rows_per_group,
                                      int causal_period);
-luna_status luna_cpu_softmax_backward(luna_backend *be, luna_act *dx, const luna_act *dy,
-                                      const luna_act *y, int64_t rows, int cols);
 luna_status luna_cpu_dropout_forward(luna_backend *be, luna_act *y, const luna_act *x, int64_t n,
                                      float p, luna_rng_key key);
 luna_status luna_cpu_dropout_backward(luna_backend *be, luna_act *dx, const luna_act *dy, int64_t n,
                                       float p, luna_rng_key key);
-luna_status luna_cpu_relu_forward(luna_backend *be, luna_act *y, const luna_act *x, int64_t n);
-luna_status luna_cpu_relu_backward(luna_backend *be, luna_act *dx, const luna_act *dy,
-                                   const luna_act *x, int64_t n);
 luna_status luna_cpu_softplus_ln2_forward(luna_backend *be, luna_act *y, const luna_act *x,
                                           int64_t n);
 luna_status luna_cpu_softplus_ln2_backward(luna_backend *be, luna_act *dx, const luna_act *dy,
@@ -85,28 +70,10 @@ luna_status luna_cpu_cross_entropy_forward_backward(luna_backend *be, float *los
                                                     const luna_act *logits, const int32_t *targets,
                                                     int64_t N, int V, float epsilon,
                                                     int padding_idx, float grad_scale);
-luna_status luna_cpu_cross_entropy_backward(luna_backend *be, luna_act *dlogits,
-                                            const luna_act *logits, const float *lse,
-                                            const int32_t *targets, int64_t N, int V, float epsilon,
-                                            int padding_idx, float grad_scale);
-luna_status luna_cpu_sum_squares(luna_backend *be, float *result, const float *x, int64_t n);
-luna_status luna_cpu_sum_pow4(luna_backend *be, float *result, const float *x, int64_t n);
-luna_status luna_cpu_dot(luna_backend *be, float *result, const float *x, const float *y,
-                         int64_t n);
-luna_status luna_cpu_sum(luna_backend *be, float *result, const float *x, int64_t n);
-luna_status luna_cpu_max_abs(luna_backend *be, float *result, const float *x, int64_t n);
-luna_status luna_cpu_sum_squares_backward(luna_backend *be, float *dx, const float *x, float g,
-                                          int64_t n);
-luna_status luna_cpu_sum_pow4_backward(luna_backend *be, float *dx, const float *x, float g,
-                                       int64_t n);
-luna_status luna_cpu_dot_backward(luna_backend *be, float *dx, float *dy, const float *x,
-                                  const float *y, float g, int64_t n);
 luna_status luna_cpu_add(luna_backend *be, luna_act *y, const luna_act *a, const luna_act *b,
                          int64_t n);
 luna_status luna_cpu_axpy(luna_backend *be, luna_act *y, float alpha, const float *x, int64_t n);
-luna_status luna_cpu_scale(luna_backend *be, float *x, float alpha, int64_t n);
 luna_status luna_cpu_scale_act(luna_backend *be, luna_act *x, float alpha, int64_t n);
-luna_status luna_cpu_fill(luna_backend *be, float *x, float value, int64_t n);
 luna_status luna_cpu_split_heads(luna_backend *be, luna_act *out, const luna_act *x, int B, int n,
                                  int H, int dh);
 luna_status luna_cpu_merge_heads(luna_backend *be, luna_act *out, const luna_act *x, int B, int n,
@@ -115,14 +82,6 @@ luna_status luna_cpu_broadcast_rows(luna_backend *be, luna_act *out, const luna_
                                     int64_t rows, int d);
 luna_status luna_cpu_sum_broadcast(luna_backend *be, float *dx, const luna_act *dout, int B,
                                    int64_t rows, int d);
-
-luna_status luna_cpu_apollo_update(luna_backend *be, float *theta, const float *g, float *exp_avg,
-                                   float *approx_hessian, float *update, int64_t n, int64_t step,
-                                   double lr, double beta, double eps, double sigma, int rebound,
-                                   double weight_decay, int wd_type);
-luna_status luna_cpu_adam_update(luna_backend *be, float *theta, const float *g, float *exp_avg,
-                                 float *exp_avg_sq, int64_t n, int64_t step, double lr,
-                                 double beta1, double beta2, double eps, double weight_decay);
 
 luna_status luna_cpu_gather_rows(luna_backend *be, luna_act *dst, int64_t dst_stride,
                                  const luna_act *src, int64_t src_stride, const int32_t *idx,
@@ -150,8 +109,25 @@ luna_status luna_cpu_multi_adam_update(luna_backend *be, float *theta, const flo
                                        const luna_tensor_table *tt, int64_t *steps, double lr,
                                        double beta1, double beta2, double eps, double weight_decay);
 
-/* ---- shared row kernels: the ops and the fused ops (fused.c) call the same code, so the fused
- * ops equal the unfused composition bit for bit --------------------------------------------- */
+/* ---- shared by the kernels ------------------------------------------------------------------
+ * Work below which a loop runs on one thread (a parallel region costs more than it saves): an
+ * elementwise loop's elements, a row kernel's rows × cols. They decide who computes what, never a
+ * result. */
+#define LUNA_CPU_PAR_ELEMENTS 65536
+#define LUNA_CPU_PAR_ROWS_WORK 32768
+/* Columns owned by one thread in the column sums (bias, LayerNorm and embedding gradients):
+ * about cols/threads, in [16, LUNA_CPU_COL_TILE_MAX] (≥ 16 floats: a cache line, no false
+ * sharing). Only the work split depends on it. */
+#define LUNA_CPU_COL_TILE_MAX 64
+static inline int luna_cpu_col_tile(int cols, int threads) {
+    int t = (cols + threads - 1) / (threads > 0 ? threads : 1);
+    t = (t + 15) / 16 * 16;
+    return t < 16 ? 16 : (t > LUNA_CPU_COL_TILE_MAX ? LUNA_CPU_COL_TILE_MAX : t);
+}
+/* db [cols] += Σ_r dy [r, cols] (linear_backward's bias gradient, the fused ops' dbias). */
+void luna_cpu_bias_grad(luna_backend *be, float *db, const float *dy, int64_t rows, int cols);
+
+/* Row kernels shared by softmax_forward and the fused ops (fused.c). */
 void luna_cpu_layer_norm_row(float *yr, float *mean, float *rstd, const float *xr,
                              const float *gamma, const float *beta, int d, float eps);
 void luna_cpu_layer_norm_row_backward(float *dxr, const float *dyr, const float *xr, float mean,

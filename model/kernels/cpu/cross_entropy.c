@@ -5,9 +5,10 @@
  *   −log p_v = lse − z_v
  *   nll  = lse − z_y
  *   loss = (1−ε)·nll + (ε/V)·Σ_v (lse − z_v) = (1−ε)·nll + ε·(lse − (1/V)·Σ_v z_v)
- * with V the full vocabulary. Forward writes loss, nll, lse [N] (all 0 on pad rows).
+ * with V the full vocabulary. Both ops write loss, nll, lse [N] (all 0 on pad rows);
+ * cross_entropy_forward_backward also the gradient, row by row after the row's forward.
  *
- * Backward (∂loss/∂z_v = p_v − (1−ε)·[v = y] − ε/V,  p_v = exp(z_v − lse)):
+ * Gradient (∂loss/∂z_v = p_v − (1−ε)·[v = y] − ε/V,  p_v = exp(z_v − lse)):
  *   dz = grad_scale · (softmax − (1−ε)·onehot(y) − ε/V)   on non-pad rows, 0 on pad rows.
  * Each element of dz depends only on the same element of z (and the row's lse), so dlogits may
  * alias logits: the [N, V] logits buffer becomes its own gradient.
@@ -69,28 +70,6 @@ static inline float vexpf(float x) {
 
 #define LUNA_CE_PARALLEL_MIN 65536 /* elements of logits */
 
-static luna_status check_args(const char *what, const void *out, const float *logits,
-                              const int32_t *targets, int64_t N, int V, float epsilon,
-                              int padding_idx) {
-    if (N < 0 || V <= 0)
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "%s: bad shape (N=%lld, V=%d)", what,
-                          (long long)N, V);
-    if (!(epsilon >= 0.0f && epsilon <= 1.0f))
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "%s: label smoothing %g not in [0, 1]", what,
-                          (double)epsilon);
-    if (N == 0) return LUNA_OK;
-    if (!out || !logits || !targets)
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "%s: null pointer", what);
-    for (int64_t r = 0; r < N; r++) {
-        int32_t y = targets[r];
-        if (y != padding_idx && (y < 0 || y >= V))
-            return luna_error(LUNA_ERR_INVALID_ARGUMENT,
-                              "%s: target %d of row %lld is outside the vocabulary [0, %d)", what,
-                              (int)y, (long long)r, V);
-    }
-    return LUNA_OK;
-}
-
 /* One row's forward: lse, nll, loss (see the file comment). */
 static void row_forward(const float *restrict z, int V, int32_t y, double eps, float *loss,
                         float *nll, float *lse) {
@@ -133,10 +112,7 @@ luna_status luna_cpu_cross_entropy_forward(luna_backend *be, float *loss, float 
                                            const luna_act *logits_, const int32_t *targets,
                                            int64_t N, int V, float epsilon, int padding_idx) {
     const float *logits = (const float *)logits_;
-    LUNA_TRY(
-        check_args("cross_entropy_forward", loss, logits, targets, N, V, epsilon, padding_idx));
-    if (N > 0 && (!nll || !lse))
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "cross_entropy_forward: null pointer");
+    LUNA_TRY(luna_op_check_ids("cross_entropy_forward", "target", targets, N, V, &padding_idx));
 #pragma omp parallel for num_threads(be->num_threads)                                              \
     schedule(static) if (N * (int64_t)V > LUNA_CE_PARALLEL_MIN)
     for (int64_t r = 0; r < N; r++) {
@@ -149,35 +125,6 @@ luna_status luna_cpu_cross_entropy_forward(luna_backend *be, float *loss, float 
     return LUNA_OK;
 }
 
-/* dlogits [N, V] = grad_scale · (softmax − (1−ε)·onehot(y) − ε/V), 0 on pad rows. May alias
- * logits. lse [N] from the forward. */
-luna_status luna_cpu_cross_entropy_backward(luna_backend *be, luna_act *dlogits_,
-                                            const luna_act *logits_, const float *lse,
-                                            const int32_t *targets, int64_t N, int V, float epsilon,
-                                            int padding_idx, float grad_scale) {
-    float *dlogits = (float *)dlogits_;
-    const float *logits = (const float *)logits_;
-    LUNA_TRY(
-        check_args("cross_entropy_backward", dlogits, logits, targets, N, V, epsilon, padding_idx));
-    if (N > 0 && !lse)
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "cross_entropy_backward: null pointer");
-    const float smooth = grad_scale * (epsilon / (float)V);
-    const float target_term = grad_scale * (1.0f - epsilon);
-#pragma omp parallel for num_threads(be->num_threads)                                              \
-    schedule(static) if (N * (int64_t)V > LUNA_CE_PARALLEL_MIN)
-    for (int64_t r = 0; r < N; r++) {
-        /* Not restrict: dz may be z. */
-        float *dz = dlogits + r * (int64_t)V;
-        const int32_t y = targets[r];
-        if (y == padding_idx) {
-            zero_row(dz, V);
-            continue;
-        }
-        row_backward(dz, logits + r * (int64_t)V, V, y, lse[r], grad_scale, smooth, target_term);
-    }
-    return LUNA_OK;
-}
-
 /* Forward and backward row by row: the row is read from cache the second time. */
 luna_status luna_cpu_cross_entropy_forward_backward(luna_backend *be, float *loss, float *nll,
                                                     float *lse, luna_act *dlogits_,
@@ -186,11 +133,8 @@ luna_status luna_cpu_cross_entropy_forward_backward(luna_backend *be, float *los
                                                     int padding_idx, float grad_scale) {
     float *dlogits = (float *)dlogits_;
     const float *logits = (const float *)logits_;
-    LUNA_TRY(check_args("cross_entropy_forward_backward", loss, logits, targets, N, V, epsilon,
-                        padding_idx));
-    if (N > 0 && (!nll || !lse || !dlogits))
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
-                          "cross_entropy_forward_backward: null pointer");
+    LUNA_TRY(
+        luna_op_check_ids("cross_entropy_forward_backward", "target", targets, N, V, &padding_idx));
     const float smooth = grad_scale * (epsilon / (float)V);
     const float target_term = grad_scale * (1.0f - epsilon);
 #pragma omp parallel for num_threads(be->num_threads)                                              \

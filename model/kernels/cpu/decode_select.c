@@ -6,8 +6,9 @@
  * rounded to fp32, then the bias added in fp32), so translations are unchanged; rows are
  * independent, so any thread count gives the same bits. The Σ exp runs through a vectorisable
  * double exp (core/exp_double.h, shared with CUDA; within 1 ulp of libm's) in four interleaved
- * partial sums: 4-5x faster than libm's scalar exp, which was 11% of a transformer's decoding time;
- * lse moves by ~1e-16 relative, far below the fp32 rounding of the log-probs. */
+ * partial sums, several times faster than libm's scalar exp (which is a visible share of
+ * decoding: docs/benchmarks.md); lse moves by ~1e-16 relative, far below the fp32 rounding of the
+ * log-probs. */
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -22,13 +23,7 @@ luna_status luna_cpu_gather_rows(luna_backend *be, luna_act *dst_, int64_t dst_s
                                  int64_t n, int64_t cols) {
     float *dst = (float *)dst_;
     const float *src = (const float *)src_;
-    if (n < 0 || cols < 0 || dst_stride < cols || src_stride < cols)
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
-                          "gather_rows: bad sizes (n %lld, cols %lld, strides %lld, %lld)",
-                          (long long)n, (long long)cols, (long long)dst_stride,
-                          (long long)src_stride);
     if (n == 0 || cols == 0) return LUNA_OK;
-    if (!dst || !src) return luna_error(LUNA_ERR_INVALID_ARGUMENT, "gather_rows: null pointer");
     const int threads = be->num_threads > 0 ? be->num_threads : 1;
 #pragma omp parallel for num_threads(threads) schedule(static) if (n * cols >= 65536)
     for (int64_t i = 0; i < n; i++) {
@@ -214,19 +209,8 @@ luna_status luna_cpu_log_softmax_topk(luna_backend *be, const luna_act *logits_,
                                       int64_t rows, int V, int k, float *top_lp, int32_t *top_idx,
                                       const int32_t *pick, float *picked) {
     const float *logits = (const float *)logits_;
-    if (rows < 0 || V < 1 || k < 0 || k > V)
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
-                          "log_softmax_topk: bad sizes (rows %lld, V %d, k %d)", (long long)rows, V,
-                          k);
     if (rows == 0) return LUNA_OK;
-    if (!logits || (k > 0 && (!top_lp || !top_idx)) || (pick && !picked))
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "log_softmax_topk: null pointer");
-    if (pick)
-        for (int64_t r = 0; r < rows; r++)
-            if (pick[r] < 0 || pick[r] >= V)
-                return luna_error(LUNA_ERR_INVALID_ARGUMENT,
-                                  "log_softmax_topk: row %lld: token %d out of [0, %d)",
-                                  (long long)r, pick[r], V);
+    if (pick) LUNA_TRY(luna_op_check_ids("log_softmax_topk", "picked token", pick, rows, V, NULL));
     luna_arena_mark mark = luna_arena_get_mark(be->scratch);
     const int threads = be->num_threads > 0 ? be->num_threads : 1;
 #if defined(__x86_64__) && defined(__GNUC__)

@@ -1,16 +1,14 @@
-/* Elementwise ops and layout changes: dropout, add/axpy/scale/fill, split/merge heads, broadcast.
+/* Elementwise ops and layout changes: dropout, add/axpy/scale_act, split/merge heads, broadcast.
  * (The activation functions are in activations.c.)
  *
  * All loops are OpenMP-parallel over elements with a static schedule (each element is computed
  * by exactly one thread from its own inputs, so results never depend on the thread count), and
- * run on one thread below LUNA_PARALLEL_MIN elements where a parallel region costs more than it
+ * run on one thread below LUNA_CPU_PAR_ELEMENTS elements where a parallel region costs more than it
  * saves.
  */
 #include <string.h>
 
 #include "model/kernels/cpu/cpu_ops.h"
-
-#define LUNA_PARALLEL_MIN 65536
 
 /* ---- Dropout ------------------------------------------------------------------------------------
  * y[i] = x[i] · keep(i) / (1 − p),  keep(i) = luna_rng_uniform(key, i) >= p,  x, y [n].
@@ -22,13 +20,8 @@
 
 /* y = x · keep / (1 − p) (dropped elements are x·0: a NaN input stays NaN, as in PyTorch).
  * Shared by forward (x) and backward (dy): the op is linear with a fixed diagonal mask. */
-static luna_status dropout_apply(luna_backend *be, const char *what, float *y, const float *x,
-                                 int64_t n, float p, luna_rng_key key) {
-    if (!(p >= 0.0f && p < 1.0f))
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "%s: p = %g must be in [0, 1)", what,
-                          (double)p);
-    if (n < 0 || (n > 0 && (!y || !x)))
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "%s: null pointer or negative size", what);
+static luna_status dropout_apply(luna_backend *be, float *y, const float *x, int64_t n, float p,
+                                 luna_rng_key key) {
     if (n == 0) return LUNA_OK;
     if (p == 0.0f) {
         if (y != x) memmove(y, x, (size_t)n * sizeof *y);
@@ -40,7 +33,7 @@ static luna_status dropout_apply(luna_backend *be, const char *what, float *y, c
     enum { DROPOUT_CHUNK = 512 };
     const int64_t nchunks = (n + DROPOUT_CHUNK - 1) / DROPOUT_CHUNK;
 #pragma omp parallel for num_threads(be->num_threads)                                              \
-    schedule(static) if (n > LUNA_PARALLEL_MIN / 4)
+    schedule(static) if (n > LUNA_CPU_PAR_ELEMENTS / 4)
     for (int64_t c = 0; c < nchunks; c++) {
         uint32_t bits[DROPOUT_CHUNK];
         const int64_t i0 = c * DROPOUT_CHUNK;
@@ -70,7 +63,7 @@ luna_status luna_cpu_dropout_forward(luna_backend *be, luna_act *y_, const luna_
                                      float p, luna_rng_key key) {
     float *y = (float *)y_;
     const float *x = (const float *)x_;
-    return dropout_apply(be, "dropout_forward", y, x, n, p, key);
+    return dropout_apply(be, y, x, n, p, key);
 }
 
 /* dx = dy · keep / (1 − p) with the forward's mask (same key). dx may alias dy. */
@@ -78,26 +71,19 @@ luna_status luna_cpu_dropout_backward(luna_backend *be, luna_act *dx_, const lun
                                       int64_t n, float p, luna_rng_key key) {
     float *dx = (float *)dx_;
     const float *dy = (const float *)dy_;
-    return dropout_apply(be, "dropout_backward", dx, dy, n, p, key);
+    return dropout_apply(be, dx, dy, n, p, key);
 }
 
 /* ---- Arithmetic (in place allowed: y may be a or b, etc.; hence no restrict) ------------------
  */
-#define CHECK_N(what, cond)                                                                        \
-    do {                                                                                           \
-        if (n < 0 || (n > 0 && !(cond)))                                                           \
-            return luna_error(LUNA_ERR_INVALID_ARGUMENT,                                           \
-                              what ": null pointer or negative size (n=%lld)", (long long)n);      \
-    } while (0)
-
 /* y = a + b, all [n]. */
 luna_status luna_cpu_add(luna_backend *be, luna_act *y_, const luna_act *a_, const luna_act *b_,
                          int64_t n) {
     float *y = (float *)y_;
     const float *a = (const float *)a_;
     const float *b = (const float *)b_;
-    CHECK_N("add", y && a && b);
-#pragma omp parallel for num_threads(be->num_threads) schedule(static) if (n > LUNA_PARALLEL_MIN)
+#pragma omp parallel for num_threads(be->num_threads)                                              \
+    schedule(static) if (n > LUNA_CPU_PAR_ELEMENTS)
     for (int64_t i = 0; i < n; i++)
         y[i] = a[i] + b[i];
     return LUNA_OK;
@@ -106,33 +92,20 @@ luna_status luna_cpu_add(luna_backend *be, luna_act *y_, const luna_act *a_, con
 /* y += alpha · x, both [n]. */
 luna_status luna_cpu_axpy(luna_backend *be, luna_act *y_, float alpha, const float *x, int64_t n) {
     float *y = (float *)y_;
-    CHECK_N("axpy", y && x);
-#pragma omp parallel for num_threads(be->num_threads) schedule(static) if (n > LUNA_PARALLEL_MIN)
+#pragma omp parallel for num_threads(be->num_threads)                                              \
+    schedule(static) if (n > LUNA_CPU_PAR_ELEMENTS)
     for (int64_t i = 0; i < n; i++)
         y[i] += alpha * x[i];
     return LUNA_OK;
 }
 
-/* x *= alpha, x [n]. */
-luna_status luna_cpu_scale(luna_backend *be, float *x, float alpha, int64_t n) {
-    CHECK_N("scale", x);
-#pragma omp parallel for num_threads(be->num_threads) schedule(static) if (n > LUNA_PARALLEL_MIN)
+/* x *= alpha, x [n] (an activation: fp32 on this backend). */
+luna_status luna_cpu_scale_act(luna_backend *be, luna_act *x_, float alpha, int64_t n) {
+    float *x = (float *)x_;
+#pragma omp parallel for num_threads(be->num_threads)                                              \
+    schedule(static) if (n > LUNA_CPU_PAR_ELEMENTS)
     for (int64_t i = 0; i < n; i++)
         x[i] *= alpha;
-    return LUNA_OK;
-}
-
-/* The same on an activation (fp32 on this backend). */
-luna_status luna_cpu_scale_act(luna_backend *be, luna_act *x, float alpha, int64_t n) {
-    return luna_cpu_scale(be, x, alpha, n);
-}
-
-/* x = value, x [n]. */
-luna_status luna_cpu_fill(luna_backend *be, float *x, float value, int64_t n) {
-    CHECK_N("fill", x);
-#pragma omp parallel for num_threads(be->num_threads) schedule(static) if (n > LUNA_PARALLEL_MIN)
-    for (int64_t i = 0; i < n; i++)
-        x[i] = value;
     return LUNA_OK;
 }
 
@@ -141,17 +114,13 @@ luna_status luna_cpu_fill(luna_backend *be, float *x, float value, int64_t n) {
  * merge_heads: out[b, t, h, :] = x[b, h, t, :]   x [B, H, n, dh] -> out [B, n, H, dh]
  * Each is the other's inverse and (being a permutation) its adjoint, hence its backward.
  * out must not overlap x. */
-static luna_status heads_permute(luna_backend *be, const char *what, float *restrict out,
-                                 const float *restrict x, int B, int n, int H, int dh, bool split) {
-    if (B < 0 || n < 0 || H < 0 || dh < 0)
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "%s: negative size (B=%d n=%d H=%d dh=%d)",
-                          what, B, n, H, dh);
+static luna_status heads_permute(luna_backend *be, float *restrict out, const float *restrict x,
+                                 int B, int n, int H, int dh, bool split) {
     int64_t total = (int64_t)B * n * H * dh;
     if (total == 0) return LUNA_OK;
-    if (!out || !x) return luna_error(LUNA_ERR_INVALID_ARGUMENT, "%s: null pointer", what);
     const size_t row = (size_t)dh * sizeof(float);
 #pragma omp parallel for collapse(2) num_threads(be->num_threads)                                  \
-    schedule(static) if (total > LUNA_PARALLEL_MIN)
+    schedule(static) if (total > LUNA_CPU_PAR_ELEMENTS)
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < H; h++) {
             for (int t = 0; t < n; t++) {
@@ -171,14 +140,14 @@ luna_status luna_cpu_split_heads(luna_backend *be, luna_act *out_, const luna_ac
                                  int H, int dh) {
     float *out = (float *)out_;
     const float *x = (const float *)x_;
-    return heads_permute(be, "split_heads", out, x, B, n, H, dh, true);
+    return heads_permute(be, out, x, B, n, H, dh, true);
 }
 
 luna_status luna_cpu_merge_heads(luna_backend *be, luna_act *out_, const luna_act *x_, int B, int n,
                                  int H, int dh) {
     float *out = (float *)out_;
     const float *x = (const float *)x_;
-    return heads_permute(be, "merge_heads", out, x, B, n, H, dh, false);
+    return heads_permute(be, out, x, B, n, H, dh, false);
 }
 
 /* ---- Broadcast over a leading batch axis --------------------------------------------------------
@@ -188,13 +157,10 @@ luna_status luna_cpu_broadcast_rows(luna_backend *be, luna_act *out_, const luna
                                     int64_t rows, int d) {
     float *out = (float *)out_;
     const float *x = (const float *)x_;
-    if (B < 0 || rows < 0 || d < 0)
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "broadcast_rows: negative size");
     const int64_t m = rows * d;
     if ((int64_t)B * m == 0) return LUNA_OK;
-    if (!out || !x) return luna_error(LUNA_ERR_INVALID_ARGUMENT, "broadcast_rows: null pointer");
 #pragma omp parallel for num_threads(be->num_threads)                                              \
-    schedule(static) if ((int64_t)B * m > LUNA_PARALLEL_MIN)
+    schedule(static) if ((int64_t)B * m > LUNA_CPU_PAR_ELEMENTS)
     for (int b = 0; b < B; b++)
         memcpy(out + (int64_t)b * m, x, (size_t)m * sizeof *out);
     return LUNA_OK;
@@ -203,17 +169,14 @@ luna_status luna_cpu_broadcast_rows(luna_backend *be, luna_act *out_, const luna
 luna_status luna_cpu_sum_broadcast(luna_backend *be, float *dx, const luna_act *dout_, int B,
                                    int64_t rows, int d) {
     const float *dout = (const float *)dout_;
-    if (B < 0 || rows < 0 || d < 0)
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "sum_broadcast: negative size");
     const int64_t m = rows * d;
     if ((int64_t)B * m == 0) return LUNA_OK;
-    if (!dx || !dout) return luna_error(LUNA_ERR_INVALID_ARGUMENT, "sum_broadcast: null pointer");
     float *restrict acc = dx;
     const float *restrict src = dout;
     enum { CHUNK = 2048 }; /* elements of dx per task: stays in L1 while the B slices stream by */
     const int64_t nchunks = (m + CHUNK - 1) / CHUNK;
 #pragma omp parallel for num_threads(be->num_threads)                                              \
-    schedule(static) if ((int64_t)B * m > LUNA_PARALLEL_MIN)
+    schedule(static) if ((int64_t)B * m > LUNA_CPU_PAR_ELEMENTS)
     for (int64_t c = 0; c < nchunks; c++) {
         int64_t lo = c * CHUNK, hi = lo + CHUNK < m ? lo + CHUNK : m;
         for (int b = 0; b < B; b++) {

@@ -18,43 +18,16 @@
 #include "core/allocator.h"
 #include "model/kernels/cpu/cpu_ops.h"
 
-#define PAR_MIN_WORK 32768
-#define COL_TILE_MAX 64
-#define COL_TILE_MIN 16
-
-static int col_tile(int cols, int threads) {
-    int t = (cols + threads - 1) / (threads > 0 ? threads : 1);
-    t = (t + 15) / 16 * 16;
-    return t < COL_TILE_MIN ? COL_TILE_MIN : (t > COL_TILE_MAX ? COL_TILE_MAX : t);
-}
-
-/* Every token id must index the table: the first offender is reported. */
-static luna_status check_tokens(const char *op, const int32_t *tokens, int64_t n, int V) {
-    for (int64_t i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= V)
-            return luna_error(LUNA_ERR_INVALID_ARGUMENT,
-                              "%s: token id %d at position %lld is outside the vocabulary [0, %d)",
-                              op, (int)tokens[i], (long long)i, V);
-    return LUNA_OK;
-}
-
-static luna_status check_sizes(const char *op, int64_t n, int V, int d) {
-    if (n < 0 || V < 0 || d < 0)
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "%s: negative size (n %lld, V %d, d %d)", op,
-                          (long long)n, V, d);
-    return LUNA_OK;
-}
-
 /* tokens [n], table [V, d] -> out [n, d] = scale · table[tokens] (padding rows: zeros). */
 luna_status luna_cpu_embedding_forward(luna_backend *be, luna_act *out_, const float *table,
                                        const int32_t *tokens, int64_t n, int V, int d, float scale,
                                        int padding_idx) {
     float *out = (float *)out_;
-    LUNA_TRY(check_sizes("embedding_forward", n, V, d));
-    LUNA_TRY(check_tokens("embedding_forward", tokens, n, V));
+    LUNA_TRY(luna_op_check_ids("embedding_forward", "token id", tokens, n, V, NULL));
     float *restrict o = out;
     const float *restrict tab = table;
-#pragma omp parallel for num_threads(be->num_threads) schedule(static) if (n * d >= PAR_MIN_WORK)
+#pragma omp parallel for num_threads(be->num_threads)                                              \
+    schedule(static) if (n * d >= LUNA_CPU_PAR_ROWS_WORK)
     for (int64_t i = 0; i < n; i++) {
         float *restrict oi = o + i * d;
         int tok = tokens[i];
@@ -76,14 +49,13 @@ luna_status luna_cpu_embedding_backward(luna_backend *be, float *dtable, const l
                                         const int32_t *tokens, int64_t n, int V, int d, float scale,
                                         int padding_idx) {
     const float *dout = (const float *)dout_;
-    LUNA_TRY(check_sizes("embedding_backward", n, V, d));
-    LUNA_TRY(check_tokens("embedding_backward", tokens, n, V));
+    LUNA_TRY(luna_op_check_ids("embedding_backward", "token id", tokens, n, V, NULL));
     int threads = be->num_threads;
-    int tile = col_tile(d, threads);
+    int tile = luna_cpu_col_tile(d, threads);
     int ntiles = (d + tile - 1) / tile;
     float *restrict dt = dtable;
     const float *restrict g = dout;
-#pragma omp parallel for num_threads(threads) schedule(static) if (n * d >= PAR_MIN_WORK)
+#pragma omp parallel for num_threads(threads) schedule(static) if (n * d >= LUNA_CPU_PAR_ROWS_WORK)
     for (int t = 0; t < ntiles; t++) {
         int c0 = t * tile, w = d - c0 < tile ? d - c0 : tile;
         for (int64_t i = 0; i < n; i++) {
@@ -111,7 +83,7 @@ static void fill_table(luna_backend *be, float *out, const double *f, int first_
                        int d) {
     int half = d / 2;
 #pragma omp parallel for num_threads(be->num_threads)                                              \
-    schedule(static) if ((int64_t)npos * d >= PAR_MIN_WORK / 8)
+    schedule(static) if ((int64_t)npos * d >= LUNA_CPU_PAR_ROWS_WORK / 8)
     for (int j = 0; j < npos; j++) {
         float *restrict row = out + (int64_t)j * d;
         double pos = (double)first_pos + (double)j;
@@ -127,9 +99,6 @@ static void fill_table(luna_backend *be, float *out, const double *f, int first_
 luna_status luna_cpu_sinusoidal_table(luna_backend *be, luna_act *out_, int first_pos, int npos,
                                       int d) {
     float *out = (float *)out_;
-    if (npos < 0 || d < 0)
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
-                          "sinusoidal_table: negative size (npos %d, d %d)", npos, d);
     if (npos == 0 || d == 0) return LUNA_OK;
     luna_arena_mark mark = luna_arena_get_mark(be->scratch);
     double *f = luna_arena_alloc(be->scratch, (size_t)(d / 2 + 1) * sizeof *f);
@@ -150,9 +119,6 @@ luna_status luna_cpu_sinusoidal_table(luna_backend *be, luna_act *out_, int firs
 luna_status luna_cpu_positions_add(luna_backend *be, luna_act *x_, const int32_t *tokens, int B,
                                    int n, int d, int padding_idx) {
     float *x = (float *)x_;
-    if (B < 0 || n < 0 || d < 0)
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
-                          "positions_add: negative size (B %d, n %d, d %d)", B, n, d);
     if (B == 0 || n == 0 || d == 0) return LUNA_OK;
     luna_arena_mark mark = luna_arena_get_mark(be->scratch);
     int64_t rows = (int64_t)B * n;
@@ -176,7 +142,8 @@ luna_status luna_cpu_positions_add(luna_backend *be, luna_act *x_, const int32_t
     }
     float *restrict xx = x;
     const float *restrict tab = table;
-#pragma omp parallel for num_threads(be->num_threads) schedule(static) if (rows * d >= PAR_MIN_WORK)
+#pragma omp parallel for num_threads(be->num_threads)                                              \
+    schedule(static) if (rows * d >= LUNA_CPU_PAR_ROWS_WORK)
     for (int64_t i = 0; i < rows; i++) {
         if (count[i] == 0) continue;
         float *restrict xi = xx + i * d;

@@ -1,4 +1,5 @@
-/* GEMM and the ops built on it: batched GEMM, Linear (y = x Wᵀ + b) and bias add.
+/* GEMM and the ops built on it: batched GEMM, Linear (y = x Wᵀ + b) and its bias gradient, and
+ * decoding's cache_products.
  *
  * GEMM is OpenBLAS's cblas_sgemm (row-major), single-threaded, on tiles of C spread over OpenMP
  * threads (a batch of small matrices: one tile per matrix). The tiling depends on the shape only,
@@ -10,7 +11,6 @@
  */
 #include <cblas.h>
 #include <math.h>
-#include <limits.h>
 #include <omp.h>
 #include <stdint.h>
 #include <string.h>
@@ -20,22 +20,8 @@
 #include "model/kernels/cpu/cpu_ops.h"
 #include "model/kernels/gemm_grid.h"
 
-/* Below this many multiply-adds a parallel region costs more than it saves. */
-#define PAR_MIN_WORK 32768
-/* Columns owned by one thread in column sums (≥ 16 floats: a cache line, no false sharing). */
-#define COL_TILE_MAX 64
-#define COL_TILE_MIN 16
-
 static int imax(int a, int b) { return a > b ? a : b; }
 static int imin(int a, int b) { return a < b ? a : b; }
-
-/* Column tile for `cols` columns over `threads` threads: about cols/threads, in [16, 64]. Only
- * the work split depends on it, never the result. */
-static int col_tile(int cols, int threads) {
-    int t = (cols + threads - 1) / imax(threads, 1);
-    t = (t + 15) / 16 * 16;
-    return t < COL_TILE_MIN ? COL_TILE_MIN : (t > COL_TILE_MAX ? COL_TILE_MAX : t);
-}
 
 /* C [M, N] (row stride ldc) = beta · C; beta = 0 writes zeros (C is not read: NaN-safe). */
 static void scale_c(float *C, int M, int N, int ldc, float beta) {
@@ -61,13 +47,12 @@ static void sgemm1(bool ta, bool tb, int M, int N, int K, float alpha, const flo
  * kernels then round differently, so its results change with the thread count; these do not.
  *
  * Tile shape: few and large. Each sgemm call packs its operands into its own buffers (plain
- * copies at memory speed) and has its own edge loops, so small tiles repeat that work: measured
- * single-threaded on the 2-core reference machine over luna_base's Linear shapes (4096 rows ×
- * {512, 2048} × K, the weight gradients {512, 2048} × 512 × 4096), 256×256 tiles ran at 67-84
- * GFLOP/s and tiles of ≥ 512×512 at 82-92. So C is cut into row panels of ≥ 512 rows (at most
- * 4) and column tiles of ≥ 512 columns, aiming at 8 tiles (4096 × 2048: 8 of 1024 × 1024;
- * 4096 × 512: 4 of 1024 × 512) — enough for up to 8 threads with dynamic scheduling, while more
- * would only add packing (on 2 threads 4 and 8 tiles measured the same). A C too small for 4
+ * copies at memory speed) and has its own edge loops, so small tiles repeat that work (over
+ * luna_base's Linear shapes, tiles of ≥ 512×512 run measurably faster than 256×256:
+ * docs/benchmarks.md). So C is cut into row panels of ≥ 512 rows (at most 4) and column tiles of
+ * ≥ 512 columns, aiming at 8 tiles (4096 × 2048: 8 of 1024 × 1024; 4096 × 512: 4 of
+ * 1024 × 512) — enough for up to 8 threads with dynamic scheduling, while more would only add
+ * packing. A C too small for 4
  * such tiles is cut into tiles of ≥ 256 (512 × 512: 4 of 256 × 256). Small C (a batch of
  * attention matrices, ≤ 256×256 each) stays one tile per matrix. The tiling caps a GEMM's
  * parallelism at 8 threads; the results never depend on the thread count. */
@@ -254,29 +239,15 @@ luna_status luna_cpu_gemm_grid(luna_backend *be, bool trans_a, bool trans_b, int
     const float *A = (const float *)A_;
     const float *B = (const float *)B_;
     float *C = (float *)C_;
-    if (M < 0 || N < 0 || K < 0 || outer < 0 || inner < 0)
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
-                          "gemm: negative size (M %d, N %d, K %d, batch %d x %d)", M, N, K, outer,
-                          inner);
-    /* Row lengths of the matrices as stored. */
-    int a_cols = trans_a ? M : K, b_cols = trans_b ? K : N;
-    if (lda < imax(1, a_cols) || ldb < imax(1, b_cols) || ldc < imax(1, N))
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
-                          "gemm: leading dimension too small (lda %d < %d, ldb %d < %d or ldc %d < "
-                          "%d; trans_a %d, trans_b %d, M %d, N %d, K %d)",
-                          lda, imax(1, a_cols), ldb, imax(1, b_cols), ldc, imax(1, N), trans_a,
-                          trans_b, M, N, K);
     const int64_t batch = (int64_t)outer * inner;
     if (batch == 0 || M == 0 || N == 0) return LUNA_OK;
-    if (!C || (K > 0 && (!A || !B)))
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "gemm: NULL matrix pointer");
 
     gemm_tiling tl = gemm_tile(M, N);
     int tm = (M + tl.tm - 1) / tl.tm, tn = (N + tl.tn - 1) / tl.tn;
     int64_t tasks = batch * tm * tn;
     bool disjoint = luna_grid_disjoint(M, N, ldc, sc, outer, inner);
     int64_t work = (int64_t)M * N * (K > 0 ? K : 1) * batch;
-    int threads = !disjoint || work < PAR_MIN_WORK ? 1 : be->num_threads;
+    int threads = !disjoint || work < LUNA_CPU_PAR_ROWS_WORK ? 1 : be->num_threads;
 #define GRID_OFFSET(s, b) (((b) / inner) * (s).outer + ((b) % inner) * (s).inner)
     if (M == 1 && !trans_a && beta == 0.0f && K > 0 && K <= ROW_GEMM_MAX_K &&
         row_gemm_available()) {
@@ -321,22 +292,11 @@ luna_status luna_cpu_gemm(luna_backend *be, bool trans_a, bool trans_b, int M, i
         (luna_grid_stride){stride_b, 0}, beta, C, ldc, (luna_grid_stride){stride_c, 0}, batch, 1);
 }
 
-static luna_status check_linear(const char *op, int64_t rows, int in, int out) {
-    if (rows < 0 || in < 0 || out < 0)
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "%s: negative size (rows %lld, in %d, out %d)",
-                          op, (long long)rows, in, out);
-    if (rows > INT_MAX)
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
-                          "%s: %lld rows exceed the BLAS int range; split the batch", op,
-                          (long long)rows);
-    return LUNA_OK;
-}
-
 /* y [rows, cols] = b [cols] in every row. */
 static luna_status broadcast_bias(luna_backend *be, float *y, const float *b, int64_t rows,
                                   int cols) {
 #pragma omp parallel for num_threads(be->num_threads)                                              \
-    schedule(static) if (rows * cols >= PAR_MIN_WORK)
+    schedule(static) if (rows * cols >= LUNA_CPU_PAR_ROWS_WORK)
     for (int64_t r = 0; r < rows; r++)
         memcpy(y + r * cols, b, (size_t)cols * sizeof(float));
     return LUNA_OK;
@@ -347,7 +307,6 @@ luna_status luna_cpu_linear_forward(luna_backend *be, luna_act *y_, const luna_a
                                     const float *W, const float *b, int64_t rows, int in, int out) {
     float *y = (float *)y_;
     const float *x = (const float *)x_;
-    LUNA_TRY(check_linear("linear_forward", rows, in, out));
     if (be->impl && luna_cpu_held_linear(be, y, x, W, b, rows, in, out)) return LUNA_OK;
     /* With a bias, y starts as the bias rows and the GEMM adds to it (beta = 1): one pass over
      * y instead of two (sgemm's zeroing of C for beta = 0, then the bias add). */
@@ -367,55 +326,33 @@ luna_status luna_cpu_linear_backward(luna_backend *be, luna_act *dx_, float *dW,
     float *dx = (float *)dx_;
     const float *dy = (const float *)dy_;
     const float *x = (const float *)x_;
-    LUNA_TRY(check_linear("linear_backward", rows, in, out));
     if (dx)
         LUNA_TRY(luna_cpu_gemm(be, false, false, (int)rows, in, out, 1.0f, dy, imax(out, 1), 0, W,
                                imax(in, 1), 0, accumulate_dx ? 1.0f : 0.0f, dx, imax(in, 1), 0, 1));
     if (dW)
         LUNA_TRY(luna_cpu_gemm(be, true, false, out, in, (int)rows, 1.0f, dy, imax(out, 1), 0, x,
                                imax(in, 1), 0, 1.0f, dW, imax(in, 1), 0, 1));
-    if (db) LUNA_TRY(luna_cpu_bias_add_backward(be, db, dy, rows, out));
-    return LUNA_OK;
-}
-
-/* y [rows, cols] += b [cols] (broadcast over rows). */
-luna_status luna_cpu_bias_add_forward(luna_backend *be, luna_act *y_, const float *b, int64_t rows,
-                                      int cols) {
-    float *y = (float *)y_;
-    if (rows < 0 || cols < 0)
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "bias_add_forward: negative size");
-    float *restrict yy = y;
-    const float *restrict bb = b;
-#pragma omp parallel for num_threads(be->num_threads)                                              \
-    schedule(static) if (rows * cols >= PAR_MIN_WORK)
-    for (int64_t r = 0; r < rows; r++) {
-        float *restrict yr = yy + r * cols;
-        for (int c = 0; c < cols; c++)
-            yr[c] += bb[c];
-    }
+    if (db) luna_cpu_bias_grad(be, db, dy, rows, out);
     return LUNA_OK;
 }
 
 /* db [cols] += Σ_r dy [r, cols]. Thread t owns columns [c0, c1) and adds the rows in the order of
  * model/kernels/column_sum_order.h (chunks of rows in order, in double): bit-identical for any
  * thread count, and to the CUDA backend's column sums. */
-luna_status luna_cpu_bias_add_backward(luna_backend *be, float *db, const luna_act *dy_,
-                                       int64_t rows, int cols) {
-    const float *dy = (const float *)dy_;
-    if (rows < 0 || cols < 0)
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "bias_add_backward: negative size");
+void luna_cpu_bias_grad(luna_backend *be, float *db, const float *dy, int64_t rows, int cols) {
     int threads = be->num_threads;
-    int tile = col_tile(cols, threads);
+    int tile = luna_cpu_col_tile(cols, threads);
     int ntiles = (cols + tile - 1) / tile;
     const float *restrict g = dy;
     float *restrict out = db;
-#pragma omp parallel for num_threads(threads) schedule(static) if (rows * cols >= PAR_MIN_WORK)
+#pragma omp parallel for num_threads(threads)                                                      \
+    schedule(static) if (rows * cols >= LUNA_CPU_PAR_ROWS_WORK)
     for (int t = 0; t < ntiles; t++) {
         int c0 = t * tile, w = cols - c0 < tile ? cols - c0 : tile;
-        double acc[COL_TILE_MAX] = {0};
+        double acc[LUNA_CPU_COL_TILE_MAX] = {0};
         for (int64_t r0 = 0; r0 < rows; r0 += LUNA_COLSUM_CHUNK) {
             const int64_t r1 = r0 + LUNA_COLSUM_CHUNK < rows ? r0 + LUNA_COLSUM_CHUNK : rows;
-            double part[COL_TILE_MAX] = {0};
+            double part[LUNA_CPU_COL_TILE_MAX] = {0};
             for (int64_t r = r0; r < r1; r++) {
                 const float *restrict gr = g + r * cols + c0;
                 for (int j = 0; j < w; j++)
@@ -427,7 +364,6 @@ luna_status luna_cpu_bias_add_backward(luna_backend *be, float *db, const luna_a
         for (int j = 0; j < w; j++)
             out[c0 + j] = (float)((double)out[c0 + j] + acc[j]);
     }
-    return LUNA_OK;
 }
 
 /* cache_products (core/backend.h): a decoding step's attention products over a beam-indirect
@@ -437,17 +373,12 @@ luna_status luna_cpu_bias_add_backward(luna_backend *be, float *db, const luna_a
 luna_status luna_cpu_cache_products(luna_backend *be, bool values, luna_act *y_, const luna_act *x_,
                                     const luna_act *C_, const int32_t *ind, int R, int H, int dh,
                                     int T, int T_cap) {
-    if (R < 0 || H < 1 || dh < 1 || T < 1 || T > T_cap)
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
-                          "cache_products: bad sizes (R %d, H %d, dh %d, T %d, T_cap %d)", R, H, dh,
-                          T, T_cap);
     if (R == 0) return LUNA_OK;
-    if (!y_ || !x_ || !C_ || !ind)
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "cache_products: null pointer");
     float *y = (float *)y_;
     const float *x = (const float *)x_, *C = (const float *)C_;
     const int64_t G = (int64_t)R * H, group = (int64_t)T_cap * dh;
-    const int threads = G * T * dh >= PAR_MIN_WORK && be->num_threads > 1 ? be->num_threads : 1;
+    const int threads =
+        G * T * dh >= LUNA_CPU_PAR_ROWS_WORK && be->num_threads > 1 ? be->num_threads : 1;
     luna_arena_mark mark = luna_arena_get_mark(be->scratch);
     const float **rows = luna_arena_alloc(be->scratch, sizeof(float *) * (size_t)threads * T);
     if (!rows) {

@@ -4,8 +4,8 @@
  * Why: a decoding step multiplies a few hundred rows (sentences × beam) by every decoder weight
  * and by the [V, d] output embedding. OpenBLAS packs both operands into its panel layout on every
  * call; with so few rows, packing W (read W, write the panel, read the panel again) costs about
- * as much as the multiplication itself (perf on a transformer 3+3 d256, beam 4, 32 sentences:
- * sgemm_incopy 29% of the run, sgemm_kernel 28%). Held weights are packed once, when decoding
+ * as much as the multiplication itself (a profile of a transformer's decoding:
+ * docs/benchmarks.md). Held weights are packed once, when decoding
  * starts, into 16-column panels:
  *
  *   Wp[p][k][j] = W[16p + j, k]      (p < ceil(out/16), k < in, j < 16; zero past `out`)
@@ -36,10 +36,9 @@
 #define MR 6     /* rows per micro-kernel call */
 /* Software prefetch, PF_AHEAD k ahead (16 k = 16 cache lines of a panel), on a panel's first pass
  * over the rows and on the last 1-5 rows: there the panel comes from L3 or memory (a step reads
- * ~19 MB of weights) or L2, and with few rows the hardware prefetcher alone left the kernel
- * waiting on it. Measured (bench of a 3+3 d256 step's Linears, 1 thread, alternating, two runs):
- * 8 rows 31-35 -> 40 GFLOP/s, 20 rows 40-46 -> 49-52, 128 rows unchanged within noise (68-72).
- * Later passes read the panel from L1 and would only spend load slots. */
+ * ~19 MB of weights) or L2, and with few rows the hardware prefetcher alone leaves the kernel
+ * waiting on it (measured with few and many rows: docs/benchmarks.md). Later passes read the
+ * panel from L1 and would only spend load slots. */
 #define PF_AHEAD 16
 
 typedef struct {
@@ -78,9 +77,6 @@ static bool kernel_available(void) {
 }
 
 luna_status luna_cpu_hold_weights(luna_backend *be, const float *W, int out, int in) {
-    if (!W || out <= 0 || in <= 0)
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "hold_weights: W %p, out %d, in %d",
-                          (const void *)W, out, in);
     if (!kernel_available()) return LUNA_OK; /* nothing to gain: linear_forward uses OpenBLAS */
     luna_cpu_held *h = be->impl;
     if (!h) {

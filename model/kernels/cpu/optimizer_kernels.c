@@ -1,5 +1,5 @@
-/* Optimizer updates (core/backend.h): of one tensor (apollo_update, adam_update: the reference,
- * test-only) and of every tensor of a table in one call (multi_apollo_update, multi_adam_update).
+/* The optimizer updates over a tensor table (core/backend.h, "Optimizer": multi_apollo_update,
+ * multi_adam_update).
  *
  * Precision: parameters and state are stored in fp32. Each element is computed in double from
  * the stored fp32 values; a quantity is rounded to fp32 when it is stored, and later sub-steps of
@@ -7,25 +7,18 @@
  * rule gives the same result up to the order of the double sums.
  *
  * Determinism: Apollo's per-tensor reductions (Σd⁴, ΣΔg·d, ΣB·d², max|Δg|, and ΣD for the stable
- * decay) use reduce.c's fixed blocking — blocks of 4096 elements, each the sum of 8 lanes (element
- * j of the block goes to lane j mod 8, summed in increasing j), blocks combined in block order —
- * so results are bit-identical for any thread count: threads only choose who computes a block.
- *
- * The multi-tensor forms (multi_apollo_update, multi_adam_update) run the same per-element and
- * per-block code over every block of a tensor table (core/tensor_table.h), so each tensor's result
- * equals the single-tensor op's bit for bit; only the loops are flattened over all tensors.
+ * decay) add in core/reduce_order.h's fixed order over the table's blocks, so each tensor's
+ * result is bit-identical for any thread count and whatever the other tensors of the table:
+ * threads only choose who computes a block.
  */
 #include <math.h>
 #include <stdint.h>
 
-#include "core/allocator.h"
+#include "core/reduce_order.h"
 #include "core/tensor_table.h"
 #include "model/kernels/cpu/cpu_ops.h"
 
-#define OPT_BLOCK 4096
-#define OPT_LANES 8
-#define OPT_STACK_BLOCKS 64 /* partials of up to 64 blocks (256K elements) live on the stack */
-#define OPT_PARALLEL_MIN 4  /* blocks: below this, one thread */
+#define OPT_PARALLEL_MIN 4 /* blocks: below this, one thread */
 
 enum { REBOUND_CONSTANT = 0, REBOUND_BELIEF = 1 };
 enum { WD_L2 = 0, WD_DECOUPLED = 1, WD_STABLE = 2 };
@@ -40,11 +33,11 @@ static apollo_partial apollo_block_reduce(const float *restrict theta, const flo
                                           const float *restrict m, const float *restrict B,
                                           const float *restrict d, int64_t start, int64_t len,
                                           double l2) {
-    double s4[OPT_LANES] = {0}, sgd[OPT_LANES] = {0}, sbd[OPT_LANES] = {0};
+    double s4[LUNA_REDUCE_LANES] = {0}, sgd[LUNA_REDUCE_LANES] = {0}, sbd[LUNA_REDUCE_LANES] = {0};
     double rmax = 0.0;
     for (int64_t j = 0; j < len; j++) {
         int64_t i = start + j;
-        int l = (int)(j % OPT_LANES);
+        int l = (int)(j % LUNA_REDUCE_LANES);
         double gp = (double)g[i] + l2 * (double)theta[i];
         double dg = gp - (double)m[i];
         double dd = (double)d[i];
@@ -56,7 +49,7 @@ static apollo_partial apollo_block_reduce(const float *restrict theta, const flo
         rmax = (a != a || rmax != rmax) ? NAN : (a > rmax ? a : rmax);
     }
     apollo_partial p = {0.0, 0.0, 0.0, rmax};
-    for (int l = 0; l < OPT_LANES; l++) {
+    for (int l = 0; l < LUNA_REDUCE_LANES; l++) {
         p.s4 += s4[l];
         p.sgd += sgd[l];
         p.sbd += sbd[l];
@@ -69,147 +62,6 @@ static inline double apollo_denominator(double b, double r, double sigma, double
     double a = fabs(b);
     if (rebound == REBOUND_BELIEF) return (a > r ? a : r) + eps_over_alpha;
     return a > sigma ? a : sigma;
-}
-
-luna_status luna_cpu_apollo_update(luna_backend *be, float *theta, const float *g, float *exp_avg,
-                                   float *approx_hessian, float *update, int64_t n, int64_t step,
-                                   double lr, double beta, double eps, double sigma, int rebound,
-                                   double weight_decay, int wd_type) {
-    if (n < 0 || (n > 0 && (!theta || !g || !exp_avg || !approx_hessian || !update)))
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
-                          "apollo_update: null pointer or negative size (n=%lld)", (long long)n);
-    if (step < 1 || (rebound != REBOUND_CONSTANT && rebound != REBOUND_BELIEF) || wd_type < WD_L2 ||
-        wd_type > WD_STABLE || !(beta >= 0.0 && beta < 1.0) || !(eps > 0.0) || !(sigma > 0.0))
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
-                          "apollo_update: bad hyperparameters (step %lld, beta %g, eps %g, sigma "
-                          "%g, rebound %d, weight decay type %d)",
-                          (long long)step, beta, eps, sigma, rebound, wd_type);
-    if (n == 0) return LUNA_OK;
-
-    int64_t nblocks = (n + OPT_BLOCK - 1) / OPT_BLOCK;
-    apollo_partial stack_partials[OPT_STACK_BLOCKS];
-    double stack_dsum[OPT_STACK_BLOCKS];
-    apollo_partial *partials = stack_partials;
-    double *dsum = stack_dsum;
-    luna_arena_mark mark = luna_arena_get_mark(be->scratch);
-    if (nblocks > OPT_STACK_BLOCKS) {
-        partials = luna_arena_alloc(be->scratch, (size_t)nblocks * sizeof *partials);
-        dsum = luna_arena_alloc(be->scratch, (size_t)nblocks * sizeof *dsum);
-        if (!partials || !dsum) {
-            luna_arena_release(be->scratch, mark);
-            luna_error_prefix("apollo_update: scratch for %lld block partials", (long long)nblocks);
-            return LUNA_ERR_OUT_OF_MEMORY;
-        }
-    }
-
-    /* Steps 1–3 and the reductions of steps 5–6 (old m, B, d). */
-    const double l2 = wd_type == WD_L2 ? weight_decay : 0.0;
-#pragma omp parallel for num_threads(be->num_threads)                                              \
-    schedule(static) if (nblocks >= OPT_PARALLEL_MIN)
-    for (int64_t k = 0; k < nblocks; k++) {
-        int64_t start = k * OPT_BLOCK, len = n - start < OPT_BLOCK ? n - start : OPT_BLOCK;
-        partials[k] =
-            apollo_block_reduce(theta, g, exp_avg, approx_hessian, update, start, len, l2);
-    }
-    double s4 = 0.0, sgd = 0.0, sbd = 0.0, r = 0.0;
-    for (int64_t k = 0; k < nblocks; k++) {
-        s4 += partials[k].s4;
-        sgd += partials[k].sgd;
-        sbd += partials[k].sbd;
-        double pr = partials[k].rmax;
-        r = (pr != pr || r != r) ? NAN : (pr > r ? pr : r);
-    }
-
-    const double alpha = (1.0 - beta) / (1.0 - pow(beta, (double)step));
-    const double eps_prime = rebound == REBOUND_CONSTANT ? eps / sigma : eps;
-    const double den = pow(s4, 0.25) + eps_prime;
-    const double delta = -alpha * sgd / (den * den) - sbd / (den * den);
-    const double eps_over_alpha = eps / alpha;
-    const bool stable = wd_type == WD_STABLE;
-    const double decoupled = wd_type == WD_DECOUPLED ? weight_decay : 0.0;
-
-    float *restrict th = theta, *restrict m = exp_avg, *restrict Bh = approx_hessian,
-                    *restrict d = update;
-    const float *restrict gr = g;
-
-    /* Steps 4, 7, 8 (and 9–11 unless stable, which needs mean(D) first). */
-#pragma omp parallel for num_threads(be->num_threads)                                              \
-    schedule(static) if (nblocks >= OPT_PARALLEL_MIN)
-    for (int64_t k = 0; k < nblocks; k++) {
-        int64_t start = k * OPT_BLOCK, len = n - start < OPT_BLOCK ? n - start : OPT_BLOCK;
-        double lane[OPT_LANES] = {0};
-        for (int64_t j = 0; j < len; j++) {
-            int64_t i = start + j;
-            double gp = (double)gr[i] + l2 * (double)th[i];
-            double dg = gp - (double)m[i];
-            float m_new = (float)((double)m[i] + alpha * dg);
-            double v = (double)d[i] / den;
-            float b_new = (float)((double)Bh[i] + delta * v * v);
-            m[i] = m_new;
-            Bh[i] = b_new;
-            double D = apollo_denominator((double)b_new, r, sigma, eps_over_alpha, rebound);
-            if (stable) {
-                lane[j % OPT_LANES] += D;
-                continue;
-            }
-            float d_new = (float)((double)m_new / D + decoupled * (double)th[i]);
-            d[i] = d_new;
-            th[i] = (float)((double)th[i] - lr * (double)d_new);
-        }
-        double s = 0.0;
-        for (int l = 0; l < OPT_LANES; l++)
-            s += lane[l];
-        dsum[k] = s;
-    }
-
-    if (stable) {
-        double total = 0.0;
-        for (int64_t k = 0; k < nblocks; k++)
-            total += dsum[k];
-        const double coef = weight_decay / (total / (double)n);
-#pragma omp parallel for num_threads(be->num_threads)                                              \
-    schedule(static) if (nblocks >= OPT_PARALLEL_MIN)
-        for (int64_t k = 0; k < nblocks; k++) {
-            int64_t start = k * OPT_BLOCK, len = n - start < OPT_BLOCK ? n - start : OPT_BLOCK;
-            for (int64_t i = start; i < start + len; i++) {
-                double D = apollo_denominator((double)Bh[i], r, sigma, eps_over_alpha, rebound);
-                float d_new = (float)((double)m[i] / D + coef * (double)th[i]);
-                d[i] = d_new;
-                th[i] = (float)((double)th[i] - lr * (double)d_new);
-            }
-        }
-    }
-    luna_arena_release(be->scratch, mark);
-    return LUNA_OK;
-}
-
-luna_status luna_cpu_adam_update(luna_backend *be, float *theta, const float *g, float *exp_avg,
-                                 float *exp_avg_sq, int64_t n, int64_t step, double lr,
-                                 double beta1, double beta2, double eps, double weight_decay) {
-    if (n < 0 || (n > 0 && (!theta || !g || !exp_avg || !exp_avg_sq)))
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
-                          "adam_update: null pointer or negative size (n=%lld)", (long long)n);
-    if (step < 1 || !(beta1 >= 0.0 && beta1 < 1.0) || !(beta2 >= 0.0 && beta2 < 1.0) ||
-        !(eps > 0.0))
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
-                          "adam_update: bad hyperparameters (step %lld, betas %g %g, eps %g)",
-                          (long long)step, beta1, beta2, eps);
-    const double bc1 = 1.0 - pow(beta1, (double)step), bc2 = 1.0 - pow(beta2, (double)step);
-    const double step_size = lr * sqrt(bc2) / bc1;
-    const double keep = 1.0 - lr * weight_decay;
-    float *restrict th = theta, *restrict m = exp_avg, *restrict v = exp_avg_sq;
-    const float *restrict gr = g;
-#pragma omp parallel for num_threads(be->num_threads) schedule(static) if (n > 65536)
-    for (int64_t i = 0; i < n; i++) {
-        double gi = (double)gr[i];
-        float m_new = (float)(beta1 * (double)m[i] + (1.0 - beta1) * gi);
-        float v_new = (float)(beta2 * (double)v[i] + (1.0 - beta2) * gi * gi);
-        m[i] = m_new;
-        v[i] = v_new;
-        double denom = sqrt((double)v_new) + eps;
-        th[i] = (float)((double)th[i] * keep - step_size * (double)m_new / denom);
-    }
-    return LUNA_OK;
 }
 
 /* ---- multi-tensor forms ---------------------------------------------------------------------- */
@@ -225,9 +77,9 @@ static inline table_block block_of(const luna_tensor_table *tt, int64_t k) {
     table_block b;
     b.tensor = tt->block_tensor[k];
     b.base = tt->offsets[b.tensor];
-    b.start = (k - tt->block_start[b.tensor]) * OPT_BLOCK;
+    b.start = (k - tt->block_start[b.tensor]) * LUNA_REDUCE_BLOCK;
     int64_t rest = tt->numels[b.tensor] - b.start;
-    b.len = rest < OPT_BLOCK ? rest : OPT_BLOCK;
+    b.len = rest < LUNA_REDUCE_BLOCK ? rest : LUNA_REDUCE_BLOCK;
     return b;
 }
 
@@ -235,22 +87,13 @@ static inline table_block block_of(const luna_tensor_table *tt, int64_t k) {
 #define APOLLO_CHUNK_BLOCKS 256 /* 1M elements */
 enum { AP_ALPHA, AP_DEN, AP_DELTA, AP_R, AP_EOA, AP_COEF, AP_NSCALARS };
 _Static_assert(AP_NSCALARS <= LUNA_TENSOR_TABLE_WORKSPACE_PER_TENSOR, "workspace per tensor");
-_Static_assert(OPT_BLOCK == LUNA_TENSOR_TABLE_BLOCK, "one blocking");
+_Static_assert(LUNA_REDUCE_BLOCK == LUNA_TENSOR_TABLE_BLOCK, "one blocking");
 
 luna_status luna_cpu_multi_apollo_update(luna_backend *be, float *theta, const float *g,
                                          float *exp_avg, float *approx_hessian, float *update,
                                          const luna_tensor_table *tt, int64_t *steps, double lr,
                                          double beta, double eps, double sigma, int rebound,
                                          double weight_decay, int wd_type) {
-    if (!tt || (tt->num_tensors > 0 && !steps) ||
-        (tt->num_elements > 0 && (!theta || !g || !exp_avg || !approx_hessian || !update)))
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "multi_apollo_update: null pointer");
-    if ((rebound != REBOUND_CONSTANT && rebound != REBOUND_BELIEF) || wd_type < WD_L2 ||
-        wd_type > WD_STABLE || !(beta >= 0.0 && beta < 1.0) || !(eps > 0.0) || !(sigma > 0.0))
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
-                          "multi_apollo_update: bad hyperparameters (beta %g, eps %g, sigma %g, "
-                          "rebound %d, weight decay type %d)",
-                          beta, eps, sigma, rebound, wd_type);
     const int nt = tt->num_tensors;
     const int64_t nblocks = tt->num_blocks;
     apollo_partial *partials = (apollo_partial *)tt->workspace; /* [nblocks] (4 doubles each) */
@@ -263,8 +106,8 @@ luna_status luna_cpu_multi_apollo_update(luna_backend *be, float *theta, const f
 
     /* Chunks of consecutive tensors of at most APOLLO_CHUNK_BLOCKS blocks (a larger tensor is a
      * chunk alone): a chunk's reduction pass and update pass run back to back while its
-     * parameters, gradients and state (5 arrays, 20 MB at most) are still in cache, as the two
-     * passes of the single-tensor op are. The chunking does not change any result. */
+     * parameters, gradients and state (5 arrays, 20 MB at most) are still in cache. The chunking
+     * does not change any result. */
     for (int t0 = 0; t0 < nt;) {
         int t1 = t0 + 1;
         while (t1 < nt && tt->block_start[t1 + 1] - tt->block_start[t0] <= APOLLO_CHUNK_BLOCKS)
@@ -279,7 +122,7 @@ luna_status luna_cpu_multi_apollo_update(luna_backend *be, float *theta, const f
                 apollo_block_reduce(theta + b.base, g + b.base, exp_avg + b.base,
                                     approx_hessian + b.base, update + b.base, b.start, b.len, l2);
         }
-        /* Per-tensor scalars: partials combined in block order (as the single-tensor op). */
+        /* Per-tensor scalars: partials combined in block order. */
         for (int i = t0; i < t1; i++) {
             int64_t t = steps[i] + 1;
             double s4 = 0.0, sgd = 0.0, sbd = 0.0, r = 0.0;
@@ -312,7 +155,7 @@ luna_status luna_cpu_multi_apollo_update(luna_backend *be, float *theta, const f
             float *restrict th = theta + b.base, *restrict m = exp_avg + b.base,
                             *restrict Bh = approx_hessian + b.base, *restrict d = update + b.base;
             const float *restrict gr = g + b.base;
-            double lane[OPT_LANES] = {0};
+            double lane[LUNA_REDUCE_LANES] = {0};
             for (int64_t j = 0; j < b.len; j++) {
                 int64_t i = b.start + j;
                 double gp = (double)gr[i] + l2 * (double)th[i];
@@ -324,7 +167,7 @@ luna_status luna_cpu_multi_apollo_update(luna_backend *be, float *theta, const f
                 Bh[i] = b_new;
                 double D = apollo_denominator((double)b_new, r, sigma, eps_over_alpha, rebound);
                 if (stable) {
-                    lane[j % OPT_LANES] += D;
+                    lane[j % LUNA_REDUCE_LANES] += D;
                     continue;
                 }
                 float d_new = (float)((double)m_new / D + decoupled * (double)th[i]);
@@ -332,7 +175,7 @@ luna_status luna_cpu_multi_apollo_update(luna_backend *be, float *theta, const f
                 th[i] = (float)((double)th[i] - lr * (double)d_new);
             }
             double s = 0.0;
-            for (int l = 0; l < OPT_LANES; l++)
+            for (int l = 0; l < LUNA_REDUCE_LANES; l++)
                 s += lane[l];
             dsum[k] = s;
         }
@@ -377,13 +220,6 @@ luna_status luna_cpu_multi_adam_update(luna_backend *be, float *theta, const flo
                                        const luna_tensor_table *tt, int64_t *steps, double lr,
                                        double beta1, double beta2, double eps,
                                        double weight_decay) {
-    if (!tt || (tt->num_tensors > 0 && !steps) ||
-        (tt->num_elements > 0 && (!theta || !g || !exp_avg || !exp_avg_sq)))
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "multi_adam_update: null pointer");
-    if (!(beta1 >= 0.0 && beta1 < 1.0) || !(beta2 >= 0.0 && beta2 < 1.0) || !(eps > 0.0))
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
-                          "multi_adam_update: bad hyperparameters (betas %g %g, eps %g)", beta1,
-                          beta2, eps);
     const int nt = tt->num_tensors;
     const int64_t nblocks = tt->num_blocks;
     double *sc = tt->workspace; /* [nt][AD_NSCALARS] */

@@ -1,4 +1,5 @@
-/* Masked softmax over the last axis, x, y [rows, cols].
+/* Masked softmax over the last axis, x, y [rows, cols]: softmax_forward, and the rows of the
+ * fused softmax_dropout (fused.c).
  *
  * Row r attends to columns c < valid(r):
  *   valid(r) = valid_cols ? valid_cols[r / rows_per_group] : cols, clamped to [0, cols];
@@ -16,8 +17,6 @@
 #include <stdint.h>
 
 #include "model/kernels/cpu/cpu_ops.h"
-
-#define PAR_MIN_WORK 32768
 
 /* valid(r): the columns row r attends to, clamped to [0, cols]. */
 int luna_cpu_softmax_valid(int64_t r, int cols, const int32_t *valid_cols, int64_t rows_per_group,
@@ -64,36 +63,11 @@ luna_status luna_cpu_softmax_forward(luna_backend *be, luna_act *y_, const luna_
                                      int64_t rows_per_group, int causal_period) {
     float *y = (float *)y_;
     const float *x = (const float *)x_;
-    if (rows < 0 || cols < 0)
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
-                          "softmax_forward: negative size (rows %lld, cols %d)", (long long)rows,
-                          cols);
-    if (valid_cols && rows_per_group <= 0)
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
-                          "softmax_forward: rows_per_group %lld must be positive with valid_cols",
-                          (long long)rows_per_group);
 #pragma omp parallel for num_threads(be->num_threads)                                              \
-    schedule(static) if (rows * cols >= PAR_MIN_WORK)
+    schedule(static) if (rows * cols >= LUNA_CPU_PAR_ROWS_WORK)
     for (int64_t r = 0; r < rows; r++)
         luna_cpu_softmax_row(
             y + r * cols, x + r * cols, cols,
             luna_cpu_softmax_valid(r, cols, valid_cols, rows_per_group, causal_period));
-    return LUNA_OK;
-}
-
-/* dy, y [rows, cols] -> dx [rows, cols] (may alias dy). */
-luna_status luna_cpu_softmax_backward(luna_backend *be, luna_act *dx_, const luna_act *dy_,
-                                      const luna_act *y_, int64_t rows, int cols) {
-    float *dx = (float *)dx_;
-    const float *dy = (const float *)dy_;
-    const float *y = (const float *)y_;
-    if (rows < 0 || cols < 0)
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
-                          "softmax_backward: negative size (rows %lld, cols %d)", (long long)rows,
-                          cols);
-#pragma omp parallel for num_threads(be->num_threads)                                              \
-    schedule(static) if (rows * cols >= PAR_MIN_WORK)
-    for (int64_t r = 0; r < rows; r++)
-        luna_cpu_softmax_row_backward(dx + r * cols, dy + r * cols, y + r * cols, cols);
     return LUNA_OK;
 }

@@ -15,4 +15,12 @@ __device__ inline void store(__nv_bfloat16 *p, int64_t i, float v) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                      \
          i += (int64_t)gridDim.x * blockDim.x)
 
+/* Blocks of `threads` for n elements in a grid-stride loop: enough to fill a GPU, never more than
+ * needed (a grid-stride loop's result does not depend on the grid). */
+constexpr int64_t kGridMaxBlocks = 4096;
+inline unsigned grid_blocks(int64_t n, int threads) {
+    const int64_t b = (n + threads - 1) / threads;
+    return (unsigned)(b < kGridMaxBlocks ? (b > 0 ? b : 1) : kGridMaxBlocks);
+}
+
 #endif

@@ -83,14 +83,13 @@ static luna_status cuda_from_host(luna_backend *be, void *dst, const void *host,
  * id are read back now, so the op that met bad input returns the error itself, as on CPU. One
  * stream synchronisation per checked op; the queue is short there (embedding and cross entropy
  * run at the ends of a pass, after the previous step's loss readback drained it). */
-luna_status luna_cuda_find_bad_id(luna_backend *be, const int32_t *ids, int64_t n, int V,
-                                  const int *exempt, int64_t *pos, int32_t *id) {
+luna_status luna_cuda_check_ids(luna_backend *be, const char *op, const char *what,
+                                const int32_t *ids, int64_t n, int V, const int *exempt) {
     luna_cuda_impl *c = luna_cuda_impl_of(be);
-    *pos = -1;
     if (n <= 0) return LUNA_OK;
     if (n > INT_MAX)
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "%lld token ids exceed 2^31 (split the batch)",
-                          (long long)n);
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                          "%s: %lld token ids exceed 2^31 (split the batch)", op, (long long)n);
     const int none = INT_MAX;
     LUNA_CUDA_TRY(
         cudaMemcpyAsync(c->first_bad, &none, sizeof none, cudaMemcpyHostToDevice, c->stream));
@@ -101,9 +100,9 @@ luna_status luna_cuda_find_bad_id(luna_backend *be, const int32_t *ids, int64_t 
         cudaMemcpyAsync(&first, c->first_bad, sizeof first, cudaMemcpyDeviceToHost, c->stream));
     LUNA_CUDA_TRY(cudaStreamSynchronize(c->stream));
     if (first == INT_MAX) return LUNA_OK;
-    LUNA_CUDA_TRY(cudaMemcpy(id, ids + first, sizeof *id, cudaMemcpyDeviceToHost));
-    *pos = first;
-    return LUNA_OK;
+    int32_t id;
+    LUNA_CUDA_TRY(cudaMemcpy(&id, ids + first, sizeof id, cudaMemcpyDeviceToHost));
+    return luna_op_bad_id(op, what, first, id, V);
 }
 
 static luna_status cuda_to_host(luna_backend *be, void *host, const void *src, size_t bytes) {
@@ -186,9 +185,9 @@ luna_status luna_backend_cuda_create(luna_backend **out, const luna_backend_opti
     be->act_dtype = opt->bf16 ? LUNA_BF16 : LUNA_F32;
     be->num_threads = opt->num_threads > 0 ? opt->num_threads : 1;
     be->impl = c;
-    be->ops = &luna_cuda_ops;
     be->mem = &cuda_memory;
-    luna_status st = setup(be, opt);
+    luna_status st = luna_backend_set_kernels(be, &luna_cuda_kernels);
+    if (st == LUNA_OK) st = setup(be, opt);
     if (st != LUNA_OK) {
         luna_backend_free(be); /* keeps the error message: teardown records none */
         return st;

@@ -44,7 +44,7 @@ typedef struct {
     luna_cuda_cache *cache;
     pthread_mutex_t alloc_lock; /* the allocator is shared with data-loading threads */
     luna_cuda_blas blas;
-    int *first_bad; /* device int: luna_cuda_find_bad_id's result */
+    int *first_bad; /* device int: luna_cuda_check_ids's result */
     luna_cuda_weight_copy *copies;
     size_t ncopies, cap_copies;
     luna_cuda_hold *holds;
@@ -55,8 +55,8 @@ static inline luna_cuda_impl *luna_cuda_impl_of(const luna_backend *be) {
     return (luna_cuda_impl *)be->impl;
 }
 
-/* The op table (cuda_ops.c). */
-extern const luna_ops luna_cuda_ops;
+/* The kernel table behind core/op_checks.c's checks (cuda_ops.c). */
+extern const luna_ops luna_cuda_kernels;
 
 /* Device memory [p, p + bytes) is about to be written (or freed): bf16 copies of any weight
  * overlapping it become stale (freed: dropped). */
@@ -72,35 +72,16 @@ void luna_cuda_weights_clear(luna_backend *be);
 
 /* Token ids live on the device, so the ops that must reject ids outside [0, V) (embedding, cross
  * entropy, the picked tokens of log_softmax_topk) check them with a kernel and read the answer
- * back: *pos = the first position i with ids[i] outside [0, V) and not *exempt (exempt NULL:
- * none), and *id = ids[*pos]; *pos = -1 when every id is good. Waits for the stream. */
-luna_status luna_cuda_find_bad_id(luna_backend *be, const int32_t *ids, int64_t n, int V,
-                                  const int *exempt, int64_t *pos, int32_t *id);
+ * back: the error of luna_op_bad_id (core/backend.h) for the first id outside [0, V) and not
+ * *exempt (exempt NULL: none), as the CPU's luna_op_check_ids gives. Waits for the stream. */
+luna_status luna_cuda_check_ids(luna_backend *be, const char *op, const char *what,
+                                const int32_t *ids, int64_t n, int V, const int *exempt);
 
 /* Raw allocation outside the counted luna_mem_alloc (the backend's own buffers). */
 void *luna_cuda_raw_alloc(luna_backend *be, size_t bytes);
 void luna_cuda_raw_release(luna_backend *be, void *p);
 
-/* cuda_ops_optim.c: the reductions, optimizer updates and multi-tensor ops of the table. */
-luna_status luna_cuda_op_sum_squares(luna_backend *be, float *result, const float *x, int64_t n);
-luna_status luna_cuda_op_sum_pow4(luna_backend *be, float *result, const float *x, int64_t n);
-luna_status luna_cuda_op_sum(luna_backend *be, float *result, const float *x, int64_t n);
-luna_status luna_cuda_op_dot(luna_backend *be, float *result, const float *x, const float *y,
-                             int64_t n);
-luna_status luna_cuda_op_max_abs(luna_backend *be, float *result, const float *x, int64_t n);
-luna_status luna_cuda_op_sum_squares_backward(luna_backend *be, float *dx, const float *x, float g,
-                                              int64_t n);
-luna_status luna_cuda_op_sum_pow4_backward(luna_backend *be, float *dx, const float *x, float g,
-                                           int64_t n);
-luna_status luna_cuda_op_dot_backward(luna_backend *be, float *dx, float *dy, const float *x,
-                                      const float *y, float g, int64_t n);
-luna_status luna_cuda_op_apollo_update(luna_backend *be, float *theta, const float *g,
-                                       float *exp_avg, float *approx_hessian, float *update,
-                                       int64_t n, int64_t step, double lr, double beta, double eps,
-                                       double sigma, int rebound, double weight_decay, int wd_type);
-luna_status luna_cuda_op_adam_update(luna_backend *be, float *theta, const float *g, float *exp_avg,
-                                     float *exp_avg_sq, int64_t n, int64_t step, double lr,
-                                     double beta1, double beta2, double eps, double weight_decay);
+/* cuda_ops_optim.c: the optimizer ops of the table (clipping and the multi-tensor updates). */
 luna_status luna_cuda_op_multi_sum_squares(luna_backend *be, float *result, const float *x,
                                            const luna_tensor_table *tt);
 luna_status luna_cuda_op_clip_coefficients(luna_backend *be, float *coef, double *summary,

@@ -26,10 +26,10 @@ constexpr int kMaxDim = 256;
 
 /* The state a thread keeps: R floats when R > 0 — loops unrolled to R with a run-time guard
  * k < len, so every index is a constant and the state stays in registers — or, R = 0, kMaxDim
- * floats indexed at run time, in local memory (with the state there, these kernels took 29 ms of
- * a 32k-token luna_base_tied update on an H200 against 1.4 ms predicted from their bytes and
- * FLOPs). The kernels below run the generic R = 0 case (p or q over 64); Luna's l = 32 and
- * d_h = 64 go to the tiled kernels further down, which keep their state in registers. */
+ * floats indexed at run time, in local memory (with the state there these kernels run many times
+ * slower than their bytes and FLOPs allow: docs/benchmarks.md). The kernels below run the generic R
+ * = 0 case (p or q over 64); Luna's l = 32 and d_h = 64 go to the tiled kernels further down, which
+ * keep their state in registers. */
 template <int R> struct State { float v[R > 0 ? R : kMaxDim]; };
 #define FOR_STATE(k, len) LUNA_UNROLL for (int k = 0; k < (R > 0 ? R : (len)); k++) if (k < (len))
 
@@ -104,9 +104,9 @@ __global__ void reverse_kernel(T *da, T *db, const T *dout, const T *x, const T 
  * the vectors every thread of the block reads — u_t, w_t in the forward scan; x_s, a_s, dout_s,
  * b_s in the reverse one — staged in shared memory as fp32, kTile positions at a time, by
  * coalesced loads, and read back as float4 broadcasts. Why: reading them from global memory,
- * every thread loaded each element itself (a 2-byte load and a conversion per multiply-add), and
- * the reverse scan took 265 µs a call on an H200 for 33 MB (ncu, 2026-11-26). The arithmetic is
- * the kernels' above, operation for operation, so the results are bit-identical. */
+ * every thread loads each element itself (a 2-byte load and a conversion per multiply-add), which
+ * keeps the reverse scan far from the memory bandwidth. The arithmetic is the kernels' above,
+ * operation for operation, so the results are bit-identical. */
 constexpr int kTile = 16;
 
 /* tn rows from src + at (len values each, ld apart) into dst[tt][0:R) as fp32, zeros past len */

@@ -1,8 +1,9 @@
 /* Column sums over rows in the order of model/kernels/column_sum_order.h (included after
  * cuda_compat.h and act_io.cuh, inside a .cu file's anonymous namespace):
  *   column_sums<1>(ColumnValue)    db[c] += Σ_r dy[r, c]                        (bias gradients)
- *   column_sums<2>(LnParamsValue)  dγ[c] += Σ_r dy_rc·x̂_rc, dβ[c] += Σ_r dy_rc  (LayerNorm, x̂
- *                                  from the row's stored mean and rstd, one rounding per op)
+ *   column_sums<2>(LnParamsValue)  dγ[c] += Σ_r dy_rc·x̂_rc, dβ[c] += Σ_r dy_rc  (residual_norm's
+ *                                  LayerNorm, x̂ from the row's stored mean and rstd, one
+ *                                  rounding per op)
  * Two kernels, so that the whole GPU works on one sum:
  *   chunk_sums_kernel   one thread per (chunk, column): the chunk's LUNA_COLSUM_CHUNK rows in row
  *                       order, in double, into the workspace [chunk][NOUT][cols];
@@ -10,9 +11,9 @@
  *                       then out_c = (float)((double)out_c + total).
  * The workspace (luna_cuda_colsum_ws, from the backend's scratch) holds a round of chunk sums;
  * more chunks than it holds are summed in rounds, the running totals kept in double between
- * rounds (the same additions in the same order). Why: the earlier design — one block per 32
- * columns walking every chunk — gave a 512-column sum 16 blocks, and the LayerNorm/bias sums
- * took 5.5 of the 40 ms of an 8k-token bf16 update on an H200 (ncu, 2026-11-26). */
+ * rounds (the same additions in the same order). Why: one block per 32 columns walking every
+ * chunk would give a 512-column sum 16 blocks, far too few to use a GPU (the sums' share of an
+ * update, measured: docs/benchmarks.md). */
 #ifndef LUNA_KERNELS_CUDA_COLUMN_SUM_CUH
 #define LUNA_KERNELS_CUDA_COLUMN_SUM_CUH
 

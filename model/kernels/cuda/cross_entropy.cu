@@ -2,9 +2,10 @@
  * model/kernels/cpu/cross_entropy.c, same formulas): a 256-thread block per row.
  * Forward: m = max z (order-free), Σ exp(z − m) and Σ z in double by a fixed tree, lse, nll and
  *   loss formed in double and rounded once; pad rows all zero.
- * Backward: dz = grad_scale·exp(z − lse) − grad_scale·ε/V, then at the target − grad_scale·(1−ε)
- *   (the CPU's order of roundings); pad rows zero; dz may alias z (each element is read, then
- *   written, by one thread).
+ * Forward and backward (cross_entropy_forward_backward): the forward's sums, then
+ *   dz = grad_scale·exp(z − lse) − grad_scale·ε/V, then at the target − grad_scale·(1−ε) (the
+ *   CPU's order of roundings); pad rows zero; dz may alias z (each element is read, then written,
+ *   by one thread).
  * exp is CUDA's expf here and the CPU's vectorised vexpf there (both ≤ 2 ulp): results agree
  * within the tiers of the contract (loss ACCUM, gradient NORM), not bit for bit.
  * A target outside [0, V) (not the padding index) is not read: its row gets NaN and *bad = 1. */
@@ -114,30 +115,9 @@ __global__ void ce_fwd_kernel(float *loss, float *nll, float *lse, const T *logi
         row_losses(loss, nll, lse, r, (double)m + log(esum), load(z, y), zsum, V, epsilon);
 }
 
-template <typename T>
-__global__ void ce_bwd_kernel(T *dz, const T *logits, const float *lse, const int32_t *targets,
-                              int V, int padding_idx, float grad_scale, float smooth,
-                              float target_term) {
-    const int64_t r = blockIdx.x;
-    const int y = targets[r];
-    const T *z = logits + r * (int64_t)V;
-    T *d = dz + r * (int64_t)V;
-    if (y == padding_idx) {
-        for (int v = threadIdx.x; v < V; v += kThreads)
-            store(d, v, 0.0f);
-        return;
-    }
-    if (y < 0 || y >= V) { /* not read: NaN, as the forward */
-        for (int v = threadIdx.x; v < V; v += kThreads)
-            store(d, v, __int_as_float(0x7fc00000));
-        return;
-    }
-    row_gradient(d, z, V, y, lse[r], grad_scale, smooth, target_term);
-}
-
 /* Forward and backward of a row in one block (cross_entropy_forward_backward): the forward's
  * sums, then every thread forms the same lse and writes its elements' gradient from it — the
- * row's second read hits the cache. The same roundings as ce_fwd_kernel then ce_bwd_kernel. */
+ * row's second read hits the cache. The forward's roundings are ce_fwd_kernel's. */
 template <typename T>
 __global__ void ce_fwd_bwd_kernel(float *loss, float *nll, float *lse, T *dz, const T *logits,
                                   const int32_t *targets, int V, float epsilon, int padding_idx,
@@ -182,24 +162,6 @@ cudaError_t luna_cuda_cross_entropy_forward(cudaStream_t s, int bf16, float *los
     else
         LUNA_LAUNCH(ce_fwd_kernel<float>, (unsigned)N, kThreads, 0, s, loss, nll, lse,
                     static_cast<const float *>(logits), targets, V, epsilon, padding_idx, bad);
-    return cudaGetLastError();
-}
-
-cudaError_t luna_cuda_cross_entropy_backward(cudaStream_t s, int bf16, void *dlogits,
-                                             const void *logits, const float *lse,
-                                             const int32_t *targets, int64_t N, int V,
-                                             float epsilon, int padding_idx, float grad_scale) {
-    if (N <= 0 || V <= 0) return cudaSuccess;
-    const float smooth = grad_scale * (epsilon / (float)V); /* host: as the CPU computes them */
-    const float target_term = grad_scale * (1.0f - epsilon);
-    if (bf16)
-        LUNA_LAUNCH(ce_bwd_kernel<bf16_t>, (unsigned)N, kThreads, 0, s,
-                    static_cast<bf16_t *>(dlogits), static_cast<const bf16_t *>(logits), lse,
-                    targets, V, padding_idx, grad_scale, smooth, target_term);
-    else
-        LUNA_LAUNCH(ce_bwd_kernel<float>, (unsigned)N, kThreads, 0, s,
-                    static_cast<float *>(dlogits), static_cast<const float *>(logits), lse, targets,
-                    V, padding_idx, grad_scale, smooth, target_term);
     return cudaGetLastError();
 }
 

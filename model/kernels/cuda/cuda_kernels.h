@@ -54,12 +54,7 @@ cudaError_t luna_cuda_add(cudaStream_t s, int bf16, void *y, const void *a, cons
                           int64_t n);
 cudaError_t luna_cuda_axpy(cudaStream_t s, int bf16, void *y, float alpha, const float *x,
                            int64_t n);
-cudaError_t luna_cuda_scale(cudaStream_t s, float *x, float alpha, int64_t n);
 cudaError_t luna_cuda_scale_act(cudaStream_t s, int bf16, void *x, float alpha, int64_t n);
-cudaError_t luna_cuda_fill(cudaStream_t s, float *x, float value, int64_t n);
-cudaError_t luna_cuda_relu_forward(cudaStream_t s, int bf16, void *y, const void *x, int64_t n);
-cudaError_t luna_cuda_relu_backward(cudaStream_t s, int bf16, void *dx, const void *dy,
-                                    const void *x, int64_t n);
 cudaError_t luna_cuda_softplus_ln2_forward(cudaStream_t s, int bf16, void *y, const void *x,
                                            int64_t n);
 cudaError_t luna_cuda_softplus_ln2_backward(cudaStream_t s, int bf16, void *dx, const void *dy,
@@ -123,26 +118,12 @@ cudaError_t luna_cuda_positions_add(cudaStream_t s, int bf16, void *x, const int
 cudaError_t luna_cuda_find_bad_id_launch(cudaStream_t s, const int32_t *ids, int64_t n, int V,
                                          int exempt, int has_exempt, int *first_bad);
 
-/* ---- reduce.cu: the CPU's blocked order, bit-identical; partials: device scratch of
- * ceil(n / 4096) doubles (the tensor table's workspace for the multi op) ---- */
-cudaError_t luna_cuda_sum_squares(cudaStream_t s, float *result, const float *x, int64_t n,
-                                  double *partials);
-cudaError_t luna_cuda_sum_pow4(cudaStream_t s, float *result, const float *x, int64_t n,
-                               double *partials);
-cudaError_t luna_cuda_dot(cudaStream_t s, float *result, const float *x, const float *y, int64_t n,
-                          double *partials);
-cudaError_t luna_cuda_sum(cudaStream_t s, float *result, const float *x, int64_t n,
-                          double *partials);
-/* result [num_tensors]; the table's device arrays (core/tensor_table.h). */
+/* ---- reduce.cu: core/reduce_order.h's order, bit-identical to the CPU; result [num_tensors],
+ * the table's device arrays (core/tensor_table.h), partials its workspace ---- */
 cudaError_t luna_cuda_multi_sum_squares(cudaStream_t s, float *result, const float *x,
                                         int num_tensors, int64_t num_blocks, const int64_t *offsets,
                                         const int64_t *numels, const int64_t *block_start,
                                         const int32_t *block_tensor, double *partials);
-cudaError_t luna_cuda_max_abs(cudaStream_t s, float *result, const float *x, int64_t n);
-cudaError_t luna_cuda_sum_squares_backward(cudaStream_t s, float *dx, const float *x, float g,
-                                           int64_t n);
-cudaError_t luna_cuda_sum_pow4_backward(cudaStream_t s, float *dx, const float *x, float g,
-                                        int64_t n);
 
 /* ---- optimizer.cu: clipping and Adam over a tensor table's device arrays ---- */
 cudaError_t luna_cuda_clip_coefficients(cudaStream_t s, float *coef, double *summary,
@@ -176,10 +157,6 @@ cudaError_t luna_cuda_cross_entropy_forward(cudaStream_t s, int bf16, float *los
                                             float *lse, const void *logits, const int32_t *targets,
                                             int64_t N, int V, float epsilon, int padding_idx,
                                             int *bad);
-cudaError_t luna_cuda_cross_entropy_backward(cudaStream_t s, int bf16, void *dlogits,
-                                             const void *logits, const float *lse,
-                                             const int32_t *targets, int64_t N, int V,
-                                             float epsilon, int padding_idx, float grad_scale);
 
 cudaError_t luna_cuda_cross_entropy_forward_backward(cudaStream_t s, int bf16, float *loss,
                                                      float *nll, float *lse, void *dlogits,
@@ -208,33 +185,10 @@ cudaError_t luna_cuda_causal_contraction_backward(cudaStream_t s, int bf16, void
                                                   int q, float alpha,
                                                   const luna_causal_layout *layout);
 
-/* The single-tensor updates (test-only references of core/backend.h) at step `step` (≥ 1), over
- * n elements; workspace: 5·ceil(n/4096) + 8 doubles. */
-cudaError_t luna_cuda_adam_update(cudaStream_t s, float *theta, const float *g, float *exp_avg,
-                                  float *exp_avg_sq, int64_t n, int64_t step, double lr,
-                                  double beta1, double beta2, double eps, double weight_decay,
-                                  double *workspace);
-cudaError_t luna_cuda_apollo_update(cudaStream_t s, float *theta, const float *g, float *exp_avg,
-                                    float *approx_hessian, float *update, int64_t n, int64_t step,
-                                    double lr, double beta, double eps, double sigma, int rebound,
-                                    double weight_decay, int wd_type, double *workspace);
-
 /* ---- softmax.cu (rows < 2^31: one block per row) ---- */
 cudaError_t luna_cuda_softmax_forward(cudaStream_t s, int bf16, void *y, const void *x,
                                       int64_t rows, int cols, const int32_t *valid_cols,
                                       int64_t rows_per_group, int causal_period);
-cudaError_t luna_cuda_softmax_backward(cudaStream_t s, int bf16, void *dx, const void *dy,
-                                       const void *y, int64_t rows, int cols);
-
-/* ---- layer_norm.cu (rows < 2^31) ---- */
-cudaError_t luna_cuda_layer_norm_forward(cudaStream_t s, int bf16, void *y, float *mean,
-                                         float *rstd, const void *x, const float *gamma,
-                                         const float *beta, int64_t rows, int d, float eps);
-/* dgamma, dbeta accumulated (either NULL: not wanted), before dx (which may alias dy). */
-cudaError_t luna_cuda_layer_norm_backward(cudaStream_t s, int bf16, void *dx, float *dgamma,
-                                          float *dbeta, const void *dy, const void *x,
-                                          const float *mean, const float *rstd, const float *gamma,
-                                          int64_t rows, int d, luna_cuda_colsum_ws ws);
 
 /* ---- fused.cu (rows < 2^31: one block per row for the row kernels). p in [0, 1); p = 0: no
  * dropout. softmax_dropout_forward writes yd only when yd != NULL and p > 0. ---- */

@@ -6,8 +6,6 @@
 #include "model/kernels/cuda/backend_cuda.h"
 #include "model/kernels/cuda/cuda_kernels.h"
 
-#define REDUCE_BLOCK 4096 /* reduce.c's LUNA_REDUCE_BLOCK = LUNA_TENSOR_TABLE_BLOCK */
-
 static inline cudaStream_t stream(const luna_backend *be) { return luna_cuda_impl_of(be)->stream; }
 static inline int bf16(const luna_backend *be) { return luna_cuda_impl_of(be)->bf16; }
 static inline int imax(int a, int b) { return a > b ? a : b; }
@@ -39,12 +37,6 @@ static inline luna_status scratch_doubles(luna_backend *be, const char *op, int6
         if (st_ == LUNA_OK) st_ = luna_cuda_check((call), op);                                     \
         luna_arena_release(be->scratch, mark_);                                                    \
         return st_;                                                                                \
-    } while (0)
-
-#define CHECK_N(what, cond)                                                                        \
-    do {                                                                                           \
-        if (n < 0 || (n > 0 && !(cond)))                                                           \
-            BAD(what ": null pointer or negative size (n=%lld)", (long long)n);                    \
     } while (0)
 
 #endif

@@ -6,8 +6,8 @@
  *   output row itself (best first, ties to the lower index); picked = x_pick − lse unbiased.
  * So top_lp / top_idx equal the CPU's bit for bit under the CPU execution harness (a GPU's double
  * log may differ from glibc's by an ulp of lse). A row per thread costs O(V) sequential work: at
- * beam-search sizes (rows = sentences × beam, V ≈ 32k) that is ~0.1 ms per step, small beside the
- * output GEMM; a block-per-row selection is the faster design when the cost model asks for it.
+ * beam-search sizes (rows = sentences × beam, V ≈ 32k) small beside the output GEMM that produced
+ * the row; a block-per-row selection is the faster design when the cost model asks for it.
  * Also cache_products, a decoding step's attention products over the beam-indexed KV cache
  * (below, before the launchers). */
 #include "model/kernels/cuda/cuda_compat.h"

@@ -16,12 +16,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-/* Blocks for n elements in a grid-stride loop: enough to fill a GPU, never more than needed. */
-inline unsigned blocks_for(int64_t n) {
-    const int64_t b = (n + kThreads - 1) / kThreads;
-    return (unsigned)(b < 4096 ? (b > 0 ? b : 1) : 4096);
-}
-
 /* Activation storage: T = float or __nv_bfloat16, loaded to fp32, stored rounded once. */
 template <typename T> __global__ void add_kernel(T *y, const T *a, const T *b, int64_t n) {
     GRID_STRIDE(i, n) store(y, i, __fadd_rn(load(a, i), load(b, i)));
@@ -34,8 +28,6 @@ template <typename T> __global__ void axpy_kernel(T *y, float alpha, const float
 template <typename T> __global__ void scale_kernel(T *x, float alpha, int64_t n) {
     GRID_STRIDE(i, n) store(x, i, __fmul_rn(load(x, i), alpha));
 }
-
-__global__ void fill_kernel(float *x, float value, int64_t n) { GRID_STRIDE(i, n) x[i] = value; }
 
 /* Three byte addresses per grid entry g = o·inner + i (luna_cuda_grid_pointers). */
 __global__ void grid_pointers_kernel(const char **out, const char *A, int64_t a_outer,
@@ -52,17 +44,6 @@ __global__ void grid_pointers_kernel(const char **out, const char *A, int64_t a_
 
 __global__ void convert_to_bf16_kernel(__nv_bfloat16 *y, const float *x, int64_t n) {
     GRID_STRIDE(i, n) store(y, i, x[i]);
-}
-
-/* relu: max(x, 0) with NaN kept (x < 0 ? 0 : x + 0, as the CPU); φ'(x) = x > 0. */
-template <typename T> __global__ void relu_fwd_kernel(T *y, const T *x, int64_t n) {
-    GRID_STRIDE(i, n) {
-        const float v = load(x, i);
-        store(y, i, v < 0.0f ? 0.0f : __fadd_rn(v, 0.0f));
-    }
-}
-template <typename T> __global__ void relu_bwd_kernel(T *dx, const T *dy, const T *x, int64_t n) {
-    GRID_STRIDE(i, n) store(dx, i, load(x, i) > 0.0f ? load(dy, i) : 0.0f);
 }
 
 /* softplus with β = ln 2 and PyTorch's threshold 20 (activations.c). */
@@ -111,8 +92,8 @@ __global__ void dropout_kernel(T *y, const T *x, int64_t n, float p, float scale
 
 /* out[b, h, t, :] = x[b, t, h, :] (split) or the inverse (merge); one thread per element. The
  * index arithmetic is in I: 32-bit unsigned when the tensor has < 2^31 elements — 64-bit
- * division is a long software sequence on a GPU, and five of them per element made these copies
- * take 23 ms of a 32k-token update on an H200, against 4.9 ms predicted from their bytes. */
+ * division is a long software sequence on a GPU, and five of them per element make these copies
+ * several times slower than their bytes allow (measured: docs/benchmarks.md). */
 template <typename T, typename I>
 __global__ void heads_kernel(T *out, const T *x, I B, I n, I H, I dh, int split) {
     const I total = B * n * H * dh;
@@ -167,13 +148,13 @@ __global__ void sum_broadcast_kernel(float *dx, const T *dout, int B, int64_t m)
     }
 }
 
-/* y[r, c] += b[c] (bias_add_forward). */
+/* y[r, c] += b[c] (linear_forward's bias when in = 0). */
 template <typename T>
 __global__ void bias_add_kernel(T *y, const float *b, int64_t rows, int cols) {
     GRID_STRIDE(i, rows * cols) store(y, i, __fadd_rn(load(y, i), b[i % cols]));
 }
 
-/* bias_add_backward: column_sum of column_sum.cuh. */
+/* linear_backward's bias gradient: column_sum of column_sum.cuh. */
 #include "model/kernels/cuda/column_sum.cuh"
 
 typedef __nv_bfloat16 bf16_t;
@@ -186,12 +167,14 @@ cudaError_t heads_launch(cudaStream_t s, void *out, const void *x, int64_t B, in
     const int64_t total = B * n * H * dh;
     if (total < ((int64_t)1 << 31)) {
         typedef uint32_t I;
-        LUNA_LAUNCH((heads_kernel<E, I>), blocks_for(total), kThreads, 0, s, static_cast<E *>(out),
-                    static_cast<const E *>(x), (I)B, (I)n, (I)H, (I)dh, split);
+        LUNA_LAUNCH((heads_kernel<E, I>), grid_blocks(total, kThreads), kThreads, 0, s,
+                    static_cast<E *>(out), static_cast<const E *>(x), (I)B, (I)n, (I)H, (I)dh,
+                    split);
     } else {
         typedef int64_t I;
-        LUNA_LAUNCH((heads_kernel<E, I>), blocks_for(total), kThreads, 0, s, static_cast<E *>(out),
-                    static_cast<const E *>(x), (I)B, (I)n, (I)H, (I)dh, split);
+        LUNA_LAUNCH((heads_kernel<E, I>), grid_blocks(total, kThreads), kThreads, 0, s,
+                    static_cast<E *>(out), static_cast<const E *>(x), (I)B, (I)n, (I)H, (I)dh,
+                    split);
     }
     return cudaGetLastError();
 }
@@ -207,11 +190,11 @@ cudaError_t luna_cuda_add(cudaStream_t s, int bf16, void *y, const void *a, cons
                           int64_t n) {
     if (n <= 0) return cudaSuccess;
     if (bf16)
-        LUNA_LAUNCH(add_kernel<bf16_t>, blocks_for(n), kThreads, 0, s, A(bf16_t, y), CA(bf16_t, a),
-                    CA(bf16_t, b), n);
+        LUNA_LAUNCH(add_kernel<bf16_t>, grid_blocks(n, kThreads), kThreads, 0, s, A(bf16_t, y),
+                    CA(bf16_t, a), CA(bf16_t, b), n);
     else
-        LUNA_LAUNCH(add_kernel<float>, blocks_for(n), kThreads, 0, s, A(float, y), CA(float, a),
-                    CA(float, b), n);
+        LUNA_LAUNCH(add_kernel<float>, grid_blocks(n, kThreads), kThreads, 0, s, A(float, y),
+                    CA(float, a), CA(float, b), n);
     return cudaGetLastError();
 }
 
@@ -219,36 +202,28 @@ cudaError_t luna_cuda_axpy(cudaStream_t s, int bf16, void *y, float alpha, const
                            int64_t n) {
     if (n <= 0) return cudaSuccess;
     if (bf16)
-        LUNA_LAUNCH(axpy_kernel<bf16_t>, blocks_for(n), kThreads, 0, s, A(bf16_t, y), alpha, x, n);
+        LUNA_LAUNCH(axpy_kernel<bf16_t>, grid_blocks(n, kThreads), kThreads, 0, s, A(bf16_t, y),
+                    alpha, x, n);
     else
-        LUNA_LAUNCH(axpy_kernel<float>, blocks_for(n), kThreads, 0, s, A(float, y), alpha, x, n);
-    return cudaGetLastError();
-}
-
-cudaError_t luna_cuda_scale(cudaStream_t s, float *x, float alpha, int64_t n) {
-    if (n <= 0) return cudaSuccess;
-    LUNA_LAUNCH(scale_kernel<float>, blocks_for(n), kThreads, 0, s, x, alpha, n);
+        LUNA_LAUNCH(axpy_kernel<float>, grid_blocks(n, kThreads), kThreads, 0, s, A(float, y),
+                    alpha, x, n);
     return cudaGetLastError();
 }
 
 cudaError_t luna_cuda_scale_act(cudaStream_t s, int bf16, void *x, float alpha, int64_t n) {
     if (n <= 0) return cudaSuccess;
     if (bf16)
-        LUNA_LAUNCH(scale_kernel<bf16_t>, blocks_for(n), kThreads, 0, s, A(bf16_t, x), alpha, n);
+        LUNA_LAUNCH(scale_kernel<bf16_t>, grid_blocks(n, kThreads), kThreads, 0, s, A(bf16_t, x),
+                    alpha, n);
     else
-        LUNA_LAUNCH(scale_kernel<float>, blocks_for(n), kThreads, 0, s, A(float, x), alpha, n);
-    return cudaGetLastError();
-}
-
-cudaError_t luna_cuda_fill(cudaStream_t s, float *x, float value, int64_t n) {
-    if (n <= 0) return cudaSuccess;
-    LUNA_LAUNCH(fill_kernel, blocks_for(n), kThreads, 0, s, x, value, n);
+        LUNA_LAUNCH(scale_kernel<float>, grid_blocks(n, kThreads), kThreads, 0, s, A(float, x),
+                    alpha, n);
     return cudaGetLastError();
 }
 
 cudaError_t luna_cuda_convert_to_bf16(cudaStream_t s, void *dst, const float *src, int64_t n) {
     if (n <= 0) return cudaSuccess;
-    LUNA_LAUNCH(convert_to_bf16_kernel, blocks_for(n), kThreads, 0, s,
+    LUNA_LAUNCH(convert_to_bf16_kernel, grid_blocks(n, kThreads), kThreads, 0, s,
                 static_cast<__nv_bfloat16 *>(dst), src, n);
     return cudaGetLastError();
 }
@@ -257,11 +232,11 @@ cudaError_t luna_cuda_convert_to_bf16(cudaStream_t s, void *dst, const float *sr
     cudaError_t name(cudaStream_t s, int bf16, void *y, const void *x, int64_t n) {                \
         if (n <= 0) return cudaSuccess;                                                            \
         if (bf16)                                                                                  \
-            LUNA_LAUNCH(kernel<bf16_t>, blocks_for(n), kThreads, 0, s, A(bf16_t, y),               \
+            LUNA_LAUNCH(kernel<bf16_t>, grid_blocks(n, kThreads), kThreads, 0, s, A(bf16_t, y),    \
                         CA(bf16_t, x), n);                                                         \
         else                                                                                       \
-            LUNA_LAUNCH(kernel<float>, blocks_for(n), kThreads, 0, s, A(float, y), CA(float, x),   \
-                        n);                                                                        \
+            LUNA_LAUNCH(kernel<float>, grid_blocks(n, kThreads), kThreads, 0, s, A(float, y),      \
+                        CA(float, x), n);                                                          \
         return cudaGetLastError();                                                                 \
     }
 #define BACKWARD(name, kernel)                                                                     \
@@ -269,16 +244,14 @@ cudaError_t luna_cuda_convert_to_bf16(cudaStream_t s, void *dst, const float *sr
                      int64_t n) {                                                                  \
         if (n <= 0) return cudaSuccess;                                                            \
         if (bf16)                                                                                  \
-            LUNA_LAUNCH(kernel<bf16_t>, blocks_for(n), kThreads, 0, s, A(bf16_t, dx),              \
+            LUNA_LAUNCH(kernel<bf16_t>, grid_blocks(n, kThreads), kThreads, 0, s, A(bf16_t, dx),   \
                         CA(bf16_t, dy), CA(bf16_t, x), n);                                         \
         else                                                                                       \
-            LUNA_LAUNCH(kernel<float>, blocks_for(n), kThreads, 0, s, A(float, dx), CA(float, dy), \
-                        CA(float, x), n);                                                          \
+            LUNA_LAUNCH(kernel<float>, grid_blocks(n, kThreads), kThreads, 0, s, A(float, dx),     \
+                        CA(float, dy), CA(float, x), n);                                           \
         return cudaGetLastError();                                                                 \
     }
 
-UNARY(luna_cuda_relu_forward, relu_fwd_kernel)
-BACKWARD(luna_cuda_relu_backward, relu_bwd_kernel)
 UNARY(luna_cuda_softplus_ln2_forward, softplus_fwd_kernel)
 BACKWARD(luna_cuda_softplus_ln2_backward, softplus_bwd_kernel)
 UNARY(luna_cuda_elu_plus_one_forward, elu1_fwd_kernel)
@@ -289,11 +262,11 @@ cudaError_t luna_cuda_dropout(cudaStream_t s, int bf16, void *y, const void *x, 
     if (n <= 0) return cudaSuccess;
     const float scale = 1.0f / (1.0f - p); /* host-side, as the CPU computes it */
     if (bf16)
-        LUNA_LAUNCH(dropout_kernel<bf16_t>, blocks_for(n), kThreads, 0, s, A(bf16_t, y),
+        LUNA_LAUNCH(dropout_kernel<bf16_t>, grid_blocks(n, kThreads), kThreads, 0, s, A(bf16_t, y),
                     CA(bf16_t, x), n, p, scale, key);
     else
-        LUNA_LAUNCH(dropout_kernel<float>, blocks_for(n), kThreads, 0, s, A(float, y), CA(float, x),
-                    n, p, scale, key);
+        LUNA_LAUNCH(dropout_kernel<float>, grid_blocks(n, kThreads), kThreads, 0, s, A(float, y),
+                    CA(float, x), n, p, scale, key);
     return cudaGetLastError();
 }
 
@@ -316,7 +289,7 @@ cudaError_t luna_cuda_grid_pointers(cudaStream_t s, void **out, const void *A, i
                                     int64_t c_inner, int outer, int inner) {
     const int64_t G = (int64_t)outer * inner;
     if (G <= 0) return cudaSuccess;
-    LUNA_LAUNCH(grid_pointers_kernel, blocks_for(G), kThreads, 0, s, (const char **)out,
+    LUNA_LAUNCH(grid_pointers_kernel, grid_blocks(G, kThreads), kThreads, 0, s, (const char **)out,
                 (const char *)A, a_outer, a_inner, (const char *)B, b_outer, b_inner,
                 (const char *)C, c_outer, c_inner, G, inner);
     return cudaGetLastError();
@@ -327,11 +300,11 @@ cudaError_t luna_cuda_broadcast_rows(cudaStream_t s, int bf16, void *out, const 
     const int64_t m = rows * d, total = (int64_t)B * m;
     if (total <= 0) return cudaSuccess;
     if (bf16)
-        LUNA_LAUNCH(broadcast_kernel<bf16_t>, blocks_for(total), kThreads, 0, s, A(bf16_t, out),
-                    CA(bf16_t, x), B, m);
+        LUNA_LAUNCH(broadcast_kernel<bf16_t>, grid_blocks(total, kThreads), kThreads, 0, s,
+                    A(bf16_t, out), CA(bf16_t, x), B, m);
     else
-        LUNA_LAUNCH(broadcast_kernel<float>, blocks_for(total), kThreads, 0, s, A(float, out),
-                    CA(float, x), B, m);
+        LUNA_LAUNCH(broadcast_kernel<float>, grid_blocks(total, kThreads), kThreads, 0, s,
+                    A(float, out), CA(float, x), B, m);
     return cudaGetLastError();
 }
 
@@ -341,11 +314,11 @@ cudaError_t luna_cuda_gather_rows(cudaStream_t s, int bf16, void *dst, int64_t d
     const int64_t total = n * cols;
     if (total <= 0) return cudaSuccess;
     if (bf16)
-        LUNA_LAUNCH(gather_kernel<bf16_t>, blocks_for(total), kThreads, 0, s, A(bf16_t, dst),
-                    dst_stride, CA(bf16_t, src), src_stride, idx, n, cols);
+        LUNA_LAUNCH(gather_kernel<bf16_t>, grid_blocks(total, kThreads), kThreads, 0, s,
+                    A(bf16_t, dst), dst_stride, CA(bf16_t, src), src_stride, idx, n, cols);
     else
-        LUNA_LAUNCH(gather_kernel<float>, blocks_for(total), kThreads, 0, s, A(float, dst),
-                    dst_stride, CA(float, src), src_stride, idx, n, cols);
+        LUNA_LAUNCH(gather_kernel<float>, grid_blocks(total, kThreads), kThreads, 0, s,
+                    A(float, dst), dst_stride, CA(float, src), src_stride, idx, n, cols);
     return cudaGetLastError();
 }
 
@@ -354,11 +327,11 @@ cudaError_t luna_cuda_sum_broadcast(cudaStream_t s, int bf16, float *dx, const v
     const int64_t m = rows * d;
     if (m <= 0 || B <= 0) return cudaSuccess;
     if (bf16)
-        LUNA_LAUNCH(sum_broadcast_kernel<bf16_t>, blocks_for(m), kThreads, 0, s, dx,
+        LUNA_LAUNCH(sum_broadcast_kernel<bf16_t>, grid_blocks(m, kThreads), kThreads, 0, s, dx,
                     CA(bf16_t, dout), B, m);
     else
-        LUNA_LAUNCH(sum_broadcast_kernel<float>, blocks_for(m), kThreads, 0, s, dx, CA(float, dout),
-                    B, m);
+        LUNA_LAUNCH(sum_broadcast_kernel<float>, grid_blocks(m, kThreads), kThreads, 0, s, dx,
+                    CA(float, dout), B, m);
     return cudaGetLastError();
 }
 
@@ -367,11 +340,11 @@ cudaError_t luna_cuda_bias_add_forward(cudaStream_t s, int bf16, void *y, const 
     const int64_t n = rows * cols;
     if (n <= 0) return cudaSuccess;
     if (bf16)
-        LUNA_LAUNCH(bias_add_kernel<bf16_t>, blocks_for(n), kThreads, 0, s, A(bf16_t, y), b, rows,
-                    cols);
+        LUNA_LAUNCH(bias_add_kernel<bf16_t>, grid_blocks(n, kThreads), kThreads, 0, s, A(bf16_t, y),
+                    b, rows, cols);
     else
-        LUNA_LAUNCH(bias_add_kernel<float>, blocks_for(n), kThreads, 0, s, A(float, y), b, rows,
-                    cols);
+        LUNA_LAUNCH(bias_add_kernel<float>, grid_blocks(n, kThreads), kThreads, 0, s, A(float, y),
+                    b, rows, cols);
     return cudaGetLastError();
 }
 
@@ -387,11 +360,11 @@ cudaError_t luna_cuda_scale_matrix(cudaStream_t s, int bf16, void *c, int M, int
     const int64_t total = (int64_t)M * N * batch;
     if (total <= 0) return cudaSuccess;
     if (bf16)
-        LUNA_LAUNCH(scale_matrix_kernel<bf16_t>, blocks_for(total), kThreads, 0, s, A(bf16_t, c), M,
-                    N, ldc, stride, batch, beta);
+        LUNA_LAUNCH(scale_matrix_kernel<bf16_t>, grid_blocks(total, kThreads), kThreads, 0, s,
+                    A(bf16_t, c), M, N, ldc, stride, batch, beta);
     else
-        LUNA_LAUNCH(scale_matrix_kernel<float>, blocks_for(total), kThreads, 0, s, A(float, c), M,
-                    N, ldc, stride, batch, beta);
+        LUNA_LAUNCH(scale_matrix_kernel<float>, grid_blocks(total, kThreads), kThreads, 0, s,
+                    A(float, c), M, N, ldc, stride, batch, beta);
     return cudaGetLastError();
 }
 

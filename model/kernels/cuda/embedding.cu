@@ -8,8 +8,7 @@
  *   CPU's order, so bit-identical and deterministic without atomics. Each (tok, c) has one owner
  *   thread: column c in the block row of bucket tok mod kEmbBuckets, which walks every token (a
  *   tile of them at a time through shared memory) and adds the rows of its bucket's tokens.
- *   (One thread per column walking the tokens, the earlier design, took ~7 ms for 32k tokens
- *   on an H200: 2 blocks for d = 512.)
+ *   (One thread per column walking all the tokens would give d = 512 two blocks: a GPU idle.)
  * sinusoidal_table / positions_add: angles pos·f_i and sin/cos in double, rounded once, as the
  *   CPU; positions_add counts each sentence's real tokens first (one thread per sentence, into
  *   `counts` [B·n] scratch), then adds PE(padding_idx + count) to non-pad rows. */
@@ -21,11 +20,6 @@
 namespace {
 
 constexpr int kThreads = 256;
-
-inline unsigned blocks_for(int64_t n) {
-    const int64_t b = (n + kThreads - 1) / kThreads;
-    return (unsigned)(b < 4096 ? (b > 0 ? b : 1) : 4096);
-}
 
 template <typename T>
 __global__ void emb_fwd_kernel(T *out, const float *table, const int32_t *tokens, int64_t n, int V,
@@ -124,10 +118,10 @@ cudaError_t luna_cuda_embedding_forward(cudaStream_t s, int bf16, void *out, con
                                         int padding_idx, int *bad) {
     if (n <= 0 || d <= 0) return cudaSuccess;
     if (bf16)
-        LUNA_LAUNCH(emb_fwd_kernel<bf16_t>, blocks_for(n * d), kThreads, 0, s,
+        LUNA_LAUNCH(emb_fwd_kernel<bf16_t>, grid_blocks(n * d, kThreads), kThreads, 0, s,
                     static_cast<bf16_t *>(out), table, tokens, n, V, d, scale, padding_idx, bad);
     else
-        LUNA_LAUNCH(emb_fwd_kernel<float>, blocks_for(n * d), kThreads, 0, s,
+        LUNA_LAUNCH(emb_fwd_kernel<float>, grid_blocks(n * d, kThreads), kThreads, 0, s,
                     static_cast<float *>(out), table, tokens, n, V, d, scale, padding_idx, bad);
     return cudaGetLastError();
 }
@@ -151,10 +145,10 @@ cudaError_t luna_cuda_sinusoidal_table(cudaStream_t s, int bf16, void *out, int 
     if (npos <= 0 || d <= 0) return cudaSuccess;
     const int64_t total = (int64_t)npos * d;
     if (bf16)
-        LUNA_LAUNCH(sin_table_kernel<bf16_t>, blocks_for(total), kThreads, 0, s,
+        LUNA_LAUNCH(sin_table_kernel<bf16_t>, grid_blocks(total, kThreads), kThreads, 0, s,
                     static_cast<bf16_t *>(out), first_pos, npos, d);
     else
-        LUNA_LAUNCH(sin_table_kernel<float>, blocks_for(total), kThreads, 0, s,
+        LUNA_LAUNCH(sin_table_kernel<float>, grid_blocks(total, kThreads), kThreads, 0, s,
                     static_cast<float *>(out), first_pos, npos, d);
     return cudaGetLastError();
 }
@@ -166,10 +160,10 @@ cudaError_t luna_cuda_positions_add(cudaStream_t s, int bf16, void *x, const int
                 tokens, B, n, padding_idx);
     const int64_t rows = (int64_t)B * n;
     if (bf16)
-        LUNA_LAUNCH(positions_add_kernel<bf16_t>, blocks_for(rows * d), kThreads, 0, s,
+        LUNA_LAUNCH(positions_add_kernel<bf16_t>, grid_blocks(rows * d, kThreads), kThreads, 0, s,
                     static_cast<bf16_t *>(x), counts, rows, d, padding_idx);
     else
-        LUNA_LAUNCH(positions_add_kernel<float>, blocks_for(rows * d), kThreads, 0, s,
+        LUNA_LAUNCH(positions_add_kernel<float>, grid_blocks(rows * d, kThreads), kThreads, 0, s,
                     static_cast<float *>(x), counts, rows, d, padding_idx);
     return cudaGetLastError();
 }

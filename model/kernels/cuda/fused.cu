@@ -1,18 +1,16 @@
-/* The fused ops of the CUDA backend (core/backend.h, "Fused ops"; the CPU reference is
- * model/kernels/cpu/fused.c): one kernel pass over the rows instead of the three or four kernels
- * of the unfused composition, so each activation is read and written once.
+/* The fused training ops of the CUDA backend (core/backend.h, "Fused training ops"; the CPU
+ * reference is model/kernels/cpu/fused.c): one kernel pass over the rows instead of three or four
+ * separate kernels, so each activation is read and written once.
  *
- * The arithmetic is that of the unfused kernels, operation by operation (elementwise.cu,
- * layer_norm.cu, softmax.cu: __fadd_rn / __fmul_rn where the CPU rounds twice, sums in double by
- * the same fixed trees), and the dropout factors are those of dropout_kernel: keep(i) from
- * core/philox.h for the element's index i in its buffer, scale = 1/(1 − p) computed on the host.
- * So in fp32 each fused op equals the CPU's fused op (= the CPU's composition) within the tiers
- * of the ops it fuses: the elementwise parts exactly, the LayerNorm and softmax rows within the
- * NORM tier (their sums' order differs from the CPU's simd lanes, as the unfused kernels'),
- * dbias bit for bit (column sums in the CPU's order, model/kernels/column_sum_order.h).
- * With bf16 activations a fused op rounds only what it stores (the composition also rounded its
- * intermediates); values kept for backward (r, h, y) are re-read as stored, so the backward sees
- * what the forward kept.
+ * The arithmetic follows the CPU operation by operation (__fadd_rn / __fmul_rn where the CPU
+ * rounds twice, sums in double by fixed trees, as softmax.cu's), and the dropout factors are
+ * those of elementwise.cu's dropout_kernel: keep(i) from core/philox.h for the element's index i
+ * in its buffer, scale = 1/(1 − p) computed on the host. So in fp32 each fused op equals the
+ * CPU's within the contract's tiers: the elementwise parts exactly, the LayerNorm and softmax
+ * rows within the NORM tier (their sums' order differs from the CPU's simd lanes), dbias bit for
+ * bit (column sums in the CPU's order, model/kernels/column_sum_order.h).
+ * With bf16 activations a fused op rounds only what it stores; values kept for backward (r, h, y)
+ * are re-read as stored, so the backward sees what the forward kept.
  *
  * Column sums (dγ, dβ, dbias) need every row and run as their own kernels: dγ, dβ before
  * the row pass (dres may alias dy), dbias after it (it reads dsub / dh). */
@@ -26,11 +24,6 @@ namespace {
 
 constexpr int kThreads = 128, kWarps = kThreads / 32; /* row kernels: a warp or a block per row */
 constexpr int kEltThreads = 256;                      /* elementwise kernels */
-
-inline unsigned blocks_for(int64_t n) {
-    const int64_t b = (n + kEltThreads - 1) / kEltThreads;
-    return (unsigned)(b < 4096 ? (b > 0 ? b : 1) : 4096);
-}
 
 /* The dropout factor of element i (dropout_kernel's): 1/(1 − p) kept, 0 dropped; 1 when p = 0. */
 __device__ inline float drop_factor(luna_rng_key key, int64_t i, float p, float scale) {
@@ -63,7 +56,7 @@ __device__ inline void drop4(luna_rng_key key, int64_t i, float p, float scale, 
     }
 }
 
-/* Σ over the block of one double per thread in a fixed order (layer_norm.cu's, softmax.cu's). */
+/* Σ over the block of one double per thread in a fixed order (softmax.cu's). */
 __device__ inline double block_sum(double v, double *partial) {
     for (int m = 16; m > 0; m /= 2)
         v += __shfl_xor_sync(0xffffffffu, v, m);
@@ -90,11 +83,10 @@ __device__ inline float block_max(float v, float *partial) {
 
 /* Row kernels run with G threads per row: G = 32, a warp per row (kThreads / 32 rows a block;
  * rows of ≤ kWarpRowMax elements) — rows of the model's widths (d = 512, attention rows of
- * l = 32 or n keys) leave most of a block idle and spend it in __syncthreads (on an H200,
- * softmax_dropout went from 15 to 8 ms of a 32k-token update with a warp per row; residual_norm
- * did not move, 37 → 36 ms: its time is elsewhere); G = kThreads, the block, for longer rows. Sums
- * are in a fixed order either way: lane totals by a fixed xor tree, then (warp: lane 0's value
- * broadcast; block: the warps in order). */
+ * l = 32 or n keys) would leave most of a block idle and spend it in __syncthreads (the
+ * measured effect: docs/benchmarks.md); G = kThreads, the block, for longer rows. Sums are in a
+ * fixed order either way: lane totals by a fixed xor tree, then (warp: lane 0's value broadcast;
+ * block: the warps in order). */
 constexpr int kWarpRowMax = 1024;
 
 template <int G> __device__ inline int64_t group_row() {
@@ -133,10 +125,9 @@ inline unsigned row_blocks(int64_t rows, bool warp) {
  * consecutive elements (c4 = RUN·tid, RUN·tid + RUN·G, ...; c = c4 + e, e < RUN), the same runs
  * in every loop of a kernel, so a thread re-reads only the elements it wrote itself. RUN = 4 for
  * rows of at least 4·G elements: one Philox block draws a run's four dropout factors (drop4)
- * where a factor per element cost a block each — on an H200 residual_norm_forward (d = 512, 8k
- * rows) went from 43 to 26 µs a call. RUN = 1 (an element a thread, a block per factor) for
- * shorter rows: with runs of 4, Luna's 32-wide attention rows left 24 of a warp's lanes idle and
- * softmax_dropout_forward went from 31 to 43 µs a call (ncu, 2026-11-26). */
+ * where a factor per element costs a block each. RUN = 1 (an element a thread, a block per
+ * factor) for shorter rows: with runs of 4, Luna's 32-wide attention rows would leave 24 of a
+ * warp's lanes idle (both measured on a GPU: docs/benchmarks.md). */
 #define ROW_RUNS(c4, n) for (int c4 = RUN * tid; c4 < (n); c4 += RUN * G)
 #define RUN_ELEMENTS(c, c4, n)                                                                     \
     LUNA_UNROLL for (int e_ = 0, c = c4; e_ < RUN; e_++, c++) if (c < (n))
@@ -376,16 +367,17 @@ cudaError_t resnorm_bwd(cudaStream_t s, void *dres, void *dsub, float *dbias, fl
 template <typename T>
 cudaError_t brd_fwd(cudaStream_t s, void *a, void *h, const float *bias, int64_t rows, int cols,
                     float p, luna_rng_key key) {
-    LUNA_LAUNCH(brd_fwd_kernel<T>, blocks_for((rows * cols + 3) / 4), kEltThreads, 0, s,
-                static_cast<T *>(a), static_cast<T *>(h), bias, rows, cols, p, drop_scale(p), key);
+    LUNA_LAUNCH(brd_fwd_kernel<T>, grid_blocks((rows * cols + 3) / 4, kEltThreads), kEltThreads, 0,
+                s, static_cast<T *>(a), static_cast<T *>(h), bias, rows, cols, p, drop_scale(p),
+                key);
     return cudaGetLastError();
 }
 
 template <typename T>
 cudaError_t brd_bwd(cudaStream_t s, void *dh, float *dbias, const void *da, const void *h,
                     int64_t rows, int cols, float p, luna_rng_key key, luna_cuda_colsum_ws ws) {
-    LUNA_LAUNCH(brd_bwd_kernel<T>, blocks_for((rows * cols + 3) / 4), kEltThreads, 0, s,
-                static_cast<T *>(dh), static_cast<const T *>(da), static_cast<const T *>(h),
+    LUNA_LAUNCH(brd_bwd_kernel<T>, grid_blocks((rows * cols + 3) / 4, kEltThreads), kEltThreads, 0,
+                s, static_cast<T *>(dh), static_cast<const T *>(da), static_cast<const T *>(h),
                 rows * cols, p, drop_scale(p), key);
     if (dbias) return column_sum<T>(s, dbias, static_cast<const T *>(dh), rows, cols, ws);
     return cudaGetLastError();

@@ -2,7 +2,7 @@
  * model/kernels/cpu/multi_tensor.c and optimizer_kernels.c, followed operation by operation in
  * double without contraction).
  *   clip_coefficients: one thread (a few hundred tensors; the double sum's order is fixed).
- *   multi_scale: a block per 4096-element table block; factor 1 skipped.
+ *   multi_scale: a block per table block (core/reduce_order.h's blocks); factor 1 skipped.
  *   multi_adam_update: per-tensor scalars (step size from pow and sqrt in double, keep) by one
  *   thread per tensor, which also advances steps[i]; then a block per table block.
  *   multi_apollo_update: the reductions, per-tensor scalars, the update (and for the stable
@@ -12,11 +12,14 @@
  * 1e-15 relative per update). */
 #include "model/kernels/cuda/cuda_compat.h"
 
+#include "core/reduce_order.h"
+#include "core/tensor_table.h"
 #include "model/kernels/cuda/cuda_kernels.h"
 
 namespace {
 
-constexpr int kBlock = 4096, kThreads = 256;
+constexpr int kBlock = LUNA_REDUCE_BLOCK, kThreads = 256;
+static_assert(LUNA_TENSOR_TABLE_BLOCK == LUNA_REDUCE_BLOCK, "a table's blocks are the reduction's");
 
 __device__ inline double clip_coefficient(double clip_norm, double norm) {
     const double c = clip_norm / __dadd_rn(norm, 1e-6);
@@ -55,23 +58,16 @@ __global__ void clip_kernel(float *coef, double *summary, const float *sumsq, in
     summary[2] = any ? 1.0 : 0.0;
 }
 
-/* The tensor table's device arrays, or (block_tensor NULL) one tensor of single_n elements at
- * offset 0 in num_blocks blocks: the single-tensor reference ops apollo_update / adam_update. */
+/* The tensor table's device arrays. */
 struct Table {
     const int64_t *offsets, *numels, *block_start;
     const int32_t *block_tensor;
-    int64_t single_n, num_blocks;
+    int64_t num_blocks;
 };
 
 /* Block k of the table: tensor, first flat element of the tensor, start within it, length. */
 __device__ inline void block_of(const Table &t, int64_t k, int *tensor, int64_t *base,
                                 int64_t *start, int64_t *len) {
-    if (!t.block_tensor) {
-        *tensor = 0, *base = 0, *start = k * kBlock;
-        const int64_t rest = t.single_n - *start;
-        *len = rest < kBlock ? rest : kBlock;
-        return;
-    }
     *tensor = t.block_tensor[k];
     *base = t.offsets[*tensor];
     *start = (k - t.block_start[*tensor]) * kBlock;
@@ -92,15 +88,15 @@ __global__ void multi_scale_kernel(float *x, Table t, const float *coef, float a
 
 enum { STEP_SIZE = 0, KEEP = 1, NSCALARS = 2 };
 
-__global__ void adam_scalars_kernel(double *sc, int64_t *steps, int64_t step0, int nt, double lr,
-                                    double beta1, double beta2, double weight_decay) {
+__global__ void adam_scalars_kernel(double *sc, int64_t *steps, int nt, double lr, double beta1,
+                                    double beta2, double weight_decay) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= nt) return;
-    const int64_t t = steps ? steps[i] + 1 : step0;
+    const int64_t t = steps[i] + 1;
     const double bc1 = 1.0 - pow(beta1, (double)t), bc2 = 1.0 - pow(beta2, (double)t);
     sc[(size_t)i * NSCALARS + STEP_SIZE] = __dmul_rn(lr, sqrt(bc2)) / bc1;
     sc[(size_t)i * NSCALARS + KEEP] = 1.0 - __dmul_rn(lr, weight_decay);
-    if (steps) steps[i] = t;
+    steps[i] = t;
 }
 
 /* One element of Adam, as optimizer_kernels.c. */
@@ -129,13 +125,15 @@ __global__ void multi_adam_kernel(float *theta, const float *g, float *exp_avg, 
                      beta1, beta2, eps, step_size, keep);
 }
 
-/* ---- Apollo (spec apollo.md; optimizer_kernels.c): the CPU's lanes exactly. A CUDA block of 8
- * threads per table block, thread l being lane l (elements j ≡ l mod 8 of the block, in
- * increasing j), so every double sum has the CPU's order; bit-identical under the harness. */
-constexpr int kLanes = 8;
+/* ---- Apollo (spec apollo.md; optimizer_kernels.c): the CPU's lanes exactly. A CUDA block of
+ * kLanes threads per table block, thread l being lane l (elements j ≡ l mod kLanes of the block,
+ * in increasing j), so every double sum has the CPU's order; bit-identical under the harness. */
+constexpr int kLanes = LUNA_REDUCE_LANES;
 enum { REBOUND_CONSTANT = 0, REBOUND_BELIEF = 1 };
 enum { WD_L2 = 0, WD_DECOUPLED = 1, WD_STABLE = 2 };
 enum { AP_ALPHA, AP_DEN, AP_DELTA, AP_R, AP_EOA, AP_COEF, AP_PER_TENSOR = 8 };
+static_assert(AP_PER_TENSOR == LUNA_TENSOR_TABLE_WORKSPACE_PER_TENSOR, "the table's scalars");
+static_assert(LUNA_TENSOR_TABLE_WORKSPACE_PER_BLOCK == 5, "4 partials and ΣD per block");
 
 __device__ inline double nan_max(double a, double r) {
     const double qnan = __longlong_as_double(0x7ff8000000000000LL);
@@ -186,15 +184,13 @@ __global__ void apollo_reduce_kernel(const float *theta, const float *g, const f
 
 /* Per-tensor scalars from the partials in block order; advances steps. */
 __global__ void apollo_scalars_kernel(double *sc, const double *partials, int64_t *steps,
-                                      int64_t step0, const int64_t *block_start, int64_t num_blocks,
-                                      int nt, double beta, double eps, double sigma, int rebound) {
+                                      const int64_t *block_start, int nt, double beta, double eps,
+                                      double sigma, int rebound) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= nt) return;
-    const int64_t t = steps ? steps[i] + 1 : step0;
+    const int64_t t = steps[i] + 1;
     double s4 = 0.0, sgd = 0.0, sbd = 0.0, r = 0.0;
-    const int64_t k0 = block_start ? block_start[i] : 0,
-                  k1 = block_start ? block_start[i + 1] : num_blocks;
-    for (int64_t k = k0; k < k1; k++) {
+    for (int64_t k = block_start[i]; k < block_start[i + 1]; k++) {
         s4 = __dadd_rn(s4, partials[4 * k]);
         sgd = __dadd_rn(sgd, partials[4 * k + 1]);
         sbd = __dadd_rn(sbd, partials[4 * k + 2]);
@@ -210,7 +206,7 @@ __global__ void apollo_scalars_kernel(double *sc, const double *partials, int64_
     x[AP_DELTA] = __dmul_rn(-alpha, sgd) / den2 - sbd / den2;
     x[AP_R] = r;
     x[AP_EOA] = eps / alpha;
-    if (steps) steps[i] = t;
+    steps[i] = t;
 }
 
 /* Pass 2: m, B, then d and θ (unless stable: ΣD per block, lanes in order, into dsum). */
@@ -262,12 +258,9 @@ __global__ void apollo_stable_coef_kernel(double *sc, const double *dsum, Table 
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= nt) return;
     double total = 0.0;
-    const int64_t k0 = tb.block_tensor ? tb.block_start[i] : 0,
-                  k1 = tb.block_tensor ? tb.block_start[i + 1] : tb.num_blocks;
-    for (int64_t k = k0; k < k1; k++)
+    for (int64_t k = tb.block_start[i]; k < tb.block_start[i + 1]; k++)
         total = __dadd_rn(total, dsum[k]);
-    const int64_t n = tb.block_tensor ? tb.numels[i] : tb.single_n;
-    sc[(size_t)i * AP_PER_TENSOR + AP_COEF] = weight_decay / (total / (double)n);
+    sc[(size_t)i * AP_PER_TENSOR + AP_COEF] = weight_decay / (total / (double)tb.numels[i]);
 }
 
 __global__ void apollo_stable_kernel(float *theta, const float *m, const float *Bh, float *d,
@@ -302,18 +295,18 @@ cudaError_t luna_cuda_multi_scale(cudaStream_t s, float *x, int64_t num_blocks,
                                   const int64_t *block_start, const int32_t *block_tensor,
                                   const float *coef, float alpha) {
     if (num_blocks <= 0 || (!coef && alpha == 1.0f)) return cudaSuccess;
-    const Table t = {offsets, numels, block_start, block_tensor, -1, num_blocks};
+    const Table t = {offsets, numels, block_start, block_tensor, num_blocks};
     LUNA_LAUNCH(multi_scale_kernel, (unsigned)num_blocks, kThreads, 0, s, x, t, coef, alpha);
     return cudaGetLastError();
 }
 
-/* The launches of one Adam or Apollo update over `t` (a table, or a single tensor with step0). */
+/* The launches of one Adam or Apollo update over the table `t`. */
 static cudaError_t adam(cudaStream_t s, float *theta, const float *g, float *exp_avg,
                         float *exp_avg_sq, int num_tensors, const Table &t, double *workspace,
-                        int64_t *steps, int64_t step0, double lr, double beta1, double beta2,
-                        double eps, double weight_decay) {
+                        int64_t *steps, double lr, double beta1, double beta2, double eps,
+                        double weight_decay) {
     LUNA_LAUNCH(adam_scalars_kernel, (unsigned)((num_tensors + 127) / 128), 128, 0, s, workspace,
-                steps, step0, num_tensors, lr, beta1, beta2, weight_decay);
+                steps, num_tensors, lr, beta1, beta2, weight_decay);
     if (t.num_blocks > 0)
         LUNA_LAUNCH(multi_adam_kernel, (unsigned)t.num_blocks, kThreads, 0, s, theta, g, exp_avg,
                     exp_avg_sq, t, static_cast<const double *>(workspace), beta1, beta2, eps);
@@ -322,13 +315,12 @@ static cudaError_t adam(cudaStream_t s, float *theta, const float *g, float *exp
 
 static cudaError_t apollo(cudaStream_t s, float *theta, const float *g, float *exp_avg,
                           float *approx_hessian, float *update, int num_tensors, const Table &t,
-                          double *workspace, int64_t *steps, int64_t step0, double lr, double beta,
-                          double eps, double sigma, int rebound, double weight_decay, int wd_type) {
+                          double *workspace, int64_t *steps, double lr, double beta, double eps,
+                          double sigma, int rebound, double weight_decay, int wd_type) {
     const int64_t num_blocks = t.num_blocks;
-    /* the workspace: [4·blocks] partials, [blocks] ΣD, then [8 per tensor] scalars (the tensor
-     * table's LUNA_TENSOR_TABLE_WORKSPACE_PER_BLOCK = 5, _PER_TENSOR = 8) */
+    /* the table's workspace: [4·blocks] partials, [blocks] ΣD, then the per-tensor scalars */
     double *partials = workspace, *dsum = workspace + 4 * num_blocks,
-           *sc = workspace + 5 * num_blocks;
+           *sc = workspace + LUNA_TENSOR_TABLE_WORKSPACE_PER_BLOCK * num_blocks;
     const double l2 = wd_type == WD_L2 ? weight_decay : 0.0;
     const double decoupled = wd_type == WD_DECOUPLED ? weight_decay : 0.0;
     const int stable = wd_type == WD_STABLE;
@@ -336,9 +328,8 @@ static cudaError_t apollo(cudaStream_t s, float *theta, const float *g, float *e
     if (num_blocks > 0)
         LUNA_LAUNCH(apollo_reduce_kernel, (unsigned)num_blocks, kLanes, 0, s, theta, g, exp_avg,
                     approx_hessian, update, t, l2, partials);
-    LUNA_LAUNCH(apollo_scalars_kernel, tblocks, 128, 0, s, sc, partials, steps, step0,
-                t.block_tensor ? t.block_start : nullptr, num_blocks, num_tensors, beta, eps, sigma,
-                rebound);
+    LUNA_LAUNCH(apollo_scalars_kernel, tblocks, 128, 0, s, sc, partials, steps, t.block_start,
+                num_tensors, beta, eps, sigma, rebound);
     if (num_blocks > 0)
         LUNA_LAUNCH(apollo_update_kernel, (unsigned)num_blocks, kLanes, 0, s, theta, g, exp_avg,
                     approx_hessian, update, t, static_cast<const double *>(sc), l2, sigma, rebound,
@@ -360,19 +351,9 @@ cudaError_t luna_cuda_multi_adam_update(cudaStream_t s, float *theta, const floa
                                         int64_t *steps, double lr, double beta1, double beta2,
                                         double eps, double weight_decay) {
     if (num_tensors <= 0) return cudaSuccess;
-    const Table t = {offsets, numels, block_start, block_tensor, -1, num_blocks};
-    return adam(s, theta, g, exp_avg, exp_avg_sq, num_tensors, t, workspace, steps, 0, lr, beta1,
+    const Table t = {offsets, numels, block_start, block_tensor, num_blocks};
+    return adam(s, theta, g, exp_avg, exp_avg_sq, num_tensors, t, workspace, steps, lr, beta1,
                 beta2, eps, weight_decay);
-}
-
-cudaError_t luna_cuda_adam_update(cudaStream_t s, float *theta, const float *g, float *exp_avg,
-                                  float *exp_avg_sq, int64_t n, int64_t step, double lr,
-                                  double beta1, double beta2, double eps, double weight_decay,
-                                  double *workspace) {
-    if (n <= 0) return cudaSuccess;
-    const Table t = {nullptr, nullptr, nullptr, nullptr, n, (n + kBlock - 1) / kBlock};
-    return adam(s, theta, g, exp_avg, exp_avg_sq, 1, t, workspace, nullptr, step, lr, beta1, beta2,
-                eps, weight_decay);
 }
 
 cudaError_t luna_cuda_multi_apollo_update(cudaStream_t s, float *theta, const float *g,
@@ -384,19 +365,9 @@ cudaError_t luna_cuda_multi_apollo_update(cudaStream_t s, float *theta, const fl
                                           double eps, double sigma, int rebound,
                                           double weight_decay, int wd_type) {
     if (num_tensors <= 0) return cudaSuccess;
-    const Table t = {offsets, numels, block_start, block_tensor, -1, num_blocks};
-    return apollo(s, theta, g, exp_avg, approx_hessian, update, num_tensors, t, workspace, steps, 0,
+    const Table t = {offsets, numels, block_start, block_tensor, num_blocks};
+    return apollo(s, theta, g, exp_avg, approx_hessian, update, num_tensors, t, workspace, steps,
                   lr, beta, eps, sigma, rebound, weight_decay, wd_type);
-}
-
-cudaError_t luna_cuda_apollo_update(cudaStream_t s, float *theta, const float *g, float *exp_avg,
-                                    float *approx_hessian, float *update, int64_t n, int64_t step,
-                                    double lr, double beta, double eps, double sigma, int rebound,
-                                    double weight_decay, int wd_type, double *workspace) {
-    if (n <= 0) return cudaSuccess;
-    const Table t = {nullptr, nullptr, nullptr, nullptr, n, (n + kBlock - 1) / kBlock};
-    return apollo(s, theta, g, exp_avg, approx_hessian, update, 1, t, workspace, nullptr, step, lr,
-                  beta, eps, sigma, rebound, weight_decay, wd_type);
 }
 
 } // extern "C"

@@ -1,11 +1,11 @@
-/* Masked softmax over the last axis (core/backend.h; the CPU reference is
- * model/kernels/cpu/softmax.c): one 128-thread block per row.
+/* Masked softmax over the last axis, softmax_forward (core/backend.h; the CPU reference is
+ * model/kernels/cpu/softmax.c; training's softmax_dropout is fused.cu): one 128-thread block per
+ * row.
  *
  * Forward: max over the valid columns (order-free), Σ exp(x − max) in double by a fixed tree
  * (per-thread partial sums in column order, then the warps' shuffles, then the four warps in
  * order), inv = (float)(1/Σ), y = expf(x − max)·inv recomputed in the second pass (one rounding
  * per stored value, also for bf16; in place allowed: each thread rewrites only what it read).
- * Backward: Σ y·dy in double by the same tree, dx = y·(dy − (float)Σ).
  * The CPU sums sequentially; both sums are in double and rounded to fp32 once, so results agree
  * bit for bit except when the two orders round across an fp32 boundary (NORM tier: 1e-6). */
 #include "model/kernels/cuda/cuda_compat.h"
@@ -70,19 +70,6 @@ __global__ void softmax_fwd_kernel(T *y, const T *x, int cols, const int32_t *va
         store(yr, c, c < valid ? __fmul_rn(expf(__fsub_rn(load(xr, c), mx)), inv) : 0.0f);
 }
 
-template <typename T> __global__ void softmax_bwd_kernel(T *dx, const T *dy, const T *y, int cols) {
-    LUNA_SHARED(double, dpart, kWarps);
-    const int64_t r = blockIdx.x;
-    const T *dyr = dy + r * cols, *yr = y + r * cols;
-    T *dxr = dx + r * cols;
-    double dot = 0.0;
-    for (int c = threadIdx.x; c < cols; c += kThreads)
-        dot += (double)__fmul_rn(load(yr, c), load(dyr, c));
-    const float s = (float)block_sum(dot, dpart);
-    for (int c = threadIdx.x; c < cols; c += kThreads)
-        store(dxr, c, __fmul_rn(load(yr, c), __fsub_rn(load(dyr, c), s)));
-}
-
 typedef __nv_bfloat16 bf16_t;
 
 } // namespace
@@ -101,20 +88,6 @@ cudaError_t luna_cuda_softmax_forward(cudaStream_t s, int bf16, void *y, const v
         LUNA_LAUNCH(softmax_fwd_kernel<float>, (unsigned)rows, kThreads, 0, s,
                     static_cast<float *>(y), static_cast<const float *>(x), cols, valid_cols,
                     rows_per_group, causal_period);
-    return cudaGetLastError();
-}
-
-cudaError_t luna_cuda_softmax_backward(cudaStream_t s, int bf16, void *dx, const void *dy,
-                                       const void *y, int64_t rows, int cols) {
-    if (rows <= 0 || cols <= 0) return cudaSuccess;
-    if (bf16)
-        LUNA_LAUNCH(softmax_bwd_kernel<bf16_t>, (unsigned)rows, kThreads, 0, s,
-                    static_cast<bf16_t *>(dx), static_cast<const bf16_t *>(dy),
-                    static_cast<const bf16_t *>(y), cols);
-    else
-        LUNA_LAUNCH(softmax_bwd_kernel<float>, (unsigned)rows, kThreads, 0, s,
-                    static_cast<float *>(dx), static_cast<const float *>(dy),
-                    static_cast<const float *>(y), cols);
     return cudaGetLastError();
 }
 
