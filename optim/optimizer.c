@@ -6,6 +6,7 @@
  * back only the clip summary, which decides whether the update happens. */
 #include "optim/optimizer.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -268,7 +269,7 @@ luna_status luna_optimizer_step(luna_optimizer *opt, const luna_optimizer_step_a
                           args->lr);
     /* The factor is applied in fp32, so it must be a finite, nonzero fp32 value. */
     float scale = (float)args->grad_scale;
-    if (!(args->grad_scale > 0.0) || !(scale > 0.0f) || scale > 3.0e38f)
+    if (!(args->grad_scale > 0.0) || !(scale > 0.0f) || !isfinite(scale))
         return luna_error(LUNA_ERR_INVALID_ARGUMENT, "optimizer_step: bad gradient scale %g",
                           args->grad_scale);
     luna_backend *be = opt->be;
