@@ -160,7 +160,8 @@ void luna_backend_free(luna_backend *be);
  * checked arguments; they check only what they alone can read (token ids in their memory, with
  * luna_op_check_ids / luna_op_bad_id, so the message is the same on every backend) and their own
  * state. An op exists because library code calls it: a test's reference computation that no
- * library code needs lives with the tests (tests/op_reference.h). */
+ * library code needs lives with the tests (tests/backend_harness.h, "references that are not
+ * ops"). */
 struct luna_ops {
     /* ==== GEMM and linear ========================================================================
      * gemm: batched strided GEMM: for b in [0, batch):

@@ -13,7 +13,8 @@
  *   "source_lang", "target_lang"
  *   "training_state"  JSON object (training checkpoints; "" or absent otherwise): num_updates,
  *                     epoch, iterator_offset, best_loss, patience_counter, seed, lr_scheduler,
- *                     optimizer, args, luna_version, ... (written and read by trainer/state.c)
+ *                     optimizer, args, luna_version, ... (written and read by
+ *                     trainer/train_state.c)
  *
  * The vocabulary travels as opaque text/bytes here (the model layer does not parse it); the data
  * layer turns it into dictionaries and a SentencePiece model (data/checkpoint_vocab.h).

@@ -1,5 +1,5 @@
-/* Model configuration: every option of docs/spec luna-model.md, the named presets, validation and
- * the JSON form stored in checkpoint metadata (keys as fairseq's argument names).
+/* Model configuration: every option of ../shared/spec/luna-model.md, the named presets,
+ * validation and the JSON form stored in checkpoint metadata (keys as fairseq's argument names).
  *
  * Presets (spec §6 plus small test architectures):
  *   luna_base_tied    d 512, FFN 2048, 6+6 layers, 8 heads, l 32, tied kv, softplus

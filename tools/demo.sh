@@ -145,8 +145,9 @@ else
 fi
 mkdir -p "$ckpts"
 echo "# $(date -u +%FT%TZ) $build/luna-train ${train_args[*]}" >>"$log"
-# OpenMP threads that spin while waiting are ~10% faster on an idle machine but many times slower
-# when other programs want the cores: spin only when the CPUs are idle now (busy < 15% over 2 s).
+# OpenMP threads that spin while waiting are a little faster on an idle machine but many times
+# slower when other programs want the cores (docs/benchmarks.md): spin only when the CPUs are idle
+# now (busy < 15% over 2 s).
 cpu_busy_percent() {
     local a b
     read -r -a a < /proc/stat 2>/dev/null || { echo 100; return; }

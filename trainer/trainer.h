@@ -9,7 +9,7 @@
  * with lr = luna_lr_at(num_updates); num_updates += 1.
  * Losses are reported in base 2 per target token (the model returns sums in nats).
  *
- * Checkpoints in --save-dir (fairseq names, .safetensors, trainer/checkpoint.h format):
+ * Checkpoints in --save-dir (fairseq names, .safetensors, model/checkpoint.h format):
  *   checkpoint_last     after every save, at the end, and on SIGINT/SIGTERM
  *   checkpoint_best     whenever a validation improves the best validation loss
  *   checkpoint<E>       at the end of epoch E (every --save-interval epochs; --keep-last-epochs)

@@ -27,8 +27,8 @@
  *   dots[k]  = M[k, :] · z         (matrix–vector product, one dot per row; step_both only)
  * fused row by row, four rows at a time, so the state is read and written once per step. The
  * forward keeps S [p, q], the dx scan Sᵀ [q, p] (both use only `out`); the reverse scan needs both
- * products and keeps R [p, q] or Rᵀ [q, p], whichever has the longer rows (the faster
- * orientation for the Luna shapes: longer contiguous rows for the vector loops).
+ * products and keeps R [p, q] or Rᵀ [q, p], whichever has the longer rows (longer contiguous rows
+ * for the vector loops: the faster orientation for the Luna shapes, docs/benchmarks.md).
  *
  * Threads take whole groups (static schedule), so each group's arithmetic is sequential and
  * results are bit-identical for any thread count. Each thread's state (pq + q floats) comes from

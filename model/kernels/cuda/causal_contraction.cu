@@ -105,8 +105,8 @@ __global__ void reverse_kernel(T *da, T *db, const T *dout, const T *x, const T 
  * b_s in the reverse one — staged in shared memory as fp32, kTile positions at a time, by
  * coalesced loads, and read back as float4 broadcasts. Why: reading them from global memory,
  * every thread loads each element itself (a 2-byte load and a conversion per multiply-add), which
- * keeps the reverse scan far from the memory bandwidth. The arithmetic is the kernels' above,
- * operation for operation, so the results are bit-identical. */
+ * keeps the reverse scan far from the memory bandwidth (measured: docs/benchmarks.md). The
+ * arithmetic is the kernels' above, operation for operation, so the results are bit-identical. */
 constexpr int kTile = 16;
 
 /* tn rows from src + at (len values each, ld apart) into dst[tt][0:R) as fp32, zeros past len */

@@ -8,7 +8,8 @@
  *   CPU's order, so bit-identical and deterministic without atomics. Each (tok, c) has one owner
  *   thread: column c in the block row of bucket tok mod kEmbBuckets, which walks every token (a
  *   tile of them at a time through shared memory) and adds the rows of its bucket's tokens.
- *   (One thread per column walking all the tokens would give d = 512 two blocks: a GPU idle.)
+ *   (One thread per column walking all the tokens would give d = 512 two blocks: a GPU idle;
+ *   measured: docs/benchmarks.md.)
  * sinusoidal_table / positions_add: angles pos·f_i and sin/cos in double, rounded once, as the
  *   CPU; positions_add counts each sentence's real tokens first (one thread per sentence, into
  *   `counts` [B·n] scratch), then adds PE(padding_idx + count) to non-pad rows. */
