@@ -75,11 +75,12 @@ luna_status luna_checkpoint_open(luna_safetensors **out, const char *path) {
     const char *format = luna_safetensors_metadata(st, "format");
     if (!format || strcmp(format, LUNA_CHECKPOINT_FORMAT) != 0) {
         /* The message is formatted before closing: `format` points into the file's header. */
-        luna_status s = luna_error(
-            LUNA_ERR_FORMAT,
-            "%s: __metadata__.format is %s%s%s, expected \"" LUNA_CHECKPOINT_FORMAT
-            "\" (not a luna checkpoint; a fairseq .pt converts with tools/scripts/convert-checkpoint.py)",
-            path, format ? "\"" : "", format ? format : "missing", format ? "\"" : "");
+        luna_status s =
+            luna_error(LUNA_ERR_FORMAT,
+                       "%s: __metadata__.format is %s%s%s, expected \"" LUNA_CHECKPOINT_FORMAT
+                       "\" (not a luna checkpoint; a fairseq .pt converts with "
+                       "tools/scripts/convert-checkpoint.py)",
+                       path, format ? "\"" : "", format ? format : "missing", format ? "\"" : "");
         luna_safetensors_close(st);
         return s;
     }

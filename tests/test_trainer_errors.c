@@ -254,7 +254,8 @@ START_TEST(test_disk_full) {
     ck_assert_int_ne(system(cmd), 0);
     /* The first save of a fresh --save-dir fails: the message does not claim an earlier one. */
     snprintf(save, sizeof save, "%s/ck-full-first", tmp);
-    r = run_limited(ARGS(bin, TINY, "--max-update", "2", "--save-dir", save), (long)before_size / 2);
+    r = run_limited(ARGS(bin, TINY, "--max-update", "2", "--save-dir", save),
+                    (long)before_size / 2);
     expect_error(&r, 1, ARGS(save, "write failed", "none had been saved"));
     ck_assert_ptr_null(strstr(r.err, "intact"));
     snprintf(cmd, sizeof cmd, "ls -a %s | grep -q safetensors", save);

@@ -335,7 +335,8 @@ static luna_status check_ranges(const luna_train_options *o) {
     const char *missing = luna_backend_missing(o->device);
     if (missing) return bad("--device %s: %s; use --device cpu", o->device, missing);
     luna_backend_options bo = luna_backend_options_default();
-    if (luna_backend_options_set_precision(&bo, o->device, o->precision, o->tf32, true) != LUNA_OK ||
+    if (luna_backend_options_set_precision(&bo, o->device, o->precision, o->tf32, true) !=
+            LUNA_OK ||
         luna_backend_options_set_device_id(&bo, o->device, (long long)o->device_id) != LUNA_OK)
         return bad("%s", luna_error_message());
     if (!*o->save_dir) return bad("--save-dir must not be empty");

@@ -120,8 +120,7 @@ int main(int argc, char **argv) {
         luna_tensor_table *tt;
         luna_optimizer *opt;
         if (luna_params_trainable_table(p, &tt) != LUNA_OK) die("tensor table");
-        if (luna_optimizer_create(&opt, be, &oc, tt, p->data, p->grad) != LUNA_OK)
-            die("optimizer");
+        if (luna_optimizer_create(&opt, be, &oc, tt, p->data, p->grad) != LUNA_OK) die("optimizer");
         char list[64], *save = NULL;
         snprintf(list, sizeof list, "%s", threads_list);
         for (char *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
