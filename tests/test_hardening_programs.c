@@ -1,4 +1,4 @@
-/* Hostile conditions end to end (issue 16): luna-translate writing to a full device, non-finite
+/* Hostile conditions end to end: luna-translate writing to a full device, non-finite
  * weights refused by luna-translate, luna-average and a resuming luna-train, two trainers on one
  * --save-dir, stale locks and temporaries of killed runs, resuming with other defining options,
  * a corrupt spm.model in a data-bin, and stale staging directories of luna-preprocess. Every
@@ -179,8 +179,8 @@ static const char *fresh_save_dir(const char *name) {
     return save;
 }
 
-/* Before: stdio's buffered writes failed silently, only the final fflush was checked, and it had
- * nothing left to write: exit 0 with the translations lost. */
+/* Buffered stdio writes fail late: every write and the final fflush are checked, so a full
+ * device is an error rather than exit 0 with the translations lost. */
 START_TEST(translate_to_full_device_fails) {
     const char *const *cases[] = {
         ARGS("a.safetensors", "--input", "in.txt", "--beam", "1", "--max-len-b", "5"),
@@ -198,8 +198,9 @@ START_TEST(translate_to_full_device_fails) {
 }
 END_TEST
 
-/* Before: --max-len-b 4294967301 was cast to int (5) and --beam 99999999999999999999 saturated;
- * now both are usage errors (status 2) naming the option. */
+/* Integer options out of their type's range are usage errors (status 2) naming the option, never
+ * truncated (--max-len-b 4294967301 cast to int is 5) or saturated. --device-id is checked on
+ * every device: the CPU has no device numbers and no device has a negative one. */
 START_TEST(translate_integer_options_in_range) {
     const char *const *cases[] = {
         ARGS("a.safetensors", "--input", "in.txt", "--max-len-b", "4294967301"),
@@ -220,8 +221,8 @@ START_TEST(translate_integer_options_in_range) {
 }
 END_TEST
 
-/* Before: NaN weights translated to empty lines (exit 0), luna-average averaged them, a resumed
- * training found out only when the loss diverged. */
+/* Non-finite weights are refused by every program that loads them: they would translate to empty
+ * lines, average into the result, or surface in a resumed training only as a diverging loss. */
 START_TEST(nonfinite_weights_refused_by_every_program) {
     const char *tensor = "decoder.layers.1.fc2.weight";
     copy_with_value(in_dir("a.safetensors"), in_dir("nan.safetensors"), tensor, NAN);
@@ -249,7 +250,7 @@ static long dead_pid(void) {
     return (long)pid; /* reaped: no such process any more (pids are not reused this soon) */
 }
 
-/* Before: no lock; two trainers on one --save-dir both ran and interleaved checkpoints. */
+/* A --save-dir is locked: two trainers on it would interleave their checkpoints. */
 START_TEST(second_trainer_on_save_dir_refused) {
     const char *save = fresh_save_dir("locked");
     /* Held by this process. */
@@ -299,8 +300,8 @@ START_TEST(second_trainer_on_save_dir_refused) {
 }
 END_TEST
 
-/* Before: a kill during a save left "<file>.tmp-*" (and the fixed "<file>.tmp-link") that no
- * later run removed; the lock of a killed trainer must not block either. */
+/* A kill during a save leaves "<file>.tmp-*" (and "<file>.tmp-link"): the next run removes them,
+ * and the lock of a killed trainer does not block it. */
 START_TEST(stale_lock_and_temporaries_cleaned) {
     const char *save = fresh_save_dir("stale");
     long gone = dead_pid();
@@ -341,8 +342,8 @@ START_TEST(stale_lock_and_temporaries_cleaned) {
 }
 END_TEST
 
-/* Before: a different --seed, --max-tokens, --lr, --dropout or --update-freq on resume was
- * accepted silently. */
+/* Resuming with a different --seed, --max-tokens, --lr, --dropout or --update-freq would silently
+ * make another run than the checkpoint's: refused, naming the option. */
 START_TEST(resume_with_other_defining_options) {
     const struct {
         const char *option, *value, *saved, *reset;
@@ -379,7 +380,7 @@ START_TEST(resume_with_other_defining_options) {
 }
 END_TEST
 
-/* Before: a corrupt spm.model in a data-bin was accepted and embedded in every checkpoint. */
+/* A corrupt spm.model in a data-bin is refused before it is embedded in every checkpoint. */
 START_TEST(corrupt_spm_model_in_data_bin) {
     const char *bad = in_dir("bin-badspm");
     luna_synthetic_options so;
@@ -397,7 +398,7 @@ START_TEST(corrupt_spm_model_in_data_bin) {
 }
 END_TEST
 
-/* Before: a luna-preprocess killed before its commit left ".<dest>.staging-*" for good. */
+/* A luna-preprocess killed before its commit leaves ".<dest>.staging-*": the next run removes it. */
 START_TEST(preprocess_removes_stale_staging) {
     FILE *f = fopen(in_dir("pp.en"), "w"), *g = fopen(in_dir("pp.de"), "w");
     for (int i = 0; i < 20; i++)

@@ -1,4 +1,4 @@
-/* Strict loading of weights that come from fairseq / the official Luna code (issue 17):
+/* Strict loading of weights that come from fairseq / the official Luna code:
  *   - untied embeddings (share_all_embeddings false): the decoder's own tables are parameters and
  *     are used (logits change with them; copying the encoder table into them gives the tied model);
  *   - alias tensors (decoder.embed_tokens.weight, decoder.output_projection.weight) in a file
