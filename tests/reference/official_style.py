@@ -23,6 +23,7 @@ restored, the decoder's own tables when untied) and runs tests/reference/luna_re
 float64, the oracle the C model is tested against. So a test through this module checks names,
 shapes, buffers, aliases and conventions — the converter's job — not the official kernels.
 """
+import argparse
 import math
 
 import torch
@@ -189,3 +190,20 @@ def load_official(model, state_dict):
             getattr(model, side).layer_norm = None  # earlier checkpoints did not normalize after the stack
             sd[key] = torch.Tensor([1])
     model.load_state_dict(sd, strict=True)
+
+
+# args of an official-style .pt, as fairseq's argparse would give them (tests' small defaults)
+def official_args(arch="luna_base", d=16, ffn=24, layers=2, heads=4, l=4, untie=False, share_all=True,
+                  share_dec=False, **extra):
+    a = argparse.Namespace(arch=arch, encoder_embed_dim=d, decoder_embed_dim=d, encoder_ffn_embed_dim=ffn,
+                           decoder_ffn_embed_dim=ffn, encoder_layers=layers, decoder_layers=layers,
+                           encoder_attention_heads=heads, decoder_attention_heads=heads,
+                           encoder_projected_attention_heads=heads, decoder_projected_attention_heads=heads,
+                           projection_length=l, fix_projection_length=False, untie_luna_kv=untie,
+                           share_all_embeddings=share_all, share_decoder_input_output_embed=share_dec,
+                           encoder_normalize_before=False, decoder_normalize_before=False,
+                           activation_fn="relu", dropout=0.1, attention_dropout=0.0, activation_dropout=0.0,
+                           source_lang="en", target_lang="de", adaptive_softmax_cutoff=None)
+    for k, v in extra.items():
+        setattr(a, k, v)
+    return a

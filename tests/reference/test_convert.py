@@ -30,18 +30,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 CONVERTER = os.path.join(ROOT, "tools", "scripts", "convert-checkpoint.py")
 
-try:
-    import numpy as np
-    import torch
-except ImportError:
-    # Debian's python3-torch lives in /usr/bin/python3; the python3 first in PATH may be another.
-    if os.path.exists("/usr/bin/python3") and os.path.realpath(sys.executable) != os.path.realpath("/usr/bin/python3") \
-            and subprocess.run(["/usr/bin/python3", "-c", "import torch, numpy"], capture_output=True).returncode == 0:
-        os.execv("/usr/bin/python3", ["/usr/bin/python3", os.path.abspath(__file__)] + sys.argv[1:])
-    print("SKIPPED: PyTorch is not installed (tools/ci/install-deps.sh --reference installs python3-torch)")
-    sys.exit(77)
-
 sys.path.insert(0, HERE)
+import torch_or_skip  # noqa: E402
+
+torch_or_skip.require(__file__)
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
 import luna_reference as ref  # noqa: E402
 import official_style  # noqa: E402
 from safetensors_io import load_file, save_file  # noqa: E402
@@ -91,20 +86,7 @@ def run(cmd, expect_ok=True):
 run.converter_runs = 0
 
 
-def official_args(arch="luna_base", d=16, ffn=24, layers=2, heads=4, l=4, untie=False, share_all=True,
-                  share_dec=False, **extra):
-    a = argparse.Namespace(arch=arch, encoder_embed_dim=d, decoder_embed_dim=d, encoder_ffn_embed_dim=ffn,
-                           decoder_ffn_embed_dim=ffn, encoder_layers=layers, decoder_layers=layers,
-                           encoder_attention_heads=heads, decoder_attention_heads=heads,
-                           encoder_projected_attention_heads=heads, decoder_projected_attention_heads=heads,
-                           projection_length=l, fix_projection_length=False, untie_luna_kv=untie,
-                           share_all_embeddings=share_all, share_decoder_input_output_embed=share_dec,
-                           encoder_normalize_before=False, decoder_normalize_before=False,
-                           activation_fn="relu", dropout=0.1, attention_dropout=0.0, activation_dropout=0.0,
-                           source_lang="en", target_lang="de", adaptive_softmax_cutoff=None)
-    for k, v in extra.items():
-        setattr(a, k, v)
-    return a
+official_args = official_style.official_args
 
 
 V = 29

@@ -33,17 +33,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 CONVERTER = os.path.join(ROOT, "tools", "scripts", "convert-checkpoint.py")
 
-try:
-    import numpy as np
-    import torch
-except ImportError:
-    if os.path.exists("/usr/bin/python3") and os.path.realpath(sys.executable) != os.path.realpath("/usr/bin/python3") \
-            and subprocess.run(["/usr/bin/python3", "-c", "import torch, numpy"], capture_output=True).returncode == 0:
-        os.execv("/usr/bin/python3", ["/usr/bin/python3", os.path.abspath(__file__)] + sys.argv[1:])
-    print("SKIPPED: PyTorch is not installed (tools/ci/install-deps.sh --reference installs python3-torch)")
-    sys.exit(77)
-
 sys.path.insert(0, HERE)
+import torch_or_skip  # noqa: E402
+
+torch_or_skip.require(__file__)
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
 import official_style  # noqa: E402
 from safetensors_io import load_file, save_file  # noqa: E402
 
@@ -58,17 +54,7 @@ def check(cond, what):
 
 
 def official_args(**extra):
-    a = argparse.Namespace(arch="luna_base", encoder_embed_dim=16, decoder_embed_dim=16, encoder_ffn_embed_dim=24,
-                           decoder_ffn_embed_dim=24, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-                           decoder_attention_heads=4, encoder_projected_attention_heads=4,
-                           decoder_projected_attention_heads=4, projection_length=4, fix_projection_length=False,
-                           untie_luna_kv=False, share_all_embeddings=True, share_decoder_input_output_embed=False,
-                           encoder_normalize_before=False, decoder_normalize_before=False, activation_fn="relu",
-                           dropout=0.1, attention_dropout=0.0, activation_dropout=0.0, source_lang="en",
-                           target_lang="de", adaptive_softmax_cutoff=None)
-    for k, v in extra.items():
-        setattr(a, k, v)
-    return a
+    return official_style.official_args(**extra)
 
 
 def state_dict(revision="2021", seed=1):
