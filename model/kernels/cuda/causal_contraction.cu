@@ -1,20 +1,22 @@
 /* The causal normalised contraction (core/backend.h; CPU reference
- * model/kernels/cpu/causal_contraction.c): out_t = (1/t)·Σ_{s≤t} (x_t·a_s)·b_s as a scan with a
- * p×q state, never n×n. One CUDA block per group (batch × head); the state is spread over the
- * threads by columns (each thread keeps its column, ≤ 256 values, in registers/local memory), so
- * a step needs no barrier; for states of ≤ 64 values a thread, the vectors all threads read are
- * staged in shared memory a tile of positions at a time (scan_tiled_kernel, reverse_tiled_kernel).
+ * model/kernels/cpu/causal_contraction.c): out_t = alpha·(1/t)·Σ_{s≤t} (x_t·a_s)·b_s, never n×n.
+ *
+ * For p, q ≤ 64 (Luna: d_h and the projection length l) in chunked form (further down): per chunk
+ * of ≤ 32 positions, masked small matrix products on shared memory plus a p×q state carried from
+ * chunk to chunk, one block per group (batch × head). A scan over positions is a chain of n
+ * dependent steps per group; the chunked form does the same work as n / C steps of parallel
+ * products, every thread owning output elements. Results follow the tolerance tiers of
+ * core/backend.h (ACCUM against the CPU), not the CPU's bits; each output is one thread's sum in
+ * a fixed order, so they are identical run to run.
+ *
+ * Otherwise (p or q up to 256) as a scan with a p×q state, the state spread over the threads by
+ * columns (each thread keeps its column in local memory):
  *   forward: thread j < q keeps S[:, j]; per t: S[i, j] = fma(a_t[i], b_t[j], S[i, j]) and
- *            out_t[j] = Σ_i x_t[i]·S[i, j] as a fused multiply-add chain in i, then ·1/t — the
- *            CPU's operations in its order (with FMA: bit-identical where the CPU has FMA).
- *   dx:      the same on Sᵀ (thread j < p keeps Sᵀ[:, j], chain over q), as the CPU.
- *   da, db:  R_s = Σ_{t≥s} x_t g_tᵀ (g_t = dout_t·(1/t)) by a reverse scan, kept twice: by
+ *            out_t[j] = Σ_i x_t[i]·S[i, j], then ·alpha/t.
+ *   dx:      the same on Sᵀ (thread j < p keeps Sᵀ[:, j]).
+ *   da, db:  R_s = Σ_{t≥s} x_t g_tᵀ (g_t = dout_t·alpha/t) by a reverse scan, kept twice: by
  *            column owners (db_s[j] = Σ_i a_s[i] R[i, j]) and by row owners (da_s[i] = Σ_j
- *            R[i, j] b_s[j]), both updated with the same fma so the copies agree. The CPU forms
- *            one of these as vectorised dot products (reassociated), so da/db agree within the
- *            ACCUM tier, not bit for bit.
- * p, q ≤ 256 (Luna: d_h and the projection length l). A chunked scan over t (state per chunk,
- * then a prefix over chunks) is the faster design for long n when the cost model asks for it. */
+ *            R[i, j] b_s[j]). */
 #include "model/kernels/cuda/cuda_compat.h"
 
 #include "model/kernels/cuda/act_io.cuh"
@@ -100,121 +102,192 @@ __global__ void reverse_kernel(T *da, T *db, const T *dout, const T *x, const T 
     }
 }
 
-/* The same two scans for a state of R ≤ 64 floats per thread (Luna's l = 32 and d_h = 64), with
- * the vectors every thread of the block reads — u_t, w_t in the forward scan; x_s, a_s, dout_s,
- * b_s in the reverse one — staged in shared memory as fp32, kTile positions at a time, by
- * coalesced loads, and read back as float4 broadcasts. Why: reading them from global memory,
- * every thread loads each element itself (a 2-byte load and a conversion per multiply-add), which
- * keeps the reverse scan far from the memory bandwidth (measured: docs/benchmarks.md). The
- * arithmetic is the kernels' above, operation for operation, so the results are bit-identical. */
-constexpr int kTile = 16;
+/* ==== The chunked form (p, q ≤ 64: Luna's d_h and l) ==========================================
+ * Positions are cut into chunks of C ≤ 32. Within a chunk [c0, c0 + C) with rows X_c, A_c [C, p]
+ * and B_c [C, q] and the state S = Σ_{s<c0} a_s b_sᵀ [p, q] before it:
+ *   out_c = diag(alpha/t) · (X_c S + tril(X_c A_cᵀ) B_c),   then S += A_cᵀ B_c;
+ * and backward, with G_c = diag(alpha/t) dout_c, M = tril(G_c B_cᵀ), P = tril(X_c A_cᵀ) and
+ * R = Σ_{t ≥ c0 + C} x_t g_tᵀ [p, q] (the state after the chunk, from a reverse pass):
+ *   dX_c = M A_c + G_c Sᵀ,   dA_c = Mᵀ X_c + B_c Rᵀ,   dB_c = Pᵀ G_c + A_c R.
+ * Every product is a small matrix product over shared memory in which each thread owns output
+ * elements and sums in a fixed order (fp32, run-to-run deterministic); the only sequential chain is
+ * over the n / C chunks of a group, against n positions for a scan. One block per group; the
+ * operands are staged as fp32 with rows padded by one float so that threads walking either index
+ * hit distinct banks. */
+constexpr int kChunkThreads = 256;
+constexpr int kChunkMaxDim = 64;
+constexpr size_t kChunkSmemMax = 48 * 1024;
 
-/* tn rows from src + at (len values each, ld apart) into dst[tt][0:R) as fp32, zeros past len */
-template <typename T, int R>
-__device__ inline void stage(float *dst, const T *src, int64_t at, int ld, int tn, int len) {
-    for (int i = threadIdx.x; i < kTile * R; i += blockDim.x) {
-        const int tt = i / R, k = i % R;
-        dst[i] = tt < tn && k < len ? load(src, at + (int64_t)tt * ld + k) : 0.0f;
+struct ChunkShape {
+    int C;             /* positions per chunk */
+    int ldp, ldq, ldc; /* padded row lengths of the [C, p], [C, q] and [C, C] tiles */
+    int lds;           /* of the state [p, q] */
+};
+
+/* Floats of shared memory: `pTiles` [C, p] tiles, `qTiles` [C, q] tiles, `cTiles` [C, C] tiles
+ * and the state. */
+__host__ __device__ inline size_t chunk_floats(const ChunkShape &c, int p, int pTiles, int qTiles,
+                                               int cTiles) {
+    return (size_t)c.C * (pTiles * c.ldp + qTiles * c.ldq + cTiles * c.ldc) + (size_t)p * c.lds;
+}
+
+/* The largest chunk (32 or 16) whose tiles fit in 48 KiB; C = 0 if none (then the scans run). */
+inline ChunkShape chunk_shape(int p, int q, int pTiles, int qTiles, int cTiles) {
+    for (int C = 32; C >= 16; C /= 2) {
+        const ChunkShape c{C, p + 1, q + 1, C + 1, q + 1};
+        if (p <= kChunkMaxDim && q <= kChunkMaxDim &&
+            chunk_floats(c, p, pTiles, qTiles, cTiles) * sizeof(float) <= kChunkSmemMax)
+            return c;
+    }
+    return ChunkShape{0, 0, 0, 0, 0};
+}
+
+/* dst[tt][k] = src row c0 + tt, element k (tt < tn, k < len), times alpha/(c0 + tt + 1) when
+ * `scaled` (the g_t of the backward). */
+template <typename T>
+__device__ inline void stage_rows(float *dst, int ld, const T *src, const Rows &l, int64_t g,
+                                  int c0, int tn, int len, bool scaled, float alpha) {
+    for (int i = threadIdx.x; i < tn * len; i += blockDim.x) {
+        const int tt = i / len, k = i % len;
+        const float v = load(src, row_at(l, g, c0 + tt) + k);
+        dst[tt * ld + k] = scaled ? v * (alpha * (1.0f / (float)(c0 + tt + 1))) : v;
     }
 }
 
-/* One position's step of a thread's state st from two staged vectors f and w (k < len):
- *   st[k] = fma(f_k, factor, st[k]);  return Σ_k w_k·st[k] as an fma chain in k,
- * with f_k = f[k]·pre (rounded) when PRE. The forward scan (f = u_t, factor v_t[j]), the reverse
- * scan's column owners (f = x_s, factor g_s[j]) and its row owners (f = dout_s, pre = 1/(s+1),
- * factor x_s[i]) are this step; fma's product is commutative, so the operations are the earlier
- * kernels' bit for bit. */
-template <int R, bool PRE>
-__device__ inline float staged_step(float (&st)[R], const float4 *f4, const float4 *w4,
-                                    float factor, float pre, int len) {
-    float acc = 0.0f;
-    LUNA_UNROLL for (int k4 = 0; k4 < R / 4; k4++) {
-        if (4 * k4 < len) {
-            const float4 ff = f4[k4], ww = w4[k4];
-            const float fs[4] = {ff.x, ff.y, ff.z, ff.w}, ws[4] = {ww.x, ww.y, ww.z, ww.w};
-            LUNA_UNROLL for (int e = 0; e < 4; e++) {
-                const int k = 4 * k4 + e;
-                if (k < len) {
-                    const float f = PRE ? __fmul_rn(fs[e], pre) : fs[e];
-                    st[k] = fmaf(f, factor, st[k]);
-                    acc = fmaf(ws[e], st[k], acc);
-                }
-            }
-        }
+/* Sc[t][s] = s ≤ t ? Σ_k U[t][k]·V[s][k] : 0 (t, s < tn; rows of len). */
+__device__ inline void tril_products(float *Sc, int ldc, const float *U, const float *V, int ld,
+                                     int tn, int len) {
+    for (int i = threadIdx.x; i < tn * tn; i += blockDim.x) {
+        const int t = i / tn, s = i % tn;
+        float acc = 0.0f;
+        if (s <= t)
+            for (int k = 0; k < len; k++)
+                acc = fmaf(U[t * ld + k], V[s * ld + k], acc);
+        Sc[t * ldc + s] = acc;
     }
-    return acc;
 }
 
-template <typename T, int R>
-__global__ void scan_tiled_kernel(T *out, const T *u, const T *v, const T *w, int n, int r, int c,
-                                  Rows lr, Rows lc, float alpha) {
-    LUNA_SHARED(float4, su4, kTile * R / 4);
-    LUNA_SHARED(float4, sw4, kTile * R / 4);
-    float *su = reinterpret_cast<float *>(su4), *sw = reinterpret_cast<float *>(sw4);
-    const int j = threadIdx.x;
+/* State[k][j] += Σ_{s<tn} U[s][k]·V[s][j]  (U [tn, r] at ldu, V [tn, c] at ldv, state [r, c]). */
+__device__ inline void state_add(float *St, int lds, const float *U, int ldu, const float *V,
+                                 int ldv, int tn, int r, int c) {
+    for (int i = threadIdx.x; i < r * c; i += blockDim.x) {
+        const int k = i / c, j = i % c;
+        float acc = St[k * lds + j];
+        for (int s = 0; s < tn; s++)
+            acc = fmaf(U[s * ldu + k], V[s * ldv + j], acc);
+        St[k * lds + j] = acc;
+    }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kChunkThreads)
+    chunked_forward_kernel(T *out, const T *x, const T *a, const T *b, int n, int p, int q, Rows lp,
+                           Rows lq, float alpha, ChunkShape cs) {
+    LUNA_DYNAMIC_SHARED(float, smem);
+    const int C = cs.C, ldp = cs.ldp, ldq = cs.ldq, ldc = cs.ldc, lds = cs.lds;
+    float *X = smem, *A = X + C * ldp, *B = A + C * ldp, *P = B + C * ldq, *S = P + C * ldc;
     const int64_t g = blockIdx.x;
-    float col[R];
-    LUNA_UNROLL for (int k = 0; k < R; k++) col[k] = 0.0f;
-    for (int t0 = 0; t0 < n; t0 += kTile) {
-        const int tn = n - t0 < kTile ? n - t0 : kTile;
-        __syncthreads(); /* the previous tile is read */
-        const int64_t at = row_at(lr, g, t0);
-        stage<T, R>(su, u, at, lr.ld, tn, r);
-        stage<T, R>(sw, w, at, lr.ld, tn, r);
+    for (int i = threadIdx.x; i < p * lds; i += blockDim.x)
+        S[i] = 0.0f;
+    for (int c0 = 0; c0 < n; c0 += C) {
+        const int tn = n - c0 < C ? n - c0 : C;
+        __syncthreads(); /* the previous chunk's tiles and state update are done */
+        stage_rows(X, ldp, x, lp, g, c0, tn, p, false, alpha);
+        stage_rows(A, ldp, a, lp, g, c0, tn, p, false, alpha);
+        if (p > 0) stage_rows(B, ldq, b, lq, g, c0, tn, q, false, alpha);
         __syncthreads();
-        if (j >= c) continue;
-        for (int tt = 0; tt < tn; tt++) {
-            const int t = t0 + tt;
-            const int64_t rc = row_at(lc, g, t);
-            const float vj = r > 0 ? load(v, rc + j) : 0.0f; /* r = 0: v is not read (as the CPU) */
-            const float acc =
-                staged_step<R, false>(col, su4 + tt * (R / 4), sw4 + tt * (R / 4), vj, 1.0f, r);
-            const float scale = alpha * (1.0f / (float)(t + 1));
-            store(out, rc + j, scale != 1.0f ? __fmul_rn(acc, scale) : acc);
+        tril_products(P, ldc, X, A, ldp, tn, p);
+        __syncthreads();
+        /* out_t[j] = alpha/t · (Σ_k x_t[k] S[k][j] + Σ_{s≤t} P[t][s] b_s[j]) */
+        for (int i = threadIdx.x; i < tn * q; i += blockDim.x) {
+            const int t = i / q, j = i % q;
+            float acc = 0.0f;
+            for (int k = 0; k < p; k++)
+                acc = fmaf(X[t * ldp + k], S[k * lds + j], acc);
+            if (p > 0)
+                for (int s = 0; s <= t; s++)
+                    acc = fmaf(P[t * ldc + s], B[s * ldq + j], acc);
+            store(out, row_at(lq, g, c0 + t) + j, acc * (alpha * (1.0f / (float)(c0 + t + 1))));
         }
+        __syncthreads(); /* S is read */
+        if (c0 + tn < n) state_add(S, lds, A, ldp, B, ldq, tn, p, q);
     }
 }
 
-template <typename T, int R>
-__global__ void reverse_tiled_kernel(T *da, T *db, const T *dout, const T *x, const T *a,
-                                     const T *b, int n, int p, int q, Rows lp, Rows lq,
-                                     float alpha) {
-    LUNA_SHARED(float4, sx4, kTile * R / 4);
-    LUNA_SHARED(float4, sa4, kTile * R / 4);
-    LUNA_SHARED(float4, sd4, kTile * R / 4);
-    LUNA_SHARED(float4, sb4, kTile * R / 4);
-    float *sx = reinterpret_cast<float *>(sx4), *sa = reinterpret_cast<float *>(sa4),
-          *sd = reinterpret_cast<float *>(sd4), *sb = reinterpret_cast<float *>(sb4);
-    const int tid = threadIdx.x;
+/* One block per group: a reverse pass over the chunks for da, db (state R), then a forward pass
+ * for dx (state S). */
+template <typename T>
+__global__ void __launch_bounds__(kChunkThreads)
+    chunked_backward_kernel(T *dx, T *da, T *db, const T *dout, const T *x, const T *a, const T *b,
+                            int n, int p, int q, Rows lp, Rows lq, float alpha, ChunkShape cs) {
+    LUNA_DYNAMIC_SHARED(float, smem);
+    const int C = cs.C, ldp = cs.ldp, ldq = cs.ldq, ldc = cs.ldc, lds = cs.lds;
+    float *X = smem, *A = X + C * ldp, *B = A + C * ldp, *Gt = B + C * ldq, *M = Gt + C * ldq,
+          *P = M + C * ldc, *St = P + C * ldc;
     const int64_t g = blockIdx.x;
-    const bool column = tid < q, active = tid < p + q;
-    const int me = column ? tid : tid - q;
-    float st[R];
-    LUNA_UNROLL for (int k = 0; k < R; k++) st[k] = 0.0f;
-    const int ntiles = (n + kTile - 1) / kTile;
-    for (int tile = ntiles - 1; tile >= 0; tile--) {
-        const int s0 = tile * kTile, tn = n - s0 < kTile ? n - s0 : kTile;
-        __syncthreads(); /* the previous tile is read */
-        const int64_t at_p = row_at(lp, g, s0), at_q = row_at(lq, g, s0);
-        stage<T, R>(sx, x, at_p, lp.ld, tn, p);
-        stage<T, R>(sa, a, at_p, lp.ld, tn, p);
-        stage<T, R>(sd, dout, at_q, lq.ld, tn, q);
-        stage<T, R>(sb, b, at_q, lq.ld, tn, q);
+    const int nchunks = (n + C - 1) / C;
+
+    for (int i = threadIdx.x; i < p * lds; i += blockDim.x)
+        St[i] = 0.0f; /* R */
+    for (int c = nchunks - 1; c >= 0; c--) {
+        const int c0 = c * C, tn = n - c0 < C ? n - c0 : C;
         __syncthreads();
-        if (!active) continue;
-        for (int tt = tn - 1; tt >= 0; tt--) {
-            const int s = s0 + tt;
-            const int64_t rp = row_at(lp, g, s), rq = row_at(lq, g, s);
-            const float inv = alpha * (1.0f / (float)(s + 1));
-            const int64_t at = tt * (R / 4);
-            if (column) { /* R[i, me] += x_s[i]·g_s[me];  db_s[me] = Σ_i a_s[i]·R[i, me] */
-                const float gj = __fmul_rn(sd[tt * R + me], inv);
-                store(db, rq + me, staged_step<R, false>(st, sx4 + at, sa4 + at, gj, 1.0f, p));
-            } else { /* R[me, j] += x_s[me]·g_s[j];  da_s[me] = Σ_j R[me, j]·b_s[j] */
-                const float xi = sx[tt * R + me];
-                store(da, rp + me, staged_step<R, true>(st, sd4 + at, sb4 + at, xi, inv, q));
-            }
+        stage_rows(X, ldp, x, lp, g, c0, tn, p, false, alpha);
+        stage_rows(A, ldp, a, lp, g, c0, tn, p, false, alpha);
+        stage_rows(B, ldq, b, lq, g, c0, tn, q, false, alpha);
+        stage_rows(Gt, ldq, dout, lq, g, c0, tn, q, true, alpha);
+        __syncthreads();
+        tril_products(M, ldc, Gt, B, ldq, tn, q);
+        tril_products(P, ldc, X, A, ldp, tn, p);
+        __syncthreads();
+        /* da_s[k] = Σ_j b_s[j] R[k][j] + Σ_{t≥s} M[t][s] x_t[k] */
+        for (int i = threadIdx.x; i < tn * p; i += blockDim.x) {
+            const int s = i / p, k = i % p;
+            float acc = 0.0f;
+            for (int j = 0; j < q; j++)
+                acc = fmaf(B[s * ldq + j], St[k * lds + j], acc);
+            for (int t = s; t < tn; t++)
+                acc = fmaf(M[t * ldc + s], X[t * ldp + k], acc);
+            store(da, row_at(lp, g, c0 + s) + k, acc);
         }
+        /* db_s[j] = Σ_k a_s[k] R[k][j] + Σ_{t≥s} P[t][s] g_t[j] */
+        for (int i = threadIdx.x; i < tn * q; i += blockDim.x) {
+            const int s = i / q, j = i % q;
+            float acc = 0.0f;
+            for (int k = 0; k < p; k++)
+                acc = fmaf(A[s * ldp + k], St[k * lds + j], acc);
+            for (int t = s; t < tn; t++)
+                acc = fmaf(P[t * ldc + s], Gt[t * ldq + j], acc);
+            store(db, row_at(lq, g, c0 + s) + j, acc);
+        }
+        __syncthreads(); /* R is read */
+        if (c > 0) state_add(St, lds, X, ldp, Gt, ldq, tn, p, q);
+    }
+
+    __syncthreads();
+    for (int i = threadIdx.x; i < p * lds; i += blockDim.x)
+        St[i] = 0.0f; /* S */
+    for (int c0 = 0; c0 < n; c0 += C) {
+        const int tn = n - c0 < C ? n - c0 : C;
+        __syncthreads();
+        stage_rows(A, ldp, a, lp, g, c0, tn, p, false, alpha);
+        stage_rows(B, ldq, b, lq, g, c0, tn, q, false, alpha);
+        stage_rows(Gt, ldq, dout, lq, g, c0, tn, q, true, alpha);
+        __syncthreads();
+        tril_products(M, ldc, Gt, B, ldq, tn, q);
+        __syncthreads();
+        /* dx_t[k] = Σ_j g_t[j] S[k][j] + Σ_{s≤t} M[t][s] a_s[k] */
+        for (int i = threadIdx.x; i < tn * p; i += blockDim.x) {
+            const int t = i / p, k = i % p;
+            float acc = 0.0f;
+            for (int j = 0; j < q; j++)
+                acc = fmaf(Gt[t * ldq + j], St[k * lds + j], acc);
+            for (int s = 0; s <= t; s++)
+                acc = fmaf(M[t * ldc + s], A[s * ldp + k], acc);
+            store(dx, row_at(lp, g, c0 + t) + k, acc);
+        }
+        __syncthreads();
+        if (c0 + tn < n) state_add(St, lds, A, ldp, B, ldq, tn, p, q);
     }
 }
 
@@ -222,44 +295,48 @@ typedef __nv_bfloat16 bf16_t;
 
 inline unsigned threads_for(int c) { return (unsigned)((c + 31) / 32 * 32); }
 
-/* The state size R for a state of `len` floats per thread (State). */
-inline int state_bucket(int len) { return len <= 32 ? 32 : (len <= 64 ? 64 : 0); }
-
+/* The scans, for p or q over 64 (the chunked kernels take Luna's shapes). */
 template <typename T>
 void launch_scan(cudaStream_t s, int G, unsigned threads, T *out, const T *u, const T *v,
                  const T *w, int n, int r, int c, Rows lr, Rows lc, float alpha) {
-    switch (state_bucket(r)) {
-    case 32:
-        LUNA_LAUNCH((scan_tiled_kernel<T, 32>), (unsigned)G, threads, 0, s, out, u, v, w, n, r, c,
-                    lr, lc, alpha);
-        break;
-    case 64:
-        LUNA_LAUNCH((scan_tiled_kernel<T, 64>), (unsigned)G, threads, 0, s, out, u, v, w, n, r, c,
-                    lr, lc, alpha);
-        break;
-    default:
-        LUNA_LAUNCH((scan_kernel<T, 0>), (unsigned)G, threads, 0, s, out, u, v, w, n, r, c, lr, lc,
-                    alpha);
-    }
+    LUNA_LAUNCH((scan_kernel<T, 0>), (unsigned)G, threads, 0, s, out, u, v, w, n, r, c, lr, lc,
+                alpha);
 }
 
 template <typename T>
 void launch_reverse(cudaStream_t s, int G, T *da, T *db, const T *dout, const T *x, const T *a,
                     const T *b, int n, int p, int q, Rows lp, Rows lq, float alpha) {
-    const unsigned threads = threads_for(p + q);
-    switch (state_bucket(p > q ? p : q)) {
-    case 32:
-        LUNA_LAUNCH((reverse_tiled_kernel<T, 32>), (unsigned)G, threads, 0, s, da, db, dout, x, a,
-                    b, n, p, q, lp, lq, alpha);
-        break;
-    case 64:
-        LUNA_LAUNCH((reverse_tiled_kernel<T, 64>), (unsigned)G, threads, 0, s, da, db, dout, x, a,
-                    b, n, p, q, lp, lq, alpha);
-        break;
-    default:
-        LUNA_LAUNCH((reverse_kernel<T, 0>), (unsigned)G, threads, 0, s, da, db, dout, x, a, b, n, p,
-                    q, lp, lq, alpha);
+    LUNA_LAUNCH((reverse_kernel<T, 0>), (unsigned)G, threads_for(p + q), 0, s, da, db, dout, x, a,
+                b, n, p, q, lp, lq, alpha);
+}
+
+template <typename T>
+void contraction_forward(cudaStream_t s, T *out, const T *x, const T *a, const T *b, int G, int n,
+                         int p, int q, Rows lp, Rows lq, float alpha) {
+    const ChunkShape cs = chunk_shape(p, q, 2, 1, 1);
+    if (cs.C > 0) {
+        const size_t bytes = chunk_floats(cs, p, 2, 1, 1) * sizeof(float);
+        LUNA_LAUNCH(chunked_forward_kernel<T>, (unsigned)G, kChunkThreads, bytes, s, out, x, a, b,
+                    n, p, q, lp, lq, alpha, cs);
+    } else { /* state S [p, q]: rows p (u = a, w = x), columns q (v = b, out) */
+        launch_scan(s, G, threads_for(q), out, a, b, x, n, p, q, lp, lq, alpha);
     }
+}
+
+template <typename T>
+void contraction_backward(cudaStream_t s, T *dx, T *da, T *db, const T *dout, const T *x,
+                          const T *a, const T *b, int G, int n, int p, int q, Rows lp, Rows lq,
+                          float alpha) {
+    const ChunkShape cs = chunk_shape(p, q, 2, 2, 2);
+    if (cs.C > 0) {
+        const size_t bytes = chunk_floats(cs, p, 2, 2, 2) * sizeof(float);
+        LUNA_LAUNCH(chunked_backward_kernel<T>, (unsigned)G, kChunkThreads, bytes, s, dx, da, db,
+                    dout, x, a, b, n, p, q, lp, lq, alpha, cs);
+        return;
+    }
+    if (p > 0) /* dx_t = (alpha/t) Σ_k dout_t[k] Sᵀ[k, :], Sᵀ [q, p] (u = b, v = a, w = dout) */
+        launch_scan(s, G, threads_for(p), dx, b, a, dout, n, q, p, lq, lp, alpha);
+    launch_reverse(s, G, da, db, dout, x, a, b, n, p, q, lp, lq, alpha);
 }
 
 /* The two sides' rows (NULL: packed [G, n, p] and [G, n, q]). */
@@ -285,15 +362,14 @@ cudaError_t luna_cuda_causal_contraction_forward(cudaStream_t s, int bf16, void 
     if (p > kMaxDim || q > kMaxDim) return cudaErrorInvalidValue;
     Rows lp, lq;
     sides(layout, n, p, q, &lp, &lq);
-    /* state S [p, q]: rows p (u = a, w = x), columns q (v = b, out) */
     if (bf16)
-        launch_scan(s, G, threads_for(q), static_cast<bf16_t *>(out),
-                    static_cast<const bf16_t *>(a), static_cast<const bf16_t *>(b),
-                    static_cast<const bf16_t *>(x), n, p, q, lp, lq, alpha);
+        contraction_forward(s, static_cast<bf16_t *>(out), static_cast<const bf16_t *>(x),
+                            static_cast<const bf16_t *>(a), static_cast<const bf16_t *>(b), G, n, p,
+                            q, lp, lq, alpha);
     else
-        launch_scan(s, G, threads_for(q), static_cast<float *>(out), static_cast<const float *>(a),
-                    static_cast<const float *>(b), static_cast<const float *>(x), n, p, q, lp, lq,
-                    alpha);
+        contraction_forward(s, static_cast<float *>(out), static_cast<const float *>(x),
+                            static_cast<const float *>(a), static_cast<const float *>(b), G, n, p,
+                            q, lp, lq, alpha);
     return cudaGetLastError();
 }
 
@@ -306,23 +382,16 @@ cudaError_t luna_cuda_causal_contraction_backward(cudaStream_t s, int bf16, void
     if (p > kMaxDim || q > kMaxDim) return cudaErrorInvalidValue;
     Rows lp, lq;
     sides(layout, n, p, q, &lp, &lq);
-    if (bf16) {
-        const bf16_t *D = static_cast<const bf16_t *>(dout), *X = static_cast<const bf16_t *>(x),
-                     *A = static_cast<const bf16_t *>(a), *B = static_cast<const bf16_t *>(b);
-        if (p > 0) /* dx_t = (alpha/t) Σ_k dout_t[k] Sᵀ[k, :], Sᵀ [q, p] (u = b, v = a, w = dout) */
-            launch_scan(s, G, threads_for(p), static_cast<bf16_t *>(dx), B, A, D, n, q, p, lq, lp,
-                        alpha);
-        launch_reverse(s, G, static_cast<bf16_t *>(da), static_cast<bf16_t *>(db), D, X, A, B, n, p,
-                       q, lp, lq, alpha);
-    } else {
-        const float *D = static_cast<const float *>(dout), *X = static_cast<const float *>(x),
-                    *A = static_cast<const float *>(a), *B = static_cast<const float *>(b);
-        if (p > 0)
-            launch_scan(s, G, threads_for(p), static_cast<float *>(dx), B, A, D, n, q, p, lq, lp,
-                        alpha);
-        launch_reverse(s, G, static_cast<float *>(da), static_cast<float *>(db), D, X, A, B, n, p,
-                       q, lp, lq, alpha);
-    }
+    if (bf16)
+        contraction_backward(s, static_cast<bf16_t *>(dx), static_cast<bf16_t *>(da),
+                             static_cast<bf16_t *>(db), static_cast<const bf16_t *>(dout),
+                             static_cast<const bf16_t *>(x), static_cast<const bf16_t *>(a),
+                             static_cast<const bf16_t *>(b), G, n, p, q, lp, lq, alpha);
+    else
+        contraction_backward(s, static_cast<float *>(dx), static_cast<float *>(da),
+                             static_cast<float *>(db), static_cast<const float *>(dout),
+                             static_cast<const float *>(x), static_cast<const float *>(a),
+                             static_cast<const float *>(b), G, n, p, q, lp, lq, alpha);
     return cudaGetLastError();
 }
 
