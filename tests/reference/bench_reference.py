@@ -9,7 +9,10 @@ Default model: luna_base_tied (d 512, FFN 2048, 6+6 layers, 8 heads, l = 32, V =
 one batch of 128 sentences x 32 target tokens (4096 target tokens) with 32-token sources, dropout /
 attention dropout / activation dropout 0.1 (the WMT'14 recipe).  No optimizer step is timed.
 
---device cuda: the same step on a GPU (eager PyTorch, the yardstick for luna's CUDA backend); --amp bf16:
+--compile: the forward and loss through torch.compile (the backward then runs the compiled graph's
+backward; the warm-up steps include compiling).
+
+--device cuda: the same step on a GPU (eager PyTorch unless --compile, the yardstick for luna's CUDA backend); --amp bf16:
 forward and loss under torch.autocast(bfloat16) with float32 parameters and gradients (PyTorch's automatic
 mixed precision, as fairseq's --bf16/--amp), backward outside it.  Timed with the device synchronised
 (loss.item()).
@@ -55,6 +58,8 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--profile", action="store_true", help="print the top operators of one timed step")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--compile", action="store_true",
+                    help="torch.compile the forward and loss (the warm-up steps include the compilation)")
     ap.add_argument("--amp", choices=["none", "bf16"], default="none",
                     help="bf16: autocast the forward and loss (PyTorch AMP); parameters stay float32")
     a = ap.parse_args()
@@ -83,12 +88,21 @@ def main():
     rt = R.Runtime(dropout=a.dropout, attention_dropout=a.attention_dropout,
                    activation_dropout=a.activation_dropout, training=True, causal_impl=a.causal)
 
-    def step():
-        for p in params.values():
-            p.grad = None
+    def forward_loss(params, src, src_len, prev, tgt):
         with torch.autocast(a.device, dtype=torch.bfloat16, enabled=a.amp == "bf16"):
             logits = R.forward(params, cfg, src, src_len, prev, rt)
             loss, _ = R.label_smoothed_loss(logits, tgt, 0.1)
+        return loss
+
+    if a.compile:
+        if not hasattr(torch, "compile"):
+            sys.exit(f"bench_reference: --compile needs PyTorch >= 2.0 (this is {torch.__version__})")
+        forward_loss = torch.compile(forward_loss)
+
+    def step():
+        for p in params.values():
+            p.grad = None
+        loss = forward_loss(params, src, src_len, prev, tgt)
         loss.backward()
         return loss.item()
 
@@ -98,7 +112,8 @@ def main():
           f"dropout {a.dropout}/{a.attention_dropout}/{a.activation_dropout}  "
           f"causal form: {a.causal if a.arch == 'luna' else 'n/a (softmax)'}  threads {torch.get_num_threads()}  "
           f"torch {torch.__version__}  device {a.device}"
-          f"{' (' + torch.cuda.get_device_name() + ')' if a.device == 'cuda' else ''}  amp {a.amp}", flush=True)
+          f"{' (' + torch.cuda.get_device_name() + ')' if a.device == 'cuda' else ''}  amp {a.amp}"
+          f"  {'torch.compile' if a.compile else 'eager'}", flush=True)
     for _ in range(a.warmup):
         step()
     if a.profile:

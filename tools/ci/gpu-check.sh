@@ -4,7 +4,7 @@
 # passed.
 #
 #   tools/ci/gpu-check.sh [--no-sanitizer] [--quick] [--build-dir DIR] [--no-build] [--no-torch]
-#                         [--test-timeout S]
+#                         [--test-timeout S] [--train-data DATA-BIN] [--ncu]
 #
 # Steps (each one summary line):
 #   1. build       -DLUNA_CUDA=ON in build-gpu/ (nvcc, sm_80 + sm_90a, -Werror; -DLUNA_MPI=ON with
@@ -24,7 +24,15 @@
 #                  --amp bf16; where python3 has torch with CUDA, unless --no-torch),
 #                  bench-model --update --profile at 32k (measured vs PREDICTED time per op
 #                  family, gpu-check.profile.log), bench-translate (luna_demo preset, beam 4);
-#                  --quick: smaller batches
+#                  PyTorch both eager and through torch.compile (where PyTorch >= 2.0);
+#                  --quick: the short device run (about 8 minutes on an H100/H200 with a build made
+#                  elsewhere: --no-build): compute-sanitizer on the causal suite only, batches of
+#                  8k and 32k target tokens, fewer steps
+#   5. training    --train-data DATA-BIN (e.g. the WMT mini data-bin, prepared on the CPU machine):
+#                  luna-train --device cuda --arch luna_base_tied, 200 updates at 8k and at 32k
+#                  tokens per update; the last logged wps of each
+#   6. ncu         --ncu: Nsight Compute on one 32k bf16 update of bench-model, launch-limited, the
+#                  kernels by time (gpu-check.ncu.log)
 # Nothing here is run by CI (no GPU there); tools/test.sh --gpu runs step 2 alone.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -33,6 +41,8 @@ sanitizer=1
 quick=0
 do_build=1
 torch=1
+ncu=0
+train_data=""
 test_timeout=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -40,13 +50,17 @@ while [ $# -gt 0 ]; do
     --quick) quick=1 ;;
     --no-build) do_build=0 ;;
     --no-torch) torch=0 ;;
+    --ncu) ncu=1 ;;
+    --train-data)
+      [ $# -ge 2 ] || { echo "gpu-check: --train-data needs a data-bin directory" >&2; exit 2; }
+      train_data="$(cd "$2" && pwd)" || exit 2; shift ;;
     --test-timeout)
       [ $# -ge 2 ] || { echo "gpu-check: --test-timeout needs seconds" >&2; exit 2; }
       test_timeout=(--timeout "$2"); shift ;;
     --build-dir)
       [ $# -ge 2 ] || { echo "gpu-check: --build-dir needs a directory" >&2; exit 2; }
       build="$(mkdir -p "$2" && cd "$2" && pwd)"; shift ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "gpu-check: unknown option '$1' (try --help)" >&2; exit 2 ;;
   esac
   shift
@@ -101,7 +115,9 @@ if [ "$sanitizer" -eq 1 ]; then
   if command -v compute-sanitizer > /dev/null; then
     for tool in memcheck racecheck synccheck; do
       bad=0
-      for t in "$build"/test_ops_*; do
+      suites=("$build"/test_ops_*)
+      [ "$quick" -eq 1 ] && suites=("$build"/test_ops_causal)
+      for t in "${suites[@]}"; do
         [ -x "$t" ] || continue
         if ! LUNA_TEST_BACKEND=cuda LUNA_CUDA_CACHE=0 CK_FORK=no CK_DEFAULT_TIMEOUT=0 \
              compute-sanitizer --tool "$tool" --error-exitcode 99 "$t" \
@@ -119,7 +135,7 @@ fi
 
 # 4. benchmarks, measured on this GPU (docs/benchmarks.md, docs/gpu.md).
 # bench-model's "target tokens/s" line and PyTorch's, at the same shapes, side by side.
-if [ "$quick" -eq 1 ]; then batches="32"; sentences=64; else batches="256 1024"; sentences=512; fi
+if [ "$quick" -eq 1 ]; then batches="256 1024"; sentences=256; steps=5; else batches="256 1024"; sentences=512; steps=10; fi
 bench() { # label, then bench-model arguments
   local label="$1"; shift
   local line
@@ -131,19 +147,22 @@ if [ "$torch" -eq 1 ] && python3 -c 'import torch, sys; sys.exit(0 if torch.cuda
   have_torch=1
 fi
 for b in $batches; do
-  bench "bench-model bf16 fwd+bwd  $b x 32" --precision bf16 --batch "$b" --warmup 2 --steps 10
-  bench "bench-model bf16 update   $b x 32" --precision bf16 --batch "$b" --warmup 2 --steps 10 --update
+  bench "bench-model bf16 fwd+bwd  $b x 32" --precision bf16 --batch "$b" --warmup 2 --steps "$steps"
+  bench "bench-model bf16 update   $b x 32" --precision bf16 --batch "$b" --warmup 2 --steps "$steps" --update
   if [ "$have_torch" -eq 1 ]; then
-    line=$(python3 "$root/tests/reference/bench_reference.py" --device cuda --amp bf16 --batch "$b" \
-           --warmup 2 --steps 10 2>&1 | tail -n 1)
-    case "$line" in
-      loss*) note "ok   PyTorch AMP bf16 fwd+bwd $b x 32 (tests/reference, eager): $line" ;;
-      *) fail "PyTorch AMP reference $b x 32: $line" ;;
-    esac
+    for mode in eager compile; do
+      flag=(); [ "$mode" = compile ] && flag=(--compile)
+      line=$(python3 "$root/tests/reference/bench_reference.py" --device cuda --amp bf16 --batch "$b" \
+             --warmup 3 --steps "$steps" "${flag[@]}" 2>&1 | tail -n 1)
+      case "$line" in
+        loss*) note "ok   PyTorch AMP bf16 fwd+bwd $b x 32 (tests/reference, $mode): $line" ;;
+        *) fail "PyTorch AMP reference $b x 32 ($mode): $line" ;;
+      esac
+    done
   fi
 done
 [ "$have_torch" -eq 1 ] || note "skip PyTorch AMP reference: python3 has no torch with CUDA (or --no-torch)"
-bench "bench-model fp32 fwd+bwd  ${batches%% *} x 32" --precision fp32 --batch "${batches%% *}" --warmup 2 --steps 5
+bench "bench-model fp32 fwd+bwd  ${batches%% *} x 32" --precision fp32 --batch "${batches%% *}" --warmup 2 --steps "$steps"
 # The op-cost profile of a whole bf16 update on this GPU: each family's measured time next to the
 # roofline's PREDICTED one (model/profile/op_report.h), to calibrate the cost model.
 pbatch="${batches##* }"
@@ -157,6 +176,38 @@ line=$("$build/bench-translate" --preset luna_demo --device cuda --sentences "$s
        --max-len-b 40 2>&1 | tail -n 1) \
   && note "ok   bench-translate luna_demo beam 4 (random weights, 40 tokens): $line" \
   || fail "bench-translate"
+
+# 5. luna-train on real data (tokens per second as it logs them)
+if [ -n "$train_data" ]; then
+  for tokens in 8192 32768; do
+    log="$build/gpu-check.train.$tokens.log"
+    rm -rf "$build/gpu-check.train.ck"
+    if "$build/luna-train" "$train_data" --device cuda --arch luna_base_tied --share-all-embeddings \
+         --optimizer apollo --lr 0.01 --lr-scheduler inverse_sqrt --warmup-updates 50 \
+         --max-tokens "$tokens" --max-update 200 --dropout 0.1 --label-smoothing 0.1 \
+         --log-interval 50 --no-progress-bar --no-save --save-dir "$build/gpu-check.train.ck" \
+         > "$log" 2>&1; then
+      note "ok   luna-train cuda bf16 luna_base_tied $tokens tokens/update, 200 updates: $(grep -o 'wps [0-9.]*' "$log" | tail -n 1) ($log)"
+    else
+      fail "luna-train --device cuda ($log: $(tail -n 1 "$log"))"
+    fi
+  done
+fi
+
+# 6. Nsight Compute: the kernels of one 32k update, by time
+if [ "$ncu" -eq 1 ]; then
+  if command -v ncu > /dev/null; then
+    if ncu --launch-skip 0 --launch-count 400 --section SpeedOfLight --csv \
+         "$build/bench-model" --device cuda --precision bf16 --batch 1024 --tgt-len 32 --src-len 32 \
+         --warmup 0 --steps 1 --update > "$build/gpu-check.ncu.log" 2>&1; then
+      note "ok   ncu: 400 launches of a 32k update ($build/gpu-check.ncu.log)"
+    else
+      fail "ncu ($build/gpu-check.ncu.log)"
+    fi
+  else
+    note "skip ncu: not on PATH"
+  fi
+fi
 
 printf '%s\n' "=== gpu-check summary ===" "${summary[@]}"
 exit "$failed"
