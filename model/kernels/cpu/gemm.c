@@ -7,7 +7,7 @@
  *
  * Column sums (db) are deterministic: each thread owns a range of columns and adds the rows in
  * the order of model/kernels/column_sum_order.h (chunks of rows, in double), so the result does
- * not depend on the thread count or the tiling, and equals the CUDA backend's.
+ * not depend on the thread count or the tiling.
  */
 #include <cblas.h>
 #include <math.h>

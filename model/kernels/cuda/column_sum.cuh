@@ -1,19 +1,21 @@
-/* Column sums over rows in the order of model/kernels/column_sum_order.h (included after
- * cuda_compat.h and act_io.cuh, inside a .cu file's anonymous namespace):
+/* Column sums over rows (included after cuda_compat.h and act_io.cuh, inside a .cu file's
+ * anonymous namespace):
  *   column_sums<1>(ColumnValue)    db[c] += Σ_r dy[r, c]                        (bias gradients)
  *   column_sums<2>(LnParamsValue)  dγ[c] += Σ_r dy_rc·x̂_rc, dβ[c] += Σ_r dy_rc  (residual_norm's
- *                                  LayerNorm, x̂ from the row's stored mean and rstd, one
- *                                  rounding per op)
- * Two kernels, so that the whole GPU works on one sum:
- *   chunk_sums_kernel   one thread per (chunk, column): the chunk's LUNA_COLSUM_CHUNK rows in row
- *                       order, in double, into the workspace [chunk][NOUT][cols];
- *   chunk_total_kernel  one thread per (output, column): the chunk sums in chunk order, in double,
- *                       then out_c = (float)((double)out_c + total).
- * The workspace (luna_cuda_colsum_ws, from the backend's scratch) holds a round of chunk sums;
- * more chunks than it holds are summed in rounds, the running totals kept in double between
- * rounds (the same additions in the same order). Why: one block per 32 columns walking every
- * chunk would give a 512-column sum 16 blocks, far too few to use a GPU (the sums' share of an
- * update, measured: docs/benchmarks.md). */
+ *                                  LayerNorm, x̂ from the row's stored mean and rstd)
+ * In fp32, in an order of the GPU's own (fixed, so run-to-run deterministic; within the ACCUM
+ * tier of the CPU's chunked double sums, model/kernels/column_sum_order.h). Two kernels, so that
+ * the whole GPU works on one sum:
+ *   chunk_sums_kernel   one thread per (chunk, column): the chunk's LUNA_COLSUM_CHUNK rows in
+ *                       row order into the workspace [chunk][NOUT][cols];
+ *   chunk_total_kernel  a block per (32 columns, output): each warp adds every kTotalWarps-th
+ *                       chunk sum, then a tree over the warps' partial sums in shared memory;
+ *                       out_c += total.
+ * No chain is longer than a chunk (64 adds) or nchunks / kTotalWarps: a thread adding all of a
+ * column's chunk sums in sequence waited on 512 dependent loads per 32k-row sum (3.4 ms of an
+ * update, docs/gpu.md). The workspace (luna_cuda_colsum_ws, from the backend's scratch, counted
+ * in doubles, used as floats) holds a round of chunk sums; more chunks than it holds are summed in
+ * rounds, the running totals kept between rounds. */
 #ifndef LUNA_KERNELS_CUDA_COLUMN_SUM_CUH
 #define LUNA_KERNELS_CUDA_COLUMN_SUM_CUH
 
@@ -21,10 +23,10 @@
 
 constexpr int kColsumCols = 32; /* columns per block: a warp's lanes, consecutive columns */
 constexpr int kColsumWarps = 8; /* chunks per block: one per warp */
-constexpr int kTotalThreads = 256;
+constexpr int kTotalWarps = 16; /* chunk-sum chains per column in chunk_total_kernel */
 
 template <int NOUT, typename Value>
-__global__ void chunk_sums_kernel(double *ws, int64_t rows, int cols, int64_t k0, int64_t kn,
+__global__ void chunk_sums_kernel(float *ws, int64_t rows, int cols, int64_t k0, int64_t kn,
                                   Value value) {
     const int lane = threadIdx.x % kColsumCols, w = threadIdx.x / kColsumCols;
     const int c = blockIdx.x * kColsumCols + lane;
@@ -32,47 +34,58 @@ __global__ void chunk_sums_kernel(double *ws, int64_t rows, int cols, int64_t k0
     if (c >= cols || k >= kn) return;
     const int64_t r0 = (k0 + k) * LUNA_COLSUM_CHUNK;
     const int64_t r1 = r0 + LUNA_COLSUM_CHUNK < rows ? r0 + LUNA_COLSUM_CHUNK : rows;
-    double acc[NOUT];
+    float acc[NOUT];
     for (int j = 0; j < NOUT; j++)
-        acc[j] = 0.0;
+        acc[j] = 0.0f;
     if (r1 - r0 == LUNA_COLSUM_CHUNK) {
         /* full chunk: a constant trip count, unrolled so that the loads run ahead of the adds */
         LUNA_UNROLL_BY(16)
         for (int i = 0; i < LUNA_COLSUM_CHUNK; i++) {
-            double v[NOUT];
+            float v[NOUT];
             value(r0 + i, c, v);
             for (int j = 0; j < NOUT; j++)
-                acc[j] = __dadd_rn(acc[j], v[j]);
+                acc[j] += v[j];
         }
     } else {
         for (int64_t r = r0; r < r1; r++) {
-            double v[NOUT];
+            float v[NOUT];
             value(r, c, v);
             for (int j = 0; j < NOUT; j++)
-                acc[j] = __dadd_rn(acc[j], v[j]);
+                acc[j] += v[j];
         }
     }
     for (int j = 0; j < NOUT; j++)
         ws[(k * NOUT + j) * cols + c] = acc[j];
 }
 
-/* run[j·cols + c] (the running totals) = (first ? 0 : run) + Σ_{k < kn} ws[k][j][c] in k order;
- * last: out_j[c] = (float)((double)out_j[c] + run) instead (out_j NULL: not wanted). */
+/* For output j = blockIdx.y and 32 columns: total = Σ_{k < kn} ws[k][j][c] (warp w adds chunks
+ * w, w + kTotalWarps, ... in order, then a tree over the warps); run[j·cols + c] = (first ? 0 :
+ * run) + total, or on the last round out_j[c] += that instead (out_j NULL: not wanted). */
 template <int NOUT>
-__global__ void chunk_total_kernel(float *out0, float *out1, double *run, const double *ws,
-                                   int cols, int64_t kn, int first, int last) {
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (int64_t)NOUT * cols) return;
-    const int j = (int)(i / cols), c = (int)(i % cols);
-    double t = first ? 0.0 : run[i];
-    for (int64_t k = 0; k < kn; k++)
-        t = __dadd_rn(t, ws[(k * NOUT + j) * cols + c]);
+__global__ void chunk_total_kernel(float *out0, float *out1, float *run, const float *ws, int cols,
+                                   int64_t kn, int first, int last) {
+    LUNA_SHARED_2D(float, part, kTotalWarps, kColsumCols);
+    const int lane = threadIdx.x % kColsumCols, w = threadIdx.x / kColsumCols;
+    const int c = blockIdx.x * kColsumCols + lane, j = blockIdx.y;
+    float t = 0.0f;
+    if (c < cols)
+        for (int64_t k = w; k < kn; k += kTotalWarps)
+            t += ws[(k * NOUT + j) * cols + c];
+    part[w][lane] = t;
+    __syncthreads();
+    for (int h = kTotalWarps / 2; h > 0; h /= 2) {
+        if (w < h) part[w][lane] += part[w + h][lane];
+        __syncthreads();
+    }
+    if (w != 0 || c >= cols) return;
+    const int64_t i = (int64_t)j * cols + c;
+    const float total = first ? part[0][lane] : run[i] + part[0][lane];
     if (!last) {
-        run[i] = t;
+        run[i] = total;
         return;
     }
     float *out = j == 0 ? out0 : out1;
-    if (out) out[c] = (float)__dadd_rn((double)out[c], t);
+    if (out) out[c] += total;
 }
 
 /* Enqueue the sums of value over rows into out0 (and out1 when NOUT = 2) with the workspace ws
@@ -84,17 +97,16 @@ cudaError_t column_sums(cudaStream_t s, float *out0, float *out1, int64_t rows, 
     const int64_t nchunks = (rows + LUNA_COLSUM_CHUNK - 1) / LUNA_COLSUM_CHUNK;
     const int64_t per_round = luna_cuda_colsum_round(rows, cols, NOUT, ws.n);
     if (per_round < 1) return cudaErrorInvalidValue;
-    double *run = ws.p, *sums = ws.p + (int64_t)NOUT * cols;
+    /* the workspace's doubles as floats: the same layout, half of it used */
+    float *run = reinterpret_cast<float *>(ws.p), *sums = run + (int64_t)NOUT * cols;
     const unsigned col_blocks = (unsigned)((cols + kColsumCols - 1) / kColsumCols);
-    const unsigned total_blocks =
-        (unsigned)(((int64_t)NOUT * cols + kTotalThreads - 1) / kTotalThreads);
     for (int64_t k0 = 0; k0 < nchunks; k0 += per_round) {
         const int64_t kn = nchunks - k0 < per_round ? nchunks - k0 : per_round;
         const dim3 grid(col_blocks, (unsigned)((kn + kColsumWarps - 1) / kColsumWarps));
         LUNA_LAUNCH((chunk_sums_kernel<NOUT, Value>), grid, kColsumCols * kColsumWarps, 0, s, sums,
                     rows, cols, k0, kn, value);
-        LUNA_LAUNCH(chunk_total_kernel<NOUT>, total_blocks, kTotalThreads, 0, s, out0, out1, run,
-                    static_cast<const double *>(sums), cols, kn, k0 == 0 ? 1 : 0,
+        LUNA_LAUNCH(chunk_total_kernel<NOUT>, dim3(col_blocks, NOUT), kColsumCols * kTotalWarps, 0,
+                    s, out0, out1, run, static_cast<const float *>(sums), cols, kn, k0 == 0 ? 1 : 0,
                     k0 + kn == nchunks ? 1 : 0);
     }
     return cudaGetLastError();
@@ -103,20 +115,18 @@ cudaError_t column_sums(cudaStream_t s, float *out0, float *out1, int64_t rows, 
 template <typename T> struct ColumnValue {
     const T *dy;
     int cols;
-    __device__ void operator()(int64_t r, int c, double *v) const {
-        v[0] = (double)load(dy, r * cols + c);
-    }
+    __device__ void operator()(int64_t r, int c, float *v) const { v[0] = load(dy, r * cols + c); }
 };
 
 template <typename T> struct LnParamsValue {
     const T *dy, *x;
     const float *mean, *rstd;
     int d;
-    __device__ void operator()(int64_t r, int c, double *v) const {
+    __device__ void operator()(int64_t r, int c, float *v) const {
         const float g = load(dy, r * d + c);
-        const float xhat = __fmul_rn(__fsub_rn(load(x, r * d + c), mean[r]), rstd[r]);
-        v[0] = (double)__fmul_rn(g, xhat);
-        v[1] = (double)g;
+        const float xhat = (load(x, r * d + c) - mean[r]) * rstd[r];
+        v[0] = g * xhat;
+        v[1] = g;
     }
 };
 

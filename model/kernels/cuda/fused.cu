@@ -7,8 +7,8 @@
  * those of elementwise.cu's dropout_kernel: keep(i) from core/philox.h for the element's index i
  * in its buffer, scale = 1/(1 − p) computed on the host. So in fp32 each fused op equals the
  * CPU's within the contract's tiers: the elementwise parts exactly, the LayerNorm and softmax
- * rows within the NORM tier (their sums' order differs from the CPU's simd lanes), dbias bit for
- * bit (column sums in the CPU's order, model/kernels/column_sum_order.h).
+ * rows within the NORM tier (their sums' order differs from the CPU's simd lanes), dγ, dβ and
+ * dbias within the ACCUM tier (column sums as fp32 trees of the GPU's own, column_sum.cuh).
  * With bf16 activations a fused op rounds only what it stores; values kept for backward (r, h, y)
  * are re-read as stored, so the backward sees what the forward kept.
  *
