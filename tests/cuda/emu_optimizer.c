@@ -107,7 +107,8 @@ START_TEST(scale_and_adam_bit_equal) {
 }
 END_TEST
 
-/* Apollo: three steps for each rebound × weight-decay type, bit-equal to the CPU. */
+/* Apollo: three steps for each rebound × weight-decay type, bit-equal to the CPU (the GPU adds
+ * its block sums in a tree of its own, in double: the fp32 results equal the CPU's here). */
 START_TEST(apollo_bit_equal) {
     luna_backend *cpu;
     LUNA_CHECK_OK(luna_backend_cpu_create(&cpu, 2));

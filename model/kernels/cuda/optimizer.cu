@@ -7,9 +7,9 @@
  *   thread per tensor, which also advances steps[i]; then a block per table block.
  *   multi_apollo_update: the reductions, per-tensor scalars, the update (and for the stable
  *   decay ΣD, its coefficient and a last pass): five kernels, no host round trip.
- * Under the CPU execution harness math is libm's, so results equal the CPU bit for bit; on a GPU
- * CUDA's double pow may differ from glibc's by an ulp of the step size (parameters within
- * 1e-15 relative per update). */
+ * Adam's arithmetic is element by element (equal to the CPU under the harness, whose math is
+ * libm's; on a GPU CUDA's double pow may differ from glibc's by an ulp of the step size); Apollo's
+ * block sums follow a tree of the GPU's own (below), within the ACCUM tier. */
 #include "model/kernels/cuda/cuda_compat.h"
 
 #include "core/reduce_order.h"
@@ -125,10 +125,14 @@ __global__ void multi_adam_kernel(float *theta, const float *g, float *exp_avg, 
                      beta1, beta2, eps, step_size, keep);
 }
 
-/* ---- Apollo (spec apollo.md; optimizer_kernels.c): the CPU's lanes exactly. A CUDA block of
- * kLanes threads per table block, thread l being lane l (elements j ≡ l mod kLanes of the block,
- * in increasing j), so every double sum has the CPU's order; bit-identical under the harness. */
-constexpr int kLanes = LUNA_REDUCE_LANES;
+/* ---- Apollo (spec apollo.md; optimizer_kernels.c): the CPU's arithmetic in double, with sums
+ * in an order of the GPU's own. A block of kThreads threads per table block (thread l takes
+ * elements j ≡ l mod kThreads in increasing j), its lanes joined by a fixed tree in shared
+ * memory: deterministic run to run, within the ACCUM tier of the CPU's 8-lane order
+ * (core/reduce_order.h). Eight threads a block, the CPU's lanes, left the GPU's memory system
+ * idle (the optimizer: 6 ms of a 32k update against 0.7 ms PREDICTED from its bytes,
+ * docs/benchmarks.md). */
+
 enum { REBOUND_CONSTANT = 0, REBOUND_BELIEF = 1 };
 enum { WD_L2 = 0, WD_DECOUPLED = 1, WD_STABLE = 2 };
 enum { AP_ALPHA, AP_DEN, AP_DELTA, AP_R, AP_EOA, AP_COEF, AP_PER_TENSOR = 8 };
@@ -138,6 +142,19 @@ static_assert(LUNA_TENSOR_TABLE_WORKSPACE_PER_BLOCK == 5, "4 partials and ΣD pe
 __device__ inline double nan_max(double a, double r) {
     const double qnan = __longlong_as_double(0x7ff8000000000000LL);
     return (a != a || r != r) ? qnan : (a > r ? a : r);
+}
+
+/* v[0..kThreads) (shared) → v[0]: pairs (l, l + h) for h = kThreads/2, ..., 1. op: 0 sum, 1 NaN-
+ * propagating max. Every thread of the block calls it. */
+__device__ inline void block_tree(double *v, int op) {
+    __syncthreads();
+    for (int h = kThreads / 2; h > 0; h /= 2) {
+        if ((int)threadIdx.x < h) {
+            const double a = v[threadIdx.x], b = v[threadIdx.x + h];
+            v[threadIdx.x] = op == 0 ? __dadd_rn(a, b) : nan_max(b, a);
+        }
+        __syncthreads();
+    }
 }
 
 __device__ inline double apollo_denominator(double b, double r, double sigma, double eps_over_alpha,
@@ -151,12 +168,12 @@ __device__ inline double apollo_denominator(double b, double r, double sigma, do
 __global__ void apollo_reduce_kernel(const float *theta, const float *g, const float *m,
                                      const float *B, const float *d, Table t, double l2,
                                      double *partials) {
-    LUNA_SHARED_2D(double, lanes, 4, kLanes);
+    LUNA_SHARED_2D(double, lanes, 4, kThreads);
     int ti;
     int64_t base, start, len;
     block_of(t, blockIdx.x, &ti, &base, &start, &len);
     double s4 = 0.0, sgd = 0.0, sbd = 0.0, rmax = 0.0;
-    for (int64_t j = threadIdx.x; j < len; j += kLanes) {
+    for (int64_t j = threadIdx.x; j < len; j += kThreads) {
         const int64_t i = base + start + j;
         const double gp = __dadd_rn((double)g[i], __dmul_rn(l2, (double)theta[i]));
         const double dg = gp - (double)m[i];
@@ -169,17 +186,9 @@ __global__ void apollo_reduce_kernel(const float *theta, const float *g, const f
     }
     lanes[0][threadIdx.x] = s4, lanes[1][threadIdx.x] = sgd, lanes[2][threadIdx.x] = sbd;
     lanes[3][threadIdx.x] = rmax;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        double p[4] = {0.0, 0.0, 0.0, 0.0};
-        for (int l = 0; l < kLanes; l++) {
-            for (int q = 0; q < 3; q++)
-                p[q] = __dadd_rn(p[q], lanes[q][l]);
-            p[3] = nan_max(lanes[3][l], p[3]);
-        }
-        for (int q = 0; q < 4; q++)
-            partials[4 * (int64_t)blockIdx.x + q] = p[q];
-    }
+    for (int q = 0; q < 4; q++)
+        block_tree(lanes[q], q == 3 ? 1 : 0);
+    if (threadIdx.x < 4) partials[4 * (int64_t)blockIdx.x + threadIdx.x] = lanes[threadIdx.x][0];
 }
 
 /* Per-tensor scalars from the partials in block order; advances steps. */
@@ -214,7 +223,7 @@ __global__ void apollo_update_kernel(float *theta, const float *g, float *m, flo
                                      Table t, const double *sc, double l2, double sigma,
                                      int rebound, double decoupled, double lr, int stable,
                                      double *dsum) {
-    LUNA_SHARED(double, lane_d, kLanes);
+    LUNA_SHARED(double, lane_d, kThreads);
     int ti;
     int64_t base, start, len;
     block_of(t, blockIdx.x, &ti, &base, &start, &len);
@@ -222,7 +231,7 @@ __global__ void apollo_update_kernel(float *theta, const float *g, float *m, flo
     const double alpha = x[AP_ALPHA], den = x[AP_DEN], delta = x[AP_DELTA], r = x[AP_R],
                  eoa = x[AP_EOA];
     double dsum_lane = 0.0;
-    for (int64_t j = threadIdx.x; j < len; j += kLanes) {
+    for (int64_t j = threadIdx.x; j < len; j += kThreads) {
         const int64_t i = base + start + j;
         const double gp = __dadd_rn((double)g[i], __dmul_rn(l2, (double)theta[i]));
         const double dg = gp - (double)m[i];
@@ -243,13 +252,8 @@ __global__ void apollo_update_kernel(float *theta, const float *g, float *m, flo
     }
     if (!stable) return; /* uniform across the block: no thread waits at a barrier alone */
     lane_d[threadIdx.x] = dsum_lane;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        double s = 0.0;
-        for (int l = 0; l < kLanes; l++)
-            s = __dadd_rn(s, lane_d[l]);
-        dsum[blockIdx.x] = s;
-    }
+    block_tree(lane_d, 0);
+    if (threadIdx.x == 0) dsum[blockIdx.x] = lane_d[0];
 }
 
 /* Stable weight decay: coef_i = wd / (ΣD_i / n_i), blocks in order. */
@@ -326,12 +330,12 @@ static cudaError_t apollo(cudaStream_t s, float *theta, const float *g, float *e
     const int stable = wd_type == WD_STABLE;
     const unsigned tblocks = (unsigned)((num_tensors + 127) / 128);
     if (num_blocks > 0)
-        LUNA_LAUNCH(apollo_reduce_kernel, (unsigned)num_blocks, kLanes, 0, s, theta, g, exp_avg,
+        LUNA_LAUNCH(apollo_reduce_kernel, (unsigned)num_blocks, kThreads, 0, s, theta, g, exp_avg,
                     approx_hessian, update, t, l2, partials);
     LUNA_LAUNCH(apollo_scalars_kernel, tblocks, 128, 0, s, sc, partials, steps, t.block_start,
                 num_tensors, beta, eps, sigma, rebound);
     if (num_blocks > 0)
-        LUNA_LAUNCH(apollo_update_kernel, (unsigned)num_blocks, kLanes, 0, s, theta, g, exp_avg,
+        LUNA_LAUNCH(apollo_update_kernel, (unsigned)num_blocks, kThreads, 0, s, theta, g, exp_avg,
                     approx_hessian, update, t, static_cast<const double *>(sc), l2, sigma, rebound,
                     decoupled, lr, stable, dsum);
     if (stable && num_blocks > 0) {
