@@ -1,6 +1,6 @@
 /* The CUDA reduction multi_sum_squares (model/kernels/cuda/reduce.cu) under the harness against
- * the CPU backend's (model/kernels/cpu/multi_tensor.c): bit-equal (the order of
- * core/reduce_order.h, in double) over a tensor table with an empty tensor, gaps between tensors,
+ * the CPU backend's (model/kernels/cpu/multi_tensor.c): bit-equal here (both sum in double, in
+ * different orders, and round once to fp32; the contract asks the ACCUM tier) over a tensor table with an empty tensor, gaps between tensors,
  * tensors of 1, 7, one block ± 1 and many blocks; a NaN reaches its tensor's sum. */
 #include <math.h>
 #include <stdio.h>
