@@ -44,6 +44,7 @@ std::map<const void *, int> g_func_shared;
 cudaError_t g_last = cudaSuccess, g_sticky = cudaSuccess;
 std::string g_message;
 size_t g_device_bytes = 0;
+uint64_t g_host_waits = 0; // luna_emu_host_wait_count
 int g_error_mode = -1;
 const size_t k_total_memory = (size_t)80 << 30;
 
@@ -225,6 +226,7 @@ cudaError_t cudaFreeHost(void *p) {
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind) {
     LOCK;
+    g_host_waits++; /* synchronous: the host waits for the device's queue */
     cudaError_t e = check_copy("cudaMemcpy", dst, src, n, kind);
     if (!e && n) memcpy(dst, src, n);
     return e;
@@ -234,6 +236,10 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind
     LOCK;
     cudaError_t e = stream_check("cudaMemcpyAsync", s);
     if (!e) e = check_copy("cudaMemcpyAsync", dst, src, n, kind);
+    /* with pageable host memory the copy is staged and the host may wait for the stream: counted */
+    if (!e && n && ((!device_range(dst, n) && !pinned_range(dst, n)) ||
+                    (!device_range(src, n) && !pinned_range(src, n))))
+        g_host_waits++;
     if (!e && n) memcpy(dst, src, n);
     return e;
 }
@@ -284,6 +290,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
     LOCK;
+    g_host_waits++;
     return stream_check("cudaStreamSynchronize", s);
 }
 cudaError_t cudaStreamQuery(cudaStream_t s) {
@@ -323,6 +330,7 @@ cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t s) {
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
     LOCK;
+    g_host_waits++;
     if (!g_events.count(ev))
         return api_error(cudaErrorInvalidResourceHandle, false,
                          "cudaEventSynchronize: unknown event");
@@ -354,6 +362,7 @@ cudaError_t cudaPeekAtLastError(void) {
 }
 cudaError_t cudaDeviceSynchronize(void) {
     LOCK;
+    g_host_waits++;
     return g_sticky;
 }
 cudaError_t cudaDeviceReset(void) {
@@ -497,6 +506,10 @@ const char *luna_emu_last_error(void) {
 uint64_t luna_emu_device_bytes(void) {
     LOCK;
     return g_device_bytes;
+}
+uint64_t luna_emu_host_wait_count(void) {
+    LOCK;
+    return g_host_waits;
 }
 
 } // extern "C"

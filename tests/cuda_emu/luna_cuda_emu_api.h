@@ -39,6 +39,10 @@ const char *luna_emu_last_error(void);
 /* Launches run so far, and device bytes currently allocated (cudaMalloc minus cudaFree). */
 uint64_t luna_emu_launch_count(void);
 uint64_t luna_emu_device_bytes(void);
+/* Calls so far at which the host waits for the device: cudaStreamSynchronize,
+ * cudaDeviceSynchronize, cudaEventSynchronize, cudaMemcpy, and cudaMemcpyAsync with pageable host
+ * memory on either side (staged by the driver; the host may wait for the stream). */
+uint64_t luna_emu_host_wait_count(void);
 /* true: cublasLtMatmulAlgoGetHeuristic returns no algorithm for pointer-array batches (as a
  * library without them would), to test the callers' fallback. Default false. */
 void luna_emu_cublaslt_refuse_pointer_arrays(bool refuse);

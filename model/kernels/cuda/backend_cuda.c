@@ -8,9 +8,14 @@
  * the CPU execution harness's AddressSanitizer then see each buffer's true end, as PyTorch's
  * PYTORCH_NO_CUDA_MEMORY_CACHING does.
  *
- * Transfers: from_host is cudaMemcpyAsync from pageable host memory, which returns once the
- * runtime has staged the host bytes (CUDA runtime API, "API synchronization behavior"), so the
- * caller may reuse its buffer at once, as core/backend.h promises; to_host waits for the copy. */
+ * Transfers: from_host copies the host bytes into pinned staging memory and queues an
+ * asynchronous copy from there, so the caller may reuse its buffer at once (core/backend.h) and
+ * the host does not wait for the device: a copy from pageable memory may make it wait for the
+ * stream ("API synchronization behavior" of the CUDA runtime), which stalls a training update
+ * (each wait drains the queue the host had run ahead with). The staging memory is two halves used
+ * in turn; a half is reused only after an event recorded when it was left, long since passed in
+ * practice. Larger copies than a half go straight from the caller's memory. to_host waits for the
+ * copy (its contract), reading small results through pinned memory. */
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,11 +77,46 @@ static luna_status cuda_copy(luna_backend *be, void *dst, const void *src, size_
         "cudaMemcpyAsync (device to device)");
 }
 
+#define STAGING_HALF_BYTES ((size_t)4 << 20)
+#define STAGING_ALIGN 256
+
+/* A region of `bytes` in the current staging half (moving to the other half, after its event,
+ * when this one is full), or NULL when bytes exceed a half. Called with staging_lock held. */
+static luna_status staging_take(luna_cuda_impl *c, size_t bytes, unsigned char **region) {
+    *region = NULL;
+    if (bytes > STAGING_HALF_BYTES) return LUNA_OK;
+    if (c->staging_used + bytes > STAGING_HALF_BYTES) {
+        LUNA_CUDA_TRY(cudaEventRecord(c->half_done[c->staging_half], c->stream));
+        c->half_pending[c->staging_half] = true;
+        c->staging_half ^= 1;
+        c->staging_used = 0;
+        if (c->half_pending[c->staging_half]) { /* its copies were queued a half ago */
+            LUNA_CUDA_TRY(cudaEventSynchronize(c->half_done[c->staging_half]));
+            c->half_pending[c->staging_half] = false;
+        }
+    }
+    *region = c->staging + (size_t)c->staging_half * STAGING_HALF_BYTES + c->staging_used;
+    c->staging_used += (bytes + STAGING_ALIGN - 1) / STAGING_ALIGN * STAGING_ALIGN;
+    return LUNA_OK;
+}
+
 static luna_status cuda_from_host(luna_backend *be, void *dst, const void *host, size_t bytes) {
+    luna_cuda_impl *c = luna_cuda_impl_of(be);
     luna_cuda_weights_written(be, dst, bytes);
-    return luna_cuda_check(
-        cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, luna_cuda_impl_of(be)->stream),
-        "cudaMemcpyAsync (host to device)");
+    if (bytes == 0) return LUNA_OK;
+    pthread_mutex_lock(&c->staging_lock);
+    unsigned char *region = NULL;
+    luna_status st = c->staging ? staging_take(c, bytes, &region) : LUNA_OK;
+    const void *from = host;
+    if (st == LUNA_OK && region) {
+        memcpy(region, host, bytes);
+        from = region;
+    }
+    if (st == LUNA_OK)
+        st = luna_cuda_check(cudaMemcpyAsync(dst, from, bytes, cudaMemcpyHostToDevice, c->stream),
+                             "cudaMemcpyAsync (host to device)");
+    pthread_mutex_unlock(&c->staging_lock);
+    return st;
 }
 
 /* Token ids are checked on the device (backend_cuda.h): the position of the first bad id and the
@@ -90,15 +130,17 @@ luna_status luna_cuda_check_ids(luna_backend *be, const char *op, const char *wh
     if (n > INT_MAX)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT,
                           "%s: %lld token ids exceed 2^31 (split the batch)", op, (long long)n);
-    const int none = INT_MAX;
+    /* through pinned host words: copies from pageable memory would add waits of their own */
+    int *none = &c->pinned_ids[0], *result = &c->pinned_ids[1];
+    *none = INT_MAX;
     LUNA_CUDA_TRY(
-        cudaMemcpyAsync(c->first_bad, &none, sizeof none, cudaMemcpyHostToDevice, c->stream));
+        cudaMemcpyAsync(c->first_bad, none, sizeof *none, cudaMemcpyHostToDevice, c->stream));
     LUNA_CUDA_TRY(luna_cuda_find_bad_id_launch(c->stream, ids, n, V, exempt ? *exempt : 0,
                                                exempt != NULL, c->first_bad));
-    int first = INT_MAX;
     LUNA_CUDA_TRY(
-        cudaMemcpyAsync(&first, c->first_bad, sizeof first, cudaMemcpyDeviceToHost, c->stream));
+        cudaMemcpyAsync(result, c->first_bad, sizeof *result, cudaMemcpyDeviceToHost, c->stream));
     LUNA_CUDA_TRY(cudaStreamSynchronize(c->stream));
+    const int first = *result;
     if (first == INT_MAX) return LUNA_OK;
     int32_t id;
     LUNA_CUDA_TRY(cudaMemcpy(&id, ids + first, sizeof id, cudaMemcpyDeviceToHost));
@@ -107,8 +149,18 @@ luna_status luna_cuda_check_ids(luna_backend *be, const char *op, const char *wh
 
 static luna_status cuda_to_host(luna_backend *be, void *host, const void *src, size_t bytes) {
     luna_cuda_impl *c = luna_cuda_impl_of(be);
-    LUNA_CUDA_TRY(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, c->stream));
-    return luna_cuda_check(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize");
+    pthread_mutex_lock(&c->staging_lock);
+    unsigned char *region = NULL;
+    luna_status st = c->staging ? staging_take(c, bytes, &region) : LUNA_OK;
+    if (st == LUNA_OK)
+        st = luna_cuda_check(cudaMemcpyAsync(region ? (void *)region : host, src, bytes,
+                                             cudaMemcpyDeviceToHost, c->stream),
+                             "cudaMemcpyAsync (device to host)");
+    if (st == LUNA_OK)
+        st = luna_cuda_check(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize");
+    if (st == LUNA_OK && region) memcpy(host, region, bytes);
+    pthread_mutex_unlock(&c->staging_lock);
+    return st;
 }
 
 static luna_status cuda_synchronize(luna_backend *be) {
@@ -122,6 +174,11 @@ static void cuda_destroy(luna_backend *be) {
     if (c->stream) (void)cudaStreamSynchronize(c->stream);
     luna_cuda_weights_clear(be);
     luna_cuda_raw_release(be, c->first_bad);
+    if (c->pinned_ids) (void)cudaFreeHost(c->pinned_ids);
+    if (c->staging) (void)cudaFreeHost(c->staging);
+    for (int h = 0; h < 2; h++)
+        if (c->half_done[h]) (void)cudaEventDestroy(c->half_done[h]);
+    pthread_mutex_destroy(&c->staging_lock);
     luna_cuda_raw_release(be, c->blas.workspace);
     luna_gemm_plans_free(c->blas.plans); /* before the handle they were made with */
     if (c->blas.lt) (void)cublasLtDestroy(c->blas.lt);
@@ -158,6 +215,10 @@ static luna_status setup(luna_backend *be, const luna_backend_options *opt) {
         return luna_error(LUNA_ERR_OUT_OF_MEMORY,
                           "--device cuda: cannot allocate the cuBLASLt workspace (%zu bytes)",
                           c->blas.workspace_bytes);
+    LUNA_CUDA_TRY(cudaMallocHost((void **)&c->pinned_ids, 2 * sizeof(int)));
+    LUNA_CUDA_TRY(cudaMallocHost((void **)&c->staging, 2 * STAGING_HALF_BYTES));
+    for (int h = 0; h < 2; h++)
+        LUNA_CUDA_TRY(cudaEventCreateWithFlags(&c->half_done[h], cudaEventDisableTiming));
     return luna_arena_create(&be->scratch, be, (size_t)16 << 20);
 }
 
@@ -177,6 +238,7 @@ luna_status luna_backend_cuda_create(luna_backend **out, const luna_backend_opti
         return luna_error(LUNA_ERR_OUT_OF_MEMORY, "backend: cannot allocate the CUDA backend");
     }
     pthread_mutex_init(&c->alloc_lock, NULL);
+    pthread_mutex_init(&c->staging_lock, NULL);
     const char *cache = getenv("LUNA_CUDA_CACHE");
     c->cache_memory = !(cache && strcmp(cache, "0") == 0);
     c->bf16 = opt->bf16;

@@ -44,7 +44,15 @@ typedef struct {
     luna_cuda_cache *cache;
     pthread_mutex_t alloc_lock; /* the allocator is shared with data-loading threads */
     luna_cuda_blas blas;
-    int *first_bad; /* device int: luna_cuda_check_ids's result */
+    int *first_bad;  /* device int: luna_cuda_check_ids's result */
+    int *pinned_ids; /* 2 host ints in pinned memory: luna_cuda_check_ids's "none" and result */
+    /* from_host's staging (backend_cuda.c): pinned memory in two halves used in turn */
+    unsigned char *staging;
+    size_t staging_used; /* bytes taken in the current half */
+    int staging_half;
+    cudaEvent_t half_done[2]; /* recorded when a half is left: its copies are then queued */
+    bool half_pending[2];
+    pthread_mutex_t staging_lock;
     luna_cuda_weight_copy *copies;
     size_t ncopies, cap_copies;
     luna_cuda_hold *holds;

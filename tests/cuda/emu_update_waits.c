@@ -1,0 +1,107 @@
+/* Kernel launches and host waits per training update on the CUDA backend, counted by the
+ * harness (luna_emu_launch_count, luna_emu_host_wait_count: stream and device synchronisations,
+ * synchronous copies and copies from or to pageable host memory). An update that waits for the
+ * device cannot run ahead of it or be captured in a CUDA graph; the aim is one wait per update
+ * (its summary read), and this test keeps the count from growing back while the waits are removed.
+ *
+ * luna-train's own update (the trainer, luna_tiny, a synthetic data-bin, Apollo, clipping) runs
+ * for U1 and for U2 updates; the difference of the counts over U2 − U1 is the per-update figure
+ * (setup, data loading and the end of the run cancel out). */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "tests/cuda_emu/luna_cuda_emu_api.h"
+#include "tests/test_util.h"
+#include "trainer/communicator.h"
+#include "trainer/options.h"
+#include "trainer/synthetic.h"
+#include "trainer/trainer.h"
+
+/* Host waits per update now (luna_tiny, one micro-batch): the token-id checks of the embedding
+ * and loss ops (one stream synchronisation each), the two loss readbacks and the clipping
+ * summary. Uploads and small readbacks go through pinned staging memory (backend_cuda.c); before
+ * that an update waited 27 times. Lower the bound whenever a wait is removed. */
+enum { MAX_WAITS_PER_UPDATE = 8 };
+
+typedef struct {
+    uint64_t launches, waits;
+} counts;
+
+static counts train(char *bin, char *save, int updates) {
+    char max_update[16];
+    snprintf(max_update, sizeof max_update, "%d", updates);
+    char *argv[] = {"luna-train",
+                    bin,
+                    "--device",
+                    "cuda",
+                    "--arch",
+                    "luna_tiny",
+                    "--optimizer",
+                    "apollo",
+                    "--lr",
+                    "0.01",
+                    "--clip-norm",
+                    "1",
+                    "--max-tokens",
+                    "256",
+                    "--max-update",
+                    max_update,
+                    "--save-dir",
+                    save,
+                    "--no-save",
+                    "--validate-interval",
+                    "1000",
+                    "--threads",
+                    "1",
+                    "--no-progress-bar",
+                    "--log-interval",
+                    "1000",
+                    NULL};
+    int argc = (int)(sizeof argv / sizeof argv[0]) - 1;
+    luna_train_options o;
+    ck_assert_msg(luna_train_options_parse(&o, argc, argv) == LUNA_OK, "%s", luna_error_message());
+    luna_communicator *comm;
+    ck_assert_int_eq(luna_communicator_create_single(&comm), LUNA_OK);
+    luna_trainer *t;
+    counts before = {luna_emu_launch_count(), luna_emu_host_wait_count()};
+    ck_assert_msg(luna_trainer_create(&t, &o, comm, stdout) == LUNA_OK, "%s", luna_error_message());
+    ck_assert_msg(luna_trainer_run(t, NULL) == LUNA_OK, "%s", luna_error_message());
+    luna_trainer_free(t);
+    counts after = {luna_emu_launch_count(), luna_emu_host_wait_count()};
+    luna_communicator_free(comm);
+    return (counts){after.launches - before.launches, after.waits - before.waits};
+}
+
+START_TEST(launches_and_host_waits_per_update) {
+    char *tmp = luna_test_make_temp_dir();
+    char bin[1024], save[1024];
+    snprintf(bin, sizeof bin, "%s/bin", tmp);
+    snprintf(save, sizeof save, "%s/ckpt", tmp);
+    luna_synthetic_options so;
+    luna_synthetic_options_init(&so);
+    ck_assert_int_eq(luna_synthetic_data_bin(bin, &so), LUNA_OK);
+    enum { U1 = 2, U2 = 4 };
+    counts a = train(bin, save, U1), b = train(bin, save, U2);
+    const double launches = (double)(b.launches - a.launches) / (U2 - U1);
+    const double waits = (double)(b.waits - a.waits) / (U2 - U1);
+    printf("luna_tiny training update on the CUDA backend (harness): %.1f kernel launches, %.1f "
+           "host waits per update\n",
+           launches, waits);
+    ck_assert_msg(launches > 0, "no launches counted: the update did not run on the device");
+    ck_assert_msg(waits <= MAX_WAITS_PER_UPDATE, "%.1f host waits per update, at most %d expected",
+                  waits, MAX_WAITS_PER_UPDATE);
+    luna_test_remove_tree(tmp);
+    free(tmp);
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("cuda_update_waits");
+    TCase *tc = tcase_create("update");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, launches_and_host_waits_per_update);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) { return luna_test_run(suite()); }
