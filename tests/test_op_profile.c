@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "model/profile/op_profile.h"
+#include "model/profile/gpu_roofline.h"
 #include "model/profile/op_report.h"
 #include "model/kernels/registry.h"
 #include "tests/test_util.h"
@@ -174,6 +175,23 @@ START_TEST(affine_extrapolation) {
 }
 END_TEST
 
+/* The calibrated prediction: a family's roofline time times its row's ratio (gpu_roofline.h);
+ * every row names a family of the op table (a misspelt one would silently calibrate nothing), and
+ * a family without a row keeps its roofline time. */
+START_TEST(calibration_rows_name_families) {
+    for (const luna_gpu_calibration *c = luna_gpu_calibration_h200; c->family; c++) {
+        bool found = false;
+        for (int op = 0; op < LUNA_OP_COUNT && !found; op++)
+            found = strcmp(luna_op_family(op), c->family) == 0;
+        ck_assert_msg(found, "calibration row '%s' names no op family", c->family);
+        ck_assert(c->ratio > 0);
+        ck_assert_double_eq_tol(luna_op_report_calibrated_h200(c->family, 2.0), 2.0 * c->ratio,
+                                1e-12);
+    }
+    ck_assert_double_eq(luna_op_report_calibrated_h200("positions", 2.0), 2.0);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("op_profile");
     TCase *tc = tcase_create("op_profile");
@@ -181,6 +199,7 @@ int main(void) {
     tcase_add_test(tc, cost_formulas_on_known_shapes);
     tcase_add_test(tc, wrapping_does_not_change_results);
     tcase_add_test(tc, affine_extrapolation);
+    tcase_add_test(tc, calibration_rows_name_families);
     suite_add_tcase(s, tc);
     return luna_test_run(s);
 }

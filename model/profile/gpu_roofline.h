@@ -33,4 +33,32 @@ static const luna_gpu_spec luna_gpu_h100_sxm = {"H100 SXM", 989e12,  67e12,
 static const luna_gpu_spec luna_gpu_h200_sxm = {"H200 SXM", 989e12, 67e12,
                                                 494e12,     4.8e12, LUNA_GPU_LAUNCH_S};
 
+/* The calibration: per op family, the time measured on a GPU over the roofline's PREDICTED time
+ * for the same work (measured / predicted), from one profile of a 32k-token bf16 update of
+ * luna_base_tied (`bench-model --update --profile --batch 1024`, each op synchronised; the table
+ * in docs/benchmarks.md, "GPU"). A calibrated prediction multiplies a family's roofline time by its
+ * ratio; a family without a ratio keeps its roofline time (ratio 1). `changed`: the family's
+ * kernels were rewritten after the profile, so its ratio is stale (an upper bound until the next
+ * profile; re-measure and replace the row). */
+typedef struct {
+    const char *family;
+    double ratio;
+    int changed;
+} luna_gpu_calibration;
+
+#define LUNA_GPU_CALIBRATED_ON "H200, 2026-11-26 (GPU run 6)"
+
+static const luna_gpu_calibration luna_gpu_calibration_h200[] = {
+    {"linear", 29.0 / 14.0, 1},            /* the bias-gradient column sums rewritten since */
+    {"residual_norm", 12.0 / 2.7, 1},      /* its dγ/dβ column sums rewritten since */
+    {"causal_contraction", 14.0 / 1.4, 1}, /* chunked since (it was a scan) */
+    {"gemm", 8.0 / 3.6, 0},
+    {"bias_relu_dropout", 8.0 / 2.5, 1}, /* its bias-gradient column sums rewritten since */
+    {"softmax_dropout", 10.0 / 0.9, 0},
+    {"embedding", 5.0 / 0.1, 0},
+    {"cross_entropy", 5.0 / 1.4, 0},
+    {"optimizer", 6.0 / 0.7, 1}, /* full blocks since (8 threads a block before) */
+    {NULL, 1.0, 0},
+};
+
 #endif

@@ -27,6 +27,18 @@ typedef struct {
     double t100, t200;
 } family_row;
 
+/* The family's calibration row (gpu_roofline.h), or NULL. */
+static const luna_gpu_calibration *calibration_of(const char *family) {
+    for (const luna_gpu_calibration *c = luna_gpu_calibration_h200; c->family; c++)
+        if (strcmp(c->family, family) == 0) return c;
+    return NULL;
+}
+
+double luna_op_report_calibrated_h200(const char *family, double predicted_h200) {
+    const luna_gpu_calibration *c = calibration_of(family);
+    return c ? c->ratio * predicted_h200 : predicted_h200;
+}
+
 void luna_op_report_print(FILE *f, const luna_op_counter *c, bool measured, int measured_act_bytes,
                           double tokens, const char *unit) {
     family_row rows[MAX_FAMILIES];
@@ -53,27 +65,37 @@ void luna_op_report_print(FILE *f, const luna_op_counter *c, bool measured, int 
         total.act_elems += c[i].act_elems, total.bytes += c[i].bytes;
         total.seconds += c[i].seconds;
     }
-    fprintf(f, "%-19s %8s %10s %10s %9s %8s %6s | %18s %18s\n", "op family", "calls", "GFLOP(mm)",
-            "GFLOP(oth)", "GB", measured ? "meas. s" : "meas.", "share", "PREDICTED H100 ms",
-            "PREDICTED H200 ms");
+    fprintf(f, "%-19s %8s %10s %10s %9s %8s %6s | %18s %18s %16s\n", "op family", "calls",
+            "GFLOP(mm)", "GFLOP(oth)", "GB", measured ? "meas. s" : "meas.", "share",
+            "PREDICTED H100 ms", "PREDICTED H200 ms", "calibrated H200");
+    double tcal = 0;
     for (int r = 0; r < nrows; r++) {
         const luna_op_counter *s = &rows[r].sum;
         double gb = (s->act_elems * measured_act_bytes + s->bytes) * 1e-9;
+        const luna_gpu_calibration *cal = calibration_of(rows[r].family);
+        const double tc = luna_op_report_calibrated_h200(rows[r].family, rows[r].t200);
+        tcal += tc;
+        char calibrated[32];
+        snprintf(calibrated, sizeof calibrated, "%.3f%s", tc * 1e3,
+                 !cal           ? " (=)"
+                 : cal->changed ? " *"
+                                : "");
         if (measured)
-            fprintf(f, "%-19s %8.0f %10.2f %10.2f %9.3f %8.3f %5.1f%% | %18.3f %18.3f\n",
+            fprintf(f, "%-19s %8.0f %10.2f %10.2f %9.3f %8.3f %5.1f%% | %18.3f %18.3f %16s\n",
                     rows[r].family, s->calls, s->mm_flops * 1e-9, s->flops * 1e-9, gb, s->seconds,
                     total.seconds > 0 ? 100 * s->seconds / total.seconds : 0, rows[r].t100 * 1e3,
-                    rows[r].t200 * 1e3);
+                    rows[r].t200 * 1e3, calibrated);
         else
-            fprintf(f, "%-19s %8.0f %10.2f %10.2f %9.3f %8s %6s | %18.3f %18.3f\n", rows[r].family,
-                    s->calls, s->mm_flops * 1e-9, s->flops * 1e-9, gb, "-", "-", rows[r].t100 * 1e3,
-                    rows[r].t200 * 1e3);
+            fprintf(f, "%-19s %8.0f %10.2f %10.2f %9.3f %8s %6s | %18.3f %18.3f %16s\n",
+                    rows[r].family, s->calls, s->mm_flops * 1e-9, s->flops * 1e-9, gb, "-", "-",
+                    rows[r].t100 * 1e3, rows[r].t200 * 1e3, calibrated);
     }
     double gb = (total.act_elems * measured_act_bytes + total.bytes) * 1e-9;
     char secs[32] = "-";
     if (measured) snprintf(secs, sizeof secs, "%.3f", total.seconds);
-    fprintf(f, "%-19s %8.0f %10.2f %10.2f %9.3f %8s %6s | %18.3f %18.3f\n", "total", total.calls,
-            total.mm_flops * 1e-9, total.flops * 1e-9, gb, secs, "", t100 * 1e3, t200 * 1e3);
+    fprintf(f, "%-19s %8.0f %10.2f %10.2f %9.3f %8s %6s | %18.3f %18.3f %16.3f\n", "total",
+            total.calls, total.mm_flops * 1e-9, total.flops * 1e-9, gb, secs, "", t100 * 1e3,
+            t200 * 1e3, tcal * 1e3);
     fprintf(f,
             "(GB at %d-byte activations as profiled; the PREDICTED columns use bf16 "
             "activations: %.3f GB)\n",
@@ -91,6 +113,12 @@ void luna_op_report_print(FILE *f, const luna_op_counter *c, bool measured, int 
                 gpus[g]->name, gpus[g]->launch_s * 1e6, times[g] * 1e3, tokens / times[g], unit,
                 100 * total.mm_flops / (times[g] * gpus[g]->mm_flops_per_s), total.mm_flops * 1e-9,
                 100 * total.calls * gpus[g]->launch_s / times[g]);
+    fprintf(f,
+            "PREDICTED H200 SXM calibrated on %s (each family's roofline time times its measured/"
+            "PREDICTED ratio there; * = kernels rewritten since, a stale ratio; (=) = no ratio): "
+            "%.3f ms, %.0f %s/s, MFU %.1f%%\n",
+            LUNA_GPU_CALIBRATED_ON, tcal * 1e3, tokens / tcal, unit,
+            100 * total.mm_flops / (tcal * luna_gpu_h200_sxm.mm_flops_per_s));
     /* The five ops (forward and backward apart: they are separate kernels) that take longest. */
     int top[5], ntop = 0;
     for (int k = 0; k < 5; k++) {

@@ -7,7 +7,9 @@
  * sum over its ops. MFU = model FLOPs / (predicted time · bf16 tensor peak), where model FLOPs
  * are the counted matrix-product FLOPs (gemm, linear forward and backward: the multiply-adds the
  * network needs; luna recomputes nothing, so these are the 6·params·tokens-style FLOPs plus the
- * attention products). Every GPU figure is a model output and is printed as PREDICTED. */
+ * attention products). Every GPU figure is a model output and is printed as PREDICTED; the
+ * calibrated column scales each family's H200 time by the ratio measured / PREDICTED of a GPU
+ * profile (gpu_roofline.h, which says where and when). */
 #ifndef LUNA_OP_REPORT_H
 #define LUNA_OP_REPORT_H
 
@@ -21,6 +23,10 @@
  * profiled backend's activation element size (for its GB column). */
 void luna_op_report_print(FILE *f, const luna_op_counter *c, bool measured, int measured_act_bytes,
                           double tokens, const char *unit);
+
+/* A family's PREDICTED H200 time scaled by its calibration ratio (gpu_roofline.h; 1 when the
+ * family has none). */
+double luna_op_report_calibrated_h200(const char *family, double predicted_h200);
 
 /* out = the affine function through (x1, c1) and (x2, c2), at x, field by field (x1 != x2).
  * The counted costs are affine in the batch size at fixed lengths (activation terms scale with
