@@ -34,15 +34,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "data/dictionary.h"
-#include "data/document.h"
-#include "data/sentencepiece.h"
-#include "decoding/beam_search.h"
-#include "core/file_util.h"
-#include "data/checkpoint_vocab.h"
-#include "model/checkpoint.h"
-#include "model/kernels/registry.h"
 #include "core/options_registry.h"
+#include "decoding/text_translator.h"
+#include "model/kernels/registry.h"
 #include "tools/programs/program_start.h"
 
 #define PROG "luna-translate"
@@ -181,151 +175,6 @@ static int parse_args(int argc, char **argv) {
     return -1;
 }
 
-/* ---- input ----------------------------------------------------------------------------------- */
-
-typedef struct {
-    char *data;
-    size_t count;
-    char **line;
-    size_t *len;
-} text;
-
-static void text_free(text *t) {
-    free(t->data);
-    free(t->line);
-    free(t->len);
-    memset(t, 0, sizeof *t);
-}
-
-/* Read a whole file (or stdin: path NULL) as checked UTF-8 lines. */
-static luna_status read_text(const char *path, text *t) {
-    const char *name = path ? path : "<stdin>";
-    FILE *f = path ? fopen(path, "rb") : stdin;
-    if (!f) return luna_error(LUNA_ERR_IO, "%s: cannot open (check the path)", name);
-    size_t cap = 1 << 16, n = 0;
-    t->data = malloc(cap);
-    for (size_t got; t->data && (got = fread(t->data + n, 1, cap - n - 1, f)) > 0;) {
-        n += got;
-        if (n + 1 == cap) {
-            char *g = realloc(t->data, cap *= 2);
-            if (!g) free(t->data);
-            t->data = g;
-        }
-    }
-    bool err = ferror(f);
-    if (path) fclose(f);
-    if (!t->data) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "%s: out of memory reading", name);
-    if (err) return luna_error(LUNA_ERR_IO, "%s: read error", name);
-    t->data[n] = 0;
-    size_t lines = 0;
-    for (size_t i = 0; i < n; i++)
-        lines += t->data[i] == '\n';
-    lines += n > 0 && t->data[n - 1] != '\n';
-    t->line = malloc(sizeof(char *) * (lines + 1));
-    t->len = malloc(sizeof(size_t) * (lines + 1));
-    if (!t->line || !t->len) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "%s: out of memory", name);
-    for (size_t i = 0, start = 0; i < lines; i++) {
-        size_t end = start;
-        while (end < n && t->data[end] != '\n')
-            end++;
-        size_t len = end - start;
-        if (len > 0 && t->data[start + len - 1] == '\r') len--;
-        t->data[start + len] = 0;
-        size_t bad = 0;
-        if (memchr(t->data + start, 0, len))
-            return luna_error(LUNA_ERR_FORMAT, "%s:%zu: NUL byte in the line (give plain text)",
-                              name, i + 1);
-        if (!luna_utf8_valid(t->data + start, len, &bad))
-            return luna_error(LUNA_ERR_FORMAT,
-                              "%s:%zu: invalid UTF-8 at byte %zu of the line (convert the input "
-                              "to UTF-8, e.g. with iconv)",
-                              name, i + 1, bad + 1);
-        t->line[i] = t->data + start;
-        t->len[i] = len;
-        start = end + 1;
-    }
-    t->count = lines;
-    return LUNA_OK;
-}
-
-static bool blank(const char *s, size_t n) {
-    for (size_t i = 0; i < n; i++)
-        if (s[i] != ' ' && s[i] != '\t' && s[i] != '\r' && s[i] != '\v' && s[i] != '\f')
-            return false;
-    return true;
-}
-
-/* Text -> dictionary ids + </s> (SentencePiece, or whitespace tokens without a model). */
-typedef struct {
-    const luna_spm *spm;
-    const luna_dictionary *dict;
-    luna_spm_pieces pieces;
-} encoder;
-
-static luna_status encode(encoder *e, const char *s, size_t n, int32_t **ids, int *len) {
-    *ids = NULL;
-    *len = 0;
-    size_t count = 0;
-    char *copy = NULL;
-    char **words = NULL;
-    if (e->spm) {
-        LUNA_TRY(luna_spm_encode_pieces(e->spm, s, n, &e->pieces));
-        count = e->pieces.count;
-        words = e->pieces.pieces;
-    } else {
-        copy = malloc(n + 1);
-        words = malloc(sizeof(char *) * (n / 2 + 2));
-        if (!copy || !words) {
-            free(copy), free(words);
-            return luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
-        }
-        memcpy(copy, s, n);
-        copy[n] = 0;
-        for (char *tok = strtok(copy, " \t"); tok; tok = strtok(NULL, " \t"))
-            words[count++] = tok;
-    }
-    int32_t *out = malloc(sizeof(int32_t) * (count + 1));
-    if (out) {
-        for (size_t i = 0; i < count; i++)
-            out[i] = luna_dictionary_index(e->dict, words[i], strlen(words[i]));
-        out[count] = LUNA_DICT_EOS;
-    }
-    if (!e->spm) free(copy), free(words);
-    if (!out) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
-    *ids = out;
-    *len = (int)count + 1;
-    return LUNA_OK;
-}
-
-/* encode(), and for a dictionary with <sep> a line "s1 <sep> s2 ..." as s1 <sep> s2 ... </s>. */
-static luna_status encode_document(encoder *e, const char *s, size_t n, int32_t **ids, int *len) {
-    const size_t k = strlen(LUNA_DOC_SEPARATOR);
-    const int32_t sep = luna_dictionary_find(e->dict, LUNA_DOC_SEPARATOR, k);
-    const char *at = NULL;
-    for (size_t j = 0; sep >= 0 && !at && j + k <= n; j++)
-        if (!memcmp(s + j, LUNA_DOC_SEPARATOR, k)) at = s + j;
-    if (!at) return encode(e, s, n, ids, len);
-    int32_t *head, *tail;
-    int hn, tn;
-    LUNA_TRY(encode(e, s, (size_t)(at - s), &head, &hn));
-    luna_status st = encode_document(e, at + k, n - (size_t)(at - s) - k, &tail, &tn);
-    if (st != LUNA_OK) {
-        free(head);
-        return st;
-    }
-    int32_t *out = realloc(head, sizeof(int32_t) * (size_t)(hn + tn));
-    if (!out) {
-        free(head), free(tail);
-        return luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
-    }
-    out[hn - 1] = sep; /* head's </s> */
-    memcpy(out + hn, tail, sizeof(int32_t) * (size_t)tn);
-    free(tail);
-    *ids = out;
-    *len = hn + tn;
-    return LUNA_OK;
-}
-
 /* Python's repr of a float: the shortest digits that read back as the same double. */
 static void print_float(FILE *f, double x) {
     char buf[40];
@@ -344,80 +193,29 @@ static void print_pieces(const luna_dictionary *d, const int32_t *t, int n) {
     }
 }
 
-/* Detokenize (tokens without </s>) into a malloc'ed string. */
-static luna_status detok(const luna_spm *spm, const luna_dictionary *d, const int32_t *t, int n,
-                         char **out) {
-    const char **p = malloc(sizeof(char *) * (size_t)(n + 1));
-    if (!p) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
-    size_t total = 1;
-    for (int i = 0; i < n; i++)
-        total += strlen(p[i] = luna_dictionary_symbol(d, t[i])) + 1;
-    luna_status st = LUNA_OK;
-    if (spm) {
-        st = luna_spm_decode_pieces(spm, p, (size_t)n, out);
-    } else if ((*out = malloc(total))) {
-        (*out)[0] = 0;
-        for (int i = 0; i < n; i++)
-            strcat(strcat(*out, i ? " " : ""), p[i]);
-    } else {
-        st = luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
-    }
-    free(p);
-    return st;
-}
-
-/* Hypothesis tokens without the final </s>. */
-static int body_len(const int32_t *t, int n) {
-    return n > 0 && t[n - 1] == LUNA_DICT_EOS ? n - 1 : n;
-}
-
 /* ---- main ------------------------------------------------------------------------------------ */
 
 typedef struct {
-    luna_backend *be;
-    luna_seq2seq *model;
-    luna_dictionary *src_dict, *tgt_dict;
-    luna_spm *spm;
-    luna_checkpoint_meta meta;
-    luna_incremental *inc;
-    text in, ref;
-    int32_t **src_ids, **ref_ids;
-    int *src_len, *ref_len;
+    luna_text_translator *tr;
+    luna_text_input in, ref;
+    luna_encoded_text src, tgt;
     luna_nbest *out;
     float **pos;
 } program;
 
-static luna_status encode_all(program *p, const text *t, const luna_dictionary *d, bool truncate,
-                              const char *name, int32_t ***ids, int **lens) {
-    *ids = calloc(t->count + 1, sizeof(int32_t *));
-    *lens = calloc(t->count + 1, sizeof(int));
-    if (!*ids || !*lens) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
-    encoder e = {.spm = p->spm, .dict = d};
-    luna_spm_pieces_init(&e.pieces);
-    luna_status st = LUNA_OK;
-    for (size_t i = 0; i < t->count && st == LUNA_OK; i++) {
-        if (blank(t->line[i], t->len[i])) continue; /* empty translation */
-        st = encode_document(&e, t->line[i], t->len[i], &(*ids)[i], &(*lens)[i]);
-        if (st != LUNA_OK) luna_error_prefix("%s:%zu", name, i + 1);
-        if (st == LUNA_OK && truncate && (*lens)[i] > opt.max_input_tokens) {
-            fprintf(stderr,
-                    PROG ": warning: %s:%zu: %d subword tokens exceed --max-input-tokens %lld; "
-                         "truncated to %lld\n",
-                    name, i + 1, (*lens)[i], (long long)opt.max_input_tokens,
-                    (long long)opt.max_input_tokens);
-            (*lens)[i] = (int)opt.max_input_tokens;
-            (*ids)[i][opt.max_input_tokens - 1] = LUNA_DICT_EOS;
-        }
-        /* Linformer's E, F have a fixed length: a longer source cannot be encoded at all. */
-        const luna_config *c = &p->model->config;
-        if (st == LUNA_OK && truncate && c->linformer_k > 0 && (*lens)[i] > c->max_source_positions)
-            st = luna_error(LUNA_ERR_INVALID_ARGUMENT,
-                            "%s:%zu: %d subword tokens exceed the Linformer maximum of %d "
-                            "(the model's max_source_positions; shorten or split the line)",
-                            name, i + 1, (*lens)[i], c->max_source_positions);
-    }
-    luna_spm_pieces_release(&e.pieces);
-    return st;
+static void warn_truncated(void *ctx, const char *name, size_t lineno, int tokens, int max) {
+    (void)ctx;
+    fprintf(stderr,
+            PROG ": warning: %s:%zu: %d subword tokens exceed --max-input-tokens %lld; "
+                 "truncated to %lld\n",
+            name, lineno, tokens, (long long)max, (long long)max);
+}
+
+static luna_status encode_all(program *p, const luna_text_input *t, const luna_dictionary *d,
+                              bool truncate, const char *name, luna_encoded_text *out) {
+    return luna_text_translator_encode(p->tr, d, (const char *const *)t->line, t->len, t->count,
+                                       false, truncate ? (int)opt.max_input_tokens : 0, name,
+                                       warn_truncated, NULL, out);
 }
 
 static double now(void) {
@@ -437,58 +235,31 @@ static luna_status check_stdout(bool final) {
     return LUNA_OK;
 }
 
-/* Plain output of a document line: one line per source sentence (module comment). */
-static luna_status write_document(program *p, size_t i, const luna_hypothesis *h, int body,
-                                  int32_t sep) {
-    int *seg = malloc(sizeof(int) * 2 * (size_t)(h->len + p->src_len[i] + 2));
-    if (!seg) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
-    int *start = seg, *len = seg + h->len + 1, *src_start = len + h->len + 1;
-    int lines = luna_document_segments(p->src_ids[i], p->src_len[i], sep, src_start,
-                                       src_start + p->src_len[i] + 1);
-    int n = luna_document_segments(h->tokens, body, sep, start, len);
-    luna_status st = LUNA_OK;
-    for (int j = 0; j < lines && st == LUNA_OK; j++) {
-        /* the last line takes the rest: extra <sep>s stay as text there */
-        int from = j < n ? start[j] : body, to = j < n ? start[j] + len[j] : body;
-        if (j == lines - 1 && j < n) to = body;
-        char *d;
-        st = detok(p->spm, p->tgt_dict, h->tokens + from, to - from, &d);
-        if (st == LUNA_OK) printf("%s\n", d);
-        free(d);
-    }
-    free(seg);
-    return st;
-}
-
 static luna_status write_translations(program *p, size_t n) {
     const bool fs = !strcmp(opt.output_format, "fairseq");
-    const int32_t sep =
-        luna_dictionary_find(p->tgt_dict, LUNA_DOC_SEPARATOR, strlen(LUNA_DOC_SEPARATOR));
+    const luna_dictionary *sd = p->tr->src_dict, *td = p->tr->tgt_dict;
     for (size_t i = 0; i < n; i++) {
         const luna_nbest *nb = &p->out[i];
         if (fs) {
             printf("S-%zu\t", i);
-            if (p->src_ids[i]) print_pieces(p->src_dict, p->src_ids[i], p->src_len[i] - 1);
+            if (p->src.ids[i]) print_pieces(sd, p->src.ids[i], p->src.len[i] - 1);
             putchar('\n');
         }
         if (nb->count == 0 && !fs) putchar('\n');
         if (nb->count == 0 && fs) printf("H-%zu\t-inf\t\nD-%zu\t-inf\t\nP-%zu\t\n", i, i, i);
         for (int k = 0; k < (fs ? nb->count : (nb->count ? 1 : 0)); k++) {
             const luna_hypothesis *h = &nb->hyps[k];
-            const int body = body_len(h->tokens, h->len);
+            const int body = luna_hypothesis_body_len(h->tokens, h->len);
             char *d;
-            LUNA_TRY(detok(p->spm, p->tgt_dict, h->tokens, body, &d));
-            if (!fs && sep >= 0 && p->src_ids[i]) {
-                free(d);
-                LUNA_TRY(write_document(p, i, h, body, sep));
-                continue;
-            }
             if (!fs) {
+                LUNA_TRY(luna_text_translator_hypothesis_text(p->tr, p->src.ids[i], p->src.len[i],
+                                                              h, false, &d));
                 printf("%s\n", d);
             } else {
+                LUNA_TRY(luna_text_translator_detokenize(p->tr, td, h->tokens, body, false, &d));
                 const double s2 = (float)(h->score / M_LN2);
                 printf("H-%zu\t", i), print_float(stdout, s2), putchar('\t');
-                print_pieces(p->tgt_dict, h->tokens, body);
+                print_pieces(td, h->tokens, body);
                 printf("\nD-%zu\t", i), print_float(stdout, s2), printf("\t%s\nP-%zu\t", d, i);
                 for (int t = 0; t < h->len; t++)
                     printf("%s%.4f", t ? " " : "", h->positional_scores[t] / M_LN2);
@@ -503,9 +274,10 @@ static luna_status write_translations(program *p, size_t n) {
 
 static luna_status write_scores(program *p, size_t n) {
     const bool fs = !strcmp(opt.output_format, "fairseq");
+    const luna_dictionary *sd = p->tr->src_dict, *td = p->tr->tgt_dict;
     for (size_t i = 0; i < n; i++) {
         double sum = 0;
-        const int len = p->ref_ids[i] ? p->ref_len[i] : 0;
+        const int len = p->tgt.ids[i] ? p->tgt.len[i] : 0;
         for (int t = 0; t < len; t++)
             sum += p->pos[i] ? p->pos[i][t] : 0;
         const double avg2 = len ? (float)(sum / len / M_LN2) : 0.0;
@@ -515,11 +287,11 @@ static luna_status write_scores(program *p, size_t n) {
             continue;
         }
         printf("S-%zu\t", i);
-        if (p->src_ids[i]) print_pieces(p->src_dict, p->src_ids[i], p->src_len[i] - 1);
+        if (p->src.ids[i]) print_pieces(sd, p->src.ids[i], p->src.len[i] - 1);
         printf("\nT-%zu\t", i);
-        if (len) print_pieces(p->tgt_dict, p->ref_ids[i], len - 1);
+        if (len) print_pieces(td, p->tgt.ids[i], len - 1);
         printf("\nH-%zu\t", i), print_float(stdout, avg2), putchar('\t');
-        if (len) print_pieces(p->tgt_dict, p->ref_ids[i], len - 1);
+        if (len) print_pieces(td, p->tgt.ids[i], len - 1);
         printf("\nP-%zu\t", i);
         for (int t = 0; t < len; t++)
             printf("%s%.4f", t ? " " : "", p->pos[i][t] / M_LN2);
@@ -534,59 +306,34 @@ static luna_status run(program *p) {
     bo.num_threads = (int)opt.threads;
     bo.device_id = (int)opt.device_id;
     LUNA_TRY(luna_backend_options_set_precision(&bo, opt.device, opt.precision, opt.tf32, false));
-    LUNA_TRY(luna_backend_create(&p->be, opt.device, &bo));
-    LUNA_TRY(luna_checkpoint_load_model(opt.checkpoint, p->be, &p->model, &p->meta));
-    LUNA_TRY(luna_checkpoint_load_vocab(opt.checkpoint, p->model->config.vocab_size, &p->src_dict,
-                                        &p->tgt_dict, &p->spm));
-    if (!p->src_dict || !p->tgt_dict ||
-        luna_dictionary_size(p->tgt_dict) != p->model->config.vocab_size)
-        return luna_error(LUNA_ERR_FORMAT,
-                          "%s: the checkpoint carries no usable vocabulary (src_dict/tgt_dict); "
-                          "use a checkpoint written by luna-train or luna-average",
-                          opt.checkpoint);
-    if (!p->spm && !opt.quiet)
+    LUNA_TRY(luna_text_translator_create(&p->tr, opt.checkpoint, opt.device, &bo));
+    if (!p->tr->spm && !opt.quiet)
         fprintf(stderr,
                 PROG ": note: %s has no SentencePiece model (trained with --no-spm): the "
                      "input must already be tokenized; tokens are split on spaces\n",
                 opt.checkpoint);
-    LUNA_TRY(read_text(opt.input, &p->in));
+    LUNA_TRY(luna_text_input_read(opt.input, &p->in));
     const size_t n = p->in.count;
     if (opt.score_reference) {
-        LUNA_TRY(read_text(opt.reference, &p->ref));
+        LUNA_TRY(luna_text_input_read(opt.reference, &p->ref));
         if (p->ref.count != n)
             return luna_error(LUNA_ERR_MISMATCH, "%s: %zu lines, but the input has %zu",
                               opt.reference, p->ref.count, n);
     }
     const char *in_name = opt.input ? opt.input : "<stdin>";
-    LUNA_TRY(encode_all(p, &p->in, p->src_dict, true, in_name, &p->src_ids, &p->src_len));
+    LUNA_TRY(encode_all(p, &p->in, p->tr->src_dict, true, in_name, &p->src));
     if (opt.score_reference)
-        LUNA_TRY(
-            encode_all(p, &p->ref, p->tgt_dict, false, opt.reference, &p->ref_ids, &p->ref_len));
-    /* the non-empty sentences */
-    luna_token_seq *src = malloc(sizeof *src * (n + 1)), *tgt = malloc(sizeof *tgt * (n + 1));
-    size_t *idx = malloc(sizeof *idx * (n + 1));
+        LUNA_TRY(encode_all(p, &p->ref, p->tr->tgt_dict, false, opt.reference, &p->tgt));
     p->out = calloc(n + 1, sizeof *p->out);
     p->pos = calloc(n + 1, sizeof *p->pos);
-    if (!src || !tgt || !idx || !p->out || !p->pos) {
-        free(src), free(tgt), free(idx);
-        return luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
-    }
+    if (!p->out || !p->pos) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
+    luna_status st;
     size_t k = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (!p->src_ids[i] || (opt.score_reference && !p->ref_ids[i])) continue;
-        src[k] = (luna_token_seq){p->src_ids[i], p->src_len[i]};
-        if (opt.score_reference) tgt[k] = (luna_token_seq){p->ref_ids[i], p->ref_len[i]};
-        idx[k++] = i;
-    }
-    luna_status st = luna_incremental_create(&p->inc, p->model);
     double t0 = now();
-    luna_nbest *res = calloc(k + 1, sizeof *res);
-    float **pos = calloc(k + 1, sizeof *pos);
-    if (st == LUNA_OK && (!res || !pos)) st = luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
-    if (st == LUNA_OK && opt.score_reference) {
-        st = luna_score_targets(p->inc, src, tgt, (int)k, (int)opt.max_tokens, (int)opt.batch_size,
-                                pos);
-    } else if (st == LUNA_OK) {
+    if (opt.score_reference) {
+        st = luna_text_translator_score(p->tr, &p->src, &p->tgt, (int)opt.max_tokens,
+                                        (int)opt.batch_size, p->pos, &k);
+    } else {
         luna_beam_options o;
         luna_beam_options_init(&o);
         o.beam = (int)opt.beam;
@@ -602,17 +349,17 @@ static luna_status run(program *p) {
         o.sampling = opt.sampling;
         o.sampling_topk = (int)opt.sampling_topk;
         o.seed = (uint64_t)opt.seed;
-        st = luna_generate(p->inc, &o, src, (int)k, (int)opt.max_tokens, (int)opt.batch_size, res,
-                           NULL, NULL);
+        st = luna_text_translator_generate(p->tr, &o, &p->src, (int)opt.max_tokens,
+                                           (int)opt.batch_size, p->out, &k);
     }
     const double secs = now() - t0;
     long long tokens = 0;
-    for (size_t j = 0; j < k && st == LUNA_OK; j++) {
-        p->out[idx[j]] = res[j];
-        p->pos[idx[j]] = pos[j];
-        tokens += res[j].count ? res[j].hyps[0].len : (opt.score_reference ? tgt[j].len : 0);
+    for (size_t i = 0; i < n && st == LUNA_OK; i++) {
+        if (opt.score_reference)
+            tokens += p->pos[i] ? p->tgt.len[i] : 0;
+        else
+            tokens += p->out[i].count ? p->out[i].hyps[0].len : 0;
     }
-    free(src), free(tgt), free(idx), free(res), free(pos);
     if (st == LUNA_OK && !opt.quiet && opt.nbest > 1 && !strcmp(opt.output_format, "plain"))
         fprintf(stderr, PROG ": note: plain output shows the best hypothesis only; use "
                              "--output-format fairseq for the n-best list\n");
@@ -629,22 +376,15 @@ static luna_status run(program *p) {
 
 static void program_free(program *p) {
     for (size_t i = 0; i < p->in.count; i++) {
-        if (p->src_ids) free(p->src_ids[i]);
-        if (p->ref_ids) free(p->ref_ids[i]);
         if (p->out) luna_nbest_release(&p->out[i]);
         if (p->pos) free(p->pos[i]);
     }
-    free(p->src_ids), free(p->ref_ids), free(p->src_len), free(p->ref_len), free(p->out),
-        free(p->pos);
-    text_free(&p->in);
-    text_free(&p->ref);
-    luna_incremental_free(p->inc);
-    luna_seq2seq_free(p->model);
-    luna_dictionary_free(p->src_dict);
-    luna_dictionary_free(p->tgt_dict);
-    luna_spm_free(p->spm);
-    luna_checkpoint_meta_release(&p->meta);
-    if (p->be) luna_backend_free(p->be);
+    free(p->out), free(p->pos);
+    luna_encoded_text_release(&p->src);
+    luna_encoded_text_release(&p->tgt);
+    luna_text_input_release(&p->in);
+    luna_text_input_release(&p->ref);
+    luna_text_translator_free(p->tr);
 }
 
 int main(int argc, char **argv) {
