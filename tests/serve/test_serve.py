@@ -192,7 +192,9 @@ class UnderLoad(unittest.TestCase):
         self.port = self.server.port
 
     def tearDown(self):
-        self.server.__exit__()
+        if self.server.proc.poll() is None:
+            rc, err = self.server.stop()
+            self.assertEqual(rc, 0, err)  # under ASan, also: nothing leaked
 
     def test_queue_full_is_503_with_retry_after(self):
         t, box = long_job(self.port)
@@ -272,9 +274,19 @@ class UnderLoad(unittest.TestCase):
             c.start()
         su.wait_for("5 requests queued",
                     lambda: su.metrics(self.port)["luna_serve_queue_requests"] == 5)
+        # and one whose body is still arriving
+        body = json.dumps({"sentences": SENTENCES[5:6]}).encode()
+        slow = socket.create_connection(("127.0.0.1", self.port))
+        slow.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
+                     % len(body) + body[:5])
+        su.wait_for("7 requests in flight",  # the metrics request itself is the 8th
+                    lambda: su.metrics(self.port)["luna_serve_in_flight_requests"] == 8)
         self.server.kill_with(signal.SIGTERM)
         # no new connections once stopping
         su.wait_for("the listening socket to close", lambda: refused(self.port))
+        slow.sendall(body[5:])
+        slow_status, slow_body = read_response(slow)
+        slow.close()
         for c in clients + [t]:
             c.join()
         rc, err = self.server.stop()
@@ -282,7 +294,10 @@ class UnderLoad(unittest.TestCase):
         self.assertEqual(box["r"][0], 200)
         self.assertEqual([(s, json.loads(b)["translations"][0]["text"]) for s, _, b in results],
                          [(200, ref[("D", i)][0][1]) for i in range(5)])
-        print(f"SIGTERM with 6 requests in flight: all answered, exit 0; {err.strip()!r}")
+        self.assertEqual((slow_status, json.loads(slow_body)["translations"][0]["text"]),
+                         (200, reference(SENTENCES[5:6])[("D", 0)][0][1]))
+        print(f"SIGTERM with 7 requests in flight (one body still arriving): all answered, "
+              f"exit 0; {err.strip()!r}")
 
 
 def read_response(sock):

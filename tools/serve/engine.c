@@ -80,7 +80,6 @@ luna_status serve_engine_translate(serve_engine *e, const serve_search *s,
     o.pieces = s->pieces;
     o.max_input_tokens = e->options.max_input_tokens;
     o.batch_size = e->options.batch_sentences;
-    o.max_tokens = 0; /* the batcher already bounded the batch's tokens */
     luna_translation *res = NULL;
     luna_api_status st =
         luna_translator_translate_batch(e->translator, sentences, lengths, n, &o, &res);
