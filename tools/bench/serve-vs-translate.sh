@@ -29,6 +29,10 @@ while [ $# -gt 0 ]; do
   shift
 done
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+# Both sides wait passively for OpenMP work unless told otherwise: on a shared machine spinning
+# threads slow every process many times over (docs/benchmarks.md), and the load-test clients
+# share the cores with the server.
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 tmp="$(mktemp -d)"
 server=""
 cleanup() { [ -n "$server" ] && kill "$server" 2>/dev/null; rm -rf "$tmp"; }
@@ -51,7 +55,7 @@ serve_json() { python3 "$root/tools/bench/serve-load.py" --port "$port" --input 
 field() { python3 -c "import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])" "$1" "$2"; }
 median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 
-serve_warm="$(serve_json "$tmp/sents" --clients "$clients" --seconds 3)"  # first touches of memory
+serve_json "$tmp/sents" --clients "$clients" --seconds 3 > /dev/null  # first touches of memory
 tr_rates=() sv_rates=() p50=() p95=() p99=() errs=0
 for r in $(seq "$rounds"); do
   read -r n s < <(translate_rate "$tmp/sents")
@@ -75,7 +79,8 @@ done
 ltr="$(median "${lat_tr[@]}")" lsv="$(median "${lat_sv[@]}")"
 
 echo
-echo "luna-serve vs luna-translate: $(basename "$ck"), $threads threads, $(nproc) cores; medians of $rounds interleaved rounds"
+echo "luna-serve vs luna-translate: $(basename "$ck"), $threads threads, $(nproc) cores, OMP_WAIT_POLICY=$OMP_WAIT_POLICY;"
+echo "$lines sentences of $(basename "$input") ($latency_lines for latency); medians of $rounds interleaved rounds"
 printf '%-44s %12s\n' "" "value"
 printf '%-44s %12s\n' "luna-translate, whole file (sentences/s)" "$tr"
 printf '%-44s %12s\n' "luna-serve, $clients clients (sentences/s)" "$sv"
