@@ -70,7 +70,7 @@ def main():
     before = metrics(a.host, a.port)
     lock = threading.Lock()
     issued = [0]
-    latencies, errors = [], {}
+    latencies, decode, errors = [], [], {}
     deadline = time.monotonic() + a.seconds
 
     def client(i):
@@ -88,7 +88,7 @@ def main():
                 conn.request("POST", "/translate", body=body,
                              headers={"Content-Type": "application/json"})
                 r = conn.getresponse()
-                r.read()
+                answer = r.read()
                 status = r.status
             except (OSError, http.client.HTTPException) as e:
                 status = type(e).__name__
@@ -98,6 +98,7 @@ def main():
             with lock:
                 if status == 200:
                     latencies.append(dt)
+                    decode.append(json.loads(answer)["decode_ms"] / 1000)
                 else:
                     errors[status] = errors.get(status, 0) + 1
         conn.close()
@@ -124,6 +125,8 @@ def main():
         "p50_ms": round(1000 * percentile(lat, 50), 1), "p95_ms": round(1000 * percentile(lat, 95), 1),
         "p99_ms": round(1000 * percentile(lat, 99), 1),
         "mean_batch_sentences": round(len(lat) / batches, 2) if batches else 0,
+        "mean_latency_ms": round(1000 * sum(lat) / len(lat), 2) if lat else None,
+        "mean_server_decode_ms": round(1000 * sum(decode) / len(decode), 2) if decode else None,
         "rss_before_mb": round(rss0 / 2**20, 1), "rss_after_mb": round(rss1 / 2**20, 1),
         "rss_growth_pct": round(100 * (rss1 - rss0) / rss0, 2) if rss0 else None,
     }
@@ -131,7 +134,8 @@ def main():
           f"{res['seconds']} s")
     print(f"  throughput   {res['sentences_per_s']} sentences/s, {res['target_tokens_per_s']} "
           f"target tokens/s (mean batch {res['mean_batch_sentences']} sentences)")
-    print(f"  latency      p50 {res['p50_ms']} ms, p95 {res['p95_ms']} ms, p99 {res['p99_ms']} ms")
+    print(f"  latency      p50 {res['p50_ms']} ms, p95 {res['p95_ms']} ms, p99 {res['p99_ms']} ms; "
+          f"mean {res['mean_latency_ms']} ms, of which the batch's decode {res['mean_server_decode_ms']} ms")
     print(f"  errors       {n_err} {res['errors_by_status'] if n_err else ''}".rstrip())
     print(f"  server RSS   {res['rss_before_mb']} MB before, {res['rss_after_mb']} MB after "
           f"({res['rss_growth_pct']:+.2f}%)" if rss0 else "  server RSS   unknown")

@@ -276,7 +276,9 @@ static void *worker(void *arg) {
             continue;
         }
         first->state = JOB_RUNNING;
-        const double close_at = first->submitted + b->config.max_wait_ms / 1000.0;
+        /* From when the worker is free, not from the oldest arrival: jobs queued during the
+         * previous batch would otherwise leave at once without the clients just answered. */
+        const double close_at = t + b->config.max_wait_ms / 1000.0;
         while (gather(b, &bt) && !b->stopping) {
             const double t2 = now();
             if (t2 >= close_at || expected_clients(b, t2) == 0) break;

@@ -5,7 +5,7 @@
  * worker takes the oldest job and adds the later ones with the same search options
  * (serve_search_equal) while the batch stays within max_batch_tokens source tokens (estimated by
  * the engine; a job larger than that runs alone), then translates them in one engine call. It
- * waits for more jobs to join at most max_wait_ms after the oldest job arrived, and not at all
+ * waits for more jobs to join at most max_wait_ms from when it is free, and not at all
  * when no other client is expected: a client counts as expected while it has a request in
  * progress that is not in the queue (its body is still arriving, or its previous answer is
  * still being sent) or when its previous request ended less than max_wait_ms ago on a
