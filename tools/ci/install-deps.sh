@@ -17,6 +17,7 @@ packages=(
   check libsubunit-dev                       # unit tests (Check links subunit)
   libsentencepiece-dev sentencepiece         # BPE (data/)
   python3 python3-venv                       # sacreBLEU venv for evaluation
+  python3-dev python3-setuptools python3-wheel python3-pytest  # the Python package (tools/python)
   libmicrohttpd-dev                          # luna-serve's HTTP (without it luna-serve is not built)
 )
 for arg in "$@"; do
