@@ -6,7 +6,8 @@
   Content-Length, by a chunked body, by sentence count and by sentence length, 503 with
   Retry-After when the queue is full, 504 at the deadline) with its JSON message and its counter
   in /metrics; /health, /metrics and the page; a client sending its body slowly does not hold up
-  another; SIGTERM while busy answers every request already received and exits 0.
+  another; SIGTERM while busy answers every request already received and exits 0; with
+  --workers 2 a request is translated while the other worker is busy.
 
     test_serve.py LUNA_SERVE LUNA_TRANSLATE LUNA_PREPROCESS LUNA_TRAIN
 
@@ -298,6 +299,24 @@ class UnderLoad(unittest.TestCase):
                          (200, reference(SENTENCES[5:6])[("D", 0)][0][1]))
         print(f"SIGTERM with 7 requests in flight (one body still arriving): all answered, "
               f"exit 0; {err.strip()!r}")
+
+
+class Workers(unittest.TestCase):
+    """--workers 2: two translators, batches side by side."""
+
+    def test_second_worker_translates_while_the_first_is_busy(self):
+        with su.Server(SERVE, CK, "--workers", "2", "--max-len-b", MAXLEN) as server:
+            ref = reference(SENTENCES)
+            t, box = long_job(server.port)
+            got = su.translate(server.port, SENTENCES)["translations"]
+            self.assertEqual([g["text"] for g in got],
+                             [ref[("D", i)][0][1] for i in range(len(SENTENCES))])
+            # answered while the other worker is still on the long job
+            self.assertEqual(su.metrics(server.port)["luna_serve_running_requests"], 1)
+            t.join()
+            self.assertEqual(box["r"][0], 200)
+            rc, err = server.stop()
+            self.assertEqual(rc, 0, err)
 
 
 def read_response(sock):

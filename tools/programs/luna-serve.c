@@ -35,7 +35,7 @@ typedef struct {
     const char *checkpoint, *host, *device;
     int64_t port, threads, max_batch_tokens, max_queue, max_sentences, max_sentence_bytes,
         max_body_bytes, timeout_ms, connection_limit, connection_timeout, beam, max_beam, max_len_b,
-        max_input_tokens, batch_size;
+        max_input_tokens, batch_size, workers;
     double max_wait_ms, lenpen;
 } options;
 
@@ -66,7 +66,8 @@ static const luna_option_spec OPTIONS[] = {
     {"--max-len-b", LUNA_OPT_INT, "200", G_SEARCH, "N", NULL, F(max_len_b), "longest translation in tokens (\"max_length\", 1..1022)"},
     {"--max-input-tokens", LUNA_OPT_INT, "1024", G_SEARCH, "N", NULL, F(max_input_tokens), "longer sentences are truncated (subword tokens incl. </s>), as by luna-translate"},
     {"--device", LUNA_OPT_CHOICE, "cpu", G_RUN, "D", "cpu|cuda", F(device), "where to translate"},
-    {"--threads", LUNA_OPT_INT, "2", G_RUN, "N", NULL, F(threads), "CPU threads of the translator"},
+    {"--threads", LUNA_OPT_INT, "2", G_RUN, "N", NULL, F(threads), "CPU threads of each translator"},
+    {"--workers", LUNA_OPT_INT, "1", G_RUN, "N", NULL, F(workers), "translators (each loads the model and has --threads threads), translating batches side by side"},
     {"--batch-size", LUNA_OPT_INT, "128", G_RUN, "N", NULL, F(batch_size), "sentences searched together within a batch (luna-translate's --batch-size; 0: no limit)"},
 };
 /* clang-format on */
@@ -120,6 +121,7 @@ static int parse_args(int argc, char **argv) {
                   {"--max-len-b", opt.max_len_b, 1, 1022},
                   {"--max-input-tokens", opt.max_input_tokens, 2, 1000000000},
                   {"--threads", opt.threads, 1, 1024},
+                  {"--workers", opt.workers, 1, 64},
                   {"--batch-size", opt.batch_size, 0, 1000000000}};
     for (size_t i = 0; i < sizeof ranges / sizeof ranges[0]; i++)
         if (ranges[i].value < ranges[i].lo || ranges[i].value > ranges[i].hi)
@@ -182,12 +184,12 @@ static int wait_for_signal(void) {
 }
 
 /* Serve until SIGTERM/SIGINT. */
-static luna_status serve(serve_engine *engine, serve_metrics *metrics) {
+static luna_status serve(serve_engine *const *engines, serve_metrics *metrics) {
     serve_batcher *batcher = NULL;
     const serve_batcher_config bc = {.max_batch_tokens = (size_t)opt.max_batch_tokens,
                                      .max_wait_ms = opt.max_wait_ms,
                                      .max_queue_sentences = (size_t)opt.max_queue};
-    LUNA_TRY(serve_batcher_create(&batcher, engine, metrics, &bc));
+    LUNA_TRY(serve_batcher_create(&batcher, engines, (int)opt.workers, metrics, &bc));
     serve_http_config hc = {
         .host = opt.host,
         .port = (int)opt.port,
@@ -215,8 +217,9 @@ static luna_status serve(serve_engine *engine, serve_metrics *metrics) {
         return st;
     }
     const bool v6 = strchr(opt.host, ':') != NULL;
-    printf(PROG ": listening on http://%s%s%s:%d/ (%s, %lld threads)\n", v6 ? "[" : "", opt.host,
-           v6 ? "]" : "", serve_http_port(http), base_name(opt.checkpoint), (long long)opt.threads);
+    printf(PROG ": listening on http://%s%s%s:%d/ (%s, %lld worker%s of %lld threads)\n",
+           v6 ? "[" : "", opt.host, v6 ? "]" : "", serve_http_port(http), base_name(opt.checkpoint),
+           (long long)opt.workers, opt.workers > 1 ? "s" : "", (long long)opt.threads);
     fflush(stdout);
     const int sig = wait_for_signal();
     fprintf(stderr, PROG ": %s: no new requests; finishing the ones received\n",
@@ -238,7 +241,7 @@ int main(int argc, char **argv) {
     luna_program_start(PROG, argv);
     int rc = parse_args(argc, argv);
     if (rc >= 0) return rc;
-    serve_engine *engine = NULL;
+    serve_engine *engines[64] = {NULL};
     serve_metrics *metrics = NULL;
     const serve_engine_options eo = {.checkpoint = opt.checkpoint,
                                      .device = opt.device,
@@ -247,9 +250,11 @@ int main(int argc, char **argv) {
                                      .batch_sentences = (int)opt.batch_size};
     luna_status st = catch_signals();
     if (st == LUNA_OK) st = serve_metrics_create(&metrics);
-    if (st == LUNA_OK) st = serve_engine_create(&engine, &eo);
-    if (st == LUNA_OK) st = serve(engine, metrics);
-    serve_engine_free(engine);
+    for (int i = 0; st == LUNA_OK && i < opt.workers; i++)
+        st = serve_engine_create(&engines[i], &eo);
+    if (st == LUNA_OK) st = serve(engines, metrics);
+    for (int i = 0; i < opt.workers; i++)
+        serve_engine_free(engines[i]);
     serve_metrics_free(metrics);
     if (st != LUNA_OK) {
         fprintf(stderr, PROG ": %s\n", luna_error_message());

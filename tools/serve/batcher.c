@@ -31,14 +31,20 @@ struct serve_client {
 };
 
 struct serve_batcher {
-    serve_engine *engine;
+    serve_engine *const *engines; /* one per worker */
+    int workers;
     serve_metrics *metrics;
     serve_batcher_config config;
     pthread_mutex_t lock;
     pthread_cond_t work; /* the worker: a job arrived, a client left, or stop */
     pthread_cond_t done; /* the waiters: some job changed state */
-    pthread_t worker;
-    bool started, stopping, joined;
+    struct worker_arg {
+        serve_batcher *b;
+        serve_engine *engine;
+        pthread_t thread;
+    } * threads;
+    int started; /* threads running */
+    bool stopping, joined;
     serve_job *head, *tail;
     size_t queued_sentences, queued_jobs, running_jobs;
     serve_client *clients;
@@ -205,7 +211,7 @@ static bool gather(serve_batcher *b, batch *bt) {
 }
 
 /* Run one batch outside the lock and hand out the translations. */
-static void run_batch(serve_batcher *b, batch *bt) {
+static void run_batch(serve_batcher *b, serve_engine *engine, batch *bt) {
     const double t0 = now();
     const char **sent = malloc((bt->sentences + 1) * sizeof *sent);
     size_t *len = malloc((bt->sentences + 1) * sizeof *len);
@@ -219,8 +225,7 @@ static void run_batch(serve_batcher *b, batch *bt) {
                 sent[k] = bt->jobs[i]->req.sentences[s];
                 len[k] = bt->jobs[i]->req.lengths[s];
             }
-        st =
-            serve_engine_translate(b->engine, &bt->jobs[0]->req.search, sent, len, k, out, &tokens);
+        st = serve_engine_translate(engine, &bt->jobs[0]->req.search, sent, len, k, out, &tokens);
         if (st != LUNA_OK) snprintf(message, sizeof message, "%s", luna_error_message());
     }
     const double t1 = now();
@@ -252,7 +257,8 @@ static void run_batch(serve_batcher *b, batch *bt) {
 }
 
 static void *worker(void *arg) {
-    serve_batcher *b = arg;
+    serve_batcher *b = ((struct worker_arg *)arg)->b;
+    serve_engine *engine = ((struct worker_arg *)arg)->engine;
     batch bt = {0};
     pthread_mutex_lock(&b->lock);
     for (;;) {
@@ -285,11 +291,11 @@ static void *worker(void *arg) {
             const struct timespec until = at(close_at);
             pthread_cond_timedwait(&b->work, &b->lock, &until);
         }
-        b->running_jobs = bt.count;
+        b->running_jobs += bt.count;
         pthread_mutex_unlock(&b->lock);
-        run_batch(b, &bt);
+        run_batch(b, engine, &bt);
         pthread_mutex_lock(&b->lock);
-        b->running_jobs = 0;
+        b->running_jobs -= bt.count;
     }
     pthread_mutex_unlock(&b->lock);
     free(bt.jobs);
@@ -298,24 +304,29 @@ static void *worker(void *arg) {
 
 /* ---- the public side ------------------------------------------------------------------------- */
 
-luna_status serve_batcher_create(serve_batcher **out, serve_engine *engine, serve_metrics *metrics,
-                                 const serve_batcher_config *config) {
+luna_status serve_batcher_create(serve_batcher **out, serve_engine *const *engines, int workers,
+                                 serve_metrics *metrics, const serve_batcher_config *config) {
     serve_batcher *b = calloc(1, sizeof *b);
-    if (!b) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory for the batcher");
-    b->engine = engine, b->metrics = metrics, b->config = *config;
+    if (!b || !(b->threads = calloc((size_t)workers, sizeof *b->threads))) {
+        free(b);
+        return luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory for the batcher");
+    }
+    b->engines = engines, b->workers = workers, b->metrics = metrics, b->config = *config;
     pthread_condattr_t ca;
     bool ok = pthread_condattr_init(&ca) == 0;
     ok = ok && pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0;
     ok = ok && pthread_mutex_init(&b->lock, NULL) == 0;
     ok = ok && pthread_cond_init(&b->work, &ca) == 0;
     ok = ok && pthread_cond_init(&b->done, &ca) == 0;
-    ok = ok && pthread_create(&b->worker, NULL, worker, b) == 0;
     pthread_condattr_destroy(&ca);
-    if (!ok) {
-        free(b); /* the primitives that were made hold no resources on Linux */
-        return luna_error(LUNA_ERR_INTERNAL, "cannot start the batching thread");
+    for (int i = 0; ok && i < workers; i++, b->started++) {
+        b->threads[i] = (struct worker_arg){.b = b, .engine = engines[i]};
+        ok = pthread_create(&b->threads[i].thread, NULL, worker, &b->threads[i]) == 0;
     }
-    b->started = true;
+    if (!ok) {
+        serve_batcher_free(b); /* joins the workers that started */
+        return luna_error(LUNA_ERR_INTERNAL, "cannot start the batching threads");
+    }
     *out = b;
     return LUNA_OK;
 }
@@ -324,10 +335,11 @@ void serve_batcher_stop(serve_batcher *b) {
     pthread_mutex_lock(&b->lock);
     b->stopping = true;
     pthread_cond_broadcast(&b->work);
-    const bool join = b->started && !b->joined;
+    const bool join = !b->joined;
     b->joined = true;
     pthread_mutex_unlock(&b->lock);
-    if (join) pthread_join(b->worker, NULL);
+    for (int i = 0; join && i < b->started; i++)
+        pthread_join(b->threads[i].thread, NULL);
 }
 
 void serve_batcher_free(serve_batcher *b) {
@@ -341,6 +353,7 @@ void serve_batcher_free(serve_batcher *b) {
     pthread_cond_destroy(&b->work);
     pthread_cond_destroy(&b->done);
     pthread_mutex_destroy(&b->lock);
+    free(b->threads);
     free(b);
 }
 
@@ -368,7 +381,7 @@ serve_job_outcome serve_batcher_translate(serve_batcher *b, serve_client *client
     j->deadline = j->submitted + (double)j->req.timeout_ms / 1000.0;
     j->client = client;
     for (size_t i = 0; i < j->req.count; i++)
-        j->cost += serve_engine_cost(b->engine, j->req.sentences[i], j->req.lengths[i],
+        j->cost += serve_engine_cost(b->engines[0], j->req.sentences[i], j->req.lengths[i],
                                      j->req.search.pieces);
     if (j->req.count == 0) { /* nothing to translate */
         j->out = calloc(1, sizeof *j->out);

@@ -1,8 +1,9 @@
-/* luna-serve's request queue and its one worker thread, which translates the sentences of
- * concurrent requests together.
+/* luna-serve's request queue and its worker threads, which translate the sentences of concurrent
+ * requests together (one worker by default; each has its own translator, so with several, batches
+ * run side by side).
  *
  * Every POST /translate becomes a job (its sentences and search options) in one FIFO queue. The
- * worker takes the oldest job and adds the later ones with the same search options
+ * first free worker takes the oldest job and adds the later ones with the same search options
  * (serve_search_equal) while the batch stays within max_batch_tokens source tokens (estimated by
  * the engine; a job larger than that runs alone), then translates them in one engine call. It
  * waits for more jobs to join at most max_wait_ms from when it is free, and not at all
@@ -18,8 +19,8 @@
  * (504); one already being translated when its waiter gives up finishes and is dropped.
  * serve_batcher_stop refuses new jobs, lets the worker finish every queued one, and joins it.
  *
- * Thread safety: every function may be called from any thread (one mutex; the engine runs
- * outside it, only ever on the worker thread, so the translator sees one caller). */
+ * Thread safety: every function may be called from any thread (one mutex; an engine runs outside
+ * it, only ever on its worker's thread, so each translator sees one caller). */
 #ifndef LUNA_SERVE_BATCHER_H
 #define LUNA_SERVE_BATCHER_H
 
@@ -49,9 +50,10 @@ typedef enum {
     SERVE_JOB_FAILED,        /* the engine failed: 500, message in serve_job_error */
 } serve_job_outcome;
 
-/* The engine is borrowed (it must outlive the batcher); metrics may be NULL. */
-luna_status serve_batcher_create(serve_batcher **out, serve_engine *engine, serve_metrics *metrics,
-                                 const serve_batcher_config *config);
+/* `workers` threads, each translating with its own engines[i] (borrowed: they must outlive the
+ * batcher); metrics may be NULL. */
+luna_status serve_batcher_create(serve_batcher **out, serve_engine *const *engines, int workers,
+                                 serve_metrics *metrics, const serve_batcher_config *config);
 /* Stop (serve_batcher_stop) and free. */
 void serve_batcher_free(serve_batcher *b);
 /* Refuse new jobs, finish the queued ones, join the worker. Idempotent. */
