@@ -7,13 +7,16 @@
 #
 #   tools/bench/serve-vs-translate.sh CHECKPOINT SENTENCES [--clients 32] [--seconds 20]
 #       [--rounds 3] [--threads 2] [--lines 400] [--latency-lines 40] [--build build]
+#       [--workers 1] [--serve-threads N]   (luna-serve's --workers and --threads; default: 1 and
+#                                            --threads, the threads luna-translate gets)
 #
 # Only 127.0.0.1; every run is bounded (--seconds per load run). Prints one table.
 set -euo pipefail
-usage() { sed -n '2,11p' "$0"; }
+usage() { sed -n '2,13p' "$0"; }
 [ $# -ge 2 ] || { usage >&2; exit 2; }
 ck="$1" input="$2"; shift 2
-clients=32 seconds=20 rounds=3 threads=2 lines=400 latency_lines=40 build=build
+clients=32 seconds=20 rounds=3 threads=2 lines=400 latency_lines=40 build=build workers=1
+serve_threads=
 while [ $# -gt 0 ]; do
   case "$1" in
     --clients) clients="$2"; shift ;;
@@ -23,6 +26,8 @@ while [ $# -gt 0 ]; do
     --lines) lines="$2"; shift ;;
     --latency-lines) latency_lines="$2"; shift ;;
     --build) build="$2"; shift ;;
+    --workers) workers="$2"; shift ;;
+    --serve-threads) serve_threads="$2"; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "serve-vs-translate.sh: unknown option '$1'" >&2; exit 2 ;;
   esac
@@ -40,7 +45,8 @@ trap cleanup EXIT
 head -n "$lines" "$input" > "$tmp/sents"
 head -n "$latency_lines" "$input" > "$tmp/lat"
 
-"$build/luna-serve" "$ck" --port 0 --threads "$threads" > "$tmp/serve.out" 2> "$tmp/serve.err" &
+"$build/luna-serve" "$ck" --port 0 --threads "${serve_threads:-$threads}" --workers "$workers" \
+  > "$tmp/serve.out" 2> "$tmp/serve.err" &
 server=$!
 for _ in $(seq 600); do grep -q listening "$tmp/serve.out" 2>/dev/null && break; sleep 0.1; done
 port="$(sed -n 's/.*127\.0\.0\.1:\([0-9]*\)\/.*/\1/p' "$tmp/serve.out")"
@@ -86,6 +92,7 @@ echo "$lines sentences of $(basename "$input") ($latency_lines for latency); med
 printf '%-44s %12s\n' "" "value"
 printf '%-44s %12s\n' "luna-translate, whole file (sentences/s)" "$tr"
 printf '%-44s %12s\n' "luna-serve, $clients clients (sentences/s)" "$sv"
+printf '%-44s %12s\n' "  (luna-serve --workers, --threads)" "$workers, ${serve_threads:-$threads}"
 printf '%-44s %11s%%\n' "luna-serve / luna-translate" "$(python3 -c "print(round(100 * $sv / $tr, 1))")"
 printf '%-44s %12s\n' "luna-serve p50 / p95 / p99 (ms)" "$(median "${p50[@]}") / $(median "${p95[@]}") / $(median "${p99[@]}")"
 printf '%-44s %12s\n' "luna-serve errors (all rounds)" "$errs"
