@@ -3,6 +3,7 @@
  * own types (base-2 scores, as luna-translate prints them). */
 #include "decoding/api/luna.h"
 
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -165,6 +166,8 @@ static luna_status encode_input(const luna_text_translator *tr, const luna_dicti
                                 luna_encoded_text *out) {
     memset(out, 0, sizeof *out);
     if (!text && count > 0) return BAD("%s: NULL array of %zu strings", name, count);
+    if (count > (size_t)INT_MAX / 2)
+        return BAD("%zu sentences in one call: at most %d", count, INT_MAX / 2);
     size_t *len = malloc(sizeof *len * (count + 1));
     if (!len) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
     luna_status st = LUNA_OK;
