@@ -8,6 +8,7 @@
 #                                         fixtures)
 #   tools/ci/install-deps.sh --mpi        also OpenMPI (the LUNA_MPI build option)
 #   tools/ci/install-deps.sh --fuzz       also clang with libFuzzer and libomp (tools/ci/fuzz.sh)
+#   tools/ci/install-deps.sh --browser    also chromium (luna-serve's web page test, serve_browser)
 set -euo pipefail
 
 packages=(
@@ -17,13 +18,15 @@ packages=(
   libsentencepiece-dev sentencepiece         # BPE (data/)
   python3 python3-venv                       # sacreBLEU venv for evaluation
   python3-dev python3-setuptools python3-wheel python3-pytest  # the Python package (tools/python)
+  libmicrohttpd-dev                          # luna-serve's HTTP (without it luna-serve is not built)
 )
 for arg in "$@"; do
   case "$arg" in
     --reference) packages+=(python3-torch python3-numpy) ;;
     --mpi) packages+=(libopenmpi-dev openmpi-bin) ;;
     --fuzz) packages+=(clang libclang-rt-dev libomp-dev) ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    --browser) packages+=(chromium) ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
     *) echo "install-deps.sh: unknown option '$arg' (try --help)" >&2; exit 2 ;;
   esac
 done
