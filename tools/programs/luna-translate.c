@@ -42,6 +42,7 @@
 #include "data/checkpoint_vocab.h"
 #include "model/checkpoint.h"
 #include "model/kernels/registry.h"
+#include "model/quantize.h"
 #include "core/options_registry.h"
 #include "tools/programs/program_start.h"
 
@@ -50,7 +51,7 @@
 /* ---- options: one registry table drives parsing and --help (core/options_registry.h) ---- */
 
 typedef struct {
-    const char *checkpoint, *input, *output_format, *device, *precision, *reference;
+    const char *checkpoint, *input, *output_format, *device, *precision, *reference, *quantize;
     int64_t beam, max_len_b, min_len, nbest, max_tokens, batch_size, threads, max_input_tokens,
         device_id;
     int64_t no_repeat_ngram_size, sampling_topk, seed, max_target_positions;
@@ -95,6 +96,7 @@ static const luna_option_spec OPTIONS[] = {
     {"--precision", LUNA_OPT_CHOICE, "auto", G_RUN, "P", "auto|fp32|bf16", F(precision), "activations on --device cuda (auto: fp32, the CPU's translations; bf16: faster)"},
     {"--tf32", LUNA_OPT_FLAG, NULL, G_RUN, NULL, NULL, F(tf32), "--device cuda --precision fp32: let GEMMs use TF32 tensor cores"},
     {"--threads", LUNA_OPT_INT, "2", G_RUN, "N", NULL, F(threads), "CPU threads"},
+    {"--quantize", LUNA_OPT_CHOICE, "none", G_RUN, "Q", "none|int8", F(quantize), "int8: quantize an fp32 checkpoint's weights to int8 at load (as luna-quantize would) and decode in int8 on the CPU; an int8 checkpoint decodes in int8 without it"},
 };
 /* clang-format on */
 
@@ -536,6 +538,12 @@ static luna_status run(program *p) {
     LUNA_TRY(luna_backend_options_set_precision(&bo, opt.device, opt.precision, opt.tf32, false));
     LUNA_TRY(luna_backend_create(&p->be, opt.device, &bo));
     LUNA_TRY(luna_checkpoint_load_model(opt.checkpoint, p->be, &p->model, &p->meta));
+    if (strcmp(opt.quantize, "int8") == 0) LUNA_TRY(luna_params_quantize_int8(p->model->params));
+    if (p->model->params->weight_dtype == LUNA_I8 && strcmp(opt.device, "cpu") != 0)
+        return luna_error(LUNA_ERR_UNSUPPORTED,
+                          "%s: int8 weights%s decode on the CPU only; use --device cpu",
+                          opt.checkpoint,
+                          strcmp(opt.quantize, "int8") == 0 ? " (--quantize int8)" : "");
     LUNA_TRY(luna_checkpoint_load_vocab(opt.checkpoint, p->model->config.vocab_size, &p->src_dict,
                                         &p->tgt_dict, &p->spm));
     if (!p->src_dict || !p->tgt_dict ||
