@@ -176,12 +176,13 @@ __attribute__((target("avx2,fma"))) static float quantize_row_avx2(const float *
 }
 #endif
 
-/* Rows [i0, i0 + MR) of x into block i0 / MR of xs / xa (zero rows past `rows`). */
+/* Rows [i0, i0 + MR) of x into block i0 / MR of xs / xa (zero rows past `rows`); qr holds
+ * 2·G·4 bytes (a row of qx, then of what xa keeps). */
 static void pack_block(luna_int8_kernel kern, const luna_int8_weight *w, luna_int8_scratch *s,
                        const float *x, int64_t rows, int64_t i0, int8_t *qr) {
     const int G = w->groups, in = w->in;
     int8_t *bs = s->xs + (size_t)i0 * G * GROUP;
-    uint8_t *ba = s->xa + (size_t)i0 * G * GROUP;
+    uint8_t *ba = s->xa + (size_t)i0 * G * GROUP, *qa = (uint8_t *)qr + (size_t)G * GROUP;
     for (int i = 0; i < MR; i++) {
         float sx = 0.0f;
         if (i0 + i < rows) {
@@ -195,15 +196,15 @@ static void pack_block(luna_int8_kernel kern, const luna_int8_weight *w, luna_in
             memset(qr, 0, (size_t)G * GROUP);
         }
         s->sx[i0 + i] = sx;
-        for (int g = 0; g < G; g++)
-            for (int kk = 0; kk < GROUP; kk++) {
-                const int8_t v = qr[g * GROUP + kk];
-                const size_t at = ((size_t)g * MR + i) * GROUP + kk;
-                bs[at] = v;
-                /* AVX2: |q| (u8 ≤ 127); VNNI: q + 128 as u8 (the sign bit flipped) */
-                ba[at] = kern == LUNA_INT8_AVX512_VNNI ? (uint8_t)((uint8_t)v ^ 0x80u)
-                                                       : (uint8_t)(v < 0 ? -v : v);
-            }
+        /* AVX2: |q| (u8 ≤ 127); VNNI: q + 128 as u8 (the sign bit flipped) */
+        for (int k = 0; k < G * GROUP; k++)
+            qa[k] = kern == LUNA_INT8_AVX512_VNNI ? (uint8_t)((uint8_t)qr[k] ^ 0x80u)
+                                                  : (uint8_t)(qr[k] < 0 ? -qr[k] : qr[k]);
+        for (int g = 0; g < G; g++) { /* 4 k at a time into the block's interleaved lanes */
+            const size_t at = ((size_t)g * MR + i) * GROUP;
+            memcpy(bs + at, qr + g * GROUP, GROUP);
+            memcpy(ba + at, qa + g * GROUP, GROUP);
+        }
     }
 }
 
@@ -328,9 +329,26 @@ block_vnni(int mr, bool pf, const uint8_t *xa, const int8_t *wp, size_t pstride,
 }
 #endif
 
+#if HAVE_X86
+/* 16 outputs of one row: the scalar epilogue's operations in the same order (int32 → float
+ * rounds to nearest like the cast; one product sx·sW; one fused multiply-add). */
+__attribute__((target("avx2,fma"))) static void store16_avx2(float *yr, const int32_t *ar,
+                                                              float s, const float *sw,
+                                                              const float *b) {
+    const __m256 vs = _mm256_set1_ps(s);
+    for (int h = 0; h < PANEL; h += 8) {
+        const __m256 a = _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(ar + h)));
+        const __m256 sc = _mm256_mul_ps(vs, _mm256_loadu_ps(sw + h));
+        const __m256 bb = b ? _mm256_loadu_ps(b + h) : _mm256_setzero_ps();
+        _mm256_storeu_ps(yr + h, _mm256_fmadd_ps(a, sc, bb));
+    }
+}
+#endif
+
 /* y rows [i0, i0 + mr), panels q.. q + np − 1: fmaf((float)acc, sx·sW, b). */
-static void store_rows(const luna_int8_weight *w, int q, int np, const int32_t *acc,
-                       const float *sx, const float *b, float *y, int64_t i0, int mr) {
+static void store_rows(luna_int8_kernel kern, const luna_int8_weight *w, int q, int np,
+                       const int32_t *acc, const float *sx, const float *b, float *y, int64_t i0,
+                       int mr) {
     const int N = w->out;
     for (int p = 0; p < np; p++) {
         const int n0 = (q + p) * PANEL, nn = N - n0 < PANEL ? N - n0 : PANEL;
@@ -338,6 +356,14 @@ static void store_rows(const luna_int8_weight *w, int q, int np, const int32_t *
             float *yr = y + (i0 + i) * N + n0;
             const int32_t *ar = acc + i * 2 * PANEL + p * PANEL;
             const float s = sx[i0 + i];
+#if HAVE_X86
+            if (kern != LUNA_INT8_SCALAR && nn == PANEL) {
+                store16_avx2(yr, ar, s, w->scale + n0, b ? b + n0 : NULL);
+                continue;
+            }
+#else
+            (void)kern;
+#endif
             for (int j = 0; j < nn; j++)
                 yr[j] = fmaf((float)ar[j], s * w->scale[n0 + j], b ? b[n0 + j] : 0.0f);
         }
@@ -364,7 +390,7 @@ static void panel_rows(luna_int8_kernel kern, const luna_int8_weight *w, int q, 
 #endif
         default: kernel_scalar(mr, xs, wp, pstride, np, G, acc); break;
         }
-        store_rows(w, q, np, acc, s->sx, b, y, i0, mr);
+        store_rows(kern, w, q, np, acc, s->sx, b, y, i0, mr);
     }
 }
 
@@ -394,15 +420,16 @@ bool luna_int8_linear(luna_int8_kernel kern, const luna_int8_weight *w, luna_int
     }
     /* small products stay on one thread (fork/join ~µs), as held_weights.c */
     if (rows * (int64_t)w->in * w->out < 65536) threads = 1;
-    if ((size_t)threads * G * GROUP > s->qrow_cap) {
-        int8_t *q = malloc((size_t)threads * G * GROUP);
+    const size_t qrow = (size_t)2 * G * GROUP; /* per thread: pack_block's two rows */
+    if ((size_t)threads * qrow > s->qrow_cap) {
+        int8_t *q = malloc((size_t)threads * qrow);
         if (!q) return false;
         free(s->qrow);
-        s->qrow = q, s->qrow_cap = (size_t)threads * G * GROUP;
+        s->qrow = q, s->qrow_cap = (size_t)threads * qrow;
     }
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
-        int8_t *qr = s->qrow + (size_t)omp_get_thread_num() * G * GROUP;
+        int8_t *qr = s->qrow + (size_t)omp_get_thread_num() * qrow;
 #pragma omp for schedule(static)
         for (int64_t blk = 0; blk < nblk; blk++)
             pack_block(kern, w, s, x, rows, blk * MR, qr);
