@@ -428,6 +428,13 @@ static double now(void) {
     return ts.tv_sec + 1e-9 * ts.tv_nsec;
 }
 
+/* The process's CPU seconds (all threads): on a shared machine, what the decoding itself cost. */
+static double cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
 /* Whether stdout has lost output so far (every sentence checks, so a full disk stops the run at
  * once); `final` also flushes. A failed write sets the stream's error flag even when a later
  * flush has nothing left to write, so checking only the last fflush is not enough. */
@@ -587,7 +594,7 @@ static luna_status run(program *p) {
         idx[k++] = i;
     }
     luna_status st = luna_incremental_create(&p->inc, p->model);
-    double t0 = now();
+    double t0 = now(), c0 = cpu_now();
     luna_nbest *res = calloc(k + 1, sizeof *res);
     float **pos = calloc(k + 1, sizeof *pos);
     if (st == LUNA_OK && (!res || !pos)) st = luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
@@ -613,7 +620,7 @@ static luna_status run(program *p) {
         st = luna_generate(p->inc, &o, src, (int)k, (int)opt.max_tokens, (int)opt.batch_size, res,
                            NULL, NULL);
     }
-    const double secs = now() - t0;
+    const double secs = now() - t0, cpu_secs = cpu_now() - c0;
     long long tokens = 0;
     for (size_t j = 0; j < k && st == LUNA_OK; j++) {
         p->out[idx[j]] = res[j];
@@ -628,10 +635,11 @@ static luna_status run(program *p) {
     if (st == LUNA_OK && !opt.quiet)
         fprintf(stderr,
                 PROG ": %s %zu sentences (%zu empty) in %.2f s: %.2f sentences/s, %.1f target "
-                     "tokens/s (beam %lld, %lld threads)\n",
+                     "tokens/s (beam %lld, %lld threads; %.2f s CPU%s)\n",
                 opt.score_reference ? "scored" : "translated", n, n - k, secs,
                 secs > 0 ? k / secs : 0.0, secs > 0 ? tokens / secs : 0.0, (long long)opt.beam,
-                (long long)opt.threads);
+                (long long)opt.threads, cpu_secs,
+                p->model->params->weight_dtype == LUNA_I8 ? ", int8" : "");
     return st;
 }
 

@@ -21,6 +21,8 @@
 /* Prefetch distance in groups (64 bytes each, one cache line) on a panel's first pass over the
  * rows, when it comes from L2 or further (see held_weights.c's PF_AHEAD). */
 #define PF_AHEAD 8
+/* Weights of one chunk of panels (panel_rows): half of a 512 KiB L2 and more than fits L1. */
+#define CHUNK_BYTES ((size_t)64 << 10)
 
 static inline int panels_of(int out) { return (out + PANEL - 1) / PANEL; }
 
@@ -371,33 +373,41 @@ static void store_rows(luna_int8_kernel kern, const luna_int8_weight *w, int q, 
 }
 
 /* Panels q and q + 1 (np = 2) or q alone, for every row. */
-static void panel_rows(luna_int8_kernel kern, const luna_int8_weight *w, int q, int np,
+/* Panels [q0, q0 + nq) for every row: row block by row block, the chunk's panels in pairs. The
+ * chunk is sized to stay in L2 while the rows pass over it, and a row block's outputs are then
+ * nq·16 consecutive floats per row: with one panel at a time over all the rows, the stores of a
+ * tall y (a step's [128, V] logits) touched a new page and line per row and cost as much as the
+ * products. */
+static void panel_rows(luna_int8_kernel kern, const luna_int8_weight *w, int q0, int nq,
                        const luna_int8_scratch *s, const float *b, float *y, int64_t rows) {
     const int G = w->groups;
     const size_t pstride = (size_t)G * PANEL * GROUP, xstride = (size_t)G * MR * GROUP;
-    const int8_t *wp = w->panels + (size_t)q * pstride;
     int32_t acc[MR * 2 * PANEL];
     for (int64_t i0 = 0; i0 < rows; i0 += MR) {
         const int mr = rows - i0 < MR ? (int)(rows - i0) : MR;
         const int8_t *xs = s->xs + (size_t)(i0 / MR) * xstride;
         const uint8_t *xa = s->xa + (size_t)(i0 / MR) * xstride;
-        switch (kern) {
+        for (int q = q0; q < q0 + nq; q += 2) {
+            const int np = q + 1 < q0 + nq ? 2 : 1;
+            const int8_t *wp = w->panels + (size_t)q * pstride;
+            switch (kern) {
 #if HAVE_X86
-        case LUNA_INT8_AVX2: block_avx2(mr, i0 == 0, xs, xa, wp, pstride, np, G, acc); break;
-        case LUNA_INT8_AVX512_VNNI:
-            block_vnni(mr, i0 == 0, xa, wp, pstride, np, G, w->colsum + q * PANEL, acc);
-            break;
+            case LUNA_INT8_AVX2: block_avx2(mr, i0 == 0, xs, xa, wp, pstride, np, G, acc); break;
+            case LUNA_INT8_AVX512_VNNI:
+                block_vnni(mr, i0 == 0, xa, wp, pstride, np, G, w->colsum + q * PANEL, acc);
+                break;
 #endif
-        default: kernel_scalar(mr, xs, wp, pstride, np, G, acc); break;
+            default: kernel_scalar(mr, xs, wp, pstride, np, G, acc); break;
+            }
+            store_rows(kern, w, q, np, acc, s->sx, b, y, i0, mr);
         }
-        store_rows(kern, w, q, np, acc, s->sx, b, y, i0, mr);
     }
 }
 
 bool luna_int8_linear(luna_int8_kernel kern, const luna_int8_weight *w, luna_int8_scratch *s,
                       float *y, const float *x, const float *b, int64_t rows, int threads) {
     if (rows <= 0) return true;
-    const int G = w->groups, np = panels_of(w->out), npairs = (np + 1) / 2;
+    const int G = w->groups, np = panels_of(w->out);
     const int64_t nblk = (rows + MR - 1) / MR;
     const size_t need = (size_t)nblk * MR * (size_t)G * GROUP;
     if (need > s->cap) {
@@ -421,6 +431,11 @@ bool luna_int8_linear(luna_int8_kernel kern, const luna_int8_weight *w, luna_int
     /* small products stay on one thread (fork/join ~µs), as held_weights.c */
     if (rows * (int64_t)w->in * w->out < 65536) threads = 1;
     const size_t qrow = (size_t)2 * G * GROUP; /* per thread: pack_block's two rows */
+    /* chunks of an even number of panels: at most CHUNK_BYTES of weights, at least one per thread */
+    int chunk = (int)(CHUNK_BYTES / ((size_t)G * PANEL * GROUP));
+    if (chunk > (np + threads - 1) / threads) chunk = (np + threads - 1) / threads;
+    chunk = chunk < 2 ? 2 : chunk + chunk % 2;
+    const int nchunks = (np + chunk - 1) / chunk;
     if ((size_t)threads * qrow > s->qrow_cap) {
         int8_t *q = malloc((size_t)threads * qrow);
         if (!q) return false;
@@ -434,8 +449,10 @@ bool luna_int8_linear(luna_int8_kernel kern, const luna_int8_weight *w, luna_int
         for (int64_t blk = 0; blk < nblk; blk++)
             pack_block(kern, w, s, x, rows, blk * MR, qr);
 #pragma omp for schedule(static)
-        for (int q2 = 0; q2 < npairs; q2++)
-            panel_rows(kern, w, 2 * q2, 2 * q2 + 1 < np ? 2 : 1, s, b, y, rows);
+        for (int c = 0; c < nchunks; c++) {
+            const int q0 = c * chunk;
+            panel_rows(kern, w, q0, np - q0 < chunk ? np - q0 : chunk, s, b, y, rows);
+        }
     }
     return true;
 }
