@@ -67,14 +67,15 @@ static void dnnl_create(dnnl_linear *L, const float *W, const float *b, int rows
     DN(dnnl_stream_create(&L->stream, L->eng, dnnl_stream_default_flags));
     dnnl_memory_desc_t sd, wd, dd, bd;
     DN(dnnl_memory_desc_init_by_tag(&sd, 2, (dnnl_dims_t){rows, in}, dnnl_u8, dnnl_ab));
-    DN(dnnl_memory_desc_init_by_tag(&wd, 2, (dnnl_dims_t){in, out}, dnnl_s8, dnnl_any));
+    DN(dnnl_memory_desc_init_by_tag(&wd, 2, (dnnl_dims_t){in, out}, dnnl_s8, dnnl_format_tag_any));
     DN(dnnl_memory_desc_init_by_tag(&dd, 2, (dnnl_dims_t){rows, out}, dnnl_f32, dnnl_ab));
     DN(dnnl_memory_desc_init_by_tag(&bd, 2, (dnnl_dims_t){1, out}, dnnl_f32, dnnl_ab));
     dnnl_matmul_desc_t md;
     DN(dnnl_matmul_desc_init(&md, &sd, &wd, &bd, &dd));
     dnnl_primitive_attr_t attr;
     DN(dnnl_primitive_attr_create(&attr));
-    DN(dnnl_primitive_attr_set_output_scales(attr, out, 1 << 1, NULL)); /* runtime, per column */
+    /* runtime, per column */
+    DN(dnnl_primitive_attr_set_output_scales(attr, 1, 1 << 1, (const float[]){DNNL_RUNTIME_F32_VAL}));
     DN(dnnl_primitive_attr_set_zero_points(attr, DNNL_ARG_SRC, 1, 0, (const int32_t[]){DNNL_RUNTIME_S32_VAL}));
     dnnl_primitive_desc_t pd;
     DN(dnnl_primitive_desc_create(&pd, &md, attr, L->eng, NULL));

@@ -8,6 +8,7 @@
 #                                         fixtures)
 #   tools/ci/install-deps.sh --mpi        also OpenMPI (the LUNA_MPI build option)
 #   tools/ci/install-deps.sh --fuzz       also clang with libFuzzer and libomp (tools/ci/fuzz.sh)
+#   tools/ci/install-deps.sh --onednn     also oneDNN (bench-int8 compares its int8 matmul)
 set -euo pipefail
 
 packages=(
@@ -22,7 +23,8 @@ for arg in "$@"; do
     --reference) packages+=(python3-torch python3-numpy) ;;
     --mpi) packages+=(libopenmpi-dev openmpi-bin) ;;
     --fuzz) packages+=(clang libclang-rt-dev libomp-dev) ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    --onednn) packages+=(libdnnl-dev) ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
     *) echo "install-deps.sh: unknown option '$arg' (try --help)" >&2; exit 2 ;;
   esac
 done
