@@ -3,19 +3,29 @@
 #include <math.h>
 
 void luna_quantize_rows_int8(const float *w, int64_t rows, int64_t cols, int8_t *q, float *scale) {
+    /* comparisons rather than fmaxf / fminf, which are library calls without -ffinite-math-only
+     * and made loading a model's weights several times slower; a NaN compares false (ignored in
+     * the maximum, quantized to 0) */
     for (int64_t r = 0; r < rows; r++) {
         const float *wr = w + r * cols;
         int8_t *qr = q + r * cols;
         float amax = 0.0f;
-        for (int64_t k = 0; k < cols; k++)
-            amax = fmaxf(amax, fabsf(wr[k]));
+        for (int64_t k = 0; k < cols; k++) {
+            const float a = fabsf(wr[k]);
+            amax = a > amax ? a : amax;
+        }
         const float s = amax / (float)LUNA_INT8_MAX;
         scale[r] = s;
+        if (s == 0.0f) { /* a zero row, or one so small that amax / 127 rounds to 0 */
+            for (int64_t k = 0; k < cols; k++)
+                qr[k] = 0;
+            continue;
+        }
         for (int64_t k = 0; k < cols; k++) {
-            /* a row so small that amax / 127 rounds to 0 quantizes to zeros, like a zero row */
-            float v = s > 0.0f ? nearbyintf(wr[k] / s) : 0.0f;
-            v = fminf(fmaxf(v, -(float)LUNA_INT8_MAX), (float)LUNA_INT8_MAX);
-            qr[k] = (int8_t)(v == v ? v : 0.0f);
+            float v = nearbyintf(wr[k] / s);
+            v = v > (float)LUNA_INT8_MAX ? (float)LUNA_INT8_MAX : v;
+            v = v < -(float)LUNA_INT8_MAX ? -(float)LUNA_INT8_MAX : v;
+            qr[k] = v == v ? (int8_t)v : 0;
         }
     }
 }
