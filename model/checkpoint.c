@@ -47,8 +47,8 @@ luna_status luna_checkpoint_save(const char *path, const luna_params *params,
             {"training_state", c->training_state ? c->training_state : ""},
             {LUNA_QUANTIZATION_KEY, "int8"}, /* written for an int8 model only */
         };
-        const int nmeta = (int)(sizeof meta / sizeof meta[0]) -
-                          (params->weight_dtype == LUNA_I8 ? 0 : 1);
+        const int nmeta =
+            (int)(sizeof meta / sizeof meta[0]) - (params->weight_dtype == LUNA_I8 ? 0 : 1);
         s = luna_safetensors_write(path, list, nt, meta, nmeta);
     }
     free(spm_b64);

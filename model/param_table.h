@@ -51,8 +51,8 @@ typedef struct {
      * embeddings are int8 values times per-row scales, held dequantized in `data`, and decoding
      * holds them as int8 (hold_weights) */
     luna_dtype weight_dtype;
-    luna_weights w;    /* views into data */
-    luna_weights g;    /* views into grad, same layout */
+    luna_weights w; /* views into data */
+    luna_weights g; /* views into grad, same layout */
 } luna_params;
 
 /* Allocates both buffers (parameters initialised with seed 1, gradients zero). */

@@ -74,7 +74,8 @@ luna_status luna_params_quantize_int8(luna_params *p) {
     for (int i = 0; i < p->num_tensors; i++)
         if (p->tensors[i].int8) {
             if (p->tensors[i].numel > max_numel) max_numel = p->tensors[i].numel;
-            if ((size_t)p->tensors[i].shape[0] > max_rows) max_rows = (size_t)p->tensors[i].shape[0];
+            if ((size_t)p->tensors[i].shape[0] > max_rows)
+                max_rows = (size_t)p->tensors[i].shape[0];
         }
     int8_t *q = malloc(max_numel ? max_numel : 1);
     float *scale = malloc(sizeof(float) * (max_rows ? max_rows : 1));

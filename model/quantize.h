@@ -32,8 +32,7 @@ bool luna_int8_scale_of(const luna_params *p, const luna_safetensors *st, const 
 
 /* Reads tensor t (I8, its shape) and its scales (F32 [rows], finite, ≥ 0) from st and writes
  * q·scale into dst [numel] (host). One-line errors name the file and the tensor. */
-luna_status luna_int8_tensor_load(const luna_safetensors *st, const luna_param_info *t,
-                                  float *dst);
+luna_status luna_int8_tensor_load(const luna_safetensors *st, const luna_param_info *t, float *dst);
 
 /* Quantizes p's int8 tensors in place (w ← q·scale) and marks p LUNA_I8: the model an int8
  * checkpoint of p would load as (luna-translate --quantize int8). A no-op when p is int8. */

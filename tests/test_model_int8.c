@@ -90,9 +90,8 @@ enum { S = 3, M = 7, T = 6 };
 
 /* Teacher-forced log-probs lp [S][T] of fixed targets (incremental decoding: held weights). */
 static void score(luna_seq2seq *m, float lp[S][T]) {
-    static const int32_t src[S][M] = {{5, 6, 7, 8, 9, 10, 2},
-                                      {11, 12, 13, 2, 1, 1, 1},
-                                      {20, 21, 22, 23, 24, 2, 1}};
+    static const int32_t src[S][M] = {
+        {5, 6, 7, 8, 9, 10, 2}, {11, 12, 13, 2, 1, 1, 1}, {20, 21, 22, 23, 24, 2, 1}};
     static const int32_t len[S] = {7, 4, 6};
     static const int32_t tgt[S][T] = {
         {7, 8, 9, 10, 11, 2}, {25, 26, 27, 28, 2, 2}, {4, 5, 6, 7, 8, 2}};
@@ -180,8 +179,8 @@ START_TEST(int8_model_matches_fp32_within_bound) {
                 worst = fmax(worst, fabs((double)lq[s][t] - lf[s][t]));
             }
         printf("%s: int8 log-probs within %.4f nats of fp32's\n", ARCHS[a], worst);
-        ck_assert_msg(worst <= 0.05, "%s: int8 log-probs differ from fp32 by %.4f nats",
-                      ARCHS[a], worst);
+        ck_assert_msg(worst <= 0.05, "%s: int8 log-probs differ from fp32 by %.4f nats", ARCHS[a],
+                      worst);
         ck_assert_msg(worst > 0.0, "%s: int8 log-probs equal fp32's: int8 not used?", ARCHS[a]);
         ck_assert_int_eq(memcmp(lq, ll, sizeof lq), 0);
         /* the same dequantized weights held as fp32 give other bits: decoding the int8 model
@@ -215,8 +214,8 @@ static void rewrite(const char *name, edit_fn edit, const char *quant) {
         list[i] = *luna_safetensors_at(st, i);
     float *scratch = calloc(1 << 20, sizeof(float));
     if (edit) edit(list, n, scratch);
-    static const char *const keys[] = {"format",    "config",      "layernorm_weight",
-                                       "src_dict",  "tgt_dict",    "spm_model",
+    static const char *const keys[] = {"format",      "config",      "layernorm_weight",
+                                       "src_dict",    "tgt_dict",    "spm_model",
                                        "source_lang", "target_lang", "training_state"};
     luna_st_metadata md[10];
     int nm = 0;

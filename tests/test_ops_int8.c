@@ -8,7 +8,8 @@
  * - saturation edges: rows whose every |x| is the row maximum times weights at ±127 (each
  *   vpmaddubsw pair at ±2·127², the largest sum that fits s16), an all-zero row, a zero output
  *   channel, a row with a NaN or an infinity (NaN outputs for that row alone);
- * - bad holds: one W held as fp32 and int8 is an error; the CUDA backend refuses int8 in one line. */
+ * - bad holds: one W held as fp32 and int8 is an error; the CUDA backend refuses int8 in one line.
+ */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,7 +69,7 @@ static void expect_same_bits(const float *got, const float *want, size_t n, cons
                          want[i]);
 }
 
-static const int shapes[][3] = {{1, 1, 1},    {3, 5, 17},     {4, 256, 1024}, {7, 33, 15},
+static const int shapes[][3] = {{1, 1, 1},     {3, 5, 17},     {4, 256, 1024}, {7, 33, 15},
                                 {13, 256, 33}, {129, 255, 96}, {640, 40, 65}};
 #define NSHAPES (sizeof shapes / sizeof shapes[0])
 
@@ -166,8 +167,8 @@ START_TEST(saturation_zero_rows_and_channels) {
     float *b = luna_test_random_vector(&rng, (size_t)out, -1.0f, 1.0f);
     for (int k = 0; k < in; k++) {
         const float sgn = (k / 2) % 2 ? -1.0f : 1.0f;
-        x[k] = 3.5f * sgn;                 /* matches channel 0's signs: pairs +2·127² */
-        x[in + k] = -3.5f * sgn;           /* against channel 0: pairs −2·127² */
+        x[k] = 3.5f * sgn;       /* matches channel 0's signs: pairs +2·127² */
+        x[in + k] = -3.5f * sgn; /* against channel 0: pairs −2·127² */
         x[2 * in + k] = 0.0f;
         W[k] = 0.25f * sgn;
         W[in + k] = (k % 2 ? -0.25f : 0.25f); /* pairs of opposite signs */
@@ -187,10 +188,10 @@ START_TEST(saturation_zero_rows_and_channels) {
         ck_assert_float_eq_tol(y[0], 3.5f * 0.25f * in + b[0], 1e-4f);
         ck_assert_float_eq_tol(y[out], -3.5f * 0.25f * in + b[0], 1e-4f);
         for (int n = 0; n < out; n++) {
-            ck_assert_float_eq(y[2 * out + n], b[n]);  /* a zero row: the bias */
-            ck_assert(isnan(y[3 * out + n]));          /* NaN row */
-            ck_assert(isnan(y[4 * out + n]));          /* infinite row */
-            ck_assert(isfinite(y[5 * out + n]));       /* its neighbours are unharmed */
+            ck_assert_float_eq(y[2 * out + n], b[n]); /* a zero row: the bias */
+            ck_assert(isnan(y[3 * out + n]));         /* NaN row */
+            ck_assert(isnan(y[4 * out + n]));         /* infinite row */
+            ck_assert(isfinite(y[5 * out + n]));      /* its neighbours are unharmed */
         }
         for (int i = 0; i < rows; i++)
             if (i != 3 && i != 4) ck_assert_float_eq(y[i * out + 2], b[2]); /* a zero channel */

@@ -1,7 +1,7 @@
 /* luna-train as a program: option errors, bad inputs (another language pair, another
- * architecture, a truncated checkpoint, an int8 checkpoint, an unwritable --save-dir, a full disk while saving), the
- * SIGTERM save-and-exit, --max-update 0, --help and the JSON log. Each failure must be one line
- * on stderr naming the file, with the documented exit status. */
+ * architecture, a truncated checkpoint, an int8 checkpoint, an unwritable --save-dir, a full disk
+ * while saving), the SIGTERM save-and-exit, --max-update 0, --help and the JSON log. Each failure
+ * must be one line on stderr naming the file, with the documented exit status. */
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>

@@ -6,9 +6,10 @@
  *
  * For each row count and Linear shape of a decoder step (d→d, d→ffn, ffn→d, d→vocab) prints
  * CPU microseconds per call (process CPU time: the machines are shared; median of 5 rounds of
- * REPS calls, the variants interleaved round by round) and GOP/s (2·rows·in·out per call). The int8 times include the per-row quantization of
- * x and the dequantizing epilogue; oneDNN's include quantizing x (one scale per tensor, less work
- * than per row) and its scaled f32 output with the bias. */
+ * REPS calls, the variants interleaved round by round) and GOP/s (2·rows·in·out per call). The int8
+ * times include the per-row quantization of x and the dequantizing epilogue; oneDNN's include
+ * quantizing x (one scale per tensor, less work than per row) and its scaled f32 output with the
+ * bias. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,8 +76,10 @@ static void dnnl_create(dnnl_linear *L, const float *W, const float *b, int rows
     dnnl_primitive_attr_t attr;
     DN(dnnl_primitive_attr_create(&attr));
     /* runtime, per column */
-    DN(dnnl_primitive_attr_set_output_scales(attr, 1, 1 << 1, (const float[]){DNNL_RUNTIME_F32_VAL}));
-    DN(dnnl_primitive_attr_set_zero_points(attr, DNNL_ARG_SRC, 1, 0, (const int32_t[]){DNNL_RUNTIME_S32_VAL}));
+    DN(dnnl_primitive_attr_set_output_scales(attr, 1, 1 << 1,
+                                             (const float[]){DNNL_RUNTIME_F32_VAL}));
+    DN(dnnl_primitive_attr_set_zero_points(attr, DNNL_ARG_SRC, 1, 0,
+                                           (const int32_t[]){DNNL_RUNTIME_S32_VAL}));
     dnnl_primitive_desc_t pd;
     DN(dnnl_primitive_desc_create(&pd, &md, attr, L->eng, NULL));
     const dnnl_memory_desc_t *wq = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
@@ -149,12 +152,18 @@ int main(int argc, char **argv) {
     int reps = 200, threads = 1, d = 256, ffn = 1024, vocab = 7792;
     char rows_list[64] = "4,128";
     for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--rows")) snprintf(rows_list, sizeof rows_list, "%s", argv[i + 1]);
-        else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--d")) d = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--ffn")) ffn = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--vocab")) vocab = atoi(argv[i + 1]);
+        if (!strcmp(argv[i], "--rows"))
+            snprintf(rows_list, sizeof rows_list, "%s", argv[i + 1]);
+        else if (!strcmp(argv[i], "--threads"))
+            threads = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--reps"))
+            reps = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--d"))
+            d = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--ffn"))
+            ffn = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--vocab"))
+            vocab = atoi(argv[i + 1]);
         else {
             fprintf(stderr, "bench-int8: unknown option %s\n", argv[i]);
             return 2;
@@ -177,7 +186,8 @@ int main(int argc, char **argv) {
             const int in = shapes[s][0], out = shapes[s][1];
             float *x = malloc(sizeof(float) * (size_t)rows * in);
             float *W = malloc(sizeof(float) * (size_t)out * in), *b = calloc(out, sizeof(float));
-            float *y = malloc(sizeof(float) * (size_t)rows * out), *tmp = malloc(sizeof(float) * out);
+            float *y = malloc(sizeof(float) * (size_t)rows * out),
+                  *tmp = malloc(sizeof(float) * out);
             float *W8 = malloc(sizeof(float) * (size_t)out * in);
             for (size_t i = 0; i < (size_t)rows * in; i++)
                 x[i] = (float)((i * 2654435761u) % 2001) / 1000.0f - 1.0f;
@@ -209,8 +219,8 @@ int main(int argc, char **argv) {
 #ifdef LUNA_WITH_DNNL
                             dnnl_run(&L, x, tmp, sw);
 #endif
-                        } else if (be->ops->linear_forward(be, y, x, v == 0 ? W : W8, b, rows,
-                                                           in, out) != LUNA_OK) {
+                        } else if (be->ops->linear_forward(be, y, x, v == 0 ? W : W8, b, rows, in,
+                                                           out) != LUNA_OK) {
                             fprintf(stderr, "bench-int8: %s\n", luna_error_message());
                             return 1;
                         }

@@ -547,10 +547,9 @@ static luna_status run(program *p) {
     LUNA_TRY(luna_checkpoint_load_model(opt.checkpoint, p->be, &p->model, &p->meta));
     if (strcmp(opt.quantize, "int8") == 0) LUNA_TRY(luna_params_quantize_int8(p->model->params));
     if (p->model->params->weight_dtype == LUNA_I8 && strcmp(opt.device, "cpu") != 0)
-        return luna_error(LUNA_ERR_UNSUPPORTED,
-                          "%s: int8 weights%s decode on the CPU only; use --device cpu",
-                          opt.checkpoint,
-                          strcmp(opt.quantize, "int8") == 0 ? " (--quantize int8)" : "");
+        return luna_error(
+            LUNA_ERR_UNSUPPORTED, "%s: int8 weights%s decode on the CPU only; use --device cpu",
+            opt.checkpoint, strcmp(opt.quantize, "int8") == 0 ? " (--quantize int8)" : "");
     LUNA_TRY(luna_checkpoint_load_vocab(opt.checkpoint, p->model->config.vocab_size, &p->src_dict,
                                         &p->tgt_dict, &p->spm));
     if (!p->src_dict || !p->tgt_dict ||

@@ -134,7 +134,7 @@ static float quantize_row_scalar(const float *x, int in, int G, int8_t *qr) {
 
 #if HAVE_X86
 __attribute__((target("avx2,fma"))) static float quantize_row_avx2(const float *x, int in, int G,
-                                                                  int8_t *qr) {
+                                                                   int8_t *qr) {
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     const __m256 fmax = _mm256_set1_ps(3.402823466e38f);
     __m256 m = _mm256_setzero_ps(), ok = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
@@ -212,8 +212,8 @@ static void pack_block(luna_int8_kernel kern, const luna_int8_weight *w, luna_in
 
 /* ---- kernels: acc [MR][PANEL·np] (row stride 2·PANEL) for one block of rows ----------------- */
 
-static void kernel_scalar(int mr, const int8_t *xs, const int8_t *wp, size_t pstride, int np,
-                          int G, int32_t *acc) {
+static void kernel_scalar(int mr, const int8_t *xs, const int8_t *wp, size_t pstride, int np, int G,
+                          int32_t *acc) {
     for (int p = 0; p < np; p++)
         for (int i = 0; i < mr; i++)
             for (int j = 0; j < PANEL; j++) {
@@ -295,9 +295,10 @@ kernel_vnni(const int mr, const bool pf, const uint8_t *xa, const int8_t *wp, si
     }
 }
 
-__attribute__((target("avx2,fma"))) static void
-block_avx2(int mr, bool pf, const int8_t *xs, const uint8_t *xa, const int8_t *wp, size_t pstride,
-           int np, int G, int32_t *acc) {
+__attribute__((target("avx2,fma"))) static void block_avx2(int mr, bool pf, const int8_t *xs,
+                                                           const uint8_t *xa, const int8_t *wp,
+                                                           size_t pstride, int np, int G,
+                                                           int32_t *acc) {
     for (int p = 0; p < np; p++) {
         const int8_t *w = wp + p * pstride;
         int32_t *a = acc + p * PANEL;
@@ -334,9 +335,8 @@ block_vnni(int mr, bool pf, const uint8_t *xa, const int8_t *wp, size_t pstride,
 #if HAVE_X86
 /* 16 outputs of one row: the scalar epilogue's operations in the same order (int32 → float
  * rounds to nearest like the cast; one product sx·sW; one fused multiply-add). */
-__attribute__((target("avx2,fma"))) static void store16_avx2(float *yr, const int32_t *ar,
-                                                              float s, const float *sw,
-                                                              const float *b) {
+__attribute__((target("avx2,fma"))) static void store16_avx2(float *yr, const int32_t *ar, float s,
+                                                             const float *sw, const float *b) {
     const __m256 vs = _mm256_set1_ps(s);
     for (int h = 0; h < PANEL; h += 8) {
         const __m256 a = _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(ar + h)));
@@ -431,7 +431,8 @@ bool luna_int8_linear(luna_int8_kernel kern, const luna_int8_weight *w, luna_int
     /* small products stay on one thread (fork/join ~µs), as held_weights.c */
     if (rows * (int64_t)w->in * w->out < 65536) threads = 1;
     const size_t qrow = (size_t)2 * G * GROUP; /* per thread: pack_block's two rows */
-    /* chunks of an even number of panels: at most CHUNK_BYTES of weights, at least one per thread */
+    /* chunks of an even number of panels: at most CHUNK_BYTES of weights, at least one per thread
+     */
     int chunk = (int)(CHUNK_BYTES / ((size_t)G * PANEL * GROUP));
     if (chunk > (np + threads - 1) / threads) chunk = (np + threads - 1) / threads;
     chunk = chunk < 2 ? 2 : chunk + chunk % 2;

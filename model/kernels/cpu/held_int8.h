@@ -62,10 +62,10 @@ void luna_int8_weight_free(luna_int8_weight *w);
 
 /* Per-call buffers (the packed rows of x and their scales), grown as needed. */
 typedef struct {
-    int8_t *xs;      /* qx, packed */
-    uint8_t *xa;     /* AVX2: |qx|; VNNI: qx + 128; packed like xs */
-    float *sx;       /* [rows rounded up to MR] */
-    int8_t *qrow;    /* [threads][2·groups·4]: one row of qx (and of xa) before packing */
+    int8_t *xs;   /* qx, packed */
+    uint8_t *xa;  /* AVX2: |qx|; VNNI: qx + 128; packed like xs */
+    float *sx;    /* [rows rounded up to MR] */
+    int8_t *qrow; /* [threads][2·groups·4]: one row of qx (and of xa) before packing */
     size_t cap, rows_cap, qrow_cap;
 } luna_int8_scratch;
 
@@ -73,7 +73,7 @@ void luna_int8_scratch_free(luna_int8_scratch *s);
 
 /* y [rows, out] = x [rows, in] · Wᵀ + b (b NULL: none) as above, with kernel k (which must be
  * available). false when out of memory (nothing written). */
-bool luna_int8_linear(luna_int8_kernel k, const luna_int8_weight *w, luna_int8_scratch *s,
-                      float *y, const float *x, const float *b, int64_t rows, int threads);
+bool luna_int8_linear(luna_int8_kernel k, const luna_int8_weight *w, luna_int8_scratch *s, float *y,
+                      const float *x, const float *b, int64_t rows, int threads);
 
 #endif

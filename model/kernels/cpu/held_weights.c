@@ -48,7 +48,7 @@
 typedef struct {
     const float *W; /* the caller's weights (the key) */
     int out, in;
-    int refs;      /* holds not yet released (two decoders on one model share the panels) */
+    int refs; /* holds not yet released (two decoders on one model share the panels) */
     luna_dtype dtype;
     float *panels;       /* F32: [ceil(out/16)][in][16] */
     luna_int8_weight q8; /* I8 */
