@@ -319,6 +319,10 @@ START_TEST(bad_int8_files_are_one_line_errors) {
                        &o);
     ck_assert_int_eq(r.status, 2);
     ck_assert_ptr_nonnull(strstr(r.err, "--dtype int8 is required"));
+    r = luna_test_exec(quantize, (const char *const[]){"--help", NULL}, &o);
+    ck_assert_int_eq(r.status, 0);
+    ck_assert_ptr_nonnull(strstr(r.out, "--dtype"));
+    ck_assert_ptr_nonnull(strstr(r.out, "--output FILE"));
     r = luna_test_exec(
         quantize, (const char *const[]){"tr.safetensors", "y.safetensors", "--dtype", "int8", NULL},
         &o);

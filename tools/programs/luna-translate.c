@@ -41,6 +41,8 @@
 #include "core/file_util.h"
 #include "data/checkpoint_vocab.h"
 #include "model/checkpoint.h"
+#include "model/kernels/cpu/cpu_ops.h"
+#include "model/kernels/cpu/held_int8.h"
 #include "model/kernels/registry.h"
 #include "model/quantize.h"
 #include "core/options_registry.h"
@@ -631,14 +633,15 @@ static luna_status run(program *p) {
         fprintf(stderr, PROG ": note: plain output shows the best hypothesis only; use "
                              "--output-format fairseq for the n-best list\n");
     if (st == LUNA_OK) st = opt.score_reference ? write_scores(p, n) : write_translations(p, n);
+    const bool int8 = p->model->params->weight_dtype == LUNA_I8; /* and its kernel, said below */
     if (st == LUNA_OK && !opt.quiet)
         fprintf(stderr,
                 PROG ": %s %zu sentences (%zu empty) in %.2f s: %.2f sentences/s, %.1f target "
-                     "tokens/s (beam %lld, %lld threads; %.2f s CPU%s)\n",
+                     "tokens/s (beam %lld, %lld threads; %.2f s CPU%s%s)\n",
                 opt.score_reference ? "scored" : "translated", n, n - k, secs,
                 secs > 0 ? k / secs : 0.0, secs > 0 ? tokens / secs : 0.0, (long long)opt.beam,
-                (long long)opt.threads, cpu_secs,
-                p->model->params->weight_dtype == LUNA_I8 ? ", int8" : "");
+                (long long)opt.threads, cpu_secs, int8 ? ", int8 " : "",
+                int8 ? luna_int8_kernel_name((luna_int8_kernel)luna_cpu_int8_kernel(p->be)) : "");
     return st;
 }
 
