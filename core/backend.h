@@ -441,6 +441,10 @@ struct luna_ops {
      *   row's result is also independent of the other rows (not on CUDA, whose cuBLASLt chooses
      *   its algorithm by shape, so the row count can move the last bits). Decoding holds the
      *   decoder's weights for its lifetime (model/decoder_step.h); training holds nothing.
+     *   dtype LUNA_F32 holds W as it is; LUNA_I8 (int8 models, model/quantize.h) holds W quantized
+     *   per output channel, and linear_forward(W) then quantizes x per row and multiplies in int8
+     *   (CPU only: model/kernels/cpu/held_int8.h states the math and its error bound; the CUDA
+     *   backend refuses it). One W is held with one dtype at a time.
      * release_weights: ends one hold; the last drops what hold_weights kept (W NULL: no-op; a W not
      *   held is an error). W must be released before its memory is freed or reused. */
     luna_status (*gather_rows)(luna_backend *be, luna_act *dst, int64_t dst_stride,
@@ -452,7 +456,8 @@ struct luna_ops {
     luna_status (*cache_products)(luna_backend *be, bool values, luna_act *y, const luna_act *x,
                                   const luna_act *C, const int32_t *ind, int R, int H, int dh,
                                   int T, int T_cap);
-    luna_status (*hold_weights)(luna_backend *be, const float *W, int out, int in);
+    luna_status (*hold_weights)(luna_backend *be, const float *W, int out, int in,
+                                luna_dtype dtype);
     luna_status (*release_weights)(luna_backend *be, const float *W);
 };
 

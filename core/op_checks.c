@@ -418,10 +418,13 @@ static luna_status cache_products(luna_backend *be, bool values, luna_act *y, co
     if (R > 0 && (!y || !x || !C || !ind)) BAD("cache_products: null pointer");
     return be->kernels->cache_products(be, values, y, x, C, ind, R, H, dh, T, T_cap);
 }
-static luna_status hold_weights(luna_backend *be, const float *W, int out, int in) {
+static luna_status hold_weights(luna_backend *be, const float *W, int out, int in,
+                                luna_dtype dtype) {
     if (!W || out <= 0 || in <= 0)
         BAD("hold_weights: W %p, out %d, in %d", (const void *)W, out, in);
-    return be->kernels->hold_weights(be, W, out, in);
+    if (dtype != LUNA_F32 && dtype != LUNA_I8)
+        BAD("hold_weights: dtype %s (F32 or I8)", luna_dtype_name(dtype));
+    return be->kernels->hold_weights(be, W, out, in, dtype);
 }
 static luna_status release_weights(luna_backend *be, const float *W) {
     if (!W) return LUNA_OK;

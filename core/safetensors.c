@@ -28,7 +28,7 @@ static const struct {
 } dtypes[] = {
     {"F32", 4, LUNA_F32}, {"BF16", 2, LUNA_BF16}, {"I32", 4, LUNA_I32}, {"F64", 8, -1},
     {"F16", 2, -1},       {"I64", 8, -1},         {"U64", 8, -1},       {"U32", 4, -1},
-    {"I16", 2, -1},       {"U16", 2, -1},         {"I8", 1, -1},        {"U8", 1, -1},
+    {"I16", 2, -1},       {"U16", 2, -1},         {"I8", 1, LUNA_I8},   {"U8", 1, -1},
     {"BOOL", 1, -1},      {"F8_E4M3", 1, -1},     {"F8_E5M2", 1, -1},
 };
 
@@ -61,7 +61,8 @@ luna_status luna_safetensors_write(const char *path, const luna_st_tensor *tenso
     uint64_t offset = 0;
     for (int i = 0; i < num_tensors; i++) {
         const luna_st_tensor *t = &tensors[i];
-        if (t->dtype != LUNA_F32 && t->dtype != LUNA_BF16 && t->dtype != LUNA_I32) {
+        if (t->dtype != LUNA_F32 && t->dtype != LUNA_BF16 && t->dtype != LUNA_I32 &&
+            t->dtype != LUNA_I8) {
             luna_json_writer_free(&w);
             return luna_error(LUNA_ERR_INVALID_ARGUMENT, "%s: tensor '%s': cannot write dtype %d",
                               path, t->name, t->dtype);

@@ -19,9 +19,10 @@
 #include "core/tensor.h"
 
 /* A tensor to write, or one found in a file. `dtype_name` is the safetensors spelling ("F32",
- * "BF16", "I32", and when reading also any other, e.g. "I64", "F16"); `dtype` is its luna_dtype
- * when known (LUNA_F32/LUNA_BF16/LUNA_I32), else -1. `data` points at host memory (when reading:
- * into the read-only mapping, not necessarily aligned — copy it with memcpy). */
+ * "BF16", "I32", "I8", and when reading also any other, e.g. "I64", "F16"); `dtype` is its
+ * luna_dtype when known (LUNA_F32/LUNA_BF16/LUNA_I32/LUNA_I8), else -1. `data` points at host
+ * memory (when reading: into the read-only mapping, not necessarily aligned — copy it with memcpy).
+ */
 typedef struct {
     const char *name;
     int dtype; /* luna_dtype, or -1 */

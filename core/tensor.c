@@ -11,6 +11,7 @@ size_t luna_dtype_size(luna_dtype dtype) {
     case LUNA_F32: return 4;
     case LUNA_BF16: return 2;
     case LUNA_I32: return 4;
+    case LUNA_I8: return 1;
     }
     return 0;
 }
@@ -20,6 +21,7 @@ const char *luna_dtype_name(luna_dtype dtype) {
     case LUNA_F32: return "F32";
     case LUNA_BF16: return "BF16";
     case LUNA_I32: return "I32";
+    case LUNA_I8: return "I8";
     }
     return "?";
 }

@@ -20,6 +20,7 @@ typedef enum {
     LUNA_F32 = 0,
     LUNA_BF16, /* the CUDA backend's activations in --precision bf16 */
     LUNA_I32,
+    LUNA_I8, /* int8 checkpoints' weights (core/quantize.h) */
 } luna_dtype;
 
 typedef enum {

@@ -1,6 +1,8 @@
 /* The text-to-text translation pipeline (decoding/text_translator.h). */
 #include "decoding/text_translator.h"
 
+#include "model/quantize.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,12 +96,19 @@ void luna_text_translator_free(luna_text_translator *t) {
 }
 
 luna_status luna_text_translator_create(luna_text_translator **out, const char *checkpoint,
-                                        const char *device, const luna_backend_options *bo) {
+                                        const char *device, const luna_backend_options *bo,
+                                        bool quantize_int8) {
     *out = NULL;
     luna_text_translator *t = calloc(1, sizeof *t);
     if (!t) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
     luna_status st = luna_backend_create(&t->be, device, bo);
     if (st == LUNA_OK) st = luna_checkpoint_load_model(checkpoint, t->be, &t->model, &t->meta);
+    /* before the decoder holds its weights (luna_incremental_create): they are held as int8 */
+    if (st == LUNA_OK && quantize_int8) st = luna_params_quantize_int8(t->model->params);
+    if (st == LUNA_OK && t->model->params->weight_dtype == LUNA_I8 && strcmp(device, "cpu") != 0)
+        st = luna_error(LUNA_ERR_UNSUPPORTED,
+                        "%s: int8 weights%s decode on the CPU only; use --device cpu", checkpoint,
+                        quantize_int8 ? " (--quantize int8)" : "");
     if (st == LUNA_OK)
         st = luna_checkpoint_load_vocab(checkpoint, t->model->config.vocab_size, &t->src_dict,
                                         &t->tgt_dict, &t->spm);

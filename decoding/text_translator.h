@@ -62,9 +62,11 @@ typedef struct {
 } luna_text_translator;
 
 /* Load `checkpoint` (written by luna-train or luna-average: it must carry its dictionaries) on a
- * new backend `device` with options `bo`. */
+ * new backend `device` with options `bo`; quantize_int8: its weights quantized to int8 at load
+ * (model/quantize.h, CPU only), before the decoder holds them. */
 luna_status luna_text_translator_create(luna_text_translator **out, const char *checkpoint,
-                                        const char *device, const luna_backend_options *bo);
+                                        const char *device, const luna_backend_options *bo,
+                                        bool quantize_int8);
 void luna_text_translator_free(luna_text_translator *t);
 
 /* Encoded sentences: ids[i] (len[i] tokens, ending with </s>), NULL for a blank sentence. */

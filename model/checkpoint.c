@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/base64.h"
+#include "model/quantize.h"
 #include "model/seq2seq.h"
 
 luna_status luna_checkpoint_save(const char *path, const luna_params *params,
@@ -13,30 +14,27 @@ luna_status luna_checkpoint_save(const char *path, const luna_params *params,
     if (!c || !c->src_dict_text || !c->tgt_dict_text || !c->source_lang || !c->target_lang)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT,
                           "%s: checkpoint needs both dictionaries and languages", path);
-    int nt = params->num_tensors + c->num_extra_tensors;
     float *host = malloc(params->num_params * sizeof(float));
-    luna_st_tensor *list = calloc((size_t)nt, sizeof *list);
+    luna_st_tensor *params_list = NULL, *list = NULL;
+    void *storage = NULL;
+    int np = 0;
     char *config_json = NULL, *spm_b64 = NULL;
     luna_status s = LUNA_OK;
-    if (!host || !list)
-        s = luna_error(LUNA_ERR_OUT_OF_MEMORY, "%s: out of host memory for saving", path);
+    if (!host) s = luna_error(LUNA_ERR_OUT_OF_MEMORY, "%s: out of host memory for saving", path);
     if (s == LUNA_OK) s = luna_config_to_json(&params->config, &config_json);
     if (s == LUNA_OK)
         s = luna_base64_encode(c->spm_model, c->spm_model ? c->spm_model_size : 0, &spm_b64, NULL);
     if (s == LUNA_OK)
         s = luna_mem_to_host(params->be, host, params->data, params->num_params * sizeof(float));
+    /* an int8 model's int8 tensors and their scales (model/quantize.h) */
+    if (s == LUNA_OK) s = luna_params_save_list(params, host, &params_list, &np, &storage);
+    const int nt = np + c->num_extra_tensors;
+    if (s == LUNA_OK && !(list = calloc((size_t)nt, sizeof *list)))
+        s = luna_error(LUNA_ERR_OUT_OF_MEMORY, "%s: out of host memory for saving", path);
     if (s == LUNA_OK) {
-        for (int i = 0; i < params->num_tensors; i++) {
-            const luna_param_info *t = &params->tensors[i];
-            list[i] = (luna_st_tensor){.name = t->name,
-                                       .dtype = LUNA_F32,
-                                       .ndim = t->ndim,
-                                       .shape = {t->shape[0], t->shape[1]},
-                                       .data = host + t->offset,
-                                       .nbytes = t->numel * sizeof(float)};
-        }
+        memcpy(list, params_list, sizeof *list * (size_t)np);
         for (int i = 0; i < c->num_extra_tensors; i++)
-            list[params->num_tensors + i] = c->extra_tensors[i];
+            list[np + i] = c->extra_tensors[i];
         const luna_st_metadata meta[] = {
             {"format", LUNA_CHECKPOINT_FORMAT},
             {"config", config_json},
@@ -47,12 +45,17 @@ luna_status luna_checkpoint_save(const char *path, const luna_params *params,
             {"source_lang", c->source_lang},
             {"target_lang", c->target_lang},
             {"training_state", c->training_state ? c->training_state : ""},
+            {LUNA_QUANTIZATION_KEY, "int8"}, /* written for an int8 model only */
         };
-        s = luna_safetensors_write(path, list, nt, meta, (int)(sizeof meta / sizeof meta[0]));
+        const int nmeta =
+            (int)(sizeof meta / sizeof meta[0]) - (params->weight_dtype == LUNA_I8 ? 0 : 1);
+        s = luna_safetensors_write(path, list, nt, meta, nmeta);
     }
     free(spm_b64);
     free(config_json);
     free(list);
+    free(params_list);
+    free(storage);
     free(host);
     return s;
 }
@@ -83,6 +86,12 @@ luna_status luna_checkpoint_open(luna_safetensors **out, const char *path) {
                        path, format ? "\"" : "", format ? format : "missing", format ? "\"" : "");
         luna_safetensors_close(st);
         return s;
+    }
+    luna_dtype weights;
+    luna_status bad = luna_checkpoint_weight_dtype(st, &weights); /* an unknown quantization */
+    if (bad != LUNA_OK) {
+        luna_safetensors_close(st);
+        return bad;
     }
     for (size_t i = 0; i < sizeof REQUIRED_KEYS / sizeof REQUIRED_KEYS[0]; i++)
         if (!luna_safetensors_metadata(st, REQUIRED_KEYS[i])) {

@@ -15,6 +15,8 @@
  *                     epoch, iterator_offset, best_loss, patience_counter, seed, lr_scheduler,
  *                     optimizer, args, luna_version, ... (written and read by
  *                     trainer/train_state.c)
+ *   "quantization"    "int8" for an int8 model (its Linear weights and embeddings as I8 tensors
+ * with F32 "<name>_scale" per-row scales: model/quantize.h); absent for fp32
  *
  * The vocabulary travels as opaque text/bytes here (the model layer does not parse it); the data
  * layer turns it into dictionaries and a SentencePiece model (data/checkpoint_vocab.h).

@@ -268,13 +268,15 @@ luna_status luna_decoder_step(const luna_pass *ps, luna_seq2seq *model,
 
 /* ---- held weights ---------------------------------------------------------------------------- */
 
-static luna_status hold_one(luna_backend *be, const luna_linear_w *l, int in, int out, bool hold) {
+/* hold: the dtype to hold as (LUNA_F32, or LUNA_I8 for an int8 model), or RELEASE. */
+#define RELEASE (-1)
+static luna_status hold_one(luna_backend *be, const luna_linear_w *l, int in, int out, int hold) {
     if (!l->weight) return LUNA_OK;
-    return hold ? be->ops->hold_weights(be, l->weight, out, in)
-                : be->ops->release_weights(be, l->weight);
+    return hold != RELEASE ? be->ops->hold_weights(be, l->weight, out, in, (luna_dtype)hold)
+                           : be->ops->release_weights(be, l->weight);
 }
 
-static luna_status hold_attention(luna_backend *be, const luna_attn_w *a, int d, bool hold) {
+static luna_status hold_attention(luna_backend *be, const luna_attn_w *a, int d, int hold) {
     const luna_linear_w *all[] = {&a->pq_proj, &a->q_proj, &a->pc_proj, &a->c_proj,  &a->pk_proj,
                                   &a->pv_proj, &a->k_proj, &a->v_proj,  &a->out_proj};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
@@ -282,8 +284,10 @@ static luna_status hold_attention(luna_backend *be, const luna_attn_w *a, int d,
     return LUNA_OK;
 }
 
-luna_status luna_decoder_hold_weights(luna_seq2seq *model, bool hold) {
+luna_status luna_decoder_hold_weights(luna_seq2seq *model, bool holding) {
     luna_backend *be = model->be;
+    /* an int8 model's weights are held as int8: its Linears multiply in int8 */
+    const int hold = holding ? (int)model->params->weight_dtype : RELEASE;
     const luna_config *c = &model->config;
     const luna_weights *w = &model->params->w;
     const int d = c->decoder_embed_dim, ffn = c->decoder_ffn_embed_dim;
@@ -292,19 +296,19 @@ luna_status luna_decoder_hold_weights(luna_seq2seq *model, bool hold) {
     for (int i = 0; i < c->encoder_layers; i++) { /* luna_decoder_begin encodes each batch */
         const luna_encoder_layer_w *l = &w->encoder[i];
         luna_status st = hold_attention(be, &l->self_attn, de, hold);
-        if (st == LUNA_OK || !hold) st = hold_one(be, &l->fc1, de, ffn_e, hold);
-        if (st == LUNA_OK || !hold) st = hold_one(be, &l->fc2, ffn_e, de, hold);
+        if (st == LUNA_OK || !holding) st = hold_one(be, &l->fc1, de, ffn_e, hold);
+        if (st == LUNA_OK || !holding) st = hold_one(be, &l->fc2, ffn_e, de, hold);
         if (st != LUNA_OK && first == LUNA_OK) first = st;
-        if (st != LUNA_OK && hold) return st;
+        if (st != LUNA_OK && holding) return st;
     }
     for (int i = 0; i < c->decoder_layers; i++) {
         const luna_decoder_layer_w *l = &w->decoder[i];
         luna_status st = hold_attention(be, &l->self_attn, d, hold);
-        if (st == LUNA_OK || !hold) st = hold_attention(be, &l->encoder_attn, d, hold);
-        if (st == LUNA_OK || !hold) st = hold_one(be, &l->fc1, d, ffn, hold);
-        if (st == LUNA_OK || !hold) st = hold_one(be, &l->fc2, ffn, d, hold);
+        if (st == LUNA_OK || !holding) st = hold_attention(be, &l->encoder_attn, d, hold);
+        if (st == LUNA_OK || !holding) st = hold_one(be, &l->fc1, d, ffn, hold);
+        if (st == LUNA_OK || !holding) st = hold_one(be, &l->fc2, ffn, d, hold);
         if (st != LUNA_OK && first == LUNA_OK) first = st;
-        if (st != LUNA_OK && hold) return st;
+        if (st != LUNA_OK && holding) return st;
     }
     luna_linear_w out = {.weight = w->output_projection};
     luna_status st = hold_one(be, &out, d, c->vocab_size, hold);

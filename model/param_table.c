@@ -1,5 +1,6 @@
 #include "model/param_table.h"
 #include "model/pass.h"
+#include "model/quantize.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -43,6 +44,11 @@ static void visit(walker *wk, float **slot, const char *name, int ndim, int64_t 
     wk->offset += numel;
 }
 
+/* Marks the tensor just visited as one an int8 model stores in int8 (model/quantize.h). */
+static void int8_storable(walker *wk) {
+    if (wk->tensors) wk->tensors[wk->count - 1].int8 = true;
+}
+
 typedef enum { LIN_QKV, LIN_OUT, LIN_FFN } linear_kind;
 
 static void linear(walker *wk, luna_linear_w *w, const char *prefix, const char *name, int in,
@@ -54,6 +60,7 @@ static void linear(walker *wk, luna_linear_w *w, const char *prefix, const char 
     else
         visit(wk, &w->weight, full, 2, out, in, LUNA_INIT_XAVIER,
               kind == LIN_QKV ? 1.0 / sqrt(2.0) : 1.0, in, out);
+    int8_storable(wk);
     snprintf(full, sizeof full, "%s.%s.bias", prefix, name);
     visit(wk, &w->bias, full, 1, out, 0,
           kind == LIN_OUT ? LUNA_INIT_ZERO : LUNA_INIT_UNIFORM_FAN_IN, 0, in, out);
@@ -125,6 +132,7 @@ static void walk(walker *wk, const luna_config *c, luna_weights *w) {
     float *dummy;
     visit(wk, w ? &w->embed_tokens : &dummy, "encoder.embed_tokens.weight", 2, c->vocab_size, d,
           LUNA_INIT_NORMAL, 1.0 / sqrt((double)d), d, c->vocab_size);
+    int8_storable(wk);
     if (luna)
         visit(wk, w ? &w->projected_embeddings : &dummy, "encoder.projected_embeddings", 2,
               c->projection_length, d, LUNA_INIT_NORMAL, 1.0 / sqrt((double)d), d,
@@ -164,10 +172,11 @@ static void walk(walker *wk, const luna_config *c, luna_weights *w) {
         }
     }
     const int dd = c->decoder_embed_dim;
-    if (!c->share_all_embeddings)
+    if (!c->share_all_embeddings) {
         visit(wk, w ? &w->decoder_embed_tokens : &dummy, "decoder.embed_tokens.weight", 2,
               c->vocab_size, dd, LUNA_INIT_NORMAL, 1.0 / sqrt((double)dd), dd, c->vocab_size);
-    else if (w)
+        int8_storable(wk);
+    } else if (w)
         w->decoder_embed_tokens = w->embed_tokens;
     for (int i = 0; i < c->decoder_layers; i++) {
         luna_decoder_layer_w *l = w ? &w->decoder[i] : &scratch_d;
@@ -196,10 +205,11 @@ static void walk(walker *wk, const luna_config *c, luna_weights *w) {
             projection(wk, w ? &l->projected_embeddings : &dummy, prefix, c, dd);
         }
     }
-    if (!c->share_all_embeddings && !c->share_decoder_input_output_embed)
+    if (!c->share_all_embeddings && !c->share_decoder_input_output_embed) {
         visit(wk, w ? &w->output_projection : &dummy, "decoder.output_projection.weight", 2,
               c->vocab_size, dd, LUNA_INIT_NORMAL, 1.0 / sqrt((double)dd), dd, c->vocab_size);
-    else if (w)
+        int8_storable(wk);
+    } else if (w)
         w->output_projection = w->decoder_embed_tokens;
 }
 
@@ -491,6 +501,7 @@ luna_status luna_params_load(luna_params *p, const luna_safetensors *st) {
         const char *name = luna_safetensors_at(st, i)->name;
         bool param_like = strncmp(name, "encoder.", 8) == 0 || strncmp(name, "decoder.", 8) == 0;
         if (!param_like || luna_params_find(p, name) || buffer_name(name)) continue;
+        if (luna_int8_scale_of(p, st, name)) continue; /* an int8 weight's scales */
         const char *target = alias_target(&p->config, name);
         if (!target)
             return luna_error(LUNA_ERR_MISMATCH,
@@ -505,9 +516,19 @@ luna_status luna_params_load(luna_params *p, const luna_safetensors *st) {
         return luna_error(LUNA_ERR_OUT_OF_MEMORY,
                           "%s: out of host memory for %zu parameters (%.1f GiB)", path,
                           p->num_params, (double)p->num_params * sizeof(float) / (1 << 30));
+    luna_dtype weights;
+    LUNA_TRY(luna_checkpoint_weight_dtype(st, &weights));
     for (int i = 0; i < p->num_tensors; i++) {
         const luna_param_info *t = &p->tensors[i];
         const luna_st_tensor *found;
+        if (weights == LUNA_I8 && t->int8) { /* int8 values and their scales, dequantized */
+            luna_status s = luna_int8_tensor_load(st, t, host + t->offset);
+            if (s != LUNA_OK) {
+                free(host);
+                return s;
+            }
+            continue;
+        }
         luna_status s = luna_safetensors_expect(st, t->name, LUNA_F32, t->ndim, t->shape, &found);
         if (s != LUNA_OK) {
             free(host);
@@ -522,6 +543,7 @@ luna_status luna_params_load(luna_params *p, const luna_safetensors *st) {
     }
     luna_status s = layernorm_convention(p, st, host);
     if (s == LUNA_OK) s = luna_mem_from_host(p->be, p->data, host, p->num_params * sizeof(float));
+    if (s == LUNA_OK) p->weight_dtype = weights;
     free(host);
     return s;
 }

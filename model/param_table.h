@@ -36,6 +36,7 @@ typedef struct {
     double init_a;
     int fan_in, fan_out;
     bool has_grad; /* false for the last decoder layer's encoder_atten_proj_layer_norm (§7) */
+    bool int8;     /* a Linear weight or an embedding table: int8 in an int8 model (quantize.h) */
 } luna_param_info;
 
 typedef struct {
@@ -46,8 +47,12 @@ typedef struct {
     size_t num_params; /* floats in each buffer */
     float *data;       /* device [num_params] */
     float *grad;       /* device [num_params] */
-    luna_weights w;    /* views into data */
-    luna_weights g;    /* views into grad, same layout */
+    /* LUNA_F32, or LUNA_I8 for an int8 model (model/quantize.h): its Linear weights and
+     * embeddings are int8 values times per-row scales, held dequantized in `data`, and decoding
+     * holds them as int8 (hold_weights) */
+    luna_dtype weight_dtype;
+    luna_weights w; /* views into data */
+    luna_weights g; /* views into grad, same layout */
 } luna_params;
 
 /* Allocates both buffers (parameters initialised with seed 1, gradients zero). */

@@ -22,7 +22,7 @@ typedef struct {
 /* d[0] x [rows, in], d[1] W [out, in], d[2] b [out], d[3] y [rows, out]: hold, forward, release. */
 static luna_status run_held(luna_backend *be, void *const *d, const void *args) {
     const held_args *a = args;
-    LUNA_TRY(be->ops->hold_weights(be, d[1], a->out, a->in));
+    LUNA_TRY(be->ops->hold_weights(be, d[1], a->out, a->in, LUNA_F32));
     luna_status st = be->ops->linear_forward(be, d[3], d[0], d[1], a->bias ? d[2] : NULL, a->rows,
                                              a->in, a->out);
     luna_status st2 = be->ops->release_weights(be, d[1]);
@@ -52,7 +52,7 @@ static float *forward(luna_backend *be, const float *x, const float *W, const fl
     float *vx = lh_f32(be, x, (size_t)rows * in), *vW = lh_f32(be, W, (size_t)out * in);
     float *vb = b ? lh_f32(be, b, (size_t)out) : NULL;
     float *vy = lh_f32(be, NULL, (size_t)rows * out);
-    if (hold) LUNA_CHECK_OK(be->ops->hold_weights(be, vW, out, in));
+    if (hold) LUNA_CHECK_OK(be->ops->hold_weights(be, vW, out, in, LUNA_F32));
     LUNA_CHECK_OK(be->ops->linear_forward(be, vy, vx, vW, vb, rows, in, out));
     if (hold) LUNA_CHECK_OK(be->ops->release_weights(be, vW));
     float *y = malloc(sizeof(float) * (size_t)rows * out);
@@ -146,8 +146,8 @@ START_TEST(holds_are_counted_and_released) {
     float *vy = lh_f32(be, NULL, (size_t)rows * out);
     float *unheld = forward(be, x, W, NULL, rows, in, out, false);
     float *y = malloc(sizeof(float) * (size_t)rows * out);
-    LUNA_CHECK_OK(be->ops->hold_weights(be, vW, out, in));
-    LUNA_CHECK_OK(be->ops->hold_weights(be, vW, out, in)); /* a second holder */
+    LUNA_CHECK_OK(be->ops->hold_weights(be, vW, out, in, LUNA_F32));
+    LUNA_CHECK_OK(be->ops->hold_weights(be, vW, out, in, LUNA_F32)); /* a second holder */
     LUNA_CHECK_OK(be->ops->release_weights(be, vW));
     /* still held by the second holder. On the CPU (which keeps packed panels) a change of W in
      * place — outside the contract — is not seen while held: proof the panels are what is used */
@@ -178,16 +178,16 @@ START_TEST(holds_are_counted_and_released) {
     ck_assert_ptr_nonnull(strstr(luna_error_message(), "release_weights"));
     luna_error_clear();
     LUNA_CHECK_OK(be->ops->release_weights(be, NULL));
-    LUNA_CHECK_OK(be->ops->hold_weights(be, vW, out, in));
-    ck_assert_int_eq(be->ops->hold_weights(be, vW, in, out), LUNA_ERR_INVALID_ARGUMENT);
+    LUNA_CHECK_OK(be->ops->hold_weights(be, vW, out, in, LUNA_F32));
+    ck_assert_int_eq(be->ops->hold_weights(be, vW, in, out, LUNA_F32), LUNA_ERR_INVALID_ARGUMENT);
     luna_error_clear();
     LUNA_CHECK_OK(be->ops->release_weights(be, vW));
-    ck_assert_int_eq(be->ops->hold_weights(be, vW, 0, in), LUNA_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(be->ops->hold_weights(be, vW, 0, in, LUNA_F32), LUNA_ERR_INVALID_ARGUMENT);
     luna_error_clear();
-    ck_assert_int_eq(be->ops->hold_weights(be, NULL, out, in), LUNA_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(be->ops->hold_weights(be, NULL, out, in, LUNA_F32), LUNA_ERR_INVALID_ARGUMENT);
     luna_error_clear();
     /* a weight still held when the backend is freed is released with it (ASan: no leak) */
-    LUNA_CHECK_OK(be->ops->hold_weights(be, vW, out, in));
+    LUNA_CHECK_OK(be->ops->hold_weights(be, vW, out, in, LUNA_F32));
     free(x);
     free(W);
     free(y);

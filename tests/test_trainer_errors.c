@@ -1,7 +1,7 @@
 /* luna-train as a program: option errors, bad inputs (another language pair, another
- * architecture, a truncated checkpoint, an unwritable --save-dir, a full disk while saving), the
- * SIGTERM save-and-exit, --max-update 0, --help and the JSON log. Each failure must be one line
- * on stderr naming the file, with the documented exit status. */
+ * architecture, a truncated checkpoint, an int8 checkpoint, an unwritable --save-dir, a full disk
+ * while saving), the SIGTERM save-and-exit, --max-update 0, --help and the JSON log. Each failure
+ * must be one line on stderr naming the file, with the documented exit status. */
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -201,6 +201,16 @@ START_TEST(test_bad_inputs) {
     free(bytes);
     r = run(ARGS(bin, TINY, "--max-update", "6", "--save-dir", save2));
     expect_error(&r, 1, ARGS(ckpt2));
+    /* An int8 checkpoint (luna-quantize) is for translation: training refuses it. */
+    char quantize[4096], save3[1100], ckpt3[1200];
+    luna_test_find_program(quantize, sizeof quantize, "luna-quantize", "LUNA_QUANTIZE");
+    snprintf(save3, sizeof save3, "%s/ck-int8", tmp);
+    ck_assert_int_eq(mkdir(save3, 0755), 0);
+    snprintf(ckpt3, sizeof ckpt3, "%s/checkpoint_last.safetensors", save3);
+    result q = luna_test_exec(quantize, ARGS(ckpt, ckpt3, "--dtype", "int8"), NULL);
+    ck_assert_msg(q.status == 0, "%s", q.err);
+    r = run(ARGS(bin, TINY, "--max-update", "6", "--save-dir", save3));
+    expect_error(&r, 1, ARGS(ckpt3, "int8 checkpoint", "is for translation only"));
     /* An explicit --restore-file that does not exist. */
     snprintf(path, sizeof path, "%s/nope.safetensors", tmp);
     r = run(ARGS(bin, TINY, "--max-update", "6", "--save-dir", save2, "--restore-file", path));

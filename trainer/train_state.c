@@ -14,6 +14,7 @@
 #include "core/json.h"
 #include "data/checkpoint_vocab.h"
 #include "model/checkpoint.h"
+#include "model/quantize.h"
 
 /* ---- --save-dir ------------------------------------------------------------------------------ */
 
@@ -482,6 +483,15 @@ static luna_status restore_from(luna_trainer *t, const luna_safetensors *st,
 luna_status luna_trainer_restore(luna_trainer *t, const char *path) {
     luna_safetensors *st;
     LUNA_TRY(luna_checkpoint_open(&st, path));
+    luna_dtype weights = LUNA_F32;
+    (void)luna_checkpoint_weight_dtype(st, &weights); /* checked by luna_checkpoint_open */
+    if (weights == LUNA_I8) {
+        luna_safetensors_close(st);
+        return luna_error(LUNA_ERR_UNSUPPORTED,
+                          "%s: an int8 checkpoint (luna-quantize) is for translation only; train "
+                          "from the fp32 checkpoint it was made from",
+                          path);
+    }
     luna_checkpoint_meta meta;
     luna_status s = luna_checkpoint_read_meta(st, &meta);
     if (s == LUNA_OK) {

@@ -70,7 +70,7 @@ luna_api_status luna_translator_create(luna_translator **out, const char *checkp
         free(t);
         return api(luna_error(LUNA_ERR_INTERNAL, "cannot create the translator's mutex"));
     }
-    st = luna_text_translator_create(&t->tr, checkpoint, o.device, &bo);
+    st = luna_text_translator_create(&t->tr, checkpoint, o.device, &bo, false);
     if (st != LUNA_OK) {
         pthread_mutex_destroy(&t->lock);
         free(t);

@@ -333,10 +333,11 @@ static luna_status w_cache_products(luna_backend *be, bool values, luna_act *y, 
     COST(.flops = 2 * G * T * dh, .act_elems = G * (D(T) * dh + T + dh), .bytes = 4 * D(R) * T);
     FORWARD(cache_products, values, y, x, C, ind, R, H, dh, T, T_cap);
 }
-static luna_status w_hold_weights(luna_backend *be, const float *W, int out, int in) {
+static luna_status w_hold_weights(luna_backend *be, const float *W, int out, int in,
+                                  luna_dtype dtype) {
     /* Upper bound: a backend that repacks reads and writes W once (one-off per decoder). */
     COST(.bytes = F32 * 2 * D(out) * in);
-    FORWARD(hold_weights, W, out, in);
+    FORWARD(hold_weights, W, out, in, dtype);
 }
 static luna_status w_release_weights(luna_backend *be, const float *W) {
     COST(.calls = 0);

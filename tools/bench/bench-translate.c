@@ -5,7 +5,7 @@
  *   bench-translate CHECKPOINT --ids IDS [...]   (dictionary ids per line, without </s>)
  *   bench-translate --preset NAME [--vocab 40624] [--sentences 64] [--src-len 30] [...]
  *   any form: [--device cpu|cuda] [--precision auto|fp32|bf16] (auto: fp32, as luna-translate)
- *             [--profile]
+ *             [--profile] [--int8]
  *
  * The first form translates the raw text INPUT (SentencePiece from the checkpoint); the second
  * builds a randomly initialised model (e.g. luna_base_tied) and random sources, for timing
@@ -18,6 +18,7 @@
  * --profile: decoding runs through the op-cost layer (model/profile/op_profile.h, each op
  * synchronized) and a per-op-family table follows, with PREDICTED H100/H200 times, target
  * tokens/s and MFU for the same decoding work (model/profile/op_report.h).
+ * --int8: the checkpoint's weights quantized to int8 at load (luna-translate --quantize int8).
  */
 #include <math.h>
 #include <stdio.h>
@@ -32,6 +33,7 @@
 #include "model/seq2seq.h"
 #include "data/checkpoint_vocab.h"
 #include "model/checkpoint.h"
+#include "model/quantize.h"
 #include "model/profile/op_profile.h"
 #include "model/profile/op_report.h"
 #include "model/kernels/registry.h"
@@ -54,7 +56,7 @@ int main(int argc, char **argv) {
     const char *device = "cpu", *precision = "auto";
     long threads = 2, limit = 0, vocab = 40624, sentences = 64, src_len = 30, max_tokens = 6000,
          batch_size = 128;
-    bool json = false, print_hyps = false, profile = false;
+    bool json = false, print_hyps = false, profile = false, int8 = false;
     luna_beam_options o;
     luna_beam_options_init(&o);
     o.beam = 4;
@@ -66,13 +68,13 @@ int main(int argc, char **argv) {
                 "usage: bench-translate CHECKPOINT INPUT [--beam N] [--threads N] [--lenpen F]\n"
                 "         [--max-len-a F] [--max-len-b N] [--max-tokens N] [--batch-size N]\n"
                 "         [--limit N] [--json] [--device cpu|cuda] [--precision auto|fp32|bf16]\n"
-                "         [--profile]\n"
+                "         [--profile] [--int8]\n"
                 "       bench-translate --preset NAME [--vocab N] [--sentences N] [--src-len N]"
                 " ...\n");
             return 0;
         }
-        if (!strcmp(a, "--profile")) {
-            profile = true;
+        if (!strcmp(a, "--profile") || !strcmp(a, "--int8")) {
+            *(!strcmp(a, "--profile") ? &profile : &int8) = true;
             continue;
         }
         if (!strcmp(a, "--json") || !strcmp(a, "--print")) {
@@ -161,7 +163,8 @@ int main(int argc, char **argv) {
     } else {
         if (luna_checkpoint_load_model(ckpt, be, &model, NULL) != LUNA_OK ||
             luna_checkpoint_load_vocab(ckpt, model->config.vocab_size, &dict, NULL, &spm) !=
-                LUNA_OK)
+                LUNA_OK ||
+            (int8 && luna_params_quantize_int8(model->params) != LUNA_OK))
             return fail();
         if (!spm && !ids_file)
             return fprintf(stderr, "bench-translate: %s has no SentencePiece model\n", ckpt), 1;

@@ -23,6 +23,8 @@ def main():
     ap.add_argument("--lenpen", type=float, default=0.6)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--compute-type", default="float32",
+                    help="CTranslate2's compute type (int8 for a model exported with int8 weights)")
     ap.add_argument("--max-len-b", type=int, default=200,
                     help="luna-translate's --max-len-b (with --max-len-a 0)")
     args = ap.parse_args()
@@ -37,7 +39,7 @@ def main():
         lines.pop()
     keep = [i for i, l in enumerate(lines) if l.strip()]
     pieces = [sp.encode(lines[i], out_type=str) for i in keep]
-    tr = ctranslate2.Translator(args.model_dir, device="cpu", compute_type="float32",
+    tr = ctranslate2.Translator(args.model_dir, device="cpu", compute_type=args.compute_type,
                                 intra_threads=args.threads, inter_threads=1)
     t0, c0 = time.perf_counter(), time.process_time()
     # return_end_token: the length in the length penalty counts </s>, as fairseq's (and luna's).

@@ -9,6 +9,7 @@
 #   tools/ci/install-deps.sh --mpi        also OpenMPI (the LUNA_MPI build option)
 #   tools/ci/install-deps.sh --fuzz       also clang with libFuzzer and libomp (tools/ci/fuzz.sh)
 #   tools/ci/install-deps.sh --browser    also chromium (luna-serve's web page test, serve_browser)
+#   tools/ci/install-deps.sh --onednn     also oneDNN (bench-int8 compares its int8 matmul)
 set -euo pipefail
 
 packages=(
@@ -26,6 +27,7 @@ for arg in "$@"; do
     --mpi) packages+=(libopenmpi-dev openmpi-bin) ;;
     --fuzz) packages+=(clang libclang-rt-dev libomp-dev) ;;
     --browser) packages+=(chromium) ;;
+    --onednn) packages+=(libdnnl-dev) ;;
     -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
     *) echo "install-deps.sh: unknown option '$arg' (try --help)" >&2; exit 2 ;;
   esac

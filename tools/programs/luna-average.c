@@ -26,6 +26,7 @@
 #include "model/seq2seq.h"
 #include "data/checkpoint_vocab.h"
 #include "model/checkpoint.h"
+#include "model/quantize.h"
 #include "core/options_registry.h"
 #include "model/kernels/registry.h"
 
@@ -176,6 +177,13 @@ static luna_status average(char **paths, int n) {
         memset(&m, 0, sizeof m);
         luna_dictionary *s2 = NULL, *t2 = NULL;
         st = luna_checkpoint_open(&f, paths[i]);
+        luna_dtype weights = LUNA_F32;
+        if (st == LUNA_OK) st = luna_checkpoint_weight_dtype(f, &weights);
+        if (st == LUNA_OK && weights == LUNA_I8)
+            st = luna_error(LUNA_ERR_UNSUPPORTED,
+                            "%s: an int8 checkpoint; average the fp32 checkpoints, then quantize "
+                            "the average with luna-quantize",
+                            paths[i]);
         if (st == LUNA_OK) st = luna_checkpoint_read_meta(f, &m);
         char a[32], b[32];
         const char *field =

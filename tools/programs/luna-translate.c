@@ -34,6 +34,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "model/kernels/cpu/cpu_ops.h"
+#include "model/kernels/cpu/held_int8.h"
 #include "core/options_registry.h"
 #include "decoding/text_translator.h"
 #include "model/kernels/registry.h"
@@ -44,7 +46,7 @@
 /* ---- options: one registry table drives parsing and --help (core/options_registry.h) ---- */
 
 typedef struct {
-    const char *checkpoint, *input, *output_format, *device, *precision, *reference;
+    const char *checkpoint, *input, *output_format, *device, *precision, *reference, *quantize;
     int64_t beam, max_len_b, min_len, nbest, max_tokens, batch_size, threads, max_input_tokens,
         device_id;
     int64_t no_repeat_ngram_size, sampling_topk, seed, max_target_positions;
@@ -89,6 +91,7 @@ static const luna_option_spec OPTIONS[] = {
     {"--precision", LUNA_OPT_CHOICE, "auto", G_RUN, "P", "auto|fp32|bf16", F(precision), "activations on --device cuda (auto: fp32, the CPU's translations; bf16: faster)"},
     {"--tf32", LUNA_OPT_FLAG, NULL, G_RUN, NULL, NULL, F(tf32), "--device cuda --precision fp32: let GEMMs use TF32 tensor cores"},
     {"--threads", LUNA_OPT_INT, "2", G_RUN, "N", NULL, F(threads), "CPU threads"},
+    {"--quantize", LUNA_OPT_CHOICE, "none", G_RUN, "Q", "none|int8", F(quantize), "int8: quantize an fp32 checkpoint's weights to int8 at load (as luna-quantize would) and decode in int8 on the CPU; an int8 checkpoint decodes in int8 without it"},
 };
 /* clang-format on */
 
@@ -224,6 +227,13 @@ static double now(void) {
     return ts.tv_sec + 1e-9 * ts.tv_nsec;
 }
 
+/* The process's CPU seconds (all threads): on a shared machine, what the decoding itself cost. */
+static double cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
 /* Whether stdout has lost output so far (every sentence checks, so a full disk stops the run at
  * once); `final` also flushes. A failed write sets the stream's error flag even when a later
  * flush has nothing left to write, so checking only the last fflush is not enough. */
@@ -306,7 +316,8 @@ static luna_status run(program *p) {
     bo.num_threads = (int)opt.threads;
     bo.device_id = (int)opt.device_id;
     LUNA_TRY(luna_backend_options_set_precision(&bo, opt.device, opt.precision, opt.tf32, false));
-    LUNA_TRY(luna_text_translator_create(&p->tr, opt.checkpoint, opt.device, &bo));
+    LUNA_TRY(luna_text_translator_create(&p->tr, opt.checkpoint, opt.device, &bo,
+                                         strcmp(opt.quantize, "int8") == 0));
     if (!p->tr->spm && !opt.quiet)
         fprintf(stderr,
                 PROG ": note: %s has no SentencePiece model (trained with --no-spm): the "
@@ -329,7 +340,7 @@ static luna_status run(program *p) {
     if (!p->out || !p->pos) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
     luna_status st;
     size_t k = 0;
-    double t0 = now();
+    double t0 = now(), c0 = cpu_now();
     if (opt.score_reference) {
         st = luna_text_translator_score(p->tr, &p->src, &p->tgt, (int)opt.max_tokens,
                                         (int)opt.batch_size, p->pos, &k);
@@ -352,7 +363,7 @@ static luna_status run(program *p) {
         st = luna_text_translator_generate(p->tr, &o, &p->src, (int)opt.max_tokens,
                                            (int)opt.batch_size, p->out, &k);
     }
-    const double secs = now() - t0;
+    const double secs = now() - t0, cpu_secs = cpu_now() - c0;
     long long tokens = 0;
     for (size_t i = 0; i < n && st == LUNA_OK; i++) {
         if (opt.score_reference)
@@ -364,13 +375,17 @@ static luna_status run(program *p) {
         fprintf(stderr, PROG ": note: plain output shows the best hypothesis only; use "
                              "--output-format fairseq for the n-best list\n");
     if (st == LUNA_OK) st = opt.score_reference ? write_scores(p, n) : write_translations(p, n);
+    const bool int8 =
+        p->tr->model->params->weight_dtype == LUNA_I8; /* and its kernel, said below */
     if (st == LUNA_OK && !opt.quiet)
         fprintf(stderr,
                 PROG ": %s %zu sentences (%zu empty) in %.2f s: %.2f sentences/s, %.1f target "
-                     "tokens/s (beam %lld, %lld threads)\n",
+                     "tokens/s (beam %lld, %lld threads; %.2f s CPU%s%s)\n",
                 opt.score_reference ? "scored" : "translated", n, n - k, secs,
                 secs > 0 ? k / secs : 0.0, secs > 0 ? tokens / secs : 0.0, (long long)opt.beam,
-                (long long)opt.threads);
+                (long long)opt.threads, cpu_secs, int8 ? ", int8 " : "",
+                int8 ? luna_int8_kernel_name((luna_int8_kernel)luna_cpu_int8_kernel(p->tr->be))
+                     : "");
     return st;
 }
 

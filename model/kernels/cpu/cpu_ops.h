@@ -18,9 +18,14 @@ luna_status luna_cpu_linear_forward(luna_backend *be, luna_act *y, const luna_ac
                                     const float *W, const float *b, int64_t rows, int in, int out);
 /* Held weights (held_weights.c): the CPU state behind hold/release_weights, kept in be->impl. */
 typedef struct luna_cpu_held luna_cpu_held;
-luna_status luna_cpu_hold_weights(luna_backend *be, const float *W, int out, int in);
+luna_status luna_cpu_hold_weights(luna_backend *be, const float *W, int out, int in,
+                                  luna_dtype dtype);
 luna_status luna_cpu_release_weights(luna_backend *be, const float *W);
 void luna_cpu_held_free(luna_cpu_held *h);
+/* The int8 kernel of this backend's int8 holds (a luna_int8_kernel, held_int8.h): tests and
+ * benches choose one; an unavailable one is LUNA_ERR_UNSUPPORTED. */
+luna_status luna_cpu_set_int8_kernel(luna_backend *be, int kernel);
+int luna_cpu_int8_kernel(luna_backend *be);
 /* y = x·Wᵀ (+ b) through the held panels of W; false (nothing written) when W is not held with
  * this shape, so the caller goes on to OpenBLAS. */
 bool luna_cpu_held_linear(luna_backend *be, float *y, const float *x, const float *W,

@@ -18,12 +18,16 @@
  * or the rows around it (threads split pairs of panels): results
  * are deterministic, and equal OpenBLAS's within the GEMM tolerance of the backend contract (its
  * kernel splits K into blocks and orders the accumulation differently, so not bit for bit).
- * Without AVX2/FMA hold_weights keeps nothing and linear_forward stays on OpenBLAS. */
+ * Without AVX2/FMA hold_weights keeps nothing and linear_forward stays on OpenBLAS.
+ *
+ * Held as int8 (dtype LUNA_I8), W is quantized and packed by held_int8.c, whose kernel (AVX-512
+ * VNNI, AVX2 or scalar, the best this CPU runs) then computes linear_forward(W) on every CPU. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/backend.h"
 #include "model/kernels/cpu/cpu_ops.h"
+#include "model/kernels/cpu/held_int8.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -44,8 +48,10 @@
 typedef struct {
     const float *W; /* the caller's weights (the key) */
     int out, in;
-    int refs;      /* holds not yet released (two decoders on one model share the panels) */
-    float *panels; /* [ceil(out/16)][in][16] */
+    int refs; /* holds not yet released (two decoders on one model share the panels) */
+    luna_dtype dtype;
+    float *panels;       /* F32: [ceil(out/16)][in][16] */
+    luna_int8_weight q8; /* I8 */
 } held_weight;
 
 struct luna_cpu_held {
@@ -54,7 +60,36 @@ struct luna_cpu_held {
     int last;     /* index of the last hit: decoding looks the same few weights up in turn */
     float *xpack; /* the rows of x packed for the micro-kernel (luna_cpu_held_linear) */
     size_t xpack_cap;
+    luna_int8_kernel q8_kernel; /* the int8 kernel (luna_int8_kernel_best unless a test chose) */
+    luna_int8_scratch q8_scratch;
 };
+
+static luna_status held_state(luna_backend *be, luna_cpu_held **out) {
+    luna_cpu_held *h = be->impl;
+    if (!h) {
+        h = calloc(1, sizeof *h);
+        if (!h) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "hold_weights: out of memory");
+        h->q8_kernel = luna_int8_kernel_best();
+        be->impl = h;
+    }
+    *out = h;
+    return LUNA_OK;
+}
+
+luna_status luna_cpu_set_int8_kernel(luna_backend *be, int kernel) {
+    if (!luna_int8_kernel_available((luna_int8_kernel)kernel))
+        return luna_error(LUNA_ERR_UNSUPPORTED, "int8 kernel %s: this CPU lacks its instructions",
+                          luna_int8_kernel_name((luna_int8_kernel)kernel));
+    luna_cpu_held *h = NULL;
+    LUNA_TRY(held_state(be, &h));
+    h->q8_kernel = (luna_int8_kernel)kernel;
+    return LUNA_OK;
+}
+
+int luna_cpu_int8_kernel(luna_backend *be) {
+    const luna_cpu_held *h = be->impl;
+    return h ? (int)h->q8_kernel : (int)luna_int8_kernel_best();
+}
 
 static held_weight *find(luna_cpu_held *h, const float *W) {
     if (!h || !W) return NULL;
@@ -76,20 +111,19 @@ static bool kernel_available(void) {
 #endif
 }
 
-luna_status luna_cpu_hold_weights(luna_backend *be, const float *W, int out, int in) {
-    if (!kernel_available()) return LUNA_OK; /* nothing to gain: linear_forward uses OpenBLAS */
-    luna_cpu_held *h = be->impl;
-    if (!h) {
-        h = calloc(1, sizeof *h);
-        if (!h) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "hold_weights: out of memory");
-        be->impl = h;
-    }
+luna_status luna_cpu_hold_weights(luna_backend *be, const float *W, int out, int in,
+                                  luna_dtype dtype) {
+    /* fp32 without the kernel: nothing to gain, linear_forward uses OpenBLAS */
+    if (dtype == LUNA_F32 && !kernel_available()) return LUNA_OK;
+    luna_cpu_held *h = NULL;
+    LUNA_TRY(held_state(be, &h));
     held_weight *old = find(h, W);
     if (old) {
-        if (old->out != out || old->in != in)
+        if (old->out != out || old->in != in || old->dtype != dtype)
             return luna_error(LUNA_ERR_INVALID_ARGUMENT,
-                              "hold_weights: W is held as [%d, %d], not [%d, %d]", old->out,
-                              old->in, out, in);
+                              "hold_weights: W is held as [%d, %d] %s, not [%d, %d] %s", old->out,
+                              old->in, luna_dtype_name(old->dtype), out, in,
+                              luna_dtype_name(dtype));
         old->refs++; /* held already: the weights are constant, the panels still hold */
         return LUNA_OK;
     }
@@ -99,6 +133,12 @@ luna_status luna_cpu_hold_weights(luna_backend *be, const float *W, int out, int
         if (!items) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "hold_weights: out of memory");
         h->items = items;
         h->cap = cap;
+    }
+    if (dtype == LUNA_I8) {
+        luna_int8_weight q8;
+        LUNA_TRY(luna_int8_weight_pack(&q8, W, out, in, be->num_threads));
+        h->items[h->count++] = (held_weight){W, out, in, 1, LUNA_I8, NULL, q8};
+        return LUNA_OK;
     }
     const int np = (out + PANEL - 1) / PANEL;
     float *p = NULL;
@@ -112,20 +152,21 @@ luna_status luna_cpu_hold_weights(luna_backend *be, const float *W, int out, int
                 const int n = q * PANEL + j;
                 p[((size_t)q * in + k) * PANEL + j] = n < out ? W[(size_t)n * in + k] : 0.0f;
             }
-    h->items[h->count++] = (held_weight){W, out, in, 1, p};
+    h->items[h->count++] = (held_weight){W, out, in, 1, LUNA_F32, p, {0}};
     return LUNA_OK;
 }
 
 luna_status luna_cpu_release_weights(luna_backend *be, const float *W) {
     luna_cpu_held *h = be->impl;
     if (!W) return LUNA_OK;
-    if (!kernel_available()) return LUNA_OK;
     held_weight *it = find(h, W);
+    if (!it && !kernel_available()) return LUNA_OK; /* an fp32 hold that kept nothing */
     if (!it)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT, "release_weights: %p is not held",
                           (const void *)W);
     if (--it->refs > 0) return LUNA_OK;
     free(it->panels);
+    luna_int8_weight_free(&it->q8);
     *it = h->items[--h->count];
     h->last = 0;
     return LUNA_OK;
@@ -133,10 +174,13 @@ luna_status luna_cpu_release_weights(luna_backend *be, const float *W) {
 
 void luna_cpu_held_free(luna_cpu_held *h) {
     if (!h) return;
-    for (int i = 0; i < h->count; i++)
+    for (int i = 0; i < h->count; i++) {
         free(h->items[i].panels);
+        luna_int8_weight_free(&h->items[i].q8);
+    }
     free(h->items);
     free(h->xpack);
+    luna_int8_scratch_free(&h->q8_scratch);
     free(h);
 }
 
@@ -282,10 +326,13 @@ static void pack_block(float *xp, const float *x, int64_t rows, int K, int64_t i
 
 bool luna_cpu_held_linear(luna_backend *be, float *y, const float *x, const float *W,
                           const float *b, int64_t rows, int in, int out) {
-#if HAVE_X86_KERNEL
     luna_cpu_held *h = be->impl;
     held_weight *hw = find(h, W);
     if (!hw || hw->in != in || hw->out != out || rows <= 0) return false;
+    if (hw->dtype == LUNA_I8)
+        return luna_int8_linear(h->q8_kernel, &hw->q8, &h->q8_scratch, y, x, b, rows,
+                                be->num_threads);
+#if HAVE_X86_KERNEL
     const int np = (out + PANEL - 1) / PANEL, npairs = (np + 1) / 2;
     const size_t need = (size_t)((rows + MR - 1) / MR * MR) * (size_t)in;
     if (need > h->xpack_cap) {
@@ -312,7 +359,6 @@ bool luna_cpu_held_linear(luna_backend *be, float *y, const float *x, const floa
     }
     return true;
 #else
-    (void)be, (void)y, (void)x, (void)W, (void)b, (void)rows, (void)in, (void)out;
     return false;
 #endif
 }

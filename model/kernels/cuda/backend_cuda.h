@@ -73,7 +73,8 @@ void luna_cuda_weights_freed(luna_backend *be, const void *p);
 /* The bf16 copy of W [numel] (converted now when stale), for linear in bf16 mode. */
 luna_status luna_cuda_weight_bf16(luna_backend *be, const float *W, size_t numel,
                                   const void **copy);
-luna_status luna_cuda_hold_weights(luna_backend *be, const float *W, int out, int in);
+luna_status luna_cuda_hold_weights(luna_backend *be, const float *W, int out, int in,
+                                   luna_dtype dtype);
 luna_status luna_cuda_release_weights(luna_backend *be, const float *W);
 /* Frees every copy and hold (backend teardown). */
 void luna_cuda_weights_clear(luna_backend *be);

@@ -76,8 +76,13 @@ luna_status luna_cuda_weight_bf16(luna_backend *be, const float *W, size_t numel
     return LUNA_OK;
 }
 
-luna_status luna_cuda_hold_weights(luna_backend *be, const float *W, int out, int in) {
+luna_status luna_cuda_hold_weights(luna_backend *be, const float *W, int out, int in,
+                                   luna_dtype dtype) {
     luna_cuda_impl *c = luna_cuda_impl_of(be);
+    if (dtype != LUNA_F32)
+        return luna_error(LUNA_ERR_UNSUPPORTED,
+                          "hold_weights: int8 weights are CPU-only; the CUDA backend decodes fp32 "
+                          "and bf16 (translate an int8 model with --device cpu)");
     for (size_t i = 0; i < c->nholds; i++)
         if (c->holds[i].W == W) {
             if (c->holds[i].out != out || c->holds[i].in != in)
