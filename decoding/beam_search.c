@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "data/dictionary.h"
+#include "decoding/candidates.h"
 #include "decoding/sampling.h"
 
 void luna_beam_options_init(luna_beam_options *o) {
@@ -52,22 +53,7 @@ static luna_status check_options(const luna_beam_options *o) {
 
 /* ---- one batch ------------------------------------------------------------------------------- */
 
-typedef struct {
-    double score;
-    int beam, token;
-} cand;
-
-/* Insert c into top[0..*n) (sorted by score descending, then (beam, token) ascending; candidates
- * arrive in increasing (beam, token) order, so equal scores go after). Keeps at most k. */
-static void topk_insert(cand *top, int *n, int k, cand c) {
-    if (*n == k && !(c.score > top[k - 1].score)) return;
-    int i = *n < k ? (*n)++ : k - 1;
-    while (i > 0 && top[i - 1].score < c.score) {
-        top[i] = top[i - 1];
-        i--;
-    }
-    top[i] = c;
-}
+typedef luna_cand cand;
 
 typedef struct {
     int S, beam, K, V, cap, eos, pad, unk;
@@ -146,9 +132,8 @@ static luna_status run_batch(luna_incremental *inc, const luna_beam_options *o, 
         /* n-gram bans: ask for kb + (most bans of a row) candidates, drop the banned below */
         int most_bans = 0;
         for (int r = 0; ngram > 0 && r < R; r++) {
-            z->nban[r] = luna_ngram_bans(z->tok + (size_t)(r / rpb * beam + r % rpb) * cap, step + 1,
-                                         ngram,
-                                         z->ban + (size_t)r * cap);
+            z->nban[r] = luna_ngram_bans(z->tok + (size_t)(r / rpb * beam + r % rpb) * cap,
+                                         step + 1, ngram, z->ban + (size_t)r * cap);
             most_bans = z->nban[r] > most_bans ? z->nban[r] : most_bans;
         }
         const int k_req = kb + most_bans < z->V ? kb + most_bans : z->V;
@@ -182,11 +167,11 @@ static luna_status run_batch(luna_incremental *inc, const luna_beam_options *o, 
                 const double base = step ? z->sc[(size_t)(s * beam + k) * cap + step - 1] : 0.0;
                 if (forced) {
                     const float lp = isnan(z->picked[r]) ? -INFINITY : z->picked[r];
-                    const cand c = {base + lp, k, z->eos};
+                    const cand c = {base + lp, k, z->eos, k};
                     if (o->sampling)
                         top[n++] = c; /* row order, as every draw */
                     else
-                        topk_insert(top, &n, K, c);
+                        luna_cand_offer(top, &n, K, c);
                     continue;
                 }
                 const float *lp = z->top_lp + (size_t)r * kb;
@@ -195,14 +180,15 @@ static luna_status run_batch(luna_incremental *inc, const luna_beam_options *o, 
                     const double u = luna_sampling_uniform(o->seed, (uint64_t)z->ids[b],
                                                            (uint64_t)step * beam + k);
                     const int j = luna_sample_index(lp, kb, u);
-                    top[n++] = (cand){base + lp[j], k, tk[j]};
+                    top[n++] = (cand){base + lp[j], k, tk[j], k};
                     continue;
                 }
                 for (int j = 0; j < kb; j++)
-                    topk_insert(top, &n, K, (cand){base + lp[j], k, tk[j]});
+                    luna_cand_offer(top, &n, K, (cand){base + lp[j], k, tk[j], k * kb + j});
             }
+            if (!o->sampling) luna_cand_sort(top, n);
             for (; n < nc; n++)
-                top[n] = (cand){-INFINITY, 0, z->unk}; /* dead fillers */
+                top[n] = (cand){-INFINITY, 0, z->unk, 0}; /* dead fillers */
             bool *eos = z->is_eos + (size_t)s * K;
             bool any = false;
             for (int j = 0; j < nc; j++) {
@@ -351,8 +337,8 @@ static luna_status search_batch(luna_incremental *inc, const luna_beam_options *
     }
     if (st == LUNA_OK) st = luna_incremental_set_temperature(inc, o->temperature);
     if (st == LUNA_OK)
-        st = o->sampling ? luna_incremental_begin(inc, padded, padded + (size_t)S * m, S, m, o->beam,
-                                                  max_steps)
+        st = o->sampling ? luna_incremental_begin(inc, padded, padded + (size_t)S * m, S, m,
+                                                  o->beam, max_steps)
                          : luna_incremental_begin_one_row(inc, padded, padded + (size_t)S * m, S, m,
                                                           o->beam, max_steps);
     if (st == LUNA_OK) st = run_batch(inc, o, &z, out);
