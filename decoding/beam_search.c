@@ -7,6 +7,7 @@
 #include "data/dictionary.h"
 #include "decoding/candidates.h"
 #include "decoding/sampling.h"
+#include "decoding/search_internal.h"
 
 void luna_beam_options_init(luna_beam_options *o) {
     *o = (luna_beam_options){.beam = 5,
@@ -38,7 +39,7 @@ void luna_nbest_release(luna_nbest *n) {
     memset(n, 0, sizeof *n);
 }
 
-static luna_status check_options(const luna_beam_options *o) {
+luna_status luna_search_check_options(const luna_beam_options *o) {
     if (o->beam < 1 || o->nbest < 1 || o->nbest > o->beam || o->min_len < 0 || o->max_len_b < 0 ||
         o->max_len_a < 0 || o->max_len_cap < 1 || !isfinite(o->lenpen) || isnan(o->unkpen) ||
         o->no_repeat_ngram_size < 0 || !(o->temperature > 0) || !isfinite(o->temperature))
@@ -78,9 +79,9 @@ typedef struct {
                                 before min_len */
 } search;
 
-static luna_status finalize(search *z, const luna_beam_options *o, luna_nbest *out, int r, int step,
-                            double eos_score) {
-    if (out->count >= z->beam) return LUNA_OK;
+luna_status luna_search_finalize(const luna_beam_options *o, const int32_t *t, const double *s,
+                                 luna_nbest *out, int step, double eos_score) {
+    if (out->count >= o->beam) return LUNA_OK;
     const int len = step + 1;
     luna_hypothesis h = {.len = len};
     h.tokens = malloc(sizeof(int32_t) * (size_t)len);
@@ -89,13 +90,11 @@ static luna_status finalize(search *z, const luna_beam_options *o, luna_nbest *o
         hyp_release(&h);
         return luna_error(LUNA_ERR_OUT_OF_MEMORY, "beam search: out of host memory");
     }
-    const int32_t *t = z->tok + (size_t)r * z->cap;
-    const double *s = z->sc + (size_t)r * z->cap;
     for (int i = 0; i < step; i++) {
         h.tokens[i] = t[i + 1];
         h.positional_scores[i] = (float)(s[i] - (i ? s[i - 1] : 0.0));
     }
-    h.tokens[step] = z->eos;
+    h.tokens[step] = LUNA_DICT_EOS;
     h.positional_scores[step] = (float)(eos_score - (step ? s[step - 1] : 0.0));
     h.score = eos_score / pow((double)len, o->lenpen);
     out->hyps[out->count++] = h;
@@ -194,7 +193,9 @@ static luna_status run_batch(luna_incremental *inc, const luna_beam_options *o, 
             for (int j = 0; j < nc; j++) {
                 eos[j] = top[j].token == z->eos && top[j].score != -INFINITY;
                 if (j < beam && eos[j] && !z->ignore[s * beam + j]) {
-                    LUNA_TRY(finalize(z, o, &out[b], s * beam + top[j].beam, step, top[j].score));
+                    const size_t r = (size_t)(s * beam + top[j].beam) * cap;
+                    LUNA_TRY(luna_search_finalize(o, z->tok + r, z->sc + r, &out[b], step,
+                                                  top[j].score));
                     any = true;
                 }
                 if (j < beam) eos[j] = eos[j] || z->ignore[s * beam + j];
@@ -238,7 +239,7 @@ static luna_status run_batch(luna_incremental *inc, const luna_beam_options *o, 
 }
 
 /* Stable sort by score, best first; keep nbest. */
-static void sort_nbest(luna_nbest *n, int nbest) {
+void luna_search_sort_nbest(luna_nbest *n, int nbest) {
     for (int i = 1; i < n->count; i++) {
         luna_hypothesis h = n->hyps[i];
         int j = i;
@@ -255,7 +256,7 @@ static void sort_nbest(luna_nbest *n, int nbest) {
 /* ids [S]: each sentence's index in the input (the sampling draws'); NULL: 0..S−1. */
 static luna_status search_batch(luna_incremental *inc, const luna_beam_options *o,
                                 const luna_token_seq *src, const int *ids, int S, luna_nbest *out) {
-    LUNA_TRY(check_options(o));
+    LUNA_TRY(luna_search_check_options(o));
     if (S <= 0) return luna_error(LUNA_ERR_INVALID_ARGUMENT, "beam search: no sentences");
     const luna_config *c = luna_incremental_config(inc);
     const int V = c->vocab_size;
@@ -343,7 +344,7 @@ static luna_status search_batch(luna_incremental *inc, const luna_beam_options *
                                                           o->beam, max_steps);
     if (st == LUNA_OK) st = run_batch(inc, o, &z, out);
     for (int s = 0; s < S && st == LUNA_OK; s++)
-        sort_nbest(&out[s], o->nbest);
+        luna_search_sort_nbest(&out[s], o->nbest);
     if (st != LUNA_OK)
         for (int s = 0; s < S; s++)
             luna_nbest_release(&out[s]);
@@ -395,7 +396,7 @@ static int batch_end(const luna_token_seq *src, const int *order, int n, int sta
     return end;
 }
 
-static luna_status sorted_order(const luna_token_seq *src, int n, int **order) {
+luna_status luna_search_sorted_order(const luna_token_seq *src, int n, int **order) {
     *order = malloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
     if (!*order) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "decoding: out of host memory");
     for (int i = 0; i < n; i++)
@@ -403,38 +404,6 @@ static luna_status sorted_order(const luna_token_seq *src, int n, int **order) {
     sort_src = src; /* qsort has no context argument in C11; calls are not concurrent */
     qsort(*order, (size_t)n, sizeof(int), by_length);
     return LUNA_OK;
-}
-
-luna_status luna_generate(luna_incremental *inc, const luna_beam_options *opt,
-                          const luna_token_seq *src, int n, int max_tokens, int batch_size,
-                          luna_nbest *out, void (*progress)(void *ctx, int done, int total),
-                          void *ctx) {
-    for (int i = 0; i < n; i++)
-        out[i] = (luna_nbest){0};
-    int *order;
-    LUNA_TRY(sorted_order(src, n, &order));
-    luna_token_seq *bs = malloc(sizeof(luna_token_seq) * (size_t)(n > 0 ? n : 1));
-    luna_nbest *bo = malloc(sizeof(luna_nbest) * (size_t)(n > 0 ? n : 1));
-    luna_status st =
-        bs && bo ? LUNA_OK : luna_error(LUNA_ERR_OUT_OF_MEMORY, "decoding: out of memory");
-    for (int start = 0; start < n && st == LUNA_OK;) {
-        int end = batch_end(src, order, n, start, max_tokens, batch_size);
-        for (int i = start; i < end; i++)
-            bs[i - start] = src[order[i]];
-        st = search_batch(inc, opt, bs, order + start, end - start, bo);
-        if (st != LUNA_OK) luna_error_prefix("sentence %d", order[start]);
-        for (int i = start; i < end && st == LUNA_OK; i++)
-            out[order[i]] = bo[i - start];
-        start = end;
-        if (progress && st == LUNA_OK) progress(ctx, start, n);
-    }
-    if (st != LUNA_OK)
-        for (int i = 0; i < n; i++)
-            luna_nbest_release(&out[i]);
-    free(order);
-    free(bs);
-    free(bo);
-    return st;
 }
 
 static luna_status score_batch(luna_incremental *inc, const luna_token_seq *src,
@@ -497,7 +466,7 @@ luna_status luna_score_targets(luna_incremental *inc, const luna_token_seq *src,
     for (int i = 0; i < n; i++)
         positional[i] = NULL;
     int *order;
-    LUNA_TRY(sorted_order(src, n, &order));
+    LUNA_TRY(luna_search_sorted_order(src, n, &order));
     luna_status st = LUNA_OK;
     for (int start = 0; start < n && st == LUNA_OK;) {
         int end = batch_end(src, order, n, start, max_tokens, batch_size);

@@ -47,6 +47,21 @@ luna_status luna_incremental_begin_one_row(luna_incremental *inc, const int32_t 
                                            const int32_t *src_lengths, int S, int m, int beam,
                                            int max_steps);
 
+/* In-flight batching: an empty pool of up to S_cap sentences of `beam` rows (sources of up to
+ * m_cap tokens, at most max_steps steps each). luna_incremental_admit adds sentences after the
+ * active ones, each at step 0 with `beam` rows (all alike at step 0) while the others go on at
+ * their own positions; a step advances every sentence by one position; reorder removes finished
+ * sentences and reorders beams as with begin. A sentence's rows decode as they would in a batch
+ * of their own (the same bits on the CPU backend). The state is sized once for the pool: constant
+ * in the steps for Luna; the transformer's caches keep max_steps positions per row. */
+luna_status luna_incremental_begin_pool(luna_incremental *inc, int S_cap, int m_cap, int beam,
+                                        int max_steps);
+
+/* Encode n sentences (host src_tokens [n, m], right-padded, ending with </s>; src_lengths [n],
+ * m ≤ m_cap) and add them as sentences S..S+n−1 (rows S·beam..) of the pool (S + n ≤ S_cap). */
+luna_status luna_incremental_admit(luna_incremental *inc, const int32_t *src_tokens,
+                                   const int32_t *src_lengths, int n, int m);
+
 /* What a step hands back to the host (all host arrays, rows = luna_incremental_rows):
  *   top_log_probs / top_tokens [rows, k]: the k most probable next tokens of each row, best
  *     first (ties: lower token id first; NaN counted as −inf), log-probs in nats after the
