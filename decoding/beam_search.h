@@ -84,7 +84,8 @@ luna_status luna_beam_search(luna_incremental *inc, const luna_beam_options *opt
  * by index), they enter a pool of at most batch_size sentences (0: no limit) and max_tokens padded
  * source tokens (sentences in flight × their longest source; 0: no limit; a sentence always
  * enters an empty pool); when a sentence finishes, the next one takes its rows. Each sentence's
- * hypotheses are those of luna_beam_search on it alone (bit for bit on the CPU backend).
+ * hypotheses are those of luna_beam_search on it alone (on the CPU up to the last bits of sums
+ * over its source padded to another length, as with any batch composition).
  * out [n] in input order. progress (optional) is called after steps that finished sentences, with
  * the sentences done so far. */
 luna_status luna_generate(luna_incremental *inc, const luna_beam_options *opt,

@@ -36,6 +36,8 @@ struct luna_incremental {
      * rows' histories stay in it however the sentences move). */
     bool pool;
     int S_cap;
+    int one_row; /* the last this many sentences have one row each (joined, before their first
+                    reorder), the others rpb */
     int32_t *sent_step, *sent_block;
 };
 
@@ -106,6 +108,16 @@ size_t luna_incremental_scratch_peak(const luna_incremental *inc) {
     return luna_arena_peak_bytes(inc->scratch);
 }
 
+/* The sentence of row r and the first row of sentence s (the layout of dims_of). */
+static int row_sentence(const luna_incremental *inc, int r) {
+    const int f = inc->S - inc->one_row;
+    return r < f * inc->rpb ? r / inc->rpb : f + (r - f * inc->rpb);
+}
+static int first_row(const luna_incremental *inc, int s) {
+    const int f = inc->S - inc->one_row;
+    return s <= f ? s * inc->rpb : f * inc->rpb + (s - f);
+}
+
 static luna_decoder_dims dims_of(const luna_incremental *inc) {
     return (luna_decoder_dims){.S = inc->S,
                                .beam = inc->rpb,
@@ -119,7 +131,8 @@ static luna_decoder_dims dims_of(const luna_incremental *inc) {
                                .sent_valid = inc->sent_valid,
                                .cache_slots = inc->slots,
                                .sent_step = inc->pool ? inc->sent_step : NULL,
-                               .sent_block = inc->pool && !inc->luna ? inc->sent_block : NULL};
+                               .sent_block = inc->pool && !inc->luna ? inc->sent_block : NULL,
+                               .one_row_sentences = inc->one_row};
 }
 
 /* Upload the per-sentence masks and their per-row expansion (Luna). */
@@ -131,7 +144,7 @@ static luna_status upload_masks(luna_incremental *inc) {
     int32_t *rows = malloc(sizeof(int32_t) * (size_t)inc->R);
     if (!rows) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "incremental decoding: out of memory");
     for (int r = 0; r < inc->R; r++)
-        rows[r] = inc->sent_host[r / inc->rpb];
+        rows[r] = inc->sent_host[row_sentence(inc, r)];
     luna_status st =
         luna_mem_from_host(inc->be, inc->row_valid, rows, sizeof(int32_t) * (size_t)inc->R);
     free(rows);
@@ -218,6 +231,7 @@ static luna_status begin_rows(luna_incremental *inc, const int32_t *src_tokens,
             return luna_error(LUNA_ERR_OUT_OF_MEMORY, "incremental decoding: out of memory");
     }
     inc->pool = false;
+    inc->one_row = 0;
     inc->S = S;
     inc->cap_rows = S * beam;
     inc->R = S * rows_per_sentence;
@@ -274,6 +288,7 @@ luna_status luna_incremental_begin_pool(luna_incremental *inc, int S_cap, int m_
     if (!a[4]) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "incremental decoding: out of memory");
     memset(inc->slots_host, 0, sizeof(int32_t) * slots); /* every index a valid slot */
     inc->pool = true;
+    inc->one_row = 0;
     inc->S_cap = S_cap;
     inc->cap_rows = S_cap * beam;
     inc->rpb = inc->beam = beam;
@@ -305,7 +320,7 @@ luna_status luna_incremental_begin_pool(luna_incremental *inc, int S_cap, int m_
 }
 
 static luna_status admit(luna_incremental *inc, const int32_t *src, const int32_t *lens, int n,
-                         int m) {
+                         int m, int rows) {
     const luna_config *c = &inc->model->config;
     luna_backend *be = inc->be;
     luna_pass ps = {.be = be, .arena = inc->scratch};
@@ -328,22 +343,21 @@ static luna_status admit(luna_incremental *inc, const int32_t *src, const int32_
         st = luna_mem_from_host(be, p_valid, host, sizeof(int32_t) * (size_t)n);
     free(host);
     LUNA_TRY(st);
-    luna_decoder_dims dims = {
-        .S = n, .beam = inc->beam, .R = n * inc->beam, .m = m, .L = L, .max_steps = 0};
+    luna_decoder_dims dims = {.S = n, .beam = rows, .R = n * rows, .m = m, .L = L, .max_steps = 0};
     return luna_decoder_admit(inc->model, inc->scratch, tok, src_valid, p_valid, &dims, inc->S,
-                              inc->m, inc->L, inc->ls);
+                              inc->R, inc->m, inc->L, inc->ls);
 }
 
 luna_status luna_incremental_admit(luna_incremental *inc, const int32_t *src_tokens,
-                                   const int32_t *src_lengths, int n, int m) {
-    if (!inc->pool || n <= 0 || m <= 0 || m > inc->m || inc->S + n > inc->S_cap)
+                                   const int32_t *src_lengths, int n, int m, bool one_row) {
+    if (!inc->pool || n <= 0 || m <= 0 || m > inc->m || inc->S + n > inc->S_cap || inc->one_row)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT,
                           "incremental decoding: admit %d sentences of length %d to %s (%d of %d "
                           "sentences, source length %d)",
                           n, m, inc->pool ? "the pool" : "no pool", inc->S, inc->S_cap, inc->m);
     LUNA_TRY(check_source(&inc->model->config, src_tokens, src_lengths, n, m));
     luna_arena_mark mark = luna_arena_get_mark(inc->scratch);
-    luna_status st = admit(inc, src_tokens, src_lengths, n, m);
+    luna_status st = admit(inc, src_tokens, src_lengths, n, m, one_row ? 1 : inc->beam);
     luna_arena_release(inc->scratch, mark);
     if (st != LUNA_OK) {
         luna_error_prefix("incremental decoding: admit");
@@ -365,7 +379,8 @@ luna_status luna_incremental_admit(luna_incremental *inc, const int32_t *src_tok
         inc->sent_step[inc->S + b] = 0;
     }
     inc->S += n;
-    inc->R = inc->S * inc->beam;
+    inc->R += n * (one_row ? 1 : inc->beam);
+    inc->one_row = one_row ? n : 0;
     for (int i = 0; i < inc->layers && inc->luna; i++)
         inc->ls[i].causal.B = inc->R;
     st = upload_masks(inc);
@@ -417,10 +432,11 @@ static luna_status step(luna_incremental *inc, const int32_t *tokens, const luna
     if (!inc->luna) { /* row r writes position t in slot r (pool: in its sentence's block) */
         const int T_cap = inc->max_steps, beam = inc->beam;
         for (int r = 0; r < R; r++)
-            if (inc->pool)
-                inc->slots_host[(int64_t)r * T_cap + inc->sent_step[r / beam]] =
-                    inc->sent_block[r / beam] * beam + r % beam;
-            else
+            if (inc->pool) {
+                const int s = row_sentence(inc, r);
+                inc->slots_host[(int64_t)r * T_cap + inc->sent_step[s]] =
+                    inc->sent_block[s] * beam + (r - first_row(inc, s));
+            } else
                 inc->slots_host[(int64_t)r * T_cap + inc->step] = r;
         LUNA_TRY(luna_mem_from_host(be, inc->slots, inc->slots_host,
                                     sizeof(int32_t) * (size_t)R * (size_t)T_cap));
@@ -509,12 +525,14 @@ static luna_status reorder_state(luna_incremental *inc, const int32_t *rows,
     if (!inc->luna) { /* the caches stay; new row i takes old row rows[i]'s slot indices */
         const int64_t T_cap = inc->max_steps;
         for (int i = 0; i < new_rows; i++) {
-            const int64_t t = inc->pool ? inc->sent_step[rows_host[i] / inc->rpb] : inc->step;
+            const int64_t t =
+                inc->pool ? inc->sent_step[row_sentence(inc, rows_host[i])] : inc->step;
             memcpy(inc->slots_tmp + i * T_cap, inc->slots_host + rows_host[i] * T_cap,
                    sizeof(int32_t) * (size_t)t);
         }
         for (int i = 0; i < new_rows; i++) {
-            const int64_t t = inc->pool ? inc->sent_step[rows_host[i] / inc->rpb] : inc->step;
+            const int64_t t =
+                inc->pool ? inc->sent_step[row_sentence(inc, rows_host[i])] : inc->step;
             memcpy(inc->slots_host + i * T_cap, inc->slots_tmp + i * T_cap,
                    sizeof(int32_t) * (size_t)t);
         }
@@ -550,29 +568,30 @@ luna_status luna_incremental_reorder(luna_incremental *inc, const int32_t *rows,
                           "incremental decoding: reorder to %d rows (beam %d, capacity %d)",
                           new_rows, beam, inc->cap_rows);
     const int S = new_rows / beam;
-    const bool expand = rpb != beam;
+    const bool expand = rpb != beam || inc->one_row > 0;
     if (new_rows == 0) { /* every sentence finished (a pool admits new ones after) */
-        inc->R = inc->S = 0;
+        inc->R = inc->S = inc->one_row = 0;
         for (int i = 0; i < inc->layers && inc->luna; i++)
             inc->ls[i].causal.B = 0;
         return LUNA_OK;
     }
     bool rows_identity = new_rows == R && !expand, sent_identity = S == inc->S;
     for (int i = 0; i < new_rows; i++) {
-        if (rows[i] < 0 || rows[i] >= R || rows[i] / rpb != rows[i - i % beam] / rpb)
+        if (rows[i] < 0 || rows[i] >= R ||
+            row_sentence(inc, rows[i]) != row_sentence(inc, rows[i - i % beam]))
             return luna_error(LUNA_ERR_INVALID_ARGUMENT,
                               "incremental decoding: reorder: row %d <- %d is out of [0, %d) or "
                               "mixes sentences within a beam group",
                               i, rows[i], R);
         rows_identity = rows_identity && rows[i] == i;
-        sent_identity = sent_identity && rows[i] / rpb == i / beam;
+        sent_identity = sent_identity && row_sentence(inc, rows[i]) == i / beam;
     }
     if (rows_identity) return LUNA_OK;
     /* host: the new sentences' old indices */
     int32_t *sent = malloc(sizeof(int32_t) * (2 * (size_t)S + 1));
     if (!sent) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "incremental decoding: out of memory");
     for (int s = 0; s < S; s++)
-        sent[s] = rows[s * beam] / rpb;
+        sent[s] = row_sentence(inc, rows[s * beam]);
     luna_arena_mark mark = luna_arena_get_mark(inc->scratch);
     int32_t *rows_dev = NULL, *sent_dev = NULL;
     luna_status st = inc->luna ? upload_index(inc, &rows_dev, rows, new_rows) : LUNA_OK;
@@ -593,6 +612,7 @@ luna_status luna_incremental_reorder(luna_incremental *inc, const int32_t *rows,
         inc->R = new_rows;
         inc->S = S;
         inc->rpb = beam;
+        inc->one_row = 0;
         st = upload_masks(inc);
     }
     free(sent);

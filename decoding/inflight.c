@@ -5,10 +5,11 @@
  * rows at different positions instead of a batch that empties to its slowest sentence.
  *
  * The search per sentence is luna_beam_search's (decoding/beam_search.h), step for step; what
- * differs is where the sentence's step comes from. Three details keep the results identical to a
- * search of the sentence alone: its rows decode as in a batch of their own
- * (luna_incremental_admit); at step 0 all `beam` rows are decoded (they are alike) and only beam
- * 0's candidates are read, where the batch search decodes one row; and </s> before min_len is
+ * differs is where the sentence's step comes from. Three details keep the results those of a
+ * search of the sentence alone (up to the last bits of sums over padded sources, as between
+ * batches before): its rows decode as in a batch of their own
+ * (luna_incremental_admit); at step 0 a joining sentence has one row, as in the batch search
+ * (the GEMMs' results depend on their row count); and </s> before min_len is
  * removed from the row's candidates like an n-gram ban (the rows of the pool are at different
  * steps, so the shared token bias cannot carry it) — the top k of the log-probs with </s> at −inf,
  * as the bias gave. */
@@ -24,6 +25,7 @@
 typedef struct {
     int beam, K, nc, kb, V, cap, k_cap, S_cap, m_cap;
     int S;               /* active sentences */
+    int one_row;         /* the last this many have one decoder row (joined; beam search) */
     int *id;             /* [S_cap] each active sentence's index in the input */
     int *step;           /* [S_cap] its steps taken */
     int *max_len;        /* [S_cap] */
@@ -86,6 +88,12 @@ static luna_status flight_alloc(flight *f) {
     return LUNA_OK;
 }
 
+/* The decoder's first row of sentence s (luna_incremental_admit's layout). */
+static int drow(const flight *f, int s) {
+    const int full = f->S - f->one_row;
+    return s <= full ? s * f->beam : full * f->beam + (s - full);
+}
+
 static int max_len_of(const luna_beam_options *o, int src_len) {
     const double ml = o->max_len_a * src_len + o->max_len_b;
     return ml < o->max_len_cap ? (int)ml : o->max_len_cap;
@@ -133,8 +141,9 @@ static luna_status admit(luna_incremental *inc, const luna_beam_options *o, flig
             f->ignore[s * f->beam + j] = false;
         }
     }
-    LUNA_TRY(luna_incremental_admit(inc, f->padded, lens, k, m));
+    LUNA_TRY(luna_incremental_admit(inc, f->padded, lens, k, m, !o->sampling));
     f->S += k;
+    f->one_row = o->sampling ? 0 : k;
     *next += k;
     return LUNA_OK;
 }
@@ -149,8 +158,8 @@ static luna_status select_sentence(const luna_beam_options *o, flight *f, int s,
     luna_cand *top = f->cands + (size_t)s * K;
     int n = 0;
     for (int k = 0; k < (step == 0 && !o->sampling ? 1 : beam); k++) {
-        const int r = s * beam + k;
-        const double base = step ? f->sc[(size_t)r * cap + step - 1] : 0.0;
+        const int r = drow(f, s) + k; /* the decoder's row; the search's is s·beam + k */
+        const double base = step ? f->sc[(size_t)(s * beam + k) * cap + step - 1] : 0.0;
         if (forced) {
             const float lp = isnan(f->picked[r]) ? -INFINITY : f->picked[r];
             const luna_cand c = {base + lp, k, LUNA_DICT_EOS, k};
@@ -192,20 +201,21 @@ static luna_status select_sentence(const luna_beam_options *o, flight *f, int s,
 /* One step of every active sentence; finished ones leave the pool. *finished: how many left. */
 static luna_status step_pool(luna_incremental *inc, const luna_beam_options *o, flight *f,
                              luna_nbest *out, int *finished) {
-    const int beam = f->beam, cap = f->cap, kb = f->kb, R = f->S * beam;
+    const int beam = f->beam, cap = f->cap, kb = f->kb, R = drow(f, f->S);
     const int ngram = o->no_repeat_ngram_size;
     bool must_end = false;
     int most_bans = 0;
-    for (int r = 0; r < R; r++) {
-        const int s = r / beam, t = f->step[s];
-        const int32_t *row = f->tok + (size_t)r * cap;
-        f->row_tok[r] = row[t];
-        must_end = must_end || t >= f->max_len[s];
-        int32_t *ban = f->ban + (size_t)r * (cap + 1);
-        f->nban[r] = ngram > 0 ? luna_ngram_bans(row, t + 1, ngram, ban) : 0;
-        if (t < o->min_len) ban[f->nban[r]++] = LUNA_DICT_EOS;
-        most_bans = f->nban[r] > most_bans ? f->nban[r] : most_bans;
-    }
+    for (int s = 0; s < f->S; s++)
+        for (int r = drow(f, s); r < drow(f, s + 1); r++) { /* decoder row r */
+            const int t = f->step[s];
+            const int32_t *row = f->tok + (size_t)(s * beam + r - drow(f, s)) * cap;
+            f->row_tok[r] = row[t];
+            must_end = must_end || t >= f->max_len[s];
+            int32_t *ban = f->ban + (size_t)r * (cap + 1);
+            f->nban[r] = ngram > 0 ? luna_ngram_bans(row, t + 1, ngram, ban) : 0;
+            if (t < o->min_len) ban[f->nban[r]++] = LUNA_DICT_EOS;
+            most_bans = f->nban[r] > most_bans ? f->nban[r] : most_bans;
+        }
     const int k_req = kb + most_bans < f->V ? kb + most_bans : f->V;
     luna_step_output so = {.k = k_req,
                            .top_log_probs = f->top_lp,
@@ -245,6 +255,7 @@ static luna_status step_pool(luna_incremental *inc, const luna_beam_options *o, 
             for (int j = 0; j < f->nc && picked < beam; j++) {
                 if (eos[j] != (pass == 1)) continue;
                 const int nr = s2 * beam + picked++, parent = s * beam + top[j].beam;
+                reorder[nr] = drow(f, s) + top[j].beam; /* the parent's decoder row */
                 f->ignore2[nr] = pass == 1;
                 memcpy(f->tok2 + (size_t)nr * cap, f->tok + (size_t)parent * cap,
                        sizeof(int32_t) * (size_t)(step + 1));
@@ -252,7 +263,6 @@ static luna_status step_pool(luna_incremental *inc, const luna_beam_options *o, 
                 memcpy(f->sc2 + (size_t)nr * cap, f->sc + (size_t)parent * cap,
                        sizeof(double) * (size_t)step);
                 f->sc2[(size_t)nr * cap + step] = top[j].score;
-                reorder[nr] = parent;
             }
         f->id[s2] = f->id[s]; /* s2 ≤ s: sentences before s are placed already */
         f->step[s2] = step + 1;
@@ -267,6 +277,7 @@ static luna_status step_pool(luna_incremental *inc, const luna_beam_options *o, 
     bool *ii = f->ignore;
     f->ignore = f->ignore2, f->ignore2 = ii;
     f->S = remaining;
+    f->one_row = 0;
     return LUNA_OK;
 }
 

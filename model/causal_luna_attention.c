@@ -233,12 +233,11 @@ static luna_status step(luna_pass *ps, const luna_attn_w *w, luna_causal_state *
     LUNA_TRY(luna_bgemm(be, true, false, dh, L, 1, 1.0f, k, phi, 1.0f, st->ksum, G));
     LUNA_TRY(luna_pass_alloc(ps, &s, (int64_t)G * L, "causal step"));
     /* 1/t per run of sentences at the same position (one run unless in-flight) */
-    const int rps = st->sent_t ? st->rows_per_sent : B;
     for (int r0 = 0; r0 < B;) {
-        int r1 = r0 + rps;
-        const int t = st->sent_t ? st->sent_t[r0 / rps] + 1 : st->t;
-        while (st->sent_t && r1 < B && st->sent_t[r1 / rps] + 1 == t)
-            r1 += rps;
+        int r1 = st->row_t ? r0 + 1 : B;
+        const int t = st->row_t ? st->row_t[r0] + 1 : st->t;
+        while (st->row_t && r1 < B && st->row_t[r1] + 1 == t)
+            r1++;
         const int64_t g0 = (int64_t)r0 * H, Lh = (int64_t)L * dh;
         LUNA_TRY(luna_bgemm(be, false, false, 1, L, dh, 1.0f / (float)t,
                             luna_act_at(be, q, g0 * dh), luna_act_at(be, st->ksum, g0 * Lh), 0.0f,
@@ -251,10 +250,10 @@ static luna_status step(luna_pass *ps, const luna_attn_w *w, luna_causal_state *
     /* one position: [B, H, 1, dh] is [B, d], the heads merged already */
     LUNA_TRY(luna_pass_alloc(ps, &o, (int64_t)B * d, "causal step"));
     for (int r0 = 0; r0 < B;) {
-        int r1 = r0 + rps;
-        const int t = st->sent_t ? st->sent_t[r0 / rps] + 1 : st->t;
-        while (st->sent_t && r1 < B && st->sent_t[r1 / rps] + 1 == t)
-            r1 += rps;
+        int r1 = st->row_t ? r0 + 1 : B;
+        const int t = st->row_t ? st->row_t[r0] + 1 : st->t;
+        while (st->row_t && r1 < B && st->row_t[r1] + 1 == t)
+            r1++;
         const int64_t g0 = (int64_t)r0 * H, Lh = (int64_t)L * dh;
         LUNA_TRY(luna_bgemm(be, false, false, 1, dh, L, 1.0f / (float)t, luna_act_at(be, s, g0 * L),
                             luna_act_at(be, st->vsum, g0 * Lh), 0.0f, luna_act_at(be, o, g0 * dh),

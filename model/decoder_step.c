@@ -192,13 +192,13 @@ static luna_status copy_padded(luna_backend *be, luna_act *dst, int cap, const l
 
 static luna_status admit(luna_seq2seq *model, luna_arena *scratch, const int32_t *src,
                          const int32_t *src_valid, const int32_t *p_valid,
-                         const luna_decoder_dims *dims, int s0, int m_cap, int L_cap,
+                         const luna_decoder_dims *dims, int s0, int r0, int m_cap, int L_cap,
                          luna_decoder_layer_state *pool) {
     const luna_config *c = &model->config;
     luna_backend *be = model->be;
     luna_pass ps = {.be = be, .arena = scratch};
     const int n = dims->S, R = dims->R, H = c->decoder_attention_heads;
-    const int d = c->decoder_embed_dim, dh = d / H, L = dims->L, m = dims->m, r0 = s0 * dims->beam;
+    const int d = c->decoder_embed_dim, dh = d / H, L = dims->L, m = dims->m;
     luna_decoder_layer_state *fresh = calloc((size_t)c->decoder_layers, sizeof *fresh);
     if (!fresh) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of host memory");
     luna_decoder_dims d2 = *dims;
@@ -237,20 +237,34 @@ static luna_status admit(luna_seq2seq *model, luna_arena *scratch, const int32_t
 
 luna_status luna_decoder_admit(luna_seq2seq *model, luna_arena *scratch, const int32_t *src,
                                const int32_t *src_valid, const int32_t *p_valid,
-                               const luna_decoder_dims *dims, int s0, int m_cap, int L_cap,
+                               const luna_decoder_dims *dims, int s0, int r0, int m_cap, int L_cap,
                                luna_decoder_layer_state *layers) {
     if ((model->config.arch == LUNA_ARCH_LUNA) != (dims->L > 0) || dims->m > m_cap ||
-        dims->L > L_cap || s0 < 0)
+        dims->L > L_cap || s0 < 0 || r0 < 0)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT,
                           "decoder: admit %d sentences (source length %d of %d, %d P slots of %d)",
                           dims->S, dims->m, m_cap, dims->L, L_cap);
     luna_arena_mark mark = luna_arena_get_mark(scratch);
-    luna_status st = admit(model, scratch, src, src_valid, p_valid, dims, s0, m_cap, L_cap, layers);
+    luna_status st =
+        admit(model, scratch, src, src_valid, p_valid, dims, s0, r0, m_cap, L_cap, layers);
     luna_arena_release(scratch, mark);
     return st;
 }
 
 /* ---- one step -------------------------------------------------------------------------------- */
+
+/* The cross-attention result of one group of sentences (rows [r0, ..) of [R, d]) into *y: the
+ * group's own buffer when it is the whole batch, else its `rows` rows of one [R, d] buffer. */
+static luna_status gather_group(const luna_pass *ps, luna_act **y, const luna_act *part, int R,
+                                int d, int64_t r0, int64_t rows, bool whole) {
+    if (whole) {
+        *y = (luna_act *)part;
+        return LUNA_OK;
+    }
+    if (!*y) LUNA_TRY(luna_pass_alloc(ps, y, (int64_t)R * d, "cross-attention result"));
+    return ps->be->ops->gather_rows(ps->be, luna_act_at(ps->be, *y, r0 * d), d, part, d, NULL, rows,
+                                    d);
+}
 
 /* x_out = LN(x + FFN(x)) */
 static luna_status ffn_block(const luna_pass *ps, const luna_config *c,
@@ -279,16 +293,27 @@ static luna_status luna_layer_step(const luna_pass *ps, const luna_config *c,
     LUNA_TRY(luna_causal_attention_step(be, ps->arena, &w->self_attn, &ls->causal, x, y));
     LUNA_TRY(luna_resnorm_forward(ps, &w->self_attn_layer_norm, &r1, x, y,
                                   w->self_attn.out_proj.bias, R, d, 0.0f, 0));
-    /* x2 = LN(x1 + unpack(x1)): the beams of sentence s are its `beam` queries */
-    luna_attn_act a = {.B = dims->S,
-                       .L = dims->L,
-                       .d = d,
-                       .H = H,
-                       .tied = !c->untie_luna_kv,
-                       .kp = ls->kp,
-                       .vp = ls->vp};
-    LUNA_TRY(luna_attention_unpack(ps, &w->encoder_attn, &a, r1.y, dims->sent_valid, dims->beam));
-    LUNA_TRY(luna_resnorm_forward(ps, &w->encoder_attn_layer_norm, &r2, r1.y, a.y,
+    /* x2 = LN(x1 + unpack(x1)): the beams of sentence s are its queries (per group of sentences
+     * with the same rows, as the GEMMs' results depend on their row count) */
+    luna_act *yc = NULL;
+    for (int g = 0; g < 2; g++) {
+        const int f = dims->S - dims->one_row_sentences, s0 = g ? f : 0, s1 = g ? dims->S : f;
+        if (s1 == s0) continue;
+        const int64_t Ld = (int64_t)dims->L * d, r0 = luna_decoder_first_row(dims, s0);
+        luna_attn_act a = {.B = s1 - s0,
+                           .L = dims->L,
+                           .d = d,
+                           .H = H,
+                           .tied = !c->untie_luna_kv,
+                           .kp = luna_act_at(be, ls->kp, s0 * Ld),
+                           .vp = luna_act_at(be, ls->vp, s0 * Ld)};
+        LUNA_TRY(luna_attention_unpack(ps, &w->encoder_attn, &a, luna_act_at(be, r1.y, r0 * d),
+                                       dims->sent_valid ? dims->sent_valid + s0 : NULL,
+                                       g ? 1 : dims->beam));
+        LUNA_TRY(gather_group(ps, &yc, a.y, R, d, r0, luna_decoder_first_row(dims, s1) - r0,
+                              s0 == 0 && s1 == dims->S));
+    }
+    LUNA_TRY(luna_resnorm_forward(ps, &w->encoder_attn_layer_norm, &r2, r1.y, yc,
                                   w->encoder_attn.out_proj.bias, R, d, 0.0f, 0));
     return ffn_block(ps, c, w, r2.y, R, out);
 }
@@ -319,22 +344,23 @@ static luna_status transformer_layer_step(const luna_pass *ps, const luna_config
     const int beam = dims->beam;
     for (int s0 = 0; s0 < dims->S;) {
         const int t = dims->sent_step ? dims->sent_step[s0] : dims->step, T = t + 1;
+        const int rows = luna_decoder_sentence_rows(dims, s0);
         int s1 = s0 + 1;
-        while (dims->sent_step && s1 < dims->S && dims->sent_step[s1] == t)
+        while (s1 < dims->S && (dims->sent_step ? dims->sent_step[s1] : dims->step) == t &&
+               luna_decoder_sentence_rows(dims, s1) == rows)
             s1++;
-        if (!dims->sent_step) s1 = dims->S;
+        const int r0 = luna_decoder_first_row(dims, s0), Rr = luna_decoder_first_row(dims, s1) - r0;
         for (int b = s0; b < s1; b++) {
             if (!dims->sent_block && b > s0) break; /* slot r: one write for the run */
-            const int n = dims->sent_block ? 1 : s1 - s0;
-            const int64_t slot =
-                dims->sent_block ? (int64_t)dims->sent_block[b] * beam : (int64_t)b * beam;
-            const int64_t at = slot * H * cache_stride + (int64_t)t * dh, g = (int64_t)b * beam * H;
+            const int n = dims->sent_block ? rows : Rr;
+            const int64_t slot = dims->sent_block ? (int64_t)dims->sent_block[b] * beam : r0;
+            const int64_t at = slot * H * cache_stride + (int64_t)t * dh,
+                          g = (int64_t)luna_decoder_first_row(dims, b) * H;
             LUNA_TRY(op->gather_rows(be, luna_act_at(be, ls->self_k, at), cache_stride,
-                                     luna_act_at(be, k, g * dh), dh, NULL, n * beam * H, dh));
+                                     luna_act_at(be, k, g * dh), dh, NULL, (int64_t)n * H, dh));
             LUNA_TRY(op->gather_rows(be, luna_act_at(be, ls->self_v, at), cache_stride,
-                                     luna_act_at(be, v, g * dh), dh, NULL, n * beam * H, dh));
+                                     luna_act_at(be, v, g * dh), dh, NULL, (int64_t)n * H, dh));
         }
-        const int r0 = s0 * beam, Rr = (s1 - s0) * beam;
         const int64_t g0 = (int64_t)r0 * H, Gr = (int64_t)Rr * H;
         luna_act *sr = luna_act_at(be, s, g0 * T_cap);
         const int32_t *ind = dims->cache_slots + (int64_t)r0 * T_cap;
@@ -350,37 +376,68 @@ static luna_status transformer_layer_step(const luna_pass *ps, const luna_config
     LUNA_TRY(op->linear_forward(be, y, o, w->self_attn.out_proj.weight, NULL, R, d, d));
     LUNA_TRY(luna_resnorm_forward(ps, &w->self_attn_layer_norm, &r1, x, y,
                                   w->self_attn.out_proj.bias, R, d, 0.0f, 0));
-    /* cross-attention to the sentence's keys/values, the beams as queries */
-    luna_mha_act a = {.B = dims->S,
-                      .m = dims->m,
-                      .d = d,
-                      .H = H,
-                      .c_valid = dims->sent_valid,
-                      .k = ls->cross_k,
-                      .v = ls->cross_v};
-    LUNA_TRY(luna_mha_attend(ps, &w->encoder_attn, &a, r1.y, dims->beam, false));
-    LUNA_TRY(luna_resnorm_forward(ps, &w->encoder_attn_layer_norm, &r2, r1.y, a.y,
+    /* cross-attention to the sentence's keys/values, the beams as queries (per group of
+     * sentences with the same rows: the GEMMs' results depend on their row count) */
+    luna_act *yc = NULL;
+    for (int g = 0; g < 2; g++) {
+        const int f = dims->S - dims->one_row_sentences, s0 = g ? f : 0, s1 = g ? dims->S : f;
+        if (s1 == s0) continue;
+        const int64_t md = (int64_t)dims->m * d, r0 = luna_decoder_first_row(dims, s0);
+        luna_mha_act a = {.B = s1 - s0,
+                          .m = dims->m,
+                          .d = d,
+                          .H = H,
+                          .c_valid = dims->sent_valid ? dims->sent_valid + s0 : NULL,
+                          .k = luna_act_at(be, ls->cross_k, s0 * md),
+                          .v = luna_act_at(be, ls->cross_v, s0 * md)};
+        LUNA_TRY(luna_mha_attend(ps, &w->encoder_attn, &a, luna_act_at(be, r1.y, r0 * d),
+                                 g ? 1 : dims->beam, false));
+        LUNA_TRY(gather_group(ps, &yc, a.y, R, d, r0, luna_decoder_first_row(dims, s1) - r0,
+                              s0 == 0 && s1 == dims->S));
+    }
+    LUNA_TRY(luna_resnorm_forward(ps, &w->encoder_attn_layer_norm, &r2, r1.y, yc,
                                   w->encoder_attn.out_proj.bias, R, d, 0.0f, 0));
     return ffn_block(ps, c, w, r2.y, R, out);
 }
+
+static luna_status step(const luna_pass *ps, luna_seq2seq *model, const luna_decoder_dims *dims,
+                        luna_decoder_layer_state *layers, const int32_t *tokens, luna_act **logits);
 
 luna_status luna_decoder_step(const luna_pass *ps, luna_seq2seq *model,
                               const luna_decoder_dims *dims, luna_decoder_layer_state *layers,
                               const int32_t *tokens, luna_act **logits) {
     const luna_config *c = &model->config;
-    luna_backend *be = ps->be;
-    const luna_weights *w = &model->params->w;
-    const int R = dims->R, d = c->decoder_embed_dim, V = c->vocab_size;
+    const int R = dims->R;
     for (int b = 0; b < (dims->sent_step ? dims->S : 1); b++) {
         const int t = dims->sent_step ? dims->sent_step[b] : dims->step;
         if (t >= dims->max_steps)
             return luna_error(LUNA_ERR_INVALID_ARGUMENT, "decoder: step %d exceeds max_steps %d",
                               t + 1, dims->max_steps);
     }
-    for (int i = 0; i < c->decoder_layers && dims->L > 0; i++) {
-        layers[i].causal.sent_t = dims->sent_step;
-        layers[i].causal.rows_per_sent = dims->beam;
+    int32_t *row_t = NULL; /* Luna: each row's steps taken (rows at different positions) */
+    if (dims->L > 0 && dims->sent_step) {
+        if (!(row_t = malloc(sizeof(int32_t) * (size_t)R)))
+            return luna_error(LUNA_ERR_OUT_OF_MEMORY, "decoder: out of host memory");
+        for (int b = 0; b < dims->S; b++)
+            for (int j = 0; j < luna_decoder_sentence_rows(dims, b); j++)
+                row_t[luna_decoder_first_row(dims, b) + j] = dims->sent_step[b];
     }
+    for (int i = 0; i < c->decoder_layers && dims->L > 0; i++)
+        layers[i].causal.row_t = row_t;
+    luna_status st = step(ps, model, dims, layers, tokens, logits);
+    for (int i = 0; i < c->decoder_layers && dims->L > 0; i++)
+        layers[i].causal.row_t = NULL;
+    free(row_t);
+    return st;
+}
+
+static luna_status step(const luna_pass *ps, luna_seq2seq *model, const luna_decoder_dims *dims,
+                        luna_decoder_layer_state *layers, const int32_t *tokens,
+                        luna_act **logits) {
+    const luna_config *c = &model->config;
+    luna_backend *be = ps->be;
+    const luna_weights *w = &model->params->w;
+    const int R = dims->R, d = c->decoder_embed_dim, V = c->vocab_size;
     /* x = √d·E[token] + sinusoid(padding_idx + 1 + t) (fairseq's position of target step t) */
     luna_act *x, *pos;
     LUNA_TRY(luna_pass_alloc(ps, &x, (int64_t)R * d, "target embeddings"));
@@ -400,8 +457,9 @@ luna_status luna_decoder_step(const luna_pass *ps, luna_seq2seq *model,
         luna_act *table;
         int32_t *idx, *idx_host = malloc(sizeof(int32_t) * (size_t)R);
         if (!idx_host) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "decoder: out of host memory");
-        for (int r = 0; r < R; r++)
-            idx_host[r] = dims->sent_step[r / dims->beam] - t0;
+        for (int b = 0; b < dims->S; b++)
+            for (int j = 0; j < luna_decoder_sentence_rows(dims, b); j++)
+                idx_host[luna_decoder_first_row(dims, b) + j] = dims->sent_step[b] - t0;
         luna_status st = luna_pass_alloc(ps, &table, (int64_t)(t1 - t0 + 1) * d, "positions");
         if (st == LUNA_OK) st = luna_pass_alloc_i32(ps, &idx, R, "positions");
         if (st == LUNA_OK) st = luna_mem_from_host(be, idx, idx_host, sizeof(int32_t) * (size_t)R);

@@ -53,8 +53,10 @@ typedef struct {
     /* In-flight batching (sentences at different positions; decoding/incremental.h): */
     const int32_t *sent_step;  /* host [S]: each sentence's positions decoded so far; NULL: all
                                   `step` */
-    const int32_t *sent_block; /* transformer, host [S]: row r of sentence s writes cache slot
-                                  sent_block[s]·beam + r % beam; NULL: slot r */
+    const int32_t *sent_block; /* transformer, host [S]: the j-th row of sentence s writes cache
+                                  slot sent_block[s]·beam + j; NULL: slot r */
+    int one_row_sentences;     /* the last this many sentences have one row each (sentences that
+                                  joined at step 0, whose beams are alike), the others `beam` */
 } luna_decoder_dims;
 
 /* Decoding reads the model's weights many times and never changes them: hold (true) asks the
@@ -79,16 +81,26 @@ luna_status luna_decoder_begin(luna_seq2seq *model, luna_arena *state, luna_aren
 luna_status luna_decoder_alloc(luna_seq2seq *model, luna_arena *state,
                                const luna_decoder_dims *dims, luna_decoder_layer_state *layers);
 
-/* Encode n new sentences (dims: S = n, R = n·beam, their own m and L; sent_valid / row_valid
- * unused) and write their state into `layers`, the state of a batch laid out for pool sizes
- * (m_cap source positions, L_cap P slots): per-sentence state at sentences [s0, s0 + n), per-row
- * state at rows [s0·beam, (s0 + n)·beam), both zero-padded to m_cap / L_cap, so that the new rows
- * decode as they would in a batch of their own (the padding is masked). The transformer's caches
- * are untouched (positions are written as the rows step). Temporaries from `scratch`. */
+/* Encode n new sentences (dims: S = n, beam = their rows each, R = n·beam, their own m and L;
+ * sent_valid / row_valid unused) and write their state into `layers`, the state of a batch laid
+ * out for pool sizes (m_cap source positions, L_cap P slots): per-sentence state at sentences
+ * [s0, s0 + n), per-row state at rows [r0, r0 + R), both zero-padded to m_cap / L_cap, so that
+ * the new rows decode as they would in a batch of their own (the padding is masked). The
+ * transformer's caches are untouched (positions are written as the rows step). Temporaries from
+ * `scratch`. */
 luna_status luna_decoder_admit(luna_seq2seq *model, luna_arena *scratch, const int32_t *src,
                                const int32_t *src_valid, const int32_t *p_valid,
-                               const luna_decoder_dims *dims, int s0, int m_cap, int L_cap,
+                               const luna_decoder_dims *dims, int s0, int r0, int m_cap, int L_cap,
                                luna_decoder_layer_state *layers);
+
+/* The first row of sentence s and its rows (dims->one_row_sentences). */
+static inline int luna_decoder_first_row(const luna_decoder_dims *d, int s) {
+    const int f = d->S - d->one_row_sentences;
+    return s <= f ? s * d->beam : f * d->beam + (s - f);
+}
+static inline int luna_decoder_sentence_rows(const luna_decoder_dims *d, int s) {
+    return s >= d->S - d->one_row_sentences ? 1 : d->beam;
+}
 
 /* One step for all rows: tokens (device [R]) at position dims->step -> logits [R, V] (from
  * ps->arena; activations). Updates the per-row state (Luna sums, transformer caches). */

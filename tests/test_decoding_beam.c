@@ -275,8 +275,9 @@ END_TEST
 
 /* In-flight batching (luna_generate): with a pool smaller than the input, sentences join while
  * others are mid-search, at other positions, with the options that act per row (n-gram bans,
- * min_len, unkpen, sampling draws); each sentence's hypotheses are bit for bit those of its
- * search alone (luna_beam_search, one batch of one). */
+ * min_len, unkpen, sampling draws); each sentence's hypotheses are those of its search alone
+ * (luna_beam_search, one batch of one): the same tokens, scores within 1e-5 (a sentence's source
+ * is padded to another length, which can move the last bits of OpenBLAS's sums). */
 START_TEST(inflight_equals_alone) {
     const int V = 24, N = 9;
     const char *presets[2] = {"luna_tiny", "transformer_tiny"};
@@ -298,7 +299,7 @@ START_TEST(inflight_equals_alone) {
         for (int variant = 0; variant < 3; variant++) {
             luna_beam_options o;
             luna_beam_options_init(&o);
-            o.beam = 3;
+            o.beam = 5; /* ≥ 4: OpenBLAS's GEMM results depend on the row count from 4 on */
             o.nbest = 2;
             o.lenpen = 0.6;
             o.max_len_a = 1.5;
@@ -335,9 +336,13 @@ START_TEST(inflight_equals_alone) {
                                       "%s, variant %d, setting %d: sentence %d hypothesis %d "
                                       "differs from its search alone",
                                       presets[p], variant, k, s, i);
-                        ck_assert(a->score == r->score);
-                        ck_assert_mem_eq(a->positional_scores, r->positional_scores,
-                                         sizeof(float) * a->len);
+                        /* padded to other lengths, OpenBLAS's sums may round differently */
+                        ck_assert_msg(fabs(a->score - r->score) < 1e-5,
+                                      "%s v%d s%d: %.17g vs %.17g", presets[p], variant, k,
+                                      a->score, r->score);
+                        for (int t = 0; t < a->len; t++)
+                            ck_assert(fabs(a->positional_scores[t] - r->positional_scores[t]) <
+                                      1e-5);
                     }
                     luna_nbest_release(&out[s]);
                 }
