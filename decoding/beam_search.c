@@ -5,7 +5,9 @@
 #include <string.h>
 
 #include "data/dictionary.h"
+#include "decoding/candidates.h"
 #include "decoding/sampling.h"
+#include "decoding/search_internal.h"
 
 void luna_beam_options_init(luna_beam_options *o) {
     *o = (luna_beam_options){.beam = 5,
@@ -37,7 +39,7 @@ void luna_nbest_release(luna_nbest *n) {
     memset(n, 0, sizeof *n);
 }
 
-static luna_status check_options(const luna_beam_options *o) {
+luna_status luna_search_check_options(const luna_beam_options *o) {
     if (o->beam < 1 || o->nbest < 1 || o->nbest > o->beam || o->min_len < 0 || o->max_len_b < 0 ||
         o->max_len_a < 0 || o->max_len_cap < 1 || !isfinite(o->lenpen) || isnan(o->unkpen) ||
         o->no_repeat_ngram_size < 0 || !(o->temperature > 0) || !isfinite(o->temperature))
@@ -52,22 +54,7 @@ static luna_status check_options(const luna_beam_options *o) {
 
 /* ---- one batch ------------------------------------------------------------------------------- */
 
-typedef struct {
-    double score;
-    int beam, token;
-} cand;
-
-/* Insert c into top[0..*n) (sorted by score descending, then (beam, token) ascending; candidates
- * arrive in increasing (beam, token) order, so equal scores go after). Keeps at most k. */
-static void topk_insert(cand *top, int *n, int k, cand c) {
-    if (*n == k && !(c.score > top[k - 1].score)) return;
-    int i = *n < k ? (*n)++ : k - 1;
-    while (i > 0 && top[i - 1].score < c.score) {
-        top[i] = top[i - 1];
-        i--;
-    }
-    top[i] = c;
-}
+typedef luna_cand cand;
 
 typedef struct {
     int S, beam, K, V, cap, eos, pad, unk;
@@ -92,9 +79,9 @@ typedef struct {
                                 before min_len */
 } search;
 
-static luna_status finalize(search *z, const luna_beam_options *o, luna_nbest *out, int r, int step,
-                            double eos_score) {
-    if (out->count >= z->beam) return LUNA_OK;
+luna_status luna_search_finalize(const luna_beam_options *o, const int32_t *t, const double *s,
+                                 luna_nbest *out, int step, double eos_score) {
+    if (out->count >= o->beam) return LUNA_OK;
     const int len = step + 1;
     luna_hypothesis h = {.len = len};
     h.tokens = malloc(sizeof(int32_t) * (size_t)len);
@@ -103,13 +90,11 @@ static luna_status finalize(search *z, const luna_beam_options *o, luna_nbest *o
         hyp_release(&h);
         return luna_error(LUNA_ERR_OUT_OF_MEMORY, "beam search: out of host memory");
     }
-    const int32_t *t = z->tok + (size_t)r * z->cap;
-    const double *s = z->sc + (size_t)r * z->cap;
     for (int i = 0; i < step; i++) {
         h.tokens[i] = t[i + 1];
         h.positional_scores[i] = (float)(s[i] - (i ? s[i - 1] : 0.0));
     }
-    h.tokens[step] = z->eos;
+    h.tokens[step] = LUNA_DICT_EOS;
     h.positional_scores[step] = (float)(eos_score - (step ? s[step - 1] : 0.0));
     h.score = eos_score / pow((double)len, o->lenpen);
     out->hyps[out->count++] = h;
@@ -146,9 +131,8 @@ static luna_status run_batch(luna_incremental *inc, const luna_beam_options *o, 
         /* n-gram bans: ask for kb + (most bans of a row) candidates, drop the banned below */
         int most_bans = 0;
         for (int r = 0; ngram > 0 && r < R; r++) {
-            z->nban[r] = luna_ngram_bans(z->tok + (size_t)(r / rpb * beam + r % rpb) * cap, step + 1,
-                                         ngram,
-                                         z->ban + (size_t)r * cap);
+            z->nban[r] = luna_ngram_bans(z->tok + (size_t)(r / rpb * beam + r % rpb) * cap,
+                                         step + 1, ngram, z->ban + (size_t)r * cap);
             most_bans = z->nban[r] > most_bans ? z->nban[r] : most_bans;
         }
         const int k_req = kb + most_bans < z->V ? kb + most_bans : z->V;
@@ -182,11 +166,11 @@ static luna_status run_batch(luna_incremental *inc, const luna_beam_options *o, 
                 const double base = step ? z->sc[(size_t)(s * beam + k) * cap + step - 1] : 0.0;
                 if (forced) {
                     const float lp = isnan(z->picked[r]) ? -INFINITY : z->picked[r];
-                    const cand c = {base + lp, k, z->eos};
+                    const cand c = {base + lp, k, z->eos, k};
                     if (o->sampling)
                         top[n++] = c; /* row order, as every draw */
                     else
-                        topk_insert(top, &n, K, c);
+                        luna_cand_offer(top, &n, K, c);
                     continue;
                 }
                 const float *lp = z->top_lp + (size_t)r * kb;
@@ -195,20 +179,23 @@ static luna_status run_batch(luna_incremental *inc, const luna_beam_options *o, 
                     const double u = luna_sampling_uniform(o->seed, (uint64_t)z->ids[b],
                                                            (uint64_t)step * beam + k);
                     const int j = luna_sample_index(lp, kb, u);
-                    top[n++] = (cand){base + lp[j], k, tk[j]};
+                    top[n++] = (cand){base + lp[j], k, tk[j], k};
                     continue;
                 }
                 for (int j = 0; j < kb; j++)
-                    topk_insert(top, &n, K, (cand){base + lp[j], k, tk[j]});
+                    luna_cand_offer(top, &n, K, (cand){base + lp[j], k, tk[j], k * kb + j});
             }
+            if (!o->sampling) luna_cand_sort(top, n);
             for (; n < nc; n++)
-                top[n] = (cand){-INFINITY, 0, z->unk}; /* dead fillers */
+                top[n] = (cand){-INFINITY, 0, z->unk, 0}; /* dead fillers */
             bool *eos = z->is_eos + (size_t)s * K;
             bool any = false;
             for (int j = 0; j < nc; j++) {
                 eos[j] = top[j].token == z->eos && top[j].score != -INFINITY;
                 if (j < beam && eos[j] && !z->ignore[s * beam + j]) {
-                    LUNA_TRY(finalize(z, o, &out[b], s * beam + top[j].beam, step, top[j].score));
+                    const size_t r = (size_t)(s * beam + top[j].beam) * cap;
+                    LUNA_TRY(luna_search_finalize(o, z->tok + r, z->sc + r, &out[b], step,
+                                                  top[j].score));
                     any = true;
                 }
                 if (j < beam) eos[j] = eos[j] || z->ignore[s * beam + j];
@@ -252,7 +239,7 @@ static luna_status run_batch(luna_incremental *inc, const luna_beam_options *o, 
 }
 
 /* Stable sort by score, best first; keep nbest. */
-static void sort_nbest(luna_nbest *n, int nbest) {
+void luna_search_sort_nbest(luna_nbest *n, int nbest) {
     for (int i = 1; i < n->count; i++) {
         luna_hypothesis h = n->hyps[i];
         int j = i;
@@ -269,7 +256,7 @@ static void sort_nbest(luna_nbest *n, int nbest) {
 /* ids [S]: each sentence's index in the input (the sampling draws'); NULL: 0..S−1. */
 static luna_status search_batch(luna_incremental *inc, const luna_beam_options *o,
                                 const luna_token_seq *src, const int *ids, int S, luna_nbest *out) {
-    LUNA_TRY(check_options(o));
+    LUNA_TRY(luna_search_check_options(o));
     if (S <= 0) return luna_error(LUNA_ERR_INVALID_ARGUMENT, "beam search: no sentences");
     const luna_config *c = luna_incremental_config(inc);
     const int V = c->vocab_size;
@@ -351,13 +338,13 @@ static luna_status search_batch(luna_incremental *inc, const luna_beam_options *
     }
     if (st == LUNA_OK) st = luna_incremental_set_temperature(inc, o->temperature);
     if (st == LUNA_OK)
-        st = o->sampling ? luna_incremental_begin(inc, padded, padded + (size_t)S * m, S, m, o->beam,
-                                                  max_steps)
+        st = o->sampling ? luna_incremental_begin(inc, padded, padded + (size_t)S * m, S, m,
+                                                  o->beam, max_steps)
                          : luna_incremental_begin_one_row(inc, padded, padded + (size_t)S * m, S, m,
                                                           o->beam, max_steps);
     if (st == LUNA_OK) st = run_batch(inc, o, &z, out);
     for (int s = 0; s < S && st == LUNA_OK; s++)
-        sort_nbest(&out[s], o->nbest);
+        luna_search_sort_nbest(&out[s], o->nbest);
     if (st != LUNA_OK)
         for (int s = 0; s < S; s++)
             luna_nbest_release(&out[s]);
@@ -409,7 +396,7 @@ static int batch_end(const luna_token_seq *src, const int *order, int n, int sta
     return end;
 }
 
-static luna_status sorted_order(const luna_token_seq *src, int n, int **order) {
+luna_status luna_search_sorted_order(const luna_token_seq *src, int n, int **order) {
     *order = malloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
     if (!*order) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "decoding: out of host memory");
     for (int i = 0; i < n; i++)
@@ -417,38 +404,6 @@ static luna_status sorted_order(const luna_token_seq *src, int n, int **order) {
     sort_src = src; /* qsort has no context argument in C11; calls are not concurrent */
     qsort(*order, (size_t)n, sizeof(int), by_length);
     return LUNA_OK;
-}
-
-luna_status luna_generate(luna_incremental *inc, const luna_beam_options *opt,
-                          const luna_token_seq *src, int n, int max_tokens, int batch_size,
-                          luna_nbest *out, void (*progress)(void *ctx, int done, int total),
-                          void *ctx) {
-    for (int i = 0; i < n; i++)
-        out[i] = (luna_nbest){0};
-    int *order;
-    LUNA_TRY(sorted_order(src, n, &order));
-    luna_token_seq *bs = malloc(sizeof(luna_token_seq) * (size_t)(n > 0 ? n : 1));
-    luna_nbest *bo = malloc(sizeof(luna_nbest) * (size_t)(n > 0 ? n : 1));
-    luna_status st =
-        bs && bo ? LUNA_OK : luna_error(LUNA_ERR_OUT_OF_MEMORY, "decoding: out of memory");
-    for (int start = 0; start < n && st == LUNA_OK;) {
-        int end = batch_end(src, order, n, start, max_tokens, batch_size);
-        for (int i = start; i < end; i++)
-            bs[i - start] = src[order[i]];
-        st = search_batch(inc, opt, bs, order + start, end - start, bo);
-        if (st != LUNA_OK) luna_error_prefix("sentence %d", order[start]);
-        for (int i = start; i < end && st == LUNA_OK; i++)
-            out[order[i]] = bo[i - start];
-        start = end;
-        if (progress && st == LUNA_OK) progress(ctx, start, n);
-    }
-    if (st != LUNA_OK)
-        for (int i = 0; i < n; i++)
-            luna_nbest_release(&out[i]);
-    free(order);
-    free(bs);
-    free(bo);
-    return st;
 }
 
 static luna_status score_batch(luna_incremental *inc, const luna_token_seq *src,
@@ -511,7 +466,7 @@ luna_status luna_score_targets(luna_incremental *inc, const luna_token_seq *src,
     for (int i = 0; i < n; i++)
         positional[i] = NULL;
     int *order;
-    LUNA_TRY(sorted_order(src, n, &order));
+    LUNA_TRY(luna_search_sorted_order(src, n, &order));
     luna_status st = LUNA_OK;
     for (int start = 0; start < n && st == LUNA_OK;) {
         int end = batch_end(src, order, n, start, max_tokens, batch_size);

@@ -80,11 +80,14 @@ typedef struct {
 luna_status luna_beam_search(luna_incremental *inc, const luna_beam_options *opt,
                              const luna_token_seq *src, int S, luna_nbest *out);
 
-/* Decode n sentences: sorted by source length (ties by index), cut into batches of at most
- * batch_size sentences (0: no limit) and max_tokens padded source tokens (0: no limit; a longer
- * sentence gets a batch of its own), finished sentences removed from the active batch.
- * out [n] in input order. progress (optional) is called after every batch with the sentences
- * done so far. */
+/* Decode n sentences with in-flight batching (decoding/inflight.c): sorted by source length (ties
+ * by index), they enter a pool of at most batch_size sentences (0: no limit) and max_tokens padded
+ * source tokens (sentences in flight × their longest source; 0: no limit; a sentence always
+ * enters an empty pool); when a sentence finishes, the next one takes its rows. Each sentence's
+ * hypotheses are those of luna_beam_search on it alone (on the CPU up to the last bits of sums
+ * over its source padded to another length, as with any batch composition).
+ * out [n] in input order. progress (optional) is called after steps that finished sentences, with
+ * the sentences done so far. */
 luna_status luna_generate(luna_incremental *inc, const luna_beam_options *opt,
                           const luna_token_seq *src, int n, int max_tokens, int batch_size,
                           luna_nbest *out, void (*progress)(void *ctx, int done, int total),

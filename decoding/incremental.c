@@ -30,6 +30,15 @@ struct luna_incremental {
     int32_t *slots_host, *slots_tmp; /* [cap_rows·max_steps] host */
     int32_t *slots;                  /* [cap_rows·max_steps] device (state arena) */
     bool held; /* the decoder's weights are held (luna_decoder_hold_weights) */
+    /* In-flight batching (luna_incremental_begin_pool): sentences join as others leave, each at
+     * its own position. sent_step [S_cap]: positions decoded by each active sentence;
+     * sent_block [S_cap] (transformer): the block of `beam` cache slots each sentence writes (its
+     * rows' histories stay in it however the sentences move). */
+    bool pool;
+    int S_cap;
+    int one_row; /* the last this many sentences have one row each (joined, before their first
+                    reorder), the others rpb */
+    int32_t *sent_step, *sent_block;
 };
 
 luna_status luna_incremental_create(luna_incremental **out, luna_seq2seq *model) {
@@ -73,6 +82,8 @@ void luna_incremental_free(luna_incremental *inc) {
     luna_arena_free(inc->scratch);
     if (inc->bias) luna_mem_release(inc->be, inc->bias, sizeof(float) * (size_t)inc->V);
     free(inc->sent_host);
+    free(inc->sent_step);
+    free(inc->sent_block);
     free(inc->slots_host);
     free(inc->slots_tmp);
     free(inc->ls);
@@ -97,6 +108,16 @@ size_t luna_incremental_scratch_peak(const luna_incremental *inc) {
     return luna_arena_peak_bytes(inc->scratch);
 }
 
+/* The sentence of row r and the first row of sentence s (the layout of dims_of). */
+static int row_sentence(const luna_incremental *inc, int r) {
+    const int f = inc->S - inc->one_row;
+    return r < f * inc->rpb ? r / inc->rpb : f + (r - f * inc->rpb);
+}
+static int first_row(const luna_incremental *inc, int s) {
+    const int f = inc->S - inc->one_row;
+    return s <= f ? s * inc->rpb : f * inc->rpb + (s - f);
+}
+
 static luna_decoder_dims dims_of(const luna_incremental *inc) {
     return (luna_decoder_dims){.S = inc->S,
                                .beam = inc->rpb,
@@ -108,7 +129,10 @@ static luna_decoder_dims dims_of(const luna_incremental *inc) {
                                .step = inc->step,
                                .row_valid = inc->row_valid,
                                .sent_valid = inc->sent_valid,
-                               .cache_slots = inc->slots};
+                               .cache_slots = inc->slots,
+                               .sent_step = inc->pool ? inc->sent_step : NULL,
+                               .sent_block = inc->pool && !inc->luna ? inc->sent_block : NULL,
+                               .one_row_sentences = inc->one_row};
 }
 
 /* Upload the per-sentence masks and their per-row expansion (Luna). */
@@ -120,7 +144,7 @@ static luna_status upload_masks(luna_incremental *inc) {
     int32_t *rows = malloc(sizeof(int32_t) * (size_t)inc->R);
     if (!rows) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "incremental decoding: out of memory");
     for (int r = 0; r < inc->R; r++)
-        rows[r] = inc->sent_host[r / inc->rpb];
+        rows[r] = inc->sent_host[row_sentence(inc, r)];
     luna_status st =
         luna_mem_from_host(inc->be, inc->row_valid, rows, sizeof(int32_t) * (size_t)inc->R);
     free(rows);
@@ -206,6 +230,8 @@ static luna_status begin_rows(luna_incremental *inc, const int32_t *src_tokens,
         if (!a || !b)
             return luna_error(LUNA_ERR_OUT_OF_MEMORY, "incremental decoding: out of memory");
     }
+    inc->pool = false;
+    inc->one_row = 0;
     inc->S = S;
     inc->cap_rows = S * beam;
     inc->R = S * rows_per_sentence;
@@ -234,6 +260,132 @@ luna_status luna_incremental_begin_one_row(luna_incremental *inc, const int32_t 
                                            const int32_t *src_lengths, int S, int m, int beam,
                                            int max_steps) {
     return begin_rows(inc, src_tokens, src_lengths, S, m, beam, max_steps, 1);
+}
+
+/* ---- in-flight batching ---------------------------------------------------------------------- */
+
+luna_status luna_incremental_begin_pool(luna_incremental *inc, int S_cap, int m_cap, int beam,
+                                        int max_steps) {
+    if (S_cap <= 0 || m_cap <= 0 || beam <= 0 || max_steps <= 0)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                          "incremental decoding: bad pool sizes (sentences %d, source length %d, "
+                          "beam %d, max steps %d)",
+                          S_cap, m_cap, beam, max_steps);
+    const luna_config *c = &inc->model->config;
+    luna_arena_reset(inc->state);
+    luna_arena_reset(inc->scratch);
+    inc->S = inc->R = 0;
+    const size_t slots = inc->luna ? 1 : (size_t)S_cap * beam * (size_t)max_steps;
+    int32_t *a[5] = {realloc(inc->sent_host, sizeof(int32_t) * (size_t)S_cap), NULL, NULL, NULL,
+                     NULL};
+    if (a[0]) inc->sent_host = a[0];
+    if (a[0] && (a[1] = realloc(inc->sent_step, sizeof(int32_t) * (size_t)S_cap)))
+        inc->sent_step = a[1];
+    if (a[1] && (a[2] = realloc(inc->sent_block, sizeof(int32_t) * (size_t)S_cap)))
+        inc->sent_block = a[2];
+    if (a[2] && (a[3] = realloc(inc->slots_host, sizeof(int32_t) * slots))) inc->slots_host = a[3];
+    if (a[3] && (a[4] = realloc(inc->slots_tmp, sizeof(int32_t) * slots))) inc->slots_tmp = a[4];
+    if (!a[4]) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "incremental decoding: out of memory");
+    memset(inc->slots_host, 0, sizeof(int32_t) * slots); /* every index a valid slot */
+    inc->pool = true;
+    inc->one_row = 0;
+    inc->S_cap = S_cap;
+    inc->cap_rows = S_cap * beam;
+    inc->rpb = inc->beam = beam;
+    inc->m = m_cap;
+    inc->max_steps = max_steps;
+    inc->step = 0;
+    inc->L = luna_decoder_projection_slots(c, m_cap);
+    inc->masked = !inc->luna || !c->fix_projection_length;
+    luna_pass pst = {.be = inc->be, .arena = inc->state};
+    inc->row_valid = inc->sent_valid = NULL;
+    inc->slots = NULL;
+    luna_status st = LUNA_OK;
+    if (inc->masked) st = luna_pass_alloc_i32(&pst, &inc->sent_valid, S_cap, "decoder masks");
+    if (st == LUNA_OK && inc->masked && inc->luna)
+        st = luna_pass_alloc_i32(&pst, &inc->row_valid, inc->cap_rows, "decoder masks");
+    if (st == LUNA_OK && !inc->luna)
+        st = luna_pass_alloc_i32(&pst, &inc->slots, (int64_t)inc->cap_rows * max_steps,
+                                 "cache slots");
+    luna_decoder_dims dims = dims_of(inc);
+    dims.S = S_cap;
+    if (st == LUNA_OK) st = luna_decoder_alloc(inc->model, inc->state, &dims, inc->ls);
+    if (st != LUNA_OK) {
+        luna_arena_reset(inc->state);
+        inc->pool = false;
+        inc->S = inc->R = inc->cap_rows = 0;
+        luna_error_prefix("incremental decoding: pool");
+    }
+    return st;
+}
+
+static luna_status admit(luna_incremental *inc, const int32_t *src, const int32_t *lens, int n,
+                         int m, int rows) {
+    const luna_config *c = &inc->model->config;
+    luna_backend *be = inc->be;
+    luna_pass ps = {.be = be, .arena = inc->scratch};
+    int longest = 0;
+    for (int b = 0; b < n; b++)
+        longest = lens[b] > longest ? lens[b] : longest;
+    const int L = luna_decoder_projection_slots(c, longest);
+    int32_t *host = malloc(sizeof(int32_t) * (size_t)n);
+    if (!host) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "incremental decoding: out of memory");
+    for (int b = 0; b < n; b++) /* the new sentences' own P masks */
+        host[b] = lens[b] < L ? lens[b] : L;
+    int32_t *tok, *src_valid, *p_valid = NULL;
+    luna_status st = luna_pass_alloc_i32(&ps, &tok, (int64_t)n * m, "source tokens");
+    if (st == LUNA_OK) st = luna_mem_from_host(be, tok, src, sizeof(int32_t) * (size_t)n * m);
+    if (st == LUNA_OK) st = luna_pass_alloc_i32(&ps, &src_valid, n, "source lengths");
+    if (st == LUNA_OK) st = luna_mem_from_host(be, src_valid, lens, sizeof(int32_t) * (size_t)n);
+    if (st == LUNA_OK && inc->luna && inc->masked)
+        st = luna_pass_alloc_i32(&ps, &p_valid, n, "P masks");
+    if (st == LUNA_OK && p_valid)
+        st = luna_mem_from_host(be, p_valid, host, sizeof(int32_t) * (size_t)n);
+    free(host);
+    LUNA_TRY(st);
+    luna_decoder_dims dims = {.S = n, .beam = rows, .R = n * rows, .m = m, .L = L, .max_steps = 0};
+    return luna_decoder_admit(inc->model, inc->scratch, tok, src_valid, p_valid, &dims, inc->S,
+                              inc->R, inc->m, inc->L, inc->ls);
+}
+
+luna_status luna_incremental_admit(luna_incremental *inc, const int32_t *src_tokens,
+                                   const int32_t *src_lengths, int n, int m, bool one_row) {
+    if (!inc->pool || n <= 0 || m <= 0 || m > inc->m || inc->S + n > inc->S_cap || inc->one_row)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                          "incremental decoding: admit %d sentences of length %d to %s (%d of %d "
+                          "sentences, source length %d)",
+                          n, m, inc->pool ? "the pool" : "no pool", inc->S, inc->S_cap, inc->m);
+    LUNA_TRY(check_source(&inc->model->config, src_tokens, src_lengths, n, m));
+    luna_arena_mark mark = luna_arena_get_mark(inc->scratch);
+    luna_status st = admit(inc, src_tokens, src_lengths, n, m, one_row ? 1 : inc->beam);
+    luna_arena_release(inc->scratch, mark);
+    if (st != LUNA_OK) {
+        luna_error_prefix("incremental decoding: admit");
+        return st;
+    }
+    /* the lowest cache blocks the active sentences do not use */
+    for (int b = 0, next = 0; b < n; b++, next++) {
+        for (bool used = true; used; next += used) {
+            used = false;
+            for (int s = 0; s < inc->S + b && !used; s++)
+                used = inc->sent_block[s] == next;
+        }
+        inc->sent_block[inc->S + b] = next;
+    }
+    for (int b = 0; b < n; b++) {
+        inc->sent_host[inc->S + b] = !inc->luna                ? src_lengths[b]
+                                     : src_lengths[b] < inc->L ? src_lengths[b]
+                                                               : inc->L;
+        inc->sent_step[inc->S + b] = 0;
+    }
+    inc->S += n;
+    inc->R += n * (one_row ? 1 : inc->beam);
+    inc->one_row = one_row ? n : 0;
+    for (int i = 0; i < inc->layers && inc->luna; i++)
+        inc->ls[i].causal.B = inc->R;
+    st = upload_masks(inc);
+    if (st != LUNA_OK) luna_error_prefix("incremental decoding: admit");
+    return st;
 }
 
 /* ---- one step -------------------------------------------------------------------------------- */
@@ -277,10 +429,15 @@ static luna_status step(luna_incremental *inc, const int32_t *tokens, const luna
         LUNA_TRY(luna_pass_alloc_f32(&ps, &picked, R, "picked log-probs"));
         LUNA_TRY(luna_mem_from_host(be, pick, out->pick, sizeof(int32_t) * (size_t)R));
     }
-    if (!inc->luna) { /* row r writes position t in slot r */
-        const int T_cap = inc->max_steps;
+    if (!inc->luna) { /* row r writes position t in slot r (pool: in its sentence's block) */
+        const int T_cap = inc->max_steps, beam = inc->beam;
         for (int r = 0; r < R; r++)
-            inc->slots_host[(int64_t)r * T_cap + inc->step] = r;
+            if (inc->pool) {
+                const int s = row_sentence(inc, r);
+                inc->slots_host[(int64_t)r * T_cap + inc->sent_step[s]] =
+                    inc->sent_block[s] * beam + (r - first_row(inc, s));
+            } else
+                inc->slots_host[(int64_t)r * T_cap + inc->step] = r;
         LUNA_TRY(luna_mem_from_host(be, inc->slots, inc->slots_host,
                                     sizeof(int32_t) * (size_t)R * (size_t)T_cap));
     }
@@ -304,10 +461,13 @@ luna_status luna_incremental_step(luna_incremental *inc, const int32_t *tokens,
     const int R = inc->R, V = inc->V;
     if (R <= 0)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT, "incremental decoding: no active rows");
-    if (inc->step >= inc->max_steps)
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
-                          "incremental decoding: step %d exceeds max_steps %d given to begin",
-                          inc->step + 1, inc->max_steps);
+    for (int s = 0; s < (inc->pool ? inc->S : 1); s++) {
+        const int t = inc->pool ? inc->sent_step[s] : inc->step;
+        if (t >= inc->max_steps)
+            return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                              "incremental decoding: step %d exceeds max_steps %d given to begin",
+                              t + 1, inc->max_steps);
+    }
     if (out->k < 0 || out->k > V || (out->k > 0 && (!out->top_log_probs || !out->top_tokens)) ||
         (out->pick && !out->picked))
         return luna_error(LUNA_ERR_INVALID_ARGUMENT,
@@ -327,6 +487,8 @@ luna_status luna_incremental_step(luna_incremental *inc, const int32_t *tokens,
         return st;
     }
     inc->step++;
+    for (int s = 0; inc->pool && s < inc->S; s++)
+        inc->sent_step[s]++;
     return LUNA_OK;
 }
 
@@ -361,13 +523,19 @@ static luna_status reorder_state(luna_incremental *inc, const int32_t *rows,
                                  const int32_t *rows_host, const int32_t *sent, int new_rows, int S,
                                  bool expand) {
     if (!inc->luna) { /* the caches stay; new row i takes old row rows[i]'s slot indices */
-        const int64_t T_cap = inc->max_steps, t = inc->step;
-        for (int i = 0; i < new_rows; i++)
+        const int64_t T_cap = inc->max_steps;
+        for (int i = 0; i < new_rows; i++) {
+            const int64_t t =
+                inc->pool ? inc->sent_step[row_sentence(inc, rows_host[i])] : inc->step;
             memcpy(inc->slots_tmp + i * T_cap, inc->slots_host + rows_host[i] * T_cap,
                    sizeof(int32_t) * (size_t)t);
-        for (int i = 0; i < new_rows; i++)
+        }
+        for (int i = 0; i < new_rows; i++) {
+            const int64_t t =
+                inc->pool ? inc->sent_step[row_sentence(inc, rows_host[i])] : inc->step;
             memcpy(inc->slots_host + i * T_cap, inc->slots_tmp + i * T_cap,
                    sizeof(int32_t) * (size_t)t);
+        }
     }
     const int64_t d = inc->d;
     for (int i = 0; i < inc->layers; i++) {
@@ -400,23 +568,30 @@ luna_status luna_incremental_reorder(luna_incremental *inc, const int32_t *rows,
                           "incremental decoding: reorder to %d rows (beam %d, capacity %d)",
                           new_rows, beam, inc->cap_rows);
     const int S = new_rows / beam;
-    const bool expand = rpb != beam;
+    const bool expand = rpb != beam || inc->one_row > 0;
+    if (new_rows == 0) { /* every sentence finished (a pool admits new ones after) */
+        inc->R = inc->S = inc->one_row = 0;
+        for (int i = 0; i < inc->layers && inc->luna; i++)
+            inc->ls[i].causal.B = 0;
+        return LUNA_OK;
+    }
     bool rows_identity = new_rows == R && !expand, sent_identity = S == inc->S;
     for (int i = 0; i < new_rows; i++) {
-        if (rows[i] < 0 || rows[i] >= R || rows[i] / rpb != rows[i - i % beam] / rpb)
+        if (rows[i] < 0 || rows[i] >= R ||
+            row_sentence(inc, rows[i]) != row_sentence(inc, rows[i - i % beam]))
             return luna_error(LUNA_ERR_INVALID_ARGUMENT,
                               "incremental decoding: reorder: row %d <- %d is out of [0, %d) or "
                               "mixes sentences within a beam group",
                               i, rows[i], R);
         rows_identity = rows_identity && rows[i] == i;
-        sent_identity = sent_identity && rows[i] / rpb == i / beam;
+        sent_identity = sent_identity && row_sentence(inc, rows[i]) == i / beam;
     }
     if (rows_identity) return LUNA_OK;
     /* host: the new sentences' old indices */
-    int32_t *sent = malloc(sizeof(int32_t) * ((size_t)S + 1));
+    int32_t *sent = malloc(sizeof(int32_t) * (2 * (size_t)S + 1));
     if (!sent) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "incremental decoding: out of memory");
     for (int s = 0; s < S; s++)
-        sent[s] = rows[s * beam] / rpb;
+        sent[s] = row_sentence(inc, rows[s * beam]);
     luna_arena_mark mark = luna_arena_get_mark(inc->scratch);
     int32_t *rows_dev = NULL, *sent_dev = NULL;
     luna_status st = inc->luna ? upload_index(inc, &rows_dev, rows, new_rows) : LUNA_OK;
@@ -424,12 +599,20 @@ luna_status luna_incremental_reorder(luna_incremental *inc, const int32_t *rows,
     if (st == LUNA_OK) st = reorder_state(inc, rows_dev, rows, sent_dev, new_rows, S, expand);
     luna_arena_release(inc->scratch, mark);
     if (st == LUNA_OK) {
-        for (int s = 0; s < S; s++) /* the old values, then the new ones in their place */
-            sent[s] = inc->sent_host[sent[s]];
-        memcpy(inc->sent_host, sent, sizeof(int32_t) * (size_t)S);
+        int32_t *per_sent[] = {inc->sent_host, inc->pool ? inc->sent_step : NULL,
+                               inc->pool ? inc->sent_block : NULL};
+        int32_t *old = sent + S; /* the sentences' old indices, kept while each array moves */
+        memcpy(old, sent, sizeof(int32_t) * (size_t)S);
+        for (int a = 0; a < 3; a++) {
+            if (!per_sent[a]) continue;
+            for (int s = 0; s < S; s++) /* the old values, then the new ones in their place */
+                sent[s] = per_sent[a][old[s]];
+            memcpy(per_sent[a], sent, sizeof(int32_t) * (size_t)S);
+        }
         inc->R = new_rows;
         inc->S = S;
         inc->rpb = beam;
+        inc->one_row = 0;
         st = upload_masks(inc);
     }
     free(sent);

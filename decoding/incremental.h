@@ -19,6 +19,7 @@
 #ifndef LUNA_DECODING_INCREMENTAL_H
 #define LUNA_DECODING_INCREMENTAL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -46,6 +47,26 @@ luna_status luna_incremental_begin(luna_incremental *inc, const int32_t *src_tok
 luna_status luna_incremental_begin_one_row(luna_incremental *inc, const int32_t *src_tokens,
                                            const int32_t *src_lengths, int S, int m, int beam,
                                            int max_steps);
+
+/* In-flight batching: an empty pool of up to S_cap sentences of `beam` rows (sources of up to
+ * m_cap tokens, at most max_steps steps each). luna_incremental_admit adds sentences after the
+ * active ones, each at step 0 with `beam` rows (all alike at step 0) while the others go on at
+ * their own positions; a step advances every sentence by one position; reorder removes finished
+ * sentences and reorders beams as with begin. A sentence's rows decode as they would in a batch
+ * of their own (up to the last bits of sums over its padded source). The state is sized once for
+ * the pool: constant in the steps for Luna; the transformer's caches keep max_steps positions per
+ * row. */
+luna_status luna_incremental_begin_pool(luna_incremental *inc, int S_cap, int m_cap, int beam,
+                                        int max_steps);
+
+/* Encode n sentences (host src_tokens [n, m], right-padded, ending with </s>; src_lengths [n],
+ * m ≤ m_cap) and add them as sentences S..S+n−1 (rows from S·beam on) of the pool (S + n ≤
+ * S_cap; not before the reorder that follows an admission with one_row). one_row: each new
+ * sentence has one row until the next reorder, which must give it `beam` rows taken from that
+ * row (as begin_one_row: for a beam search's step 0, where its beams are alike; its results are
+ * those of begin_one_row's), else `beam` rows. */
+luna_status luna_incremental_admit(luna_incremental *inc, const int32_t *src_tokens,
+                                   const int32_t *src_lengths, int n, int m, bool one_row);
 
 /* What a step hands back to the host (all host arrays, rows = luna_incremental_rows):
  *   top_log_probs / top_tokens [rows, k]: the k most probable next tokens of each row, best

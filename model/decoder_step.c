@@ -83,6 +83,7 @@ static luna_status transformer_layer_begin(luna_seq2seq *model, const luna_pass 
     ls->cross_v = ka.v;
     const int64_t cache =
         (int64_t)(dims->R_cap > dims->R ? dims->R_cap : dims->R) * dims->max_steps * d;
+    if (cache == 0) return LUNA_OK; /* luna_decoder_admit: the pool's caches */
     LUNA_TRY(luna_pass_alloc(pst, &ls->self_k, cache, "key cache"));
     return luna_pass_alloc(pst, &ls->self_v, cache, "value cache");
 }
@@ -146,7 +147,124 @@ luna_status luna_decoder_begin(luna_seq2seq *model, luna_arena *state, luna_aren
     return st;
 }
 
+luna_status luna_decoder_alloc(luna_seq2seq *model, luna_arena *state,
+                               const luna_decoder_dims *dims, luna_decoder_layer_state *layers) {
+    const luna_config *c = &model->config;
+    luna_pass pst = {.be = model->be, .arena = state};
+    const int d = c->decoder_embed_dim, H = c->decoder_attention_heads;
+    const int64_t S = dims->S, R = dims->R_cap, L = dims->L;
+    for (int i = 0; i < c->decoder_layers; i++) {
+        luna_decoder_layer_state *ls = &layers[i];
+        memset(ls, 0, sizeof *ls);
+        if (L > 0) {
+            const bool tied = !c->untie_luna_kv;
+            ls->causal = (luna_causal_state){.B = 0,
+                                             .L = (int)L,
+                                             .d = d,
+                                             .H = H,
+                                             .tied = tied,
+                                             .activation = c->causal_activation,
+                                             .p_valid = dims->row_valid};
+            LUNA_TRY(luna_pass_alloc(&pst, &ls->causal.pt, R * L * d, "causal state"));
+            LUNA_TRY(luna_pass_alloc(&pst, &ls->causal.ksum, R * L * d, "causal state"));
+            LUNA_TRY(luna_pass_alloc(&pst, &ls->causal.vsum, R * L * d, "causal state"));
+            LUNA_TRY(luna_pass_alloc(&pst, &ls->kp, S * L * d, "cross keys"));
+            ls->vp = ls->kp;
+            if (!tied) LUNA_TRY(luna_pass_alloc(&pst, &ls->vp, S * L * d, "cross values"));
+        } else {
+            const int64_t cross = S * dims->m * d, cache = R * dims->max_steps * d;
+            LUNA_TRY(luna_pass_alloc(&pst, &ls->cross_k, cross, "cross keys"));
+            LUNA_TRY(luna_pass_alloc(&pst, &ls->cross_v, cross, "cross values"));
+            LUNA_TRY(luna_pass_alloc(&pst, &ls->self_k, cache, "key cache"));
+            LUNA_TRY(luna_pass_alloc(&pst, &ls->self_v, cache, "value cache"));
+        }
+    }
+    return LUNA_OK;
+}
+
+/* dst holds groups of `cap` rows of w elements, src groups of `n` rows: group i of src (n·w
+ * elements) into group i of dst, whose rows n..cap are zeroed. */
+static luna_status copy_padded(luna_backend *be, luna_act *dst, int cap, const luna_act *src, int n,
+                               int64_t groups, int64_t w) {
+    LUNA_TRY(luna_mem_zero(be, dst, luna_act_bytes(be, groups * cap * w)));
+    return be->ops->gather_rows(be, dst, cap * w, src, n * w, NULL, groups, n * w);
+}
+
+static luna_status admit(luna_seq2seq *model, luna_arena *scratch, const int32_t *src,
+                         const int32_t *src_valid, const int32_t *p_valid,
+                         const luna_decoder_dims *dims, int s0, int r0, int m_cap, int L_cap,
+                         luna_decoder_layer_state *pool) {
+    const luna_config *c = &model->config;
+    luna_backend *be = model->be;
+    luna_pass ps = {.be = be, .arena = scratch};
+    const int n = dims->S, R = dims->R, H = c->decoder_attention_heads;
+    const int d = c->decoder_embed_dim, dh = d / H, L = dims->L, m = dims->m;
+    luna_decoder_layer_state *fresh = calloc((size_t)c->decoder_layers, sizeof *fresh);
+    if (!fresh) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of host memory");
+    luna_decoder_dims d2 = *dims;
+    d2.R_cap = R;
+    d2.max_steps = 0; /* no caches */
+    luna_status st = begin(model, &ps, &ps, src, src_valid, p_valid, &d2, fresh);
+    for (int i = 0; i < c->decoder_layers && st == LUNA_OK; i++) {
+        const luna_decoder_layer_state *f = &fresh[i];
+        luna_decoder_layer_state *p = &pool[i];
+        if (L > 0) {
+            /* per sentence [n, L, d]; per row P̃ [R, H, L, dh], Σ K Φᵀ [R, H, dh, L] (zero)
+             * and Σ Φᵀ V [R, H, L, dh] (zero) */
+            const int64_t s_at = (int64_t)s0 * H * L_cap * dh, r_at = (int64_t)r0 * H * L_cap * dh;
+            st = copy_padded(be, luna_act_at(be, p->kp, s_at), L_cap, f->kp, L, n, d);
+            if (st == LUNA_OK && p->vp != p->kp)
+                st = copy_padded(be, luna_act_at(be, p->vp, s_at), L_cap, f->vp, L, n, d);
+            if (st == LUNA_OK)
+                st = copy_padded(be, luna_act_at(be, p->causal.pt, r_at), L_cap, f->causal.pt, L,
+                                 (int64_t)R * H, dh);
+            if (st == LUNA_OK)
+                st = luna_mem_zero(be, luna_act_at(be, p->causal.ksum, r_at),
+                                   luna_act_bytes(be, (int64_t)R * H * L_cap * dh));
+            if (st == LUNA_OK)
+                st = luna_mem_zero(be, luna_act_at(be, p->causal.vsum, r_at),
+                                   luna_act_bytes(be, (int64_t)R * H * L_cap * dh));
+        } else {
+            const int64_t s_at = (int64_t)s0 * H * m_cap * dh;
+            st = copy_padded(be, luna_act_at(be, p->cross_k, s_at), m_cap, f->cross_k, m, n, d);
+            if (st == LUNA_OK)
+                st = copy_padded(be, luna_act_at(be, p->cross_v, s_at), m_cap, f->cross_v, m, n, d);
+        }
+    }
+    free(fresh);
+    return st;
+}
+
+luna_status luna_decoder_admit(luna_seq2seq *model, luna_arena *scratch, const int32_t *src,
+                               const int32_t *src_valid, const int32_t *p_valid,
+                               const luna_decoder_dims *dims, int s0, int r0, int m_cap, int L_cap,
+                               luna_decoder_layer_state *layers) {
+    if ((model->config.arch == LUNA_ARCH_LUNA) != (dims->L > 0) || dims->m > m_cap ||
+        dims->L > L_cap || s0 < 0 || r0 < 0)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                          "decoder: admit %d sentences (source length %d of %d, %d P slots of %d)",
+                          dims->S, dims->m, m_cap, dims->L, L_cap);
+    luna_arena_mark mark = luna_arena_get_mark(scratch);
+    luna_status st =
+        admit(model, scratch, src, src_valid, p_valid, dims, s0, r0, m_cap, L_cap, layers);
+    luna_arena_release(scratch, mark);
+    return st;
+}
+
 /* ---- one step -------------------------------------------------------------------------------- */
+
+/* The cross-attention result of one group of sentences (rows [r0, ..) of [R, d]) into *y: the
+ * group's own buffer when it is the whole batch, else its `rows` rows of one [R, d] buffer. */
+static luna_status gather_group(const luna_pass *ps, luna_act **y, const luna_act *part, int R,
+                                int d, int64_t r0, int64_t rows, bool whole) {
+    if (whole) {
+        *y = (luna_act *)part;
+        return LUNA_OK;
+    }
+    if (!*y) LUNA_TRY(luna_pass_alloc(ps, y, (int64_t)R * d, "cross-attention result"));
+    return ps->be->ops->gather_rows(ps->be, luna_act_at(ps->be, *y, r0 * d), d, part, d, NULL, rows,
+                                    d);
+}
 
 /* x_out = LN(x + FFN(x)) */
 static luna_status ffn_block(const luna_pass *ps, const luna_config *c,
@@ -175,16 +293,27 @@ static luna_status luna_layer_step(const luna_pass *ps, const luna_config *c,
     LUNA_TRY(luna_causal_attention_step(be, ps->arena, &w->self_attn, &ls->causal, x, y));
     LUNA_TRY(luna_resnorm_forward(ps, &w->self_attn_layer_norm, &r1, x, y,
                                   w->self_attn.out_proj.bias, R, d, 0.0f, 0));
-    /* x2 = LN(x1 + unpack(x1)): the beams of sentence s are its `beam` queries */
-    luna_attn_act a = {.B = dims->S,
-                       .L = dims->L,
-                       .d = d,
-                       .H = H,
-                       .tied = !c->untie_luna_kv,
-                       .kp = ls->kp,
-                       .vp = ls->vp};
-    LUNA_TRY(luna_attention_unpack(ps, &w->encoder_attn, &a, r1.y, dims->sent_valid, dims->beam));
-    LUNA_TRY(luna_resnorm_forward(ps, &w->encoder_attn_layer_norm, &r2, r1.y, a.y,
+    /* x2 = LN(x1 + unpack(x1)): the beams of sentence s are its queries (per group of sentences
+     * with the same rows, as the GEMMs' results depend on their row count) */
+    luna_act *yc = NULL;
+    for (int g = 0; g < 2; g++) {
+        const int f = dims->S - dims->one_row_sentences, s0 = g ? f : 0, s1 = g ? dims->S : f;
+        if (s1 == s0) continue;
+        const int64_t Ld = (int64_t)dims->L * d, r0 = luna_decoder_first_row(dims, s0);
+        luna_attn_act a = {.B = s1 - s0,
+                           .L = dims->L,
+                           .d = d,
+                           .H = H,
+                           .tied = !c->untie_luna_kv,
+                           .kp = luna_act_at(be, ls->kp, s0 * Ld),
+                           .vp = luna_act_at(be, ls->vp, s0 * Ld)};
+        LUNA_TRY(luna_attention_unpack(ps, &w->encoder_attn, &a, luna_act_at(be, r1.y, r0 * d),
+                                       dims->sent_valid ? dims->sent_valid + s0 : NULL,
+                                       g ? 1 : dims->beam));
+        LUNA_TRY(gather_group(ps, &yc, a.y, R, d, r0, luna_decoder_first_row(dims, s1) - r0,
+                              s0 == 0 && s1 == dims->S));
+    }
+    LUNA_TRY(luna_resnorm_forward(ps, &w->encoder_attn_layer_norm, &r2, r1.y, yc,
                                   w->encoder_attn.out_proj.bias, R, d, 0.0f, 0));
     return ffn_block(ps, c, w, r2.y, R, out);
 }
@@ -197,66 +326,148 @@ static luna_status transformer_layer_step(const luna_pass *ps, const luna_config
     luna_backend *be = ps->be;
     const luna_ops *op = be->ops;
     const int R = dims->R, d = c->decoder_embed_dim, H = c->decoder_attention_heads, dh = d / H;
-    const int t = dims->step, T = t + 1, G = R * H;
-    const int64_t cache_stride = (int64_t)dims->max_steps * dh; /* between (row, head) groups */
+    const int T_cap = dims->max_steps;
+    const int64_t cache_stride = (int64_t)T_cap * dh; /* between (row, head) groups */
     luna_act *q, *k, *v, *s, *o, *y;
     luna_resnorm_act r1, r2;
-    /* q, k, v [R, H, 1, dh]; cache[r, h, t] = k, v (one strided write each) */
+    /* q, k, v [R, H, 1, dh] */
     LUNA_TRY(
         luna_project_heads(ps, &q, x, &w->self_attn.q_proj, R, 1, d, H, 1.0f / sqrtf((float)dh)));
     LUNA_TRY(luna_project_heads(ps, &k, x, &w->self_attn.k_proj, R, 1, d, H, 1.0f));
     LUNA_TRY(luna_project_heads(ps, &v, x, &w->self_attn.v_proj, R, 1, d, H, 1.0f));
-    LUNA_TRY(op->gather_rows(be, luna_act_at(be, ls->self_k, (int64_t)t * dh), cache_stride, k, dh,
-                             NULL, G, dh));
-    LUNA_TRY(op->gather_rows(be, luna_act_at(be, ls->self_v, (int64_t)t * dh), cache_stride, v, dh,
-                             NULL, G, dh));
-    /* per (row, head): s = q·K[:T]ᵀ, softmax, o = s·V[:T], position p of row r read from slot
-     * dims->cache_slots[r, p] (beam reorders move slot indices, not cached rows) */
-    LUNA_TRY(luna_pass_alloc(ps, &s, (int64_t)G * T, "self-attention scores"));
+    LUNA_TRY(luna_pass_alloc(ps, &s, (int64_t)R * H * T_cap, "self-attention scores"));
     LUNA_TRY(luna_pass_alloc(ps, &o, (int64_t)R * d, "self-attention output"));
-    LUNA_TRY(op->cache_products(be, false, s, q, ls->self_k, dims->cache_slots, R, H, dh, T,
-                                dims->max_steps));
-    LUNA_TRY(op->softmax_forward(be, s, s, G, T, NULL, 1, 0));
-    /* [R, H, 1, dh] is [R, d]: heads merged already */
-    LUNA_TRY(op->cache_products(be, true, o, s, ls->self_v, dims->cache_slots, R, H, dh, T,
-                                dims->max_steps));
+    /* per run of sentences at the same position t (one run unless in-flight): cache[slot, h, t] =
+     * k, v (strided writes; slot r, or the sentence's block), then per (row, head) s = q·K[:T]ᵀ,
+     * softmax, o = s·V[:T], position p of row r read from slot dims->cache_slots[r, p] (beam
+     * reorders move slot indices, not cached rows) */
+    const int beam = dims->beam;
+    for (int s0 = 0; s0 < dims->S;) {
+        const int t = dims->sent_step ? dims->sent_step[s0] : dims->step, T = t + 1;
+        const int rows = luna_decoder_sentence_rows(dims, s0);
+        int s1 = s0 + 1;
+        while (s1 < dims->S && (dims->sent_step ? dims->sent_step[s1] : dims->step) == t &&
+               luna_decoder_sentence_rows(dims, s1) == rows)
+            s1++;
+        const int r0 = luna_decoder_first_row(dims, s0), Rr = luna_decoder_first_row(dims, s1) - r0;
+        for (int b = s0; b < s1; b++) {
+            if (!dims->sent_block && b > s0) break; /* slot r: one write for the run */
+            const int n = dims->sent_block ? rows : Rr;
+            const int64_t slot = dims->sent_block ? (int64_t)dims->sent_block[b] * beam : r0;
+            const int64_t at = slot * H * cache_stride + (int64_t)t * dh,
+                          g = (int64_t)luna_decoder_first_row(dims, b) * H;
+            LUNA_TRY(op->gather_rows(be, luna_act_at(be, ls->self_k, at), cache_stride,
+                                     luna_act_at(be, k, g * dh), dh, NULL, (int64_t)n * H, dh));
+            LUNA_TRY(op->gather_rows(be, luna_act_at(be, ls->self_v, at), cache_stride,
+                                     luna_act_at(be, v, g * dh), dh, NULL, (int64_t)n * H, dh));
+        }
+        const int64_t g0 = (int64_t)r0 * H, Gr = (int64_t)Rr * H;
+        luna_act *sr = luna_act_at(be, s, g0 * T_cap);
+        const int32_t *ind = dims->cache_slots + (int64_t)r0 * T_cap;
+        LUNA_TRY(op->cache_products(be, false, sr, luna_act_at(be, q, g0 * dh), ls->self_k, ind, Rr,
+                                    H, dh, T, T_cap));
+        LUNA_TRY(op->softmax_forward(be, sr, sr, Gr, T, NULL, 1, 0));
+        /* [R, H, 1, dh] is [R, d]: heads merged already */
+        LUNA_TRY(op->cache_products(be, true, luna_act_at(be, o, g0 * dh), sr, ls->self_v, ind, Rr,
+                                    H, dh, T, T_cap));
+        s0 = s1;
+    }
     LUNA_TRY(luna_pass_alloc(ps, &y, (int64_t)R * d, "self-attention result"));
     LUNA_TRY(op->linear_forward(be, y, o, w->self_attn.out_proj.weight, NULL, R, d, d));
     LUNA_TRY(luna_resnorm_forward(ps, &w->self_attn_layer_norm, &r1, x, y,
                                   w->self_attn.out_proj.bias, R, d, 0.0f, 0));
-    /* cross-attention to the sentence's keys/values, the beams as queries */
-    luna_mha_act a = {.B = dims->S,
-                      .m = dims->m,
-                      .d = d,
-                      .H = H,
-                      .c_valid = dims->sent_valid,
-                      .k = ls->cross_k,
-                      .v = ls->cross_v};
-    LUNA_TRY(luna_mha_attend(ps, &w->encoder_attn, &a, r1.y, dims->beam, false));
-    LUNA_TRY(luna_resnorm_forward(ps, &w->encoder_attn_layer_norm, &r2, r1.y, a.y,
+    /* cross-attention to the sentence's keys/values, the beams as queries (per group of
+     * sentences with the same rows: the GEMMs' results depend on their row count) */
+    luna_act *yc = NULL;
+    for (int g = 0; g < 2; g++) {
+        const int f = dims->S - dims->one_row_sentences, s0 = g ? f : 0, s1 = g ? dims->S : f;
+        if (s1 == s0) continue;
+        const int64_t md = (int64_t)dims->m * d, r0 = luna_decoder_first_row(dims, s0);
+        luna_mha_act a = {.B = s1 - s0,
+                          .m = dims->m,
+                          .d = d,
+                          .H = H,
+                          .c_valid = dims->sent_valid ? dims->sent_valid + s0 : NULL,
+                          .k = luna_act_at(be, ls->cross_k, s0 * md),
+                          .v = luna_act_at(be, ls->cross_v, s0 * md)};
+        LUNA_TRY(luna_mha_attend(ps, &w->encoder_attn, &a, luna_act_at(be, r1.y, r0 * d),
+                                 g ? 1 : dims->beam, false));
+        LUNA_TRY(gather_group(ps, &yc, a.y, R, d, r0, luna_decoder_first_row(dims, s1) - r0,
+                              s0 == 0 && s1 == dims->S));
+    }
+    LUNA_TRY(luna_resnorm_forward(ps, &w->encoder_attn_layer_norm, &r2, r1.y, yc,
                                   w->encoder_attn.out_proj.bias, R, d, 0.0f, 0));
     return ffn_block(ps, c, w, r2.y, R, out);
 }
+
+static luna_status step(const luna_pass *ps, luna_seq2seq *model, const luna_decoder_dims *dims,
+                        luna_decoder_layer_state *layers, const int32_t *tokens, luna_act **logits);
 
 luna_status luna_decoder_step(const luna_pass *ps, luna_seq2seq *model,
                               const luna_decoder_dims *dims, luna_decoder_layer_state *layers,
                               const int32_t *tokens, luna_act **logits) {
     const luna_config *c = &model->config;
+    const int R = dims->R;
+    for (int b = 0; b < (dims->sent_step ? dims->S : 1); b++) {
+        const int t = dims->sent_step ? dims->sent_step[b] : dims->step;
+        if (t >= dims->max_steps)
+            return luna_error(LUNA_ERR_INVALID_ARGUMENT, "decoder: step %d exceeds max_steps %d",
+                              t + 1, dims->max_steps);
+    }
+    int32_t *row_t = NULL; /* Luna: each row's steps taken (rows at different positions) */
+    if (dims->L > 0 && dims->sent_step) {
+        if (!(row_t = malloc(sizeof(int32_t) * (size_t)R)))
+            return luna_error(LUNA_ERR_OUT_OF_MEMORY, "decoder: out of host memory");
+        for (int b = 0; b < dims->S; b++)
+            for (int j = 0; j < luna_decoder_sentence_rows(dims, b); j++)
+                row_t[luna_decoder_first_row(dims, b) + j] = dims->sent_step[b];
+    }
+    for (int i = 0; i < c->decoder_layers && dims->L > 0; i++)
+        layers[i].causal.row_t = row_t;
+    luna_status st = step(ps, model, dims, layers, tokens, logits);
+    for (int i = 0; i < c->decoder_layers && dims->L > 0; i++)
+        layers[i].causal.row_t = NULL;
+    free(row_t);
+    return st;
+}
+
+static luna_status step(const luna_pass *ps, luna_seq2seq *model, const luna_decoder_dims *dims,
+                        luna_decoder_layer_state *layers, const int32_t *tokens,
+                        luna_act **logits) {
+    const luna_config *c = &model->config;
     luna_backend *be = ps->be;
     const luna_weights *w = &model->params->w;
     const int R = dims->R, d = c->decoder_embed_dim, V = c->vocab_size;
-    if (dims->step >= dims->max_steps)
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "decoder: step %d exceeds max_steps %d",
-                          dims->step + 1, dims->max_steps);
     /* x = √d·E[token] + sinusoid(padding_idx + 1 + t) (fairseq's position of target step t) */
     luna_act *x, *pos;
     LUNA_TRY(luna_pass_alloc(ps, &x, (int64_t)R * d, "target embeddings"));
     LUNA_TRY(luna_pass_alloc(ps, &pos, (int64_t)(R + 1) * d, "target position"));
     LUNA_TRY(be->ops->embedding_forward(be, x, w->decoder_embed_tokens, tokens, R, V, d,
                                         sqrtf((float)d), c->padding_idx));
-    luna_act *pos_rows = luna_act_at(be, pos, d); /* [R, d]: the step's sinusoid on every row */
-    LUNA_TRY(be->ops->sinusoidal_table(be, pos, c->padding_idx + 1 + dims->step, 1, d));
-    LUNA_TRY(be->ops->broadcast_rows(be, pos_rows, pos, R, 1, d));
+    luna_act *pos_rows = luna_act_at(be, pos, d); /* [R, d]: each row's sinusoid */
+    int t0 = dims->step, t1 = dims->step;
+    for (int b = 0; dims->sent_step && b < dims->S; b++) {
+        t0 = b == 0 || dims->sent_step[b] < t0 ? dims->sent_step[b] : t0;
+        t1 = b == 0 || dims->sent_step[b] > t1 ? dims->sent_step[b] : t1;
+    }
+    if (t0 == t1) {
+        LUNA_TRY(be->ops->sinusoidal_table(be, pos, c->padding_idx + 1 + t0, 1, d));
+        LUNA_TRY(be->ops->broadcast_rows(be, pos_rows, pos, R, 1, d));
+    } else { /* rows at different positions: a table of t0..t1, each row gathers its own */
+        luna_act *table;
+        int32_t *idx, *idx_host = malloc(sizeof(int32_t) * (size_t)R);
+        if (!idx_host) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "decoder: out of host memory");
+        for (int b = 0; b < dims->S; b++)
+            for (int j = 0; j < luna_decoder_sentence_rows(dims, b); j++)
+                idx_host[luna_decoder_first_row(dims, b) + j] = dims->sent_step[b] - t0;
+        luna_status st = luna_pass_alloc(ps, &table, (int64_t)(t1 - t0 + 1) * d, "positions");
+        if (st == LUNA_OK) st = luna_pass_alloc_i32(ps, &idx, R, "positions");
+        if (st == LUNA_OK) st = luna_mem_from_host(be, idx, idx_host, sizeof(int32_t) * (size_t)R);
+        free(idx_host);
+        LUNA_TRY(st);
+        LUNA_TRY(be->ops->sinusoidal_table(be, table, c->padding_idx + 1 + t0, t1 - t0 + 1, d));
+        LUNA_TRY(be->ops->gather_rows(be, pos_rows, d, table, d, idx, R, d));
+    }
     LUNA_TRY(be->ops->add(be, x, x, pos_rows, (int64_t)R * d));
     for (int i = 0; i < c->decoder_layers; i++)
         LUNA_TRY(dims->L > 0

@@ -50,6 +50,13 @@ typedef struct {
     int32_t *sent_valid;  /* [S] Luna P mask / transformer source length per sentence, NULL: none */
     int32_t *cache_slots; /* transformer: [R_cap, max_steps] slot of row r's position p in the
                              caches (row r writes slot r at its step), device; NULL for Luna */
+    /* In-flight batching (sentences at different positions; decoding/incremental.h): */
+    const int32_t *sent_step;  /* host [S]: each sentence's positions decoded so far; NULL: all
+                                  `step` */
+    const int32_t *sent_block; /* transformer, host [S]: the j-th row of sentence s writes cache
+                                  slot sent_block[s]·beam + j; NULL: slot r */
+    int one_row_sentences;     /* the last this many sentences have one row each (sentences that
+                                  joined at step 0, whose beams are alike), the others `beam` */
 } luna_decoder_dims;
 
 /* Decoding reads the model's weights many times and never changes them: hold (true) asks the
@@ -67,6 +74,33 @@ int luna_decoder_projection_slots(const luna_config *c, int longest);
 luna_status luna_decoder_begin(luna_seq2seq *model, luna_arena *state, luna_arena *scratch,
                                const int32_t *src, const int32_t *src_valid, const int32_t *p_valid,
                                const luna_decoder_dims *dims, luna_decoder_layer_state *layers);
+
+/* Allocate from `state` the layers' state for dims->S sentences and dims->R_cap rows (sources
+ * of up to dims->m tokens, dims->L P slots, dims->max_steps positions), holding no sentence yet:
+ * luna_decoder_admit fills it. */
+luna_status luna_decoder_alloc(luna_seq2seq *model, luna_arena *state,
+                               const luna_decoder_dims *dims, luna_decoder_layer_state *layers);
+
+/* Encode n new sentences (dims: S = n, beam = their rows each, R = n·beam, their own m and L;
+ * sent_valid / row_valid unused) and write their state into `layers`, the state of a batch laid
+ * out for pool sizes (m_cap source positions, L_cap P slots): per-sentence state at sentences
+ * [s0, s0 + n), per-row state at rows [r0, r0 + R), both zero-padded to m_cap / L_cap, so that
+ * the new rows decode as they would in a batch of their own (the padding is masked). The
+ * transformer's caches are untouched (positions are written as the rows step). Temporaries from
+ * `scratch`. */
+luna_status luna_decoder_admit(luna_seq2seq *model, luna_arena *scratch, const int32_t *src,
+                               const int32_t *src_valid, const int32_t *p_valid,
+                               const luna_decoder_dims *dims, int s0, int r0, int m_cap, int L_cap,
+                               luna_decoder_layer_state *layers);
+
+/* The first row of sentence s and its rows (dims->one_row_sentences). */
+static inline int luna_decoder_first_row(const luna_decoder_dims *d, int s) {
+    const int f = d->S - d->one_row_sentences;
+    return s <= f ? s * d->beam : f * d->beam + (s - f);
+}
+static inline int luna_decoder_sentence_rows(const luna_decoder_dims *d, int s) {
+    return s >= d->S - d->one_row_sentences ? 1 : d->beam;
+}
 
 /* One step for all rows: tokens (device [R]) at position dims->step -> logits [R, V] (from
  * ps->arena; activations). Updates the per-row state (Luna sums, transformer caches). */

@@ -192,13 +192,27 @@ START_TEST(translations_match_cpu) {
     snprintf(ckpt, sizeof ckpt, "%s/checkpoint_last.safetensors", cpu_dir);
     snprintf(input, sizeof input, "%s/in.txt", tmp);
     luna_test_write_file(input, "w1 w2 w3\nw4 w4 w5 w6 w7\nw0\nw7 w6 w5 w4 w3 w2 w1 w0\n");
-    const char *cpu_args[] = {
-        ckpt,      "--input", input,      "--beam", "4", "--max-len-b", "12", "--output-format",
-        "fairseq", "--quiet", "--device", "cpu",    NULL};
-    const char *dev_args[] = {ckpt,          "--input",     input,      "--beam",
-                              "4",           "--max-len-b", "12",       "--output-format",
-                              "fairseq",     "--quiet",     "--device", lh_backend_name(),
-                              "--precision", "fp32",        NULL};
+    /* --batch-size 2: sentences join the in-flight batch while others are mid-search */
+    const char *cpu_args[] = {ckpt,
+                              "--input",
+                              input,
+                              "--beam",
+                              "4",
+                              "--max-len-b",
+                              "12",
+                              "--output-format",
+                              "fairseq",
+                              "--quiet",
+                              "--device",
+                              "cpu",
+                              "--batch-size",
+                              "2",
+                              NULL};
+    const char *dev_args[] = {ckpt,          "--input",     input,          "--beam",
+                              "4",           "--max-len-b", "12",           "--output-format",
+                              "fairseq",     "--quiet",     "--device",     lh_backend_name(),
+                              "--precision", "fp32",        "--batch-size", "2",
+                              NULL};
     luna_test_result a = luna_test_exec(translate_prog, cpu_args, NULL);
     luna_test_result b = luna_test_exec(translate_prog, dev_args, NULL);
     expect_success(&a, "luna-translate --device cpu");

@@ -273,6 +273,89 @@ START_TEST(batch_composition) {
 }
 END_TEST
 
+/* In-flight batching (luna_generate): with a pool smaller than the input, sentences join while
+ * others are mid-search, at other positions, with the options that act per row (n-gram bans,
+ * min_len, unkpen, sampling draws); each sentence's hypotheses are those of its search alone
+ * (luna_beam_search, one batch of one): the same tokens, scores within 1e-5 (a sentence's source
+ * is padded to another length, which can move the last bits of OpenBLAS's sums). */
+START_TEST(inflight_equals_alone) {
+    const int V = 24, N = 9;
+    const char *presets[2] = {"luna_tiny", "transformer_tiny"};
+    for (int p = 0; p < 2; p++) {
+        luna_seq2seq *model = make_model(presets[p], V, 11);
+        luna_incremental *inc;
+        ck_assert_int_eq(luna_incremental_create(&inc, model), LUNA_OK);
+        int32_t toks[9][16];
+        luna_token_seq seq[9];
+        const int lens[9] = {3, 9, 2, 12, 5, 5, 14, 4, 8};
+        luna_test_rng rng;
+        luna_test_rng_seed(&rng, 7);
+        for (int s = 0; s < N; s++) {
+            for (int t = 0; t < lens[s] - 1; t++)
+                toks[s][t] = 3 + (int)luna_test_uniform(&rng, 0, V - 3.01f);
+            toks[s][lens[s] - 1] = 2;
+            seq[s] = (luna_token_seq){toks[s], lens[s]};
+        }
+        for (int variant = 0; variant < 3; variant++) {
+            luna_beam_options o;
+            luna_beam_options_init(&o);
+            o.beam = 5; /* ≥ 4: OpenBLAS's GEMM results depend on the row count from 4 on */
+            o.nbest = 2;
+            o.lenpen = 0.6;
+            o.max_len_a = 1.5;
+            o.max_len_b = 2;
+            o.min_len = variant == 1 ? 4 : 1;
+            o.no_repeat_ngram_size = variant == 1 ? 2 : 0;
+            o.unkpen = variant == 1 ? 0.5 : 0;
+            o.sampling = variant == 2;
+            o.sampling_topk = variant == 2 ? 5 : 0;
+            luna_nbest ref[9], out[9];
+            for (int s = 0; s < N; s++) {
+                if (o.sampling) { /* the draws are keyed by the input index: one at a time */
+                    luna_nbest tmp[9];
+                    ck_assert_int_eq(luna_generate(inc, &o, seq, N, 0, 1, tmp, NULL, NULL),
+                                     LUNA_OK);
+                    ref[s] = tmp[s];
+                    for (int i = 0; i < N; i++)
+                        if (i != s) luna_nbest_release(&tmp[i]);
+                } else {
+                    ck_assert_int_eq(luna_beam_search(inc, &o, &seq[s], 1, &ref[s]), LUNA_OK);
+                }
+            }
+            const int settings[3][2] = {{0, 2}, {0, 4}, {25, 0}}; /* max_tokens, batch_size */
+            for (int k = 0; k < 3; k++) {
+                ck_assert_int_eq(
+                    luna_generate(inc, &o, seq, N, settings[k][0], settings[k][1], out, NULL, NULL),
+                    LUNA_OK);
+                for (int s = 0; s < N; s++) {
+                    ck_assert_int_eq(out[s].count, ref[s].count);
+                    for (int i = 0; i < out[s].count; i++) {
+                        const luna_hypothesis *a = &out[s].hyps[i], *r = &ref[s].hyps[i];
+                        ck_assert_msg(a->len == r->len &&
+                                          !memcmp(a->tokens, r->tokens, sizeof(int32_t) * a->len),
+                                      "%s, variant %d, setting %d: sentence %d hypothesis %d "
+                                      "differs from its search alone",
+                                      presets[p], variant, k, s, i);
+                        /* padded to other lengths, OpenBLAS's sums may round differently */
+                        ck_assert_msg(fabs(a->score - r->score) < 1e-5,
+                                      "%s v%d s%d: %.17g vs %.17g", presets[p], variant, k,
+                                      a->score, r->score);
+                        for (int t = 0; t < a->len; t++)
+                            ck_assert(fabs(a->positional_scores[t] - r->positional_scores[t]) <
+                                      1e-5);
+                    }
+                    luna_nbest_release(&out[s]);
+                }
+            }
+            for (int s = 0; s < N; s++)
+                luna_nbest_release(&ref[s]);
+        }
+        luna_incremental_free(inc);
+        luna_seq2seq_free(model);
+    }
+}
+END_TEST
+
 START_TEST(options_and_limits) {
     luna_seq2seq *model = make_model("luna_tiny", 16, 4);
     luna_incremental *inc;
@@ -318,6 +401,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, beam1_is_greedy);
     tcase_add_test(tc, wide_beam_is_exhaustive);
     tcase_add_test(tc, batch_composition);
+    tcase_add_test(tc, inflight_equals_alone);
     tcase_add_test(tc, options_and_limits);
     suite_add_tcase(s, tc);
     return s;

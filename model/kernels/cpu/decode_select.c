@@ -148,62 +148,88 @@ typedef struct {
     int32_t j;
 } candidate;
 
-/* Insert (lp, j) into the sorted list top[0..*n) of at most k (best first; candidates arrive in
- * increasing j, so an equal value goes after the ones already there). */
-static inline void topk_insert(candidate *top, int *n, int k, float lp, int32_t j) {
-    if (*n == k && !(lp > top[k - 1].lp)) return;
-    int i = *n < k ? (*n)++ : k - 1;
-    while (i > 0 && top[i - 1].lp < lp) {
-        top[i] = top[i - 1];
-        i--;
+/* a ranks below b: lower log-prob, or the same and a higher index (the order the search wants:
+ * best first, ties by lower index; a total order, indices being distinct) */
+static inline bool worse(candidate a, candidate b) {
+    return a.lp < b.lp || (a.lp == b.lp && a.j > b.j);
+}
+
+/* heap[0..n): a binary heap with the worst candidate at the root. */
+static inline void sift_down(candidate *heap, int n, int i) {
+    const candidate c = heap[i];
+    for (;;) {
+        int w = 2 * i + 1;
+        if (w >= n) break;
+        if (w + 1 < n && worse(heap[w + 1], heap[w])) w++;
+        if (!worse(heap[w], c)) break;
+        heap[i] = heap[w];
+        i = w;
     }
-    top[i] = (candidate){lp, j};
+    heap[i] = c;
+}
+
+/* Token j (arriving in increasing j) into the heap of the k best so far (*n of them). A token
+ * that only ties the worst kept one ranks below it (higher index): refused. */
+static inline void heap_offer(candidate *heap, int *n, int k, float lp, int32_t j) {
+    if (*n < k) {
+        int i = (*n)++;
+        const candidate c = {lp, j};
+        while (i > 0 && worse(c, heap[(i - 1) / 2])) { /* sift up */
+            heap[i] = heap[(i - 1) / 2];
+            i = (i - 1) / 2;
+        }
+        heap[i] = c;
+        return;
+    }
+    if (!(lp > heap[0].lp)) return;
+    heap[0] = (candidate){lp, j};
+    sift_down(heap, k, 0);
+}
+
+/* The heap's k candidates into best-first order in place (heapsort: the worst goes last). */
+static void heap_sort_best_first(candidate *heap, int k) {
+    for (int n = k; n > 1; n--) {
+        const candidate w = heap[0];
+        heap[0] = heap[n - 1];
+        sift_down(heap, n - 1, 0);
+        heap[n - 1] = w;
+    }
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
-/* The insertions of topk_insert over lp[0..V) in order, skipping 8 tokens at a time when none
- * beats the current k-th best (one vector comparison): the same list, as each skipped token would
- * have been refused. */
+/* heap_offer over lp[0..V) in order, skipping 8 tokens at a time when none beats the current
+ * k-th best (one vector comparison): the same heap, as each skipped token would be refused. */
 __attribute__((target("avx2"))) static void topk_scan_avx2(candidate *top, int k, const float *lp,
                                                            int V) {
     int n = 0, j = 0;
     for (; j < V && n < k; j++)
-        topk_insert(top, &n, k, lp[j], j);
+        heap_offer(top, &n, k, lp[j], j);
     for (; j + 8 <= V; j += 8) {
-        const __m256 thr = _mm256_set1_ps(top[k - 1].lp);
+        const __m256 thr = _mm256_set1_ps(top[0].lp);
         if (!_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(lp + j), thr, _CMP_GT_OQ))) continue;
         for (int l = 0; l < 8; l++)
-            topk_insert(top, &n, k, lp[j + l], j + l);
+            heap_offer(top, &n, k, lp[j + l], j + l);
     }
     for (; j < V; j++)
-        topk_insert(top, &n, k, lp[j], j);
+        heap_offer(top, &n, k, lp[j], j);
 }
 #endif
 
-/* top[0..k) = the k best of lp[0..V) (V ≥ k), best first, ties by lower index. */
+/* top[0..k) = the k best of lp[0..V) (V ≥ k), best first, ties by lower index: a heap of k
+ * (O(V log k)), then its sort (O(k log k)). */
 static void topk_scan(candidate *top, int k, const float *lp, int V) {
 #if defined(__x86_64__) && defined(__GNUC__)
     if (__builtin_cpu_supports("avx2")) {
         topk_scan_avx2(top, k, lp, V);
+        heap_sort_best_first(top, k);
         return;
     }
 #endif
     int n = 0;
     for (int j = 0; j < V; j++)
-        topk_insert(top, &n, k, lp[j], j);
+        heap_offer(top, &n, k, lp[j], j);
+    heap_sort_best_first(top, k);
 }
-
-/* Best first, ties by lower index: a total order (indices are distinct), so qsort's result is
- * the insertion's. */
-static int by_lp_then_index(const void *pa, const void *pb) {
-    const candidate *a = pa, *b = pb;
-    if (a->lp != b->lp) return a->lp > b->lp ? -1 : 1;
-    return (a->j > b->j) - (a->j < b->j);
-}
-
-/* Above this k, one O(V log V) sort of the row beats the O(V·k) insertion (sampling from the whole
- * vocabulary asks for k = V). */
-#define TOPK_SORT_ABOVE 64
 
 luna_status luna_cpu_log_softmax_topk(luna_backend *be, const luna_act *logits_, const float *bias,
                                       int64_t rows, int V, int k, float *top_lp, int32_t *top_idx,
@@ -216,16 +242,12 @@ luna_status luna_cpu_log_softmax_topk(luna_backend *be, const luna_act *logits_,
 #if defined(__x86_64__) && defined(__GNUC__)
     const bool avx2 = __builtin_cpu_supports("avx2");
 #endif
-    candidate *lists = NULL;
-    float *lp_rows = NULL;    /* [threads][V]: one row's log-probs, per thread */
-    candidate *sorted = NULL; /* [threads][V]: one row's candidates (k > TOPK_SORT_ABOVE) */
+    candidate *lists = NULL; /* [threads][k]: one row's heap, per thread */
+    float *lp_rows = NULL;   /* [threads][V]: one row's log-probs, per thread */
     if (k > 0) {
-        if (k > TOPK_SORT_ABOVE)
-            sorted = luna_arena_alloc(be->scratch, sizeof(candidate) * (size_t)threads * (size_t)V);
-        else
-            lists = luna_arena_alloc(be->scratch, sizeof(candidate) * (size_t)rows * (size_t)k);
+        lists = luna_arena_alloc(be->scratch, sizeof(candidate) * (size_t)threads * (size_t)k);
         lp_rows = luna_arena_alloc(be->scratch, sizeof(float) * (size_t)threads * (size_t)V);
-        if (!(lists || sorted) || !lp_rows) {
+        if (!lists || !lp_rows) {
             luna_arena_release(be->scratch, mark);
             return luna_error(LUNA_ERR_OUT_OF_MEMORY, "log_softmax_topk: scratch exhausted");
         }
@@ -271,16 +293,8 @@ luna_status luna_cpu_log_softmax_topk(luna_backend *be, const luna_act *logits_,
                 const float v = (float)((double)x[j] - lse);
                 lp[j] = v != v ? -INFINITY : v;
             }
-        candidate *top;
-        if (k > TOPK_SORT_ABOVE) {
-            top = sorted + (size_t)omp_get_thread_num() * (size_t)V;
-            for (int j = 0; j < V; j++)
-                top[j] = (candidate){lp[j], j};
-            qsort(top, (size_t)V, sizeof *top, by_lp_then_index);
-        } else {
-            top = lists + r * k;
-            topk_scan(top, k, lp, V);
-        }
+        candidate *top = lists + (size_t)omp_get_thread_num() * (size_t)k;
+        topk_scan(top, k, lp, V);
         for (int i = 0; i < k; i++) {
             top_lp[r * k + i] = top[i].lp;
             top_idx[r * k + i] = top[i].j;

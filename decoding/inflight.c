@@ -1,0 +1,350 @@
+/* luna_generate (decoding/beam_search.h) with in-flight batching: the sentences, sorted by source
+ * length, go through a pool of at most batch_size sentences (and max_tokens padded source
+ * tokens); when a sentence finishes, its place goes to the next sentence of the input (encoded
+ * then, its decoder state started at step 0), so the decoder's Linear layers see a full batch of
+ * rows at different positions instead of a batch that empties to its slowest sentence.
+ *
+ * The search per sentence is luna_beam_search's (decoding/beam_search.h), step for step; what
+ * differs is where the sentence's step comes from. Three details keep the results those of a
+ * search of the sentence alone (up to the last bits of sums over padded sources, as between
+ * batches before): its rows decode as in a batch of their own
+ * (luna_incremental_admit); at step 0 a joining sentence has one row, as in the batch search
+ * (the GEMMs' results depend on their row count); and </s> before min_len is
+ * removed from the row's candidates like an n-gram ban (the rows of the pool are at different
+ * steps, so the shared token bias cannot carry it) — the top k of the log-probs with </s> at −inf,
+ * as the bias gave. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "data/dictionary.h"
+#include "decoding/candidates.h"
+#include "decoding/sampling.h"
+#include "decoding/search_internal.h"
+
+typedef struct {
+    int beam, K, nc, kb, V, cap, k_cap, S_cap, m_cap;
+    int S;               /* active sentences */
+    int one_row;         /* the last this many have one decoder row (joined; beam search) */
+    int *id;             /* [S_cap] each active sentence's index in the input */
+    int *step;           /* [S_cap] its steps taken */
+    int *max_len;        /* [S_cap] */
+    int *src_len;        /* [S_cap] */
+    int32_t *tok, *tok2; /* [S_cap·beam, cap] */
+    double *sc, *sc2;    /* [S_cap·beam, cap] cumulative scores */
+    bool *ignore, *ignore2;
+    luna_cand *cands; /* [S_cap, K] */
+    bool *is_eos;     /* [S_cap, K] */
+    int32_t *rows;    /* [S_cap·beam]: new sentence indices, then the reorder */
+    int32_t *row_tok; /* [S_cap·beam] */
+    float *top_lp;    /* [S_cap·beam, k_cap] */
+    int32_t *top_tok; /* [S_cap·beam, k_cap] */
+    int32_t *ban;     /* [S_cap·beam, cap + 1] n-gram bans and </s> before min_len */
+    int *nban;        /* [S_cap·beam] */
+    int32_t *pick;    /* [S_cap·beam] </s> */
+    float *picked;    /* [S_cap·beam] */
+    int32_t *padded;  /* [S_cap, m_cap] + [S_cap] lengths: the admitted sources */
+} flight;
+
+static void flight_free(flight *f) {
+    void *all[] = {f->id,     f->step,    f->max_len, f->src_len, f->tok,    f->tok2,   f->sc,
+                   f->sc2,    f->ignore,  f->ignore2, f->cands,   f->is_eos, f->rows,   f->row_tok,
+                   f->top_lp, f->top_tok, f->ban,     f->nban,    f->pick,   f->picked, f->padded};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        free(all[i]);
+}
+
+static luna_status flight_alloc(flight *f) {
+    const size_t S = (size_t)f->S_cap, R = S * f->beam, cap = (size_t)f->cap;
+    f->id = malloc(sizeof(int) * S);
+    f->step = malloc(sizeof(int) * S);
+    f->max_len = malloc(sizeof(int) * S);
+    f->src_len = malloc(sizeof(int) * S);
+    f->tok = malloc(sizeof(int32_t) * R * cap);
+    f->tok2 = malloc(sizeof(int32_t) * R * cap);
+    f->sc = malloc(sizeof(double) * R * cap);
+    f->sc2 = malloc(sizeof(double) * R * cap);
+    f->ignore = malloc(sizeof(bool) * R);
+    f->ignore2 = malloc(sizeof(bool) * R);
+    f->cands = malloc(sizeof(luna_cand) * S * f->K);
+    f->is_eos = malloc(sizeof(bool) * S * f->K);
+    f->rows = malloc(sizeof(int32_t) * R);
+    f->row_tok = malloc(sizeof(int32_t) * R);
+    f->top_lp = malloc(sizeof(float) * R * f->k_cap);
+    f->top_tok = malloc(sizeof(int32_t) * R * f->k_cap);
+    f->ban = malloc(sizeof(int32_t) * R * (cap + 1));
+    f->nban = calloc(R, sizeof(int));
+    f->pick = malloc(sizeof(int32_t) * R);
+    f->picked = malloc(sizeof(float) * R);
+    f->padded = malloc(sizeof(int32_t) * (S * f->m_cap + S));
+    if (!f->id || !f->step || !f->max_len || !f->src_len || !f->tok || !f->tok2 || !f->sc ||
+        !f->sc2 || !f->ignore || !f->ignore2 || !f->cands || !f->is_eos || !f->rows ||
+        !f->row_tok || !f->top_lp || !f->top_tok || !f->ban || !f->nban || !f->pick || !f->picked ||
+        !f->padded)
+        return luna_error(LUNA_ERR_OUT_OF_MEMORY, "decoding: out of host memory (%d sentences)",
+                          f->S_cap);
+    for (size_t r = 0; r < R; r++)
+        f->pick[r] = LUNA_DICT_EOS;
+    return LUNA_OK;
+}
+
+/* The decoder's first row of sentence s (luna_incremental_admit's layout). */
+static int drow(const flight *f, int s) {
+    const int full = f->S - f->one_row;
+    return s <= full ? s * f->beam : full * f->beam + (s - full);
+}
+
+static int max_len_of(const luna_beam_options *o, int src_len) {
+    const double ml = o->max_len_a * src_len + o->max_len_b;
+    return ml < o->max_len_cap ? (int)ml : o->max_len_cap;
+}
+
+/* Admit the input's sentences order[*next..) while the pool has room: at most S_cap sentences
+ * and, with max_tokens, (sentences)·(longest source) ≤ max_tokens (a sentence always enters an
+ * empty pool). */
+static luna_status admit(luna_incremental *inc, const luna_beam_options *o, flight *f,
+                         const luna_token_seq *src, const int *order, int n, int *next,
+                         int max_tokens, luna_nbest *out) {
+    int longest = 0;
+    for (int s = 0; s < f->S; s++)
+        longest = f->src_len[s] > longest ? f->src_len[s] : longest;
+    int k = 0;
+    while (*next + k < n && f->S + k < f->S_cap) {
+        const int len = src[order[*next + k]].len, m = len > longest ? len : longest;
+        if (max_tokens > 0 && f->S + k > 0 && (int64_t)(f->S + k + 1) * m > max_tokens) break;
+        longest = m;
+        k++;
+    }
+    if (k == 0) return LUNA_OK;
+    int m = 0;
+    for (int i = 0; i < k; i++)
+        m = src[order[*next + i]].len > m ? src[order[*next + i]].len : m;
+    int32_t *lens = f->padded + (size_t)k * m;
+    for (int i = 0; i < k; i++) {
+        const int b = order[*next + i], s = f->S + i;
+        const luna_token_seq *x = &src[b];
+        if (x->len < 1 || x->tokens[x->len - 1] != LUNA_DICT_EOS)
+            return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                              "beam search: sentence %d does not end with </s>", b);
+        for (int t = 0; t < m; t++)
+            f->padded[(size_t)i * m + t] =
+                t < x->len ? x->tokens[t] : luna_incremental_config(inc)->padding_idx;
+        lens[i] = x->len;
+        out[b] = (luna_nbest){.hyps = calloc((size_t)o->beam, sizeof(luna_hypothesis))};
+        if (!out[b].hyps) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "beam search: out of memory");
+        f->id[s] = b;
+        f->step[s] = 0;
+        f->src_len[s] = x->len;
+        f->max_len[s] = max_len_of(o, x->len);
+        for (int j = 0; j < f->beam; j++) {
+            f->tok[(size_t)(s * f->beam + j) * f->cap] = LUNA_DICT_EOS;
+            f->ignore[s * f->beam + j] = false;
+        }
+    }
+    LUNA_TRY(luna_incremental_admit(inc, f->padded, lens, k, m, !o->sampling));
+    f->S += k;
+    f->one_row = o->sampling ? 0 : k;
+    *next += k;
+    return LUNA_OK;
+}
+
+/* Sentence s's candidates (the top K of score + log-prob over its beams, or one draw per row)
+ * into f->cands, its finalized hypotheses into out; returns whether it is done. */
+static luna_status select_sentence(const luna_beam_options *o, flight *f, int s, luna_nbest *out,
+                                   bool *done) {
+    const int beam = f->beam, K = f->K, cap = f->cap, kb = f->kb, nc = f->nc;
+    const int step = f->step[s], b = f->id[s];
+    const bool forced = step >= f->max_len[s]; /* only </s> allowed */
+    luna_cand *top = f->cands + (size_t)s * K;
+    int n = 0;
+    for (int k = 0; k < (step == 0 && !o->sampling ? 1 : beam); k++) {
+        const int r = drow(f, s) + k; /* the decoder's row; the search's is s·beam + k */
+        const double base = step ? f->sc[(size_t)(s * beam + k) * cap + step - 1] : 0.0;
+        if (forced) {
+            const float lp = isnan(f->picked[r]) ? -INFINITY : f->picked[r];
+            const luna_cand c = {base + lp, k, LUNA_DICT_EOS, k};
+            if (o->sampling)
+                top[n++] = c;
+            else
+                luna_cand_offer(top, &n, K, c);
+            continue;
+        }
+        const float *lp = f->top_lp + (size_t)r * kb;
+        const int32_t *tk = f->top_tok + (size_t)r * kb;
+        if (o->sampling) {
+            const double u = luna_sampling_uniform(o->seed, (uint64_t)b, (uint64_t)step * beam + k);
+            const int j = luna_sample_index(lp, kb, u);
+            top[n++] = (luna_cand){base + lp[j], k, tk[j], k};
+            continue;
+        }
+        for (int j = 0; j < kb; j++)
+            luna_cand_offer(top, &n, K, (luna_cand){base + lp[j], k, tk[j], k * kb + j});
+    }
+    if (!o->sampling) luna_cand_sort(top, n);
+    for (; n < nc; n++)
+        top[n] = (luna_cand){-INFINITY, 0, LUNA_DICT_UNK, 0}; /* dead fillers */
+    bool *eos = f->is_eos + (size_t)s * K;
+    bool any = false;
+    for (int j = 0; j < nc; j++) {
+        eos[j] = top[j].token == LUNA_DICT_EOS && top[j].score != -INFINITY;
+        if (j < beam && eos[j] && !f->ignore[s * beam + j]) {
+            const size_t r = (size_t)(s * beam + top[j].beam) * cap;
+            LUNA_TRY(luna_search_finalize(o, f->tok + r, f->sc + r, out, step, top[j].score));
+            any = true;
+        }
+        if (j < beam) eos[j] = eos[j] || f->ignore[s * beam + j];
+    }
+    *done = forced || (any && out->count == beam);
+    return LUNA_OK;
+}
+
+/* One step of every active sentence; finished ones leave the pool. *finished: how many left. */
+static luna_status step_pool(luna_incremental *inc, const luna_beam_options *o, flight *f,
+                             luna_nbest *out, int *finished) {
+    const int beam = f->beam, cap = f->cap, kb = f->kb, R = drow(f, f->S);
+    const int ngram = o->no_repeat_ngram_size;
+    bool must_end = false;
+    int most_bans = 0;
+    for (int s = 0; s < f->S; s++)
+        for (int r = drow(f, s); r < drow(f, s + 1); r++) { /* decoder row r */
+            const int t = f->step[s];
+            const int32_t *row = f->tok + (size_t)(s * beam + r - drow(f, s)) * cap;
+            f->row_tok[r] = row[t];
+            must_end = must_end || t >= f->max_len[s];
+            int32_t *ban = f->ban + (size_t)r * (cap + 1);
+            f->nban[r] = ngram > 0 ? luna_ngram_bans(row, t + 1, ngram, ban) : 0;
+            if (t < o->min_len) ban[f->nban[r]++] = LUNA_DICT_EOS;
+            most_bans = f->nban[r] > most_bans ? f->nban[r] : most_bans;
+        }
+    const int k_req = kb + most_bans < f->V ? kb + most_bans : f->V;
+    luna_step_output so = {.k = k_req,
+                           .top_log_probs = f->top_lp,
+                           .top_tokens = f->top_tok,
+                           .pick = must_end ? f->pick : NULL,
+                           .picked = f->picked};
+    LUNA_TRY(luna_incremental_step(inc, f->row_tok, &so));
+    for (int r = 0; most_bans > 0 && r < R; r++) { /* rows in order: [r, k_req] -> [r, kb] */
+        float *lp = f->top_lp + (size_t)r * k_req;
+        int32_t *tk = f->top_tok + (size_t)r * k_req;
+        luna_drop_banned(lp, tk, k_req, kb, f->ban + (size_t)r * (cap + 1), f->nban[r],
+                         LUNA_DICT_UNK);
+        if (r > 0) {
+            memmove(f->top_lp + (size_t)r * kb, lp, sizeof(float) * (size_t)kb);
+            memmove(f->top_tok + (size_t)r * kb, tk, sizeof(int32_t) * (size_t)kb);
+        }
+    }
+    int remaining = 0;
+    for (int s = 0; s < f->S; s++) {
+        bool done;
+        LUNA_TRY(select_sentence(o, f, s, &out[f->id[s]], &done));
+        f->rows[s] = done ? -1 : remaining++;
+        if (done) luna_search_sort_nbest(&out[f->id[s]], o->nbest);
+    }
+    *finished = f->S - remaining;
+    /* next beam: the first `beam` non-</s> candidates of each remaining sentence, which moves to
+     * index rows[s] (its per-sentence values move with it) */
+    int32_t *reorder = f->row_tok; /* read by the step above, free now */
+    for (int s = 0; s < f->S; s++) {
+        const int s2 = f->rows[s];
+        if (s2 < 0) continue;
+        const luna_cand *top = f->cands + (size_t)s * f->K;
+        const bool *eos = f->is_eos + (size_t)s * f->K;
+        const int step = f->step[s];
+        int picked = 0;
+        for (int pass = 0; pass < 2 && picked < beam; pass++)
+            for (int j = 0; j < f->nc && picked < beam; j++) {
+                if (eos[j] != (pass == 1)) continue;
+                const int nr = s2 * beam + picked++, parent = s * beam + top[j].beam;
+                reorder[nr] = drow(f, s) + top[j].beam; /* the parent's decoder row */
+                f->ignore2[nr] = pass == 1;
+                memcpy(f->tok2 + (size_t)nr * cap, f->tok + (size_t)parent * cap,
+                       sizeof(int32_t) * (size_t)(step + 1));
+                f->tok2[(size_t)nr * cap + step + 1] = top[j].token;
+                memcpy(f->sc2 + (size_t)nr * cap, f->sc + (size_t)parent * cap,
+                       sizeof(double) * (size_t)step);
+                f->sc2[(size_t)nr * cap + step] = top[j].score;
+            }
+        f->id[s2] = f->id[s]; /* s2 ≤ s: sentences before s are placed already */
+        f->step[s2] = step + 1;
+        f->max_len[s2] = f->max_len[s];
+        f->src_len[s2] = f->src_len[s];
+    }
+    LUNA_TRY(luna_incremental_reorder(inc, reorder, remaining * beam));
+    int32_t *ti = f->tok;
+    f->tok = f->tok2, f->tok2 = ti;
+    double *si = f->sc;
+    f->sc = f->sc2, f->sc2 = si;
+    bool *ii = f->ignore;
+    f->ignore = f->ignore2, f->ignore2 = ii;
+    f->S = remaining;
+    f->one_row = 0;
+    return LUNA_OK;
+}
+
+static luna_status generate(luna_incremental *inc, const luna_beam_options *o,
+                            const luna_token_seq *src, const int *order, int n, int max_tokens,
+                            int batch_size, luna_nbest *out,
+                            void (*progress)(void *ctx, int done, int total), void *ctx) {
+    const luna_config *c = luna_incremental_config(inc);
+    const int V = c->vocab_size;
+    const int topk = o->sampling_topk > 0 && o->sampling_topk < V ? o->sampling_topk : V;
+    flight f = {.beam = o->beam,
+                .K = 2 * o->beam,
+                .nc = o->sampling ? o->beam : 2 * o->beam,
+                .kb = o->sampling ? topk : (2 * o->beam < V ? 2 * o->beam : V),
+                .V = V};
+    int max_steps = 0, shortest = src[order[0]].len;
+    f.m_cap = src[order[n - 1]].len;
+    for (int i = 0; i < n; i++)
+        max_steps =
+            max_len_of(o, src[i].len) + 1 > max_steps ? max_len_of(o, src[i].len) + 1 : max_steps;
+    f.cap = max_steps + 1;
+    f.S_cap = batch_size > 0 && batch_size < n ? batch_size : n;
+    if (max_tokens > 0) { /* the most sentences max_tokens lets in at once */
+        const int most = shortest > 0 && max_tokens / shortest > 1 ? max_tokens / shortest : 1;
+        f.S_cap = most < f.S_cap ? most : f.S_cap;
+    }
+    /* room for kb candidates plus the bans of a row (at most one per earlier position, and
+     * </s>) */
+    f.k_cap = f.kb + f.cap + 1 < V ? f.kb + f.cap + 1 : V;
+    luna_status st = flight_alloc(&f);
+    float *bias = calloc((size_t)V, sizeof(float));
+    if (st == LUNA_OK && !bias) st = luna_error(LUNA_ERR_OUT_OF_MEMORY, "decoding: out of memory");
+    if (st == LUNA_OK) {
+        bias[c->padding_idx] = -INFINITY;
+        bias[LUNA_DICT_UNK] = -(float)o->unkpen;
+        st = luna_incremental_set_token_bias(inc, bias);
+    }
+    free(bias);
+    if (st == LUNA_OK) st = luna_incremental_set_temperature(inc, o->temperature);
+    if (st == LUNA_OK) st = luna_incremental_begin_pool(inc, f.S_cap, f.m_cap, o->beam, max_steps);
+    int next = 0, done = 0;
+    while (st == LUNA_OK) {
+        st = admit(inc, o, &f, src, order, n, &next, max_tokens, out);
+        if (st != LUNA_OK || f.S == 0) break;
+        int finished = 0;
+        st = step_pool(inc, o, &f, out, &finished);
+        done += finished;
+        if (st == LUNA_OK && finished > 0 && progress) progress(ctx, done, n);
+    }
+    flight_free(&f);
+    return st;
+}
+
+luna_status luna_generate(luna_incremental *inc, const luna_beam_options *opt,
+                          const luna_token_seq *src, int n, int max_tokens, int batch_size,
+                          luna_nbest *out, void (*progress)(void *ctx, int done, int total),
+                          void *ctx) {
+    for (int i = 0; i < n; i++)
+        out[i] = (luna_nbest){0};
+    if (n <= 0) return LUNA_OK;
+    LUNA_TRY(luna_search_check_options(opt));
+    int *order;
+    LUNA_TRY(luna_search_sorted_order(src, n, &order));
+    luna_status st = generate(inc, opt, src, order, n, max_tokens, batch_size, out, progress, ctx);
+    if (st != LUNA_OK)
+        for (int i = 0; i < n; i++)
+            luna_nbest_release(&out[i]);
+    free(order);
+    return st;
+}
