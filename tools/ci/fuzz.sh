@@ -2,7 +2,7 @@
 # Build the libFuzzer targets (tests/fuzz/fuzz_*.c) with clang, ASan and UBSan in build-fuzz/ and
 # run each for a while from its committed seed corpus (tests/fuzz/corpus/<target>/).
 #
-#   tools/ci/fuzz.sh               every target for 60 s (CI: --seconds 30)
+#   tools/ci/fuzz.sh               every target for 60 s (CI: --seconds 20)
 #   tools/ci/fuzz.sh --seconds N   every target for N seconds
 #   tools/ci/fuzz.sh --runs N      every target for N executions instead (a long run: --runs 10000000)
 #   tools/ci/fuzz.sh --only NAME   just that target (e.g. --only fuzz_json)
