@@ -4,7 +4,7 @@
 # passed.
 #
 #   tools/ci/gpu-check.sh [--no-sanitizer] [--quick] [--build-dir DIR] [--no-build] [--no-torch]
-#                         [--test-timeout S] [--train-data DATA-BIN] [--ncu]
+#                         [--test-timeout S] [--train-data DATA-BIN] [--ncu] [--baseline BIN]
 #
 # Steps (each one summary line):
 #   1. build       -DLUNA_CUDA=ON in build-gpu/ (nvcc, sm_80 + sm_90a, -Werror; -DLUNA_MPI=ON with
@@ -26,11 +26,14 @@
 #                  family, gpu-check.profile.log), bench-translate (luna_demo preset, beam 4);
 #                  PyTorch both eager and through torch.compile (where PyTorch >= 2.0);
 #                  --quick: the short device run (about 8 minutes on an H100/H200 with a build made
-#                  elsewhere: --no-build): compute-sanitizer on the causal suite only, batches of
+#                  elsewhere: --no-build): compute-sanitizer (memcheck, racecheck) on the suites of
+#                  the most recently rewritten kernels only, run beside the gpu tests; batches of
 #                  8k and 32k target tokens, fewer steps
+#                  --baseline BIN: an earlier build's bench-model, timed in the same run right
+#                  after each bench-model line of this build (before/after on one GPU)
 #   5. training    --train-data DATA-BIN (e.g. the WMT mini data-bin, prepared on the CPU machine):
 #                  luna-train --device cuda --arch luna_base_tied, 200 updates at 8k and at 32k
-#                  tokens per update; the last logged wps of each
+#                  tokens per update (--quick: 120); the last logged wps of each
 #   6. ncu         --ncu: Nsight Compute on one 32k bf16 update of bench-model, launch-limited, the
 #                  kernels by time (gpu-check.ncu.log)
 # Nothing here is run by CI (no GPU there); tools/test.sh --gpu runs step 2 alone.
@@ -43,6 +46,7 @@ do_build=1
 torch=1
 ncu=0
 train_data=""
+baseline=""
 test_timeout=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -54,6 +58,9 @@ while [ $# -gt 0 ]; do
     --train-data)
       [ $# -ge 2 ] || { echo "gpu-check: --train-data needs a data-bin directory" >&2; exit 2; }
       train_data="$(cd "$2" && pwd)" || exit 2; shift ;;
+    --baseline)
+      [ $# -ge 2 ] && [ -x "$2" ] || { echo "gpu-check: --baseline needs an executable bench-model" >&2; exit 2; }
+      baseline="$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"; shift ;;
     --test-timeout)
       [ $# -ge 2 ] || { echo "gpu-check: --test-timeout needs seconds" >&2; exit 2; }
       test_timeout=(--timeout "$2"); shift ;;
@@ -66,6 +73,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 jobs=$(nproc 2>/dev/null || echo 2)
+[ "$jobs" -gt 8 ] && jobs=8
 summary=()
 failed=0
 note() { summary+=("$1"); echo "gpu-check: $1"; }
@@ -100,8 +108,47 @@ else
   exit 1
 fi
 
+# 3. compute-sanitizer over the op suites (a function: --quick runs it beside the gpu tests)
+# --quick: the suites of the kernels rewritten most recently (chunked causal contraction, fp32 tree
+# column sums, full-block optimizer and clipping reductions); racecheck skips synccheck there.
+sanitize() {
+  local tools=(memcheck racecheck synccheck) suites=("$build"/test_ops_*) tool t bad slow rc
+  local limit=(); [ "$quick" -eq 1 ] && limit=(timeout 100)  # a suite over it is reported, not waited for
+  if [ "$quick" -eq 1 ]; then
+    tools=(memcheck racecheck)
+    suites=()
+    for t in causal layer_norm linear optimizer reduce; do suites+=("$build/test_ops_$t"); done
+  fi
+  for tool in "${tools[@]}"; do
+    bad=0 slow=""
+    for t in "${suites[@]}"; do
+      [ -x "$t" ] || continue
+      LUNA_TEST_BACKEND=cuda LUNA_CUDA_CACHE=0 CK_FORK=no CK_DEFAULT_TIMEOUT=0 \
+        "${limit[@]}" compute-sanitizer --tool "$tool" --error-exitcode 99 "$t" \
+        > "$build/gpu-check.$tool.$(basename "$t").log" 2>&1
+      rc=$?
+      if [ "$rc" -eq 124 ]; then slow="$slow $(basename "$t")"
+      elif [ "$rc" -ne 0 ]; then bad=$((bad + 1)); fi
+    done
+    if [ "$bad" -eq 0 ] && [ -z "$slow" ]; then echo "ok   compute-sanitizer $tool: clean on ${#suites[@]} op suite(s)"
+    elif [ "$bad" -eq 0 ]; then echo "FAIL compute-sanitizer $tool: no errors, but over the time limit:$slow"
+    else echo "FAIL compute-sanitizer $tool: $bad op suite(s) reported errors ($build/gpu-check.$tool.*.log)${slow:+; over the time limit:$slow}"; fi
+  done
+}
+sanitizer_log="$build/gpu-check.sanitizer.summary"
+rm -f "$sanitizer_log"
+sanitizer_pid=""
+if [ "$sanitizer" -eq 1 ] && ! command -v compute-sanitizer > /dev/null; then
+  note "skip compute-sanitizer: not on PATH (it ships with the CUDA toolkit)"
+  sanitizer=0
+fi
+if [ "$sanitizer" -eq 1 ] && [ "$quick" -eq 1 ]; then
+  sanitize > "$sanitizer_log" 2>&1 &
+  sanitizer_pid=$!
+fi
+
 # 2. the suites on the GPU
-if ctest --test-dir "$build" -L gpu --output-on-failure "${test_timeout[@]}" > "$build/gpu-check.tests.log" 2>&1 &&
+if ctest --test-dir "$build" -L gpu --output-on-failure -j "$jobs" "${test_timeout[@]}" > "$build/gpu-check.tests.log" 2>&1 &&
    ! grep -q 'No tests were found' "$build/gpu-check.tests.log"; then
   note "ok   gpu tests: $(grep -E 'tests passed' "$build/gpu-check.tests.log")"
 else
@@ -110,27 +157,14 @@ fi
 grep -hE '^(luna_tiny|transformer_tiny|luna-train|luna-translate|validation|bf16)' \
   "$build/gpu-check.tests.log" | sed 's/^/    /'
 
-# 3. compute-sanitizer over the op suites
 if [ "$sanitizer" -eq 1 ]; then
-  if command -v compute-sanitizer > /dev/null; then
-    for tool in memcheck racecheck synccheck; do
-      bad=0
-      suites=("$build"/test_ops_*)
-      [ "$quick" -eq 1 ] && suites=("$build"/test_ops_causal)
-      for t in "${suites[@]}"; do
-        [ -x "$t" ] || continue
-        if ! LUNA_TEST_BACKEND=cuda LUNA_CUDA_CACHE=0 CK_FORK=no CK_DEFAULT_TIMEOUT=0 \
-             compute-sanitizer --tool "$tool" --error-exitcode 99 "$t" \
-             > "$build/gpu-check.$tool.$(basename "$t").log" 2>&1; then
-          bad=$((bad + 1))
-        fi
-      done
-      if [ "$bad" -eq 0 ]; then note "ok   compute-sanitizer $tool: every op suite clean"
-      else fail "compute-sanitizer $tool: $bad op suite(s) reported errors ($build/gpu-check.$tool.*.log)"; fi
-    done
-  else
-    note "skip compute-sanitizer: not on PATH (it ships with the CUDA toolkit)"
-  fi
+  if [ -n "$sanitizer_pid" ]; then wait "$sanitizer_pid"; else sanitize > "$sanitizer_log" 2>&1; fi
+  while IFS= read -r line; do
+    case "$line" in
+      ok*) note "$line" ;;
+      *) fail "${line#FAIL }" ;;
+    esac
+  done < "$sanitizer_log"
 fi
 
 # 4. benchmarks, measured on this GPU (docs/benchmarks.md, docs/gpu.md).
@@ -141,6 +175,10 @@ bench() { # label, then bench-model arguments
   local line
   line=$("$build/bench-model" --device cuda --tgt-len 32 --src-len 32 "$@" 2>&1 | grep 'target tokens/s') \
     && note "ok   $label: ${line#bench-model: }" || fail "$label (bench-model $*)"
+  if [ -n "$baseline" ]; then
+    line=$("$baseline" --device cuda --tgt-len 32 --src-len 32 "$@" 2>&1 | grep 'target tokens/s') \
+      && note "ok   $label, baseline: ${line#bench-model: }" || fail "$label, baseline ($baseline $*)"
+  fi
 }
 have_torch=0
 if [ "$torch" -eq 1 ] && python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2> /dev/null; then
@@ -172,22 +210,29 @@ if "$build/bench-model" --device cuda --precision bf16 --batch "$pbatch" --tgt-l
 else
   fail "bench-model --update --profile ($build/gpu-check.profile.log)"
 fi
+if [ -n "$baseline" ]; then
+  "$baseline" --device cuda --precision bf16 --batch "$pbatch" --tgt-len 32 --src-len 32 --warmup 1 \
+    --steps 1 --update --profile > "$build/gpu-check.profile.baseline.log" 2>&1 \
+    && note "ok   baseline bench-model --update --profile: $build/gpu-check.profile.baseline.log" \
+    || fail "baseline bench-model --update --profile ($build/gpu-check.profile.baseline.log)"
+fi
 line=$("$build/bench-translate" --preset luna_demo --device cuda --sentences "$sentences" \
        --max-len-b 40 2>&1 | tail -n 1) \
   && note "ok   bench-translate luna_demo beam 4 (random weights, 40 tokens): $line" \
   || fail "bench-translate"
 
 # 5. luna-train on real data (tokens per second as it logs them)
+train_updates=200; [ "$quick" -eq 1 ] && train_updates=120
 if [ -n "$train_data" ]; then
   for tokens in 8192 32768; do
     log="$build/gpu-check.train.$tokens.log"
     rm -rf "$build/gpu-check.train.ck"
     if "$build/luna-train" "$train_data" --device cuda --arch luna_base_tied --share-all-embeddings \
          --optimizer apollo --lr 0.01 --lr-scheduler inverse_sqrt --warmup-updates 50 \
-         --max-tokens "$tokens" --max-update 200 --dropout 0.1 --label-smoothing 0.1 \
-         --log-interval 50 --no-progress-bar --no-save --save-dir "$build/gpu-check.train.ck" \
+         --max-tokens "$tokens" --max-update "$train_updates" --dropout 0.1 --label-smoothing 0.1 \
+         --log-interval 20 --no-progress-bar --no-save --save-dir "$build/gpu-check.train.ck" \
          > "$log" 2>&1; then
-      note "ok   luna-train cuda bf16 luna_base_tied $tokens tokens/update, 200 updates: $(grep -o 'wps [0-9.]*' "$log" | tail -n 1) ($log)"
+      note "ok   luna-train cuda bf16 luna_base_tied $tokens tokens/update, $train_updates updates: $(grep -o 'wps [0-9.]*' "$log" | tail -n 1) ($log)"
     else
       fail "luna-train --device cuda ($log: $(tail -n 1 "$log"))"
     fi
@@ -197,7 +242,8 @@ fi
 # 6. Nsight Compute: the kernels of one 32k update, by time
 if [ "$ncu" -eq 1 ]; then
   if command -v ncu > /dev/null; then
-    if ncu --launch-skip 0 --launch-count 400 --section SpeedOfLight --csv \
+    # a time limit: an unfiltered replay once hung until the device run's own limit
+    if timeout 150 ncu --clock-control none --launch-skip 0 --launch-count 400 --section SpeedOfLight --csv \
          "$build/bench-model" --device cuda --precision bf16 --batch 1024 --tgt-len 32 --src-len 32 \
          --warmup 0 --steps 1 --update > "$build/gpu-check.ncu.log" 2>&1; then
       note "ok   ncu: 400 launches of a 32k update ($build/gpu-check.ncu.log)"
