@@ -20,7 +20,7 @@
 
 /* with_plans: the backend's way, GEMM plans made once and reused (gemm_lt.h); else a plan a call */
 static luna_cuda_blas blas_create(bool with_plans) {
-    luna_cuda_blas b = {.workspace_bytes = (size_t)4 << 20};
+    luna_cuda_blas b = {.workspace_bytes = (size_t)4 << 20, .grid_pointers = true};
     ck_assert_int_eq(cublasLtCreate(&b.lt), CUBLAS_STATUS_SUCCESS);
     ck_assert_int_eq(cudaMalloc(&b.workspace, b.workspace_bytes), cudaSuccess);
     if (with_plans) LUNA_CHECK_OK(luna_gemm_plans_create(&b.plans));
@@ -224,6 +224,15 @@ START_TEST(grid_gemm_matches_cpu) {
             check_grid(cpu, &planned, t, 0.25f);
     luna_gemm_plans_pointer_counts(planned.plans, &fills, &hits, &no_plan);
     ck_assert_int_eq(no_plan, 0);
+    /* LUNA_CUDA_GRID=strided: plans, but the grids as strided batches per inner index */
+    luna_cuda_blas strided = blas_create(true);
+    strided.grid_pointers = false;
+    for (int t = 0; t < 2; t++)
+        check_grid(cpu, &strided, t, 0.25f);
+    int64_t s_fills, s_hits, s_no_plan;
+    luna_gemm_plans_pointer_counts(strided.plans, &s_fills, &s_hits, &s_no_plan);
+    ck_assert_int_eq(s_fills + s_hits + s_no_plan, 0);
+    blas_free(&strided);
     luna_gemm_plans_counts(planned.plans, &made, &reused);
     /* 2 grids a case (scores, outputs) × 2 cases × 2 rounds; every buffer is new each call (new
      * addresses: a fill) unless the allocator hands the same back (a hit) — together 8 calls */

@@ -353,4 +353,6 @@ inline float max(float a, float b) { return std::fmax(a, b); }
 inline double min(double a, double b) { return std::fmin(a, b); }
 inline double max(double a, double b) { return std::fmax(a, b); }
 
+#include "emu_wmma.h" /* nvcuda::wmma (CUDA's <mma.h>) */
+
 #endif

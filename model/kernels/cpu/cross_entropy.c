@@ -8,10 +8,13 @@
  * with V the full vocabulary. Both ops write loss, nll, lse [N] (all 0 on pad rows);
  * cross_entropy_forward_backward also the gradient, row by row after the row's forward.
  *
- * Gradient (∂loss/∂z_v = p_v − (1−ε)·[v = y] − ε/V,  p_v = exp(z_v − lse)):
+ * Gradient (∂loss/∂z_v = p_v − (1−ε)·[v = y] − ε/V,  p_v = exp(z_v − m) / Σ_u exp(z_u − m)):
  *   dz = grad_scale · (softmax − (1−ε)·onehot(y) − ε/V)   on non-pad rows, 0 on pad rows.
- * Each element of dz depends only on the same element of z (and the row's lse), so dlogits may
- * alias logits: the [N, V] logits buffer becomes its own gradient.
+ * p_v is formed from m and the row's Σ exp, not from exp(z_v − lse): lse rounded to float carries
+ * an absolute error of up to half an ulp of |lse| (~5e-7 at |lse| ≈ 10) into exp's argument, i.e.
+ * that relative error into every p_v; m is exact and the sum's error is ~1e-16 in double.
+ * Each element of dz depends only on the same element of z (and the row's m and sum), so dlogits
+ * may alias logits: the [N, V] logits buffer becomes its own gradient.
  *
  * Precision: exp is evaluated in float by vexpf() below (vectorisable, ≤ 2 ulp) and the row sums
  * (Σ exp, Σ z) are accumulated in double; lse, nll and loss are formed in double and rounded once.
@@ -72,7 +75,7 @@ static inline float vexpf(float x) {
 
 /* One row's forward: lse, nll, loss (see the file comment). */
 static void row_forward(const float *restrict z, int V, int32_t y, double eps, float *loss,
-                        float *nll, float *lse) {
+                        float *nll, float *lse, float *max_out, double *esum_out) {
     float m = z[0];
     double zsum = 0.0;
 #pragma omp simd reduction(max : m) reduction(+ : zsum)
@@ -90,6 +93,8 @@ static void row_forward(const float *restrict z, int V, int32_t y, double eps, f
     *lse = (float)row_lse;
     *nll = (float)row_nll;
     *loss = (float)((1.0 - eps) * row_nll + eps * smooth);
+    *max_out = m;
+    *esum_out = esum;
 }
 
 /* A pad row's gradient. */
@@ -98,12 +103,13 @@ static void zero_row(float *dz, int V) {
         dz[v] = 0.0f;
 }
 
-/* One row's gradient from its lse; dz may be z (each element read before it is written). */
-static void row_backward(float *dz, const float *z, int V, int32_t y, float row_lse,
-                         float grad_scale, float smooth, float target_term) {
+/* One row's gradient from its max m and scale = grad_scale / Σ exp(z − m) (formed in double,
+ * rounded once); dz may be z (each element read before it is written). */
+static void row_backward(float *dz, const float *z, int V, int32_t y, float m, float scale,
+                         float smooth, float target_term) {
 #pragma omp simd
     for (int v = 0; v < V; v++)
-        dz[v] = grad_scale * vexpf(z[v] - row_lse) - smooth;
+        dz[v] = vexpf(z[v] - m) * scale - smooth;
     dz[y] -= target_term;
 }
 
@@ -119,8 +125,12 @@ luna_status luna_cpu_cross_entropy_forward(luna_backend *be, float *loss, float 
         const int32_t y = targets[r];
         if (y == padding_idx)
             loss[r] = nll[r] = lse[r] = 0.0f;
-        else
-            row_forward(logits + r * (int64_t)V, V, y, epsilon, &loss[r], &nll[r], &lse[r]);
+        else {
+            float m;
+            double esum;
+            row_forward(logits + r * (int64_t)V, V, y, epsilon, &loss[r], &nll[r], &lse[r], &m,
+                        &esum);
+        }
     }
     return LUNA_OK;
 }
@@ -148,8 +158,10 @@ luna_status luna_cpu_cross_entropy_forward_backward(luna_backend *be, float *los
             zero_row(dz, V);
             continue;
         }
-        row_forward(z, V, y, epsilon, &loss[r], &nll[r], &lse[r]);
-        row_backward(dz, z, V, y, lse[r], grad_scale, smooth, target_term);
+        float m;
+        double esum;
+        row_forward(z, V, y, epsilon, &loss[r], &nll[r], &lse[r], &m, &esum);
+        row_backward(dz, z, V, y, m, (float)((double)grad_scale / esum), smooth, target_term);
     }
     return LUNA_OK;
 }

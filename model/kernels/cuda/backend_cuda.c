@@ -208,6 +208,8 @@ static luna_status setup(luna_backend *be, const luna_backend_options *opt) {
     LUNA_TRY(luna_cublas_check(cublasLtCreate(&c->blas.lt), "cublasLtCreate"));
     LUNA_TRY(luna_gemm_plans_create(&c->blas.plans));
     c->blas.tf32 = opt->tf32;
+    const char *grid = getenv("LUNA_CUDA_GRID"); /* for measuring the two ways of gemm_grid */
+    c->blas.grid_pointers = !(grid && strcmp(grid, "strided") == 0);
     c->blas.workspace_bytes = CUBLASLT_WORKSPACE_BYTES;
     c->blas.workspace = luna_cuda_raw_alloc(be, c->blas.workspace_bytes);
     c->first_bad = luna_cuda_raw_alloc(be, sizeof(int));

@@ -1,7 +1,9 @@
 /* The causal normalised contraction (core/backend.h; CPU reference
  * model/kernels/cpu/causal_contraction.c): out_t = alpha·(1/t)·Σ_{s≤t} (x_t·a_s)·b_s, never n×n.
  *
- * For p, q ≤ 64 (Luna: d_h and the projection length l) in chunked form (further down): per chunk
+ * bf16 activations with p, q ≤ 64 (Luna: d_h and the projection length l) run the chunked form on
+ * tensor cores (causal_tensor_core.cuh). fp32 activations with p, q ≤ 64: the chunked form on
+ * CUDA cores (further down; tensor cores would round the operands to bf16 or TF32): per chunk
  * of ≤ 32 positions, masked small matrix products on shared memory plus a p×q state carried from
  * chunk to chunk, one block per group (batch × head). A scan over positions is a chain of n
  * dependent steps per group; the chunked form does the same work as n / C steps of parallel
@@ -291,7 +293,14 @@ __global__ void __launch_bounds__(kChunkThreads)
     }
 }
 
+#include "model/kernels/cuda/causal_tensor_core.cuh"
+
 typedef __nv_bfloat16 bf16_t;
+
+/* bf16 activations with 1 ≤ p, q ≤ 64 (Luna's shapes): the tensor-core kernels. */
+inline bool tensor_cores(int bf16, int p, int q) {
+    return bf16 && p >= 1 && q >= 1 && p <= tc::kMaxDim && q <= tc::kMaxDim;
+}
 
 inline unsigned threads_for(int c) { return (unsigned)((c + 31) / 32 * 32); }
 
@@ -362,6 +371,10 @@ cudaError_t luna_cuda_causal_contraction_forward(cudaStream_t s, int bf16, void 
     if (p > kMaxDim || q > kMaxDim) return cudaErrorInvalidValue;
     Rows lp, lq;
     sides(layout, n, p, q, &lp, &lq);
+    if (tensor_cores(bf16, p, q))
+        return tc::forward(s, static_cast<bf16_t *>(out), static_cast<const bf16_t *>(x),
+                           static_cast<const bf16_t *>(a), static_cast<const bf16_t *>(b), G, n, p,
+                           q, lp, lq, alpha);
     if (bf16)
         contraction_forward(s, static_cast<bf16_t *>(out), static_cast<const bf16_t *>(x),
                             static_cast<const bf16_t *>(a), static_cast<const bf16_t *>(b), G, n, p,
@@ -382,6 +395,11 @@ cudaError_t luna_cuda_causal_contraction_backward(cudaStream_t s, int bf16, void
     if (p > kMaxDim || q > kMaxDim) return cudaErrorInvalidValue;
     Rows lp, lq;
     sides(layout, n, p, q, &lp, &lq);
+    if (tensor_cores(bf16, p, q))
+        return tc::backward(s, static_cast<bf16_t *>(dx), static_cast<bf16_t *>(da),
+                            static_cast<bf16_t *>(db), static_cast<const bf16_t *>(dout),
+                            static_cast<const bf16_t *>(x), static_cast<const bf16_t *>(a),
+                            static_cast<const bf16_t *>(b), G, n, p, q, lp, lq, alpha);
     if (bf16)
         contraction_backward(s, static_cast<bf16_t *>(dx), static_cast<bf16_t *>(da),
                              static_cast<bf16_t *>(db), static_cast<const bf16_t *>(dout),

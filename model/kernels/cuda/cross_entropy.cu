@@ -3,9 +3,9 @@
  * Forward: m = max z (order-free), Σ exp(z − m) and Σ z in double by a fixed tree, lse, nll and
  *   loss formed in double and rounded once; pad rows all zero.
  * Forward and backward (cross_entropy_forward_backward): the forward's sums, then
- *   dz = grad_scale·exp(z − lse) − grad_scale·ε/V, then at the target − grad_scale·(1−ε) (the
- *   CPU's order of roundings); pad rows zero; dz may alias z (each element is read, then written,
- *   by one thread).
+ *   dz = exp(z − m)·(grad_scale / Σ exp(z − m)) − grad_scale·ε/V, then at the target
+ *   − grad_scale·(1−ε) (the CPU's formula: from m and the sum, not from lse rounded to float);
+ *   pad rows zero; dz may alias z (each element is read, then written, by one thread).
  * exp is CUDA's expf here and the CPU's vectorised vexpf there (both ≤ 2 ulp): results agree
  * within the tiers of the contract (loss ACCUM, gradient NORM), not bit for bit.
  * A target outside [0, V) (not the padding index) is not read: its row gets NaN and *bad = 1. */
@@ -76,12 +76,12 @@ __device__ inline void row_losses(float *loss, float *nll, float *lse, int64_t r
     loss[r] = (float)__dadd_rn(__dmul_rn(1.0 - eps, row_nll), __dmul_rn(eps, smooth));
 }
 
-/* A row's gradient from its lse (the CPU's order of roundings); d may be z. */
+/* A row's gradient from its max m and scale = grad_scale / Σ exp(z − m); d may be z. */
 template <typename T>
-__device__ inline void row_gradient(T *d, const T *z, int V, int y, float row_lse, float grad_scale,
+__device__ inline void row_gradient(T *d, const T *z, int V, int y, float m, float scale,
                                     float smooth, float target_term) {
     for (int v = threadIdx.x; v < V; v += kThreads) {
-        float g = __fsub_rn(__fmul_rn(grad_scale, expf(__fsub_rn(load(z, v), row_lse))), smooth);
+        float g = __fsub_rn(__fmul_rn(expf(__fsub_rn(load(z, v), m)), scale), smooth);
         if (v == y) g = __fsub_rn(g, target_term);
         store(d, v, g);
     }
@@ -116,7 +116,7 @@ __global__ void ce_fwd_kernel(float *loss, float *nll, float *lse, const T *logi
 }
 
 /* Forward and backward of a row in one block (cross_entropy_forward_backward): the forward's
- * sums, then every thread forms the same lse and writes its elements' gradient from it — the
+ * sums, then every thread forms the same lse and scale and writes its elements' gradient — the
  * row's second read hits the cache. The forward's roundings are ce_fwd_kernel's. */
 template <typename T>
 __global__ void ce_fwd_bwd_kernel(float *loss, float *nll, float *lse, T *dz, const T *logits,
@@ -142,7 +142,7 @@ __global__ void ce_fwd_bwd_kernel(float *loss, float *nll, float *lse, T *dz, co
     const float zy = load(z, y); /* read before any thread overwrites the row (dz may be z) */
     __syncthreads();
     if (threadIdx.x == 0) row_losses(loss, nll, lse, r, row_lse, zy, zsum, V, epsilon);
-    row_gradient(d, z, V, y, (float)row_lse, grad_scale, smooth, target_term);
+    row_gradient(d, z, V, y, m, (float)((double)grad_scale / esum), smooth, target_term);
 }
 
 typedef __nv_bfloat16 bf16_t;

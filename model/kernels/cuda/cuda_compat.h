@@ -10,6 +10,8 @@
  *   LUNA_UNROLL                                 #pragma unroll before a loop (none under g++)
  *   LUNA_UNROLL_BY(n)                           #pragma unroll n (none under g++)
  *   explicit masks in every warp intrinsic (__shfl_xor_sync(0xffffffffu, ...), __syncwarp(m))
+ *   nvcuda::wmma (m16n16k16, bf16/fp16 inputs, float accumulators; load/store/fill/mma and
+ *       element-wise operations alike on every element: tests/cuda_emu/emu_wmma.h)
  *
  * Under nvcc these are the plain CUDA constructs; under the harness each CUDA thread is a fiber
  * and shared memory is per-block storage of the harness. LUNA_CUDA_EMU is 1 under the harness,
@@ -21,6 +23,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <mma.h>
 
 #define LUNA_CUDA_EMU 0
 #define LUNA_LAUNCH(kernel, grid, block, shmem, stream, ...)                                       \

@@ -392,7 +392,7 @@ luna_status luna_cuda_gemm_grid(const luna_cuda_blas *b, cudaStream_t s, int bf1
                               inner == 1 ? sb.outer : sb.inner, beta, C, ldc,
                               inner == 1 ? sc.outer : sc.inner, (int)G, NULL);
     const size_t es = bf16 ? 2 : 4;
-    if (K > 0 && b->plans && G <= INT32_MAX) {
+    if (K > 0 && b->plans && b->grid_pointers && G <= INT32_MAX) {
         ptrs_key pk;
         memset(&pk, 0, sizeof pk);
         pk.a = A, pk.b = B, pk.c = C;
@@ -419,7 +419,8 @@ luna_status luna_cuda_gemm_grid(const luna_cuda_blas *b, cudaStream_t s, int bf1
             return st;
         }
     }
-    /* no pointer-array algorithm (or K = 0): one strided batch over the outer index per inner */
+    /* no pointer-array algorithm (or K = 0, or LUNA_CUDA_GRID=strided): one strided batch over
+     * the outer index per inner */
     for (int i = 0; i < inner; i++)
         LUNA_TRY(luna_cuda_gemm(b, s, bf16, trans_a, trans_b, M, N, K, alpha,
                                 (const char *)A + (size_t)i * (size_t)sa.inner * es, lda, sa.outer,

@@ -29,6 +29,8 @@ typedef struct {
     size_t workspace_bytes;
     bool tf32;              /* fp32 storage may use TF32 tensor cores */
     luna_gemm_plans *plans; /* NULL, or the plans made so far (luna_gemm_plans_create) */
+    bool grid_pointers;     /* grids as one pointer-array GEMM (false, LUNA_CUDA_GRID=strided:
+                               one strided batch over the outer index per inner index) */
 } luna_cuda_blas;
 
 /* The plans of the GEMMs called so far: cuBLASLt's descriptors, layouts and the heuristic's
