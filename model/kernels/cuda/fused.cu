@@ -334,6 +334,8 @@ __global__ void smd_bwd_kernel(T *dx, const T *dyd, const T *y, int64_t rows, in
     }
 }
 
+#include "model/kernels/cuda/softmax_dropout_short.cuh"
+
 typedef __nv_bfloat16 bf16_t;
 
 inline float drop_scale(float p) { return p > 0.0f ? 1.0f / (1.0f - p) : 1.0f; }
@@ -387,17 +389,28 @@ template <typename T>
 cudaError_t smd_fwd(cudaStream_t s, void *y, void *yd, const void *x, int64_t rows, int cols,
                     const int32_t *valid_cols, int64_t rows_per_group, int causal_period, float p,
                     luna_rng_key key) {
-    ROW_LAUNCH(smd_fwd_kernel, T, cols, rows, s, static_cast<T *>(y), static_cast<T *>(yd),
-               static_cast<const T *>(x), rows, cols, valid_cols, rows_per_group, causal_period, p,
-               drop_scale(p), key);
+    if (cols <= kShortRowMax)
+        SHORT_ROW_LAUNCH(smd_fwd_short_kernel, T, cols, rows, s, static_cast<T *>(y),
+                         static_cast<T *>(yd), static_cast<const T *>(x), rows, cols, valid_cols,
+                         rows_per_group, causal_period, p, drop_scale(p), key);
+    else
+        ROW_LAUNCH(smd_fwd_kernel, T, cols, rows, s, static_cast<T *>(y), static_cast<T *>(yd),
+                   static_cast<const T *>(x), rows, cols, valid_cols, rows_per_group,
+                   causal_period, p, drop_scale(p), key);
     return cudaGetLastError();
 }
 
 template <typename T>
 cudaError_t smd_bwd(cudaStream_t s, void *dx, const void *dyd, const void *y, int64_t rows,
                     int cols, float p, luna_rng_key key) {
-    ROW_LAUNCH(smd_bwd_kernel, T, cols, rows, s, static_cast<T *>(dx), static_cast<const T *>(dyd),
-               static_cast<const T *>(y), rows, cols, p, drop_scale(p), key);
+    if (cols <= kShortRowMax)
+        SHORT_ROW_LAUNCH(smd_bwd_short_kernel, T, cols, rows, s, static_cast<T *>(dx),
+                         static_cast<const T *>(dyd), static_cast<const T *>(y), rows, cols, p,
+                         drop_scale(p), key);
+    else
+        ROW_LAUNCH(smd_bwd_kernel, T, cols, rows, s, static_cast<T *>(dx),
+                   static_cast<const T *>(dyd), static_cast<const T *>(y), rows, cols, p,
+                   drop_scale(p), key);
     return cudaGetLastError();
 }
 
