@@ -204,7 +204,8 @@ START_TEST(fused_kernels_match_cpu) {
     static const int shapes[][2] = {{1, 1},   {7, 5},    {33, 130},
                                     {3, 600}, {2, 1100}, /* 1100: a block per row */
                                     {150, 70},           /* 150: three chunks of column sums */
-                                    {37, 32},   {9, 64},  {5, 128}, {11, 12}}; /* 16-byte rows */
+                                    {37, 32},   {9, 64},  {5, 128}, {11, 12}, /* 16-byte rows */
+                                    {6, 512},   {3, 1024}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (int bf16 = 0; bf16 < 2; bf16++)
             for (int v = 0; v < 2; v++) {

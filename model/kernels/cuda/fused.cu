@@ -335,6 +335,7 @@ __global__ void smd_bwd_kernel(T *dx, const T *dyd, const T *y, int64_t rows, in
 }
 
 #include "model/kernels/cuda/softmax_dropout_short.cuh"
+#include "model/kernels/cuda/residual_norm_rows.cuh"
 
 typedef __nv_bfloat16 bf16_t;
 
@@ -344,9 +345,15 @@ template <typename T>
 cudaError_t resnorm_fwd(cudaStream_t s, void *y, void *r, float *mean, float *rstd, const void *sub,
                         const float *bias, const void *res, const float *gamma, const float *beta,
                         int64_t rows, int d, float eps, float p, luna_rng_key key) {
-    ROW_LAUNCH(resnorm_fwd_kernel, T, d, rows, s, static_cast<T *>(y), static_cast<T *>(r), mean,
-               rstd, static_cast<const T *>(sub), bias, static_cast<const T *>(res), gamma, beta,
-               rows, d, eps, p, drop_scale(p), key);
+    if (vec_row_fits(d))
+        VEC_ROW_LAUNCH(resnorm_fwd_vec_kernel, T, d, rows, s, static_cast<T *>(y),
+                       static_cast<T *>(r), mean, rstd, static_cast<const T *>(sub), bias,
+                       static_cast<const T *>(res), gamma, beta, rows, d, eps, p, drop_scale(p),
+                       key);
+    else
+        ROW_LAUNCH(resnorm_fwd_kernel, T, d, rows, s, static_cast<T *>(y), static_cast<T *>(r),
+                   mean, rstd, static_cast<const T *>(sub), bias, static_cast<const T *>(res),
+                   gamma, beta, rows, d, eps, p, drop_scale(p), key);
     return cudaGetLastError();
 }
 
@@ -360,8 +367,14 @@ cudaError_t resnorm_bwd(cudaStream_t s, void *dres, void *dsub, float *dbias, fl
         const cudaError_t e = ln_params_sum<T>(s, dgamma, dbeta, dyt, rt, mean, rstd, rows, d, ws);
         if (e != cudaSuccess) return e;
     }
-    ROW_LAUNCH(resnorm_bwd_kernel, T, d, rows, s, static_cast<T *>(dres), static_cast<T *>(dsub),
-               dyt, rt, mean, rstd, gamma, rows, d, p, drop_scale(p), key);
+    if (vec_row_fits(d))
+        VEC_ROW_LAUNCH(resnorm_bwd_vec_kernel, T, d, rows, s, static_cast<T *>(dres),
+                       static_cast<T *>(dsub), dyt, rt, mean, rstd, gamma, rows, d, p,
+                       drop_scale(p), key);
+    else
+        ROW_LAUNCH(resnorm_bwd_kernel, T, d, rows, s, static_cast<T *>(dres),
+                   static_cast<T *>(dsub), dyt, rt, mean, rstd, gamma, rows, d, p, drop_scale(p),
+                   key);
     if (dbias) return column_sum<T>(s, dbias, static_cast<const T *>(dsub), rows, d, ws);
     return cudaGetLastError();
 }

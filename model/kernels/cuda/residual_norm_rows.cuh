@@ -1,0 +1,139 @@
+/* residual_norm for rows of the model's widths (d a multiple of 8, at most 1024): a warp a row,
+ * the row held in registers. Included by fused.cu after softmax_dropout_short.cuh (uses its
+ * Vec8Of, as_stored and fused.cu's drop4, kThreads).
+ *
+ * The general kernels (resnorm_fwd_kernel, resnorm_bwd_kernel) walk the row three times through
+ * memory, re-reading what they stored, element by element. Here each lane loads its K runs of 8
+ * consecutive elements (16-byte vectors: lane + 32·k, k < K = d / 256 rounded up) once, keeps them
+ * as floats, and writes each output once; the dropout factors of a run come from two Philox
+ * blocks. The arithmetic is the general kernels', operation by operation (r = res + dropout(sub +
+ * bias) rounded as stored, mean and variance in double, y = x̂·γ + β; backward
+ * dres = rstd·(g − mean(g) − x̂·mean(g·x̂)) with g = dy·γ, dsub = dropout(dres as stored)); only
+ * the order of the row sums differs (within the NORM tier). */
+
+constexpr int kVecRowMax = 1024;
+
+/* 8 floats from a float array (bias, γ, β) at a multiple of 8 */
+__device__ inline void load8(float *v, const float *p) { Vec8Of<float>::load(v, p); }
+
+template <typename T, int K>
+__global__ void resnorm_fwd_vec_kernel(T *y, T *r, float *mean, float *rstd, const T *sub,
+                                       const float *bias, const T *res, const float *gamma,
+                                       const float *beta, int64_t rows, int d, float eps, float p,
+                                       float scale, luna_rng_key key) {
+    const int64_t row = (int64_t)blockIdx.x * (kThreads / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32, n8 = d / 8;
+    if (row >= rows) return; /* the whole warp */
+    const int64_t off = row * d;
+    float x[K][8] = {}; /* every lane sets the runs it uses; zeros keep the compilers quiet */
+    double s = 0.0;
+    LUNA_UNROLL for (int k = 0; k < K; k++) {
+        const int c0 = (lane + 32 * k) * 8;
+        if (c0 >= d) break;
+        float t[8], rs[8], b[8] = {0.0f}, f[8];
+        Vec8Of<T>::load(t, sub + off + c0);
+        Vec8Of<T>::load(rs, res + off + c0);
+        if (bias) load8(b, bias + c0);
+        drop4(key, off + c0, p, scale, f);
+        drop4(key, off + c0 + 4, p, scale, f + 4);
+        for (int e = 0; e < 8; e++) {
+            float v = t[e];
+            if (bias) v = __fadd_rn(v, b[e]);
+            if (p > 0.0f) v = __fmul_rn(v, f[e]);
+            x[k][e] = as_stored(__fadd_rn(v, rs[e]), r);
+            s += (double)x[k][e];
+        }
+        Vec8Of<T>::store(r + off + c0, x[k]);
+    }
+    for (int m = 16; m > 0; m /= 2)
+        s += __shfl_xor_sync(0xffffffffu, s, m);
+    const double mu = __shfl_sync(0xffffffffu, s, 0) / d;
+    double v = 0.0;
+    LUNA_UNROLL for (int k = 0; k < K; k++) {
+        if ((lane + 32 * k) >= n8) break;
+        for (int e = 0; e < 8; e++) {
+            const double t = (double)x[k][e] - mu;
+            v = __dadd_rn(v, __dmul_rn(t, t));
+        }
+    }
+    for (int m = 16; m > 0; m /= 2)
+        v += __shfl_xor_sync(0xffffffffu, v, m);
+    v = __shfl_sync(0xffffffffu, v, 0) / d;
+    const float mf = (float)mu, rf = (float)(1.0 / sqrt(v + (double)eps));
+    if (lane == 0) mean[row] = mf, rstd[row] = rf;
+    LUNA_UNROLL for (int k = 0; k < K; k++) {
+        const int c0 = (lane + 32 * k) * 8;
+        if (c0 >= d) break;
+        float g[8], b[8], out[8];
+        load8(g, gamma + c0);
+        load8(b, beta + c0);
+        for (int e = 0; e < 8; e++)
+            out[e] = __fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(x[k][e], mf), rf), g[e]), b[e]);
+        Vec8Of<T>::store(y + off + c0, out);
+    }
+}
+
+/* dres may alias dy: a lane reads its runs of dy before it writes them. */
+template <typename T, int K>
+__global__ void resnorm_bwd_vec_kernel(T *dres, T *dsub, const T *dy, const T *x, const float *mean,
+                                       const float *rstd, const float *gamma, int64_t rows, int d,
+                                       float p, float scale, luna_rng_key key) {
+    const int64_t row = (int64_t)blockIdx.x * (kThreads / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (row >= rows) return; /* the whole warp */
+    const int64_t off = row * d;
+    const float m = mean[row], rs = rstd[row];
+    float gc[K][8] = {}, xh[K][8] = {};
+    double s1 = 0.0, s2 = 0.0;
+    LUNA_UNROLL for (int k = 0; k < K; k++) {
+        const int c0 = (lane + 32 * k) * 8;
+        if (c0 >= d) break;
+        float g[8], xv[8], gm[8];
+        Vec8Of<T>::load(g, dy + off + c0);
+        Vec8Of<T>::load(xv, x + off + c0);
+        load8(gm, gamma + c0);
+        for (int e = 0; e < 8; e++) {
+            gc[k][e] = __fmul_rn(g[e], gm[e]);
+            xh[k][e] = __fmul_rn(__fsub_rn(xv[e], m), rs);
+            s1 += (double)gc[k][e];
+            s2 += (double)__fmul_rn(gc[k][e], xh[k][e]);
+        }
+    }
+    for (int w = 16; w > 0; w /= 2) {
+        s1 += __shfl_xor_sync(0xffffffffu, s1, w);
+        s2 += __shfl_xor_sync(0xffffffffu, s2, w);
+    }
+    const float m1 = (float)(__shfl_sync(0xffffffffu, s1, 0) / d),
+                m2 = (float)(__shfl_sync(0xffffffffu, s2, 0) / d);
+    LUNA_UNROLL for (int k = 0; k < K; k++) {
+        const int c0 = (lane + 32 * k) * 8;
+        if (c0 >= d) break;
+        float dr[8], f[8];
+        drop4(key, off + c0, p, scale, f);
+        drop4(key, off + c0 + 4, p, scale, f + 4);
+        for (int e = 0; e < 8; e++)
+            dr[e] = __fmul_rn(rs, __fsub_rn(__fsub_rn(gc[k][e], m1), __fmul_rn(xh[k][e], m2)));
+        Vec8Of<T>::store(dres + off + c0, dr);
+        for (int e = 0; e < 8; e++) {
+            const float g = as_stored(dr[e], dres);
+            dr[e] = p > 0.0f ? __fmul_rn(g, f[e]) : g;
+        }
+        Vec8Of<T>::store(dsub + off + c0, dr);
+    }
+}
+
+/* Launch kernel<T, K> (K = d / 256 rounded up, d a multiple of 8 up to kVecRowMax), a warp a
+ * row; false when the row does not fit (the general kernels then). */
+#define VEC_ROW_LAUNCH(kernel, T, d, rows, s, ...)                                                 \
+    do {                                                                                           \
+        const unsigned blocks_ = (unsigned)(((rows) + kThreads / 32 - 1) / (kThreads / 32));      \
+        if ((d) <= 256)                                                                            \
+            LUNA_LAUNCH((kernel<T, 1>), blocks_, kThreads, 0, s, __VA_ARGS__);                     \
+        else if ((d) <= 512)                                                                       \
+            LUNA_LAUNCH((kernel<T, 2>), blocks_, kThreads, 0, s, __VA_ARGS__);                     \
+        else if ((d) <= 768)                                                                       \
+            LUNA_LAUNCH((kernel<T, 3>), blocks_, kThreads, 0, s, __VA_ARGS__);                     \
+        else                                                                                       \
+            LUNA_LAUNCH((kernel<T, 4>), blocks_, kThreads, 0, s, __VA_ARGS__);                     \
+    } while (0)
+inline bool vec_row_fits(int d) { return d % 8 == 0 && d <= kVecRowMax; }
