@@ -336,6 +336,7 @@ __global__ void smd_bwd_kernel(T *dx, const T *dyd, const T *y, int64_t rows, in
 
 #include "model/kernels/cuda/softmax_dropout_short.cuh"
 #include "model/kernels/cuda/residual_norm_rows.cuh"
+#include "model/kernels/cuda/bias_relu_dropout_vec.cuh"
 
 typedef __nv_bfloat16 bf16_t;
 
@@ -382,18 +383,28 @@ cudaError_t resnorm_bwd(cudaStream_t s, void *dres, void *dsub, float *dbias, fl
 template <typename T>
 cudaError_t brd_fwd(cudaStream_t s, void *a, void *h, const float *bias, int64_t rows, int cols,
                     float p, luna_rng_key key) {
-    LUNA_LAUNCH(brd_fwd_kernel<T>, grid_blocks((rows * cols + 3) / 4, kEltThreads), kEltThreads, 0,
-                s, static_cast<T *>(a), static_cast<T *>(h), bias, rows, cols, p, drop_scale(p),
-                key);
+    if (brd_vec_fits(cols))
+        LUNA_LAUNCH(brd_fwd_vec_kernel<T>, grid_blocks(rows * cols / 8, kEltThreads), kEltThreads,
+                    0, s, static_cast<T *>(a), static_cast<T *>(h), bias, rows, cols, p,
+                    drop_scale(p), key);
+    else
+        LUNA_LAUNCH(brd_fwd_kernel<T>, grid_blocks((rows * cols + 3) / 4, kEltThreads),
+                    kEltThreads, 0, s, static_cast<T *>(a), static_cast<T *>(h), bias, rows, cols,
+                    p, drop_scale(p), key);
     return cudaGetLastError();
 }
 
 template <typename T>
 cudaError_t brd_bwd(cudaStream_t s, void *dh, float *dbias, const void *da, const void *h,
                     int64_t rows, int cols, float p, luna_rng_key key, luna_cuda_colsum_ws ws) {
-    LUNA_LAUNCH(brd_bwd_kernel<T>, grid_blocks((rows * cols + 3) / 4, kEltThreads), kEltThreads, 0,
-                s, static_cast<T *>(dh), static_cast<const T *>(da), static_cast<const T *>(h),
-                rows * cols, p, drop_scale(p), key);
+    if (brd_vec_fits(cols))
+        LUNA_LAUNCH(brd_bwd_vec_kernel<T>, grid_blocks(rows * cols / 8, kEltThreads), kEltThreads,
+                    0, s, static_cast<T *>(dh), static_cast<const T *>(da),
+                    static_cast<const T *>(h), rows * cols, p, drop_scale(p), key);
+    else
+        LUNA_LAUNCH(brd_bwd_kernel<T>, grid_blocks((rows * cols + 3) / 4, kEltThreads),
+                    kEltThreads, 0, s, static_cast<T *>(dh), static_cast<const T *>(da),
+                    static_cast<const T *>(h), rows * cols, p, drop_scale(p), key);
     if (dbias) return column_sum<T>(s, dbias, static_cast<const T *>(dh), rows, cols, ws);
     return cudaGetLastError();
 }

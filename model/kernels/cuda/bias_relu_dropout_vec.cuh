@@ -1,0 +1,56 @@
+/* bias_relu_dropout for rows of a multiple of 8 elements (the FFN's 2048): 8 consecutive elements
+ * a thread, read and written as 16-byte vectors, their dropout factors from two Philox blocks.
+ * Included by fused.cu after softmax_dropout_short.cuh (uses its Vec8Of, as_stored and fused.cu's
+ * drop_factors4, grid_blocks, kEltThreads). The arithmetic is brd_fwd_kernel's and
+ * brd_bwd_kernel's element by element (h += bias as stored, a = dropout(relu(h)); backward
+ * dh = h > 0 ? dropout(da) : 0); the general kernels keep rows of other widths. */
+
+inline bool brd_vec_fits(int cols) { return cols % 8 == 0; }
+
+template <typename T>
+__global__ void brd_fwd_vec_kernel(T *a, T *h, const float *bias, int64_t rows, int cols, float p,
+                                   float scale, luna_rng_key key) {
+    const int64_t runs = rows * cols / 8;
+    GRID_STRIDE(k, runs) {
+        const int64_t i = 8 * k;
+        float v[8], f[8] = {1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f};
+        Vec8Of<T>::load(v, h + i);
+        if (bias) {
+            float b[8];
+            Vec8Of<float>::load(b, bias + i % cols);
+            for (int e = 0; e < 8; e++)
+                v[e] = as_stored(__fadd_rn(v[e], b[e]), h);
+            Vec8Of<T>::store(h + i, v);
+        }
+        if (p > 0.0f) {
+            drop_factors4(key, (uint64_t)(2 * k), p, scale, f);
+            drop_factors4(key, (uint64_t)(2 * k + 1), p, scale, f + 4);
+        }
+        for (int e = 0; e < 8; e++) {
+            const float act = v[e] < 0.0f ? 0.0f : __fadd_rn(v[e], 0.0f);
+            v[e] = p > 0.0f ? __fmul_rn(act, f[e]) : act;
+        }
+        Vec8Of<T>::store(a + i, v);
+    }
+}
+
+/* dh may alias da: a thread reads its 8 elements of both before it writes them. */
+template <typename T>
+__global__ void brd_bwd_vec_kernel(T *dh, const T *da, const T *h, int64_t n, float p, float scale,
+                                   luna_rng_key key) {
+    GRID_STRIDE(k, n / 8) {
+        const int64_t i = 8 * k;
+        float g[8], hv[8], f[8] = {1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f};
+        Vec8Of<T>::load(g, da + i);
+        Vec8Of<T>::load(hv, h + i);
+        if (p > 0.0f) {
+            drop_factors4(key, (uint64_t)(2 * k), p, scale, f);
+            drop_factors4(key, (uint64_t)(2 * k + 1), p, scale, f + 4);
+        }
+        for (int e = 0; e < 8; e++) {
+            const float d = p > 0.0f ? __fmul_rn(g[e], f[e]) : g[e];
+            g[e] = hv[e] > 0.0f ? d : 0.0f;
+        }
+        Vec8Of<T>::store(dh + i, g);
+    }
+}
