@@ -1,7 +1,7 @@
 /* bias_relu_dropout for rows of a multiple of 8 elements (the FFN's 2048): 8 consecutive elements
  * a thread, read and written as 16-byte vectors, their dropout factors from two Philox blocks.
- * Included by fused.cu after softmax_dropout_short.cuh (uses its Vec8Of, as_stored and fused.cu's
- * drop_factors4, grid_blocks, kEltThreads). The arithmetic is brd_fwd_kernel's and
+ * Included by fused.cu, in its anonymous namespace (uses its drop_factors4 and kEltThreads, and
+ * act_io.cuh's Vec8Of, as_stored, GRID_STRIDE). The arithmetic is brd_fwd_kernel's and
  * brd_bwd_kernel's element by element (h += bias as stored, a = dropout(relu(h)); backward
  * dh = h > 0 ? dropout(da) : 0); the general kernels keep rows of other widths. */
 

@@ -1,6 +1,6 @@
 /* residual_norm for rows of the model's widths (d a multiple of 8, at most 1024): a warp a row,
- * the row held in registers. Included by fused.cu after softmax_dropout_short.cuh (uses its
- * Vec8Of, as_stored and fused.cu's drop4, kThreads).
+ * the row held in registers. Included by fused.cu, in its anonymous namespace (uses its drop4,
+ * kThreads, and act_io.cuh's Vec8Of and as_stored).
  *
  * The general kernels (resnorm_fwd_kernel, resnorm_bwd_kernel) walk the row three times through
  * memory, re-reading what they stored, element by element. Here each lane loads its K runs of 8

@@ -1,6 +1,6 @@
 /* softmax_dropout for short rows (cols ≤ 128: attention rows over l = 32 or a sentence's keys),
- * several rows a warp. Included by fused.cu, in its anonymous namespace (uses its drop4, load,
- * store and kThreads).
+ * several rows a warp. Included by fused.cu, in its anonymous namespace (uses its drop4,
+ * kThreads, and act_io.cuh's load, store, Vec8Of and as_stored).
  *
  * With a warp a row and an element a lane (the long-row kernels' shape at these widths) a lane
  * does one element's work between two chains of warp shuffles and waits on one dependent memory
@@ -11,40 +11,6 @@
  * the sum in double, y = e·(1/sum), yd = y as stored times the factor; backward
  * dx = y·(g − Σ y·g)); only the order of the sums differs (8 elements a lane, then a tree over
  * the L lanes), within the NORM tier. */
-
-template <typename T> struct Vec8Of; /* 8 consecutive elements of a row as one or two 16-byte words */
-template <> struct Vec8Of<float> {
-    static constexpr int kAlign = 4; /* elements: rows of a multiple of 4 floats start on 16 bytes */
-    __device__ static void load(float *v, const float *p) {
-        const float4 a = reinterpret_cast<const float4 *>(p)[0];
-        const float4 b = reinterpret_cast<const float4 *>(p)[1];
-        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z,
-        v[7] = b.w;
-    }
-    __device__ static void store(float *p, const float *v) {
-        reinterpret_cast<float4 *>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
-        reinterpret_cast<float4 *>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
-    }
-};
-template <> struct Vec8Of<__nv_bfloat16> {
-    static constexpr int kAlign = 8;
-    union Word {
-        uint4 u;
-        __nv_bfloat16 h[8];
-    };
-    __device__ static void load(float *v, const __nv_bfloat16 *p) {
-        Word w;
-        w.u = *reinterpret_cast<const uint4 *>(p);
-        for (int e = 0; e < 8; e++)
-            v[e] = __bfloat162float(w.h[e]);
-    }
-    __device__ static void store(__nv_bfloat16 *p, const float *v) {
-        Word w;
-        for (int e = 0; e < 8; e++)
-            w.h[e] = __float2bfloat16(v[e]);
-        *reinterpret_cast<uint4 *>(p) = w.u;
-    }
-};
 
 /* A lane's 8 elements c0 .. c0 + 7 of row `row` (those ≥ cols are neither read nor written: 0). */
 template <typename T>
@@ -64,12 +30,6 @@ __device__ inline void lane_store(T *row, const float *v, int c0, int cols, bool
     }
     for (int e = 0; e < 8 && c0 + e < cols; e++)
         store(row, c0 + e, v[e]);
-}
-
-/* The value rounded as T stores it. */
-__device__ inline float as_stored(float v, const float *) { return v; }
-__device__ inline float as_stored(float v, const __nv_bfloat16 *) {
-    return __bfloat162float(__float2bfloat16(v));
 }
 
 template <int L> __device__ inline double lanes_sum(double v) {
