@@ -44,11 +44,12 @@ static void same(const float *want, const float *got, int64_t n, int bf16, const
     }
 }
 
+/* _i = 0: 203 positions; 1: 2500 (three tiles of the token index) */
 START_TEST(embedding_matches_cpu) {
     luna_backend *cpu;
     LUNA_CHECK_OK(luna_backend_cpu_create(&cpu, 1));
     const int V = 37, d = 19, pad = 1;
-    const int64_t n = 203;
+    const int64_t n = _i ? 2500 : 203;
     luna_test_rng rng;
     luna_test_rng_seed(&rng, 5);
     float *table = luna_test_random_vector(&rng, (size_t)V * d, -1.0f, 1.0f);
@@ -71,13 +72,24 @@ START_TEST(embedding_matches_cpu) {
         float *dt = luna_test_random_vector(&rng, (size_t)V * d, -1.0f, 1.0f);
         void *dg = up_act(g, n * d, bf16);
         float *ddt = dev(dt, 4 * (size_t)V * d), *gt = malloc(4 * (size_t)V * d);
+        float *dt0 = malloc(4 * (size_t)V * d); /* the gradient table before the backward */
+        memcpy(dt0, dt, 4 * (size_t)V * d);
         LUNA_CHECK_OK(cpu->ops->embedding_backward(cpu, dt, g, tok, n, V, d, 4.5f, pad));
-        ck_assert_int_eq(luna_cuda_embedding_backward(0, bf16, ddt, dg, dtok, n, V, d, 4.5f, pad),
-                         cudaSuccess);
-        down(gt, ddt, 4 * (size_t)V * d);
-        ck_assert_msg(memcmp(gt, dt, 4 * (size_t)V * d) == 0, "embedding_backward %s differs",
-                      bf16 ? "bf16" : "fp32");
-        cudaFree(dout), cudaFree(dg), cudaFree(ddt);
+        /* with the token index (scratch) and without: the CPU's sums bit for bit either way */
+        void *ws = dev(NULL, (size_t)luna_cuda_embedding_backward_scratch(n, V));
+        for (int indexed = 0; indexed < 2; indexed++) {
+            ck_assert_int_eq(cudaMemcpy(ddt, dt0, 4 * (size_t)V * d, cudaMemcpyHostToDevice),
+                             cudaSuccess);
+            ck_assert_int_eq(luna_cuda_embedding_backward(0, bf16, ddt, dg, dtok, n, V, d, 4.5f, pad,
+                                                          indexed ? ws : NULL),
+                             cudaSuccess);
+            down(gt, ddt, 4 * (size_t)V * d);
+            ck_assert_msg(memcmp(gt, dt, 4 * (size_t)V * d) == 0,
+                          "embedding_backward %s %s differs", bf16 ? "bf16" : "fp32",
+                          indexed ? "(token index)" : "(walk)");
+        }
+        cudaFree(ws), cudaFree(dout), cudaFree(dg), cudaFree(ddt);
+        free(dt0);
         free(want), free(got), free(g), free(dt), free(gt);
     }
     /* a token outside the vocabulary: NaN row, flag set, nothing read out of bounds */
@@ -138,7 +150,7 @@ static Suite *embedding_suite(void) {
     Suite *s = suite_create("cuda_embedding");
     TCase *tc = tcase_create("embedding");
     tcase_set_timeout(tc, 600);
-    tcase_add_test(tc, embedding_matches_cpu);
+    tcase_add_loop_test(tc, embedding_matches_cpu, 0, 2);
     tcase_add_test(tc, positions_match_cpu);
     suite_add_tcase(s, tc);
     return s;

@@ -103,9 +103,13 @@ cudaError_t luna_cuda_convert_to_bf16(cudaStream_t s, void *dst, const float *sr
 cudaError_t luna_cuda_embedding_forward(cudaStream_t s, int bf16, void *out, const float *table,
                                         const int32_t *tokens, int64_t n, int V, int d, float scale,
                                         int padding_idx, int *bad);
+/* scratch: device memory of luna_cuda_embedding_backward_scratch(n, V) bytes (the positions
+ * sorted by token: each token's rows added in position order), or NULL (each (token, column)
+ * owner walks every token: no scratch, slower). Either way the CPU's order of additions. */
+int64_t luna_cuda_embedding_backward_scratch(int64_t n, int V);
 cudaError_t luna_cuda_embedding_backward(cudaStream_t s, int bf16, float *dtable, const void *dout,
                                          const int32_t *tokens, int64_t n, int V, int d,
-                                         float scale, int padding_idx);
+                                         float scale, int padding_idx, void *scratch);
 cudaError_t luna_cuda_sinusoidal_table(cudaStream_t s, int bf16, void *out, int first_pos, int npos,
                                        int d);
 /* counts: device scratch [B·n] int32. */

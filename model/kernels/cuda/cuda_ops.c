@@ -134,8 +134,19 @@ static luna_status embedding_backward(luna_backend *be, float *dtable, const lun
                                       int padding_idx) {
     LUNA_TRY(luna_cuda_check_ids(be, "embedding_backward", "token id", tokens, n, V, NULL));
     WRITES(dtable, (int64_t)V * d);
-    LAUNCH("embedding_backward", luna_cuda_embedding_backward(stream(be), bf16(be), dtable, dout,
-                                                              tokens, n, V, d, scale, padding_idx));
+    /* the positions sorted by token, in scratch */
+    luna_arena_mark mark = luna_arena_get_mark(be->scratch);
+    void *index = luna_arena_alloc(be->scratch, (size_t)luna_cuda_embedding_backward_scratch(n, V));
+    if (!index) {
+        luna_error_prefix("embedding_backward: scratch for the token index");
+        return LUNA_ERR_OUT_OF_MEMORY;
+    }
+    luna_status st = luna_cuda_check(luna_cuda_embedding_backward(stream(be), bf16(be), dtable, dout,
+                                                                  tokens, n, V, d, scale,
+                                                                  padding_idx, index),
+                                     "embedding_backward");
+    luna_arena_release(be->scratch, mark);
+    return st;
 }
 
 static luna_status sinusoidal_table(luna_backend *be, luna_act *out, int first_pos, int npos,

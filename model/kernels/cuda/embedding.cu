@@ -108,6 +108,8 @@ __global__ void positions_add_kernel(T *x, const int32_t *counts, int64_t rows, 
     }
 }
 
+#include "model/kernels/cuda/embedding_index.cuh"
+
 typedef __nv_bfloat16 bf16_t;
 
 } // namespace
@@ -127,10 +129,21 @@ cudaError_t luna_cuda_embedding_forward(cudaStream_t s, int bf16, void *out, con
     return cudaGetLastError();
 }
 
+int64_t luna_cuda_embedding_backward_scratch(int64_t n, int V) {
+    return n > 0 && V > 0 ? index_words(n, V) * (int64_t)sizeof(int32_t) : 0;
+}
+
 cudaError_t luna_cuda_embedding_backward(cudaStream_t s, int bf16, float *dtable, const void *dout,
                                          const int32_t *tokens, int64_t n, int V, int d,
-                                         float scale, int padding_idx) {
+                                         float scale, int padding_idx, void *scratch) {
     if (n <= 0 || d <= 0) return cudaSuccess;
+    if (scratch && n <= INT32_MAX) {
+        if (bf16)
+            return indexed_backward(s, dtable, static_cast<const bf16_t *>(dout), tokens, n, V, d,
+                                    scale, padding_idx, static_cast<int32_t *>(scratch));
+        return indexed_backward(s, dtable, static_cast<const float *>(dout), tokens, n, V, d, scale,
+                                padding_idx, static_cast<int32_t *>(scratch));
+    }
     const dim3 blocks((unsigned)((d + kThreads - 1) / kThreads), kEmbBuckets);
     if (bf16)
         LUNA_LAUNCH(emb_bwd_kernel<bf16_t>, blocks, kThreads, 0, s, dtable,
