@@ -5,11 +5,14 @@
 # libgomp), optionally an earlier build's bench-model (the baseline timed in the same run) and a
 # data-bin for the training step. The CUDA libraries (cudart, cuBLASLt) come from the GPU machine.
 #
-#   tools/ci/gpu-bundle.sh OUT.tar.gz [--build-dir DIR] [--baseline BENCH-MODEL] [--train-data DATA-BIN]
+#   tools/ci/gpu-bundle.sh OUT.tar.xz [--build-dir DIR] [--baseline BENCH-MODEL] [--train-data DATA-BIN]
+#
+# xz, not gzip: every program carries the same kernel images, which gzip's 32 KiB window cannot
+# see across files (a bundle of 26 programs: 61 MB as .tar.gz, 14 MB as .tar.xz).
 #
 # On the GPU machine, with the repository at the same absolute path as here (a symbolic link
 # will do):
-#   tar xzf OUT.tar.gz && export LD_LIBRARY_PATH=$PWD/gpu-bundle/lib:$LD_LIBRARY_PATH
+#   tar xJf OUT.tar.xz && export LD_LIBRARY_PATH=$PWD/gpu-bundle/lib:$LD_LIBRARY_PATH
 #   tools/ci/gpu-check.sh --quick --no-build --build-dir BUILD-DIR \
 #       --baseline gpu-bundle/baseline/bench-model --train-data gpu-bundle/data-bin --ncu
 # Build for the GPU with -DLUNA_NATIVE=OFF: that machine's processor may lack this one's
@@ -17,7 +20,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 die() { echo "gpu-bundle: error: $*" >&2; exit 1; }
-[ $# -ge 1 ] || die "usage: gpu-bundle.sh OUT.tar.gz [--build-dir DIR] [--baseline BIN] [--train-data DIR]"
+[ $# -ge 1 ] || die "usage: gpu-bundle.sh OUT.tar.xz [--build-dir DIR] [--baseline BIN] [--train-data DIR]"
 case "$1" in -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;; esac
 out="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"; shift
 build="$root/build-gpu" baseline="" data=""
@@ -63,6 +66,6 @@ for f in "${files[@]}" "${ctest_files[@]}"; do
   mkdir -p "$stage/tree/$rel/$(dirname "$f")" && cp "$build/$f" "$stage/tree/$rel/$f"
 done
 for f in "${files[@]}"; do strip --strip-unneeded "$stage/tree/$rel/$f" 2> /dev/null || true; done
-tar czf "$out" -C "$stage/tree" $(printf "$rel/%s " "${files[@]}" "${ctest_files[@]}") \
+XZ_OPT="-6 -T0" tar cJf "$out" -C "$stage/tree" $(printf "$rel/%s " "${files[@]}" "${ctest_files[@]}") \
   -C "$stage" gpu-bundle
 echo "gpu-bundle: $out ($(du -h "$out" | cut -f1)): ${#files[@]} programs and suites of $rel, $(ls "$stage/gpu-bundle/lib" | wc -l) libraries${baseline:+, baseline bench-model}${data:+, data-bin}"

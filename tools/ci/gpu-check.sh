@@ -232,7 +232,7 @@ if [ -n "$train_data" ]; then
          --max-tokens "$tokens" --max-update "$train_updates" --dropout 0.1 --label-smoothing 0.1 \
          --log-interval 20 --no-progress-bar --no-save --save-dir "$build/gpu-check.train.ck" \
          > "$log" 2>&1; then
-      note "ok   luna-train cuda bf16 luna_base_tied $tokens tokens/update, $train_updates updates: $(grep -o 'wps [0-9.]*' "$log" | tail -n 1) ($log)"
+      note "ok   luna-train cuda bf16 luna_base_tied $tokens tokens/update, $train_updates updates: $(grep '| update [0-9]' "$log" | grep -o 'wps [0-9.]*' | tail -n 1) ($log)"
     else
       fail "luna-train --device cuda ($log: $(tail -n 1 "$log"))"
     fi
