@@ -188,7 +188,7 @@ START_TEST(calibration_rows_name_families) {
         ck_assert_double_eq_tol(luna_op_report_calibrated_h200(c->family, 2.0), 2.0 * c->ratio,
                                 1e-12);
     }
-    ck_assert_double_eq(luna_op_report_calibrated_h200("positions", 2.0), 2.0);
+    ck_assert_double_eq(luna_op_report_calibrated_h200("layout", 2.0), 2.0); /* no row */
 }
 END_TEST
 
