@@ -1,6 +1,6 @@
 /* residual_norm for rows of the model's widths (d a multiple of 8, at most 1024): a warp a row,
  * the row held in registers. Included by fused.cu, in its anonymous namespace (uses its drop4,
- * kThreads, and act_io.cuh's Vec8Of and as_stored).
+ * drop_factors4, kThreads, and act_io.cuh's Vec8Of and as_stored).
  *
  * The general kernels (resnorm_fwd_kernel, resnorm_bwd_kernel) walk the row three times through
  * memory, re-reading what they stored, element by element. Here each lane loads its K runs of 8
@@ -12,6 +12,19 @@
  * the order of the row sums differs (within the NORM tier). */
 
 constexpr int kVecRowMax = 1024;
+
+/* The dropout factors of elements i .. i + 7, i a multiple of 8 (rows of a multiple of 8): two
+ * Philox blocks (drop4's without its per-element fallback, which would be inlined at every call);
+ * all 1 when p = 0. */
+__device__ inline void drops8(luna_rng_key key, int64_t i, float p, float scale, float f[8]) {
+    if (p > 0.0f) {
+        drop_factors4(key, (uint64_t)(i / 4), p, scale, f);
+        drop_factors4(key, (uint64_t)(i / 4) + 1, p, scale, f + 4);
+    } else {
+        for (int e = 0; e < 8; e++)
+            f[e] = 1.0f;
+    }
+}
 
 /* 8 floats from a float array (bias, γ, β) at a multiple of 8 */
 __device__ inline void load8(float *v, const float *p) { Vec8Of<float>::load(v, p); }
@@ -34,8 +47,7 @@ __global__ void resnorm_fwd_vec_kernel(T *y, T *r, float *mean, float *rstd, con
         Vec8Of<T>::load(t, sub + off + c0);
         Vec8Of<T>::load(rs, res + off + c0);
         if (bias) load8(b, bias + c0);
-        drop4(key, off + c0, p, scale, f);
-        drop4(key, off + c0 + 4, p, scale, f + 4);
+        drops8(key, off + c0, p, scale, f);
         for (int e = 0; e < 8; e++) {
             float v = t[e];
             if (bias) v = __fadd_rn(v, b[e]);
@@ -109,8 +121,7 @@ __global__ void resnorm_bwd_vec_kernel(T *dres, T *dsub, const T *dy, const T *x
         const int c0 = (lane + 32 * k) * 8;
         if (c0 >= d) break;
         float dr[8], f[8];
-        drop4(key, off + c0, p, scale, f);
-        drop4(key, off + c0 + 4, p, scale, f + 4);
+        drops8(key, off + c0, p, scale, f);
         for (int e = 0; e < 8; e++)
             dr[e] = __fmul_rn(rs, __fsub_rn(__fsub_rn(gc[k][e], m1), __fmul_rn(xh[k][e], m2)));
         Vec8Of<T>::store(dres + off + c0, dr);
