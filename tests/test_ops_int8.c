@@ -224,6 +224,29 @@ START_TEST(bad_int8_holds) {
 }
 END_TEST
 
+/* Rows whose quantized copy finds no memory: an error naming it, never the fp32 path (the held
+ * weights' fp32 values may be gone after an int8 hold). Not under AddressSanitizer, which stops
+ * the process on an allocation this large instead of returning NULL. */
+START_TEST(int8_activations_out_of_memory) {
+#if defined(__SANITIZE_ADDRESS__)
+    printf("int8_activations_out_of_memory: skipped under AddressSanitizer\n");
+#else
+    if (!on_cpu()) return;
+    luna_backend *be = lh_backend(1);
+    const int out = 5, in = 8;
+    float *vW = lh_f32(be, NULL, (size_t)out * in), x[8] = {0}, y[5];
+    LUNA_CHECK_OK(be->ops->hold_weights(be, vW, out, in, LUNA_I8));
+    /* 2^50 rows: the quantized activations alone would take petabytes; x and y are not reached */
+    ck_assert_int_eq(luna_cpu_held_linear(be, y, x, vW, NULL, (int64_t)1 << 50, in, out),
+                     LUNA_ERR_OUT_OF_MEMORY);
+    ck_assert_ptr_nonnull(strstr(luna_error_message(), "no memory for the int8 activations"));
+    LUNA_CHECK_OK(be->ops->release_weights(be, vW));
+    lh_free(be, vW);
+    luna_backend_free(be);
+#endif
+}
+END_TEST
+
 static Suite *int8_suite(void) {
     Suite *s = suite_create("ops_int8");
     TCase *tc = tcase_create("int8");
@@ -232,6 +255,7 @@ static Suite *int8_suite(void) {
     tcase_add_test(tc, every_kernel_gives_the_formula_bits);
     tcase_add_test(tc, saturation_zero_rows_and_channels);
     tcase_add_test(tc, bad_int8_holds);
+    tcase_add_test(tc, int8_activations_out_of_memory);
     suite_add_tcase(s, tc);
     return s;
 }

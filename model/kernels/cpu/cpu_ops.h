@@ -26,10 +26,13 @@ void luna_cpu_held_free(luna_cpu_held *h);
  * benches choose one; an unavailable one is LUNA_ERR_UNSUPPORTED. */
 luna_status luna_cpu_set_int8_kernel(luna_backend *be, int kernel);
 int luna_cpu_int8_kernel(luna_backend *be);
-/* y = x·Wᵀ (+ b) through the held panels of W; false (nothing written) when W is not held with
- * this shape, so the caller goes on to OpenBLAS. */
-bool luna_cpu_held_linear(luna_backend *be, float *y, const float *x, const float *W,
-                          const float *b, int64_t rows, int in, int out);
+/* y = x·Wᵀ (+ b) through the held panels of W: LUNA_OK when done; LUNA_ERR_UNSUPPORTED (no error
+ * recorded, nothing written) when W is not held with this shape or its fp32 panels find no room,
+ * so the caller goes on to OpenBLAS with W; LUNA_ERR_OUT_OF_MEMORY (recorded) when W is held as
+ * int8 and the quantized activations find no room — its fp32 values may be gone, so there is no
+ * fallback. */
+luna_status luna_cpu_held_linear(luna_backend *be, float *y, const float *x, const float *W,
+                                 const float *b, int64_t rows, int in, int out);
 luna_status luna_cpu_linear_backward(luna_backend *be, luna_act *dx, float *dW, float *db,
                                      const luna_act *dy, const luna_act *x, const float *W,
                                      int64_t rows, int in, int out, bool accumulate_dx);

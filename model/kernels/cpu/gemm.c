@@ -307,7 +307,10 @@ luna_status luna_cpu_linear_forward(luna_backend *be, luna_act *y_, const luna_a
                                     const float *W, const float *b, int64_t rows, int in, int out) {
     float *y = (float *)y_;
     const float *x = (const float *)x_;
-    if (be->impl && luna_cpu_held_linear(be, y, x, W, b, rows, in, out)) return LUNA_OK;
+    if (be->impl) {
+        const luna_status held = luna_cpu_held_linear(be, y, x, W, b, rows, in, out);
+        if (held != LUNA_ERR_UNSUPPORTED) return held; /* done, or an int8 hold out of memory */
+    }
     /* With a bias, y starts as the bias rows and the GEMM adds to it (beta = 1): one pass over
      * y instead of two (sgemm's zeroing of C for beta = 0, then the bias add). */
     if (b) LUNA_TRY(broadcast_bias(be, y, b, rows, out));

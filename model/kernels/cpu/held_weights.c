@@ -324,20 +324,26 @@ static void pack_block(float *xp, const float *x, int64_t rows, int K, int64_t i
 }
 #endif
 
-bool luna_cpu_held_linear(luna_backend *be, float *y, const float *x, const float *W,
-                          const float *b, int64_t rows, int in, int out) {
+luna_status luna_cpu_held_linear(luna_backend *be, float *y, const float *x, const float *W,
+                                 const float *b, int64_t rows, int in, int out) {
     luna_cpu_held *h = be->impl;
     held_weight *hw = find(h, W);
-    if (!hw || hw->in != in || hw->out != out || rows <= 0) return false;
-    if (hw->dtype == LUNA_I8)
-        return luna_int8_linear(h->q8_kernel, &hw->q8, &h->q8_scratch, y, x, b, rows,
-                                be->num_threads);
+    if (!hw || hw->in != in || hw->out != out || rows <= 0) return LUNA_ERR_UNSUPPORTED;
+    if (hw->dtype == LUNA_I8) {
+        if (luna_int8_linear(h->q8_kernel, &hw->q8, &h->q8_scratch, y, x, b, rows,
+                             be->num_threads))
+            return LUNA_OK;
+        return luna_error(LUNA_ERR_OUT_OF_MEMORY,
+                          "linear: no memory for the int8 activations of %lld rows x %d",
+                          (long long)rows, in);
+    }
 #if HAVE_X86_KERNEL
     const int np = (out + PANEL - 1) / PANEL, npairs = (np + 1) / 2;
     const size_t need = (size_t)((rows + MR - 1) / MR * MR) * (size_t)in;
     if (need > h->xpack_cap) {
         float *p = NULL;
-        if (posix_memalign((void **)&p, 64, sizeof(float) * need) != 0) return false;
+        if (posix_memalign((void **)&p, 64, sizeof(float) * need) != 0)
+            return LUNA_ERR_UNSUPPORTED; /* OpenBLAS with W, which needs no packing room */
         free(h->xpack);
         h->xpack = p;
         h->xpack_cap = need;
@@ -357,8 +363,8 @@ bool luna_cpu_held_linear(luna_backend *be, float *y, const float *x, const floa
         for (int q2 = 0; q2 < npairs; q2++)
             panel_rows(hw, 2 * q2, 2 * q2 + 1 < np ? 2 : 1, xp, b, y, rows);
     }
-    return true;
+    return LUNA_OK;
 #else
-    return false;
+    return LUNA_ERR_UNSUPPORTED;
 #endif
 }
