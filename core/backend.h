@@ -91,7 +91,11 @@ typedef void luna_act;
  *   from_host       stream-ordered; the host buffer may be reused as soon as the call returns;
  *   to_host         complete when it returns: the host buffer holds the data (it waits for the
  *                   work queued before it — the one place the host synchronises implicitly);
- *   synchronize     waits for all queued work (timing, before freeing memory the stream uses).
+ *   synchronize     waits for all queued work (timing, before freeing memory the stream uses);
+ *   ids_from_host   (optional; NULL: from_host) token ids: from_host, and the backend may keep
+ *                   the ids' range so that ops checking those ids against a vocabulary skip their
+ *                   own check (on CUDA a wait each) until the next to_host or synchronize. The
+ *                   buffer is an input until then: no op writes it.
  * Errors (a failed launch or copy, reported asynchronously by a device) come back as statuses. */
 typedef struct {
     void *(*alloc)(luna_backend *be, size_t bytes); /* NULL when out of memory */
@@ -102,6 +106,7 @@ typedef struct {
     luna_status (*to_host)(luna_backend *be, void *host, const void *src, size_t bytes);
     luna_status (*synchronize)(luna_backend *be);
     void (*destroy)(luna_backend *be); /* the backend's own resources (stream, handles, context) */
+    luna_status (*ids_from_host)(luna_backend *be, int32_t *dst, const int32_t *host, int64_t n);
 } luna_backend_memory;
 
 struct luna_backend {
@@ -147,6 +152,9 @@ LUNA_MUST_CHECK luna_status luna_mem_from_host(luna_backend *be, void *dst, cons
                                                size_t bytes);
 LUNA_MUST_CHECK luna_status luna_mem_to_host(luna_backend *be, void *host, const void *src,
                                              size_t bytes);
+/* n token ids (see ids_from_host above) */
+LUNA_MUST_CHECK luna_status luna_mem_ids_from_host(luna_backend *be, int32_t *dst,
+                                                   const int32_t *host, int64_t n);
 LUNA_MUST_CHECK luna_status luna_backend_synchronize(luna_backend *be);
 
 /* Frees the backend: its scratch arena, its own resources, the struct. Backends are created by

@@ -132,6 +132,7 @@ typedef struct {
     luna_act *logits; /* [N,V] when the caller wants them (keep_logits), else NULL */
     /* (the loss and the output projection's backward run in the forward: loss_in_chunks) */
     int64_t loss_rows;       /* loss/nll entries written (non-pad rows, or all with logits) */
+    int64_t loss_cap;        /* entries of each: nll starts loss_cap after loss */
     float *loss, *nll, *lse; /* [N] each, fp32 */
     /* activation gradients (training only), allocated before the activations */
     luna_act *gx_dec[2], *gx_enc[2], *gp[2], *ge;
@@ -198,7 +199,7 @@ static luna_status check_batch(const luna_config *c, const luna_batch *b, int32_
 
 static luna_status upload_i32(pass_state *s, int32_t **dev, const int32_t *host, int64_t n) {
     LUNA_TRY(luna_pass_alloc_i32(&s->ps, dev, n, "batch"));
-    LUNA_TRY(luna_mem_from_host(s->ps.be, *dev, host, (size_t)n * sizeof(int32_t)));
+    LUNA_TRY(luna_mem_ids_from_host(s->ps.be, *dev, host, n));
     return LUNA_OK;
 }
 
@@ -409,6 +410,12 @@ static luna_status forward(luna_seq2seq *m, pass_state *s, const luna_batch *b, 
     LUNA_TRY(upload_i32(s, &s->src, b->src_tokens, (int64_t)B * mlen));
     LUNA_TRY(upload_i32(s, &s->prev, b->prev_output_tokens, (int64_t)B * n));
     LUNA_TRY(upload_i32(s, &s->tgt, b->target, (int64_t)B * n));
+    /* loss and nll side by side (one readback for both, sum_losses), allocated before the
+     * layers: the backward pass gives the layers' memory back and reuses it before the losses
+     * are read */
+    LUNA_TRY(luna_pass_alloc_f32(&s->ps, &s->loss, 2 * (int64_t)B * n, "loss"));
+    s->nll = s->loss + (int64_t)B * n;
+    s->loss_cap = (int64_t)B * n;
 
     if (grads) {
         for (int k = 0; k < 2; k++) {
@@ -449,8 +456,6 @@ static luna_status forward(luna_seq2seq *m, pass_state *s, const luna_batch *b, 
 
     /* output projection and loss */
     const int64_t N = (int64_t)B * n;
-    LUNA_TRY(luna_pass_alloc_f32(&s->ps, &s->loss, N, "loss"));
-    LUNA_TRY(luna_pass_alloc_f32(&s->ps, &s->nll, N, "loss"));
     LUNA_TRY(luna_pass_alloc_f32(&s->ps, &s->lse, N, "loss"));
     s->logits_mark = luna_arena_get_mark(m->arena);
     LUNA_TRY(loss_in_chunks(m, s, b, N, grads));
@@ -464,10 +469,11 @@ static luna_status forward(luna_seq2seq *m, pass_state *s, const luna_batch *b, 
 
 static luna_status sum_losses(luna_seq2seq *m, pass_state *s, int64_t N, double *loss_sum,
                               double *nll_sum) {
-    float *host = malloc((size_t)N * 2 * sizeof(float));
+    /* loss [0, N) and nll [cap, cap + N) of the one buffer, in one copy */
+    const int64_t cap = s->loss_cap, span = cap + N;
+    float *host = malloc((size_t)span * sizeof(float));
     if (!host) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "model: out of host memory");
-    luna_status st = luna_mem_to_host(m->be, host, s->loss, (size_t)N * sizeof(float));
-    if (st == LUNA_OK) st = luna_mem_to_host(m->be, host + N, s->nll, (size_t)N * sizeof(float));
+    luna_status st = luna_mem_to_host(m->be, host, s->loss, (size_t)span * sizeof(float));
     if (st != LUNA_OK) {
         free(host);
         return st;
@@ -475,7 +481,7 @@ static luna_status sum_losses(luna_seq2seq *m, pass_state *s, int64_t N, double 
     double a = 0, b = 0;
     for (int64_t i = 0; i < N; i++) {
         a += host[i];
-        b += host[N + i];
+        b += host[cap + i];
     }
     free(host);
     if (!isfinite(a) || !isfinite(b))
@@ -576,8 +582,10 @@ static luna_status run(luna_seq2seq *m, const luna_batch *b, bool training, bool
     if (st == LUNA_OK && logits)
         st = luna_mem_to_host(m->be, logits, s.logits,
                               (size_t)b->B * b->tgt_len * m->config.vocab_size * sizeof(float));
-    if (st == LUNA_OK) st = sum_losses(m, &s, s.loss_rows, loss_sum, nll_sum);
+    /* the losses are read after the backward pass is queued: a readback before it would leave
+     * the device idle while the host queued the backward */
     if (st == LUNA_OK && grads) st = backward(m, &s);
+    if (st == LUNA_OK) st = sum_losses(m, &s, s.loss_rows, loss_sum, nll_sum);
     luna_arena_reset(m->arena);
     return st;
 }

@@ -9,6 +9,10 @@
  * (setup, data loading and the end of the run cancel out). */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+
+#include "core/backend.h"
+#include "model/kernels/registry.h"
 
 #include "tests/cuda_emu/luna_cuda_emu_api.h"
 #include "tests/test_util.h"
@@ -17,11 +21,12 @@
 #include "trainer/synthetic.h"
 #include "trainer/trainer.h"
 
-/* Host waits per update now (luna_tiny, one micro-batch): the token-id checks of the embedding
- * and loss ops (one stream synchronisation each), the two loss readbacks and the clipping
- * summary. Uploads and small readbacks go through pinned staging memory (backend_cuda.c); before
- * that an update waited 27 times. Lower the bound whenever a wait is removed. */
-enum { MAX_WAITS_PER_UPDATE = 8 };
+/* Host waits per update now (luna_tiny, one micro-batch): the loss readback (loss and nll in one
+ * copy, after the backward pass is queued) and the clipping summary. The token ids are uploaded
+ * with ids_from_host, so the embedding and loss ops skip their device checks (a wait each).
+ * Before pinned staging an update waited 27 times, before the id ranges 8. Lower the bound
+ * whenever a wait is removed. */
+enum { MAX_WAITS_PER_UPDATE = 2 };
 
 typedef struct {
     uint64_t launches, waits;
@@ -72,6 +77,42 @@ static counts train(char *bin, char *save, int updates) {
     return (counts){after.launches - before.launches, after.waits - before.waits};
 }
 
+/* Ids uploaded with ids_from_host: an op checking them against V needs no wait when their range
+ * fits [0, V), still rejects them (with the CPU's message) when it does not, and checks with a
+ * wait again once a to_host has passed (the memory may have been reused since). */
+START_TEST(uploaded_id_ranges_skip_the_device_check) {
+    luna_backend *be;
+    luna_backend_options opt = luna_backend_options_default();
+    ck_assert_int_eq(luna_backend_create(&be, "cuda", &opt), LUNA_OK);
+    const int V = 10, d = 4;
+    int32_t good[6] = {0, 3, 9, 2, 2, 1}, bad[6] = {0, 3, 10, 2, 2, 1};
+    int32_t *ids = luna_mem_alloc(be, sizeof good);
+    float *table = luna_mem_alloc(be, sizeof(float) * V * d), host[6 * 4];
+    luna_act *out = luna_mem_alloc(be, luna_act_bytes(be, 6 * d));
+    ck_assert_int_eq(luna_mem_zero(be, table, sizeof(float) * V * d), LUNA_OK);
+    ck_assert_int_eq(luna_mem_ids_from_host(be, ids, good, 6), LUNA_OK);
+    uint64_t w0 = luna_emu_host_wait_count();
+    ck_assert_int_eq(be->ops->embedding_forward(be, out, table, ids, 6, V, d, 1.0f, 1), LUNA_OK);
+    ck_assert_int_eq(be->ops->embedding_forward(be, out, table, ids + 2, 3, V, d, 1.0f, 1),
+                     LUNA_OK);
+    ck_assert_uint_eq(luna_emu_host_wait_count() - w0, 0); /* inside the uploaded range */
+    ck_assert_int_eq(be->ops->embedding_forward(be, out, table, ids, 6, 9, d, 1.0f, 1),
+                     LUNA_ERR_INVALID_ARGUMENT); /* a smaller vocabulary: checked, and caught */
+    ck_assert_int_eq(luna_mem_ids_from_host(be, ids, bad, 6), LUNA_OK);
+    ck_assert_int_eq(be->ops->embedding_forward(be, out, table, ids, 6, V, d, 1.0f, 1),
+                     LUNA_ERR_INVALID_ARGUMENT);
+    ck_assert_ptr_nonnull(strstr(luna_error_message(), "token id 10 at position 2"));
+    ck_assert_int_eq(luna_mem_ids_from_host(be, ids, good, 6), LUNA_OK);
+    ck_assert_int_eq(luna_mem_to_host(be, host, out, sizeof(float)), LUNA_OK);
+    w0 = luna_emu_host_wait_count();
+    ck_assert_int_eq(be->ops->embedding_forward(be, out, table, ids, 6, V, d, 1.0f, 1), LUNA_OK);
+    ck_assert_uint_gt(luna_emu_host_wait_count() - w0, 0); /* after a to_host: the device check */
+    luna_mem_release(be, ids, sizeof good), luna_mem_release(be, table, sizeof(float) * V * d);
+    luna_mem_release(be, out, luna_act_bytes(be, 6 * d));
+    luna_backend_free(be);
+}
+END_TEST
+
 START_TEST(launches_and_host_waits_per_update) {
     char *tmp = luna_test_make_temp_dir();
     char bin[1024], save[1024];
@@ -100,6 +141,7 @@ static Suite *suite(void) {
     TCase *tc = tcase_create("update");
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, launches_and_host_waits_per_update);
+    tcase_add_test(tc, uploaded_id_ranges_skip_the_device_check);
     suite_add_tcase(s, tc);
     return s;
 }

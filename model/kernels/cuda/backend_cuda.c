@@ -59,18 +59,42 @@ void luna_cuda_raw_release(luna_backend *be, void *p) {
 
 static void *cuda_alloc(luna_backend *be, size_t bytes) { return luna_cuda_raw_alloc(be, bytes); }
 
+/* Id ranges (ids_from_host) end where their memory is written through the memory calls, and all
+ * of them at a to_host or synchronize (after which the memory may be reused). */
+static void id_ranges_written(luna_cuda_impl *c, const void *p, size_t bytes) {
+    const char *a = (const char *)p, *b = a + bytes;
+    int k = 0;
+    pthread_mutex_lock(&c->id_lock);
+    for (int i = 0; i < c->nid_ranges; i++) {
+        const char *s = (const char *)c->id_ranges[i].p;
+        const char *e = s + (size_t)c->id_ranges[i].n * sizeof(int32_t);
+        if (e <= a || s >= b) c->id_ranges[k++] = c->id_ranges[i];
+    }
+    c->nid_ranges = k;
+    pthread_mutex_unlock(&c->id_lock);
+}
+
+static void id_ranges_clear(luna_cuda_impl *c) {
+    pthread_mutex_lock(&c->id_lock);
+    c->nid_ranges = 0;
+    pthread_mutex_unlock(&c->id_lock);
+}
+
 static void cuda_release(luna_backend *be, void *p) {
+    id_ranges_clear(luna_cuda_impl_of(be)); /* the memory may come back as anything */
     luna_cuda_weights_freed(be, p);
     luna_cuda_raw_release(be, p);
 }
 
 static luna_status cuda_zero(luna_backend *be, void *p, size_t bytes) {
+    id_ranges_written(luna_cuda_impl_of(be), p, bytes);
     luna_cuda_weights_written(be, p, bytes);
     return luna_cuda_check(cudaMemsetAsync(p, 0, bytes, luna_cuda_impl_of(be)->stream),
                            "cudaMemsetAsync");
 }
 
 static luna_status cuda_copy(luna_backend *be, void *dst, const void *src, size_t bytes) {
+    id_ranges_written(luna_cuda_impl_of(be), dst, bytes);
     luna_cuda_weights_written(be, dst, bytes);
     return luna_cuda_check(
         cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, luna_cuda_impl_of(be)->stream),
@@ -102,6 +126,7 @@ static luna_status staging_take(luna_cuda_impl *c, size_t bytes, unsigned char *
 
 static luna_status cuda_from_host(luna_backend *be, void *dst, const void *host, size_t bytes) {
     luna_cuda_impl *c = luna_cuda_impl_of(be);
+    id_ranges_written(c, dst, bytes);
     luna_cuda_weights_written(be, dst, bytes);
     if (bytes == 0) return LUNA_OK;
     pthread_mutex_lock(&c->staging_lock);
@@ -119,6 +144,46 @@ static luna_status cuda_from_host(luna_backend *be, void *dst, const void *host,
     return st;
 }
 
+/* Token ids from the host: their range is seen here, before the copy, so the ops' checks of
+ * them need no wait (luna_cuda_check_ids). */
+static luna_status cuda_ids_from_host(luna_backend *be, int32_t *dst, const int32_t *host,
+                                      int64_t n) {
+    luna_cuda_impl *c = luna_cuda_impl_of(be);
+    LUNA_TRY(cuda_from_host(be, dst, host, (size_t)n * sizeof(int32_t)));
+    int32_t lo = host[0], hi = host[0];
+    for (int64_t i = 1; i < n; i++) {
+        lo = host[i] < lo ? host[i] : lo;
+        hi = host[i] > hi ? host[i] : hi;
+    }
+    pthread_mutex_lock(&c->id_lock);
+    if (c->nid_ranges == LUNA_CUDA_ID_RANGES) { /* the oldest goes */
+        memmove(c->id_ranges, c->id_ranges + 1, sizeof c->id_ranges[0] * (LUNA_CUDA_ID_RANGES - 1));
+        c->nid_ranges--;
+    }
+    c->id_ranges[c->nid_ranges].p = dst;
+    c->id_ranges[c->nid_ranges].n = n;
+    c->id_ranges[c->nid_ranges].lo = lo;
+    c->id_ranges[c->nid_ranges].hi = hi;
+    c->nid_ranges++;
+    pthread_mutex_unlock(&c->id_lock);
+    return LUNA_OK;
+}
+
+/* Whether ids [0, n) lie in one uploaded range whose values are all in [0, V). */
+static bool ids_known_in_range(luna_cuda_impl *c, const int32_t *ids, int64_t n, int V) {
+    bool known = false;
+    pthread_mutex_lock(&c->id_lock);
+    for (int i = 0; i < c->nid_ranges; i++) {
+        const int32_t *s = c->id_ranges[i].p;
+        if (ids >= s && ids + n <= s + c->id_ranges[i].n) {
+            known = c->id_ranges[i].lo >= 0 && c->id_ranges[i].hi < V;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&c->id_lock);
+    return known;
+}
+
 /* Token ids are checked on the device (backend_cuda.h): the position of the first bad id and the
  * id are read back now, so the op that met bad input returns the error itself, as on CPU. One
  * stream synchronisation per checked op; the queue is short there (embedding and cross entropy
@@ -130,6 +195,7 @@ luna_status luna_cuda_check_ids(luna_backend *be, const char *op, const char *wh
     if (n > INT_MAX)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT,
                           "%s: %lld token ids exceed 2^31 (split the batch)", op, (long long)n);
+    if (ids_known_in_range(c, ids, n, V)) return LUNA_OK;
     /* through pinned host words: copies from pageable memory would add waits of their own */
     int *none = &c->pinned_ids[0], *result = &c->pinned_ids[1];
     *none = INT_MAX;
@@ -149,6 +215,7 @@ luna_status luna_cuda_check_ids(luna_backend *be, const char *op, const char *wh
 
 static luna_status cuda_to_host(luna_backend *be, void *host, const void *src, size_t bytes) {
     luna_cuda_impl *c = luna_cuda_impl_of(be);
+    id_ranges_clear(c);
     pthread_mutex_lock(&c->staging_lock);
     unsigned char *region = NULL;
     luna_status st = c->staging ? staging_take(c, bytes, &region) : LUNA_OK;
@@ -164,6 +231,7 @@ static luna_status cuda_to_host(luna_backend *be, void *host, const void *src, s
 }
 
 static luna_status cuda_synchronize(luna_backend *be) {
+    id_ranges_clear(luna_cuda_impl_of(be));
     return luna_cuda_check(cudaStreamSynchronize(luna_cuda_impl_of(be)->stream),
                            "cudaStreamSynchronize");
 }
@@ -179,6 +247,7 @@ static void cuda_destroy(luna_backend *be) {
     for (int h = 0; h < 2; h++)
         if (c->half_done[h]) (void)cudaEventDestroy(c->half_done[h]);
     pthread_mutex_destroy(&c->staging_lock);
+    pthread_mutex_destroy(&c->id_lock);
     luna_cuda_raw_release(be, c->blas.workspace);
     luna_gemm_plans_free(c->blas.plans); /* before the handle they were made with */
     if (c->blas.lt) (void)cublasLtDestroy(c->blas.lt);
@@ -198,6 +267,7 @@ static const luna_backend_memory cuda_memory = {
     .to_host = cuda_to_host,
     .synchronize = cuda_synchronize,
     .destroy = cuda_destroy,
+    .ids_from_host = cuda_ids_from_host,
 };
 
 static luna_status setup(luna_backend *be, const luna_backend_options *opt) {
@@ -241,6 +311,7 @@ luna_status luna_backend_cuda_create(luna_backend **out, const luna_backend_opti
     }
     pthread_mutex_init(&c->alloc_lock, NULL);
     pthread_mutex_init(&c->staging_lock, NULL);
+    pthread_mutex_init(&c->id_lock, NULL);
     const char *cache = getenv("LUNA_CUDA_CACHE");
     c->cache_memory = !(cache && strcmp(cache, "0") == 0);
     c->bf16 = opt->bf16;

@@ -36,6 +36,8 @@ typedef struct {
     int count;
 } luna_cuda_hold;
 
+#define LUNA_CUDA_ID_RANGES 8 /* a training pass uploads source, previous and target tokens */
+
 typedef struct {
     int device;
     bool bf16;         /* activations bf16 (else fp32) */
@@ -57,6 +59,14 @@ typedef struct {
     size_t ncopies, cap_copies;
     luna_cuda_hold *holds;
     size_t nholds, cap_holds;
+    /* ranges of token ids uploaded with ids_from_host since the last to_host / synchronize */
+    struct {
+        const int32_t *p;
+        int64_t n;
+        int32_t lo, hi;
+    } id_ranges[LUNA_CUDA_ID_RANGES];
+    int nid_ranges;
+    pthread_mutex_t id_lock; /* loader threads upload and free beside the training thread */
 } luna_cuda_impl;
 
 static inline luna_cuda_impl *luna_cuda_impl_of(const luna_backend *be) {
@@ -82,7 +92,9 @@ void luna_cuda_weights_clear(luna_backend *be);
 /* Token ids live on the device, so the ops that must reject ids outside [0, V) (embedding, cross
  * entropy, the picked tokens of log_softmax_topk) check them with a kernel and read the answer
  * back: the error of luna_op_bad_id (core/backend.h) for the first id outside [0, V) and not
- * *exempt (exempt NULL: none), as the CPU's luna_op_check_ids gives. Waits for the stream. */
+ * *exempt (exempt NULL: none), as the CPU's luna_op_check_ids gives. Waits for the stream —
+ * unless the ids lie in a range uploaded with ids_from_host since the last to_host/synchronize
+ * whose values, seen on the host, are all in [0, V). */
 luna_status luna_cuda_check_ids(luna_backend *be, const char *op, const char *what,
                                 const int32_t *ids, int64_t n, int V, const int *exempt);
 
