@@ -59,7 +59,8 @@ void luna_cuda_raw_release(luna_backend *be, void *p) {
 
 static void *cuda_alloc(luna_backend *be, size_t bytes) { return luna_cuda_raw_alloc(be, bytes); }
 
-static void cuda_release(luna_backend *be, void *p) {
+static void cuda_release(luna_backend *be, void *p, size_t bytes) {
+    (void)bytes;
     luna_cuda_weights_freed(be, p);
     luna_cuda_raw_release(be, p);
 }
