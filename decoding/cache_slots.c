@@ -3,7 +3,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-luna_status luna_cache_slots_reset(luna_cache_slots *cs, int rows, int T_cap) {
+#include "model/pass.h"
+
+luna_status luna_cache_slots_reset(luna_cache_slots *cs, luna_backend *be, luna_arena *arena,
+                                   int rows, int T_cap) {
     const size_t n = (size_t)rows * (size_t)T_cap;
     int32_t *a = realloc(cs->host, sizeof(int32_t) * (n ? n : 1));
     if (a) cs->host = a;
@@ -14,7 +17,8 @@ luna_status luna_cache_slots_reset(luna_cache_slots *cs, int rows, int T_cap) {
     memset(cs->tmp, 0, sizeof(int32_t) * n);
     cs->rows = rows;
     cs->T_cap = T_cap;
-    return LUNA_OK;
+    luna_pass pst = {.be = be, .arena = arena};
+    return luna_pass_alloc_i32(&pst, &cs->dev, (int64_t)n, "cache slots");
 }
 
 void luna_cache_slots_free(luna_cache_slots *cs) {
@@ -31,7 +35,7 @@ void luna_cache_slots_reorder(luna_cache_slots *cs, const int32_t *rows, int n, 
     cs->host = cs->tmp, cs->tmp = t;
 }
 
-luna_status luna_cache_slots_upload(const luna_cache_slots *cs, luna_backend *be, int32_t *dev,
-                                    int n) {
-    return luna_mem_from_host(be, dev, cs->host, sizeof(int32_t) * (size_t)n * (size_t)cs->T_cap);
+luna_status luna_cache_slots_upload(const luna_cache_slots *cs, luna_backend *be, int n) {
+    return luna_mem_from_host(be, cs->dev, cs->host,
+                              sizeof(int32_t) * (size_t)n * (size_t)cs->T_cap);
 }

@@ -10,15 +10,19 @@
 
 #include <stdint.h>
 
+#include "core/allocator.h"
 #include "core/backend.h"
 
 typedef struct {
     int32_t *host, *tmp; /* [rows, T_cap] */
+    int32_t *dev;        /* [rows, T_cap] device, from the caller's arena */
     int rows, T_cap;
 } luna_cache_slots;
 
-/* Room for `rows` rows of T_cap positions, every index 0 (a slot that exists). */
-luna_status luna_cache_slots_reset(luna_cache_slots *cs, int rows, int T_cap);
+/* Room for `rows` rows of T_cap positions, every index 0 (a slot that exists); the device copy
+ * from `arena` on `be` (kept until the caller resets the arena). */
+luna_status luna_cache_slots_reset(luna_cache_slots *cs, luna_backend *be, luna_arena *arena,
+                                   int rows, int T_cap);
 void luna_cache_slots_free(luna_cache_slots *cs);
 
 /* Row r's position t is in `slot`. */
@@ -30,8 +34,7 @@ static inline void luna_cache_slots_set(luna_cache_slots *cs, int r, int t, int3
  * written, or more: later ones are written before they are read). */
 void luna_cache_slots_reorder(luna_cache_slots *cs, const int32_t *rows, int n, int len);
 
-/* Rows [0, n) into dev (device int32 [rows, T_cap]), the cache_products indices. */
-luna_status luna_cache_slots_upload(const luna_cache_slots *cs, luna_backend *be, int32_t *dev,
-                                    int n);
+/* Rows [0, n) to the device copy, cache_products' indices. */
+luna_status luna_cache_slots_upload(const luna_cache_slots *cs, luna_backend *be, int n);
 
 #endif

@@ -26,10 +26,9 @@ struct luna_incremental {
     float inv_temperature; /* logits ×= 1/T before the log-softmax; 1: off */
     luna_decoder_layer_state *ls; /* [layers] */
     /* Transformer: the beam indirection of the key/value caches (decoding/cache_slots.h), row r
-     * writing slot r (pool: its sentence's block); uploaded to `slots` each step. */
+     * writing slot r (pool: its sentence's block); uploaded each step (device: the state arena). */
     luna_cache_slots cs;
-    int32_t *slots; /* [cap_rows·max_steps] device (state arena) */
-    bool held;      /* the decoder's weights are held (luna_decoder_hold_weights) */
+    bool held; /* the decoder's weights are held (luna_decoder_hold_weights) */
     /* In-flight batching (luna_incremental_begin_pool): sentences join as others leave, each at
      * its own position. sent_step [S_cap]: positions decoded by each active sentence;
      * sent_block [S_cap] (transformer): the block of `beam` cache slots each sentence writes its
@@ -139,7 +138,7 @@ static luna_decoder_dims dims_of(const luna_incremental *inc) {
                                .step = inc->step,
                                .row_valid = inc->row_valid,
                                .sent_valid = inc->sent_valid,
-                               .cache_slots = inc->slots,
+                               .cache_slots = inc->luna ? NULL : inc->cs.dev,
                                .sent_step = inc->pool ? inc->sent_step : NULL,
                                .sent_block = inc->pool && !inc->luna ? inc->sent_block : NULL,
                                .one_row_sentences = inc->one_row};
@@ -201,10 +200,6 @@ static luna_status begin(luna_incremental *inc, const int32_t *src, const int32_
     if (inc->masked && inc->luna)
         LUNA_TRY(luna_pass_alloc_i32(&pst, &inc->row_valid, inc->cap_rows, "decoder masks"));
     LUNA_TRY(upload_masks(inc));
-    inc->slots = NULL;
-    if (!inc->luna)
-        LUNA_TRY(luna_pass_alloc_i32(&pst, &inc->slots, (int64_t)inc->cap_rows * inc->max_steps,
-                                     "cache slots"));
     /* the encoder's masks: source lengths, and the P mask when dynamic */
     int32_t *tok, *src_valid, *p_valid = NULL;
     LUNA_TRY(luna_pass_alloc_i32(&ps, &tok, (int64_t)S * m, "source tokens"));
@@ -233,7 +228,8 @@ static luna_status begin_rows(luna_incremental *inc, const int32_t *src_tokens,
     int32_t *sh = realloc(inc->sent_host, sizeof(int32_t) * (size_t)S);
     if (!sh) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "incremental decoding: out of memory");
     inc->sent_host = sh;
-    if (!inc->luna) LUNA_TRY(luna_cache_slots_reset(&inc->cs, S * beam, max_steps));
+    if (!inc->luna)
+        LUNA_TRY(luna_cache_slots_reset(&inc->cs, inc->be, inc->state, S * beam, max_steps));
     inc->pool = false;
     inc->one_row = 0;
     inc->S = S;
@@ -286,7 +282,8 @@ luna_status luna_incremental_begin_pool(luna_incremental *inc, int S_cap, int m_
     if (a[1] && (a[2] = realloc(inc->sent_block, sizeof(int32_t) * (size_t)S_cap)))
         inc->sent_block = a[2];
     if (!a[2]) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "incremental decoding: out of memory");
-    if (!inc->luna) LUNA_TRY(luna_cache_slots_reset(&inc->cs, S_cap * beam, max_steps));
+    if (!inc->luna)
+        LUNA_TRY(luna_cache_slots_reset(&inc->cs, inc->be, inc->state, S_cap * beam, max_steps));
     inc->pool = true;
     inc->one_row = 0;
     inc->S_cap = S_cap;
@@ -299,14 +296,10 @@ luna_status luna_incremental_begin_pool(luna_incremental *inc, int S_cap, int m_
     inc->masked = !inc->luna || !c->fix_projection_length;
     luna_pass pst = {.be = inc->be, .arena = inc->state};
     inc->row_valid = inc->sent_valid = NULL;
-    inc->slots = NULL;
     luna_status st = LUNA_OK;
     if (inc->masked) st = luna_pass_alloc_i32(&pst, &inc->sent_valid, S_cap, "decoder masks");
     if (st == LUNA_OK && inc->masked && inc->luna)
         st = luna_pass_alloc_i32(&pst, &inc->row_valid, inc->cap_rows, "decoder masks");
-    if (st == LUNA_OK && !inc->luna)
-        st = luna_pass_alloc_i32(&pst, &inc->slots, (int64_t)inc->cap_rows * max_steps,
-                                 "cache slots");
     luna_decoder_dims dims = dims_of(inc);
     dims.S = S_cap;
     if (st == LUNA_OK) st = luna_decoder_alloc(inc->model, inc->state, &dims, inc->ls);
@@ -429,14 +422,11 @@ static luna_status step(luna_incremental *inc, const int32_t *tokens, const luna
         for (int s = 0; inc->pool && s < inc->S; s++)
             LUNA_TRY(luna_kv_pages_block(inc->kv, s, inc->sent_step[s], &inc->sent_block[s]));
         for (int r = 0; r < R; r++) {
-            const int s = row_sentence(inc, r);
-            if (inc->pool)
-                luna_cache_slots_set(&inc->cs, r, inc->sent_step[s],
-                                     inc->sent_block[s] * inc->beam + (r - first_row(inc, s)));
-            else
-                luna_cache_slots_set(&inc->cs, r, inc->step, r);
+            const int s = row_sentence(inc, r), j = r - first_row(inc, s);
+            luna_cache_slots_set(&inc->cs, r, inc->pool ? inc->sent_step[s] : inc->step,
+                                 inc->pool ? inc->sent_block[s] * inc->beam + j : r);
         }
-        LUNA_TRY(luna_cache_slots_upload(&inc->cs, be, inc->slots, R));
+        LUNA_TRY(luna_cache_slots_upload(&inc->cs, be, R));
     }
     luna_decoder_dims dims = dims_of(inc);
     LUNA_TRY(luna_decoder_step(&ps, inc->model, &dims, inc->ls, tok, &logits));
