@@ -21,7 +21,7 @@ void *luna_mem_alloc(luna_backend *be, size_t bytes) {
 
 void luna_mem_release(luna_backend *be, void *ptr, size_t bytes) {
     if (!ptr) return;
-    be->mem->release(be, ptr);
+    be->mem->release(be, ptr, bytes);
     __atomic_sub_fetch(&be->bytes_in_use, bytes, __ATOMIC_RELAXED);
 }
 

@@ -98,8 +98,8 @@ typedef void luna_act;
  *                   buffer is an input until then: no op writes it.
  * Errors (a failed launch or copy, reported asynchronously by a device) come back as statuses. */
 typedef struct {
-    void *(*alloc)(luna_backend *be, size_t bytes); /* NULL when out of memory */
-    void (*release)(luna_backend *be, void *ptr);
+    void *(*alloc)(luna_backend *be, size_t bytes);             /* NULL when out of memory */
+    void (*release)(luna_backend *be, void *ptr, size_t bytes); /* bytes: as allocated */
     luna_status (*zero)(luna_backend *be, void *ptr, size_t bytes);
     luna_status (*copy)(luna_backend *be, void *dst, const void *src, size_t bytes);
     luna_status (*from_host)(luna_backend *be, void *dst, const void *host, size_t bytes);
@@ -141,7 +141,8 @@ static inline size_t luna_act_bytes(const luna_backend *be, int64_t n) {
     return (size_t)n * luna_dtype_size(be->act_dtype);
 }
 
-/* Counted device allocation (tensors, arena chunks); NULL when out of memory. */
+/* Counted device allocation (tensors, arena chunks); NULL when out of memory. A release gives the
+ * bytes that were allocated (the CPU backend maps large buffers from the OS and unmaps them). */
 void *luna_mem_alloc(luna_backend *be, size_t bytes);
 void luna_mem_release(luna_backend *be, void *ptr, size_t bytes);
 /* Stream-ordered transfers (see luna_backend_memory for when the host may touch its buffer). */
@@ -432,11 +433,13 @@ struct luna_ops {
      *   log-prob per row (scoring); k ≤ V, k = 0 allowed.
      * cache_products: a decoding step's self-attention products over a key/value cache read
      *   through a beam indirection, so that reordering beams moves indices, not cached rows. The
-     *   cache C (activations) holds groups (slot, h) of T_cap rows of dh elements, group at
-     *   (slot·H + h)·T_cap·dh, its row p at + p·dh; row r of the batch finds its position p in
-     *   slot ind[r·T_cap + p] (device int32 [R, T_cap]; only p < T read). For g = r·H + h < R·H:
-     *     values false (scores):  y[g·T + p]  = Σ_{k<dh} x[g·dh + k] · C[ind[r, p], h, p, k]
-     *     values true (outputs):  y[g·dh + j] = Σ_{p<T}  x[g·T + p] · C[ind[r, p], h, p, j]
+     *   cache C (activations) holds groups (slot, h) of `page` rows of dh elements, group at
+     *   (slot·H + h)·page·dh, its row p' at + p'·dh; row r of the batch finds its position p in
+     *   slot ind[r·T_cap + p] (device int32 [R, T_cap]; only p < T read), row p' = p mod page.
+     *   page ≥ T_cap: a slot holds a row's whole history; a smaller page lets the caller hand out
+     *   a slot per `page` positions as rows reach them (decoding/kv_pages.h). For g = r·H + h:
+     *     values false (scores):  y[g·T + p]  = Σ_{k<dh} x[g·dh + k] · C[ind[r, p], h, p', k]
+     *     values true (outputs):  y[g·dh + j] = Σ_{p<T}  x[g·T + p] · C[ind[r, p], h, p', j]
      *   (x, y activations). Each sum is one chain of fused multiply-adds in ascending order from
      *   0 — on the CPU the bits of the one-row gemm over a gathered copy of the rows (K ≤ 256),
      *   elsewhere within the GEMM tolerance. Slot indices outside the cache are the caller's bug
@@ -463,7 +466,7 @@ struct luna_ops {
                                     const int32_t *pick, float *picked);
     luna_status (*cache_products)(luna_backend *be, bool values, luna_act *y, const luna_act *x,
                                   const luna_act *C, const int32_t *ind, int R, int H, int dh,
-                                  int T, int T_cap);
+                                  int T, int T_cap, int page);
     luna_status (*hold_weights)(luna_backend *be, const float *W, int out, int in,
                                 luna_dtype dtype);
     luna_status (*release_weights)(luna_backend *be, const float *W);

@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "decoding/cache_slots.h"
+#include "decoding/kv_pages.h"
 #include "model/decoder_step.h"
 
 struct luna_incremental {
@@ -23,18 +25,17 @@ struct luna_incremental {
     float *bias;           /* [V] device token bias (luna_mem_alloc), NULL: none */
     float inv_temperature; /* logits ×= 1/T before the log-softmax; 1: off */
     luna_decoder_layer_state *ls; /* [layers] */
-    /* Transformer: the beam indirection of the key/value caches. Row r writes its step-t key and
-     * value in cache slot r at position t; slots_host[r·max_steps + p] is the slot holding row
-     * r's position p (its ancestor's row at step p). A reorder gathers these indices (t per row)
-     * instead of the cached rows (t·d per row and layer, twice); uploaded to `slots` each step. */
-    int32_t *slots_host, *slots_tmp; /* [cap_rows·max_steps] host */
-    int32_t *slots;                  /* [cap_rows·max_steps] device (state arena) */
+    /* Transformer: the beam indirection of the key/value caches (decoding/cache_slots.h), row r
+     * writing slot r (pool: its sentence's block); uploaded each step (device: the state arena). */
+    luna_cache_slots cs;
     bool held; /* the decoder's weights are held (luna_decoder_hold_weights) */
     /* In-flight batching (luna_incremental_begin_pool): sentences join as others leave, each at
      * its own position. sent_step [S_cap]: positions decoded by each active sentence;
-     * sent_block [S_cap] (transformer): the block of `beam` cache slots each sentence writes (its
-     * rows' histories stay in it however the sentences move). */
+     * sent_block [S_cap] (transformer): the block of `beam` cache slots each sentence writes its
+     * current position in, one of the blocks `kv` gives it as it reaches new pages of positions
+     * (its rows' histories stay in them however the sentences move). */
     bool pool;
+    luna_kv_pages *kv;
     int S_cap;
     int one_row; /* the last this many sentences have one row each (joined, before their first
                     reorder), the others rpb */
@@ -80,12 +81,12 @@ void luna_incremental_free(luna_incremental *inc) {
     if (inc->held) (void)luna_decoder_hold_weights(inc->model, false);
     luna_arena_free(inc->state);
     luna_arena_free(inc->scratch);
+    luna_kv_pages_free(inc->kv);
     if (inc->bias) luna_mem_release(inc->be, inc->bias, sizeof(float) * (size_t)inc->V);
     free(inc->sent_host);
     free(inc->sent_step);
     free(inc->sent_block);
-    free(inc->slots_host);
-    free(inc->slots_tmp);
+    luna_cache_slots_free(&inc->cs);
     free(inc->ls);
     free(inc);
 }
@@ -99,7 +100,14 @@ int luna_incremental_beam(const luna_incremental *inc) { return inc->beam; }
 int luna_incremental_steps(const luna_incremental *inc) { return inc->step; }
 int luna_incremental_projection_slots(const luna_incremental *inc) { return inc->L; }
 size_t luna_incremental_state_bytes(const luna_incremental *inc) {
-    return luna_arena_used_bytes(inc->state);
+    return luna_arena_used_bytes(inc->state) +
+           (inc->pool && inc->kv ? luna_kv_pages_bytes(inc->kv) : 0);
+}
+size_t luna_incremental_cache_bytes(const luna_incremental *inc) {
+    if (inc->luna) return 0;
+    if (inc->pool) return inc->kv ? luna_kv_pages_bytes(inc->kv) : 0;
+    return luna_act_bytes(inc->be,
+                          (int64_t)2 * inc->layers * inc->cap_rows * inc->max_steps * inc->d);
 }
 size_t luna_incremental_scratch_bytes(const luna_incremental *inc) {
     return luna_arena_used_bytes(inc->scratch);
@@ -126,10 +134,11 @@ static luna_decoder_dims dims_of(const luna_incremental *inc) {
                                .m = inc->m,
                                .L = inc->L,
                                .max_steps = inc->max_steps,
+                               .cache_page = inc->pool && !inc->luna ? LUNA_KV_PAGE : 0,
                                .step = inc->step,
                                .row_valid = inc->row_valid,
                                .sent_valid = inc->sent_valid,
-                               .cache_slots = inc->slots,
+                               .cache_slots = inc->luna ? NULL : inc->cs.dev,
                                .sent_step = inc->pool ? inc->sent_step : NULL,
                                .sent_block = inc->pool && !inc->luna ? inc->sent_block : NULL,
                                .one_row_sentences = inc->one_row};
@@ -191,10 +200,6 @@ static luna_status begin(luna_incremental *inc, const int32_t *src, const int32_
     if (inc->masked && inc->luna)
         LUNA_TRY(luna_pass_alloc_i32(&pst, &inc->row_valid, inc->cap_rows, "decoder masks"));
     LUNA_TRY(upload_masks(inc));
-    inc->slots = NULL;
-    if (!inc->luna)
-        LUNA_TRY(luna_pass_alloc_i32(&pst, &inc->slots, (int64_t)inc->cap_rows * inc->max_steps,
-                                     "cache slots"));
     /* the encoder's masks: source lengths, and the P mask when dynamic */
     int32_t *tok, *src_valid, *p_valid = NULL;
     LUNA_TRY(luna_pass_alloc_i32(&ps, &tok, (int64_t)S * m, "source tokens"));
@@ -218,18 +223,13 @@ static luna_status begin_rows(luna_incremental *inc, const int32_t *src_tokens,
     LUNA_TRY(check_source(&inc->model->config, src_tokens, src_lengths, S, m));
     luna_arena_reset(inc->state);
     luna_arena_reset(inc->scratch);
+    luna_kv_pages_free(inc->kv); /* a pool's pages: this batch's caches come from the arena */
+    inc->kv = NULL;
     int32_t *sh = realloc(inc->sent_host, sizeof(int32_t) * (size_t)S);
     if (!sh) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "incremental decoding: out of memory");
     inc->sent_host = sh;
-    if (!inc->luna) {
-        const size_t n = (size_t)S * beam * (size_t)max_steps;
-        int32_t *a = realloc(inc->slots_host, sizeof(int32_t) * n);
-        if (a) inc->slots_host = a;
-        int32_t *b = a ? realloc(inc->slots_tmp, sizeof(int32_t) * n) : NULL;
-        if (b) inc->slots_tmp = b;
-        if (!a || !b)
-            return luna_error(LUNA_ERR_OUT_OF_MEMORY, "incremental decoding: out of memory");
-    }
+    if (!inc->luna)
+        LUNA_TRY(luna_cache_slots_reset(&inc->cs, inc->be, inc->state, S * beam, max_steps));
     inc->pool = false;
     inc->one_row = 0;
     inc->S = S;
@@ -275,18 +275,15 @@ luna_status luna_incremental_begin_pool(luna_incremental *inc, int S_cap, int m_
     luna_arena_reset(inc->state);
     luna_arena_reset(inc->scratch);
     inc->S = inc->R = 0;
-    const size_t slots = inc->luna ? 1 : (size_t)S_cap * beam * (size_t)max_steps;
-    int32_t *a[5] = {realloc(inc->sent_host, sizeof(int32_t) * (size_t)S_cap), NULL, NULL, NULL,
-                     NULL};
+    int32_t *a[3] = {realloc(inc->sent_host, sizeof(int32_t) * (size_t)S_cap), NULL, NULL};
     if (a[0]) inc->sent_host = a[0];
     if (a[0] && (a[1] = realloc(inc->sent_step, sizeof(int32_t) * (size_t)S_cap)))
         inc->sent_step = a[1];
     if (a[1] && (a[2] = realloc(inc->sent_block, sizeof(int32_t) * (size_t)S_cap)))
         inc->sent_block = a[2];
-    if (a[2] && (a[3] = realloc(inc->slots_host, sizeof(int32_t) * slots))) inc->slots_host = a[3];
-    if (a[3] && (a[4] = realloc(inc->slots_tmp, sizeof(int32_t) * slots))) inc->slots_tmp = a[4];
-    if (!a[4]) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "incremental decoding: out of memory");
-    memset(inc->slots_host, 0, sizeof(int32_t) * slots); /* every index a valid slot */
+    if (!a[2]) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "incremental decoding: out of memory");
+    if (!inc->luna)
+        LUNA_TRY(luna_cache_slots_reset(&inc->cs, inc->be, inc->state, S_cap * beam, max_steps));
     inc->pool = true;
     inc->one_row = 0;
     inc->S_cap = S_cap;
@@ -299,17 +296,18 @@ luna_status luna_incremental_begin_pool(luna_incremental *inc, int S_cap, int m_
     inc->masked = !inc->luna || !c->fix_projection_length;
     luna_pass pst = {.be = inc->be, .arena = inc->state};
     inc->row_valid = inc->sent_valid = NULL;
-    inc->slots = NULL;
     luna_status st = LUNA_OK;
     if (inc->masked) st = luna_pass_alloc_i32(&pst, &inc->sent_valid, S_cap, "decoder masks");
     if (st == LUNA_OK && inc->masked && inc->luna)
         st = luna_pass_alloc_i32(&pst, &inc->row_valid, inc->cap_rows, "decoder masks");
-    if (st == LUNA_OK && !inc->luna)
-        st = luna_pass_alloc_i32(&pst, &inc->slots, (int64_t)inc->cap_rows * max_steps,
-                                 "cache slots");
     luna_decoder_dims dims = dims_of(inc);
     dims.S = S_cap;
     if (st == LUNA_OK) st = luna_decoder_alloc(inc->model, inc->state, &dims, inc->ls);
+    /* the transformer's self-attention caches: pages, as the sentences reach them */
+    if (st == LUNA_OK && !inc->luna && !inc->kv)
+        st = luna_kv_pages_create(&inc->kv, inc->be, inc->layers, inc->d, inc->H);
+    if (st == LUNA_OK && !inc->luna)
+        st = luna_kv_pages_begin(inc->kv, inc->ls, S_cap, beam, max_steps);
     if (st != LUNA_OK) {
         luna_arena_reset(inc->state);
         inc->pool = false;
@@ -362,15 +360,6 @@ luna_status luna_incremental_admit(luna_incremental *inc, const int32_t *src_tok
     if (st != LUNA_OK) {
         luna_error_prefix("incremental decoding: admit");
         return st;
-    }
-    /* the lowest cache blocks the active sentences do not use */
-    for (int b = 0, next = 0; b < n; b++, next++) {
-        for (bool used = true; used; next += used) {
-            used = false;
-            for (int s = 0; s < inc->S + b && !used; s++)
-                used = inc->sent_block[s] == next;
-        }
-        inc->sent_block[inc->S + b] = next;
     }
     for (int b = 0; b < n; b++) {
         inc->sent_host[inc->S + b] = !inc->luna                ? src_lengths[b]
@@ -430,16 +419,14 @@ static luna_status step(luna_incremental *inc, const int32_t *tokens, const luna
         LUNA_TRY(luna_mem_from_host(be, pick, out->pick, sizeof(int32_t) * (size_t)R));
     }
     if (!inc->luna) { /* row r writes position t in slot r (pool: in its sentence's block) */
-        const int T_cap = inc->max_steps, beam = inc->beam;
-        for (int r = 0; r < R; r++)
-            if (inc->pool) {
-                const int s = row_sentence(inc, r);
-                inc->slots_host[(int64_t)r * T_cap + inc->sent_step[s]] =
-                    inc->sent_block[s] * beam + (r - first_row(inc, s));
-            } else
-                inc->slots_host[(int64_t)r * T_cap + inc->step] = r;
-        LUNA_TRY(luna_mem_from_host(be, inc->slots, inc->slots_host,
-                                    sizeof(int32_t) * (size_t)R * (size_t)T_cap));
+        for (int s = 0; inc->pool && s < inc->S; s++)
+            LUNA_TRY(luna_kv_pages_block(inc->kv, s, inc->sent_step[s], &inc->sent_block[s]));
+        for (int r = 0; r < R; r++) {
+            const int s = row_sentence(inc, r), j = r - first_row(inc, s);
+            luna_cache_slots_set(&inc->cs, r, inc->pool ? inc->sent_step[s] : inc->step,
+                                 inc->pool ? inc->sent_block[s] * inc->beam + j : r);
+        }
+        LUNA_TRY(luna_cache_slots_upload(&inc->cs, be, R));
     }
     luna_decoder_dims dims = dims_of(inc);
     LUNA_TRY(luna_decoder_step(&ps, inc->model, &dims, inc->ls, tok, &logits));
@@ -523,19 +510,10 @@ static luna_status reorder_state(luna_incremental *inc, const int32_t *rows,
                                  const int32_t *rows_host, const int32_t *sent, int new_rows, int S,
                                  bool expand) {
     if (!inc->luna) { /* the caches stay; new row i takes old row rows[i]'s slot indices */
-        const int64_t T_cap = inc->max_steps;
-        for (int i = 0; i < new_rows; i++) {
-            const int64_t t =
-                inc->pool ? inc->sent_step[row_sentence(inc, rows_host[i])] : inc->step;
-            memcpy(inc->slots_tmp + i * T_cap, inc->slots_host + rows_host[i] * T_cap,
-                   sizeof(int32_t) * (size_t)t);
-        }
-        for (int i = 0; i < new_rows; i++) {
-            const int64_t t =
-                inc->pool ? inc->sent_step[row_sentence(inc, rows_host[i])] : inc->step;
-            memcpy(inc->slots_host + i * T_cap, inc->slots_tmp + i * T_cap,
-                   sizeof(int32_t) * (size_t)t);
-        }
+        int written = inc->step; /* positions of the furthest row */
+        for (int s = 0; inc->pool && s < inc->S; s++)
+            written = s == 0 || inc->sent_step[s] > written ? inc->sent_step[s] : written;
+        luna_cache_slots_reorder(&inc->cs, rows_host, new_rows, written);
     }
     const int64_t d = inc->d;
     for (int i = 0; i < inc->layers; i++) {
@@ -570,6 +548,7 @@ luna_status luna_incremental_reorder(luna_incremental *inc, const int32_t *rows,
     const int S = new_rows / beam;
     const bool expand = rpb != beam || inc->one_row > 0;
     if (new_rows == 0) { /* every sentence finished (a pool admits new ones after) */
+        if (inc->kv) LUNA_TRY(luna_kv_pages_reorder(inc->kv, NULL, 0, inc->S));
         inc->R = inc->S = inc->one_row = 0;
         for (int i = 0; i < inc->layers && inc->luna; i++)
             inc->ls[i].causal.B = 0;
@@ -595,15 +574,16 @@ luna_status luna_incremental_reorder(luna_incremental *inc, const int32_t *rows,
     luna_arena_mark mark = luna_arena_get_mark(inc->scratch);
     int32_t *rows_dev = NULL, *sent_dev = NULL;
     luna_status st = inc->luna ? upload_index(inc, &rows_dev, rows, new_rows) : LUNA_OK;
+    if (st == LUNA_OK && inc->pool && inc->kv) /* finished sentences give their pages back */
+        st = luna_kv_pages_reorder(inc->kv, sent, S, inc->S);
     if (st == LUNA_OK && !sent_identity && S > 0) st = upload_index(inc, &sent_dev, sent, S);
     if (st == LUNA_OK) st = reorder_state(inc, rows_dev, rows, sent_dev, new_rows, S, expand);
     luna_arena_release(inc->scratch, mark);
     if (st == LUNA_OK) {
-        int32_t *per_sent[] = {inc->sent_host, inc->pool ? inc->sent_step : NULL,
-                               inc->pool ? inc->sent_block : NULL};
+        int32_t *per_sent[] = {inc->sent_host, inc->pool ? inc->sent_step : NULL};
         int32_t *old = sent + S; /* the sentences' old indices, kept while each array moves */
         memcpy(old, sent, sizeof(int32_t) * (size_t)S);
-        for (int a = 0; a < 3; a++) {
+        for (int a = 0; a < 2; a++) {
             if (!per_sent[a]) continue;
             for (int s = 0; s < S; s++) /* the old values, then the new ones in their place */
                 sent[s] = per_sent[a][old[s]];

@@ -54,8 +54,10 @@ luna_status luna_incremental_begin_one_row(luna_incremental *inc, const int32_t 
  * their own positions; a step advances every sentence by one position; reorder removes finished
  * sentences and reorders beams as with begin. A sentence's rows decode as they would in a batch
  * of their own (up to the last bits of sums over its padded source). The state is sized once for
- * the pool: constant in the steps for Luna; the transformer's caches keep max_steps positions per
- * row. */
+ * the pool, constant in the steps, for Luna; the transformer's key/value caches come in pages of
+ * positions that a sentence takes as it reaches them and gives back when it leaves
+ * (decoding/kv_pages.h), so they hold what the active rows have written, not S_cap·beam rows of
+ * max_steps positions. */
 luna_status luna_incremental_begin_pool(luna_incremental *inc, int S_cap, int m_cap, int beam,
                                         int max_steps);
 
@@ -109,8 +111,13 @@ int luna_incremental_beam(const luna_incremental *inc);
 int luna_incremental_steps(const luna_incremental *inc);            /* steps taken since begin */
 int luna_incremental_projection_slots(const luna_incremental *inc); /* L (0: transformer) */
 
-/* Bytes of decoder state held (allocator accounting of the state arena): fixed by begin(). */
+/* Bytes of decoder state held (allocator accounting of the state arena, and the transformer's
+ * key/value pages under in-flight batching): fixed by begin() and, for Luna, by begin_pool; the
+ * transformer's pages grow as the pool's sentences reach new positions. */
 size_t luna_incremental_state_bytes(const luna_incremental *inc);
+/* Bytes of the transformer's self-attention key/value caches within the state (0 for Luna): the
+ * arena's rows × max_steps after begin; the pages held under in-flight batching. */
+size_t luna_incremental_cache_bytes(const luna_incremental *inc);
 /* Scratch bytes in use (0 between calls) and the scratch high-water mark. */
 size_t luna_incremental_scratch_bytes(const luna_incremental *inc);
 size_t luna_incremental_scratch_peak(const luna_incremental *inc);

@@ -175,6 +175,7 @@ luna_status luna_decoder_alloc(luna_seq2seq *model, luna_arena *state,
             const int64_t cross = S * dims->m * d, cache = R * dims->max_steps * d;
             LUNA_TRY(luna_pass_alloc(&pst, &ls->cross_k, cross, "cross keys"));
             LUNA_TRY(luna_pass_alloc(&pst, &ls->cross_v, cross, "cross values"));
+            if (dims->cache_page > 0) continue; /* the caller's pages */
             LUNA_TRY(luna_pass_alloc(&pst, &ls->self_k, cache, "key cache"));
             LUNA_TRY(luna_pass_alloc(&pst, &ls->self_v, cache, "value cache"));
         }
@@ -326,8 +327,8 @@ static luna_status transformer_layer_step(const luna_pass *ps, const luna_config
     luna_backend *be = ps->be;
     const luna_ops *op = be->ops;
     const int R = dims->R, d = c->decoder_embed_dim, H = c->decoder_attention_heads, dh = d / H;
-    const int T_cap = dims->max_steps;
-    const int64_t cache_stride = (int64_t)T_cap * dh; /* between (row, head) groups */
+    const int T_cap = dims->max_steps, page = dims->cache_page > 0 ? dims->cache_page : T_cap;
+    const int64_t cache_stride = (int64_t)page * dh; /* between (slot, head) groups */
     luna_act *q, *k, *v, *s, *o, *y;
     luna_resnorm_act r1, r2;
     /* q, k, v [R, H, 1, dh] */
@@ -337,10 +338,10 @@ static luna_status transformer_layer_step(const luna_pass *ps, const luna_config
     LUNA_TRY(luna_project_heads(ps, &v, x, &w->self_attn.v_proj, R, 1, d, H, 1.0f));
     LUNA_TRY(luna_pass_alloc(ps, &s, (int64_t)R * H * T_cap, "self-attention scores"));
     LUNA_TRY(luna_pass_alloc(ps, &o, (int64_t)R * d, "self-attention output"));
-    /* per run of sentences at the same position t (one run unless in-flight): cache[slot, h, t] =
-     * k, v (strided writes; slot r, or the sentence's block), then per (row, head) s = q·K[:T]ᵀ,
-     * softmax, o = s·V[:T], position p of row r read from slot dims->cache_slots[r, p] (beam
-     * reorders move slot indices, not cached rows) */
+    /* per run of sentences at the same position t (one run unless in-flight): cache[slot, h,
+     * t mod page] = k, v (strided writes; slot r, or the sentence's block of slots for the page of
+     * t), then per (row, head) s = q·K[:T]ᵀ, softmax, o = s·V[:T], position p of row r read from
+     * slot dims->cache_slots[r, p] (beam reorders move slot indices, not cached rows) */
     const int beam = dims->beam;
     for (int s0 = 0; s0 < dims->S;) {
         const int t = dims->sent_step ? dims->sent_step[s0] : dims->step, T = t + 1;
@@ -354,7 +355,7 @@ static luna_status transformer_layer_step(const luna_pass *ps, const luna_config
             if (!dims->sent_block && b > s0) break; /* slot r: one write for the run */
             const int n = dims->sent_block ? rows : Rr;
             const int64_t slot = dims->sent_block ? (int64_t)dims->sent_block[b] * beam : r0;
-            const int64_t at = slot * H * cache_stride + (int64_t)t * dh,
+            const int64_t at = slot * H * cache_stride + (int64_t)(t % page) * dh,
                           g = (int64_t)luna_decoder_first_row(dims, b) * H;
             LUNA_TRY(op->gather_rows(be, luna_act_at(be, ls->self_k, at), cache_stride,
                                      luna_act_at(be, k, g * dh), dh, NULL, (int64_t)n * H, dh));
@@ -365,11 +366,11 @@ static luna_status transformer_layer_step(const luna_pass *ps, const luna_config
         luna_act *sr = luna_act_at(be, s, g0 * T_cap);
         const int32_t *ind = dims->cache_slots + (int64_t)r0 * T_cap;
         LUNA_TRY(op->cache_products(be, false, sr, luna_act_at(be, q, g0 * dh), ls->self_k, ind, Rr,
-                                    H, dh, T, T_cap));
+                                    H, dh, T, T_cap, page));
         LUNA_TRY(op->softmax_forward(be, sr, sr, Gr, T, NULL, 1, 0));
         /* [R, H, 1, dh] is [R, d]: heads merged already */
         LUNA_TRY(op->cache_products(be, true, luna_act_at(be, o, g0 * dh), sr, ls->self_v, ind, Rr,
-                                    H, dh, T, T_cap));
+                                    H, dh, T, T_cap, page));
         s0 = s1;
     }
     LUNA_TRY(luna_pass_alloc(ps, &y, (int64_t)R * d, "self-attention result"));

@@ -14,11 +14,14 @@
  *          sentence as the unpack's queries (luna_attention_unpack); x3 = LN(x2 + FFN(x2)).
  * Transformer decoder layer:
  *   begin: per sentence the cross-attention keys/values [S, H, m, dh] (luna_mha_keys); per row
- *          slot a key/value cache [R_cap, H, T_max, dh] (head-major).
+ *          slot a key/value cache [R_cap, H, T_max, dh] (head-major). In-flight batching instead
+ *          gives the caches slots of cache_page positions as rows reach them
+ *          (decoding/kv_pages.h): [slots, H, cache_page, dh].
  *   step:  row r writes the step's key/value at position t of cache slot r (gather_rows,
- *          strided) and reads position p < t from slot cache_slots[r, p], the slot its ancestor
- *          beam wrote it in (a beam indirection kept by decoding/incremental.c: reordering beams
- *          moves T indices per row instead of T·d cached values); scores and outputs by
+ *          strided; pages: row t mod cache_page of its sentence's current slot) and reads position
+ *          p < t from slot cache_slots[r, p], the slot its ancestor beam wrote it in (a beam
+ *          indirection kept by decoding/incremental.c: reordering beams moves T indices per row
+ *          instead of T·d cached values); scores and outputs by
  *          cache_products over R·H groups; cross-attention by luna_mha_attend with the beams of
  *          a sentence as queries.
  */
@@ -33,7 +36,8 @@
 typedef struct {
     luna_causal_state causal;    /* Luna: per row; causal.p_valid is the row P mask */
     luna_act *kp, *vp;           /* Luna: [S, H, L, dh] unpack keys/values (vp == kp: tied) */
-    luna_act *self_k, *self_v;   /* transformer: [R, H, T_max, dh] key/value cache */
+    luna_act *self_k, *self_v;   /* transformer: [R, H, T_max, dh] key/value cache (pages:
+                                    [slots, H, cache_page, dh]) */
     luna_act *cross_k, *cross_v; /* transformer: [S, H, m, dh] */
 } luna_decoder_layer_state;
 
@@ -44,7 +48,9 @@ typedef struct {
                              0: R */
     int m;                /* source length (padded) */
     int L;                /* Luna: P slots (0: transformer) */
-    int max_steps;        /* transformer: cache capacity T_max */
+    int max_steps;        /* transformer: the most positions per row T_max */
+    int cache_page;       /* transformer: positions per cache slot; 0: max_steps (a slot holds
+                             a row's whole history) */
     int step;             /* positions decoded so far (t of the next step, 0-based) */
     int32_t *row_valid;   /* [R] Luna P mask per row (causal step), NULL: none */
     int32_t *sent_valid;  /* [S] Luna P mask / transformer source length per sentence, NULL: none */
@@ -53,8 +59,9 @@ typedef struct {
     /* In-flight batching (sentences at different positions; decoding/incremental.h): */
     const int32_t *sent_step;  /* host [S]: each sentence's positions decoded so far; NULL: all
                                   `step` */
-    const int32_t *sent_block; /* transformer, host [S]: the j-th row of sentence s writes cache
-                                  slot sent_block[s]·beam + j; NULL: slot r */
+    const int32_t *sent_block; /* transformer, host [S]: the j-th row of sentence s writes its
+                                  current position in cache slot sent_block[s]·beam + j; NULL:
+                                  slot r */
     int one_row_sentences;     /* the last this many sentences have one row each (sentences that
                                   joined at step 0, whose beams are alike), the others `beam` */
 } luna_decoder_dims;
@@ -77,7 +84,8 @@ luna_status luna_decoder_begin(luna_seq2seq *model, luna_arena *state, luna_aren
 
 /* Allocate from `state` the layers' state for dims->S sentences and dims->R_cap rows (sources
  * of up to dims->m tokens, dims->L P slots, dims->max_steps positions), holding no sentence yet:
- * luna_decoder_admit fills it. */
+ * luna_decoder_admit fills it. With dims->cache_page > 0 the transformer's self-attention caches
+ * are left to the caller (NULL here; pages of positions, decoding/kv_pages.h). */
 luna_status luna_decoder_alloc(luna_seq2seq *model, luna_arena *state,
                                const luna_decoder_dims *dims, luna_decoder_layer_state *layers);
 

@@ -3,8 +3,9 @@
  * between rows untouched, bad sizes rejected) and log_softmax_topk (the k best log-probs of each
  * row against a host reference computed in double as documented: best first, ties by lower index,
  * NaN as -inf, the bias banning and penalising tokens, pick/picked unbiased) and cache_products
- * (a step's attention products over a beam-indirect cache: against a double-precision loop over
- * the indexed rows, and on the CPU bit-equal to the one-row gemm over a gathered copy). Both
+ * (a step's attention products over a beam-indirect cache, whole histories or pages of positions
+ * per slot: against a double-precision loop over the indexed rows, and on the CPU bit-equal to
+ * the one-row gemm over a gathered copy). Both
  * against a host
  * loop on the backend under test (LUNA_TEST_BACKEND) and, EXACT, against the CPU reference. Ops
  * get device buffers from the harness (tests/backend_harness.h). */
@@ -379,23 +380,23 @@ END_TEST
  */
 typedef struct {
     bool values;
-    int R, H, dh, T, T_cap;
+    int R, H, dh, T, T_cap, page;
 } cache_args;
 
-/* d[0] y, d[1] x, d[2] C [slots, H, T_cap, dh], d[3] ind [R, T_cap]. */
+/* d[0] y, d[1] x, d[2] C [slots, H, page, dh], d[3] ind [R, T_cap]. */
 static luna_status run_cache(luna_backend *be, void *const *d, const void *args) {
     const cache_args *a = args;
     return be->ops->cache_products(be, a->values, d[0], d[1], d[2], d[3], a->R, a->H, a->dh, a->T,
-                                   a->T_cap);
+                                   a->T_cap, a->page);
 }
 
 /* One case: y on the backend under test against a double-precision host loop over the indexed
  * rows (1e-5 of max|y|); on the CPU, for T ≤ 256, bit-equal to the one-row gemm over a gathered
  * copy of the rows (what decoding computed before the indirection); then against the CPU
  * reference. Indices past T are out of range: reading one would be caught (ASan, the harness). */
-static void check_cache(bool values, int R, int H, int dh, int T, int T_cap, int slots,
+static void check_cache(bool values, int R, int H, int dh, int T, int T_cap, int page, int slots,
                         uint64_t seed) {
-    const int64_t G = (int64_t)R * H, group = (int64_t)T_cap * dh;
+    const int64_t G = (int64_t)R * H, group = (int64_t)page * dh;
     const size_t nC = (size_t)slots * H * group, nx = (size_t)G * (values ? T : dh),
                  ny = (size_t)G * (values ? dh : T), nind = (size_t)R * T_cap;
     luna_test_rng rng;
@@ -414,7 +415,8 @@ static void check_cache(bool values, int R, int H, int dh, int T, int T_cap, int
     for (int64_t g = 0; g < G; g++)
         for (int p = 0; p < T; p++)
             memcpy(gathered + (g * T + p) * dh,
-                   C + ((int64_t)ind[(g / H) * T_cap + p] * H + g % H) * group + (int64_t)p * dh,
+                   C + ((int64_t)ind[(g / H) * T_cap + p] * H + g % H) * group +
+                       (int64_t)(p % page) * dh,
                    sizeof(float) * (size_t)dh);
     double ymax = 0;
     for (int64_t g = 0; g < G; g++) {
@@ -437,13 +439,13 @@ static void check_cache(bool values, int R, int H, int dh, int T, int T_cap, int
     for (size_t i = 0; i < ny; i++)
         ymax = fmax(ymax, fabs(want[i]));
     char what[112];
-    snprintf(what, sizeof what, "%s R %d H %d dh %d T %d T_cap %d", values ? "values" : "scores", R,
-             H, dh, T, T_cap);
+    snprintf(what, sizeof what, "%s R %d H %d dh %d T %d T_cap %d page %d",
+             values ? "values" : "scores", R, H, dh, T, T_cap, page);
 
     luna_backend *be = lh_backend(2);
     float *vy = lh_f32(be, NULL, ny), *vx = lh_f32(be, x, nx), *vC = lh_f32(be, C, nC);
     int32_t *vind = lh_i32(be, ind, nind);
-    LUNA_CHECK_OK(be->ops->cache_products(be, values, vy, vx, vC, vind, R, H, dh, T, T_cap));
+    LUNA_CHECK_OK(be->ops->cache_products(be, values, vy, vx, vC, vind, R, H, dh, T, T_cap, page));
     lh_download(be, got, vy, ny * sizeof *got);
     for (size_t i = 0; i < ny; i++)
         LUNA_EXPECT(fabs(got[i] - want[i]) <= 1e-5 * fmax(ymax, 1e-30),
@@ -474,7 +476,7 @@ static void check_cache(bool values, int R, int H, int dh, int T, int T_cap, int
     lh_free(be, vind);
     luna_backend_free(be);
 
-    cache_args a = {values, R, H, dh, T, T_cap};
+    cache_args a = {values, R, H, dh, T, T_cap, page};
     lh_buf bufs[] = {{NULL, ny, LH_F32, LH_OUT},
                      {x, nx, LH_F32, LH_IN},
                      {C, nC, LH_F32, LH_IN},
@@ -489,40 +491,40 @@ static void check_cache(bool values, int R, int H, int dh, int T, int T_cap, int
 }
 
 START_TEST(cache_products_read_through_the_indices) {
-    static const int shapes[][6] = {/* R, H, dh, T, T_cap, slots */
-                                    {3, 2, 64, 1, 5, 3},     {3, 2, 64, 19, 23, 4},
-                                    {5, 3, 13, 8, 8, 5},     {2, 4, 40, 33, 40, 7},
-                                    {16, 4, 64, 24, 30, 16}, /* G·T·dh ≥ 32768: threaded */
-                                    {2, 1, 16, 300, 301, 2}};
+    /* page ≥ T_cap: a slot per row history; smaller: a slot per page of positions (decoding's
+     * key/value pages), including pages that do not divide T_cap and a page of one position */
+    static const int shapes[][7] = {
+        /* R, H, dh, T, T_cap, page, slots */
+        {3, 2, 64, 1, 5, 5, 3},       {3, 2, 64, 19, 23, 23, 4},   {5, 3, 13, 8, 8, 8, 5},
+        {2, 4, 40, 33, 40, 40, 7},    {16, 4, 64, 24, 30, 30, 16}, /* G·T·dh ≥ 32768: threaded */
+        {2, 1, 16, 300, 301, 301, 2}, {3, 2, 64, 19, 23, 4, 9},    {5, 3, 13, 8, 8, 1, 11},
+        {16, 4, 64, 24, 30, 16, 33},  {3, 2, 8, 5, 6, 16, 3}};
     uint64_t seed = 500;
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         for (int values = 0; values < 2; values++) {
             const int *s = shapes[i];
-            check_cache(values, s[0], s[1], s[2], s[3], s[4], s[5], seed++);
+            check_cache(values, s[0], s[1], s[2], s[3], s[4], s[5], s[6], seed++);
         }
 }
 END_TEST
 
 START_TEST(cache_products_rejects_bad_sizes) {
-    static const int bad[][5] = {/* R, H, dh, T, T_cap */
-                                 {-1, 2, 4, 2, 3},
-                                 {2, 0, 4, 2, 3},
-                                 {2, 2, 0, 2, 3},
-                                 {2, 2, 4, 0, 3},
-                                 {2, 2, 4, 4, 3}};
+    static const int bad[][6] = {/* R, H, dh, T, T_cap, page */
+                                 {-1, 2, 4, 2, 3, 3}, {2, 0, 4, 2, 3, 3}, {2, 2, 0, 2, 3, 3},
+                                 {2, 2, 4, 0, 3, 3},  {2, 2, 4, 4, 3, 3}, {2, 2, 4, 2, 3, 0}};
     luna_backend *be = lh_backend(1);
     float *buf = lh_f32(be, NULL, 64);
     int32_t *ind = lh_i32(be, NULL, 8);
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
         const int *b = bad[k];
-        luna_status st =
-            be->ops->cache_products(be, false, buf, buf, buf, ind, b[0], b[1], b[2], b[3], b[4]);
+        luna_status st = be->ops->cache_products(be, false, buf, buf, buf, ind, b[0], b[1], b[2],
+                                                 b[3], b[4], b[5]);
         ck_assert_msg(st == LUNA_ERR_INVALID_ARGUMENT, "case %zu: status %d", k, st);
         ck_assert_ptr_nonnull(strstr(luna_error_message(), "cache_products"));
         luna_error_clear();
     }
     /* no rows: nothing to do, whatever the pointers */
-    LUNA_CHECK_OK(be->ops->cache_products(be, true, NULL, NULL, NULL, NULL, 0, 2, 4, 2, 3));
+    LUNA_CHECK_OK(be->ops->cache_products(be, true, NULL, NULL, NULL, NULL, 0, 2, 4, 2, 3, 3));
     lh_free(be, buf);
     lh_free(be, ind);
     luna_backend_free(be);

@@ -326,12 +326,12 @@ static luna_status w_log_softmax_topk(luna_backend *be, const luna_act *logits, 
 }
 static luna_status w_cache_products(luna_backend *be, bool values, luna_act *y, const luna_act *x,
                                     const luna_act *C, const int32_t *ind, int R, int H, int dh,
-                                    int T, int T_cap) {
+                                    int T, int T_cap, int page) {
     /* Matrix-vector products per (row, head), on vector units (no tensor-core tile to fill): x,
      * y and the T cached rows read once; T indices per row (shared by its heads). */
     const double G = D(R) * H;
     COST(.flops = 2 * G * T * dh, .act_elems = G * (D(T) * dh + T + dh), .bytes = 4 * D(R) * T);
-    FORWARD(cache_products, values, y, x, C, ind, R, H, dh, T, T_cap);
+    FORWARD(cache_products, values, y, x, C, ind, R, H, dh, T, T_cap, page);
 }
 static luna_status w_hold_weights(luna_backend *be, const float *W, int out, int in,
                                   luna_dtype dtype) {

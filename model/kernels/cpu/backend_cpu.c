@@ -4,6 +4,7 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "core/allocator.h"
 #include "core/backend.h"
@@ -56,17 +57,41 @@ static const luna_ops cpu_kernels = {
     .release_weights = luna_cpu_release_weights,
 };
 
-/* 256-byte aligned host memory: the arena's alignment, as cudaMalloc gives on the GPU. */
+/* Large buffers are mapped from the OS and unmapped on release, so that a released one gives its
+ * pages back: the C heap keeps freed blocks resident once glibc has raised its mmap threshold past
+ * their size (it does after freeing a mapped block of up to 32 MiB), and a buffer that grows by
+ * reallocation (decoding's key/value pages, decoding/kv_pages.h) would leave every smaller copy
+ * in the process. Under AddressSanitizer everything stays on its heap, which checks the ends. */
+#if defined(__SANITIZE_ADDRESS__)
+#define LUNA_CPU_MAP_BYTES ((size_t)-1)
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define LUNA_CPU_MAP_BYTES ((size_t)-1)
+#endif
+#endif
+#ifndef LUNA_CPU_MAP_BYTES
+#define LUNA_CPU_MAP_BYTES ((size_t)1 << 20)
+#endif
+
+/* 256-byte aligned host memory: the arena's alignment, as cudaMalloc gives on the GPU (a mapping
+ * is page-aligned). */
 static void *cpu_alloc(luna_backend *be, size_t bytes) {
     (void)be;
+    if (bytes >= LUNA_CPU_MAP_BYTES) {
+        void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        return p == MAP_FAILED ? NULL : p;
+    }
     void *p = NULL;
     size_t rounded = (bytes + 255) & ~(size_t)255;
     if (posix_memalign(&p, 256, rounded ? rounded : 256) != 0) return NULL;
     return p;
 }
-static void cpu_release(luna_backend *be, void *p) {
+static void cpu_release(luna_backend *be, void *p, size_t bytes) {
     (void)be;
-    free(p);
+    if (bytes >= LUNA_CPU_MAP_BYTES)
+        (void)munmap(p, bytes);
+    else
+        free(p);
 }
 static luna_status cpu_zero(luna_backend *be, void *p, size_t bytes) {
     (void)be;

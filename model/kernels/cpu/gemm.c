@@ -375,11 +375,11 @@ void luna_cpu_bias_grad(luna_backend *be, float *db, const float *dy, int64_t ro
  * gemm over a gathered copy, without the copy. */
 luna_status luna_cpu_cache_products(luna_backend *be, bool values, luna_act *y_, const luna_act *x_,
                                     const luna_act *C_, const int32_t *ind, int R, int H, int dh,
-                                    int T, int T_cap) {
+                                    int T, int T_cap, int page) {
     if (R == 0) return LUNA_OK;
     float *y = (float *)y_;
     const float *x = (const float *)x_, *C = (const float *)C_;
-    const int64_t G = (int64_t)R * H, group = (int64_t)T_cap * dh;
+    const int64_t G = (int64_t)R * H, group = (int64_t)page * dh;
     const int threads =
         G * T * dh >= LUNA_CPU_PAR_ROWS_WORK && be->num_threads > 1 ? be->num_threads : 1;
     luna_arena_mark mark = luna_arena_get_mark(be->scratch);
@@ -396,7 +396,7 @@ luna_status luna_cpu_cache_products(luna_backend *be, bool values, luna_act *y_,
         const int64_t r = g / H, h = g % H;
         const float **rp = rows + (size_t)omp_get_thread_num() * T;
         for (int p = 0; p < T; p++)
-            rp[p] = C + ((int64_t)ind[r * T_cap + p] * H + h) * group + (int64_t)p * dh;
+            rp[p] = C + ((int64_t)ind[r * T_cap + p] * H + h) * group + (int64_t)(p % page) * dh;
 #if defined(__x86_64__) && defined(__GNUC__)
         if (simd) {
             if (values)

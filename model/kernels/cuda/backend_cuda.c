@@ -80,8 +80,12 @@ static void id_ranges_clear(luna_cuda_impl *c) {
     pthread_mutex_unlock(&c->id_lock);
 }
 
-static void cuda_release(luna_backend *be, void *p) {
-    id_ranges_clear(luna_cuda_impl_of(be)); /* the memory may come back as anything */
+static void cuda_release(luna_backend *be, void *p, size_t bytes) {
+    /* the memory may come back as anything: the ranges in it end */
+    if (bytes)
+        id_ranges_written(luna_cuda_impl_of(be), p, bytes);
+    else
+        id_ranges_clear(luna_cuda_impl_of(be));
     luna_cuda_weights_freed(be, p);
     luna_cuda_raw_release(be, p);
 }

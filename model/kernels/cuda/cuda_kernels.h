@@ -173,10 +173,11 @@ cudaError_t luna_cuda_log_softmax_topk(cudaStream_t s, int bf16, const void *log
                                        const float *bias, int64_t rows, int V, int k, float *top_lp,
                                        int32_t *top_idx, const int32_t *pick, float *picked);
 /* cache_products (core/backend.h): scores (values 0) y[g·T + p] or outputs (values 1)
- * y[g·dh + j] over the cache C read through the slot indices ind [R, T_cap]. */
+ * y[g·dh + j] over the cache C (slots of `page` positions) read through the slot indices
+ * ind [R, T_cap]. */
 cudaError_t luna_cuda_cache_products(cudaStream_t s, int bf16, int values, void *y, const void *x,
                                      const void *C, const int32_t *ind, int R, int H, int dh, int T,
-                                     int T_cap);
+                                     int T_cap, int page);
 
 /* ---- causal_contraction.cu (p, q ≤ 256: cudaErrorInvalidValue otherwise) ---- */
 cudaError_t luna_cuda_causal_contraction_forward(cudaStream_t s, int bf16, void *out, const void *x,

@@ -319,10 +319,10 @@ static luna_status log_softmax_topk(luna_backend *be, const luna_act *logits, co
 }
 static luna_status cache_products(luna_backend *be, bool values, luna_act *y, const luna_act *x,
                                   const luna_act *C, const int32_t *ind, int R, int H, int dh,
-                                  int T, int T_cap) {
+                                  int T, int T_cap, int page) {
     if (R == 0) return LUNA_OK;
     LAUNCH("cache_products", luna_cuda_cache_products(stream(be), bf16(be), values, y, x, C, ind, R,
-                                                      H, dh, T, T_cap));
+                                                      H, dh, T, T_cap, page));
 }
 
 const luna_ops luna_cuda_kernels = {

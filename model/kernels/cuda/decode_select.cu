@@ -68,19 +68,19 @@ __global__ void topk_kernel(const T *logits, const float *bias, int64_t rows, in
 }
 
 /* cache_products (core/backend.h "Decoding"): one block per group g = r·H + h. Row p of the
- * group's cache lives in slot ind[r·T_cap + p], at C + ((slot·H + h)·T_cap + p)·dh.
+ * group's cache lives in slot ind[r·T_cap + p], at C + ((slot·H + h)·page + p mod page)·dh.
  *   scores  (values false): thread per p,  y[g·T + p]  = Σ_{k<dh} x[g·dh + k] · C_p[k]
  *   outputs (values true):  thread per j,  y[g·dh + j] = Σ_{p<T}  x[g·T + p] · C_p[j]
  * Each sum is one fmaf chain in ascending order from 0, stored once. */
 template <typename T>
 __global__ void cache_scores_kernel(T *y, const T *x, const T *C, const int32_t *ind, int H, int dh,
-                                    int Tn, int T_cap) {
+                                    int Tn, int T_cap, int page) {
     const int64_t g = blockIdx.x;
     const int64_t r = g / H, h = g % H;
     const T *xg = x + g * dh;
     for (int p = threadIdx.x; p < Tn; p += blockDim.x) {
         const int64_t slot = ind[r * T_cap + p];
-        const T *c = C + ((slot * H + h) * T_cap + p) * dh;
+        const T *c = C + ((slot * H + h) * page + p % page) * dh;
         float acc = 0.0f;
         for (int k = 0; k < dh; k++)
             acc = fmaf(load(xg, k), load(c, k), acc);
@@ -90,7 +90,7 @@ __global__ void cache_scores_kernel(T *y, const T *x, const T *C, const int32_t 
 
 template <typename T>
 __global__ void cache_outputs_kernel(T *y, const T *x, const T *C, const int32_t *ind, int H,
-                                     int dh, int Tn, int T_cap) {
+                                     int dh, int Tn, int T_cap, int page) {
     const int64_t g = blockIdx.x;
     const int64_t r = g / H, h = g % H;
     const T *xg = x + g * Tn;
@@ -98,7 +98,7 @@ __global__ void cache_outputs_kernel(T *y, const T *x, const T *C, const int32_t
     for (int j = threadIdx.x; j < dh; j += blockDim.x) {
         float acc = 0.0f;
         for (int p = 0; p < Tn; p++) {
-            const T *c = C + (((int64_t)ir[p] * H + h) * T_cap + p) * dh;
+            const T *c = C + (((int64_t)ir[p] * H + h) * page + p % page) * dh;
             acc = fmaf(load(xg, p), load(c, j), acc);
         }
         store(y, g * dh + j, acc);
@@ -107,16 +107,19 @@ __global__ void cache_outputs_kernel(T *y, const T *x, const T *C, const int32_t
 
 template <typename T>
 cudaError_t cache_products_launch(cudaStream_t s, int values, void *y, const void *x, const void *C,
-                                  const int32_t *ind, int R, int H, int dh, int Tn, int T_cap) {
+                                  const int32_t *ind, int R, int H, int dh, int Tn, int T_cap,
+                                  int page) {
     const unsigned blocks = (unsigned)R * (unsigned)H;
     const int n = values ? dh : Tn;
     const unsigned threads = n >= 256 ? 256u : (unsigned)((n + 31) / 32 * 32);
     if (values)
         LUNA_LAUNCH(cache_outputs_kernel<T>, blocks, threads, 0, s, static_cast<T *>(y),
-                    static_cast<const T *>(x), static_cast<const T *>(C), ind, H, dh, Tn, T_cap);
+                    static_cast<const T *>(x), static_cast<const T *>(C), ind, H, dh, Tn, T_cap,
+                    page);
     else
         LUNA_LAUNCH(cache_scores_kernel<T>, blocks, threads, 0, s, static_cast<T *>(y),
-                    static_cast<const T *>(x), static_cast<const T *>(C), ind, H, dh, Tn, T_cap);
+                    static_cast<const T *>(x), static_cast<const T *>(C), ind, H, dh, Tn, T_cap,
+                    page);
     return cudaGetLastError();
 }
 
@@ -141,8 +144,9 @@ extern "C" cudaError_t luna_cuda_log_softmax_topk(cudaStream_t s, int bf16, cons
 
 extern "C" cudaError_t luna_cuda_cache_products(cudaStream_t s, int bf16, int values, void *y,
                                                 const void *x, const void *C, const int32_t *ind,
-                                                int R, int H, int dh, int T, int T_cap) {
+                                                int R, int H, int dh, int T, int T_cap, int page) {
     if (R <= 0 || H <= 0 || dh <= 0 || T <= 0) return cudaSuccess;
-    if (bf16) return cache_products_launch<bf16_t>(s, values, y, x, C, ind, R, H, dh, T, T_cap);
-    return cache_products_launch<float>(s, values, y, x, C, ind, R, H, dh, T, T_cap);
+    if (bf16)
+        return cache_products_launch<bf16_t>(s, values, y, x, C, ind, R, H, dh, T, T_cap, page);
+    return cache_products_launch<float>(s, values, y, x, C, ind, R, H, dh, T, T_cap, page);
 }
