@@ -48,14 +48,13 @@ static counts train(char *bin, char *save, int updates) {
                     "--clip-norm",
                     "1",
                     "--max-tokens",
-                    "256",
+                    "64",
                     "--max-update",
                     max_update,
                     "--save-dir",
                     save,
                     "--no-save",
-                    "--validate-interval",
-                    "1000",
+                    "--disable-validation",
                     "--threads",
                     "1",
                     "--no-progress-bar",
@@ -120,6 +119,7 @@ START_TEST(launches_and_host_waits_per_update) {
     snprintf(save, sizeof save, "%s/ckpt", tmp);
     luna_synthetic_options so;
     luna_synthetic_options_init(&so);
+    so.num_train = 200, so.num_valid = 8; /* a few batches: the harness is slow under ASan */
     ck_assert_int_eq(luna_synthetic_data_bin(bin, &so), LUNA_OK);
     enum { U1 = 2, U2 = 4 };
     counts a = train(bin, save, U1), b = train(bin, save, U2);
