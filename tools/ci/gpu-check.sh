@@ -220,6 +220,14 @@ line=$("$build/bench-translate" --preset luna_demo --device cuda --sentences "$s
        --max-len-b 40 2>&1 | tail -n 1) \
   && note "ok   bench-translate luna_demo beam 4 (random weights, 40 tokens): $line" \
   || fail "bench-translate"
+# Where a decoding step's time goes on the device (each op synchronised: the ops' sum against the
+# wall time above shows how much the host-side beam loop costs).
+if "$build/bench-translate" --preset luna_demo --device cuda --sentences "$sentences" \
+     --max-len-b 40 --profile > "$build/gpu-check.translate-profile.log" 2>&1; then
+  note "ok   bench-translate --profile (per op family): $build/gpu-check.translate-profile.log"
+else
+  fail "bench-translate --profile ($build/gpu-check.translate-profile.log)"
+fi
 
 # 5. luna-train on real data (tokens per second as it logs them)
 train_updates=200; [ "$quick" -eq 1 ] && train_updates=120
