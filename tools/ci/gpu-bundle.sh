@@ -6,6 +6,10 @@
 # data-bin for the training step. The CUDA libraries (cudart, cuBLASLt) come from the GPU machine.
 #
 #   tools/ci/gpu-bundle.sh OUT.tar.xz [--build-dir DIR] [--baseline BENCH-MODEL] [--train-data DATA-BIN]
+#                          [--add FILE]...
+#
+# --add FILE (repeatable) copies FILE into gpu-bundle/extra/ (e.g. newstest2014's test.en/test.de
+# and the CPU's loss curve for tools/ci/gpu-learn.sh).
 #
 # xz, not gzip: every program carries the same kernel images, which gzip's 32 KiB window cannot
 # see across files (a bundle of 26 programs: 61 MB as .tar.gz, 14 MB as .tar.xz).
@@ -20,16 +24,17 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 die() { echo "gpu-bundle: error: $*" >&2; exit 1; }
-[ $# -ge 1 ] || die "usage: gpu-bundle.sh OUT.tar.xz [--build-dir DIR] [--baseline BIN] [--train-data DIR]"
+[ $# -ge 1 ] || die "usage: gpu-bundle.sh OUT.tar.xz [--build-dir DIR] [--baseline BIN] [--train-data DIR] [--add FILE]..."
 case "$1" in -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;; esac
 out="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"; shift
-build="$root/build-gpu" baseline="" data=""
+build="$root/build-gpu" baseline="" data="" extra=()
 while [ $# -gt 0 ]; do
   [ $# -ge 2 ] || die "$1 needs a value"
   case "$1" in
     --build-dir) build="$(cd "$2" && pwd)" ;;
     --baseline) baseline="$(cd "$(dirname "$2")" && pwd)/$(basename "$2")" ;;
     --train-data) data="$(cd "$2" && pwd)" ;;
+    --add) [ -f "$2" ] || die "--add $2: no such file"; extra+=("$2") ;;
     *) die "unknown option '$1'" ;;
   esac
   shift 2
@@ -59,6 +64,7 @@ for f in "${files[@]}"; do ldd "$build/$f"; done | awk '$3 ~ /^\// { print $3 }'
   while read -r lib; do cp -L "$lib" "$stage/gpu-bundle/lib/"; done
 if [ -n "$baseline" ]; then mkdir -p "$stage/gpu-bundle/baseline" && cp "$baseline" "$stage/gpu-bundle/baseline/"; fi
 if [ -n "$data" ]; then cp -r "$data" "$stage/gpu-bundle/data-bin"; fi
+if [ ${#extra[@]} -gt 0 ]; then mkdir -p "$stage/gpu-bundle/extra" && cp "${extra[@]}" "$stage/gpu-bundle/extra/"; fi
 rel="$(realpath --relative-to="$root" "$build")"
 # copies without symbols (smaller to carry); the device code is untouched
 mkdir -p "$stage/tree/$rel"
@@ -68,4 +74,4 @@ done
 for f in "${files[@]}"; do strip --strip-unneeded "$stage/tree/$rel/$f" 2> /dev/null || true; done
 XZ_OPT="-6 -T0" tar cJf "$out" -C "$stage/tree" $(printf "$rel/%s " "${files[@]}" "${ctest_files[@]}") \
   -C "$stage" gpu-bundle
-echo "gpu-bundle: $out ($(du -h "$out" | cut -f1)): ${#files[@]} programs and suites of $rel, $(ls "$stage/gpu-bundle/lib" | wc -l) libraries${baseline:+, baseline bench-model}${data:+, data-bin}"
+echo "gpu-bundle: $out ($(du -h "$out" | cut -f1)): ${#files[@]} programs and suites of $rel, $(ls "$stage/gpu-bundle/lib" | wc -l) libraries${baseline:+, baseline bench-model}${data:+, data-bin}${extra:+, ${#extra[@]} extra files}"
