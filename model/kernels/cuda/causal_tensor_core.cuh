@@ -166,6 +166,44 @@ __device__ inline void state_add(float *St, int ldsf, const bf16 *U, int ldu, co
     }
 }
 
+/* F[C, w16] (fp32) = tril(T) V + U Σ, tile by tile over the warps: T [C, C] bf16, zero above the
+ * diagonal (its tiles right of the diagonal are skipped), V [C, w16]; the state term (U NULL: none)
+ * U [C, k16] times Σ = Sb [k16, w16] or, with `transposed`, Sbᵀ (Sb [w16, k16] read as columns).
+ * The three products of the contraction: O = X S + tril(X Aᵀ) B (forward), dX = M A (chunk 0) and
+ * dX = M A + G Sᵀ (later chunks). */
+template <bool transposed>
+__device__ inline void masked_plus_state(float *F, int ldf, const bf16 *T, int ldc, const bf16 *V,
+                                         int ldv, int w16, const bf16 *U, int ldu, const bf16 *Sb,
+                                         int lds, int k16, int warp) {
+    const int tw = w16 / 16;
+    for (int tile = warp; tile < (kC / 16) * tw; tile += kWarps) {
+        const int ti = tile / tw, tj = tile % tw;
+        Acc acc;
+        wmma::fill_fragment(acc, 0.0f);
+        ARow fa;
+        if (U)
+            for (int k = 0; k < k16; k += 16) {
+                wmma::load_matrix_sync(fa, U + ti * 16 * ldu + k, ldu);
+                if (transposed) {
+                    BCol fb;
+                    wmma::load_matrix_sync(fb, Sb + tj * 16 * lds + k, lds);
+                    wmma::mma_sync(acc, fa, fb, acc);
+                } else {
+                    BRow fb;
+                    wmma::load_matrix_sync(fb, Sb + k * lds + tj * 16, lds);
+                    wmma::mma_sync(acc, fa, fb, acc);
+                }
+            }
+        for (int k = 0; k <= ti * 16; k += 16) {
+            BRow fb;
+            wmma::load_matrix_sync(fa, T + ti * 16 * ldc + k, ldc);
+            wmma::load_matrix_sync(fb, V + k * ldv + tj * 16, ldv);
+            wmma::mma_sync(acc, fa, fb, acc);
+        }
+        wmma::store_matrix_sync(F + ti * 16 * ldf + tj * 16, acc, ldf, wmma::mem_row_major);
+    }
+}
+
 /* out rows c0 .. c0 + tn of one side: F[t][j] (fp32) times alpha/(c0 + t + 1) when `scaled`. */
 __device__ inline void write_rows(bf16 *out, const Rows &l, int64_t g, int c0, int tn, int len,
                                   const float *F, int ldf, bool scaled, float alpha) {
@@ -199,7 +237,7 @@ __global__ void __launch_bounds__(kThreads)
     bf16 *Pm = (bf16 *)(smem + pl.pm), *Sb = (bf16 *)(smem + pl.stb);
     float *F = (float *)(smem + pl.fq), *S = (float *)(smem + pl.st);
     const int64_t g = blockIdx.x;
-    const int warp = threadIdx.x / 32, tq = s.q16 / 16;
+    const int warp = threadIdx.x / 32;
     for (int i = threadIdx.x; i < s.p16 * s.ldsf; i += kThreads)
         S[i] = 0.0f;
     for (int c0 = 0; c0 < n; c0 += kC) {
@@ -214,27 +252,9 @@ __global__ void __launch_bounds__(kThreads)
         __syncthreads();
         to_bf16(Pm, s.ldc, F, s.ldfq, kC, kC, true);
         __syncthreads();
-        /* O = X S + tril(X Aᵀ) B, tiles [C/16, q16/16]; tril's tiles right of the diagonal are 0 */
-        for (int tile = warp; tile < (kC / 16) * tq; tile += kWarps) {
-            const int ti = tile / tq, tj = tile % tq;
-            Acc acc;
-            wmma::fill_fragment(acc, 0.0f);
-            ARow fa;
-            BRow fb;
-            if (c0 > 0)
-                for (int k = 0; k < s.p16; k += 16) {
-                    wmma::load_matrix_sync(fa, X + ti * 16 * s.ldp + k, s.ldp);
-                    wmma::load_matrix_sync(fb, Sb + k * s.ldq + tj * 16, s.ldq);
-                    wmma::mma_sync(acc, fa, fb, acc);
-                }
-            for (int k = 0; k <= ti * 16; k += 16) {
-                wmma::load_matrix_sync(fa, Pm + ti * 16 * s.ldc + k, s.ldc);
-                wmma::load_matrix_sync(fb, B + k * s.ldq + tj * 16, s.ldq);
-                wmma::mma_sync(acc, fa, fb, acc);
-            }
-            wmma::store_matrix_sync(F + ti * 16 * s.ldfq + tj * 16, acc, s.ldfq,
-                                    wmma::mem_row_major);
-        }
+        /* O = X S + tril(X Aᵀ) B */
+        masked_plus_state<false>(F, s.ldfq, Pm, s.ldc, B, s.ldq, s.q16, c0 > 0 ? X : nullptr,
+                                 s.ldp, Sb, s.ldq, s.p16, warp);
         __syncthreads();
         write_rows(out, lq, g, c0, tn, q, F, s.ldfq, true, alpha);
         if (c0 + tn < n) state_add(S, s.ldsf, A, s.ldp, B, s.ldq, s.p16, s.q16, warp);
@@ -320,20 +340,8 @@ __global__ void __launch_bounds__(kThreads)
         }
         /* chunk 0: dX = M A (S = 0) */
         __syncthreads(); /* Fp is written out */
-        for (int tile = warp; tile < (kC / 16) * tp; tile += kWarps) {
-            const int ti = tile / tp, tj = tile % tp;
-            Acc acc;
-            wmma::fill_fragment(acc, 0.0f);
-            for (int k = 0; k <= ti * 16; k += 16) {
-                ARow fa;
-                BRow fb;
-                wmma::load_matrix_sync(fa, Mb + ti * 16 * s.ldc + k, s.ldc);
-                wmma::load_matrix_sync(fb, A + k * s.ldp + tj * 16, s.ldp);
-                wmma::mma_sync(acc, fa, fb, acc);
-            }
-            wmma::store_matrix_sync(Fp + ti * 16 * s.ldfp + tj * 16, acc, s.ldfp,
-                                    wmma::mem_row_major);
-        }
+        masked_plus_state<false>(Fp, s.ldfp, Mb, s.ldc, A, s.ldp, s.p16, nullptr, 0, nullptr, 0, 0,
+                                 warp);
         __syncthreads();
         write_rows(dx, lp, g, c0, tn, p, Fp, s.ldfp, false, alpha);
     }
@@ -358,27 +366,9 @@ __global__ void __launch_bounds__(kThreads)
             __syncthreads();
             to_bf16(Mb, s.ldc, Fq, s.ldfq, kC, kC, true);
             __syncthreads();
-            /* dX = M A + G Sᵀ  [C, p16] */
-            for (int tile = warp; tile < (kC / 16) * tp; tile += kWarps) {
-                const int ti = tile / tp, tj = tile % tp;
-                Acc acc;
-                wmma::fill_fragment(acc, 0.0f);
-                ARow fa;
-                for (int k = 0; k <= ti * 16; k += 16) {
-                    BRow fb;
-                    wmma::load_matrix_sync(fa, Mb + ti * 16 * s.ldc + k, s.ldc);
-                    wmma::load_matrix_sync(fb, A + k * s.ldp + tj * 16, s.ldp);
-                    wmma::mma_sync(acc, fa, fb, acc);
-                }
-                for (int k = 0; k < s.q16; k += 16) {
-                    BCol fb; /* Sᵀ: S's rows read as columns */
-                    wmma::load_matrix_sync(fa, G + ti * 16 * s.ldq + k, s.ldq);
-                    wmma::load_matrix_sync(fb, Stb + tj * 16 * s.ldq + k, s.ldq);
-                    wmma::mma_sync(acc, fa, fb, acc);
-                }
-                wmma::store_matrix_sync(Fp + ti * 16 * s.ldfp + tj * 16, acc, s.ldfp,
-                                        wmma::mem_row_major);
-            }
+            /* dX = M A + G Sᵀ */
+            masked_plus_state<true>(Fp, s.ldfp, Mb, s.ldc, A, s.ldp, s.p16, G, s.ldq, Stb, s.ldq,
+                                    s.q16, warp);
             __syncthreads();
             write_rows(dx, lp, g, c0, tn, p, Fp, s.ldfp, false, alpha);
         }
