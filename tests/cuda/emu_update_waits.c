@@ -35,32 +35,13 @@ typedef struct {
 static counts train(char *bin, char *save, int updates) {
     char max_update[16];
     snprintf(max_update, sizeof max_update, "%d", updates);
-    char *argv[] = {"luna-train",
-                    bin,
-                    "--device",
-                    "cuda",
-                    "--arch",
-                    "luna_tiny",
-                    "--optimizer",
-                    "apollo",
-                    "--lr",
-                    "0.01",
-                    "--clip-norm",
-                    "1",
-                    "--max-tokens",
-                    "64",
-                    "--max-update",
-                    max_update,
-                    "--save-dir",
-                    save,
-                    "--no-save",
-                    "--disable-validation",
-                    "--threads",
-                    "1",
-                    "--no-progress-bar",
-                    "--log-interval",
-                    "1000",
-                    NULL};
+    char *argv[] = {"luna-train",   bin,         "--device",          "cuda",
+                    "--arch",       "luna_tiny", "--optimizer",       "apollo",
+                    "--lr",         "0.01",      "--clip-norm",       "1",
+                    "--max-tokens", "64",        "--max-update",      max_update,
+                    "--save-dir",   save,        "--no-save",         "--disable-validation",
+                    "--threads",    "1",         "--no-progress-bar", "--log-interval",
+                    "1000",         NULL};
     int argc = (int)(sizeof argv / sizeof argv[0]) - 1;
     luna_train_options o;
     ck_assert_msg(luna_train_options_parse(&o, argc, argv) == LUNA_OK, "%s", luna_error_message());

@@ -148,8 +148,8 @@ __device__ inline void lower_products(float *F, int ldf, const bf16 *U, const bf
 }
 
 /* St [r16, c16] (fp32) += Uᵀ V over the C rows (U [C, r16], V [C, c16] bf16 rows). */
-__device__ inline void state_add(float *St, int ldsf, const bf16 *U, int ldu, const bf16 *V, int ldv,
-                                 int r16, int c16, int warp) {
+__device__ inline void state_add(float *St, int ldsf, const bf16 *U, int ldu, const bf16 *V,
+                                 int ldv, int r16, int c16, int warp) {
     const int tc = c16 / 16, tiles = (r16 / 16) * tc;
     for (int tile = warp; tile < tiles; tile += kWarps) {
         const int ti = tile / tc, tj = tile % tc;
@@ -253,8 +253,8 @@ __global__ void __launch_bounds__(kThreads)
         to_bf16(Pm, s.ldc, F, s.ldfq, kC, kC, true);
         __syncthreads();
         /* O = X S + tril(X Aᵀ) B */
-        masked_plus_state<false>(F, s.ldfq, Pm, s.ldc, B, s.ldq, s.q16, c0 > 0 ? X : nullptr,
-                                 s.ldp, Sb, s.ldq, s.p16, warp);
+        masked_plus_state<false>(F, s.ldfq, Pm, s.ldc, B, s.ldq, s.q16, c0 > 0 ? X : nullptr, s.ldp,
+                                 Sb, s.ldq, s.p16, warp);
         __syncthreads();
         write_rows(out, lq, g, c0, tn, q, F, s.ldfq, true, alpha);
         if (c0 + tn < n) state_add(S, s.ldsf, A, s.ldp, B, s.ldq, s.p16, s.q16, warp);
