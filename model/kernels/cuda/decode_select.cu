@@ -1,13 +1,16 @@
 /* log_softmax_topk on the GPU (core/backend.h "Decoding"; CPU reference
- * model/kernels/cpu/decode_select.c, reproduced step for step): one thread per row.
- *   max over the row and a NaN check; Σ exp(x − max) with core/exp_double.h's exp (the CPU's
- *   function) in four lanes j mod 4, the tail into lane 0, (l0 + l1) + (l2 + l3); lse = max +
- *   log Σ; lp_j = (float)(x_j − lse) + bias_j, NaN as −inf; the k best by insertion into the
- *   output row itself (best first, ties to the lower index); picked = x_pick − lse unbiased.
- * So top_lp / top_idx equal the CPU's bit for bit under the CPU execution harness (a GPU's double
- * log may differ from glibc's by an ulp of lse). A row per thread costs O(V) sequential work: at
- * beam-search sizes (rows = sentences × beam, V ≈ 32k) small beside the output GEMM that produced
- * the row; a block-per-row selection is the faster design when the cost model asks for it.
+ * model/kernels/cpu/decode_select.c): one block of 256 threads per row, each thread taking every
+ * 256th token.
+ *   the row's max and a NaN check (a block reduction); Σ exp(x − max) in double with
+ *   core/exp_double.h's exp (the CPU's function), each thread's terms in token order, then a
+ *   fixed tree over the threads (run-to-run identical; the CPU's four lanes add in another order,
+ *   which moves the double by ulps that the fp32 log-probs absorb); lse = max + log Σ;
+ *   lp_j = (float)(x_j − lse) + bias_j, NaN as −inf; each thread keeps its k best in a sorted
+ *   list (ties to the lower index: its tokens arrive in increasing order), then k rounds of a
+ *   block arg-max over the lists' heads give the row's k best, best first, ties to the lower
+ *   index; picked = x_pick − lse unbiased.
+ * k above kListCap (many n-gram bans, very wide beams) takes the one-thread-per-row kernel, which
+ * scans the row in order and inserts into the output row itself.
  * Also cache_products, a decoding step's attention products over the beam-indexed KV cache
  * (below, before the launchers). */
 #include "model/kernels/cuda/cuda_compat.h"
@@ -18,9 +21,12 @@
 
 namespace {
 
+/* One thread per row, the tokens in order, the k best by insertion into the output row itself:
+ * for k above kListCap (O(V·k) at worst; the block kernel below is the common path). */
 template <typename T>
-__global__ void topk_kernel(const T *logits, const float *bias, int64_t rows, int V, int k,
-                            float *top_lp, int32_t *top_idx, const int32_t *pick, float *picked) {
+__global__ void topk_row_kernel(const T *logits, const float *bias, int64_t rows, int V, int k,
+                                float *top_lp, int32_t *top_idx, const int32_t *pick,
+                                float *picked) {
     const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= rows) return;
     const T *x = logits + r * V;
@@ -64,6 +70,116 @@ __global__ void topk_kernel(const T *logits, const float *bias, int64_t rows, in
         }
         tl[i] = lp;
         ti[i] = j;
+    }
+}
+
+constexpr int kTopkThreads = 256, kTopkWarps = kTopkThreads / 32, kListCap = 32;
+
+/* A candidate: log-prob and token; `valid` false for an exhausted list. */
+struct Cand {
+    float lp;
+    int j;
+    bool valid;
+};
+
+/* a ranks before b: valid first, then the higher log-prob, then the lower token */
+__device__ inline bool before(const Cand &a, const Cand &b) {
+    return a.valid && (!b.valid || a.lp > b.lp || (a.lp == b.lp && a.j < b.j));
+}
+
+__device__ inline Cand shfl_cand(const Cand &c, int m) {
+    Cand o;
+    o.lp = __shfl_xor_sync(0xffffffffu, c.lp, m);
+    o.j = __shfl_xor_sync(0xffffffffu, c.j, m);
+    o.valid = __shfl_xor_sync(0xffffffffu, (int)c.valid, m) != 0;
+    return o;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kTopkThreads)
+    topk_block_kernel(const T *logits, const float *bias, int V, int k, float *top_lp,
+                      int32_t *top_idx, const int32_t *pick, float *picked) {
+    LUNA_SHARED(float, s_max, kTopkWarps);
+    LUNA_SHARED(int, s_nan, kTopkWarps);
+    LUNA_SHARED(double, s_sum, kTopkWarps);
+    LUNA_SHARED(Cand, s_best, kTopkWarps);
+    LUNA_SHARED(double, s_lse, 1);
+    const int64_t r = blockIdx.x;
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const T *x = logits + r * V;
+    /* the max (a NaN never wins: v > mx ? v : mx) and whether any logit is NaN */
+    float mx = -INFINITY;
+    int nan = 0;
+    for (int j = tid; j < V; j += kTopkThreads) {
+        const float v = load(x, j);
+        mx = v > mx ? v : mx;
+        nan |= v != v;
+    }
+    for (int m = 16; m > 0; m /= 2) {
+        const float o = __shfl_xor_sync(0xffffffffu, mx, m);
+        mx = o > mx ? o : mx;
+        nan |= __shfl_xor_sync(0xffffffffu, nan, m);
+    }
+    if (lane == 0) s_max[warp] = mx, s_nan[warp] = nan;
+    __syncthreads();
+    mx = -INFINITY, nan = 0;
+    for (int w = 0; w < kTopkWarps; w++)
+        mx = s_max[w] > mx ? s_max[w] : mx, nan |= s_nan[w];
+    /* Σ exp(x − mx) in double: a NaN logit, or ±inf − ±inf at the maximum, makes the row NaN */
+    const bool dead = nan || isinf(mx);
+    double sum = 0.0;
+    if (!dead)
+        for (int j = tid; j < V; j += kTopkThreads)
+            sum = __dadd_rn(sum, luna_exp_nonpositive((double)load(x, j) - (double)mx));
+    for (int m = 16; m > 0; m /= 2)
+        sum = __dadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, m));
+    if (lane == 0) s_sum[warp] = sum;
+    __syncthreads();
+    if (tid == 0) {
+        double total = 0.0;
+        for (int w = 0; w < kTopkWarps; w++)
+            total = __dadd_rn(total, s_sum[w]);
+        if (dead) total = luna_f64_from_bits(0x7ff8000000000000LL); /* NaN, as libm's exp gives */
+        s_lse[0] = (double)mx + log(total);
+        if (pick) picked[r] = (float)((double)load(x, pick[r]) - s_lse[0]);
+    }
+    __syncthreads();
+    if (k == 0) return;
+    const double lse = s_lse[0];
+    /* this thread's k best, best first */
+    float tl[kListCap];
+    int ti[kListCap];
+    int n = 0;
+    for (int j = tid; j < V; j += kTopkThreads) {
+        float lp = (float)((double)load(x, j) - lse);
+        if (bias) lp = __fadd_rn(lp, bias[j]);
+        if (lp != lp) lp = -INFINITY;
+        if (n == k && !(lp > tl[k - 1])) continue;
+        int i = n < k ? n++ : k - 1;
+        while (i > 0 && tl[i - 1] < lp) {
+            tl[i] = tl[i - 1];
+            ti[i] = ti[i - 1];
+            i--;
+        }
+        tl[i] = lp;
+        ti[i] = j;
+    }
+    /* k rounds: the best head over all lists is the next of the row */
+    int taken = 0;
+    for (int out = 0; out < k; out++) {
+        Cand c = {taken < n ? tl[taken] : 0.0f, taken < n ? ti[taken] : 0, taken < n};
+        for (int m = 16; m > 0; m /= 2) {
+            const Cand o = shfl_cand(c, m);
+            if (before(o, c)) c = o;
+        }
+        if (lane == 0) s_best[warp] = c;
+        __syncthreads();
+        Cand best = s_best[0];
+        for (int w = 1; w < kTopkWarps; w++)
+            if (before(s_best[w], best)) best = s_best[w];
+        if (tid == 0) top_lp[r * k + out] = best.lp, top_idx[r * k + out] = best.j;
+        if (taken < n && ti[taken] == best.j) taken++; /* tokens are distinct: one owner */
+        __syncthreads(); /* s_best is read before the next round writes it */
     }
 }
 
@@ -132,13 +248,24 @@ extern "C" cudaError_t luna_cuda_log_softmax_topk(cudaStream_t s, int bf16, cons
                                                   float *top_lp, int32_t *top_idx,
                                                   const int32_t *pick, float *picked) {
     if (rows <= 0 || V <= 0) return cudaSuccess;
-    const unsigned blocks = (unsigned)((rows + 63) / 64);
+    if (k > kListCap) {
+        const unsigned blocks = (unsigned)((rows + 63) / 64);
+        if (bf16)
+            LUNA_LAUNCH(topk_row_kernel<bf16_t>, blocks, 64, 0, s,
+                        static_cast<const bf16_t *>(logits), bias, rows, V, k, top_lp, top_idx,
+                        pick, picked);
+        else
+            LUNA_LAUNCH(topk_row_kernel<float>, blocks, 64, 0, s,
+                        static_cast<const float *>(logits), bias, rows, V, k, top_lp, top_idx, pick,
+                        picked);
+        return cudaGetLastError();
+    }
     if (bf16)
-        LUNA_LAUNCH(topk_kernel<bf16_t>, blocks, 64, 0, s, static_cast<const bf16_t *>(logits),
-                    bias, rows, V, k, top_lp, top_idx, pick, picked);
+        LUNA_LAUNCH(topk_block_kernel<bf16_t>, (unsigned)rows, kTopkThreads, 0, s,
+                    static_cast<const bf16_t *>(logits), bias, V, k, top_lp, top_idx, pick, picked);
     else
-        LUNA_LAUNCH(topk_kernel<float>, blocks, 64, 0, s, static_cast<const float *>(logits), bias,
-                    rows, V, k, top_lp, top_idx, pick, picked);
+        LUNA_LAUNCH(topk_block_kernel<float>, (unsigned)rows, kTopkThreads, 0, s,
+                    static_cast<const float *>(logits), bias, V, k, top_lp, top_idx, pick, picked);
     return cudaGetLastError();
 }
 
