@@ -437,13 +437,18 @@ struct luna_ops {
      *   (slot·H + h)·page·dh, its row p' at + p'·dh; row r of the batch finds its position p in
      *   slot ind[r·T_cap + p] (device int32 [R, T_cap]; only p < T read), row p' = p mod page.
      *   page ≥ T_cap: a slot holds a row's whole history; a smaller page lets the caller hand out
-     *   a slot per `page` positions as rows reach them (decoding/kv_pages.h). For g = r·H + h:
+     *   a slot per `page` positions as rows reach them (decoding/kv_pages.h). Row r reads its
+     *   first T_r = lens ? lens[r] : T positions (lens: device int32 [R], 1 ≤ lens[r] ≤ T: rows
+     *   at different positions under in-flight batching). For g = r·H + h:
      *     values false (scores):  y[g·T + p]  = Σ_{k<dh} x[g·dh + k] · C[ind[r, p], h, p', k]
-     *     values true (outputs):  y[g·dh + j] = Σ_{p<T}  x[g·T + p] · C[ind[r, p], h, p', j]
-     *   (x, y activations). Each sum is one chain of fused multiply-adds in ascending order from
-     *   0 — on the CPU the bits of the one-row gemm over a gathered copy of the rows (K ≤ 256),
-     *   elsewhere within the GEMM tolerance. Slot indices outside the cache are the caller's bug
-     *   (not checked on a device).
+     *     values true (outputs):  y[g·dh + j] = Σ_{p<T_r} x[g·T + p] · C[ind[r, p], h, p', j]
+     *   for p < T_r (scores at p ≥ T_r untouched). (x, y activations.) Each sum is one chain of
+     *   fused multiply-adds in ascending order from 0 — on the CPU the bits of the one-row gemm
+     *   over a gathered copy of the rows (K ≤ 256), elsewhere within the GEMM tolerance. Slot
+     *   indices outside the cache are the caller's bug (not checked on a device).
+     * cache_write: a step's keys or values into that cache: row r's newest position
+     *   p = (lens ? lens[r] : T) − 1 goes to slot ind[r·T_cap + p], C[ind[r, p], h, p mod page, :]
+     *   = x[(r·H + h)·dh, :] for every head (x, C activations; a copy: exact).
      * hold_weights: W [out, in] (fp32, a Linear weight) will not change until release_weights(W);
      *   the backend may keep it in a layout its linear_forward(W) uses faster (CPU: 16-column
      *   panels for a small-batch kernel, model/kernels/cpu/held_weights.c; a backend may keep
@@ -465,8 +470,11 @@ struct luna_ops {
                                     int64_t rows, int V, int k, float *top_lp, int32_t *top_idx,
                                     const int32_t *pick, float *picked);
     luna_status (*cache_products)(luna_backend *be, bool values, luna_act *y, const luna_act *x,
-                                  const luna_act *C, const int32_t *ind, int R, int H, int dh,
-                                  int T, int T_cap, int page);
+                                  const luna_act *C, const int32_t *ind, const int32_t *lens, int R,
+                                  int H, int dh, int T, int T_cap, int page);
+    luna_status (*cache_write)(luna_backend *be, luna_act *C, const luna_act *x, const int32_t *ind,
+                               const int32_t *lens, int R, int H, int dh, int T, int T_cap,
+                               int page);
     luna_status (*hold_weights)(luna_backend *be, const float *W, int out, int in,
                                 luna_dtype dtype);
     luna_status (*release_weights)(luna_backend *be, const float *W);

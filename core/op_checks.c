@@ -411,13 +411,22 @@ static luna_status log_softmax_topk(luna_backend *be, const luna_act *logits, co
                                          picked);
 }
 static luna_status cache_products(luna_backend *be, bool values, luna_act *y, const luna_act *x,
-                                  const luna_act *C, const int32_t *ind, int R, int H, int dh,
-                                  int T, int T_cap, int page) {
+                                  const luna_act *C, const int32_t *ind, const int32_t *lens, int R,
+                                  int H, int dh, int T, int T_cap, int page) {
     if (R < 0 || H < 1 || dh < 1 || T < 1 || T > T_cap || page < 1)
         BAD("cache_products: bad sizes (R %d, H %d, dh %d, T %d, T_cap %d, page %d)", R, H, dh, T,
             T_cap, page);
     if (R > 0 && (!y || !x || !C || !ind)) BAD("cache_products: null pointer");
-    return be->kernels->cache_products(be, values, y, x, C, ind, R, H, dh, T, T_cap, page);
+    return be->kernels->cache_products(be, values, y, x, C, ind, lens, R, H, dh, T, T_cap, page);
+}
+static luna_status cache_write(luna_backend *be, luna_act *C, const luna_act *x, const int32_t *ind,
+                               const int32_t *lens, int R, int H, int dh, int T, int T_cap,
+                               int page) {
+    if (R < 0 || H < 1 || dh < 1 || T < 1 || T > T_cap || page < 1)
+        BAD("cache_write: bad sizes (R %d, H %d, dh %d, T %d, T_cap %d, page %d)", R, H, dh, T,
+            T_cap, page);
+    if (R > 0 && (!C || !x || !ind)) BAD("cache_write: null pointer");
+    return be->kernels->cache_write(be, C, x, ind, lens, R, H, dh, T, T_cap, page);
 }
 static luna_status hold_weights(luna_backend *be, const float *W, int out, int in,
                                 luna_dtype dtype) {
@@ -473,6 +482,7 @@ static const luna_ops checked_ops = {
     .gather_rows = gather_rows,
     .log_softmax_topk = log_softmax_topk,
     .cache_products = cache_products,
+    .cache_write = cache_write,
     .hold_weights = hold_weights,
     .release_weights = release_weights,
 };

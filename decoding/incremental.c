@@ -140,7 +140,6 @@ static luna_decoder_dims dims_of(const luna_incremental *inc) {
                                .sent_valid = inc->sent_valid,
                                .cache_slots = inc->luna ? NULL : inc->cs.dev,
                                .sent_step = inc->pool ? inc->sent_step : NULL,
-                               .sent_block = inc->pool && !inc->luna ? inc->sent_block : NULL,
                                .one_row_sentences = inc->one_row};
 }
 

@@ -328,7 +328,6 @@ static luna_status transformer_layer_step(const luna_pass *ps, const luna_config
     const luna_ops *op = be->ops;
     const int R = dims->R, d = c->decoder_embed_dim, H = c->decoder_attention_heads, dh = d / H;
     const int T_cap = dims->max_steps, page = dims->cache_page > 0 ? dims->cache_page : T_cap;
-    const int64_t cache_stride = (int64_t)page * dh; /* between (slot, head) groups */
     luna_act *q, *k, *v, *s, *o, *y;
     luna_resnorm_act r1, r2;
     /* q, k, v [R, H, 1, dh] */
@@ -338,41 +337,35 @@ static luna_status transformer_layer_step(const luna_pass *ps, const luna_config
     LUNA_TRY(luna_project_heads(ps, &v, x, &w->self_attn.v_proj, R, 1, d, H, 1.0f));
     LUNA_TRY(luna_pass_alloc(ps, &s, (int64_t)R * H * T_cap, "self-attention scores"));
     LUNA_TRY(luna_pass_alloc(ps, &o, (int64_t)R * d, "self-attention output"));
-    /* per run of sentences at the same position t (one run unless in-flight): cache[slot, h,
-     * t mod page] = k, v (strided writes; slot r, or the sentence's block of slots for the page of
-     * t), then per (row, head) s = q·K[:T]ᵀ, softmax, o = s·V[:T], position p of row r read from
-     * slot dims->cache_slots[r, p] (beam reorders move slot indices, not cached rows) */
-    const int beam = dims->beam;
-    for (int s0 = 0; s0 < dims->S;) {
-        const int t = dims->sent_step ? dims->sent_step[s0] : dims->step, T = t + 1;
-        const int rows = luna_decoder_sentence_rows(dims, s0);
-        int s1 = s0 + 1;
-        while (s1 < dims->S && (dims->sent_step ? dims->sent_step[s1] : dims->step) == t &&
-               luna_decoder_sentence_rows(dims, s1) == rows)
-            s1++;
-        const int r0 = luna_decoder_first_row(dims, s0), Rr = luna_decoder_first_row(dims, s1) - r0;
-        for (int b = s0; b < s1; b++) {
-            if (!dims->sent_block && b > s0) break; /* slot r: one write for the run */
-            const int n = dims->sent_block ? rows : Rr;
-            const int64_t slot = dims->sent_block ? (int64_t)dims->sent_block[b] * beam : r0;
-            const int64_t at = slot * H * cache_stride + (int64_t)(t % page) * dh,
-                          g = (int64_t)luna_decoder_first_row(dims, b) * H;
-            LUNA_TRY(op->gather_rows(be, luna_act_at(be, ls->self_k, at), cache_stride,
-                                     luna_act_at(be, k, g * dh), dh, NULL, (int64_t)n * H, dh));
-            LUNA_TRY(op->gather_rows(be, luna_act_at(be, ls->self_v, at), cache_stride,
-                                     luna_act_at(be, v, g * dh), dh, NULL, (int64_t)n * H, dh));
-        }
-        const int64_t g0 = (int64_t)r0 * H, Gr = (int64_t)Rr * H;
-        luna_act *sr = luna_act_at(be, s, g0 * T_cap);
-        const int32_t *ind = dims->cache_slots + (int64_t)r0 * T_cap;
-        LUNA_TRY(op->cache_products(be, false, sr, luna_act_at(be, q, g0 * dh), ls->self_k, ind, Rr,
-                                    H, dh, T, T_cap, page));
-        LUNA_TRY(op->softmax_forward(be, sr, sr, Gr, T, NULL, 1, 0));
-        /* [R, H, 1, dh] is [R, d]: heads merged already */
-        LUNA_TRY(op->cache_products(be, true, luna_act_at(be, o, g0 * dh), sr, ls->self_v, ind, Rr,
-                                    H, dh, T, T_cap, page));
-        s0 = s1;
+    /* cache[slot, h, t mod page] = k, v for each row's position t (the slot of row r's position
+     * t is dims->cache_slots[r, t]: row r's own slot, or its sentence's block under in-flight
+     * batching), then per (row, head) s = q·K[:t+1]ᵀ, softmax, o = s·V[:t+1], position p of row
+     * r read from slot cache_slots[r, p] (beam reorders move slot indices, not cached rows).
+     * Rows at different positions (in-flight) carry their lengths t + 1: one launch per op for
+     * all rows, each row's sums those of a batch of its own. */
+    int T = dims->step + 1;
+    int32_t *lens = NULL; /* device [R]: each row's t + 1; NULL: T for every row */
+    if (dims->sent_step) {
+        int32_t *host = malloc(sizeof(int32_t) * (size_t)(R > 0 ? R : 1));
+        if (!host) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "decoder: out of host memory");
+        T = 1;
+        for (int b = 0; b < dims->S; b++)
+            for (int j = 0; j < luna_decoder_sentence_rows(dims, b); j++) {
+                host[luna_decoder_first_row(dims, b) + j] = dims->sent_step[b] + 1;
+                T = dims->sent_step[b] + 1 > T ? dims->sent_step[b] + 1 : T;
+            }
+        luna_status st = luna_pass_alloc_i32(ps, &lens, R, "self-attention lengths");
+        if (st == LUNA_OK) st = luna_mem_from_host(be, lens, host, sizeof(int32_t) * (size_t)R);
+        free(host);
+        LUNA_TRY(st);
     }
+    const int32_t *ind = dims->cache_slots;
+    LUNA_TRY(op->cache_write(be, ls->self_k, k, ind, lens, R, H, dh, T, T_cap, page));
+    LUNA_TRY(op->cache_write(be, ls->self_v, v, ind, lens, R, H, dh, T, T_cap, page));
+    LUNA_TRY(op->cache_products(be, false, s, q, ls->self_k, ind, lens, R, H, dh, T, T_cap, page));
+    LUNA_TRY(op->softmax_forward(be, s, s, (int64_t)R * H, T, lens, H, 0));
+    /* [R, H, 1, dh] is [R, d]: heads merged already */
+    LUNA_TRY(op->cache_products(be, true, o, s, ls->self_v, ind, lens, R, H, dh, T, T_cap, page));
     LUNA_TRY(luna_pass_alloc(ps, &y, (int64_t)R * d, "self-attention result"));
     LUNA_TRY(op->linear_forward(be, y, o, w->self_attn.out_proj.weight, NULL, R, d, d));
     LUNA_TRY(luna_resnorm_forward(ps, &w->self_attn_layer_norm, &r1, x, y,

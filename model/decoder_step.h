@@ -55,15 +55,12 @@ typedef struct {
     int32_t *row_valid;   /* [R] Luna P mask per row (causal step), NULL: none */
     int32_t *sent_valid;  /* [S] Luna P mask / transformer source length per sentence, NULL: none */
     int32_t *cache_slots; /* transformer: [R_cap, max_steps] slot of row r's position p in the
-                             caches (row r writes slot r at its step), device; NULL for Luna */
+                             caches (row r writes its step into the slot named for it there), device; NULL for Luna */
     /* In-flight batching (sentences at different positions; decoding/incremental.h): */
-    const int32_t *sent_step;  /* host [S]: each sentence's positions decoded so far; NULL: all
-                                  `step` */
-    const int32_t *sent_block; /* transformer, host [S]: the j-th row of sentence s writes its
-                                  current position in cache slot sent_block[s]·beam + j; NULL:
-                                  slot r */
-    int one_row_sentences;     /* the last this many sentences have one row each (sentences that
-                                  joined at step 0, whose beams are alike), the others `beam` */
+    const int32_t *sent_step; /* host [S]: each sentence's positions decoded so far; NULL: all
+                                 `step` */
+    int one_row_sentences;    /* the last this many sentences have one row each (sentences that
+                                 joined at step 0, whose beams are alike), the others `beam` */
 } luna_decoder_dims;
 
 /* Decoding reads the model's weights many times and never changes them: hold (true) asks the

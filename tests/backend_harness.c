@@ -66,6 +66,7 @@ static const lh_op_row rows[] = {
     {"gather_rows", LH_EXACT, "test_ops_decode"},
     {"log_softmax_topk", LH_EXACT, "test_ops_decode"},
     {"cache_products", LH_ACCUM, "test_ops_decode"},
+    {"cache_write", LH_EXACT, "test_ops_decode"},
     {"hold_weights", LH_ACCUM, "test_ops_held"},
     {"release_weights", LH_ACCUM, "test_ops_held"},
     {"multi_sum_squares", LH_ACCUM, "test_ops_multi_tensor"},

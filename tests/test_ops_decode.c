@@ -380,23 +380,29 @@ END_TEST
 /* ---- cache_products ---------------------------------------------------------------------------
  */
 typedef struct {
-    bool values;
+    bool values, ragged;
     int R, H, dh, T, T_cap, page;
 } cache_args;
 
-/* d[0] y, d[1] x, d[2] C [slots, H, page, dh], d[3] ind [R, T_cap]. */
+/* d[0] y, d[1] x, d[2] C [slots, H, page, dh], d[3] ind [R, T_cap], d[4] lens [R]. */
 static luna_status run_cache(luna_backend *be, void *const *d, const void *args) {
     const cache_args *a = args;
-    return be->ops->cache_products(be, a->values, d[0], d[1], d[2], d[3], a->R, a->H, a->dh, a->T,
-                                   a->T_cap, a->page);
+    return be->ops->cache_products(be, a->values, d[0], d[1], d[2], d[3], a->ragged ? d[4] : NULL,
+                                   a->R, a->H, a->dh, a->T, a->T_cap, a->page);
+}
+
+/* Row r's positions under `ragged` (rows at different positions, in-flight batching): 1..T, the
+ * last row T. */
+static int cache_row_len(bool ragged, int r, int R, int T) {
+    return ragged && r < R - 1 ? 1 + (r * 7 + 3) % T : T;
 }
 
 /* One case: y on the backend under test against a double-precision host loop over the indexed
  * rows (1e-5 of max|y|); on the CPU, for T ≤ 256, bit-equal to the one-row gemm over a gathered
  * copy of the rows (what decoding computed before the indirection); then against the CPU
  * reference. Indices past T are out of range: reading one would be caught (ASan, the harness). */
-static void check_cache(bool values, int R, int H, int dh, int T, int T_cap, int page, int slots,
-                        uint64_t seed) {
+static void check_cache(bool values, bool ragged, int R, int H, int dh, int T, int T_cap, int page,
+                        int slots, uint64_t seed) {
     const int64_t G = (int64_t)R * H, group = (int64_t)page * dh;
     const size_t nC = (size_t)slots * H * group, nx = (size_t)G * (values ? T : dh),
                  ny = (size_t)G * (values ? dh : T), nind = (size_t)R * T_cap;
@@ -404,10 +410,15 @@ static void check_cache(bool values, int R, int H, int dh, int T, int T_cap, int
     luna_test_rng_seed(&rng, seed);
     float *C = luna_test_random_vector(&rng, nC, -1, 1);
     float *x = luna_test_random_vector(&rng, nx, -1, 1);
-    int32_t *ind = malloc(sizeof(int32_t) * nind);
+    int32_t *ind = malloc(sizeof(int32_t) * nind), *lens = malloc(sizeof(int32_t) * (size_t)R);
     float *got = malloc(sizeof(float) * ny), *gathered = malloc(sizeof(float) * G * T * dh);
+    float *y0 = malloc(sizeof(float) * ny);
     double *want = malloc(sizeof(double) * ny);
-    ck_assert(ind && got && gathered && want);
+    ck_assert(ind && lens && got && gathered && y0 && want);
+    for (int r = 0; r < R; r++)
+        lens[r] = cache_row_len(ragged, r, R, T);
+    for (size_t i = 0; i < ny; i++)
+        y0[i] = 7.0f; /* scores past a row's length stay as they were */
     for (int r = 0; r < R; r++)
         for (int p = 0; p < T_cap; p++)
             ind[r * T_cap + p] = p < T ? (int32_t)luna_test_uniform(&rng, 0, (float)slots - 0.01f)
@@ -422,10 +433,11 @@ static void check_cache(bool values, int R, int H, int dh, int T, int T_cap, int
     double ymax = 0;
     for (int64_t g = 0; g < G; g++) {
         const float *Kg = gathered + g * T * dh;
+        const int Tr = lens[g / H];
         if (values)
             for (int j = 0; j < dh; j++) {
                 double acc = 0;
-                for (int p = 0; p < T; p++)
+                for (int p = 0; p < Tr; p++)
                     acc += (double)x[g * T + p] * Kg[(int64_t)p * dh + j];
                 want[g * dh + j] = acc;
             }
@@ -434,25 +446,26 @@ static void check_cache(bool values, int R, int H, int dh, int T, int T_cap, int
                 double acc = 0;
                 for (int k = 0; k < dh; k++)
                     acc += (double)x[g * dh + k] * Kg[(int64_t)p * dh + k];
-                want[g * T + p] = acc;
+                want[g * T + p] = p < Tr ? acc : 7.0;
             }
     }
     for (size_t i = 0; i < ny; i++)
         ymax = fmax(ymax, fabs(want[i]));
     char what[112];
-    snprintf(what, sizeof what, "%s R %d H %d dh %d T %d T_cap %d page %d",
-             values ? "values" : "scores", R, H, dh, T, T_cap, page);
+    snprintf(what, sizeof what, "%s R %d H %d dh %d T %d T_cap %d page %d%s",
+             values ? "values" : "scores", R, H, dh, T, T_cap, page, ragged ? " ragged" : "");
 
     luna_backend *be = lh_backend(2);
-    float *vy = lh_f32(be, NULL, ny), *vx = lh_f32(be, x, nx), *vC = lh_f32(be, C, nC);
-    int32_t *vind = lh_i32(be, ind, nind);
-    LUNA_CHECK_OK(be->ops->cache_products(be, values, vy, vx, vC, vind, R, H, dh, T, T_cap, page));
+    float *vy = lh_f32(be, y0, ny), *vx = lh_f32(be, x, nx), *vC = lh_f32(be, C, nC);
+    int32_t *vind = lh_i32(be, ind, nind), *vlens = lh_i32(be, lens, (size_t)R);
+    LUNA_CHECK_OK(be->ops->cache_products(be, values, vy, vx, vC, vind, ragged ? vlens : NULL, R, H,
+                                          dh, T, T_cap, page));
     lh_download(be, got, vy, ny * sizeof *got);
     for (size_t i = 0; i < ny; i++)
         LUNA_EXPECT(fabs(got[i] - want[i]) <= 1e-5 * fmax(ymax, 1e-30),
                     "cache_products [%s]: y[%zu] = %.9g, want %.9g", what, i, (double)got[i],
                     want[i]);
-    if (strcmp(lh_backend_name(), "cpu") == 0 && T <= 256) {
+    if (strcmp(lh_backend_name(), "cpu") == 0 && T <= 256 && !ragged) {
         float *vg = lh_f32(be, gathered, (size_t)G * T * dh), *vy2 = lh_f32(be, NULL, ny);
         float *copy = malloc(sizeof(float) * ny);
         ck_assert_ptr_nonnull(copy);
@@ -475,17 +488,21 @@ static void check_cache(bool values, int R, int H, int dh, int T, int T_cap, int
     lh_free(be, vx);
     lh_free(be, vC);
     lh_free(be, vind);
+    lh_free(be, vlens);
     luna_backend_free(be);
 
-    cache_args a = {values, R, H, dh, T, T_cap, page};
-    lh_buf bufs[] = {{NULL, ny, LH_F32, LH_OUT},
+    cache_args a = {values, ragged, R, H, dh, T, T_cap, page};
+    lh_buf bufs[] = {{y0, ny, LH_F32, LH_OUT},
                      {x, nx, LH_F32, LH_IN},
                      {C, nC, LH_F32, LH_IN},
-                     {ind, nind, LH_I32, LH_IN}};
-    ck_assert_int_eq(lh_compare("cache_products", what, 2, run_cache, &a, bufs, 4), LUNA_OK);
+                     {ind, nind, LH_I32, LH_IN},
+                     {lens, (size_t)R, LH_I32, LH_IN}};
+    ck_assert_int_eq(lh_compare("cache_products", what, 2, run_cache, &a, bufs, 5), LUNA_OK);
     free(C);
     free(x);
     free(ind);
+    free(lens);
+    free(y0);
     free(got);
     free(gathered);
     free(want);
@@ -502,9 +519,87 @@ START_TEST(cache_products_read_through_the_indices) {
         {16, 4, 64, 24, 30, 16, 33},  {3, 2, 8, 5, 6, 16, 3}};
     uint64_t seed = 500;
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-        for (int values = 0; values < 2; values++) {
+        for (int mode = 0; mode < 4; mode++) { /* scores/values, all rows T long or ragged */
             const int *s = shapes[i];
-            check_cache(values, s[0], s[1], s[2], s[3], s[4], s[5], s[6], seed++);
+            check_cache(mode & 1, mode & 2, s[0], s[1], s[2], s[3], s[4], s[5], s[6], seed++);
+        }
+}
+END_TEST
+
+/* cache_write: each row's newest position (T, or its own length) into the slot its index names,
+ * every head; the rest of the cache untouched. Exact, against a host loop and the CPU. */
+typedef struct {
+    bool ragged;
+    int R, H, dh, T, T_cap, page;
+} write_args;
+
+/* d[0] C, d[1] x, d[2] ind, d[3] lens */
+static luna_status run_write(luna_backend *be, void *const *d, const void *args) {
+    const write_args *a = args;
+    return be->ops->cache_write(be, d[0], d[1], d[2], a->ragged ? d[3] : NULL, a->R, a->H, a->dh,
+                                a->T, a->T_cap, a->page);
+}
+
+static void check_write(bool ragged, int R, int H, int dh, int T, int T_cap, int page,
+                        uint64_t seed) {
+    const int slots = R * ((T_cap + page - 1) / page); /* distinct slots: no two rows collide */
+    const size_t nC = (size_t)slots * H * page * dh, nx = (size_t)R * H * dh;
+    luna_test_rng rng;
+    luna_test_rng_seed(&rng, seed);
+    float *C = luna_test_random_vector(&rng, nC, -1, 1);
+    float *x = luna_test_random_vector(&rng, nx, -1, 1);
+    float *want = malloc(sizeof(float) * nC), *got = malloc(sizeof(float) * nC);
+    int32_t *ind = malloc(sizeof(int32_t) * (size_t)R * T_cap), *lens = malloc(sizeof(int32_t) * R);
+    ck_assert(want && got && ind && lens);
+    for (int r = 0; r < R; r++) {
+        lens[r] = cache_row_len(ragged, r, R, T);
+        for (int p = 0; p < T_cap; p++) /* row r's page of p: slot r·pages + p / page */
+            ind[r * T_cap + p] = r * ((T_cap + page - 1) / page) + p / page;
+    }
+    memcpy(want, C, sizeof(float) * nC);
+    for (int r = 0; r < R; r++) {
+        const int p = lens[r] - 1;
+        for (int h = 0; h < H; h++)
+            for (int k = 0; k < dh; k++)
+                want[(((size_t)ind[r * T_cap + p] * H + h) * page + p % page) * dh + k] =
+                    x[((size_t)r * H + h) * dh + k];
+    }
+    char what[96];
+    snprintf(what, sizeof what, "R %d H %d dh %d T %d T_cap %d page %d%s", R, H, dh, T, T_cap, page,
+             ragged ? " ragged" : "");
+    luna_backend *be = lh_backend(1);
+    float *vC = lh_f32(be, C, nC), *vx = lh_f32(be, x, nx);
+    int32_t *vind = lh_i32(be, ind, (size_t)R * T_cap), *vlens = lh_i32(be, lens, (size_t)R);
+    LUNA_CHECK_OK(
+        be->ops->cache_write(be, vC, vx, vind, ragged ? vlens : NULL, R, H, dh, T, T_cap, page));
+    lh_download(be, got, vC, sizeof(float) * nC);
+    for (size_t i = 0; i < nC; i++)
+        LUNA_EXPECT(memcmp(&got[i], &want[i], sizeof(float)) == 0,
+                    "cache_write [%s]: C[%zu] = %.9g, want %.9g", what, i, (double)got[i],
+                    (double)want[i]);
+    lh_free(be, vC), lh_free(be, vx), lh_free(be, vind), lh_free(be, vlens);
+    luna_backend_free(be);
+    write_args a = {ragged, R, H, dh, T, T_cap, page};
+    lh_buf bufs[] = {{C, nC, LH_F32, LH_OUT},
+                     {x, nx, LH_F32, LH_IN},
+                     {ind, (size_t)R * T_cap, LH_I32, LH_IN},
+                     {lens, (size_t)R, LH_I32, LH_IN}};
+    ck_assert_int_eq(lh_compare("cache_write", what, 1, run_write, &a, bufs, 4), LUNA_OK);
+    free(C), free(x), free(want), free(got), free(ind), free(lens);
+}
+
+START_TEST(cache_write_to_each_rows_position) {
+    static const int shapes[][6] = {/* R, H, dh, T, T_cap, page */
+                                    {3, 2, 64, 1, 5, 5},
+                                    {5, 3, 13, 8, 8, 8},
+                                    {4, 4, 16, 19, 23, 4},
+                                    {6, 1, 8, 7, 9, 1},
+                                    {16, 4, 64, 24, 30, 16}};
+    uint64_t seed = 900;
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (int ragged = 0; ragged < 2; ragged++) {
+            const int *s = shapes[i];
+            check_write(ragged, s[0], s[1], s[2], s[3], s[4], s[5], seed++);
         }
 }
 END_TEST
@@ -518,14 +613,15 @@ START_TEST(cache_products_rejects_bad_sizes) {
     int32_t *ind = lh_i32(be, NULL, 8);
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
         const int *b = bad[k];
-        luna_status st = be->ops->cache_products(be, false, buf, buf, buf, ind, b[0], b[1], b[2],
-                                                 b[3], b[4], b[5]);
+        luna_status st = be->ops->cache_products(be, false, buf, buf, buf, ind, NULL, b[0], b[1],
+                                                 b[2], b[3], b[4], b[5]);
         ck_assert_msg(st == LUNA_ERR_INVALID_ARGUMENT, "case %zu: status %d", k, st);
         ck_assert_ptr_nonnull(strstr(luna_error_message(), "cache_products"));
         luna_error_clear();
     }
     /* no rows: nothing to do, whatever the pointers */
-    LUNA_CHECK_OK(be->ops->cache_products(be, true, NULL, NULL, NULL, NULL, 0, 2, 4, 2, 3, 3));
+    LUNA_CHECK_OK(
+        be->ops->cache_products(be, true, NULL, NULL, NULL, NULL, NULL, 0, 2, 4, 2, 3, 3));
     lh_free(be, buf);
     lh_free(be, ind);
     luna_backend_free(be);
@@ -538,6 +634,7 @@ static Suite *decode_suite(void) {
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, gather_rows_values_and_reference);
     tcase_add_test(tc, gather_rows_rejects_bad_sizes);
+    tcase_add_test(tc, cache_write_to_each_rows_position);
     tcase_add_test(tc, log_softmax_topk_matches_host_reference);
     tcase_add_test(tc, log_softmax_topk_known_values);
     tcase_add_test(tc, cache_products_read_through_the_indices);

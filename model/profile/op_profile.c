@@ -325,13 +325,20 @@ static luna_status w_log_softmax_topk(luna_backend *be, const luna_act *logits, 
     FORWARD(log_softmax_topk, logits, bias, rows, V, k, top_lp, top_idx, pick, picked);
 }
 static luna_status w_cache_products(luna_backend *be, bool values, luna_act *y, const luna_act *x,
-                                    const luna_act *C, const int32_t *ind, int R, int H, int dh,
-                                    int T, int T_cap, int page) {
+                                    const luna_act *C, const int32_t *ind, const int32_t *lens,
+                                    int R, int H, int dh, int T, int T_cap, int page) {
     /* Matrix-vector products per (row, head), on vector units (no tensor-core tile to fill): x,
-     * y and the T cached rows read once; T indices per row (shared by its heads). */
+     * y and the T cached rows read once; T indices per row (shared by its heads). With per-row
+     * lengths, T bounds them. */
     const double G = D(R) * H;
     COST(.flops = 2 * G * T * dh, .act_elems = G * (D(T) * dh + T + dh), .bytes = 4 * D(R) * T);
-    FORWARD(cache_products, values, y, x, C, ind, R, H, dh, T, T_cap, page);
+    FORWARD(cache_products, values, y, x, C, ind, lens, R, H, dh, T, T_cap, page);
+}
+static luna_status w_cache_write(luna_backend *be, luna_act *C, const luna_act *x,
+                                 const int32_t *ind, const int32_t *lens, int R, int H, int dh,
+                                 int T, int T_cap, int page) {
+    COST(.act_elems = 2 * D(R) * H * dh, .bytes = 8 * D(R));
+    FORWARD(cache_write, C, x, ind, lens, R, H, dh, T, T_cap, page);
 }
 static luna_status w_hold_weights(luna_backend *be, const float *W, int out, int in,
                                   luna_dtype dtype) {
@@ -422,6 +429,7 @@ static luna_status w_multi_adam_update(luna_backend *be, float *th, const float 
     X(gather_rows, "decode_gather") \
     X(log_softmax_topk, "decode_topk") \
     X(cache_products, "decode_attention") \
+    X(cache_write, "decode_gather") \
     X(hold_weights, "hold_weights") \
     X(release_weights, "hold_weights") \
     X(multi_sum_squares, "clip") \

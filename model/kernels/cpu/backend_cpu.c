@@ -53,6 +53,7 @@ static const luna_ops cpu_kernels = {
     .gather_rows = luna_cpu_gather_rows,
     .log_softmax_topk = luna_cpu_log_softmax_topk,
     .cache_products = luna_cpu_cache_products,
+    .cache_write = luna_cpu_cache_write,
     .hold_weights = luna_cpu_hold_weights,
     .release_weights = luna_cpu_release_weights,
 };

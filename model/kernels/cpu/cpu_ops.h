@@ -98,8 +98,11 @@ luna_status luna_cpu_log_softmax_topk(luna_backend *be, const luna_act *logits, 
                                       int64_t rows, int V, int k, float *top_lp, int32_t *top_idx,
                                       const int32_t *pick, float *picked);
 luna_status luna_cpu_cache_products(luna_backend *be, bool values, luna_act *y, const luna_act *x,
-                                    const luna_act *C, const int32_t *ind, int R, int H, int dh,
-                                    int T, int T_cap, int page);
+                                    const luna_act *C, const int32_t *ind, const int32_t *lens,
+                                    int R, int H, int dh, int T, int T_cap, int page);
+luna_status luna_cpu_cache_write(luna_backend *be, luna_act *C, const luna_act *x,
+                                 const int32_t *ind, const int32_t *lens, int R, int H, int dh,
+                                 int T, int T_cap, int page);
 
 luna_status luna_cpu_multi_sum_squares(luna_backend *be, float *result, const float *x,
                                        const luna_tensor_table *tt);

@@ -33,6 +33,23 @@ luna_status luna_cpu_gather_rows(luna_backend *be, luna_act *dst_, int64_t dst_s
     return LUNA_OK;
 }
 
+/* Row r's newest position p = T_r − 1 into slot ind[r, p], every head: a copy of dh floats. */
+luna_status luna_cpu_cache_write(luna_backend *be, luna_act *C_, const luna_act *x_,
+                                 const int32_t *ind, const int32_t *lens, int R, int H, int dh,
+                                 int T, int T_cap, int page) {
+    (void)be;
+    float *C = (float *)C_;
+    const float *x = (const float *)x_;
+    for (int64_t r = 0; r < R; r++) {
+        const int p = (lens ? lens[r] : T) - 1;
+        const int64_t slot = ind[r * T_cap + p];
+        for (int h = 0; h < H; h++)
+            memcpy(C + ((slot * H + h) * page + p % page) * dh, x + (r * H + h) * dh,
+                   sizeof(float) * (size_t)dh);
+    }
+    return LUNA_OK;
+}
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 /* luna_exp_nonpositive (core/exp_double.h) on four lanes: the same operations (fused

@@ -374,8 +374,8 @@ void luna_cpu_bias_grad(luna_backend *be, float *db, const float *dy, int64_t ro
  * slot ind[r, p]) and handed to the one-row kernels above as pointers: the bits of the one-row
  * gemm over a gathered copy, without the copy. */
 luna_status luna_cpu_cache_products(luna_backend *be, bool values, luna_act *y_, const luna_act *x_,
-                                    const luna_act *C_, const int32_t *ind, int R, int H, int dh,
-                                    int T, int T_cap, int page) {
+                                    const luna_act *C_, const int32_t *ind, const int32_t *lens,
+                                    int R, int H, int dh, int T, int T_cap, int page) {
     if (R == 0) return LUNA_OK;
     float *y = (float *)y_;
     const float *x = (const float *)x_, *C = (const float *)C_;
@@ -395,21 +395,22 @@ luna_status luna_cpu_cache_products(luna_backend *be, bool values, luna_act *y_,
     for (int64_t g = 0; g < G; g++) {
         const int64_t r = g / H, h = g % H;
         const float **rp = rows + (size_t)omp_get_thread_num() * T;
-        for (int p = 0; p < T; p++)
+        const int Tr = lens ? lens[r] : T; /* this row's positions */
+        for (int p = 0; p < Tr; p++)
             rp[p] = C + ((int64_t)ind[r * T_cap + p] * H + h) * group + (int64_t)(p % page) * dh;
 #if defined(__x86_64__) && defined(__GNUC__)
         if (simd) {
             if (values)
-                row_axpy(dh, T, x + g * T, rp, y + g * dh);
+                row_axpy(dh, Tr, x + g * T, rp, y + g * dh);
             else
-                row_dots(T, dh, x + g * dh, rp, y + g * T);
+                row_dots(Tr, dh, x + g * dh, rp, y + g * T);
             continue;
         }
 #endif
         if (values)
-            row_axpy_scalar(0, dh, T, x + g * T, rp, y + g * dh);
+            row_axpy_scalar(0, dh, Tr, x + g * T, rp, y + g * dh);
         else
-            row_dots_scalar(0, T, dh, x + g * dh, rp, y + g * T);
+            row_dots_scalar(0, Tr, dh, x + g * dh, rp, y + g * T);
     }
     luna_arena_release(be->scratch, mark);
     return LUNA_OK;

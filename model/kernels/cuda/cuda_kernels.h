@@ -174,10 +174,14 @@ cudaError_t luna_cuda_log_softmax_topk(cudaStream_t s, int bf16, const void *log
                                        int32_t *top_idx, const int32_t *pick, float *picked);
 /* cache_products (core/backend.h): scores (values 0) y[g·T + p] or outputs (values 1)
  * y[g·dh + j] over the cache C (slots of `page` positions) read through the slot indices
- * ind [R, T_cap]. */
+ * ind [R, T_cap], row r over its first lens[r] positions (lens NULL: T); cache_write: each row's
+ * newest position of x [R, H, dh] into C. */
 cudaError_t luna_cuda_cache_products(cudaStream_t s, int bf16, int values, void *y, const void *x,
-                                     const void *C, const int32_t *ind, int R, int H, int dh, int T,
-                                     int T_cap, int page);
+                                     const void *C, const int32_t *ind, const int32_t *lens, int R,
+                                     int H, int dh, int T, int T_cap, int page);
+cudaError_t luna_cuda_cache_write(cudaStream_t s, int bf16, void *C, const void *x,
+                                  const int32_t *ind, const int32_t *lens, int R, int H, int dh,
+                                  int T, int T_cap, int page);
 
 /* ---- causal_contraction.cu (p, q ≤ 256: cudaErrorInvalidValue otherwise) ---- */
 cudaError_t luna_cuda_causal_contraction_forward(cudaStream_t s, int bf16, void *out, const void *x,

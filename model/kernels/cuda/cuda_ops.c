@@ -141,10 +141,10 @@ static luna_status embedding_backward(luna_backend *be, float *dtable, const lun
         luna_error_prefix("embedding_backward: scratch for the token index");
         return LUNA_ERR_OUT_OF_MEMORY;
     }
-    luna_status st = luna_cuda_check(luna_cuda_embedding_backward(stream(be), bf16(be), dtable, dout,
-                                                                  tokens, n, V, d, scale,
-                                                                  padding_idx, index),
-                                     "embedding_backward");
+    luna_status st =
+        luna_cuda_check(luna_cuda_embedding_backward(stream(be), bf16(be), dtable, dout, tokens, n,
+                                                     V, d, scale, padding_idx, index),
+                        "embedding_backward");
     luna_arena_release(be->scratch, mark);
     return st;
 }
@@ -318,11 +318,18 @@ static luna_status log_softmax_topk(luna_backend *be, const luna_act *logits, co
                                                           V, k, top_lp, top_idx, pick, picked));
 }
 static luna_status cache_products(luna_backend *be, bool values, luna_act *y, const luna_act *x,
-                                  const luna_act *C, const int32_t *ind, int R, int H, int dh,
-                                  int T, int T_cap, int page) {
+                                  const luna_act *C, const int32_t *ind, const int32_t *lens, int R,
+                                  int H, int dh, int T, int T_cap, int page) {
     if (R == 0) return LUNA_OK;
-    LAUNCH("cache_products", luna_cuda_cache_products(stream(be), bf16(be), values, y, x, C, ind, R,
-                                                      H, dh, T, T_cap, page));
+    LAUNCH("cache_products", luna_cuda_cache_products(stream(be), bf16(be), values, y, x, C, ind,
+                                                      lens, R, H, dh, T, T_cap, page));
+}
+static luna_status cache_write(luna_backend *be, luna_act *C, const luna_act *x, const int32_t *ind,
+                               const int32_t *lens, int R, int H, int dh, int T, int T_cap,
+                               int page) {
+    if (R == 0) return LUNA_OK;
+    LAUNCH("cache_write",
+           luna_cuda_cache_write(stream(be), bf16(be), C, x, ind, lens, R, H, dh, T, T_cap, page));
 }
 
 const luna_ops luna_cuda_kernels = {
@@ -366,6 +373,7 @@ const luna_ops luna_cuda_kernels = {
     .gather_rows = gather_rows,
     .log_softmax_topk = log_softmax_topk,
     .cache_products = cache_products,
+    .cache_write = cache_write,
     .hold_weights = luna_cuda_hold_weights,
     .release_weights = luna_cuda_release_weights,
 };

@@ -184,17 +184,20 @@ __global__ void __launch_bounds__(kTopkThreads)
 }
 
 /* cache_products (core/backend.h "Decoding"): one block per group g = r·H + h. Row p of the
- * group's cache lives in slot ind[r·T_cap + p], at C + ((slot·H + h)·page + p mod page)·dh.
- *   scores  (values false): thread per p,  y[g·T + p]  = Σ_{k<dh} x[g·dh + k] · C_p[k]
- *   outputs (values true):  thread per j,  y[g·dh + j] = Σ_{p<T}  x[g·T + p] · C_p[j]
+ * group's cache lives in slot ind[r·T_cap + p], at C + ((slot·H + h)·page + p mod page)·dh; row r
+ * reads its first T_r = lens ? lens[r] : Tn positions.
+ *   scores  (values false): thread per p,  y[g·Tn + p] = Σ_{k<dh} x[g·dh + k] · C_p[k]
+ *   outputs (values true):  thread per j,  y[g·dh + j] = Σ_{p<T_r} x[g·Tn + p] · C_p[j]
  * Each sum is one fmaf chain in ascending order from 0, stored once. */
 template <typename T>
-__global__ void cache_scores_kernel(T *y, const T *x, const T *C, const int32_t *ind, int H, int dh,
-                                    int Tn, int T_cap, int page) {
+__global__ void cache_scores_kernel(T *y, const T *x, const T *C, const int32_t *ind,
+                                    const int32_t *lens, int H, int dh, int Tn, int T_cap,
+                                    int page) {
     const int64_t g = blockIdx.x;
     const int64_t r = g / H, h = g % H;
+    const int Tr = lens ? lens[r] : Tn;
     const T *xg = x + g * dh;
-    for (int p = threadIdx.x; p < Tn; p += blockDim.x) {
+    for (int p = threadIdx.x; p < Tr; p += blockDim.x) {
         const int64_t slot = ind[r * T_cap + p];
         const T *c = C + ((slot * H + h) * page + p % page) * dh;
         float acc = 0.0f;
@@ -205,15 +208,17 @@ __global__ void cache_scores_kernel(T *y, const T *x, const T *C, const int32_t 
 }
 
 template <typename T>
-__global__ void cache_outputs_kernel(T *y, const T *x, const T *C, const int32_t *ind, int H,
-                                     int dh, int Tn, int T_cap, int page) {
+__global__ void cache_outputs_kernel(T *y, const T *x, const T *C, const int32_t *ind,
+                                     const int32_t *lens, int H, int dh, int Tn, int T_cap,
+                                     int page) {
     const int64_t g = blockIdx.x;
     const int64_t r = g / H, h = g % H;
+    const int Tr = lens ? lens[r] : Tn;
     const T *xg = x + g * Tn;
     const int32_t *ir = ind + r * T_cap;
     for (int j = threadIdx.x; j < dh; j += blockDim.x) {
         float acc = 0.0f;
-        for (int p = 0; p < Tn; p++) {
+        for (int p = 0; p < Tr; p++) {
             const T *c = C + (((int64_t)ir[p] * H + h) * page + p % page) * dh;
             acc = fmaf(load(xg, p), load(c, j), acc);
         }
@@ -221,21 +226,33 @@ __global__ void cache_outputs_kernel(T *y, const T *x, const T *C, const int32_t
     }
 }
 
+/* cache_write: thread per element of x [R, H, dh]; row r's newest position p = T_r − 1. */
+template <typename T>
+__global__ void cache_write_kernel(T *C, const T *x, const int32_t *ind, const int32_t *lens, int R,
+                                   int H, int dh, int Tn, int T_cap, int page) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (int64_t)R * H * dh) return;
+    const int64_t r = i / ((int64_t)H * dh), h = i / dh % H, k = i % dh;
+    const int p = (lens ? lens[r] : Tn) - 1;
+    const int64_t slot = ind[r * T_cap + p];
+    C[((slot * H + h) * page + p % page) * dh + k] = x[i];
+}
+
 template <typename T>
 cudaError_t cache_products_launch(cudaStream_t s, int values, void *y, const void *x, const void *C,
-                                  const int32_t *ind, int R, int H, int dh, int Tn, int T_cap,
-                                  int page) {
+                                  const int32_t *ind, const int32_t *lens, int R, int H, int dh,
+                                  int Tn, int T_cap, int page) {
     const unsigned blocks = (unsigned)R * (unsigned)H;
     const int n = values ? dh : Tn;
     const unsigned threads = n >= 256 ? 256u : (unsigned)((n + 31) / 32 * 32);
     if (values)
         LUNA_LAUNCH(cache_outputs_kernel<T>, blocks, threads, 0, s, static_cast<T *>(y),
-                    static_cast<const T *>(x), static_cast<const T *>(C), ind, H, dh, Tn, T_cap,
-                    page);
+                    static_cast<const T *>(x), static_cast<const T *>(C), ind, lens, H, dh, Tn,
+                    T_cap, page);
     else
         LUNA_LAUNCH(cache_scores_kernel<T>, blocks, threads, 0, s, static_cast<T *>(y),
-                    static_cast<const T *>(x), static_cast<const T *>(C), ind, H, dh, Tn, T_cap,
-                    page);
+                    static_cast<const T *>(x), static_cast<const T *>(C), ind, lens, H, dh, Tn,
+                    T_cap, page);
     return cudaGetLastError();
 }
 
@@ -271,9 +288,26 @@ extern "C" cudaError_t luna_cuda_log_softmax_topk(cudaStream_t s, int bf16, cons
 
 extern "C" cudaError_t luna_cuda_cache_products(cudaStream_t s, int bf16, int values, void *y,
                                                 const void *x, const void *C, const int32_t *ind,
-                                                int R, int H, int dh, int T, int T_cap, int page) {
+                                                const int32_t *lens, int R, int H, int dh, int T,
+                                                int T_cap, int page) {
     if (R <= 0 || H <= 0 || dh <= 0 || T <= 0) return cudaSuccess;
     if (bf16)
-        return cache_products_launch<bf16_t>(s, values, y, x, C, ind, R, H, dh, T, T_cap, page);
-    return cache_products_launch<float>(s, values, y, x, C, ind, R, H, dh, T, T_cap, page);
+        return cache_products_launch<bf16_t>(s, values, y, x, C, ind, lens, R, H, dh, T, T_cap,
+                                             page);
+    return cache_products_launch<float>(s, values, y, x, C, ind, lens, R, H, dh, T, T_cap, page);
+}
+
+extern "C" cudaError_t luna_cuda_cache_write(cudaStream_t s, int bf16, void *C, const void *x,
+                                             const int32_t *ind, const int32_t *lens, int R, int H,
+                                             int dh, int T, int T_cap, int page) {
+    const int64_t n = (int64_t)R * H * dh;
+    if (n <= 0) return cudaSuccess;
+    const unsigned threads = 256, blocks = (unsigned)((n + threads - 1) / threads);
+    if (bf16)
+        LUNA_LAUNCH(cache_write_kernel<bf16_t>, blocks, threads, 0, s, static_cast<bf16_t *>(C),
+                    static_cast<const bf16_t *>(x), ind, lens, R, H, dh, T, T_cap, page);
+    else
+        LUNA_LAUNCH(cache_write_kernel<float>, blocks, threads, 0, s, static_cast<float *>(C),
+                    static_cast<const float *>(x), ind, lens, R, H, dh, T, T_cap, page);
+    return cudaGetLastError();
 }
