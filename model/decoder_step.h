@@ -55,7 +55,8 @@ typedef struct {
     int32_t *row_valid;   /* [R] Luna P mask per row (causal step), NULL: none */
     int32_t *sent_valid;  /* [S] Luna P mask / transformer source length per sentence, NULL: none */
     int32_t *cache_slots; /* transformer: [R_cap, max_steps] slot of row r's position p in the
-                             caches (row r writes its step into the slot named for it there), device; NULL for Luna */
+                             caches (row r writes its step into the slot named for it there),
+                             device; NULL for Luna */
     /* In-flight batching (sentences at different positions; decoding/incremental.h): */
     const int32_t *sent_step; /* host [S]: each sentence's positions decoded so far; NULL: all
                                  `step` */
