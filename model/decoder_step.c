@@ -319,11 +319,13 @@ static luna_status luna_layer_step(const luna_pass *ps, const luna_config *c,
     return ffn_block(ps, c, w, r2.y, R, out);
 }
 
+/* lens (device [R], NULL: every row at dims->step): each row's positions after this step;
+ * T: the most of them. */
 static luna_status transformer_layer_step(const luna_pass *ps, const luna_config *c,
                                           const luna_decoder_dims *dims,
                                           const luna_decoder_layer_w *w,
                                           luna_decoder_layer_state *ls, const luna_act *x,
-                                          luna_act **out) {
+                                          const int32_t *lens, int T, luna_act **out) {
     luna_backend *be = ps->be;
     const luna_ops *op = be->ops;
     const int R = dims->R, d = c->decoder_embed_dim, H = c->decoder_attention_heads, dh = d / H;
@@ -341,24 +343,8 @@ static luna_status transformer_layer_step(const luna_pass *ps, const luna_config
      * t is dims->cache_slots[r, t]: row r's own slot, or its sentence's block under in-flight
      * batching), then per (row, head) s = q·K[:t+1]ᵀ, softmax, o = s·V[:t+1], position p of row
      * r read from slot cache_slots[r, p] (beam reorders move slot indices, not cached rows).
-     * Rows at different positions (in-flight) carry their lengths t + 1: one launch per op for
-     * all rows, each row's sums those of a batch of its own. */
-    int T = dims->step + 1;
-    int32_t *lens = NULL; /* device [R]: each row's t + 1; NULL: T for every row */
-    if (dims->sent_step) {
-        int32_t *host = malloc(sizeof(int32_t) * (size_t)(R > 0 ? R : 1));
-        if (!host) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "decoder: out of host memory");
-        T = 1;
-        for (int b = 0; b < dims->S; b++)
-            for (int j = 0; j < luna_decoder_sentence_rows(dims, b); j++) {
-                host[luna_decoder_first_row(dims, b) + j] = dims->sent_step[b] + 1;
-                T = dims->sent_step[b] + 1 > T ? dims->sent_step[b] + 1 : T;
-            }
-        luna_status st = luna_pass_alloc_i32(ps, &lens, R, "self-attention lengths");
-        if (st == LUNA_OK) st = luna_mem_from_host(be, lens, host, sizeof(int32_t) * (size_t)R);
-        free(host);
-        LUNA_TRY(st);
-    }
+     * Rows at different positions (in-flight) carry their lengths t + 1 (lens): one launch per
+     * op for all rows, each row's sums those of a batch of its own. */
     const int32_t *ind = dims->cache_slots;
     LUNA_TRY(op->cache_write(be, ls->self_k, k, ind, lens, R, H, dh, T, T_cap, page));
     LUNA_TRY(op->cache_write(be, ls->self_v, v, ind, lens, R, H, dh, T, T_cap, page));
@@ -395,7 +381,8 @@ static luna_status transformer_layer_step(const luna_pass *ps, const luna_config
 }
 
 static luna_status step(const luna_pass *ps, luna_seq2seq *model, const luna_decoder_dims *dims,
-                        luna_decoder_layer_state *layers, const int32_t *tokens, luna_act **logits);
+                        luna_decoder_layer_state *layers, const int32_t *tokens,
+                        const int32_t *lens, int T, luna_act **logits);
 
 luna_status luna_decoder_step(const luna_pass *ps, luna_seq2seq *model,
                               const luna_decoder_dims *dims, luna_decoder_layer_state *layers,
@@ -408,17 +395,33 @@ luna_status luna_decoder_step(const luna_pass *ps, luna_seq2seq *model,
             return luna_error(LUNA_ERR_INVALID_ARGUMENT, "decoder: step %d exceeds max_steps %d",
                               t + 1, dims->max_steps);
     }
-    int32_t *row_t = NULL; /* Luna: each row's steps taken (rows at different positions) */
-    if (dims->L > 0 && dims->sent_step) {
-        if (!(row_t = malloc(sizeof(int32_t) * (size_t)R)))
+    /* Rows at different positions: each row's steps taken (Luna's 1/t, on the host) or its
+     * positions after this step (the transformer's self-attention, on the device, once for all
+     * layers) */
+    int32_t *row_t = NULL, *lens = NULL;
+    int T = dims->step + 1;
+    if (dims->sent_step) {
+        if (!(row_t = malloc(sizeof(int32_t) * (size_t)(R > 0 ? R : 1))))
             return luna_error(LUNA_ERR_OUT_OF_MEMORY, "decoder: out of host memory");
-        for (int b = 0; b < dims->S; b++)
+        T = 1;
+        for (int b = 0; b < dims->S; b++) {
             for (int j = 0; j < luna_decoder_sentence_rows(dims, b); j++)
-                row_t[luna_decoder_first_row(dims, b) + j] = dims->sent_step[b];
+                row_t[luna_decoder_first_row(dims, b) + j] = dims->sent_step[b] + (dims->L == 0);
+            T = dims->sent_step[b] + 1 > T ? dims->sent_step[b] + 1 : T;
+        }
+    }
+    luna_status st = LUNA_OK;
+    if (row_t && dims->L == 0) {
+        st = luna_pass_alloc_i32(ps, &lens, R, "self-attention lengths");
+        if (st == LUNA_OK)
+            st = luna_mem_from_host(ps->be, lens, row_t, sizeof(int32_t) * (size_t)R);
+        free(row_t);
+        row_t = NULL;
+        LUNA_TRY(st);
     }
     for (int i = 0; i < c->decoder_layers && dims->L > 0; i++)
         layers[i].causal.row_t = row_t;
-    luna_status st = step(ps, model, dims, layers, tokens, logits);
+    st = step(ps, model, dims, layers, tokens, lens, T, logits);
     for (int i = 0; i < c->decoder_layers && dims->L > 0; i++)
         layers[i].causal.row_t = NULL;
     free(row_t);
@@ -427,7 +430,7 @@ luna_status luna_decoder_step(const luna_pass *ps, luna_seq2seq *model,
 
 static luna_status step(const luna_pass *ps, luna_seq2seq *model, const luna_decoder_dims *dims,
                         luna_decoder_layer_state *layers, const int32_t *tokens,
-                        luna_act **logits) {
+                        const int32_t *lens, int T, luna_act **logits) {
     const luna_config *c = &model->config;
     luna_backend *be = ps->be;
     const luna_weights *w = &model->params->w;
@@ -464,9 +467,9 @@ static luna_status step(const luna_pass *ps, luna_seq2seq *model, const luna_dec
     }
     LUNA_TRY(be->ops->add(be, x, x, pos_rows, (int64_t)R * d));
     for (int i = 0; i < c->decoder_layers; i++)
-        LUNA_TRY(dims->L > 0
-                     ? luna_layer_step(ps, c, dims, &w->decoder[i], &layers[i], x, &x)
-                     : transformer_layer_step(ps, c, dims, &w->decoder[i], &layers[i], x, &x));
+        LUNA_TRY(dims->L > 0 ? luna_layer_step(ps, c, dims, &w->decoder[i], &layers[i], x, &x)
+                             : transformer_layer_step(ps, c, dims, &w->decoder[i], &layers[i], x,
+                                                      lens, T, &x));
     LUNA_TRY(luna_pass_alloc(ps, logits, (int64_t)R * V, "logits"));
     return be->ops->linear_forward(be, *logits, x, w->output_projection, NULL, R, d, V);
 }
