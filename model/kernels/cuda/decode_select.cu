@@ -21,6 +21,28 @@
 
 namespace {
 
+/* lp_j = (float)(x_j − lse) + bias_j, NaN as −inf */
+template <typename T>
+__device__ inline float log_prob(const T *x, int j, double lse, const float *bias) {
+    float lp = (float)((double)load(x, j) - lse);
+    if (bias) lp = __fadd_rn(lp, bias[j]);
+    return lp != lp ? -INFINITY : lp;
+}
+
+/* Token j (tokens arrive in increasing order) into tl/ti, the n ≤ k best so far, best first: a
+ * token that only ties the worst kept one ranks below it (higher index) and is refused. */
+__device__ inline void offer(float *tl, int32_t *ti, int &n, int k, float lp, int j) {
+    if (n == k && !(lp > tl[k - 1])) return;
+    int i = n < k ? n++ : k - 1;
+    while (i > 0 && tl[i - 1] < lp) {
+        tl[i] = tl[i - 1];
+        ti[i] = ti[i - 1];
+        i--;
+    }
+    tl[i] = lp;
+    ti[i] = j;
+}
+
 /* One thread per row, the tokens in order, the k best by insertion into the output row itself:
  * for k above kListCap (O(V·k) at worst; the block kernel below is the common path). */
 template <typename T>
@@ -58,18 +80,7 @@ __global__ void topk_row_kernel(const T *logits, const float *bias, int64_t rows
     int32_t *ti = top_idx + r * k;
     int n = 0;
     for (int j = 0; j < V; j++) {
-        float lp = (float)((double)load(x, j) - lse);
-        if (bias) lp = __fadd_rn(lp, bias[j]);
-        if (lp != lp) lp = -INFINITY;
-        if (n == k && !(lp > tl[k - 1])) continue;
-        int i = n < k ? n++ : k - 1;
-        while (i > 0 && tl[i - 1] < lp) {
-            tl[i] = tl[i - 1];
-            ti[i] = ti[i - 1];
-            i--;
-        }
-        tl[i] = lp;
-        ti[i] = j;
+        offer(tl, ti, n, k, log_prob(x, j, lse, bias), j);
     }
 }
 
@@ -148,21 +159,10 @@ __global__ void __launch_bounds__(kTopkThreads)
     const double lse = s_lse[0];
     /* this thread's k best, best first */
     float tl[kListCap];
-    int ti[kListCap];
+    int32_t ti[kListCap];
     int n = 0;
     for (int j = tid; j < V; j += kTopkThreads) {
-        float lp = (float)((double)load(x, j) - lse);
-        if (bias) lp = __fadd_rn(lp, bias[j]);
-        if (lp != lp) lp = -INFINITY;
-        if (n == k && !(lp > tl[k - 1])) continue;
-        int i = n < k ? n++ : k - 1;
-        while (i > 0 && tl[i - 1] < lp) {
-            tl[i] = tl[i - 1];
-            ti[i] = ti[i - 1];
-            i--;
-        }
-        tl[i] = lp;
-        ti[i] = j;
+        offer(tl, ti, n, k, log_prob(x, j, lse, bias), j);
     }
     /* k rounds: the best head over all lists is the next of the row */
     int taken = 0;
