@@ -185,13 +185,26 @@ __attribute__((target("avx2,fma"))) static void row_dots8(int K, const float *A,
     }
 }
 
-/* C[j] = Σ_k A[k] · rows[j][k] (j < N). */
+/* C[j] = Σ_k A[k] · rows[j][k] (j < N). The last N mod 8 rows go through row_dots8 too, beside
+ * rows of zeros whose lanes are dropped (the same chains; one scalar chain at a time would wait
+ * on the fused multiply-add's latency). */
 __attribute__((target("avx2,fma"))) static void row_dots(int N, int K, const float *A,
                                                          const float *const *rows, float *C) {
+    static const float zeros[ROW_GEMM_MAX_K];
     int j = 0;
     for (; j + 8 <= N; j += 8)
         row_dots8(K, A, rows + j, C + j);
-    row_dots_scalar(j, N, K, A, rows, C);
+    if (j == N) return;
+    if (K > ROW_GEMM_MAX_K) {
+        row_dots_scalar(j, N, K, A, rows, C);
+        return;
+    }
+    const float *b[8];
+    float c[8];
+    for (int l = 0; l < 8; l++)
+        b[l] = j + l < N ? rows[j + l] : zeros;
+    row_dots8(K, A, b, c);
+    memcpy(C + j, c, sizeof(float) * (size_t)(N - j));
 }
 
 __attribute__((target("avx2,fma"))) static void row_gemm(bool tb, int N, int K, const float *A,
@@ -396,8 +409,8 @@ luna_status luna_cpu_cache_products(luna_backend *be, bool values, luna_act *y_,
         const int64_t r = g / H, h = g % H;
         const float **rp = rows + (size_t)omp_get_thread_num() * T;
         const int Tr = lens ? lens[r] : T; /* this row's positions */
-        for (int p = 0; p < Tr; p++)
-            rp[p] = C + ((int64_t)ind[r * T_cap + p] * H + h) * group + (int64_t)(p % page) * dh;
+        for (int p = 0, pp = 0; p < Tr; p++, pp = pp + 1 == page ? 0 : pp + 1) /* pp = p mod page */
+            rp[p] = C + ((int64_t)ind[r * T_cap + p] * H + h) * group + (int64_t)pp * dh;
 #if defined(__x86_64__) && defined(__GNUC__)
         if (simd) {
             if (values)
