@@ -178,36 +178,80 @@ __attribute__((target("avx2,fma"))) static float quantize_row_avx2(const float *
 }
 #endif
 
+#if HAVE_X86
+/* Block interleave of MR = 4 quantized rows qr [4][G·4]: bs[(g·4 + i)·4 + kk] = qr[i][g·4 + kk],
+ * and ba the same of |q| (AVX2) or q + 128 (VNNI), 4 groups at a time by a 4 × 4 transpose of
+ * 32-bit lanes; the last G mod 4 groups one at a time. */
+__attribute__((target("avx2"))) static void interleave_avx2(bool vnni, const int8_t *qr, int G,
+                                                            int8_t *bs, uint8_t *ba) {
+    const size_t row = (size_t)G * GROUP;
+    const __m128i flip = _mm_set1_epi8((char)0x80);
+    int g = 0;
+    for (; g + 4 <= G; g += 4) {
+        __m128i r[MR];
+        for (int i = 0; i < MR; i++)
+            r[i] = _mm_loadu_si128((const __m128i *)(qr + i * row + (size_t)g * GROUP));
+        const __m128i t0 = _mm_unpacklo_epi32(r[0], r[1]), t1 = _mm_unpackhi_epi32(r[0], r[1]);
+        const __m128i t2 = _mm_unpacklo_epi32(r[2], r[3]), t3 = _mm_unpackhi_epi32(r[2], r[3]);
+        const __m128i o[4] = {_mm_unpacklo_epi64(t0, t2), _mm_unpackhi_epi64(t0, t2),
+                              _mm_unpacklo_epi64(t1, t3), _mm_unpackhi_epi64(t1, t3)};
+        for (int j = 0; j < 4; j++) {
+            const size_t at = (size_t)(g + j) * MR * GROUP;
+            _mm_storeu_si128((__m128i *)(bs + at), o[j]);
+            _mm_storeu_si128((__m128i *)(ba + at),
+                             vnni ? _mm_xor_si128(o[j], flip) : _mm_abs_epi8(o[j]));
+        }
+    }
+    for (; g < G; g++)
+        for (int i = 0; i < MR; i++)
+            for (int kk = 0; kk < GROUP; kk++) {
+                const int8_t v = qr[i * row + (size_t)g * GROUP + kk];
+                const size_t at = ((size_t)g * MR + i) * GROUP + kk;
+                bs[at] = v;
+                ba[at] = vnni ? (uint8_t)((uint8_t)v ^ 0x80u) : (uint8_t)(v < 0 ? -v : v);
+            }
+}
+#endif
+
 /* Rows [i0, i0 + MR) of x into block i0 / MR of xs / xa (zero rows past `rows`); qr holds
- * 2·G·4 bytes (a row of qx, then of what xa keeps). */
+ * MR·G·4 bytes (the block's rows of qx before interleaving). */
 static void pack_block(luna_int8_kernel kern, const luna_int8_weight *w, luna_int8_scratch *s,
                        const float *x, int64_t rows, int64_t i0, int8_t *qr) {
     const int G = w->groups, in = w->in;
-    int8_t *bs = s->xs + (size_t)i0 * G * GROUP;
-    uint8_t *ba = s->xa + (size_t)i0 * G * GROUP, *qa = (uint8_t *)qr + (size_t)G * GROUP;
+    const size_t row = (size_t)G * GROUP;
+    int8_t *bs = s->xs + (size_t)i0 * row;
+    uint8_t *ba = s->xa + (size_t)i0 * row;
     for (int i = 0; i < MR; i++) {
         float sx = 0.0f;
+        int8_t *q = qr + i * row;
         if (i0 + i < rows) {
 #if HAVE_X86
             if (kern != LUNA_INT8_SCALAR)
-                sx = quantize_row_avx2(x + (i0 + i) * in, in, G, qr);
+                sx = quantize_row_avx2(x + (i0 + i) * in, in, G, q);
             else
 #endif
-                sx = quantize_row_scalar(x + (i0 + i) * in, in, G, qr);
+                sx = quantize_row_scalar(x + (i0 + i) * in, in, G, q);
         } else {
-            memset(qr, 0, (size_t)G * GROUP);
+            memset(q, 0, row);
         }
         s->sx[i0 + i] = sx;
-        /* AVX2: |q| (u8 ≤ 127); VNNI: q + 128 as u8 (the sign bit flipped) */
-        for (int k = 0; k < G * GROUP; k++)
-            qa[k] = kern == LUNA_INT8_AVX512_VNNI ? (uint8_t)((uint8_t)qr[k] ^ 0x80u)
-                                                  : (uint8_t)(qr[k] < 0 ? -qr[k] : qr[k]);
-        for (int g = 0; g < G; g++) { /* 4 k at a time into the block's interleaved lanes */
-            const size_t at = ((size_t)g * MR + i) * GROUP;
-            memcpy(bs + at, qr + g * GROUP, GROUP);
-            memcpy(ba + at, qa + g * GROUP, GROUP);
-        }
     }
+    const bool vnni = kern == LUNA_INT8_AVX512_VNNI;
+#if HAVE_X86
+    if (kern != LUNA_INT8_SCALAR) {
+        interleave_avx2(vnni, qr, G, bs, ba);
+        return;
+    }
+#endif
+    /* AVX2: |q| (u8 ≤ 127); VNNI: q + 128 as u8 (the sign bit flipped) */
+    for (int g = 0; g < G; g++)
+        for (int i = 0; i < MR; i++)
+            for (int kk = 0; kk < GROUP; kk++) {
+                const int8_t v = qr[i * row + (size_t)g * GROUP + kk];
+                const size_t at = ((size_t)g * MR + i) * GROUP + kk;
+                bs[at] = v;
+                ba[at] = vnni ? (uint8_t)((uint8_t)v ^ 0x80u) : (uint8_t)(v < 0 ? -v : v);
+            }
 }
 
 /* ---- kernels: acc [MR][PANEL·np] (row stride 2·PANEL) for one block of rows ----------------- */
@@ -430,7 +474,7 @@ bool luna_int8_linear(luna_int8_kernel kern, const luna_int8_weight *w, luna_int
     }
     /* small products stay on one thread (fork/join ~µs), as held_weights.c */
     if (rows * (int64_t)w->in * w->out < 65536) threads = 1;
-    const size_t qrow = (size_t)2 * G * GROUP; /* per thread: pack_block's two rows */
+    const size_t qrow = (size_t)MR * G * GROUP; /* per thread: pack_block's rows */
     /* chunks of an even number of panels: at most CHUNK_BYTES of weights, at least one per thread
      */
     int chunk = (int)(CHUNK_BYTES / ((size_t)G * PANEL * GROUP));

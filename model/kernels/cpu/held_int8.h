@@ -65,7 +65,7 @@ typedef struct {
     int8_t *xs;   /* qx, packed */
     uint8_t *xa;  /* AVX2: |qx|; VNNI: qx + 128; packed like xs */
     float *sx;    /* [rows rounded up to MR] */
-    int8_t *qrow; /* [threads][2·groups·4]: one row of qx (and of xa) before packing */
+    int8_t *qrow; /* [threads][4·groups·4]: a block's rows of qx before packing */
     size_t cap, rows_cap, qrow_cap;
 } luna_int8_scratch;
 
