@@ -449,20 +449,32 @@ struct luna_ops {
      * cache_write: a step's keys or values into that cache: row r's newest position
      *   p = (lens ? lens[r] : T) − 1 goes to slot ind[r·T_cap + p], C[ind[r, p], h, p mod page, :]
      *   = x[(r·H + h)·dh, :] for every head (x, C activations; a copy: exact).
-     * hold_weights: W [out, in] (fp32, a Linear weight) will not change until release_weights(W);
-     *   the backend may keep it in a layout its linear_forward(W) uses faster (CPU: 16-column
-     *   panels for a small-batch kernel, model/kernels/cpu/held_weights.c; a backend may keep
-     *   nothing). Holds of one W are counted (each needs its release). linear_forward with a held W
-     *   equals the unheld op within the GEMM tolerance above and is deterministic; on the CPU a
-     *   row's result is also independent of the other rows (not on CUDA, whose cuBLASLt chooses
-     *   its algorithm by shape, so the row count can move the last bits). Decoding holds the
-     *   decoder's weights for its lifetime (model/decoder_step.h); training holds nothing.
-     *   dtype LUNA_F32 holds W as it is; LUNA_I8 (int8 models, model/quantize.h) holds W quantized
-     *   per output channel, and linear_forward(W) then quantizes x per row and multiplies in int8
-     *   (CPU only: model/kernels/cpu/held_int8.h states the math and its error bound; the CUDA
-     *   backend refuses it). One W is held with one dtype at a time.
-     * release_weights: ends one hold; the last drops what hold_weights kept (W NULL: no-op; a W not
-     *   held is an error). W must be released before its memory is freed or reused. */
+     * cross_attention: a decoding step's attention from each row to its sentence's source (the
+     *   transformer's encoder-decoder attention), fused: K, V [slots, m, H·dh] (activations; the
+     *   keys and values of slot s's m source positions, heads in the rows), q [R, H·dh]; row r
+     * reads slot row_slot[r] (device int32 [R]) over its first n_r = slot_len ?
+     * slot_len[row_slot[r]] : m positions (device int32 [slots], clamped to [0, m]). For each head
+     * h: a_p = alpha · Σ_{k<dh} q[r, h·dh + k] · K[s, p, h·dh + k]          (p < n_r) w =
+     * softmax(a) over p < n_r (exp in float, the sum in double, as softmax_forward) y[r, h·dh + j]
+     * = Σ_{p<n_r} w_p · V[s, p, h·dh + j]                (n_r = 0: 0) Each Σ is one chain of fused
+     * multiply-adds in ascending order from 0: on the CPU the bits of the batched gemms +
+     * softmax_forward that computed it before (luna_mha_attend with a sentence's beams as the
+     * queries), elsewhere within the GEMM tolerance. One call covers every row whatever its
+     * sentence, so the beams of all sentences share one launch. hold_weights: W [out, in] (fp32, a
+     * Linear weight) will not change until release_weights(W); the backend may keep it in a layout
+     * its linear_forward(W) uses faster (CPU: 16-column panels for a small-batch kernel,
+     * model/kernels/cpu/held_weights.c; a backend may keep nothing). Holds of one W are counted
+     * (each needs its release). linear_forward with a held W equals the unheld op within the GEMM
+     * tolerance above and is deterministic; on the CPU a row's result is also independent of the
+     * other rows (not on CUDA, whose cuBLASLt chooses its algorithm by shape, so the row count can
+     * move the last bits). Decoding holds the decoder's weights for its lifetime
+     * (model/decoder_step.h); training holds nothing. dtype LUNA_F32 holds W as it is; LUNA_I8
+     * (int8 models, model/quantize.h) holds W quantized per output channel, and linear_forward(W)
+     * then quantizes x per row and multiplies in int8 (CPU only: model/kernels/cpu/held_int8.h
+     * states the math and its error bound; the CUDA backend refuses it). One W is held with one
+     * dtype at a time. release_weights: ends one hold; the last drops what hold_weights kept (W
+     * NULL: no-op; a W not held is an error). W must be released before its memory is freed or
+     * reused. */
     luna_status (*gather_rows)(luna_backend *be, luna_act *dst, int64_t dst_stride,
                                const luna_act *src, int64_t src_stride, const int32_t *idx,
                                int64_t n, int64_t cols);
@@ -475,6 +487,10 @@ struct luna_ops {
     luna_status (*cache_write)(luna_backend *be, luna_act *C, const luna_act *x, const int32_t *ind,
                                const int32_t *lens, int R, int H, int dh, int T, int T_cap,
                                int page);
+    luna_status (*cross_attention)(luna_backend *be, luna_act *y, const luna_act *q,
+                                   const luna_act *K, const luna_act *V, const int32_t *row_slot,
+                                   const int32_t *slot_len, int R, int H, int dh, int m,
+                                   float alpha);
     luna_status (*hold_weights)(luna_backend *be, const float *W, int out, int in,
                                 luna_dtype dtype);
     luna_status (*release_weights)(luna_backend *be, const float *W);

@@ -428,6 +428,15 @@ static luna_status cache_write(luna_backend *be, luna_act *C, const luna_act *x,
     if (R > 0 && (!C || !x || !ind)) BAD("cache_write: null pointer");
     return be->kernels->cache_write(be, C, x, ind, lens, R, H, dh, T, T_cap, page);
 }
+static luna_status cross_attention(luna_backend *be, luna_act *y, const luna_act *q,
+                                   const luna_act *K, const luna_act *V, const int32_t *row_slot,
+                                   const int32_t *slot_len, int R, int H, int dh, int m,
+                                   float alpha) {
+    if (R < 0 || H < 1 || dh < 1 || m < 1)
+        BAD("cross_attention: bad sizes (R %d, H %d, dh %d, m %d)", R, H, dh, m);
+    if (R > 0 && (!y || !q || !K || !V || !row_slot)) BAD("cross_attention: null pointer");
+    return be->kernels->cross_attention(be, y, q, K, V, row_slot, slot_len, R, H, dh, m, alpha);
+}
 static luna_status hold_weights(luna_backend *be, const float *W, int out, int in,
                                 luna_dtype dtype) {
     if (!W || out <= 0 || in <= 0)
@@ -483,6 +492,7 @@ static const luna_ops checked_ops = {
     .log_softmax_topk = log_softmax_topk,
     .cache_products = cache_products,
     .cache_write = cache_write,
+    .cross_attention = cross_attention,
     .hold_weights = hold_weights,
     .release_weights = release_weights,
 };

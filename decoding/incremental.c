@@ -40,6 +40,10 @@ struct luna_incremental {
     int one_row; /* the last this many sentences have one row each (joined, before their first
                     reorder), the others rpb */
     int32_t *sent_step, *sent_block;
+    /* transformer: sent_slot [S_cap] the slot of cross_k / cross_v each active sentence was
+     * admitted to (it stays there while others leave: a reorder moves no keys or values);
+     * slot_host [S_cap] each slot's source length, slot_valid its device copy (masked) */
+    int32_t *sent_slot, *slot_host, *slot_valid;
 };
 
 luna_status luna_incremental_create(luna_incremental **out, luna_seq2seq *model) {
@@ -86,6 +90,8 @@ void luna_incremental_free(luna_incremental *inc) {
     free(inc->sent_host);
     free(inc->sent_step);
     free(inc->sent_block);
+    free(inc->sent_slot);
+    free(inc->slot_host);
     luna_cache_slots_free(&inc->cs);
     free(inc->ls);
     free(inc);
@@ -140,7 +146,9 @@ static luna_decoder_dims dims_of(const luna_incremental *inc) {
                                .sent_valid = inc->sent_valid,
                                .cache_slots = inc->luna ? NULL : inc->cs.dev,
                                .sent_step = inc->pool ? inc->sent_step : NULL,
-                               .one_row_sentences = inc->one_row};
+                               .one_row_sentences = inc->one_row,
+                               .sent_slot = inc->pool && !inc->luna ? inc->sent_slot : NULL,
+                               .slot_valid = inc->pool && !inc->luna ? inc->slot_valid : NULL};
 }
 
 /* Upload the per-sentence masks and their per-row expansion (Luna). */
@@ -280,7 +288,11 @@ luna_status luna_incremental_begin_pool(luna_incremental *inc, int S_cap, int m_
         inc->sent_step = a[1];
     if (a[1] && (a[2] = realloc(inc->sent_block, sizeof(int32_t) * (size_t)S_cap)))
         inc->sent_block = a[2];
-    if (!a[2]) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "incremental decoding: out of memory");
+    int32_t *b[2] = {a[2] ? realloc(inc->sent_slot, sizeof(int32_t) * (size_t)S_cap) : NULL, NULL};
+    if (b[0]) inc->sent_slot = b[0];
+    if (b[0] && (b[1] = realloc(inc->slot_host, sizeof(int32_t) * (size_t)S_cap)))
+        inc->slot_host = b[1];
+    if (!b[1]) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "incremental decoding: out of memory");
     if (!inc->luna)
         LUNA_TRY(luna_cache_slots_reset(&inc->cs, inc->be, inc->state, S_cap * beam, max_steps));
     inc->pool = true;
@@ -294,9 +306,11 @@ luna_status luna_incremental_begin_pool(luna_incremental *inc, int S_cap, int m_
     inc->L = luna_decoder_projection_slots(c, m_cap);
     inc->masked = !inc->luna || !c->fix_projection_length;
     luna_pass pst = {.be = inc->be, .arena = inc->state};
-    inc->row_valid = inc->sent_valid = NULL;
+    inc->row_valid = inc->sent_valid = inc->slot_valid = NULL;
     luna_status st = LUNA_OK;
     if (inc->masked) st = luna_pass_alloc_i32(&pst, &inc->sent_valid, S_cap, "decoder masks");
+    if (st == LUNA_OK && inc->masked && !inc->luna)
+        st = luna_pass_alloc_i32(&pst, &inc->slot_valid, S_cap, "source lengths by slot");
     if (st == LUNA_OK && inc->masked && inc->luna)
         st = luna_pass_alloc_i32(&pst, &inc->row_valid, inc->cap_rows, "decoder masks");
     luna_decoder_dims dims = dims_of(inc);
@@ -342,7 +356,28 @@ static luna_status admit(luna_incremental *inc, const int32_t *src, const int32_
     LUNA_TRY(st);
     luna_decoder_dims dims = {.S = n, .beam = rows, .R = n * rows, .m = m, .L = L, .max_steps = 0};
     return luna_decoder_admit(inc->model, inc->scratch, tok, src_valid, p_valid, &dims, inc->S,
-                              inc->R, inc->m, inc->L, inc->ls);
+                              inc->luna ? NULL : inc->sent_slot + inc->S, inc->R, inc->m, inc->L,
+                              inc->ls);
+}
+
+/* The transformer's new sentences S.. S + n − 1 into free slots (the lowest ones), their source
+ * lengths into slot_valid. */
+static luna_status take_slots(luna_incremental *inc, const int32_t *lens, int n) {
+    bool *used = calloc((size_t)inc->S_cap, sizeof *used);
+    if (!used) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "incremental decoding: out of memory");
+    for (int s = 0; s < inc->S; s++)
+        used[inc->sent_slot[s]] = true;
+    for (int b = 0, k = 0; b < n; b++) {
+        while (used[k])
+            k++; /* S + n ≤ S_cap: a free one exists */
+        used[k] = true;
+        inc->sent_slot[inc->S + b] = k;
+        inc->slot_host[k] = lens[b];
+    }
+    free(used);
+    if (!inc->slot_valid) return LUNA_OK;
+    return luna_mem_from_host(inc->be, inc->slot_valid, inc->slot_host,
+                              sizeof(int32_t) * (size_t)inc->S_cap);
 }
 
 luna_status luna_incremental_admit(luna_incremental *inc, const int32_t *src_tokens,
@@ -354,7 +389,8 @@ luna_status luna_incremental_admit(luna_incremental *inc, const int32_t *src_tok
                           n, m, inc->pool ? "the pool" : "no pool", inc->S, inc->S_cap, inc->m);
     LUNA_TRY(check_source(&inc->model->config, src_tokens, src_lengths, n, m));
     luna_arena_mark mark = luna_arena_get_mark(inc->scratch);
-    luna_status st = admit(inc, src_tokens, src_lengths, n, m, one_row ? 1 : inc->beam);
+    luna_status st = inc->luna ? LUNA_OK : take_slots(inc, src_lengths, n);
+    if (st == LUNA_OK) st = admit(inc, src_tokens, src_lengths, n, m, one_row ? 1 : inc->beam);
     luna_arena_release(inc->scratch, mark);
     if (st != LUNA_OK) {
         luna_error_prefix("incremental decoding: admit");
@@ -528,8 +564,9 @@ static luna_status reorder_state(luna_incremental *inc, const int32_t *rows,
             if (sent) LUNA_TRY(gather_in_place(inc, ls->kp, Ld, Ld, sent, S));
             if (sent && ls->vp != ls->kp) LUNA_TRY(gather_in_place(inc, ls->vp, Ld, Ld, sent, S));
             ls->causal.B = new_rows;
-        } else {
-            /* self-attention caches: through the slot indices above */
+        } else if (!inc->pool) {
+            /* self-attention caches: through the slot indices above; the pool's source keys and
+             * values: through sent_slot (they stay) */
             const int64_t md = (int64_t)inc->m * d;
             if (sent) LUNA_TRY(gather_in_place(inc, ls->cross_k, md, md, sent, S));
             if (sent) LUNA_TRY(gather_in_place(inc, ls->cross_v, md, md, sent, S));
@@ -579,10 +616,11 @@ luna_status luna_incremental_reorder(luna_incremental *inc, const int32_t *rows,
     if (st == LUNA_OK) st = reorder_state(inc, rows_dev, rows, sent_dev, new_rows, S, expand);
     luna_arena_release(inc->scratch, mark);
     if (st == LUNA_OK) {
-        int32_t *per_sent[] = {inc->sent_host, inc->pool ? inc->sent_step : NULL};
+        int32_t *per_sent[] = {inc->sent_host, inc->pool ? inc->sent_step : NULL,
+                               inc->pool && !inc->luna ? inc->sent_slot : NULL};
         int32_t *old = sent + S; /* the sentences' old indices, kept while each array moves */
         memcpy(old, sent, sizeof(int32_t) * (size_t)S);
-        for (int a = 0; a < 2; a++) {
+        for (int a = 0; a < 3; a++) {
             if (!per_sent[a]) continue;
             for (int s = 0; s < S; s++) /* the old values, then the new ones in their place */
                 sent[s] = per_sent[a][old[s]];

@@ -193,8 +193,8 @@ static luna_status copy_padded(luna_backend *be, luna_act *dst, int cap, const l
 
 static luna_status admit(luna_seq2seq *model, luna_arena *scratch, const int32_t *src,
                          const int32_t *src_valid, const int32_t *p_valid,
-                         const luna_decoder_dims *dims, int s0, int r0, int m_cap, int L_cap,
-                         luna_decoder_layer_state *pool) {
+                         const luna_decoder_dims *dims, int s0, const int32_t *slots, int r0,
+                         int m_cap, int L_cap, luna_decoder_layer_state *pool) {
     const luna_config *c = &model->config;
     luna_backend *be = model->be;
     luna_pass ps = {.be = be, .arena = scratch};
@@ -225,6 +225,15 @@ static luna_status admit(luna_seq2seq *model, luna_arena *scratch, const int32_t
             if (st == LUNA_OK)
                 st = luna_mem_zero(be, luna_act_at(be, p->causal.vsum, r_at),
                                    luna_act_bytes(be, (int64_t)R * H * L_cap * dh));
+        } else if (slots) { /* sentence j into its slot */
+            for (int j = 0; j < n && st == LUNA_OK; j++) {
+                const int64_t s_at = (int64_t)slots[j] * m_cap * d, f_at = (int64_t)j * m * d;
+                st = copy_padded(be, luna_act_at(be, p->cross_k, s_at), m_cap,
+                                 luna_act_at(be, f->cross_k, f_at), m, 1, d);
+                if (st == LUNA_OK)
+                    st = copy_padded(be, luna_act_at(be, p->cross_v, s_at), m_cap,
+                                     luna_act_at(be, f->cross_v, f_at), m, 1, d);
+            }
         } else {
             const int64_t s_at = (int64_t)s0 * H * m_cap * dh;
             st = copy_padded(be, luna_act_at(be, p->cross_k, s_at), m_cap, f->cross_k, m, n, d);
@@ -238,8 +247,8 @@ static luna_status admit(luna_seq2seq *model, luna_arena *scratch, const int32_t
 
 luna_status luna_decoder_admit(luna_seq2seq *model, luna_arena *scratch, const int32_t *src,
                                const int32_t *src_valid, const int32_t *p_valid,
-                               const luna_decoder_dims *dims, int s0, int r0, int m_cap, int L_cap,
-                               luna_decoder_layer_state *layers) {
+                               const luna_decoder_dims *dims, int s0, const int32_t *slots, int r0,
+                               int m_cap, int L_cap, luna_decoder_layer_state *layers) {
     if ((model->config.arch == LUNA_ARCH_LUNA) != (dims->L > 0) || dims->m > m_cap ||
         dims->L > L_cap || s0 < 0 || r0 < 0)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT,
@@ -247,25 +256,12 @@ luna_status luna_decoder_admit(luna_seq2seq *model, luna_arena *scratch, const i
                           dims->S, dims->m, m_cap, dims->L, L_cap);
     luna_arena_mark mark = luna_arena_get_mark(scratch);
     luna_status st =
-        admit(model, scratch, src, src_valid, p_valid, dims, s0, r0, m_cap, L_cap, layers);
+        admit(model, scratch, src, src_valid, p_valid, dims, s0, slots, r0, m_cap, L_cap, layers);
     luna_arena_release(scratch, mark);
     return st;
 }
 
 /* ---- one step -------------------------------------------------------------------------------- */
-
-/* The cross-attention result of one group of sentences (rows [r0, ..) of [R, d]) into *y: the
- * group's own buffer when it is the whole batch, else its `rows` rows of one [R, d] buffer. */
-static luna_status gather_group(const luna_pass *ps, luna_act **y, const luna_act *part, int R,
-                                int d, int64_t r0, int64_t rows, bool whole) {
-    if (whole) {
-        *y = (luna_act *)part;
-        return LUNA_OK;
-    }
-    if (!*y) LUNA_TRY(luna_pass_alloc(ps, y, (int64_t)R * d, "cross-attention result"));
-    return ps->be->ops->gather_rows(ps->be, luna_act_at(ps->be, *y, r0 * d), d, part, d, NULL, rows,
-                                    d);
-}
 
 /* x_out = LN(x + FFN(x)) */
 static luna_status ffn_block(const luna_pass *ps, const luna_config *c,
@@ -284,7 +280,7 @@ static luna_status ffn_block(const luna_pass *ps, const luna_config *c,
 static luna_status luna_layer_step(const luna_pass *ps, const luna_config *c,
                                    const luna_decoder_dims *dims, const luna_decoder_layer_w *w,
                                    luna_decoder_layer_state *ls, const luna_act *x,
-                                   luna_act **out) {
+                                   const int32_t *row_slot, luna_act **out) {
     luna_backend *be = ps->be;
     const int R = dims->R, d = c->decoder_embed_dim, H = c->decoder_attention_heads;
     luna_act *y;
@@ -294,26 +290,16 @@ static luna_status luna_layer_step(const luna_pass *ps, const luna_config *c,
     LUNA_TRY(luna_causal_attention_step(be, ps->arena, &w->self_attn, &ls->causal, x, y));
     LUNA_TRY(luna_resnorm_forward(ps, &w->self_attn_layer_norm, &r1, x, y,
                                   w->self_attn.out_proj.bias, R, d, 0.0f, 0));
-    /* x2 = LN(x1 + unpack(x1)): the beams of sentence s are its queries (per group of sentences
-     * with the same rows, as the GEMMs' results depend on their row count) */
-    luna_act *yc = NULL;
-    for (int g = 0; g < 2; g++) {
-        const int f = dims->S - dims->one_row_sentences, s0 = g ? f : 0, s1 = g ? dims->S : f;
-        if (s1 == s0) continue;
-        const int64_t Ld = (int64_t)dims->L * d, r0 = luna_decoder_first_row(dims, s0);
-        luna_attn_act a = {.B = s1 - s0,
-                           .L = dims->L,
-                           .d = d,
-                           .H = H,
-                           .tied = !c->untie_luna_kv,
-                           .kp = luna_act_at(be, ls->kp, s0 * Ld),
-                           .vp = luna_act_at(be, ls->vp, s0 * Ld)};
-        LUNA_TRY(luna_attention_unpack(ps, &w->encoder_attn, &a, luna_act_at(be, r1.y, r0 * d),
-                                       dims->sent_valid ? dims->sent_valid + s0 : NULL,
-                                       g ? 1 : dims->beam));
-        LUNA_TRY(gather_group(ps, &yc, a.y, R, d, r0, luna_decoder_first_row(dims, s1) - r0,
-                              s0 == 0 && s1 == dims->S));
-    }
+    /* x2 = LN(x1 + unpack(x1)): each row's query against its sentence's packed keys/values
+     * (luna_attention_unpack's math; row_slot: its sentence), every row in one call */
+    luna_act *qc, *oc, *yc;
+    const int dh = d / H;
+    LUNA_TRY(luna_project(ps, &qc, r1.y, &w->encoder_attn.q_proj, R, d, d));
+    LUNA_TRY(luna_pass_alloc(ps, &oc, (int64_t)R * d, "unpack attention output"));
+    LUNA_TRY(be->ops->cross_attention(be, oc, qc, ls->kp, ls->vp, row_slot, dims->sent_valid, R, H,
+                                      dh, dims->L, 1.0f / sqrtf((float)dh)));
+    LUNA_TRY(luna_pass_alloc(ps, &yc, (int64_t)R * d, "unpack attention result"));
+    LUNA_TRY(be->ops->linear_forward(be, yc, oc, w->encoder_attn.out_proj.weight, NULL, R, d, d));
     LUNA_TRY(luna_resnorm_forward(ps, &w->encoder_attn_layer_norm, &r2, r1.y, yc,
                                   w->encoder_attn.out_proj.bias, R, d, 0.0f, 0));
     return ffn_block(ps, c, w, r2.y, R, out);
@@ -325,7 +311,8 @@ static luna_status transformer_layer_step(const luna_pass *ps, const luna_config
                                           const luna_decoder_dims *dims,
                                           const luna_decoder_layer_w *w,
                                           luna_decoder_layer_state *ls, const luna_act *x,
-                                          const int32_t *lens, int T, luna_act **out) {
+                                          const int32_t *lens, const int32_t *row_slot, int T,
+                                          luna_act **out) {
     luna_backend *be = ps->be;
     const luna_ops *op = be->ops;
     const int R = dims->R, d = c->decoder_embed_dim, H = c->decoder_attention_heads, dh = d / H;
@@ -356,25 +343,16 @@ static luna_status transformer_layer_step(const luna_pass *ps, const luna_config
     LUNA_TRY(op->linear_forward(be, y, o, w->self_attn.out_proj.weight, NULL, R, d, d));
     LUNA_TRY(luna_resnorm_forward(ps, &w->self_attn_layer_norm, &r1, x, y,
                                   w->self_attn.out_proj.bias, R, d, 0.0f, 0));
-    /* cross-attention to the sentence's keys/values, the beams as queries (per group of
-     * sentences with the same rows: the GEMMs' results depend on their row count) */
-    luna_act *yc = NULL;
-    for (int g = 0; g < 2; g++) {
-        const int f = dims->S - dims->one_row_sentences, s0 = g ? f : 0, s1 = g ? dims->S : f;
-        if (s1 == s0) continue;
-        const int64_t md = (int64_t)dims->m * d, r0 = luna_decoder_first_row(dims, s0);
-        luna_mha_act a = {.B = s1 - s0,
-                          .m = dims->m,
-                          .d = d,
-                          .H = H,
-                          .c_valid = dims->sent_valid ? dims->sent_valid + s0 : NULL,
-                          .k = luna_act_at(be, ls->cross_k, s0 * md),
-                          .v = luna_act_at(be, ls->cross_v, s0 * md)};
-        LUNA_TRY(luna_mha_attend(ps, &w->encoder_attn, &a, luna_act_at(be, r1.y, r0 * d),
-                                 g ? 1 : dims->beam, false));
-        LUNA_TRY(gather_group(ps, &yc, a.y, R, d, r0, luna_decoder_first_row(dims, s1) - r0,
-                              s0 == 0 && s1 == dims->S));
-    }
+    /* cross-attention: each row's query against its sentence's source keys/values (row_slot: the
+     * slot that holds them), every row in one call */
+    luna_act *qc, *oc, *yc;
+    LUNA_TRY(luna_project(ps, &qc, r1.y, &w->encoder_attn.q_proj, R, d, d));
+    LUNA_TRY(luna_pass_alloc(ps, &oc, (int64_t)R * d, "cross-attention output"));
+    LUNA_TRY(op->cross_attention(be, oc, qc, ls->cross_k, ls->cross_v, row_slot,
+                                 dims->sent_slot ? dims->slot_valid : dims->sent_valid, R, H, dh,
+                                 dims->m, 1.0f / sqrtf((float)dh)));
+    LUNA_TRY(luna_pass_alloc(ps, &yc, (int64_t)R * d, "cross-attention result"));
+    LUNA_TRY(op->linear_forward(be, yc, oc, w->encoder_attn.out_proj.weight, NULL, R, d, d));
     LUNA_TRY(luna_resnorm_forward(ps, &w->encoder_attn_layer_norm, &r2, r1.y, yc,
                                   w->encoder_attn.out_proj.bias, R, d, 0.0f, 0));
     return ffn_block(ps, c, w, r2.y, R, out);
@@ -382,7 +360,7 @@ static luna_status transformer_layer_step(const luna_pass *ps, const luna_config
 
 static luna_status step(const luna_pass *ps, luna_seq2seq *model, const luna_decoder_dims *dims,
                         luna_decoder_layer_state *layers, const int32_t *tokens,
-                        const int32_t *lens, int T, luna_act **logits);
+                        const int32_t *lens, const int32_t *row_slot, int T, luna_act **logits);
 
 luna_status luna_decoder_step(const luna_pass *ps, luna_seq2seq *model,
                               const luna_decoder_dims *dims, luna_decoder_layer_state *layers,
@@ -398,30 +376,45 @@ luna_status luna_decoder_step(const luna_pass *ps, luna_seq2seq *model,
     /* Rows at different positions: each row's steps taken (Luna's 1/t, on the host) or its
      * positions after this step (the transformer's self-attention, on the device, once for all
      * layers) */
-    int32_t *row_t = NULL, *lens = NULL;
+    int32_t *row_t = NULL, *lens = NULL, *row_slot = NULL;
     int T = dims->step + 1;
-    if (dims->sent_step) {
-        if (!(row_t = malloc(sizeof(int32_t) * (size_t)(R > 0 ? R : 1))))
-            return luna_error(LUNA_ERR_OUT_OF_MEMORY, "decoder: out of host memory");
-        T = 1;
-        for (int b = 0; b < dims->S; b++) {
-            for (int j = 0; j < luna_decoder_sentence_rows(dims, b); j++)
-                row_t[luna_decoder_first_row(dims, b) + j] = dims->sent_step[b] + (dims->L == 0);
-            T = dims->sent_step[b] + 1 > T ? dims->sent_step[b] + 1 : T;
+    const bool transformer = dims->L == 0;
+    /* host [2R]: each row's positions after this step (rows at different positions), then the
+     * slot of its sentence's source keys/values (the cross-attention) */
+    if (!(row_t = malloc(sizeof(int32_t) * 2 * (size_t)(R > 0 ? R : 1))))
+        return luna_error(LUNA_ERR_OUT_OF_MEMORY, "decoder: out of host memory");
+    for (int b = 0; b < dims->S; b++)
+        for (int j = 0; j < luna_decoder_sentence_rows(dims, b); j++) {
+            row_t[luna_decoder_first_row(dims, b) + j] =
+                dims->sent_step ? dims->sent_step[b] + transformer : T;
+            row_t[R + luna_decoder_first_row(dims, b) + j] =
+                dims->sent_slot ? dims->sent_slot[b] : b;
         }
+    if (dims->sent_step) {
+        T = 1;
+        for (int b = 0; b < dims->S; b++)
+            T = dims->sent_step[b] + 1 > T ? dims->sent_step[b] + 1 : T;
     }
-    luna_status st = LUNA_OK;
-    if (row_t && dims->L == 0) {
-        st = luna_pass_alloc_i32(ps, &lens, R, "self-attention lengths");
-        if (st == LUNA_OK)
-            st = luna_mem_from_host(ps->be, lens, row_t, sizeof(int32_t) * (size_t)R);
+    /* one copy: the lengths (transformer, rows at different positions) and the slots */
+    const bool with_lens = transformer && dims->sent_step;
+    int32_t *dev = NULL;
+    luna_status st = luna_pass_alloc_i32(ps, &dev, (with_lens ? 2 : 1) * (int64_t)R, "row slots");
+    if (st == LUNA_OK)
+        st = luna_mem_from_host(ps->be, dev, with_lens ? row_t : row_t + R,
+                                sizeof(int32_t) * (with_lens ? 2 : 1) * (size_t)R);
+    if (st != LUNA_OK) {
+        free(row_t);
+        return st;
+    }
+    lens = with_lens ? dev : NULL;
+    row_slot = with_lens ? dev + R : dev;
+    if (transformer || !dims->sent_step) { /* Luna reads row_t on the host (1/t) */
         free(row_t);
         row_t = NULL;
-        LUNA_TRY(st);
     }
     for (int i = 0; i < c->decoder_layers && dims->L > 0; i++)
         layers[i].causal.row_t = row_t;
-    st = step(ps, model, dims, layers, tokens, lens, T, logits);
+    st = step(ps, model, dims, layers, tokens, lens, row_slot, T, logits);
     for (int i = 0; i < c->decoder_layers && dims->L > 0; i++)
         layers[i].causal.row_t = NULL;
     free(row_t);
@@ -430,7 +423,7 @@ luna_status luna_decoder_step(const luna_pass *ps, luna_seq2seq *model,
 
 static luna_status step(const luna_pass *ps, luna_seq2seq *model, const luna_decoder_dims *dims,
                         luna_decoder_layer_state *layers, const int32_t *tokens,
-                        const int32_t *lens, int T, luna_act **logits) {
+                        const int32_t *lens, const int32_t *row_slot, int T, luna_act **logits) {
     const luna_config *c = &model->config;
     luna_backend *be = ps->be;
     const luna_weights *w = &model->params->w;
@@ -467,9 +460,10 @@ static luna_status step(const luna_pass *ps, luna_seq2seq *model, const luna_dec
     }
     LUNA_TRY(be->ops->add(be, x, x, pos_rows, (int64_t)R * d));
     for (int i = 0; i < c->decoder_layers; i++)
-        LUNA_TRY(dims->L > 0 ? luna_layer_step(ps, c, dims, &w->decoder[i], &layers[i], x, &x)
-                             : transformer_layer_step(ps, c, dims, &w->decoder[i], &layers[i], x,
-                                                      lens, T, &x));
+        LUNA_TRY(dims->L > 0
+                     ? luna_layer_step(ps, c, dims, &w->decoder[i], &layers[i], x, row_slot, &x)
+                     : transformer_layer_step(ps, c, dims, &w->decoder[i], &layers[i], x, lens,
+                                              row_slot, T, &x));
     LUNA_TRY(luna_pass_alloc(ps, logits, (int64_t)R * V, "logits"));
     return be->ops->linear_forward(be, *logits, x, w->output_projection, NULL, R, d, V);
 }

@@ -7,13 +7,14 @@
  *
  * Luna decoder layer i (spec §4: the decoder's P depends on the source only):
  *   begin: P_i walks through the layers' cross-attention packs, P_{i+1} = LN_p(P_i + Y_P,i);
- *          per sentence the unpack keys/values c_proj(Y_P,i) [S, H, L, dh] (pack done by
+ *          per sentence the unpack keys/values c_proj(Y_P,i) [S, L, H·dh] (pack done by
  *          luna_attention_pack, the training code); per row the causal state of P_i
  *          (model/causal_luna_attention.h: P̃, Σ K Φᵀ, Σ Φᵀ V), whose size does not grow with t.
  *   step:  x1 = LN(x + CausalLuna_step(x)); x2 = LN(x1 + unpack(x1)) with the beams of a
- *          sentence as the unpack's queries (luna_attention_unpack); x3 = LN(x2 + FFN(x2)).
+ *          sentence as the unpack's queries (the cross_attention op over the sentence's packed
+ *          keys/values: luna_attention_unpack's math); x3 = LN(x2 + FFN(x2)).
  * Transformer decoder layer:
- *   begin: per sentence the cross-attention keys/values [S, H, m, dh] (luna_mha_keys); per row
+ *   begin: per sentence the cross-attention keys/values [S, m, H·dh] (luna_mha_keys); per row
  *          slot a key/value cache [R_cap, H, T_max, dh] (head-major). In-flight batching instead
  *          gives the caches slots of cache_page positions as rows reach them
  *          (decoding/kv_pages.h): [slots, H, cache_page, dh].
@@ -22,8 +23,9 @@
  *          p < t from slot cache_slots[r, p], the slot its ancestor beam wrote it in (a beam
  *          indirection kept by decoding/incremental.c: reordering beams moves T indices per row
  *          instead of T·d cached values); scores and outputs by
- *          cache_products over R·H groups; cross-attention by luna_mha_attend with the beams of
- *          a sentence as queries.
+ *          cache_products over R·H groups; cross-attention by the cross_attention op, each row
+ *          against its sentence's keys/values (by slot under in-flight batching, so that a
+ *          sentence leaving moves nothing).
  */
 #ifndef LUNA_DECODER_STEP_H
 #define LUNA_DECODER_STEP_H
@@ -35,10 +37,10 @@
 /* One decoder layer's incremental state (device memory owned by the caller's state arena). */
 typedef struct {
     luna_causal_state causal;    /* Luna: per row; causal.p_valid is the row P mask */
-    luna_act *kp, *vp;           /* Luna: [S, H, L, dh] unpack keys/values (vp == kp: tied) */
+    luna_act *kp, *vp;           /* Luna: [S, L, H·dh] unpack keys/values (vp == kp: tied) */
     luna_act *self_k, *self_v;   /* transformer: [R, H, T_max, dh] key/value cache (pages:
                                     [slots, H, cache_page, dh]) */
-    luna_act *cross_k, *cross_v; /* transformer: [S, H, m, dh] */
+    luna_act *cross_k, *cross_v; /* transformer: [S (pool: slots), m, H·dh] */
 } luna_decoder_layer_state;
 
 /* Sizes of a decoding batch. The masks are device int32 arrays owned by the caller. */
@@ -62,6 +64,10 @@ typedef struct {
                                  `step` */
     int one_row_sentences;    /* the last this many sentences have one row each (sentences that
                                  joined at step 0, whose beams are alike), the others `beam` */
+    /* Transformer under in-flight batching: each sentence's source keys/values stay in the slot
+     * they were admitted to while other sentences leave (no copies). */
+    const int32_t *sent_slot;  /* host [S]: each sentence's slot of cross_k/cross_v; NULL: s */
+    const int32_t *slot_valid; /* device [slots]: source length per slot (with sent_slot) */
 } luna_decoder_dims;
 
 /* Decoding reads the model's weights many times and never changes them: hold (true) asks the
@@ -90,14 +96,15 @@ luna_status luna_decoder_alloc(luna_seq2seq *model, luna_arena *state,
 /* Encode n new sentences (dims: S = n, beam = their rows each, R = n·beam, their own m and L;
  * sent_valid / row_valid unused) and write their state into `layers`, the state of a batch laid
  * out for pool sizes (m_cap source positions, L_cap P slots): per-sentence state at sentences
- * [s0, s0 + n), per-row state at rows [r0, r0 + R), both zero-padded to m_cap / L_cap, so that
+ * [s0, s0 + n) (the transformer's source keys/values at slots[i] instead when slots, host [n],
+ * is given), per-row state at rows [r0, r0 + R), both zero-padded to m_cap / L_cap, so that
  * the new rows decode as they would in a batch of their own (the padding is masked). The
  * transformer's caches are untouched (positions are written as the rows step). Temporaries from
  * `scratch`. */
 luna_status luna_decoder_admit(luna_seq2seq *model, luna_arena *scratch, const int32_t *src,
                                const int32_t *src_valid, const int32_t *p_valid,
-                               const luna_decoder_dims *dims, int s0, int r0, int m_cap, int L_cap,
-                               luna_decoder_layer_state *layers);
+                               const luna_decoder_dims *dims, int s0, const int32_t *slots, int r0,
+                               int m_cap, int L_cap, luna_decoder_layer_state *layers);
 
 /* The first row of sentence s and its rows (dims->one_row_sentences). */
 static inline int luna_decoder_first_row(const luna_decoder_dims *d, int s) {

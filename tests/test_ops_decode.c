@@ -5,10 +5,10 @@
  * NaN as -inf, the bias banning and penalising tokens, pick/picked unbiased) and cache_products
  * (a step's attention products over a beam-indirect cache, whole histories or pages of positions
  * per slot: against a double-precision loop over the indexed rows, and on the CPU bit-equal to
- * the one-row gemm over a gathered copy). Both
- * against a host
- * loop on the backend under test (LUNA_TEST_BACKEND) and, EXACT, against the CPU reference. Ops
- * get device buffers from the harness (tests/backend_harness.h). */
+ * the one-row gemm over a gathered copy), cache_write and cross_attention (each row against its
+ * sentence's source: a double-precision loop, and on the CPU bit-equal to the chains the op
+ * promises). Each against a host loop on the backend under test (LUNA_TEST_BACKEND) and, EXACT,
+ * against the CPU reference. Ops get device buffers from the harness (tests/backend_harness.h). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -628,6 +628,167 @@ START_TEST(cache_products_rejects_bad_sizes) {
 }
 END_TEST
 
+/* ---- cross_attention --------------------------------------------------------------------------
+ * Each row against its slot's keys and values over the slot's length: against a float64 host loop
+ * (1e-5: the outputs are convex combinations of values in [−1, 1]); on the CPU bit-equal to the
+ * chains the op promises (fmaf in ascending order, alpha after the sum, softmax_forward's row);
+ * then the backend under test against the CPU. Rows come in runs that share a slot (a sentence's
+ * beams), lengths include 0 (the row is 0) and m, and slot_len NULL means m. */
+typedef struct {
+    bool lens;
+    int R, H, dh, m;
+    float alpha;
+} cross_args;
+
+/* d[0] y, d[1] q, d[2] K, d[3] V, d[4] row_slot, d[5] slot_len */
+static luna_status run_cross(luna_backend *be, void *const *d, const void *args) {
+    const cross_args *a = args;
+    return be->ops->cross_attention(be, d[0], d[1], d[2], d[3], d[4], a->lens ? d[5] : NULL, a->R,
+                                    a->H, a->dh, a->m, a->alpha);
+}
+
+/* softmax_forward's row (model/kernels/cpu/softmax.c) on the host */
+static void softmax_host(float *a, int n) {
+    float mx = -INFINITY;
+    for (int p = 0; p < n; p++)
+        mx = fmaxf(mx, a[p]);
+    if (mx == -INFINITY) n = 0;
+    double sum = 0;
+    for (int p = 0; p < n; p++) {
+        a[p] = expf(a[p] - mx);
+        sum += (double)a[p];
+    }
+    const float inv = (float)(1.0 / sum);
+    for (int p = 0; p < n; p++)
+        a[p] *= inv;
+}
+
+static void check_cross(bool with_lens, int R, int H, int dh, int m, int slots, int run,
+                        uint64_t seed) {
+    const int64_t d = (int64_t)H * dh;
+    const size_t nq = (size_t)R * d, nK = (size_t)slots * m * d;
+    const float alpha = 1.0f / sqrtf((float)dh);
+    luna_test_rng rng;
+    luna_test_rng_seed(&rng, seed);
+    float *q = luna_test_random_vector(&rng, nq, -2, 2);
+    float *K = luna_test_random_vector(&rng, nK, -1, 1);
+    float *V = luna_test_random_vector(&rng, nK, -1, 1);
+    int32_t *row_slot = malloc(sizeof(int32_t) * (size_t)R),
+            *slot_len = malloc(sizeof(int32_t) * slots);
+    float *got = malloc(sizeof(float) * nq), *chain = malloc(sizeof(float) * nq);
+    float *a = malloc(sizeof(float) * (size_t)m);
+    double *want = malloc(sizeof(double) * nq), *e = malloc(sizeof(double) * (size_t)m);
+    ck_assert(row_slot && slot_len && got && chain && a && want && e);
+    for (int r = 0; r < R; r++) /* runs of `run` rows share a slot, in a shuffled order */
+        row_slot[r] = (int32_t)((r / run * 7 + 3) % slots);
+    for (int s = 0; s < slots; s++)
+        slot_len[s] = s == 0 ? m : (s == 1 ? 0 : 1 + (s * 5 + 2) % m);
+    for (int r = 0; r < R; r++)
+        for (int h = 0; h < H; h++) {
+            const int64_t s = row_slot[r];
+            const int n = with_lens ? slot_len[s] : m;
+            const float *qg = q + r * d + h * dh;
+            double mx = -INFINITY, sum = 0;
+            for (int p = 0; p < n; p++) {
+                const float *kp = K + (s * m + p) * d + h * dh;
+                double acc = 0;
+                float c = 0.0f;
+                for (int k = 0; k < dh; k++) {
+                    acc += (double)qg[k] * kp[k];
+                    c = fmaf(qg[k], kp[k], c);
+                }
+                e[p] = alpha * acc;
+                a[p] = c * alpha;
+                mx = fmax(mx, e[p]);
+            }
+            for (int p = 0; p < n; p++)
+                sum += (e[p] = exp(e[p] - mx));
+            softmax_host(a, n);
+            for (int j = 0; j < dh; j++) {
+                double acc = 0;
+                float c = 0.0f;
+                for (int p = 0; p < n; p++) {
+                    const float v = V[(s * m + p) * d + h * dh + j];
+                    acc += e[p] / sum * v;
+                    c = fmaf(a[p], v, c);
+                }
+                want[r * d + h * dh + j] = acc;
+                chain[r * d + h * dh + j] = c;
+            }
+        }
+    char what[112];
+    snprintf(what, sizeof what, "R %d H %d dh %d m %d slots %d run %d%s", R, H, dh, m, slots, run,
+             with_lens ? " lengths" : "");
+    luna_backend *be = lh_backend(2);
+    float *vy = lh_f32(be, NULL, nq), *vq = lh_f32(be, q, nq), *vK = lh_f32(be, K, nK),
+          *vV = lh_f32(be, V, nK);
+    int32_t *vslot = lh_i32(be, row_slot, (size_t)R), *vlen = lh_i32(be, slot_len, (size_t)slots);
+    LUNA_CHECK_OK(be->ops->cross_attention(be, vy, vq, vK, vV, vslot, with_lens ? vlen : NULL, R, H,
+                                           dh, m, alpha));
+    lh_download(be, got, vy, nq * sizeof *got);
+    const bool cpu = strcmp(lh_backend_name(), "cpu") == 0;
+    for (size_t i = 0; i < nq; i++) {
+        LUNA_EXPECT(fabs(got[i] - want[i]) <= 1e-5,
+                    "cross_attention [%s]: y[%zu] = %.9g, want %.9g", what, i, (double)got[i],
+                    want[i]);
+        if (cpu)
+            LUNA_EXPECT(memcmp(&got[i], &chain[i], sizeof(float)) == 0,
+                        "cross_attention [%s]: y[%zu] = %.9g, the chains' %.9g", what, i,
+                        (double)got[i], (double)chain[i]);
+    }
+    lh_free(be, vy), lh_free(be, vq), lh_free(be, vK), lh_free(be, vV);
+    lh_free(be, vslot), lh_free(be, vlen);
+    luna_backend_free(be);
+    cross_args ca = {with_lens, R, H, dh, m, alpha};
+    lh_buf bufs[] = {{got, nq, LH_F32, LH_OUT},
+                     {q, nq, LH_F32, LH_IN},
+                     {K, nK, LH_F32, LH_IN},
+                     {V, nK, LH_F32, LH_IN},
+                     {row_slot, (size_t)R, LH_I32, LH_IN},
+                     {slot_len, (size_t)slots, LH_I32, LH_IN}};
+    ck_assert_int_eq(lh_compare("cross_attention", what, 2, run_cross, &ca, bufs, 6), LUNA_OK);
+    free(q), free(K), free(V), free(row_slot), free(slot_len), free(got), free(chain), free(a);
+    free(want), free(e);
+}
+
+START_TEST(cross_attention_reads_each_rows_slot) {
+    static const int shapes[][6] = {/* R, H, dh, m, slots, rows per run */
+                                    {4, 4, 64, 17, 1, 4},  {9, 2, 13, 5, 3, 4},
+                                    {33, 4, 64, 40, 9, 4}, /* R·H·m·dh ≥ 32768: threaded */
+                                    {2, 1, 8, 300, 2, 1},  {7, 3, 16, 1, 7, 1},
+                                    {10, 2, 32, 23, 4, 3}};
+    uint64_t seed = 1300;
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (int lens = 0; lens < 2; lens++) {
+            const int *s = shapes[i];
+            check_cross(lens, s[0], s[1], s[2], s[3], s[4], s[5], seed++);
+        }
+}
+END_TEST
+
+START_TEST(cross_attention_rejects_bad_sizes) {
+    luna_backend *be = lh_backend(1);
+    float *buf = lh_f32(be, NULL, 64);
+    int32_t zero = 0, *slot = lh_i32(be, &zero, 1);
+    static const int bad[][4] = {{-1, 1, 8, 4}, {1, 0, 8, 4}, {1, 1, 0, 4}, {1, 1, 8, 0}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const int *b = bad[i];
+        luna_status st =
+            be->ops->cross_attention(be, buf, buf, buf, buf, slot, NULL, b[0], b[1], b[2], b[3], 1);
+        ck_assert_msg(st == LUNA_ERR_INVALID_ARGUMENT, "case %zu: status %d", i, st);
+        ck_assert_ptr_nonnull(strstr(luna_error_message(), "cross_attention"));
+        luna_error_clear();
+    }
+    ck_assert_int_eq(be->ops->cross_attention(be, buf, buf, buf, buf, NULL, NULL, 1, 1, 8, 4, 1),
+                     LUNA_ERR_INVALID_ARGUMENT); /* no slot indices */
+    luna_error_clear();
+    /* no rows: nothing to do, whatever the pointers */
+    LUNA_CHECK_OK(be->ops->cross_attention(be, NULL, NULL, NULL, NULL, NULL, NULL, 0, 1, 8, 4, 1));
+    lh_free(be, buf), lh_free(be, slot);
+    luna_backend_free(be);
+}
+END_TEST
+
 static Suite *decode_suite(void) {
     Suite *s = suite_create("ops_decode");
     TCase *tc = tcase_create("decode");
@@ -639,6 +800,8 @@ static Suite *decode_suite(void) {
     tcase_add_test(tc, log_softmax_topk_known_values);
     tcase_add_test(tc, cache_products_read_through_the_indices);
     tcase_add_test(tc, cache_products_rejects_bad_sizes);
+    tcase_add_test(tc, cross_attention_reads_each_rows_slot);
+    tcase_add_test(tc, cross_attention_rejects_bad_sizes);
     suite_add_tcase(s, tc);
     return s;
 }

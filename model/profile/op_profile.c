@@ -340,6 +340,15 @@ static luna_status w_cache_write(luna_backend *be, luna_act *C, const luna_act *
     COST(.act_elems = 2 * D(R) * H * dh, .bytes = 8 * D(R));
     FORWARD(cache_write, C, x, ind, lens, R, H, dh, T, T_cap, page);
 }
+static luna_status w_cross_attention(luna_backend *be, luna_act *y, const luna_act *q,
+                                     const luna_act *K, const luna_act *V, const int32_t *row_slot,
+                                     const int32_t *slot_len, int R, int H, int dh, int m,
+                                     float alpha) {
+    /* upper bound: every row over all m positions, its keys and values read once */
+    COST(.flops = 4 * D(R) * H * m * dh + 5 * D(R) * H * m,
+         .act_elems = 2 * D(R) * H * dh + 2 * D(R) * m * H * dh, .bytes = 4 * D(R));
+    FORWARD(cross_attention, y, q, K, V, row_slot, slot_len, R, H, dh, m, alpha);
+}
 static luna_status w_hold_weights(luna_backend *be, const float *W, int out, int in,
                                   luna_dtype dtype) {
     /* Upper bound: a backend that repacks reads and writes W once (one-off per decoder). */
@@ -430,6 +439,7 @@ static luna_status w_multi_adam_update(luna_backend *be, float *th, const float 
     X(log_softmax_topk, "decode_topk") \
     X(cache_products, "decode_attention") \
     X(cache_write, "decode_gather") \
+    X(cross_attention, "decode_attention") \
     X(hold_weights, "hold_weights") \
     X(release_weights, "hold_weights") \
     X(multi_sum_squares, "clip") \

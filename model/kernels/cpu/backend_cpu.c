@@ -54,6 +54,7 @@ static const luna_ops cpu_kernels = {
     .log_softmax_topk = luna_cpu_log_softmax_topk,
     .cache_products = luna_cpu_cache_products,
     .cache_write = luna_cpu_cache_write,
+    .cross_attention = luna_cpu_cross_attention,
     .hold_weights = luna_cpu_hold_weights,
     .release_weights = luna_cpu_release_weights,
 };

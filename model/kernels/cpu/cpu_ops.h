@@ -100,6 +100,10 @@ luna_status luna_cpu_log_softmax_topk(luna_backend *be, const luna_act *logits, 
 luna_status luna_cpu_cache_products(luna_backend *be, bool values, luna_act *y, const luna_act *x,
                                     const luna_act *C, const int32_t *ind, const int32_t *lens,
                                     int R, int H, int dh, int T, int T_cap, int page);
+luna_status luna_cpu_cross_attention(luna_backend *be, luna_act *y, const luna_act *q,
+                                     const luna_act *K, const luna_act *V, const int32_t *row_slot,
+                                     const int32_t *slot_len, int R, int H, int dh, int m,
+                                     float alpha);
 luna_status luna_cpu_cache_write(luna_backend *be, luna_act *C, const luna_act *x,
                                  const int32_t *ind, const int32_t *lens, int R, int H, int dh,
                                  int T, int T_cap, int page);

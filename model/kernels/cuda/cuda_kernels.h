@@ -183,6 +183,12 @@ cudaError_t luna_cuda_cache_write(cudaStream_t s, int bf16, void *C, const void 
                                   const int32_t *ind, const int32_t *lens, int R, int H, int dh,
                                   int T, int T_cap, int page);
 
+/* cross_attention (core/backend.h "Decoding"): m ≤ 8192 (cudaErrorInvalidValue otherwise). */
+cudaError_t luna_cuda_cross_attention(cudaStream_t s, int bf16, void *y, const void *q,
+                                      const void *K, const void *V, const int32_t *row_slot,
+                                      const int32_t *slot_len, int R, int H, int dh, int m,
+                                      float alpha);
+
 /* ---- causal_contraction.cu (p, q ≤ 256: cudaErrorInvalidValue otherwise) ---- */
 cudaError_t luna_cuda_causal_contraction_forward(cudaStream_t s, int bf16, void *out, const void *x,
                                                  const void *a, const void *b, int G, int n, int p,

@@ -332,6 +332,15 @@ static luna_status cache_write(luna_backend *be, luna_act *C, const luna_act *x,
            luna_cuda_cache_write(stream(be), bf16(be), C, x, ind, lens, R, H, dh, T, T_cap, page));
 }
 
+static luna_status cross_attention(luna_backend *be, luna_act *y, const luna_act *q,
+                                   const luna_act *K, const luna_act *V, const int32_t *row_slot,
+                                   const int32_t *slot_len, int R, int H, int dh, int m,
+                                   float alpha) {
+    if (R == 0) return LUNA_OK;
+    LAUNCH("cross_attention", luna_cuda_cross_attention(stream(be), bf16(be), y, q, K, V, row_slot,
+                                                        slot_len, R, H, dh, m, alpha));
+}
+
 const luna_ops luna_cuda_kernels = {
     .gemm = gemm,
     .gemm_grid = gemm_grid,
@@ -374,6 +383,7 @@ const luna_ops luna_cuda_kernels = {
     .log_softmax_topk = log_softmax_topk,
     .cache_products = cache_products,
     .cache_write = cache_write,
+    .cross_attention = cross_attention,
     .hold_weights = luna_cuda_hold_weights,
     .release_weights = luna_cuda_release_weights,
 };

@@ -11,8 +11,8 @@
  *   index; picked = x_pick − lse unbiased.
  * k above kListCap (many n-gram bans, very wide beams) takes the one-thread-per-row kernel, which
  * scans the row in order and inserts into the output row itself.
- * Also cache_products, a decoding step's attention products over the beam-indexed KV cache
- * (below, before the launchers). */
+ * Also cache_products, a decoding step's attention products over the beam-indexed KV cache, and
+ * cross_attention, its fused attention to the source (below, before the launchers). */
 #include "model/kernels/cuda/cuda_compat.h"
 
 #include "core/exp_double.h"
@@ -238,6 +238,64 @@ __global__ void cache_write_kernel(T *C, const T *x, const int32_t *ind, const i
     C[((slot * H + h) * page + p % page) * dh + k] = x[i];
 }
 
+/* cross_attention (core/backend.h "Decoding"): one block per (row, head), kCrossThreads threads.
+ * Thread per position p: a_p = alpha · Σ_k q_k K_p[k] (one fmaf chain, k ascending) into shared
+ * memory; the block's max, then exp in float and Σ in double by a fixed tree (run-to-run
+ * identical); thread per j: y_j = Σ_p w_p V_p[j] (one fmaf chain, p ascending). */
+constexpr int kCrossThreads = 128;
+constexpr int kCrossMaxM = 8192;
+
+template <typename T>
+__global__ void __launch_bounds__(kCrossThreads)
+    cross_attention_kernel(T *y, const T *q, const T *K, const T *V, const int32_t *row_slot,
+                           const int32_t *slot_len, int H, int dh, int m, float alpha) {
+    LUNA_DYNAMIC_SHARED(float, s_a); /* [m] scores, then weights */
+    LUNA_SHARED(float, s_max, kCrossThreads);
+    LUNA_SHARED(double, s_sum, kCrossThreads);
+    const int64_t g = blockIdx.x, r = g / H, h = g % H, s = row_slot[r], d = (int64_t)H * dh;
+    int n = slot_len ? slot_len[s] : m;
+    n = n < 0 ? 0 : (n > m ? m : n);
+    const T *qg = q + r * d + h * dh;
+    const int tid = threadIdx.x;
+    float mx = -INFINITY;
+    for (int p = tid; p < n; p += blockDim.x) {
+        const T *kp = K + (s * m + p) * d + h * dh;
+        float acc = 0.0f;
+        for (int k = 0; k < dh; k++)
+            acc = fmaf(load(qg, k), load(kp, k), acc);
+        acc *= alpha;
+        s_a[p] = acc;
+        mx = fmaxf(mx, acc);
+    }
+    s_max[tid] = mx;
+    __syncthreads();
+    for (int w = blockDim.x / 2; w > 0; w /= 2) {
+        if (tid < w) s_max[tid] = fmaxf(s_max[tid], s_max[tid + w]);
+        __syncthreads();
+    }
+    mx = s_max[0];
+    double sum = 0.0;
+    for (int p = tid; p < n && mx != -INFINITY; p += blockDim.x) {
+        const float e = expf(s_a[p] - mx);
+        s_a[p] = e;
+        sum += (double)e;
+    }
+    s_sum[tid] = sum;
+    __syncthreads();
+    for (int w = blockDim.x / 2; w > 0; w /= 2) {
+        if (tid < w) s_sum[tid] += s_sum[tid + w];
+        __syncthreads();
+    }
+    /* nothing to attend to (n = 0, or only −inf scores): the row's output is 0 */
+    const float inv = mx == -INFINITY ? 0.0f : (float)(1.0 / s_sum[0]);
+    for (int j = tid; j < dh; j += blockDim.x) {
+        float acc = 0.0f;
+        for (int p = 0; p < n; p++)
+            acc = fmaf(s_a[p] * inv, load(V + (s * m + p) * d + h * dh, j), acc);
+        store(y, r * d + h * dh + j, acc);
+    }
+}
+
 template <typename T>
 cudaError_t cache_products_launch(cudaStream_t s, int values, void *y, const void *x, const void *C,
                                   const int32_t *ind, const int32_t *lens, int R, int H, int dh,
@@ -309,5 +367,26 @@ extern "C" cudaError_t luna_cuda_cache_write(cudaStream_t s, int bf16, void *C, 
     else
         LUNA_LAUNCH(cache_write_kernel<float>, blocks, threads, 0, s, static_cast<float *>(C),
                     static_cast<const float *>(x), ind, lens, R, H, dh, T, T_cap, page);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t luna_cuda_cross_attention(cudaStream_t s, int bf16, void *y, const void *q,
+                                                 const void *K, const void *V,
+                                                 const int32_t *row_slot, const int32_t *slot_len,
+                                                 int R, int H, int dh, int m, float alpha) {
+    if (R <= 0 || H <= 0 || dh <= 0 || m <= 0) return cudaSuccess;
+    if (m > kCrossMaxM) return cudaErrorInvalidValue;
+    const unsigned blocks = (unsigned)R * (unsigned)H;
+    const size_t shared = sizeof(float) * (size_t)m;
+    if (bf16)
+        LUNA_LAUNCH(cross_attention_kernel<bf16_t>, blocks, kCrossThreads, shared, s,
+                    static_cast<bf16_t *>(y), static_cast<const bf16_t *>(q),
+                    static_cast<const bf16_t *>(K), static_cast<const bf16_t *>(V), row_slot,
+                    slot_len, H, dh, m, alpha);
+    else
+        LUNA_LAUNCH(cross_attention_kernel<float>, blocks, kCrossThreads, shared, s,
+                    static_cast<float *>(y), static_cast<const float *>(q),
+                    static_cast<const float *>(K), static_cast<const float *>(V), row_slot,
+                    slot_len, H, dh, m, alpha);
     return cudaGetLastError();
 }
