@@ -50,7 +50,8 @@ luna/CTranslate2 speed ratio and the number of identical output lines.
   --batch-size N       sentences per batch, both programs (default: $BATCH)
   --luna-translate BIN the luna-translate to time (default: build/luna-translate)
   --baseline BIN       also time another luna-translate (e.g. a build before a change) on the
-                       transformer, in the same alternation; its output is compared with BIN's
+                       transformer (with --int8 also its int8), in the same alternation; its
+                       output is compared with BIN's
   --venv DIR           Python venv with ctranslate2 (created if missing; default: build-ct2/venv)
   --work DIR           exported model and outputs (default: build-ct2)
   --int8               also luna-translate --quantize int8 and CTranslate2 int8 (its converter's
@@ -113,6 +114,8 @@ run() {
         --batch-size "$BATCH" --threads "$t" 2>"$err" ;;
     luna8) "$BIN" "$TR" --quantize int8 --input "$INPUT" --beam "$BEAM" --lenpen "$LENPEN" \
         --batch-size "$BATCH" --threads "$t" >"$out" 2>"$err" ;;
+    base8) "$BASE" "$TR" --quantize int8 --input "$INPUT" --beam "$BEAM" --lenpen "$LENPEN" \
+        --batch-size "$BATCH" --threads "$t" >"$out" 2>"$err" ;;
     luna_demo8) "$BIN" "$LUNA" --quantize int8 --input "$INPUT" --beam "$BEAM" \
         --lenpen "$LENPEN" --batch-size "$BATCH" --threads "$t" >"$out" 2>"$err" ;;
     ct2i8) "$PY" "$ROOT/tools/bench/ct2_translate.py" "$WORK/ct2-model-int8" "$WORK/spm.model" \
@@ -133,6 +136,7 @@ run() {
 : >"$WORK/times"
 NAMES="luna ct2${LUNA:+ luna_demo}${BASE:+ base}${INT8:+ luna8 ct2i8}"
 [ -z "$INT8" ] || [ -z "$LUNA" ] || NAMES="$NAMES luna_demo8"
+[ -z "$INT8" ] || [ -z "$BASE" ] || NAMES="$NAMES base8"
 for rep in $(seq "$REPS"); do
     for t in $THREADS; do
         for name in $NAMES; do run "$name" "$t" "$rep"; done
@@ -153,12 +157,14 @@ for t in $THREADS; do
     [ -z "$INT8" ] || same8=$(paste -d '\t' "$WORK/luna8.$t.out" "$WORK/ct2i8.$t.out" |
         awk -F '\t' '$1 == $2' | wc -l)
     same=$(paste -d '\t' "$WORK/luna.$t.out" "$WORK/ct2.$t.out" | awk -F '\t' '$1 == $2' | wc -l)
-    base_same=""
+    base_same="" base8_same=""
     [ -z "$BASE" ] || base_same=$(paste -d '\t' "$WORK/luna.$t.out" "$WORK/base.$t.out" |
         awk -F '\t' '$1 == $2' | wc -l)
+    [ -z "$BASE" ] || [ -z "$INT8" ] || base8_same=$(paste -d '\t' "$WORK/luna8.$t.out" \
+        "$WORK/base8.$t.out" | awk -F '\t' '$1 == $2' | wc -l)
     for name in $NAMES; do
         awk -v n="$name" -v t="$t" -v N="$N" -v c="$ct2_med" -v c8="$ct2i8_med" -v same="$same" \
-            -v bsame="$base_same" -v same8="$same8" '
+            -v bsame="$base_same" -v b8same="$base8_same" -v same8="$same8" '
             $1 == n && $2 == t { s[++k] = $4; tok[k] = $5; cpu[k] = $6 }
             END {
                 # median by time (odd REPS: the middle run; even: the upper middle); CPU: its own median
@@ -170,11 +176,12 @@ for t in $THREADS; do
                 model = n ~ /^luna_demo/ ? "luna_demo" : "transformer"
                 int8 = n ~ /8$/
                 prog = n == "ct2" ? "CTranslate2 fp32" : (n == "ct2i8" ? "CTranslate2 int8" : \
-                    (n == "base" ? "luna-translate (baseline)" : (int8 ? "luna-translate int8" : "luna-translate")))
+                    (n == "base" ? "luna-translate (baseline)" : (n == "base8" ? "luna-translate int8 (baseline)" : \
+                    (int8 ? "luna-translate int8" : "luna-translate"))))
                 ref = int8 ? c8 : c
                 ratio = (n == "ct2" || n == "ct2i8") ? "1" : sprintf("%.2fx", ref / s[m])
                 ident = n == "luna" ? same " / " N " with CT2" : (n == "base" ? bsame " / " N " with luna-translate" : \
-                    (n == "luna8" ? same8 " / " N " with CT2 int8" : ""))
+                    (n == "luna8" ? same8 " / " N " with CT2 int8" : (n == "base8" ? b8same " / " N " with luna int8" : "")))
                 printf "| %s | %s | %s | %.2f | %s | %.1f | %.0f | %s | %s |\n", model, prog, t, s[m], cpu[m], N / s[m], tok[m] / s[m], ratio, ident
             }' "$WORK/times"
     done
