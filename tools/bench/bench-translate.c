@@ -1,7 +1,8 @@
 /* bench-translate: decoding throughput (sentences/s and target tokens/s) of beam search.
  *
  *   bench-translate CHECKPOINT INPUT [--beam 4] [--threads 2] [--lenpen 0.6] [--max-len-a 0]
- *                   [--max-len-b 200] [--max-tokens 6000] [--batch-size 128] [--limit N]
+ *                   [--max-len-b 200] [--min-len 1] [--max-tokens 6000] [--batch-size 128]
+ *                   [--limit N]
  *   bench-translate CHECKPOINT --ids IDS [...]   (dictionary ids per line, without </s>)
  *   bench-translate --preset NAME [--vocab 40624] [--sentences 64] [--src-len 30] [...]
  *   any form: [--device cpu|cuda] [--precision auto|fp32|bf16] (auto: fp32, as luna-translate)
@@ -9,7 +10,9 @@
  *
  * The first form translates the raw text INPUT (SentencePiece from the checkpoint); the second
  * builds a randomly initialised model (e.g. luna_base_tied) and random sources, for timing
- * without a trained checkpoint (random models usually run to max length: set --max-len-b).
+ * without a trained checkpoint (random models usually run to max length: set --max-len-b; with
+ * --min-len equal to it every sentence takes exactly that many steps, as tools/bench/hf_generate.py
+ * makes Hugging Face generate do for a side-by-side figure).
  * Prints one summary line (and the same as JSON with --json); --print also prints each best
  * hypothesis (ids without </s>, TAB, base-2 score) like decode_reference.py; --dump-ids FILE
  * writes the encoded sources for it.
@@ -66,7 +69,8 @@ int main(int argc, char **argv) {
         if (!strcmp(a, "--help")) {
             printf(
                 "usage: bench-translate CHECKPOINT INPUT [--beam N] [--threads N] [--lenpen F]\n"
-                "         [--max-len-a F] [--max-len-b N] [--max-tokens N] [--batch-size N]\n"
+                "         [--max-len-a F] [--max-len-b N] [--min-len N] [--max-tokens N]\n"
+                "         [--batch-size N]\n"
                 "         [--limit N] [--json] [--device cpu|cuda] [--precision auto|fp32|bf16]\n"
                 "         [--profile] [--int8]\n"
                 "       bench-translate --preset NAME [--vocab N] [--sentences N] [--src-len N]"
@@ -104,6 +108,8 @@ int main(int argc, char **argv) {
             o.max_len_a = atof(v);
         else if (!strcmp(a, "--max-len-b"))
             o.max_len_b = atoi(v);
+        else if (!strcmp(a, "--min-len"))
+            o.min_len = atoi(v);
         else if (!strcmp(a, "--max-tokens"))
             max_tokens = atol(v);
         else if (!strcmp(a, "--batch-size"))
