@@ -275,6 +275,29 @@ luna_status luna_cpu_gemm_grid(luna_backend *be, bool trans_a, bool trans_b, int
         }
         return LUNA_OK;
     }
+    if (K == 1 && alpha == 1.0f && beta == 1.0f) {
+        /* Rank-1 updates C += a bᵀ (Luna's causal step adds k ⊗ φ and φ ⊗ v to its sums every
+         * decoding step, thousands of tiny calls): OpenBLAS's result for K = 1 is
+         * round(round(a_i·b_j) + c_ij) (its kernel's product, then alpha·acc + C in one fused
+         * multiply-add with alpha 1); the loop below rounds the same two operations (this file is
+         * built without floating-point contraction), without packing the operands. */
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+        for (int64_t b = 0; b < batch; b++) {
+            const float *a = A + GRID_OFFSET(sa, b), *bb = B + GRID_OFFSET(sb, b);
+            float *Cb = C + GRID_OFFSET(sc, b);
+            for (int i = 0; i < M; i++) {
+                const float ai = trans_a ? a[i] : a[(int64_t)i * lda];
+                float *restrict ci = Cb + (int64_t)i * ldc;
+                if (!trans_b)
+                    for (int j = 0; j < N; j++)
+                        ci[j] = ci[j] + ai * bb[j];
+                else
+                    for (int j = 0; j < N; j++)
+                        ci[j] = ci[j] + ai * bb[(int64_t)j * ldb];
+            }
+        }
+        return LUNA_OK;
+    }
     /* OpenBLAS (pthreads build) must not start its own pool from inside the region: the backend
      * keeps it at one thread (backend_cpu.c); guard against a caller that changed it. */
     int blas_threads = openblas_get_num_threads();
