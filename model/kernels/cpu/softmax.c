@@ -30,8 +30,8 @@ int luna_cpu_softmax_valid(int64_t r, int cols, const int32_t *valid_cols, int64
  * the two are bit-identical). y may alias x. */
 void luna_cpu_softmax_row(float *yr, const float *xr, int cols, int valid) {
     float mx = -INFINITY;
-    for (int c = 0; c < valid; c++)
-        mx = fmaxf(mx, xr[c]);
+    for (int c = 0; c < valid; c++) /* = fmaxf (a NaN never wins; ±0 give the same exps), inlined */
+        mx = xr[c] > mx ? xr[c] : mx;
     if (mx == -INFINITY) valid = 0; /* nothing to attend to */
     double sum = 0.0;
     for (int c = 0; c < valid; c++) {
