@@ -286,6 +286,7 @@ kernel_avx2(const int mr, const bool pf, const int8_t *xs, const uint8_t *xa, co
     __m256i c[MR][2];
     for (int i = 0; i < MR; i++)
         c[i][0] = c[i][1] = _mm256_setzero_si256();
+#pragma GCC unroll 4
     for (int g = 0; g < G; g++) {
         const int8_t *wg = wp + (size_t)g * PANEL * GROUP;
         if (pf) _mm_prefetch((const char *)(wg + PF_AHEAD * PANEL * GROUP), _MM_HINT_T0);

@@ -199,6 +199,9 @@ micro_kernel1(const int mr, const bool pf, const float *xp, const float *wp, int
     __m256 c[MR][2];
     for (int i = 0; i < MR; i++)
         c[i][0] = c[i][1] = _mm256_setzero_ps();
+    /* unrolled: the loop's own instructions otherwise take issue slots from the multiply-adds
+     * (~5% on a Zen 3, measured in L1) */
+#pragma GCC unroll 4
     for (int k = 0; k < K; k++) {
         if (pf) _mm_prefetch((const char *)(wp + (size_t)(k + PF_AHEAD) * PANEL), _MM_HINT_T0);
         const __m256 w0 = _mm256_load_ps(wp + (size_t)k * PANEL);
