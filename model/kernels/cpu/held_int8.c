@@ -178,10 +178,24 @@ __attribute__((target("avx2,fma"))) static float quantize_row_avx2(const float *
 }
 #endif
 
+/* Groups [g0, G) of a block's MR quantized rows qr [MR][G·4] into the interleaved layout:
+ * bs[(g·MR + i)·4 + kk] = qr[i][g·4 + kk], and ba the same of |q| (AVX2: u8 ≤ 127) or q + 128
+ * (VNNI: the sign bit flipped). */
+static void interleave_groups(bool vnni, const int8_t *qr, int g0, int G, int8_t *bs, uint8_t *ba) {
+    const size_t row = (size_t)G * GROUP;
+    for (int g = g0; g < G; g++)
+        for (int i = 0; i < MR; i++)
+            for (int kk = 0; kk < GROUP; kk++) {
+                const int8_t v = qr[i * row + (size_t)g * GROUP + kk];
+                const size_t at = ((size_t)g * MR + i) * GROUP + kk;
+                bs[at] = v;
+                ba[at] = vnni ? (uint8_t)((uint8_t)v ^ 0x80u) : (uint8_t)(v < 0 ? -v : v);
+            }
+}
+
 #if HAVE_X86
-/* Block interleave of MR = 4 quantized rows qr [4][G·4]: bs[(g·4 + i)·4 + kk] = qr[i][g·4 + kk],
- * and ba the same of |q| (AVX2) or q + 128 (VNNI), 4 groups at a time by a 4 × 4 transpose of
- * 32-bit lanes; the last G mod 4 groups one at a time. */
+/* interleave_groups for all G, 4 groups at a time by a 4 × 4 transpose of 32-bit lanes; the last
+ * G mod 4 groups one at a time. */
 __attribute__((target("avx2"))) static void interleave_avx2(bool vnni, const int8_t *qr, int G,
                                                             int8_t *bs, uint8_t *ba) {
     const size_t row = (size_t)G * GROUP;
@@ -202,14 +216,7 @@ __attribute__((target("avx2"))) static void interleave_avx2(bool vnni, const int
                              vnni ? _mm_xor_si128(o[j], flip) : _mm_abs_epi8(o[j]));
         }
     }
-    for (; g < G; g++)
-        for (int i = 0; i < MR; i++)
-            for (int kk = 0; kk < GROUP; kk++) {
-                const int8_t v = qr[i * row + (size_t)g * GROUP + kk];
-                const size_t at = ((size_t)g * MR + i) * GROUP + kk;
-                bs[at] = v;
-                ba[at] = vnni ? (uint8_t)((uint8_t)v ^ 0x80u) : (uint8_t)(v < 0 ? -v : v);
-            }
+    interleave_groups(vnni, qr, g, G, bs, ba);
 }
 #endif
 
@@ -243,15 +250,7 @@ static void pack_block(luna_int8_kernel kern, const luna_int8_weight *w, luna_in
         return;
     }
 #endif
-    /* AVX2: |q| (u8 ≤ 127); VNNI: q + 128 as u8 (the sign bit flipped) */
-    for (int g = 0; g < G; g++)
-        for (int i = 0; i < MR; i++)
-            for (int kk = 0; kk < GROUP; kk++) {
-                const int8_t v = qr[i * row + (size_t)g * GROUP + kk];
-                const size_t at = ((size_t)g * MR + i) * GROUP + kk;
-                bs[at] = v;
-                ba[at] = vnni ? (uint8_t)((uint8_t)v ^ 0x80u) : (uint8_t)(v < 0 ? -v : v);
-            }
+    interleave_groups(vnni, qr, 0, G, bs, ba);
 }
 
 /* ---- kernels: acc [MR][PANEL·np] (row stride 2·PANEL) for one block of rows ----------------- */
