@@ -50,6 +50,8 @@ static void outputs_scalar(int nq, int n, int dh, const float *w, int m, const f
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 
+#include "model/kernels/cpu/transpose8.h"
+
 /* zero: dh zeros, the rows past n in the last block of 8 (whose lanes are not stored). nq is a
  * constant at each call site (scores_avx2), so the accumulators stay in registers. */
 __attribute__((target("avx2,fma"), always_inline)) static inline void
@@ -65,24 +67,8 @@ scores_nq(const int nq, int n, int dh, const float *q, int64_t qs, const float *
             c[i] = _mm256_setzero_ps();
         int k = 0;
         for (; k + 8 <= dh; k += 8) {
-            /* t_i = b[0..7][k + i] */
-            const __m256 r0 = _mm256_loadu_ps(b[0] + k), r1 = _mm256_loadu_ps(b[1] + k);
-            const __m256 r2 = _mm256_loadu_ps(b[2] + k), r3 = _mm256_loadu_ps(b[3] + k);
-            const __m256 r4 = _mm256_loadu_ps(b[4] + k), r5 = _mm256_loadu_ps(b[5] + k);
-            const __m256 r6 = _mm256_loadu_ps(b[6] + k), r7 = _mm256_loadu_ps(b[7] + k);
-            const __m256 u0 = _mm256_unpacklo_ps(r0, r1), u1 = _mm256_unpackhi_ps(r0, r1);
-            const __m256 u2 = _mm256_unpacklo_ps(r2, r3), u3 = _mm256_unpackhi_ps(r2, r3);
-            const __m256 u4 = _mm256_unpacklo_ps(r4, r5), u5 = _mm256_unpackhi_ps(r4, r5);
-            const __m256 u6 = _mm256_unpacklo_ps(r6, r7), u7 = _mm256_unpackhi_ps(r6, r7);
-            const __m256 v0 = _mm256_shuffle_ps(u0, u2, 0x44), v1 = _mm256_shuffle_ps(u0, u2, 0xEE);
-            const __m256 v2 = _mm256_shuffle_ps(u1, u3, 0x44), v3 = _mm256_shuffle_ps(u1, u3, 0xEE);
-            const __m256 v4 = _mm256_shuffle_ps(u4, u6, 0x44), v5 = _mm256_shuffle_ps(u4, u6, 0xEE);
-            const __m256 v6 = _mm256_shuffle_ps(u5, u7, 0x44), v7 = _mm256_shuffle_ps(u5, u7, 0xEE);
-            const __m256 t[8] = {
-                _mm256_permute2f128_ps(v0, v4, 0x20), _mm256_permute2f128_ps(v1, v5, 0x20),
-                _mm256_permute2f128_ps(v2, v6, 0x20), _mm256_permute2f128_ps(v3, v7, 0x20),
-                _mm256_permute2f128_ps(v0, v4, 0x31), _mm256_permute2f128_ps(v1, v5, 0x31),
-                _mm256_permute2f128_ps(v2, v6, 0x31), _mm256_permute2f128_ps(v3, v7, 0x31)};
+            __m256 t[8]; /* t_i = b[0..7][k + i] */
+            luna_transpose8(b, k, t);
             for (int i = 0; i < RUN; i++) {
                 if (i >= nq) break;
                 const float *qi = q + i * qs + k;

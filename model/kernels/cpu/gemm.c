@@ -111,6 +111,8 @@ static void row_dots_scalar(int j0, int N, int K, const float *A, const float *c
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
+
+#include "model/kernels/cpu/transpose8.h"
 /* C[j] = Σ_k A[k] · rows[k][j] (j < N, k < K): 8 columns per register. */
 __attribute__((target("avx2,fma"))) static void row_axpy(int N, int K, const float *A,
                                                          const float *const *rows, float *C) {
@@ -145,35 +147,16 @@ __attribute__((target("avx2,fma"))) static void row_dots8(int K, const float *A,
     __m256 c = _mm256_setzero_ps();
     int k = 0;
     for (; k + 8 <= K; k += 8) {
-        __m256 r0 = _mm256_loadu_ps(b[0] + k), r1 = _mm256_loadu_ps(b[1] + k);
-        __m256 r2 = _mm256_loadu_ps(b[2] + k), r3 = _mm256_loadu_ps(b[3] + k);
-        __m256 r4 = _mm256_loadu_ps(b[4] + k), r5 = _mm256_loadu_ps(b[5] + k);
-        __m256 r6 = _mm256_loadu_ps(b[6] + k), r7 = _mm256_loadu_ps(b[7] + k);
-        /* 8x8 transpose: t_i holds b[0..7][k + i] */
-        __m256 u0 = _mm256_unpacklo_ps(r0, r1), u1 = _mm256_unpackhi_ps(r0, r1);
-        __m256 u2 = _mm256_unpacklo_ps(r2, r3), u3 = _mm256_unpackhi_ps(r2, r3);
-        __m256 u4 = _mm256_unpacklo_ps(r4, r5), u5 = _mm256_unpackhi_ps(r4, r5);
-        __m256 u6 = _mm256_unpacklo_ps(r6, r7), u7 = _mm256_unpackhi_ps(r6, r7);
-        __m256 v0 = _mm256_shuffle_ps(u0, u2, 0x44), v1 = _mm256_shuffle_ps(u0, u2, 0xEE);
-        __m256 v2 = _mm256_shuffle_ps(u1, u3, 0x44), v3 = _mm256_shuffle_ps(u1, u3, 0xEE);
-        __m256 v4 = _mm256_shuffle_ps(u4, u6, 0x44), v5 = _mm256_shuffle_ps(u4, u6, 0xEE);
-        __m256 v6 = _mm256_shuffle_ps(u5, u7, 0x44), v7 = _mm256_shuffle_ps(u5, u7, 0xEE);
-        const __m256 t0 = _mm256_permute2f128_ps(v0, v4, 0x20);
-        const __m256 t1 = _mm256_permute2f128_ps(v1, v5, 0x20);
-        const __m256 t2 = _mm256_permute2f128_ps(v2, v6, 0x20);
-        const __m256 t3 = _mm256_permute2f128_ps(v3, v7, 0x20);
-        const __m256 t4 = _mm256_permute2f128_ps(v0, v4, 0x31);
-        const __m256 t5 = _mm256_permute2f128_ps(v1, v5, 0x31);
-        const __m256 t6 = _mm256_permute2f128_ps(v2, v6, 0x31);
-        const __m256 t7 = _mm256_permute2f128_ps(v3, v7, 0x31);
-        c = _mm256_fmadd_ps(_mm256_broadcast_ss(A + k), t0, c);
-        c = _mm256_fmadd_ps(_mm256_broadcast_ss(A + k + 1), t1, c);
-        c = _mm256_fmadd_ps(_mm256_broadcast_ss(A + k + 2), t2, c);
-        c = _mm256_fmadd_ps(_mm256_broadcast_ss(A + k + 3), t3, c);
-        c = _mm256_fmadd_ps(_mm256_broadcast_ss(A + k + 4), t4, c);
-        c = _mm256_fmadd_ps(_mm256_broadcast_ss(A + k + 5), t5, c);
-        c = _mm256_fmadd_ps(_mm256_broadcast_ss(A + k + 6), t6, c);
-        c = _mm256_fmadd_ps(_mm256_broadcast_ss(A + k + 7), t7, c);
+        __m256 t[8];
+        luna_transpose8(b, k, t);
+        c = _mm256_fmadd_ps(_mm256_broadcast_ss(A + k), t[0], c);
+        c = _mm256_fmadd_ps(_mm256_broadcast_ss(A + k + 1), t[1], c);
+        c = _mm256_fmadd_ps(_mm256_broadcast_ss(A + k + 2), t[2], c);
+        c = _mm256_fmadd_ps(_mm256_broadcast_ss(A + k + 3), t[3], c);
+        c = _mm256_fmadd_ps(_mm256_broadcast_ss(A + k + 4), t[4], c);
+        c = _mm256_fmadd_ps(_mm256_broadcast_ss(A + k + 5), t[5], c);
+        c = _mm256_fmadd_ps(_mm256_broadcast_ss(A + k + 6), t[6], c);
+        c = _mm256_fmadd_ps(_mm256_broadcast_ss(A + k + 7), t[7], c);
     }
     float out[8];
     _mm256_storeu_ps(out, c);
