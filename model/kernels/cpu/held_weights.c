@@ -194,7 +194,7 @@ void luna_cpu_held_free(luna_cpu_held *h) {
  * from 0: every output element is one chain, whatever the kernel. mr is a constant at every call
  * site, so the loops unroll into live accumulators; few rows (mr ≤ 3) take two panels at once to
  * keep enough independent chains for the FMA units. The k loop is unrolled by 4: its own
- * instructions otherwise take issue slots from the multiply-adds (~5% on a Zen 3, in L1). */
+ * instructions otherwise take issue slots from the multiply-adds (docs/benchmarks.md). */
 __attribute__((target("avx2,fma"), always_inline)) static inline void
 micro_kernel1(const int mr, const bool pf, const float *xp, const float *wp, int K, float *acc) {
     __m256 c[MR][2];
