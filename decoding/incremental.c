@@ -44,9 +44,6 @@ struct luna_incremental {
      * admitted to (it stays there while others leave: a reorder moves no keys or values);
      * slot_host [S_cap] each slot's source length, slot_valid its device copy (masked) */
     int32_t *sent_slot, *slot_host, *slot_valid;
-    /* Luna: [cap_rows, L, d], what a reorder gathers a per-row state into; the gathered buffer
-     * and this one then trade places (one copy per state instead of two through a temporary) */
-    luna_act *spare;
 };
 
 luna_status luna_incremental_create(luna_incremental **out, luna_seq2seq *model) {
@@ -218,11 +215,8 @@ static luna_status begin(luna_incremental *inc, const int32_t *src, const int32_
     LUNA_TRY(luna_mem_from_host(be, src_valid, lens, sizeof(int32_t) * (size_t)S));
     if (inc->luna && inc->masked) p_valid = inc->sent_valid;
     luna_decoder_dims dims = dims_of(inc);
-    LUNA_TRY(luna_decoder_begin(inc->model, inc->state, inc->scratch, tok, src_valid, p_valid,
-                                &dims, inc->ls));
-    inc->spare = NULL;
-    if (!inc->luna) return LUNA_OK;
-    return luna_pass_alloc(&pst, &inc->spare, (int64_t)inc->cap_rows * L * inc->d, "reorder");
+    return luna_decoder_begin(inc->model, inc->state, inc->scratch, tok, src_valid, p_valid, &dims,
+                              inc->ls);
 }
 
 static luna_status begin_rows(luna_incremental *inc, const int32_t *src_tokens,
@@ -322,10 +316,6 @@ luna_status luna_incremental_begin_pool(luna_incremental *inc, int S_cap, int m_
     luna_decoder_dims dims = dims_of(inc);
     dims.S = S_cap;
     if (st == LUNA_OK) st = luna_decoder_alloc(inc->model, inc->state, &dims, inc->ls);
-    inc->spare = NULL;
-    if (st == LUNA_OK && inc->luna)
-        st =
-            luna_pass_alloc(&pst, &inc->spare, (int64_t)inc->cap_rows * inc->L * inc->d, "reorder");
     /* the transformer's self-attention caches: pages, as the sentences reach them */
     if (st == LUNA_OK && !inc->luna && !inc->kv)
         st = luna_kv_pages_create(&inc->kv, inc->be, inc->layers, inc->d, inc->H);
@@ -542,19 +532,6 @@ static luna_status gather_in_place(luna_incremental *inc, luna_act *buf, int64_t
     return st;
 }
 
-/* *buf [rows of `cols` elements, capacity cap_rows]: new row i = old row idx[i], gathered into
- * the spare buffer, which then becomes *buf (the old one the spare). */
-static luna_status gather_swap(luna_incremental *inc, luna_act **buf, int64_t cols,
-                               const int32_t *idx, int64_t n) {
-    if (!inc->spare) return gather_in_place(inc, *buf, cols, cols, idx, n);
-    if (n == 0 || cols == 0) return LUNA_OK;
-    LUNA_TRY(inc->be->ops->gather_rows(inc->be, inc->spare, cols, *buf, cols, idx, n, cols));
-    luna_act *old = *buf;
-    *buf = inc->spare;
-    inc->spare = old;
-    return LUNA_OK;
-}
-
 static luna_status upload_index(luna_incremental *inc, int32_t **dev, const int32_t *host,
                                 int64_t n) {
     luna_pass ps = {.be = inc->be, .arena = inc->scratch};
@@ -580,9 +557,10 @@ static luna_status reorder_state(luna_incremental *inc, const int32_t *rows,
             const int64_t Ld = (int64_t)inc->L * d;
             /* P̃ is the same for the beams of a sentence: only a change of sentences, or the
              * expansion of one row per sentence to `beam`, moves it */
-            if (sent || expand) LUNA_TRY(gather_swap(inc, &ls->causal.pt, Ld, rows, new_rows));
-            LUNA_TRY(gather_swap(inc, &ls->causal.ksum, Ld, rows, new_rows));
-            LUNA_TRY(gather_swap(inc, &ls->causal.vsum, Ld, rows, new_rows));
+            if (sent || expand)
+                LUNA_TRY(gather_in_place(inc, ls->causal.pt, Ld, Ld, rows, new_rows));
+            LUNA_TRY(gather_in_place(inc, ls->causal.ksum, Ld, Ld, rows, new_rows));
+            LUNA_TRY(gather_in_place(inc, ls->causal.vsum, Ld, Ld, rows, new_rows));
             if (sent) LUNA_TRY(gather_in_place(inc, ls->kp, Ld, Ld, sent, S));
             if (sent && ls->vp != ls->kp) LUNA_TRY(gather_in_place(inc, ls->vp, Ld, Ld, sent, S));
             ls->causal.B = new_rows;
