@@ -16,6 +16,8 @@
 #                  the CUDA backend against the CPU backend (the suites the CPU execution harness
 #                  runs in CI), with the real CUDA runtime and the real cuBLASLt — so the cuBLASLt
 #                  cases the fake cuBLASLt passes in CI are checked against the real library
+#   2b. int8 CPU   where the host's CPU has AVX-512 VNNI: the int8 suites on the CPU backend (the
+#                  VNNI kernel against the scalar and AVX2 ones) and bench-int8
 #   3. sanitizer   compute-sanitizer memcheck, racecheck and synccheck over the op suites
 #                  (LUNA_CUDA_CACHE=0: exact allocations, so memcheck sees each buffer's end)
 #   4. benchmarks  bench-model (luna_base_tied, bf16: forward+backward and whole updates at 8k and
@@ -156,6 +158,23 @@ else
 fi
 grep -hE '^(luna_tiny|transformer_tiny|luna-train|luna-translate|validation|bf16)' \
   "$build/gpu-check.tests.log" | sed 's/^/    /'
+
+# 2b. the int8 CPU kernels on this machine's CPU: the AVX-512 VNNI kernel runs only where the CPU
+# has it, which the development machines and CI may not; the device hosts usually do
+int8_log="$build/gpu-check.int8.log"
+if grep -qw avx512_vnni /proc/cpuinfo; then
+  if LUNA_TEST_BACKEND=cpu "$build/test_ops_int8" > "$int8_log" 2>&1 &&
+     LUNA_TEST_BACKEND=cpu "$build/test_model_int8" >> "$int8_log" 2>&1; then
+    note "ok   int8 CPU kernels with AVX-512 VNNI on this host (test_ops_int8, test_model_int8): $(grep -c '100%' "$int8_log") suites passed"
+  else
+    fail "int8 CPU kernels on this host's VNNI ($int8_log)"
+  fi
+  "$build/bench-int8" --threads 1 --reps 20 >> "$int8_log" 2>&1 \
+    && note "ok   bench-int8 (fp32 held, AVX2, VNNI on this host's CPU): $int8_log" \
+    || fail "bench-int8 ($int8_log)"
+else
+  note "skip int8 VNNI kernel: this host's CPU lacks avx512_vnni"
+fi
 
 if [ "$sanitizer" -eq 1 ]; then
   if [ -n "$sanitizer_pid" ]; then wait "$sanitizer_pid"; else sanitize > "$sanitizer_log" 2>&1; fi
