@@ -395,9 +395,12 @@ static void compare_case(int rows, int d, float p, int v) {
 }
 
 START_TEST(fused_ops_match_reference_backend) {
-    /* 4200 rows: column sums over 17 chunks (model/kernels/column_sum_order.h), 40 columns;
-     * 1100 columns: rows longer than a GPU gives one warp (a block per row there) */
-    static const int shapes[][2] = {{1, 1}, {7, 5}, {33, 64}, {7, 130}, {4200, 40}, {3, 1100}};
+    /* 4200 rows: column sums over 66 chunks (model/kernels/column_sum_order.h), 40 columns;
+     * 1100 columns: rows longer than a GPU gives one warp (a block per row there); 131 × 520: a
+     * lane's three runs of 8, the last one partial (residual_norm's backward with its column
+     * sums in the row pass on a GPU: rows a multiple of 8 wide) over two chunks and a part */
+    static const int shapes[][2] = {{1, 1},     {7, 5},    {33, 64},  {7, 130},
+                                    {4200, 40}, {3, 1100}, {131, 520}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (int v = 0; v < 4; v++)
             compare_case(shapes[s][0], shapes[s][1], v == 3 ? 0.5f : (v == 0 ? 0.0f : 0.1f), v);

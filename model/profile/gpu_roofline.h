@@ -52,9 +52,9 @@ typedef struct {
 static const luna_gpu_calibration luna_gpu_calibration_h200[] = {
     {"linear", 28.35 / 14.04, 0},
     {"gemm", 13.2 / 3.65, 0}, /* per-head grids: small products, pointer arrays or strided alike */
-    {"residual_norm", 7.14 / 2.66, 0},
+    {"residual_norm", 7.14 / 2.66, 1}, /* backward: its column sums in the row pass since */
     {"causal_contraction", 5.46 / 1.45, 0},
-    {"bias_relu_dropout", 4.62 / 2.49, 0},
+    {"bias_relu_dropout", 4.62 / 2.49, 1}, /* backward: bias-gradient sums in the row pass since */
     {"cross_entropy", 2.66 / 0.94, 0},
     {"softmax_dropout", 2.17 / 0.87, 0},
     {"embedding", 1.82 / 0.13, 0},

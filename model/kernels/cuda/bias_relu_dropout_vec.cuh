@@ -54,3 +54,38 @@ __global__ void brd_bwd_vec_kernel(T *dh, const T *da, const T *h, int64_t n, fl
         Vec8Of<T>::store(dh + i, g);
     }
 }
+
+/* The backward with the bias gradient's column sums in the same pass (the general path summed dh
+ * in a second pass over it, column_sum.cuh): a thread takes one run of 8 columns (blockIdx.x) of
+ * a chunk of LUNA_COLSUM_CHUNK rows (blockIdx.y), row after row, brd_bwd_vec_kernel's arithmetic
+ * (the same Philox runs), and writes the chunk's sums of dh as stored into ws[chunk][cols] for
+ * chunk_total_kernel<1>: each sum a chain of the chunk's rows in order, as chunk_sums_kernel's. */
+constexpr int kBrdSumThreads = 128;
+
+template <typename T>
+__global__ void brd_bwd_sums_kernel(T *dh, float *ws, const T *da, const T *h, int64_t rows,
+                                    int cols, float p, float scale, luna_rng_key key) {
+    const int c0 = (blockIdx.x * kBrdSumThreads + threadIdx.x) * 8;
+    if (c0 >= cols) return;
+    const int64_t r0 = (int64_t)blockIdx.y * LUNA_COLSUM_CHUNK;
+    const int64_t r1 = r0 + LUNA_COLSUM_CHUNK < rows ? r0 + LUNA_COLSUM_CHUNK : rows;
+    float sum[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    for (int64_t r = r0; r < r1; r++) {
+        const int64_t i = r * cols + c0, k = i / 8;
+        float g[8], hv[8], f[8] = {1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f};
+        Vec8Of<T>::load(g, da + i);
+        Vec8Of<T>::load(hv, h + i);
+        if (p > 0.0f) {
+            drop_factors4(key, (uint64_t)(2 * k), p, scale, f);
+            drop_factors4(key, (uint64_t)(2 * k + 1), p, scale, f + 4);
+        }
+        for (int e = 0; e < 8; e++) {
+            const float d = p > 0.0f ? __fmul_rn(g[e], f[e]) : g[e];
+            g[e] = hv[e] > 0.0f ? d : 0.0f;
+            sum[e] = __fadd_rn(sum[e], as_stored(g[e], dh));
+        }
+        Vec8Of<T>::store(dh + i, g);
+    }
+    for (int e = 0; e < 8; e++)
+        ws[(int64_t)blockIdx.y * cols + c0 + e] = sum[e];
+}

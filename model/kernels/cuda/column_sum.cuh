@@ -60,10 +60,11 @@ __global__ void chunk_sums_kernel(float *ws, int64_t rows, int cols, int64_t k0,
 
 /* For output j = blockIdx.y and 32 columns: total = Σ_{k < kn} ws[k][j][c] (warp w adds chunks
  * w, w + kTotalWarps, ... in order, then a tree over the warps); run[j·cols + c] = (first ? 0 :
- * run) + total, or on the last round out_j[c] += that instead (out_j NULL: not wanted). */
+ * run) + total, or on the last round out_j[c] += that instead (out_j NULL: not wanted). NOUT ≤ 3
+ * (the third: residual_norm's fused backward, residual_norm_rows.cuh). */
 template <int NOUT>
-__global__ void chunk_total_kernel(float *out0, float *out1, float *run, const float *ws, int cols,
-                                   int64_t kn, int first, int last) {
+__global__ void chunk_total_kernel(float *out0, float *out1, float *out2, float *run,
+                                   const float *ws, int cols, int64_t kn, int first, int last) {
     LUNA_SHARED_2D(float, part, kTotalWarps, kColsumCols);
     const int lane = threadIdx.x % kColsumCols, w = threadIdx.x / kColsumCols;
     const int c = blockIdx.x * kColsumCols + lane, j = blockIdx.y;
@@ -84,7 +85,7 @@ __global__ void chunk_total_kernel(float *out0, float *out1, float *run, const f
         run[i] = total;
         return;
     }
-    float *out = j == 0 ? out0 : out1;
+    float *out = j == 0 ? out0 : (j == 1 ? out1 : out2);
     if (out) out[c] += total;
 }
 
@@ -106,10 +107,18 @@ cudaError_t column_sums(cudaStream_t s, float *out0, float *out1, int64_t rows, 
         LUNA_LAUNCH((chunk_sums_kernel<NOUT, Value>), grid, kColsumCols * kColsumWarps, 0, s, sums,
                     rows, cols, k0, kn, value);
         LUNA_LAUNCH(chunk_total_kernel<NOUT>, dim3(col_blocks, NOUT), kColsumCols * kTotalWarps, 0,
-                    s, out0, out1, run, static_cast<const float *>(sums), cols, kn, k0 == 0 ? 1 : 0,
-                    k0 + kn == nchunks ? 1 : 0);
+                    s, out0, out1, nullptr, run, static_cast<const float *>(sums), cols, kn,
+                    k0 == 0 ? 1 : 0, k0 + kn == nchunks ? 1 : 0);
     }
     return cudaGetLastError();
+}
+
+/* Whether ws holds, as floats, the running totals and the sums of every chunk of rows at once:
+ * the row kernels that produce their chunks' sums in the same pass (residual_norm_rows.cuh,
+ * bias_relu_dropout_vec.cuh) need one round. */
+inline bool colsum_one_round(int64_t rows, int cols, int nout, luna_cuda_colsum_ws ws) {
+    const int64_t nchunks = (rows + LUNA_COLSUM_CHUNK - 1) / LUNA_COLSUM_CHUNK;
+    return (nchunks + 1) * nout * (int64_t)cols <= 2 * ws.n;
 }
 
 template <typename T> struct ColumnValue {

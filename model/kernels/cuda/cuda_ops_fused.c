@@ -23,7 +23,7 @@ luna_status luna_cuda_op_residual_norm_backward(luna_backend *be, luna_act *dres
     WRITES(dbias, d);
     WRITES(dgamma, d);
     WRITES(dbeta, d);
-    LAUNCH_WITH_COLSUM_WS("residual_norm_backward", rows, d, 2,
+    LAUNCH_WITH_COLSUM_WS("residual_norm_backward", rows, d, 3,
                           luna_cuda_residual_norm_backward(stream(be), bf16(be), dres, dsub, dbias,
                                                            dgamma, dbeta, dy, r, mean, rstd, gamma,
                                                            rows, d, p, key, ws));

@@ -364,6 +364,18 @@ cudaError_t resnorm_bwd(cudaStream_t s, void *dres, void *dsub, float *dbias, fl
                         const float *rstd, const float *gamma, int64_t rows, int d, float p,
                         luna_rng_key key, luna_cuda_colsum_ws ws) {
     const T *dyt = static_cast<const T *>(dy), *rt = static_cast<const T *>(r);
+    const int64_t nchunks = (rows + LUNA_COLSUM_CHUNK - 1) / LUNA_COLSUM_CHUNK;
+    if (vec_row_fits(d) && (dgamma || dbeta || dbias) && colsum_one_round(rows, d, 3, ws)) {
+        /* the rows and their column sums in one pass, then the chunks' total (the workspace's
+         * doubles as floats, column_sum.cuh's layout: running totals, then the chunk sums) */
+        float *run = reinterpret_cast<float *>(ws.p), *sums = run + (int64_t)3 * d;
+        VEC_SUMS_LAUNCH(T, d, rows, s, static_cast<T *>(dres), static_cast<T *>(dsub), sums, dyt,
+                        rt, mean, rstd, gamma, rows, d, p, drop_scale(p), key);
+        LUNA_LAUNCH(chunk_total_kernel<3>, dim3((unsigned)((d + kColsumCols - 1) / kColsumCols), 3),
+                    kColsumCols * kTotalWarps, 0, s, dgamma, dbeta, dbias, run,
+                    static_cast<const float *>(sums), d, nchunks, 1, 1);
+        return cudaGetLastError();
+    }
     if (dgamma || dbeta) { /* before the rows: dres may alias dy */
         const cudaError_t e = ln_params_sum<T>(s, dgamma, dbeta, dyt, rt, mean, rstd, rows, d, ws);
         if (e != cudaSuccess) return e;
@@ -388,22 +400,37 @@ cudaError_t brd_fwd(cudaStream_t s, void *a, void *h, const float *bias, int64_t
                     0, s, static_cast<T *>(a), static_cast<T *>(h), bias, rows, cols, p,
                     drop_scale(p), key);
     else
-        LUNA_LAUNCH(brd_fwd_kernel<T>, grid_blocks((rows * cols + 3) / 4, kEltThreads),
-                    kEltThreads, 0, s, static_cast<T *>(a), static_cast<T *>(h), bias, rows, cols,
-                    p, drop_scale(p), key);
+        LUNA_LAUNCH(brd_fwd_kernel<T>, grid_blocks((rows * cols + 3) / 4, kEltThreads), kEltThreads,
+                    0, s, static_cast<T *>(a), static_cast<T *>(h), bias, rows, cols, p,
+                    drop_scale(p), key);
     return cudaGetLastError();
 }
 
 template <typename T>
 cudaError_t brd_bwd(cudaStream_t s, void *dh, float *dbias, const void *da, const void *h,
                     int64_t rows, int cols, float p, luna_rng_key key, luna_cuda_colsum_ws ws) {
+    if (dbias && brd_vec_fits(cols) && colsum_one_round(rows, cols, 1, ws)) {
+        /* the rows and their chunks' bias-gradient sums in one pass, then the chunks' total */
+        const int64_t nchunks = (rows + LUNA_COLSUM_CHUNK - 1) / LUNA_COLSUM_CHUNK;
+        float *run = reinterpret_cast<float *>(ws.p), *sums = run + cols;
+        const unsigned runs = (unsigned)(cols / 8);
+        LUNA_LAUNCH(brd_bwd_sums_kernel<T>,
+                    dim3((runs + kBrdSumThreads - 1) / kBrdSumThreads, (unsigned)nchunks),
+                    kBrdSumThreads, 0, s, static_cast<T *>(dh), sums, static_cast<const T *>(da),
+                    static_cast<const T *>(h), rows, cols, p, drop_scale(p), key);
+        LUNA_LAUNCH(chunk_total_kernel<1>,
+                    dim3((unsigned)((cols + kColsumCols - 1) / kColsumCols), 1),
+                    kColsumCols * kTotalWarps, 0, s, dbias, nullptr, nullptr, run,
+                    static_cast<const float *>(sums), cols, nchunks, 1, 1);
+        return cudaGetLastError();
+    }
     if (brd_vec_fits(cols))
         LUNA_LAUNCH(brd_bwd_vec_kernel<T>, grid_blocks(rows * cols / 8, kEltThreads), kEltThreads,
                     0, s, static_cast<T *>(dh), static_cast<const T *>(da),
                     static_cast<const T *>(h), rows * cols, p, drop_scale(p), key);
     else
-        LUNA_LAUNCH(brd_bwd_kernel<T>, grid_blocks((rows * cols + 3) / 4, kEltThreads),
-                    kEltThreads, 0, s, static_cast<T *>(dh), static_cast<const T *>(da),
+        LUNA_LAUNCH(brd_bwd_kernel<T>, grid_blocks((rows * cols + 3) / 4, kEltThreads), kEltThreads,
+                    0, s, static_cast<T *>(dh), static_cast<const T *>(da),
                     static_cast<const T *>(h), rows * cols, p, drop_scale(p), key);
     if (dbias) return column_sum<T>(s, dbias, static_cast<const T *>(dh), rows, cols, ws);
     return cudaGetLastError();
@@ -419,8 +446,8 @@ cudaError_t smd_fwd(cudaStream_t s, void *y, void *yd, const void *x, int64_t ro
                          rows_per_group, causal_period, p, drop_scale(p), key);
     else
         ROW_LAUNCH(smd_fwd_kernel, T, cols, rows, s, static_cast<T *>(y), static_cast<T *>(yd),
-                   static_cast<const T *>(x), rows, cols, valid_cols, rows_per_group,
-                   causal_period, p, drop_scale(p), key);
+                   static_cast<const T *>(x), rows, cols, valid_cols, rows_per_group, causal_period,
+                   p, drop_scale(p), key);
     return cudaGetLastError();
 }
 
