@@ -80,13 +80,22 @@ template <typename T> __global__ void elu1_bwd_kernel(T *dx, const T *dy, const 
     }
 }
 
-/* y = x · (keep ? 1/(1−p) : 0), keep from core/philox.h: the CPU's mask by construction. */
+/* y = x · (keep ? 1/(1−p) : 0), keep from core/philox.h: the CPU's mask by construction. A
+ * thread takes elements 4k .. 4k + 3, whose draws are the four words of Philox block k
+ * (luna_rng_bits' mapping): one block per four elements, where a block per element computed each
+ * block four times over. */
 template <typename T>
 __global__ void dropout_kernel(T *y, const T *x, int64_t n, float p, float scale,
                                luna_rng_key key) {
-    GRID_STRIDE(i, n) {
-        const float u = luna_rng_uniform(key, (uint64_t)i);
-        store(y, i, __fmul_rn(load(x, i), u >= p ? scale : 0.0f));
+    GRID_STRIDE(k, (n + 3) / 4) {
+        uint32_t w[4];
+        luna_rng_block(key, (uint64_t)k, w);
+        LUNA_UNROLL for (int e = 0; e < 4; e++) {
+            const int64_t i = 4 * k + e;
+            if (i >= n) break;
+            const float u = luna_rng_word_uniform(w[e]);
+            store(y, i, __fmul_rn(load(x, i), u >= p ? scale : 0.0f));
+        }
     }
 }
 
@@ -262,11 +271,11 @@ cudaError_t luna_cuda_dropout(cudaStream_t s, int bf16, void *y, const void *x, 
     if (n <= 0) return cudaSuccess;
     const float scale = 1.0f / (1.0f - p); /* host-side, as the CPU computes it */
     if (bf16)
-        LUNA_LAUNCH(dropout_kernel<bf16_t>, grid_blocks(n, kThreads), kThreads, 0, s, A(bf16_t, y),
-                    CA(bf16_t, x), n, p, scale, key);
+        LUNA_LAUNCH(dropout_kernel<bf16_t>, grid_blocks((n + 3) / 4, kThreads), kThreads, 0, s,
+                    A(bf16_t, y), CA(bf16_t, x), n, p, scale, key);
     else
-        LUNA_LAUNCH(dropout_kernel<float>, grid_blocks(n, kThreads), kThreads, 0, s, A(float, y),
-                    CA(float, x), n, p, scale, key);
+        LUNA_LAUNCH(dropout_kernel<float>, grid_blocks((n + 3) / 4, kThreads), kThreads, 0, s,
+                    A(float, y), CA(float, x), n, p, scale, key);
     return cudaGetLastError();
 }
 
