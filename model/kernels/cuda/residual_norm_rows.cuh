@@ -85,16 +85,15 @@ __global__ void resnorm_fwd_vec_kernel(T *y, T *r, float *mean, float *rstd, con
     }
 }
 
-/* dres may alias dy: a lane reads its runs of dy before it writes them. */
-template <typename T, int K>
-__global__ void resnorm_bwd_vec_kernel(T *dres, T *dsub, const T *dy, const T *x, const float *mean,
-                                       const float *rstd, const float *gamma, int64_t rows, int d,
-                                       float p, float scale, luna_rng_key key) {
-    const int64_t row = (int64_t)blockIdx.x * (kThreads / 32) + threadIdx.x / 32;
+/* One row of the backward by a warp (lane's K runs of 8; dres may alias dy: a lane reads its runs
+ * of dy before it writes them): dres and dsub stored; with SUMS, the lane's columns' Σ dy·x̂,
+ * Σ dy and Σ dsub (as stored) accumulated into sg, sb, ss (unused without). */
+template <typename T, int K, bool SUMS>
+__device__ inline void resnorm_bwd_row(T *dres, T *dsub, const T *dy, const T *x,
+                                       const float *gamma, int64_t off, int d, float m, float rs,
+                                       float p, float scale, luna_rng_key key, float (*sg)[8],
+                                       float (*sb)[8], float (*ss)[8]) {
     const int lane = threadIdx.x % 32;
-    if (row >= rows) return; /* the whole warp */
-    const int64_t off = row * d;
-    const float m = mean[row], rs = rstd[row];
     float gc[K][8] = {}, xh[K][8] = {};
     double s1 = 0.0, s2 = 0.0;
     LUNA_UNROLL for (int k = 0; k < K; k++) {
@@ -109,6 +108,10 @@ __global__ void resnorm_bwd_vec_kernel(T *dres, T *dsub, const T *dy, const T *x
             xh[k][e] = __fmul_rn(__fsub_rn(xv[e], m), rs);
             s1 += (double)gc[k][e];
             s2 += (double)__fmul_rn(gc[k][e], xh[k][e]);
+            if (SUMS) {
+                sg[k][e] = __fmaf_rn(g[e], xh[k][e], sg[k][e]);
+                sb[k][e] = __fadd_rn(sb[k][e], g[e]);
+            }
         }
     }
     for (int w = 16; w > 0; w /= 2) {
@@ -128,17 +131,28 @@ __global__ void resnorm_bwd_vec_kernel(T *dres, T *dsub, const T *dy, const T *x
         for (int e = 0; e < 8; e++) {
             const float g = as_stored(dr[e], dres);
             dr[e] = p > 0.0f ? __fmul_rn(g, f[e]) : g;
+            if (SUMS) ss[k][e] = __fadd_rn(ss[k][e], as_stored(dr[e], dsub));
         }
         Vec8Of<T>::store(dsub + off + c0, dr);
     }
 }
 
+template <typename T, int K>
+__global__ void resnorm_bwd_vec_kernel(T *dres, T *dsub, const T *dy, const T *x, const float *mean,
+                                       const float *rstd, const float *gamma, int64_t rows, int d,
+                                       float p, float scale, luna_rng_key key) {
+    const int64_t row = (int64_t)blockIdx.x * (kThreads / 32) + threadIdx.x / 32;
+    if (row >= rows) return; /* the whole warp */
+    resnorm_bwd_row<T, K, false>(dres, dsub, dy, x, gamma, row * d, d, mean[row], rstd[row], p,
+                                 scale, key, nullptr, nullptr, nullptr);
+}
+
 /* The backward with its column sums in the same pass: dγ_c = Σ_r dy·x̂, dβ_c = Σ_r dy and
  * dbias_c = Σ_r dsub (as stored), which the general path summed in two more passes (re-reading
  * dy and x, then dsub: five launches). A block of kSumWarps warps takes a chunk of
- * LUNA_COLSUM_CHUNK rows, warp w its rows w, w + kSumWarps, ... one at a time with
- * resnorm_bwd_vec_kernel's arithmetic, each lane keeping its columns' three partial sums in
- * registers; the warps' partials then add in shared memory, in warp order, into the chunk's sums
+ * LUNA_COLSUM_CHUNK rows, warp w its rows w, w + kSumWarps, ... one at a time
+ * (resnorm_bwd_row, as resnorm_bwd_vec_kernel), each lane keeping its columns' three partial sums
+ * in registers; the warps' partials then add in shared memory, in warp order, into the chunk's sums
  * ws[chunk][3][d], which chunk_total_kernel<3> adds over the chunks (column_sum.cuh). The sums are
  * fp32 chains of at most LUNA_COLSUM_CHUNK / kSumWarps rows and a fixed tree: run-to-run
  * deterministic, within the ACCUM tier of the CPU's chunked double sums. */
@@ -154,49 +168,9 @@ __global__ void resnorm_bwd_sums_kernel(T *dres, T *dsub, float *ws, const T *dy
     const int64_t r0 = (int64_t)blockIdx.x * LUNA_COLSUM_CHUNK;
     const int64_t r1 = r0 + LUNA_COLSUM_CHUNK < rows ? r0 + LUNA_COLSUM_CHUNK : rows;
     float sg[K][8] = {}, sb[K][8] = {}, ss[K][8] = {}; /* Σ dy·x̂, Σ dy, Σ dsub */
-    for (int64_t row = r0 + w; row < r1; row += kSumWarps) {
-        const int64_t off = row * d;
-        const float m = mean[row], rs = rstd[row];
-        float gc[K][8] = {}, xh[K][8] = {};
-        double s1 = 0.0, s2 = 0.0;
-        LUNA_UNROLL for (int k = 0; k < K; k++) {
-            const int c0 = (lane + 32 * k) * 8;
-            if (c0 >= d) break;
-            float g[8], xv[8], gm[8];
-            Vec8Of<T>::load(g, dy + off + c0);
-            Vec8Of<T>::load(xv, x + off + c0);
-            load8(gm, gamma + c0);
-            for (int e = 0; e < 8; e++) {
-                gc[k][e] = __fmul_rn(g[e], gm[e]);
-                xh[k][e] = __fmul_rn(__fsub_rn(xv[e], m), rs);
-                s1 += (double)gc[k][e];
-                s2 += (double)__fmul_rn(gc[k][e], xh[k][e]);
-                sg[k][e] = __fmaf_rn(g[e], xh[k][e], sg[k][e]);
-                sb[k][e] = __fadd_rn(sb[k][e], g[e]);
-            }
-        }
-        for (int o = 16; o > 0; o /= 2) {
-            s1 += __shfl_xor_sync(0xffffffffu, s1, o);
-            s2 += __shfl_xor_sync(0xffffffffu, s2, o);
-        }
-        const float m1 = (float)(__shfl_sync(0xffffffffu, s1, 0) / d),
-                    m2 = (float)(__shfl_sync(0xffffffffu, s2, 0) / d);
-        LUNA_UNROLL for (int k = 0; k < K; k++) {
-            const int c0 = (lane + 32 * k) * 8;
-            if (c0 >= d) break;
-            float dr[8], f[8];
-            drops8(key, off + c0, p, scale, f);
-            for (int e = 0; e < 8; e++)
-                dr[e] = __fmul_rn(rs, __fsub_rn(__fsub_rn(gc[k][e], m1), __fmul_rn(xh[k][e], m2)));
-            Vec8Of<T>::store(dres + off + c0, dr);
-            for (int e = 0; e < 8; e++) {
-                const float g = as_stored(dr[e], dres);
-                dr[e] = p > 0.0f ? __fmul_rn(g, f[e]) : g;
-                ss[k][e] = __fadd_rn(ss[k][e], as_stored(dr[e], dsub));
-            }
-            Vec8Of<T>::store(dsub + off + c0, dr);
-        }
-    }
+    for (int64_t row = r0 + w; row < r1; row += kSumWarps)
+        resnorm_bwd_row<T, K, true>(dres, dsub, dy, x, gamma, row * d, d, mean[row], rstd[row], p,
+                                    scale, key, sg, sb, ss);
     for (int o = 0; o < 3; o++) { /* one output at a time through the shared array */
         LUNA_UNROLL for (int k = 0; k < K; k++) {
             const int c0 = (lane + 32 * k) * 8;
