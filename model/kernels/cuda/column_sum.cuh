@@ -89,13 +89,18 @@ __global__ void chunk_total_kernel(float *out0, float *out1, float *out2, float 
     if (out) out[c] += total;
 }
 
+/* Chunks of LUNA_COLSUM_CHUNK rows in `rows`. */
+inline int64_t colsum_chunks(int64_t rows) {
+    return (rows + LUNA_COLSUM_CHUNK - 1) / LUNA_COLSUM_CHUNK;
+}
+
 /* Enqueue the sums of value over rows into out0 (and out1 when NOUT = 2) with the workspace ws
  * (at least luna_cuda_colsum_ws_doubles(rows, cols, NOUT) doubles; checked by the caller). */
 template <int NOUT, typename Value>
 cudaError_t column_sums(cudaStream_t s, float *out0, float *out1, int64_t rows, int cols,
                         luna_cuda_colsum_ws ws, const Value &value) {
     if (rows <= 0 || cols <= 0 || (!out0 && !out1)) return cudaSuccess;
-    const int64_t nchunks = (rows + LUNA_COLSUM_CHUNK - 1) / LUNA_COLSUM_CHUNK;
+    const int64_t nchunks = colsum_chunks(rows);
     const int64_t per_round = luna_cuda_colsum_round(rows, cols, NOUT, ws.n);
     if (per_round < 1) return cudaErrorInvalidValue;
     /* the workspace's doubles as floats: the same layout, half of it used */
@@ -117,8 +122,7 @@ cudaError_t column_sums(cudaStream_t s, float *out0, float *out1, int64_t rows, 
  * the row kernels that produce their chunks' sums in the same pass (residual_norm_rows.cuh,
  * bias_relu_dropout_vec.cuh) need one round. */
 inline bool colsum_one_round(int64_t rows, int cols, int nout, luna_cuda_colsum_ws ws) {
-    const int64_t nchunks = (rows + LUNA_COLSUM_CHUNK - 1) / LUNA_COLSUM_CHUNK;
-    return (nchunks + 1) * nout * (int64_t)cols <= 2 * ws.n;
+    return (colsum_chunks(rows) + 1) * nout * (int64_t)cols <= 2 * ws.n;
 }
 
 template <typename T> struct ColumnValue {

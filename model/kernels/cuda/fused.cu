@@ -364,7 +364,6 @@ cudaError_t resnorm_bwd(cudaStream_t s, void *dres, void *dsub, float *dbias, fl
                         const float *rstd, const float *gamma, int64_t rows, int d, float p,
                         luna_rng_key key, luna_cuda_colsum_ws ws) {
     const T *dyt = static_cast<const T *>(dy), *rt = static_cast<const T *>(r);
-    const int64_t nchunks = (rows + LUNA_COLSUM_CHUNK - 1) / LUNA_COLSUM_CHUNK;
     if (vec_row_fits(d) && (dgamma || dbeta || dbias) && colsum_one_round(rows, d, 3, ws)) {
         /* the rows and their column sums in one pass, then the chunks' total (the workspace's
          * doubles as floats, column_sum.cuh's layout: running totals, then the chunk sums) */
@@ -373,7 +372,7 @@ cudaError_t resnorm_bwd(cudaStream_t s, void *dres, void *dsub, float *dbias, fl
                         rt, mean, rstd, gamma, rows, d, p, drop_scale(p), key);
         LUNA_LAUNCH(chunk_total_kernel<3>, dim3((unsigned)((d + kColsumCols - 1) / kColsumCols), 3),
                     kColsumCols * kTotalWarps, 0, s, dgamma, dbeta, dbias, run,
-                    static_cast<const float *>(sums), d, nchunks, 1, 1);
+                    static_cast<const float *>(sums), d, colsum_chunks(rows), 1, 1);
         return cudaGetLastError();
     }
     if (dgamma || dbeta) { /* before the rows: dres may alias dy */
@@ -411,7 +410,7 @@ cudaError_t brd_bwd(cudaStream_t s, void *dh, float *dbias, const void *da, cons
                     int64_t rows, int cols, float p, luna_rng_key key, luna_cuda_colsum_ws ws) {
     if (dbias && brd_vec_fits(cols) && colsum_one_round(rows, cols, 1, ws)) {
         /* the rows and their chunks' bias-gradient sums in one pass, then the chunks' total */
-        const int64_t nchunks = (rows + LUNA_COLSUM_CHUNK - 1) / LUNA_COLSUM_CHUNK;
+        const int64_t nchunks = colsum_chunks(rows);
         float *run = reinterpret_cast<float *>(ws.p), *sums = run + cols;
         const unsigned runs = (unsigned)(cols / 8);
         LUNA_LAUNCH(brd_bwd_sums_kernel<T>,

@@ -189,33 +189,27 @@ __global__ void resnorm_bwd_sums_kernel(T *dres, T *dsub, float *ws, const T *dy
     }
 }
 
-/* Launch resnorm_bwd_sums_kernel<T, K> over the chunks of rows (d as VEC_ROW_LAUNCH). */
-#define VEC_SUMS_LAUNCH(T, d, rows, s, ...)                                                        \
+/* Launch kernel<T, K> (K = d / 256 rounded up, d a multiple of 8 up to kVecRowMax) on `blocks`
+ * blocks of `threads`. */
+#define VEC_K_LAUNCH(kernel, T, d, blocks, threads, s, ...)                                        \
     do {                                                                                           \
-        const unsigned blocks_ = (unsigned)(((rows) + LUNA_COLSUM_CHUNK - 1) / LUNA_COLSUM_CHUNK); \
-        const unsigned threads_ = kSumWarps * 32;                                                  \
         if ((d) <= 256)                                                                            \
-            LUNA_LAUNCH((resnorm_bwd_sums_kernel<T, 1>), blocks_, threads_, 0, s, __VA_ARGS__);    \
+            LUNA_LAUNCH((kernel<T, 1>), blocks, threads, 0, s, __VA_ARGS__);                       \
         else if ((d) <= 512)                                                                       \
-            LUNA_LAUNCH((resnorm_bwd_sums_kernel<T, 2>), blocks_, threads_, 0, s, __VA_ARGS__);    \
+            LUNA_LAUNCH((kernel<T, 2>), blocks, threads, 0, s, __VA_ARGS__);                       \
         else if ((d) <= 768)                                                                       \
-            LUNA_LAUNCH((resnorm_bwd_sums_kernel<T, 3>), blocks_, threads_, 0, s, __VA_ARGS__);    \
+            LUNA_LAUNCH((kernel<T, 3>), blocks, threads, 0, s, __VA_ARGS__);                       \
         else                                                                                       \
-            LUNA_LAUNCH((resnorm_bwd_sums_kernel<T, 4>), blocks_, threads_, 0, s, __VA_ARGS__);    \
+            LUNA_LAUNCH((kernel<T, 4>), blocks, threads, 0, s, __VA_ARGS__);                       \
     } while (0)
 
-/* Launch kernel<T, K> (K = d / 256 rounded up, d a multiple of 8 up to kVecRowMax), a warp a
- * row; false when the row does not fit (the general kernels then). */
+/* A warp a row (the general kernels when the row does not fit: vec_row_fits). */
 #define VEC_ROW_LAUNCH(kernel, T, d, rows, s, ...)                                                 \
-    do {                                                                                           \
-        const unsigned blocks_ = (unsigned)(((rows) + kThreads / 32 - 1) / (kThreads / 32));       \
-        if ((d) <= 256)                                                                            \
-            LUNA_LAUNCH((kernel<T, 1>), blocks_, kThreads, 0, s, __VA_ARGS__);                     \
-        else if ((d) <= 512)                                                                       \
-            LUNA_LAUNCH((kernel<T, 2>), blocks_, kThreads, 0, s, __VA_ARGS__);                     \
-        else if ((d) <= 768)                                                                       \
-            LUNA_LAUNCH((kernel<T, 3>), blocks_, kThreads, 0, s, __VA_ARGS__);                     \
-        else                                                                                       \
-            LUNA_LAUNCH((kernel<T, 4>), blocks_, kThreads, 0, s, __VA_ARGS__);                     \
-    } while (0)
+    VEC_K_LAUNCH(kernel, T, d, (unsigned)(((rows) + kThreads / 32 - 1) / (kThreads / 32)),         \
+                 kThreads, s, __VA_ARGS__)
+
+/* resnorm_bwd_sums_kernel: a block of kSumWarps warps per chunk of rows. */
+#define VEC_SUMS_LAUNCH(T, d, rows, s, ...)                                                        \
+    VEC_K_LAUNCH(resnorm_bwd_sums_kernel, T, d, (unsigned)colsum_chunks(rows), kSumWarps * 32, s,  \
+                 __VA_ARGS__)
 inline bool vec_row_fits(int d) { return d % 8 == 0 && d <= kVecRowMax; }
