@@ -52,14 +52,16 @@ typedef struct {
 static const luna_gpu_calibration luna_gpu_calibration_h200[] = {
     {"linear", 28.35 / 14.04, 0},
     {"gemm", 13.2 / 3.65, 0}, /* per-head grids: small products, pointer arrays or strided alike */
-    {"residual_norm", 7.14 / 2.66, 1}, /* backward: its column sums in the row pass since */
+    {"residual_norm", 7.14 / 2.66,
+     1}, /* rewritten: the backward sums its columns in the row pass */
     {"causal_contraction", 5.46 / 1.45, 0},
-    {"bias_relu_dropout", 4.62 / 2.49, 1}, /* backward: bias-gradient sums in the row pass since */
+    {"bias_relu_dropout", 4.62 / 2.49,
+     1}, /* rewritten: the backward sums the bias gradient in its pass */
     {"cross_entropy", 2.66 / 0.94, 0},
     {"softmax_dropout", 2.17 / 0.87, 0},
     {"embedding", 1.82 / 0.13, 0},
     {"optimizer", 1.68 / 0.71, 0},
-    {"dropout", 1.12 / 0.24, 1}, /* one Philox block per four elements since */
+    {"dropout", 1.12 / 0.24, 1}, /* rewritten: one Philox block per four elements */
     {"elementwise", 0.63 / 0.26, 0},
     {"activation", 0.49 / 0.15, 0},
     {"clip", 0.35 / 0.18, 0},
