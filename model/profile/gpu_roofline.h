@@ -52,11 +52,9 @@ typedef struct {
 static const luna_gpu_calibration luna_gpu_calibration_h200[] = {
     {"linear", 28.35 / 14.04, 0},
     {"gemm", 13.2 / 3.65, 0}, /* per-head grids: small products, pointer arrays or strided alike */
-    {"residual_norm", 7.14 / 2.66,
-     1}, /* rewritten: the backward sums its columns in the row pass */
+    {"residual_norm", 7.14 / 2.66, 1}, /* rewritten: backward's sums in its row pass */
     {"causal_contraction", 5.46 / 1.45, 0},
-    {"bias_relu_dropout", 4.62 / 2.49,
-     1}, /* rewritten: the backward sums the bias gradient in its pass */
+    {"bias_relu_dropout", 4.62 / 2.49, 1}, /* rewritten: backward's sums in its pass */
     {"cross_entropy", 2.66 / 0.94, 0},
     {"softmax_dropout", 2.17 / 0.87, 0},
     {"embedding", 1.82 / 0.13, 0},
