@@ -1,4 +1,5 @@
-/* Tests of the compute core's infrastructure: arena accounting, tensors, the counter-based RNG. */
+/* Tests of the compute core's infrastructure: arena accounting, tensors, the counter-based RNG, the
+ * double exp shared by the backends' log-softmax (core/exp_double.h). */
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -6,6 +7,7 @@
 
 #include "core/allocator.h"
 #include "core/backend.h"
+#include "core/exp_double.h"
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "tests/test_util.h"
@@ -258,6 +260,40 @@ START_TEST(rng_normal_moments) {
 }
 END_TEST
 
+/* luna_exp_nonpositive within 1 ulp of libm's exp over [−708, 0] (a grid, the reduction's
+ * boundaries n·ln2/2 and their neighbours, tiny |t|), exact at 0, and 0 / NaN where documented. */
+static double ulps_from_libm(double t) {
+    const double want = exp(t), got = luna_exp_nonpositive(t);
+    return fabs(got - want) / (nextafter(want, INFINITY) - want);
+}
+
+START_TEST(exp_double_within_one_ulp_of_libm) {
+    double worst = 0.0, at = 0.0;
+#define TRY(tv)                                                                                    \
+    do {                                                                                           \
+        const double t_ = (tv), u_ = ulps_from_libm(t_);                                           \
+        if (u_ > worst) worst = u_, at = t_;                                                       \
+    } while (0)
+    for (int i = 0; i <= 2000000; i++)
+        TRY(-708.0 * i / 2000000.0);
+    for (int n = 1; n <= 2042; n++) { /* t = −n·ln2/2, where the rounding of n flips, ±1 ulp */
+        const double b = -0.34657359027997264 * n;
+        TRY(nextafter(b, 0.0));
+        TRY(b);
+        if (n < 2042) TRY(nextafter(b, -INFINITY));
+    }
+    for (double t = -1e-300; t > -1.0; t *= 3.7)
+        TRY(t);
+#undef TRY
+    ck_assert_msg(worst <= 1.0, "exp(%.17g): %.3f ulp from libm", at, worst);
+    ck_assert(luna_exp_nonpositive(0.0) == 1.0);
+    ck_assert(luna_exp_nonpositive(-0.0) == 1.0);
+    ck_assert(luna_exp_nonpositive(-708.5) == 0.0);
+    ck_assert(luna_exp_nonpositive(-INFINITY) == 0.0);
+    ck_assert(isnan(luna_exp_nonpositive(NAN)));
+}
+END_TEST
+
 static Suite *core_suite(void) {
     Suite *s = suite_create("core");
     TCase *tc = tcase_create("core");
@@ -271,6 +307,7 @@ static Suite *core_suite(void) {
     tcase_add_test(tc, philox_cxx_equals_c);
     tcase_add_test(tc, rng_streams_differ_and_are_uniform);
     tcase_add_test(tc, rng_normal_moments);
+    tcase_add_test(tc, exp_double_within_one_ulp_of_libm);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -15,6 +15,8 @@
 #include <string.h>
 
 #include "core/backend.h"
+#include "core/exp_double.h"
+#include "model/kernels/cpu/cpu_ops.h"
 #include "tests/backend_harness.h"
 
 /* ---- gather_rows ------------------------------------------------------------------------------
@@ -306,6 +308,35 @@ START_TEST(log_softmax_topk_matches_host_reference) {
     /* rows·V ≥ 16384: the CPU's threaded path (2 threads against the 1-thread reference). */
     check_topk(8, 10000, 8, true, true, seed++);
     check_topk(8, 10000, 10000, false, true, seed++);
+}
+END_TEST
+
+/* The CPU's Σ exp (AVX2 where present) against the documented lanes of luna_exp_nonpositive, bit
+ * for bit: the CUDA kernel sums the same lanes with the same function, so the two backends' lse
+ * agree. Lengths around the vector width; terms below exp(−708) and −inf. */
+START_TEST(sum_exp_lanes_equal_scalar) {
+    static const int Vs[] = {1, 3, 4, 5, 7, 8, 37, 1000, 7792};
+    luna_test_rng rng;
+    luna_test_rng_seed(&rng, 7);
+    float *x = malloc(7792 * sizeof *x);
+    ck_assert_ptr_nonnull(x);
+    for (int v = 0; v < 9; v++) {
+        const int V = Vs[v];
+        for (int j = 0; j < V; j++)
+            x[j] = luna_test_uniform(&rng, -30.0f, 12.0f);
+        if (V > 4) x[V - 2] = -1000.0f, x[1] = -INFINITY;
+        float mx = -INFINITY;
+        for (int j = 0; j < V; j++)
+            mx = x[j] > mx ? x[j] : mx;
+        double lane[4] = {0, 0, 0, 0};
+        for (int j = 0; j < V; j++) /* the last V mod 4 terms in lane 0 */
+            lane[j < V - V % 4 ? j % 4 : 0] += luna_exp_nonpositive((double)x[j] - (double)mx);
+        const double want = (lane[0] + lane[1]) + (lane[2] + lane[3]);
+        const double got = luna_cpu_sum_exp(x, V, mx);
+        ck_assert_msg(memcmp(&got, &want, sizeof got) == 0, "V %d: Σ exp %.17g, want %.17g", V, got,
+                      want);
+    }
+    free(x);
 }
 END_TEST
 
@@ -798,6 +829,7 @@ static Suite *decode_suite(void) {
     tcase_add_test(tc, cache_write_to_each_rows_position);
     tcase_add_test(tc, log_softmax_topk_matches_host_reference);
     tcase_add_test(tc, log_softmax_topk_known_values);
+    tcase_add_test(tc, sum_exp_lanes_equal_scalar);
     tcase_add_test(tc, cache_products_read_through_the_indices);
     tcase_add_test(tc, cache_products_rejects_bad_sizes);
     tcase_add_test(tc, cross_attention_reads_each_rows_slot);

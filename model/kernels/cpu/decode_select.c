@@ -62,22 +62,20 @@ __attribute__((target("avx2,fma"))) static inline __m256d exp4(__m256d t) {
     const __m256d n = _mm256_sub_pd(kd, shifter);
     __m256d r = _mm256_fnmadd_pd(n, _mm256_set1_pd(6.93147180369123816490e-01), tc);
     r = _mm256_fnmadd_pd(n, _mm256_set1_pd(1.90821492927058770002e-10), r);
-    static const double c[] = {1.0 / 479001600.0,
-                               1.0 / 39916800.0,
-                               1.0 / 3628800.0,
-                               1.0 / 362880.0,
-                               1.0 / 40320.0,
-                               1.0 / 5040.0,
-                               1.0 / 720.0,
-                               1.0 / 120.0,
-                               1.0 / 24.0,
-                               1.0 / 6.0,
-                               0.5,
-                               1.0,
-                               1.0};
-    __m256d p = _mm256_set1_pd(1.0 / 6227020800.0);
-    for (int i = 0; i < 13; i++)
-        p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(c[i]));
+#define C(v) _mm256_set1_pd(v)
+    const __m256d r2 = _mm256_mul_pd(r, r), r4 = _mm256_mul_pd(r2, r2), r8 = _mm256_mul_pd(r4, r4);
+    const __m256d q01 = _mm256_fmadd_pd(C(0.5), r, C(1.0));
+    const __m256d q23 = _mm256_fmadd_pd(C(1.0 / 24.0), r, C(1.0 / 6.0));
+    const __m256d q45 = _mm256_fmadd_pd(C(1.0 / 720.0), r, C(1.0 / 120.0));
+    const __m256d q67 = _mm256_fmadd_pd(C(1.0 / 40320.0), r, C(1.0 / 5040.0));
+    const __m256d q89 = _mm256_fmadd_pd(C(1.0 / 3628800.0), r, C(1.0 / 362880.0));
+    const __m256d qab = _mm256_fmadd_pd(C(1.0 / 479001600.0), r, C(1.0 / 39916800.0));
+    const __m256d q03 = _mm256_fmadd_pd(q23, r2, q01), q47 = _mm256_fmadd_pd(q67, r2, q45);
+    const __m256d q8b = _mm256_fmadd_pd(qab, r2, q89);
+    const __m256d q07 = _mm256_fmadd_pd(q47, r4, q03);
+    const __m256d q8c = _mm256_fmadd_pd(C(1.0 / 6227020800.0), r4, q8b);
+    const __m256d p = _mm256_fmadd_pd(_mm256_fmadd_pd(q8c, r8, q07), r, C(1.0));
+#undef C
     const __m256i bits = _mm256_slli_epi64(
         _mm256_add_epi64(_mm256_sub_epi64(_mm256_castpd_si256(kd), _mm256_castpd_si256(shifter)),
                          _mm256_set1_epi64x(1023)),
@@ -86,12 +84,18 @@ __attribute__((target("avx2,fma"))) static inline __m256d exp4(__m256d t) {
     return _mm256_andnot_pd(_mm256_cmp_pd(t, lim, _CMP_LT_OQ), e); /* below −708: 0 */
 }
 
-__attribute__((target("avx2,fma"))) static double sum_exp_avx2(const float *x, int V, float mx) {
+/* next (or NULL): the row after this one, fetched into L2 meanwhile, one line per 16 terms. The
+ * exps are bound by arithmetic, the next row's first pass (its maximum) by reading a row that the
+ * output projection wrote out of cache: the prefetch overlaps the two. */
+__attribute__((target("avx2,fma"))) static double sum_exp_avx2(const float *x, int V, float mx,
+                                                               const float *next) {
     const __m256d m = _mm256_set1_pd((double)mx);
     __m256d acc = _mm256_setzero_pd();
     int j = 0;
-    for (; j + 4 <= V; j += 4)
+    for (; j + 4 <= V; j += 4) {
+        if (next && j % 16 == 0) _mm_prefetch((const char *)(next + j), _MM_HINT_T1);
         acc = _mm256_add_pd(acc, exp4(_mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + j)), m)));
+    }
     double lane[4];
     _mm256_storeu_pd(lane, acc);
     for (; j < V; j++)
@@ -143,12 +147,13 @@ row_log_probs_avx2(float *lp, const float *x, const float *bias, int V, double l
 }
 #endif
 
-/* Σ_j exp(x_j − mx) in double for a row without NaN: four lanes of partial sums (j mod 4), added
- * in a fixed order. */
-static double sum_exp(const float *x, int V, float mx) {
+/* luna_cpu_sum_exp (cpu_ops.h), with sum_exp_avx2's prefetch of the next row */
+static double sum_exp(const float *x, int V, float mx, const float *next) {
 #if defined(__x86_64__) && defined(__GNUC__)
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        return sum_exp_avx2(x, V, mx);
+        return sum_exp_avx2(x, V, mx, next);
+#else
+    (void)next;
 #endif
     double lane[4] = {0, 0, 0, 0};
     int j = 0;
@@ -159,6 +164,8 @@ static double sum_exp(const float *x, int V, float mx) {
         lane[0] += luna_exp_nonpositive((double)x[j] - (double)mx);
     return (lane[0] + lane[1]) + (lane[2] + lane[3]);
 }
+
+double luna_cpu_sum_exp(const float *x, int V, float mx) { return sum_exp(x, V, mx, NULL); }
 
 typedef struct {
     float lp;
@@ -285,7 +292,7 @@ luna_status luna_cpu_log_softmax_topk(luna_backend *be, const luna_act *logits_,
                 nan |= v != v;
             }
         /* a NaN logit, or ±inf − ±inf at the maximum, makes the whole row NaN, as with libm exp */
-        const double sum = nan || isinf(mx) ? NAN : sum_exp(x, V, mx);
+        const double sum = nan || isinf(mx) ? NAN : sum_exp(x, V, mx, r + 1 < rows ? x + V : NULL);
         const double lse = (double)mx + log(sum);
         if (pick) {
             const int j = pick[r];
