@@ -22,6 +22,11 @@
  * w gives an unspecified (but in-range) q; callers check finiteness first. */
 void luna_quantize_rows_int8(const float *w, int64_t rows, int64_t cols, int8_t *q, float *scale);
 
+/* The same with qmax (1 ≤ qmax ≤ 127) in place of 127: scale[r] = max_k |w[r, k]| / qmax and
+ * |q| ≤ qmax (the CPU's int8 Linear quantizes its activations to ±63: held_int8.h). */
+void luna_quantize_rows_range(const float *w, int64_t rows, int64_t cols, int qmax, int8_t *q,
+                              float *scale);
+
 /* w [rows, cols] = q · scale[row], element by element in fp32. */
 void luna_dequantize_rows_int8(const int8_t *q, const float *scale, int64_t rows, int64_t cols,
                                float *w);

@@ -4,10 +4,12 @@
  *   product of the unquantized x and W, on odd shapes (1 row, rows not a multiple of the 4-row
  *   block, outputs not a multiple of the 16-column panel, in not a multiple of 4, in = 1);
  * - every kernel this CPU runs (scalar, AVX2, AVX-512 VNNI), at 1 and 2 threads, gives the bits of
- *   the integer formula computed here from luna_quantize_rows_int8;
- * - saturation edges: rows whose every |x| is the row maximum times weights at ±127 (each
- *   vpmaddubsw pair at ±2·127², the largest sum that fits s16), an all-zero row, a zero output
- *   channel, a row with a NaN or an infinity (NaN outputs for that row alone);
+ *   the integer formula computed here from luna_quantize_rows_range (x: ±63) and
+ *   luna_quantize_rows_int8 (W: ±127);
+ * - saturation edges: rows whose every |x| is the row maximum times weights at ±127 (qx = ±63,
+ *   so the AVX2 kernel's u8 qx + 64 is 127 or 1: vpmaddubsw pairs up to ±2·127², the most that
+ *   fits s16), an all-zero row, a zero output channel, a row with a NaN or an infinity (NaN
+ *   outputs for that row alone);
  * - bad holds: one W held as fp32 and int8 is an error; the CUDA backend refuses int8 in one line.
  */
 #include <math.h>
@@ -44,7 +46,7 @@ static float *formula(const float *x, const float *W, const float *b, int rows, 
     int8_t *qx = malloc((size_t)rows * in), *qw = malloc((size_t)out * in);
     float *sx = malloc(sizeof(float) * rows), *sw = malloc(sizeof(float) * out);
     float *y = malloc(sizeof(float) * (size_t)rows * out);
-    luna_quantize_rows_int8(x, rows, in, qx, sx);
+    luna_quantize_rows_range(x, rows, in, LUNA_INT8_ACT_MAX, qx, sx);
     luna_quantize_rows_int8(W, out, in, qw, sw);
     for (int i = 0; i < rows; i++) {
         bool finite = true;
@@ -93,7 +95,7 @@ START_TEST(int8_linear_within_quantization_bound) {
             double sum_x = 0.0;
             for (int k = 0; k < in; k++)
                 amax = fmaxf(amax, fabsf(xr[k])), sum_x += fabs(xr[k]);
-            sx = amax / 127.0f;
+            sx = amax / (float)LUNA_INT8_ACT_MAX;
             for (int n = 0; n < out; n++) {
                 double ref = b[n], sum_w = 0.0, sum_xw = 0.0;
                 for (int k = 0; k < in; k++) {
@@ -156,9 +158,10 @@ END_TEST
 
 START_TEST(saturation_zero_rows_and_channels) {
     if (!on_cpu()) return;
-    /* rows 0-1: every |x| equal to the row maximum (q = ±127); row 2: zeros; row 3: a NaN;
-     * row 4: an infinity; row 5: mixed. Channels 0-1: every |w| the channel maximum with signs
-     * that make each vpmaddubsw pair ±2·127²; channel 2: zeros; the rest random. */
+    /* rows 0-1: every |x| equal to the row maximum (q = ±63, the AVX2 kernel's u8 127 or 1);
+     * row 2: zeros; row 3: a NaN; row 4: an infinity; row 5: mixed. Channels 0-1: every |w| the
+     * channel maximum (q = ±127) with signs that make vpmaddubsw pairs +2·127² (row 0) and
+     * −2·127² (row 1); channel 2: zeros; the rest random. in = 67: a partial last group. */
     const int rows = 6, in = 67, out = 37;
     luna_test_rng rng;
     luna_test_rng_seed(&rng, 77);
@@ -167,8 +170,8 @@ START_TEST(saturation_zero_rows_and_channels) {
     float *b = luna_test_random_vector(&rng, (size_t)out, -1.0f, 1.0f);
     for (int k = 0; k < in; k++) {
         const float sgn = (k / 2) % 2 ? -1.0f : 1.0f;
-        x[k] = 3.5f * sgn;       /* matches channel 0's signs: pairs +2·127² */
-        x[in + k] = -3.5f * sgn; /* against channel 0: pairs −2·127² */
+        x[k] = 3.5f * sgn;       /* with channel 0's signs: u8 127 against +127, pairs +2·127² */
+        x[in + k] = -3.5f * sgn; /* against them: u8 127 against −127, pairs −2·127² */
         x[2 * in + k] = 0.0f;
         W[k] = 0.25f * sgn;
         W[in + k] = (k % 2 ? -0.25f : 0.25f); /* pairs of opposite signs */

@@ -115,8 +115,9 @@ void luna_int8_scratch_free(luna_int8_scratch *s) {
     memset(s, 0, sizeof *s);
 }
 
-/* One row: qr [G·4] (zeros past in) and its scale, as luna_quantize_rows_int8 (the same
- * division and rounding), except that a non-finite row gets NaN and zeros. */
+/* One row: qr [G·4] (zeros past in) and its scale, as luna_quantize_rows_range with
+ * LUNA_INT8_ACT_MAX (the same division and rounding), except that a non-finite row gets NaN and
+ * zeros. */
 static float quantize_row_scalar(const float *x, int in, int G, int8_t *qr) {
     float amax = 0.0f;
     bool finite = true;
@@ -128,7 +129,7 @@ static float quantize_row_scalar(const float *x, int in, int G, int8_t *qr) {
     memset(qr, 0, (size_t)G * GROUP);
     if (!finite) return NAN;
     float s;
-    luna_quantize_rows_int8(x, 1, in, qr, &s);
+    luna_quantize_rows_range(x, 1, in, LUNA_INT8_ACT_MAX, qr, &s);
     return s;
 }
 
@@ -157,10 +158,11 @@ __attribute__((target("avx2,fma"))) static float quantize_row_avx2(const float *
     }
     memset(qr, 0, (size_t)G * GROUP);
     if (!finite) return NAN;
-    const float s = amax / (float)LUNA_INT8_MAX;
+    const float s = amax / (float)LUNA_INT8_ACT_MAX;
     if (s == 0.0f) return s;
     const __m256 vs = _mm256_set1_ps(s);
-    const __m256i lo = _mm256_set1_epi32(-LUNA_INT8_MAX), hi = _mm256_set1_epi32(LUNA_INT8_MAX);
+    const __m256i lo = _mm256_set1_epi32(-LUNA_INT8_ACT_MAX),
+                  hi = _mm256_set1_epi32(LUNA_INT8_ACT_MAX);
     k = 0;
     for (; k + 8 <= in; k += 8) {
         /* x / s rounded to nearest even (the MXCSR default, as nearbyintf) */
@@ -171,7 +173,8 @@ __attribute__((target("avx2,fma"))) static float quantize_row_avx2(const float *
         _mm_storel_epi64((__m128i *)(qr + k), _mm_packs_epi16(v16, v16));
     }
     for (; k < in; k++) {
-        float v = fminf(fmaxf(nearbyintf(x[k] / s), -(float)LUNA_INT8_MAX), (float)LUNA_INT8_MAX);
+        float v =
+            fminf(fmaxf(nearbyintf(x[k] / s), -(float)LUNA_INT8_ACT_MAX), (float)LUNA_INT8_ACT_MAX);
         qr[k] = (int8_t)v;
     }
     return s;
@@ -179,8 +182,8 @@ __attribute__((target("avx2,fma"))) static float quantize_row_avx2(const float *
 #endif
 
 /* Groups [g0, G) of a block's MR quantized rows qr [MR][G·4] into the interleaved layout:
- * bs[(g·MR + i)·4 + kk] = qr[i][g·4 + kk], and ba the same of |q| (AVX2: u8 ≤ 127) or q + 128
- * (VNNI: the sign bit flipped). */
+ * bs[(g·MR + i)·4 + kk] = qr[i][g·4 + kk] (the scalar kernel's; NULL: not written), and ba the
+ * same of q + 64 (AVX2: u8 in [1, 127]) or q + 128 (VNNI). */
 static void interleave_groups(bool vnni, const int8_t *qr, int g0, int G, int8_t *bs, uint8_t *ba) {
     const size_t row = (size_t)G * GROUP;
     for (int g = g0; g < G; g++)
@@ -188,18 +191,18 @@ static void interleave_groups(bool vnni, const int8_t *qr, int g0, int G, int8_t
             for (int kk = 0; kk < GROUP; kk++) {
                 const int8_t v = qr[i * row + (size_t)g * GROUP + kk];
                 const size_t at = ((size_t)g * MR + i) * GROUP + kk;
-                bs[at] = v;
-                ba[at] = vnni ? (uint8_t)((uint8_t)v ^ 0x80u) : (uint8_t)(v < 0 ? -v : v);
+                if (bs) bs[at] = v;
+                ba[at] = (uint8_t)(v + (vnni ? 128 : 64));
             }
 }
 
 #if HAVE_X86
-/* interleave_groups for all G, 4 groups at a time by a 4 × 4 transpose of 32-bit lanes; the last
- * G mod 4 groups one at a time. */
+/* interleave_groups for all G, ba only (the AVX2 and VNNI kernels read no bs), 4 groups at a time
+ * by a 4 × 4 transpose of 32-bit lanes; the last G mod 4 groups one at a time. */
 __attribute__((target("avx2"))) static void interleave_avx2(bool vnni, const int8_t *qr, int G,
-                                                            int8_t *bs, uint8_t *ba) {
+                                                            uint8_t *ba) {
     const size_t row = (size_t)G * GROUP;
-    const __m128i flip = _mm_set1_epi8((char)0x80);
+    const __m128i offset = _mm_set1_epi8((char)(vnni ? 128 : 64));
     int g = 0;
     for (; g + 4 <= G; g += 4) {
         __m128i r[MR];
@@ -211,12 +214,10 @@ __attribute__((target("avx2"))) static void interleave_avx2(bool vnni, const int
                               _mm_unpacklo_epi64(t1, t3), _mm_unpackhi_epi64(t1, t3)};
         for (int j = 0; j < 4; j++) {
             const size_t at = (size_t)(g + j) * MR * GROUP;
-            _mm_storeu_si128((__m128i *)(bs + at), o[j]);
-            _mm_storeu_si128((__m128i *)(ba + at),
-                             vnni ? _mm_xor_si128(o[j], flip) : _mm_abs_epi8(o[j]));
+            _mm_storeu_si128((__m128i *)(ba + at), _mm_add_epi8(o[j], offset));
         }
     }
-    interleave_groups(vnni, qr, g, G, bs, ba);
+    interleave_groups(vnni, qr, g, G, NULL, ba);
 }
 #endif
 
@@ -246,7 +247,7 @@ static void pack_block(luna_int8_kernel kern, const luna_int8_weight *w, luna_in
     const bool vnni = kern == LUNA_INT8_AVX512_VNNI;
 #if HAVE_X86
     if (kern != LUNA_INT8_SCALAR) {
-        interleave_avx2(vnni, qr, G, bs, ba);
+        interleave_avx2(vnni, qr, G, ba);
         return;
     }
 #endif
@@ -276,11 +277,12 @@ static inline int32_t load_lane(const void *p) {
     return v;
 }
 
-/* One panel, mr ≤ 4 rows: per group and row, vpsignb moves the row's signs onto the weights,
- * vpmaddubsw multiplies |qx| by them into s16 pairs, vpmaddwd by ones sums the pairs into s32. */
+/* One panel, mr ≤ 4 rows: per group and row, vpmaddubsw multiplies the row's qx + 64 (u8, at most
+ * 127) by the weights into s16 pairs (at most 2·127², no saturation), vpmaddwd by ones sums the
+ * pairs into s32; then acc −= 64·colsum (the offset of qx). */
 __attribute__((target("avx2,fma"), always_inline)) static inline void
-kernel_avx2(const int mr, const bool pf, const int8_t *xs, const uint8_t *xa, const int8_t *wp,
-            int G, int32_t *acc) {
+kernel_avx2(const int mr, const bool pf, const uint8_t *xa, const int8_t *wp, int G,
+            const int32_t *colsum, int32_t *acc) {
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i c[MR][2];
     for (int i = 0; i < MR; i++)
@@ -293,18 +295,18 @@ kernel_avx2(const int mr, const bool pf, const int8_t *xs, const uint8_t *xa, co
         const __m256i w1 = _mm256_load_si256((const __m256i *)(wg + 32));
         for (int i = 0; i < MR; i++) {
             if (i >= mr) continue;
-            const size_t at = ((size_t)g * MR + i) * GROUP;
-            const __m256i a = _mm256_set1_epi32(load_lane(xs + at));
-            const __m256i aa = _mm256_set1_epi32(load_lane(xa + at));
-            const __m256i p0 = _mm256_maddubs_epi16(aa, _mm256_sign_epi8(w0, a));
-            const __m256i p1 = _mm256_maddubs_epi16(aa, _mm256_sign_epi8(w1, a));
-            c[i][0] = _mm256_add_epi32(c[i][0], _mm256_madd_epi16(p0, ones));
-            c[i][1] = _mm256_add_epi32(c[i][1], _mm256_madd_epi16(p1, ones));
+            const __m256i a = _mm256_set1_epi32(load_lane(xa + ((size_t)g * MR + i) * GROUP));
+            c[i][0] =
+                _mm256_add_epi32(c[i][0], _mm256_madd_epi16(_mm256_maddubs_epi16(a, w0), ones));
+            c[i][1] =
+                _mm256_add_epi32(c[i][1], _mm256_madd_epi16(_mm256_maddubs_epi16(a, w1), ones));
         }
     }
+    const __m256i off0 = _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)colsum), 6);
+    const __m256i off1 = _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(colsum + 8)), 6);
     for (int i = 0; i < mr; i++) {
-        _mm256_storeu_si256((__m256i *)(acc + i * 2 * PANEL), c[i][0]);
-        _mm256_storeu_si256((__m256i *)(acc + i * 2 * PANEL + 8), c[i][1]);
+        _mm256_storeu_si256((__m256i *)(acc + i * 2 * PANEL), _mm256_sub_epi32(c[i][0], off0));
+        _mm256_storeu_si256((__m256i *)(acc + i * 2 * PANEL + 8), _mm256_sub_epi32(c[i][1], off1));
     }
 }
 
@@ -339,18 +341,19 @@ kernel_vnni(const int mr, const bool pf, const uint8_t *xa, const int8_t *wp, si
     }
 }
 
-__attribute__((target("avx2,fma"))) static void block_avx2(int mr, bool pf, const int8_t *xs,
-                                                           const uint8_t *xa, const int8_t *wp,
-                                                           size_t pstride, int np, int G,
+__attribute__((target("avx2,fma"))) static void block_avx2(int mr, bool pf, const uint8_t *xa,
+                                                           const int8_t *wp, size_t pstride, int np,
+                                                           int G, const int32_t *colsum,
                                                            int32_t *acc) {
     for (int p = 0; p < np; p++) {
         const int8_t *w = wp + p * pstride;
+        const int32_t *cs = colsum + p * PANEL;
         int32_t *a = acc + p * PANEL;
         switch (mr) {
-        case 4: kernel_avx2(4, pf, xs, xa, w, G, a); break;
-        case 3: kernel_avx2(3, pf, xs, xa, w, G, a); break;
-        case 2: kernel_avx2(2, pf, xs, xa, w, G, a); break;
-        default: kernel_avx2(1, pf, xs, xa, w, G, a); break;
+        case 4: kernel_avx2(4, pf, xa, w, G, cs, a); break;
+        case 3: kernel_avx2(3, pf, xa, w, G, cs, a); break;
+        case 2: kernel_avx2(2, pf, xa, w, G, cs, a); break;
+        default: kernel_avx2(1, pf, xa, w, G, cs, a); break;
         }
     }
 }
@@ -436,7 +439,9 @@ static void panel_rows(luna_int8_kernel kern, const luna_int8_weight *w, int q0,
             const int8_t *wp = w->panels + (size_t)q * pstride;
             switch (kern) {
 #if HAVE_X86
-            case LUNA_INT8_AVX2: block_avx2(mr, i0 == 0, xs, xa, wp, pstride, np, G, acc); break;
+            case LUNA_INT8_AVX2:
+                block_avx2(mr, i0 == 0, xa, wp, pstride, np, G, w->colsum + q * PANEL, acc);
+                break;
             case LUNA_INT8_AVX512_VNNI:
                 block_vnni(mr, i0 == 0, xa, wp, pstride, np, G, w->colsum + q * PANEL, acc);
                 break;
