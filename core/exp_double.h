@@ -55,7 +55,8 @@ LUNA_HD static inline double luna_exp_nonpositive(double t) {
     const double q07 = fma(q47, r4, q03), q8c = fma(1.0 / 6227020800.0, r4, q8b);
     const double p = fma(fma(q8c, r8, q07), r, 1.0);
     const double scale =
-        luna_f64_from_bits((luna_f64_bits(kd) - luna_f64_bits(shifter) + 1023) << 52); /* 2^n */
+        luna_f64_from_bits((int64_t)((uint64_t)(luna_f64_bits(kd) - luna_f64_bits(shifter) + 1023)
+                                     << 52)); /* 2^n; shifted unsigned: a NaN's bits overflow */
     return t < -708.0 ? 0.0 : p * scale;
 }
 
