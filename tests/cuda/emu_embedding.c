@@ -80,8 +80,8 @@ START_TEST(embedding_matches_cpu) {
         for (int indexed = 0; indexed < 2; indexed++) {
             ck_assert_int_eq(cudaMemcpy(ddt, dt0, 4 * (size_t)V * d, cudaMemcpyHostToDevice),
                              cudaSuccess);
-            ck_assert_int_eq(luna_cuda_embedding_backward(0, bf16, ddt, dg, dtok, n, V, d, 4.5f, pad,
-                                                          indexed ? ws : NULL),
+            ck_assert_int_eq(luna_cuda_embedding_backward(0, bf16, ddt, dg, dtok, n, V, d, 4.5f,
+                                                          pad, indexed ? ws : NULL),
                              cudaSuccess);
             down(gt, ddt, 4 * (size_t)V * d);
             ck_assert_msg(memcmp(gt, dt, 4 * (size_t)V * d) == 0,
@@ -133,13 +133,15 @@ START_TEST(positions_match_cpu) {
             float *x = luna_test_random_vector(&rng, (size_t)B * n * d, -1.0f, 1.0f);
             void *dx = up_act(x, (int64_t)B * n * d, bf16);
             int32_t *dtok = dev(tok, sizeof tok), *counts = dev(NULL, sizeof tok);
+            float *table = dev(NULL, 4 * (size_t)n * d);
             float *xg = malloc(4 * (size_t)B * n * d);
             LUNA_CHECK_OK(cpu->ops->positions_add(cpu, x, tok, B, n, d, pad));
-            ck_assert_int_eq(luna_cuda_positions_add(0, bf16, dx, dtok, B, n, d, pad, counts),
-                             cudaSuccess);
+            ck_assert_int_eq(
+                luna_cuda_positions_add(0, bf16, dx, dtok, B, n, d, pad, counts, table),
+                cudaSuccess);
             down_act(xg, dx, (int64_t)B * n * d, bf16);
             same(x, xg, (int64_t)B * n * d, bf16, "positions_add");
-            cudaFree(dt), cudaFree(dx), cudaFree(dtok), cudaFree(counts);
+            cudaFree(dt), cudaFree(dx), cudaFree(dtok), cudaFree(counts), cudaFree(table);
             free(want), free(got), free(x), free(xg);
         }
     luna_backend_free(cpu);

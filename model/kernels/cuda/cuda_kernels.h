@@ -112,9 +112,9 @@ cudaError_t luna_cuda_embedding_backward(cudaStream_t s, int bf16, float *dtable
                                          float scale, int padding_idx, void *scratch);
 cudaError_t luna_cuda_sinusoidal_table(cudaStream_t s, int bf16, void *out, int first_pos, int npos,
                                        int d);
-/* counts: device scratch [B·n] int32. */
+/* counts: device scratch [B·n] int32; table: device scratch [n·d] fp32. */
 cudaError_t luna_cuda_positions_add(cudaStream_t s, int bf16, void *x, const int32_t *tokens, int B,
-                                    int n, int d, int padding_idx, int32_t *counts);
+                                    int n, int d, int padding_idx, int32_t *counts, float *table);
 
 /* *first_bad = min(*first_bad, i) for every i < n (< 2^31) with ids[i] outside [0, V), except
  * ids equal to `exempt` when has_exempt (a padding target); an integer atomicMin, so the result

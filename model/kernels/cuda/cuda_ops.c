@@ -160,13 +160,15 @@ static luna_status positions_add(luna_backend *be, luna_act *x, const int32_t *t
     if (B == 0 || n == 0 || d == 0) return LUNA_OK;
     luna_arena_mark mark = luna_arena_get_mark(be->scratch);
     int32_t *counts = luna_arena_alloc(be->scratch, (size_t)B * (size_t)n * sizeof *counts);
-    if (!counts) {
-        luna_error_prefix("positions_add: scratch for the position counts");
+    float *table = luna_arena_alloc(be->scratch, (size_t)n * (size_t)d * sizeof *table);
+    if (!counts || !table) {
+        luna_arena_release(be->scratch, mark);
+        luna_error_prefix("positions_add: scratch for the position counts and table");
         return LUNA_ERR_OUT_OF_MEMORY;
     }
-    luna_status st = luna_cuda_check(
-        luna_cuda_positions_add(stream(be), bf16(be), x, tokens, B, n, d, padding_idx, counts),
-        "positions_add");
+    luna_status st = luna_cuda_check(luna_cuda_positions_add(stream(be), bf16(be), x, tokens, B, n,
+                                                             d, padding_idx, counts, table),
+                                     "positions_add");
     luna_arena_release(be->scratch, mark);
     return st;
 }

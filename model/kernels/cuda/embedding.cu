@@ -11,8 +11,10 @@
  *   (One thread per column walking all the tokens would give d = 512 two blocks: a GPU idle;
  *   measured: docs/benchmarks.md.)
  * sinusoidal_table / positions_add: angles pos·f_i and sin/cos in double, rounded once, as the
- *   CPU; positions_add counts each sentence's real tokens first (one thread per sentence, into
- *   `counts` [B·n] scratch), then adds PE(padding_idx + count) to non-pad rows. */
+ *   CPU; positions_add tabulates the n positions a batch can hold (padding_idx + 1 .. + n, into
+ *   `table` [n·d] scratch: n·d double sines, not B·n·d), counts each sentence's real tokens (one
+ *   thread per sentence, into `counts` [B·n] scratch), then adds table row count − 1, i.e.
+ *   PE(padding_idx + count), to each non-pad row. */
 #include "model/kernels/cuda/cuda_compat.h"
 
 #include "model/kernels/cuda/act_io.cuh"
@@ -98,13 +100,12 @@ __global__ void count_kernel(int32_t *counts, const int32_t *tokens, int B, int 
 }
 
 template <typename T>
-__global__ void positions_add_kernel(T *x, const int32_t *counts, int64_t rows, int d,
-                                     int padding_idx) {
+__global__ void positions_add_kernel(T *x, const int32_t *counts, const float *table, int64_t rows,
+                                     int d) {
     GRID_STRIDE(e, rows * d) {
         const int32_t k = counts[e / d];
         if (k == 0) continue;
-        const float p = pe((double)(padding_idx + k), (int)(e % d), d);
-        store(x, e, __fadd_rn(load(x, e), p));
+        store(x, e, __fadd_rn(load(x, e), table[(int64_t)(k - 1) * d + e % d]));
     }
 }
 
@@ -168,17 +169,19 @@ cudaError_t luna_cuda_sinusoidal_table(cudaStream_t s, int bf16, void *out, int 
 }
 
 cudaError_t luna_cuda_positions_add(cudaStream_t s, int bf16, void *x, const int32_t *tokens, int B,
-                                    int n, int d, int padding_idx, int32_t *counts) {
+                                    int n, int d, int padding_idx, int32_t *counts, float *table) {
     if (B <= 0 || n <= 0 || d <= 0) return cudaSuccess;
+    LUNA_LAUNCH(sin_table_kernel<float>, grid_blocks((int64_t)n * d, kThreads), kThreads, 0, s,
+                table, padding_idx + 1, n, d);
     LUNA_LAUNCH(count_kernel, (unsigned)((B + kThreads - 1) / kThreads), kThreads, 0, s, counts,
                 tokens, B, n, padding_idx);
     const int64_t rows = (int64_t)B * n;
     if (bf16)
         LUNA_LAUNCH(positions_add_kernel<bf16_t>, grid_blocks(rows * d, kThreads), kThreads, 0, s,
-                    static_cast<bf16_t *>(x), counts, rows, d, padding_idx);
+                    static_cast<bf16_t *>(x), counts, table, rows, d);
     else
         LUNA_LAUNCH(positions_add_kernel<float>, grid_blocks(rows * d, kThreads), kThreads, 0, s,
-                    static_cast<float *>(x), counts, rows, d, padding_idx);
+                    static_cast<float *>(x), counts, table, rows, d);
     return cudaGetLastError();
 }
 
