@@ -29,6 +29,7 @@ struct serve_http {
 
 /* One request, from its headers to the end of its answer. */
 typedef struct {
+    serve_metrics *metrics;
     serve_endpoint endpoint;
     unsigned code;
     double start;
@@ -68,6 +69,7 @@ static enum MHD_Result answer(struct MHD_Connection *c, request_state *r, unsign
     MHD_destroy_response(resp);
     r->code = code;
     r->answered = true;
+    serve_metrics_request_answered(r->metrics);
     return ok;
 }
 
@@ -247,6 +249,7 @@ static enum MHD_Result begin(serve_http *h, struct MHD_Connection *c, const char
     if (!r) return MHD_NO;
     *con_cls = r;
     r->start = now();
+    r->metrics = h->metrics;
     r->endpoint = endpoint_of(url);
     serve_metrics_request_begin(h->metrics);
     /* Only translation clients are waited for (a /metrics poller is not). */

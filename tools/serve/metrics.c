@@ -88,9 +88,15 @@ void serve_metrics_request_begin(serve_metrics *m) {
     pthread_mutex_unlock(&m->lock);
 }
 
-void serve_metrics_request_end(serve_metrics *m, serve_endpoint e, unsigned code, double seconds) {
+void serve_metrics_request_answered(serve_metrics *m) {
     pthread_mutex_lock(&m->lock);
     m->in_flight--;
+    pthread_mutex_unlock(&m->lock);
+}
+
+void serve_metrics_request_end(serve_metrics *m, serve_endpoint e, unsigned code, double seconds) {
+    pthread_mutex_lock(&m->lock);
+    if (code == 0) m->in_flight--;
     if ((unsigned)e < SERVE_ENDPOINT_COUNT && code < 600) m->requests[e][code]++;
     if (e == SERVE_ENDPOINT_TRANSLATE)
         observe(&m->latency, LATENCY_BOUNDS, LATENCY_BUCKETS, seconds);

@@ -47,8 +47,12 @@ typedef struct serve_metrics serve_metrics;
 luna_status serve_metrics_create(serve_metrics **out);
 void serve_metrics_free(serve_metrics *m);
 
-/* A request arrived / its answer (HTTP status `code`) was sent after `seconds`. */
+/* A request arrived (in flight) / its answer was queued (no longer in flight: the gauge must not
+ * count answers still being sent, or a client that has its answer still sees itself counted) /
+ * its connection finished with it after `seconds`: HTTP status `code`, or 0 when it closed
+ * unanswered (then it leaves the in-flight count here). */
 void serve_metrics_request_begin(serve_metrics *m);
+void serve_metrics_request_answered(serve_metrics *m);
 void serve_metrics_request_end(serve_metrics *m, serve_endpoint e, unsigned code, double seconds);
 void serve_metrics_error(serve_metrics *m, serve_error_kind kind);
 /* One engine call: `requests` jobs with `sentences` sentences in all. */
