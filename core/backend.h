@@ -66,6 +66,17 @@ typedef struct {
 typedef struct {
     int64_t outer, inner;
 } luna_grid_stride;
+/* The shape of attention_forward/backward: sentences b < B, heads h < H; Q_bh, O_bh [n, dh] and
+ * K_bh, V_bh [m, dh] are matrices of row stride ld at X + b·s.outer + h·s.inner (gemm_grid's
+ * operands); the probabilities packed [B, H, n, m]. */
+typedef struct {
+    int B, H, n, m, dh;
+    float scale;               /* of the scores: dh^-1/2 */
+    const int32_t *valid_cols; /* [B]: the keys of sentence b are 0 .. valid_cols[b] − 1; NULL: m */
+    bool causal;               /* n == m, row r attends to keys ≤ r */
+    int ldq, ldk, ldv, ldo;
+    luna_grid_stride sq, sk, sv, so;
+} luna_attention_shape;
 typedef struct luna_tensor_table luna_tensor_table; /* core/tensor_table.h */
 
 /* An activation buffer: device memory holding elements of the backend's `act_dtype` (fp32 on
@@ -278,6 +289,25 @@ struct luna_ops {
     luna_status (*softmax_forward)(luna_backend *be, luna_act *y, const luna_act *x, int64_t rows,
                                    int cols, const int32_t *valid_cols, int64_t rows_per_group,
                                    int causal_period);
+    /* Softmax attention of every sentence and head (luna_attention_shape):
+     *   forward:  a = softmax_forward(scale · Q_bh K_bhᵀ; valid_cols[b], causal) [B, H, n, m]
+     *             (kept), a_d = dropout(a) when p > 0 (else a_d is NULL and a is used),
+     *             O_bh = a_d,bh V_bh (overwritten).
+     *   backward: ds [B, H, n, m] (scratch) = softmax_dropout_backward(dO_bh V_bhᵀ),
+     *             dQ_bh = scale · dS K_bh, dV_bh = a_dᵀ dO_bh, dK_bh = scale · dSᵀ Q_bh, each
+     *             overwritten (dq, dk, dv at q's, k's, v's layout; dO at o's); dq may be d_o's
+     *             buffer; when dk == dv that buffer gets dV + dK.
+     * It is the composition of gemm_grid and softmax_dropout_forward/backward on these arguments
+     * in this order (the CPU's bits: core/attention_composed.c); a backend may instead compute a
+     * sentence and head in one kernel with the scores on chip, within the tiers. */
+    luna_status (*attention_forward)(luna_backend *be, luna_act *o, luna_act *a, luna_act *a_d,
+                                     const luna_act *q, const luna_act *k, const luna_act *v,
+                                     const luna_attention_shape *shape, float p, luna_rng_key key);
+    luna_status (*attention_backward)(luna_backend *be, luna_act *dq, luna_act *dk, luna_act *dv,
+                                      luna_act *ds, const luna_act *d_o, const luna_act *q,
+                                      const luna_act *k, const luna_act *v, const luna_act *a,
+                                      const luna_act *a_d, const luna_attention_shape *shape,
+                                      float p, luna_rng_key key);
     /* Causal normalised contraction (the two causal Luna products of spec §3). For each of G
      * independent groups (batch × head) and t = 1..n:
      *   out_t = alpha · (1/t) · Σ_{s≤t} (x_t · a_s) · b_s,

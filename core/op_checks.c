@@ -219,6 +219,46 @@ static luna_status softmax_forward(luna_backend *be, luna_act *y, const luna_act
     return be->kernels->softmax_forward(be, y, x, rows, cols, valid_cols, rows_per_group,
                                         causal_period);
 }
+/* The attention shape: sizes, leading dimensions at least dh wide, causal only when n == m. */
+static luna_status check_attention(const char *op, const luna_attention_shape *s, float p) {
+    if (!s) BAD("%s: no shape", op);
+    if (s->B < 0 || s->H < 0 || s->n < 0 || s->m < 0 || s->dh < 0)
+        BAD("%s: negative size (B %d, H %d, n %d, m %d, dh %d)", op, s->B, s->H, s->n, s->m, s->dh);
+    if (s->ldq < imax(1, s->dh) || s->ldk < imax(1, s->dh) || s->ldv < imax(1, s->dh) ||
+        s->ldo < imax(1, s->dh))
+        BAD("%s: a leading dimension is below dh %d (q %d, k %d, v %d, o %d)", op, s->dh, s->ldq,
+            s->ldk, s->ldv, s->ldo);
+    if (s->causal && s->n != s->m)
+        BAD("%s: causal attention needs n == m (%d, %d)", op, s->n, s->m);
+    if (!P_OK(p)) BAD("%s: p = %g must be in [0, 1)", op, (double)p);
+    return LUNA_OK;
+}
+static bool attention_empty(const luna_attention_shape *s) {
+    return s->B == 0 || s->H == 0 || s->n == 0 || s->m == 0;
+}
+
+static luna_status attention_forward(luna_backend *be, luna_act *o, luna_act *a, luna_act *a_d,
+                                     const luna_act *q, const luna_act *k, const luna_act *v,
+                                     const luna_attention_shape *s, float p, luna_rng_key key) {
+    LUNA_TRY(check_attention("attention_forward", s, p));
+    if (attention_empty(s)) return LUNA_OK;
+    if (!o || !a || (s->dh > 0 && (!q || !k || !v)) || (p > 0.0f && !a_d))
+        BAD("attention_forward: null pointer (a_d is needed when p > 0)");
+    if (a_d == a) BAD("attention_forward: a_d must not be a's buffer");
+    return be->kernels->attention_forward(be, o, a, a_d, q, k, v, s, p, key);
+}
+static luna_status attention_backward(luna_backend *be, luna_act *dq, luna_act *dk, luna_act *dv,
+                                      luna_act *ds, const luna_act *d_o, const luna_act *q,
+                                      const luna_act *k, const luna_act *v, const luna_act *a,
+                                      const luna_act *a_d, const luna_attention_shape *s, float p,
+                                      luna_rng_key key) {
+    LUNA_TRY(check_attention("attention_backward", s, p));
+    if (attention_empty(s)) return LUNA_OK;
+    if (!dq || !dk || !dv || !ds || !d_o || !q || !k || !v || !a || (p > 0.0f && !a_d))
+        BAD("attention_backward: null pointer (a_d is needed when p > 0)");
+    return be->kernels->attention_backward(be, dq, dk, dv, ds, d_o, q, k, v, a, a_d, s, p, key);
+}
+
 static luna_status causal_contraction_forward(luna_backend *be, luna_act *out, const luna_act *x,
                                               const luna_act *a, const luna_act *b, int G, int n,
                                               int p, int q, float alpha,
@@ -464,6 +504,8 @@ static const luna_ops checked_ops = {
     .cross_entropy_forward = cross_entropy_forward,
     .cross_entropy_forward_backward = cross_entropy_forward_backward,
     .softmax_forward = softmax_forward,
+    .attention_forward = attention_forward,
+    .attention_backward = attention_backward,
     .causal_contraction_forward = causal_contraction_forward,
     .causal_contraction_backward = causal_contraction_backward,
     .embedding_forward = embedding_forward,

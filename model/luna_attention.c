@@ -65,14 +65,60 @@ luna_status luna_heads_gemm(luna_backend *be, bool ta, bool tb, int M, int N, in
                               lc.ld, lc.s, B, H);
 }
 
+luna_attention_shape luna_attention_shape_in_rows(int B, int H, int n, int m, int d,
+                                                  const int32_t *valid_cols, bool causal) {
+    const int dh = d / H;
+    const luna_heads_layout hn = luna_heads_in_rows(n, d, dh), hm = luna_heads_in_rows(m, d, dh);
+    return (luna_attention_shape){.B = B,
+                                  .H = H,
+                                  .n = n,
+                                  .m = m,
+                                  .dh = dh,
+                                  .scale = 1.0f / sqrtf((float)dh),
+                                  .valid_cols = valid_cols,
+                                  .causal = causal,
+                                  .ldq = hn.ld,
+                                  .ldk = hm.ld,
+                                  .ldv = hm.ld,
+                                  .ldo = hn.ld,
+                                  .sq = hn.s,
+                                  .sk = hm.s,
+                                  .sv = hm.s,
+                                  .so = hn.s};
+}
+
+luna_status luna_attention_core(const luna_pass *ps, const luna_attention_shape *s, luna_act *o,
+                                luna_act **a, luna_act **a_d, const luna_act *q, const luna_act *k,
+                                const luna_act *v, uint32_t site, const char *what) {
+    const int64_t count = (int64_t)s->B * s->H * s->n * s->m;
+    const bool drop = luna_pass_drops(ps, ps->attention_dropout);
+    LUNA_TRY(luna_pass_alloc(ps, a, count, what));
+    *a_d = *a;
+    if (drop) LUNA_TRY(luna_pass_alloc(ps, a_d, count, what));
+    return ps->be->ops->attention_forward(ps->be, o, *a, drop ? *a_d : NULL, q, k, v, s,
+                                          drop ? ps->attention_dropout : 0.0f,
+                                          luna_pass_key(ps, site));
+}
+
+luna_status luna_attention_core_backward(const luna_pass *ps, const luna_attention_shape *s,
+                                         luna_act *dq, luna_act *dk, luna_act *dv,
+                                         const luna_act *d_o, const luna_act *q, const luna_act *k,
+                                         const luna_act *v, const luna_act *a, const luna_act *a_d,
+                                         uint32_t site) {
+    const bool drop = luna_pass_drops(ps, ps->attention_dropout);
+    luna_act *ds;
+    LUNA_TRY(luna_pass_alloc(ps, &ds, (int64_t)s->B * s->H * s->n * s->m,
+                             "attention probability gradient"));
+    return ps->be->ops->attention_backward(
+        ps->be, dq, dk, dv, ds, d_o, q, k, v, a, drop ? a_d : NULL, s,
+        drop ? ps->attention_dropout : 0.0f, luna_pass_key(ps, site));
+}
+
 /* ---- forward --------------------------------------------------------------------------------- */
 
 luna_status luna_attention_pack(const luna_pass *ps, const luna_attn_w *w, luna_attn_act *act,
                                 const luna_act *p, const luna_act *c, const int32_t *c_valid, int B,
                                 int m, int L, int d, int H, bool tied, uint32_t site) {
-    luna_backend *be = ps->be;
-    const int dh = d / H, G = B * H;
-    const float scale = 1.0f / sqrtf((float)dh);
     *act = (luna_attn_act){.B = B,
                            .m = m,
                            .L = L,
@@ -83,7 +129,6 @@ luna_status luna_attention_pack(const luna_pass *ps, const luna_attn_w *w, luna_
                            .p = p,
                            .c = c,
                            .c_valid = c_valid};
-    const luna_heads_layout hL = luna_heads_in_rows(L, d, dh), hm = luna_heads_in_rows(m, d, dh);
 
     /* pack: Qp [B,L,d], Kc/Vc [B,m,d] */
     LUNA_TRY(luna_project(ps, &act->qp, p, &w->pq_proj, (int64_t)B * L, d, d));
@@ -94,17 +139,12 @@ luna_status luna_attention_pack(const luna_pass *ps, const luna_attn_w *w, luna_
         LUNA_TRY(luna_project(ps, &act->kc, c, &w->pk_proj, (int64_t)B * m, d, d));
         LUNA_TRY(luna_project(ps, &act->vc, c, &w->pv_proj, (int64_t)B * m, d, d));
     }
-    /* A_pack [B,H,L,m] = softmax(dh^-1/2 · Qp Kcᵀ) */
-    LUNA_TRY(luna_pass_alloc(ps, &act->a_pack, (int64_t)G * L * m, "pack attention"));
-    LUNA_TRY(luna_heads_gemm(be, false, true, L, m, dh, scale, act->qp, hL, act->kc, hm, 0.0f,
-                             act->a_pack, luna_heads_packed(L, m, H), B, H));
-    LUNA_TRY(luna_pass_softmax_dropout(ps, act->a_pack, &act->a_pack_d, act->a_pack, (int64_t)G * L,
-                                       m, c_valid, (int64_t)H * L, 0, ps->attention_dropout,
-                                       site + 0, "pack attention dropout"));
-    /* Y_P [B,L,d] = A_pack_d Vc, each head into its columns */
+    /* A_pack [B,H,L,m] = softmax(dh^-1/2 · Qp Kcᵀ), dropped; Y_P [B,L,d] = A_pack_d Vc, each
+     * head into its columns */
+    const luna_attention_shape s = luna_attention_shape_in_rows(B, H, L, m, d, c_valid, false);
     LUNA_TRY(luna_pass_alloc(ps, &act->yp, (int64_t)B * L * d, "packed context"));
-    LUNA_TRY(luna_heads_gemm(be, false, false, L, dh, m, 1.0f, act->a_pack_d,
-                             luna_heads_packed(L, m, H), act->vc, hm, 0.0f, act->yp, hL, B, H));
+    LUNA_TRY(luna_attention_core(ps, &s, act->yp, &act->a_pack, &act->a_pack_d, act->qp, act->kc,
+                                 act->vc, site + 0, "pack attention"));
     /* unpack keys/values Kp/Vp [B,L,d]: they depend on P and the context only */
     if (tied) {
         LUNA_TRY(luna_project(ps, &act->kp, act->yp, &w->c_proj, (int64_t)B * L, d, d));
@@ -119,24 +159,17 @@ luna_status luna_attention_pack(const luna_pass *ps, const luna_attn_w *w, luna_
 luna_status luna_attention_unpack(const luna_pass *ps, const luna_attn_w *w, luna_attn_act *act,
                                   const luna_act *x, const int32_t *p_valid, int n) {
     luna_backend *be = ps->be;
-    const int B = act->B, L = act->L, d = act->d, H = act->H, dh = d / H, G = B * H;
-    const float scale = 1.0f / sqrtf((float)dh);
-    const luna_heads_layout hn = luna_heads_in_rows(n, d, dh), hL = luna_heads_in_rows(L, d, dh);
+    const int B = act->B, L = act->L, d = act->d, H = act->H;
     act->x = x;
     act->n = n;
     act->p_valid = p_valid;
-    /* unpack: Q [B,n,d]; A [B,H,n,L] = softmax(dh^-1/2 · Q Kpᵀ) */
+    /* unpack: Q [B,n,d]; A [B,H,n,L] = softmax(dh^-1/2 · Q Kpᵀ), dropped; O [B,n,d] = A_d Vp,
+     * each head into its columns; Y_X = out_proj(O) */
     LUNA_TRY(luna_project(ps, &act->q, x, &w->q_proj, (int64_t)B * n, d, d));
-    LUNA_TRY(luna_pass_alloc(ps, &act->a, (int64_t)G * n * L, "unpack attention"));
-    LUNA_TRY(luna_heads_gemm(be, false, true, n, L, dh, scale, act->q, hn, act->kp, hL, 0.0f,
-                             act->a, luna_heads_packed(n, L, H), B, H));
-    LUNA_TRY(luna_pass_softmax_dropout(ps, act->a, &act->a_d, act->a, (int64_t)G * n, L, p_valid,
-                                       (int64_t)H * n, 0, ps->attention_dropout, act->site + 1,
-                                       "unpack attention dropout"));
-    /* O [B,n,d] = A_d Vp, each head into its columns; Y_X = out_proj(O) */
+    const luna_attention_shape s = luna_attention_shape_in_rows(B, H, n, L, d, p_valid, false);
     LUNA_TRY(luna_pass_alloc(ps, &act->o, (int64_t)B * n * d, "attention output"));
-    LUNA_TRY(luna_heads_gemm(be, false, false, n, dh, L, 1.0f, act->a_d, luna_heads_packed(n, L, H),
-                             act->vp, hL, 0.0f, act->o, hn, B, H));
+    LUNA_TRY(luna_attention_core(ps, &s, act->o, &act->a, &act->a_d, act->q, act->kp, act->vp,
+                                 act->site + 1, "unpack attention"));
     LUNA_TRY(luna_pass_alloc(ps, &act->y, (int64_t)B * n * d, "attention result"));
     return be->ops->linear_forward(be, act->y, act->o, w->out_proj.weight, NULL, (int64_t)B * n, d,
                                    d);
@@ -166,13 +199,8 @@ static luna_status backward(const luna_pass *ps, const luna_attn_w *w, luna_attn
     luna_backend *be = ps->be;
     const luna_ops *op = be->ops;
     const int B = act->B, n = act->n, m = act->m, L = act->L, d = act->d, H = act->H;
-    const int dh = d / H, G = B * H;
-    const float scale = 1.0f / sqrtf((float)dh);
     const bool tied = act->tied;
     const int64_t nd = (int64_t)B * n * d, Ld = (int64_t)B * L * d, md = (int64_t)B * m * d;
-    const luna_heads_layout hn = luna_heads_in_rows(n, d, dh), hL = luna_heads_in_rows(L, d, dh),
-                            hm = luna_heads_in_rows(m, d, dh);
-    const luna_heads_layout hnL = luna_heads_packed(n, L, H), hLm = luna_heads_packed(L, m, H);
 
     /* Y_X = out_proj(O): dO [B,n,d] */
     luna_act *d_o;
@@ -180,24 +208,17 @@ static luna_status backward(const luna_pass *ps, const luna_attn_w *w, luna_attn
     LUNA_TRY(op->linear_backward(be, d_o, g->out_proj.weight, NULL, dy, act->o, w->out_proj.weight,
                                  (int64_t)B * n, d, d, false));
 
-    /* O_h = A_d Vp_h: dA_d = dO_h Vp_hᵀ [B,H,n,L], dVp_h = A_dᵀ dO_h [B,L,d] */
-    luna_act *da, *dkp, *dvp;
-    LUNA_TRY(luna_pass_alloc(ps, &da, (int64_t)G * n * L, "unpack attention gradient"));
+    /* unpack attention (O = A_d Vp, A = softmax(s·Q Kpᵀ)): dQ [B,n,d] (into dO's buffer), dKp
+     * and dVp [B,L,d] (one buffer, their sum, when tied) */
+    luna_act *dkp, *dvp;
     LUNA_TRY(luna_pass_alloc(ps, &dkp, Ld, "unpack key gradient"));
     dvp = dkp;
     if (!tied) LUNA_TRY(luna_pass_alloc(ps, &dvp, Ld, "unpack value gradient"));
-    LUNA_TRY(luna_heads_gemm(be, false, true, n, L, dh, 1.0f, d_o, hn, act->vp, hL, 0.0f, da, hnL,
-                             B, H));
-    LUNA_TRY(luna_heads_gemm(be, true, false, L, dh, n, 1.0f, act->a_d, hnL, d_o, hn, 0.0f, dvp, hL,
-                             B, H));
-    LUNA_TRY(luna_pass_softmax_dropout_backward(ps, da, da, act->a, (int64_t)G * n, L,
-                                                ps->attention_dropout, act->site + 1));
-    /* S = s·Q Kpᵀ (s = dh^-1/2): dQ = s·dS Kp [B,n,d] (into dO's buffer), dKp (+)= s·dSᵀ Q */
     luna_act *dq = d_o;
-    LUNA_TRY(luna_heads_gemm(be, false, false, n, dh, L, scale, da, hnL, act->kp, hL, 0.0f, dq, hn,
-                             B, H));
-    LUNA_TRY(luna_heads_gemm(be, true, false, L, dh, n, scale, da, hnL, act->q, hn,
-                             tied ? 1.0f : 0.0f, dkp, hL, B, H));
+    const luna_attention_shape su =
+        luna_attention_shape_in_rows(B, H, n, L, d, act->p_valid, false);
+    LUNA_TRY(luna_attention_core_backward(ps, &su, dq, dkp, dvp, d_o, act->q, act->kp, act->vp,
+                                          act->a, act->a_d, act->site + 1));
 
     /* Q = q_proj(X) -> dX; Kp/Vp = proj(Y_P) -> dY_P */
     LUNA_TRY(project_backward(ps, dq, act->x, &w->q_proj, &g->q_proj, dx, (int64_t)B * n, d));
@@ -217,24 +238,17 @@ static luna_status backward(const luna_pass *ps, const luna_attn_w *w, luna_attn
                                   (int64_t)B * L, d));
     }
 
-    /* Y_P,h = A_pack_d Vc_h: dA_pack_d = dY_P,h Vc_hᵀ [B,H,L,m], dVc_h = A_pack_dᵀ dY_P,h */
-    luna_act *dap, *dkc, *dvc;
-    LUNA_TRY(luna_pass_alloc(ps, &dap, (int64_t)G * L * m, "pack attention gradient"));
+    /* pack attention (Y_P = A_pack_d Vc, A_pack = softmax(s·Qp Kcᵀ)): dQp [B,L,d] (into dY_P's
+     * buffer), dKc and dVc [B,m,d] (one buffer, their sum, when tied) */
+    luna_act *dkc, *dvc;
     LUNA_TRY(luna_pass_alloc(ps, &dkc, md, "pack key gradient"));
     dvc = dkc;
     if (!tied) LUNA_TRY(luna_pass_alloc(ps, &dvc, md, "pack value gradient"));
-    LUNA_TRY(luna_heads_gemm(be, false, true, L, m, dh, 1.0f, dyp_total, hL, act->vc, hm, 0.0f, dap,
-                             hLm, B, H));
-    LUNA_TRY(luna_heads_gemm(be, true, false, m, dh, L, 1.0f, act->a_pack_d, hLm, dyp_total, hL,
-                             0.0f, dvc, hm, B, H));
-    LUNA_TRY(luna_pass_softmax_dropout_backward(ps, dap, dap, act->a_pack, (int64_t)G * L, m,
-                                                ps->attention_dropout, act->site + 0));
-    /* S_pack = s·Qp Kcᵀ: dQp = s·dS Kc [B,L,d] (into dY_P's buffer), dKc (+)= s·dSᵀ Qp */
     luna_act *dqp = dyp_total;
-    LUNA_TRY(luna_heads_gemm(be, false, false, L, dh, m, scale, dap, hLm, act->kc, hm, 0.0f, dqp,
-                             hL, B, H));
-    LUNA_TRY(luna_heads_gemm(be, true, false, m, dh, L, scale, dap, hLm, act->qp, hL,
-                             tied ? 1.0f : 0.0f, dkc, hm, B, H));
+    const luna_attention_shape sp =
+        luna_attention_shape_in_rows(B, H, L, m, d, act->c_valid, false);
+    LUNA_TRY(luna_attention_core_backward(ps, &sp, dqp, dkc, dvc, dyp_total, act->qp, act->kc,
+                                          act->vc, act->a_pack, act->a_pack_d, act->site + 0));
 
     LUNA_TRY(project_backward(ps, dqp, act->p, &w->pq_proj, &g->pq_proj, dp, (int64_t)B * L, d));
     if (tied) {

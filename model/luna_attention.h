@@ -105,6 +105,22 @@ luna_status luna_heads_gemm(luna_backend *be, bool ta, bool tb, int M, int N, in
                             luna_heads_layout lb, float beta, luna_act *C, luna_heads_layout lc,
                             int B, int H);
 
+/* The attention op's shape for heads of [B, len, H·dh] activations: queries and outputs n rows,
+ * keys and values m rows (luna_heads_in_rows), scale dh^-1/2. */
+luna_attention_shape luna_attention_shape_in_rows(int B, int H, int n, int m, int d,
+                                                  const int32_t *valid_cols, bool causal);
+/* attention_forward with the pass's attention dropout at `site`: allocates *a [B, H, n, m] and,
+ * when the pass drops, *a_d (else *a_d = *a); o written. */
+luna_status luna_attention_core(const luna_pass *ps, const luna_attention_shape *s, luna_act *o,
+                                luna_act **a, luna_act **a_d, const luna_act *q, const luna_act *k,
+                                const luna_act *v, uint32_t site, const char *what);
+/* Its backward (attention_backward; the scratch for dS from the pass's arena, not released). */
+luna_status luna_attention_core_backward(const luna_pass *ps, const luna_attention_shape *s,
+                                         luna_act *dq, luna_act *dk, luna_act *dv,
+                                         const luna_act *d_o, const luna_act *q, const luna_act *k,
+                                         const luna_act *v, const luna_act *a, const luna_act *a_d,
+                                         uint32_t site);
+
 /* Batched GEMM over G contiguous groups: C_g = alpha·op(A_g) op(B_g) + beta·C_g with
  * op(A_g) [M, K], op(B_g) [K, N], C_g [M, N], all row-major and packed. */
 luna_status luna_bgemm(luna_backend *be, bool ta, bool tb, int M, int N, int K, float alpha,

@@ -16,27 +16,22 @@ luna_status luna_mha_attend(const luna_pass *ps, const luna_attn_w *w, luna_mha_
                             const luna_act *x, int n, bool causal) {
     luna_backend *be = ps->be;
     const luna_ops *op = be->ops;
-    const int B = act->B, m = act->m, d = act->d, H = act->H, dh = d / H, G = B * H;
+    const int B = act->B, m = act->m, d = act->d, H = act->H;
     if (causal && n != m)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT, "causal attention needs n == m (%d, %d)", n,
                           m);
     act->x = x;
     act->n = n;
     act->causal = causal;
-    const luna_heads_layout hn = luna_heads_in_rows(n, d, dh), hm = luna_heads_in_rows(m, d, dh);
-    /* A [B,H,n,m] = softmax(dh^-1/2 · Q Kᵀ) (the scale in the GEMM's alpha, luna_attention.h) */
+    /* A [B,H,n,m] = softmax(dh^-1/2 · Q Kᵀ), dropped; O [B,n,d] = A_d V, each head into its
+     * columns */
     LUNA_TRY(luna_project(ps, &act->q, x, &w->q_proj, (int64_t)B * n, d, d));
-    LUNA_TRY(luna_pass_alloc(ps, &act->a, (int64_t)G * n * m, "attention probabilities"));
-    LUNA_TRY(luna_heads_gemm(be, false, true, n, m, dh, 1.0f / sqrtf((float)dh), act->q, hn, act->k,
-                             hm, 0.0f, act->a, luna_heads_packed(n, m, H), B, H));
-    LUNA_TRY(luna_pass_softmax_dropout(ps, act->a, &act->a_d, act->a, (int64_t)G * n, m,
-                                       act->c_valid, (int64_t)H * n, causal ? n : 0,
-                                       ps->attention_dropout, act->site, "attention dropout"));
-    /* O [B,n,d] = A_d V, each head into its columns */
+    const luna_attention_shape s =
+        luna_attention_shape_in_rows(B, H, n, m, d, act->c_valid, causal);
     const int64_t nd = (int64_t)B * n * d;
     LUNA_TRY(luna_pass_alloc(ps, &act->o, nd, "attention output"));
-    LUNA_TRY(luna_heads_gemm(be, false, false, n, dh, m, 1.0f, act->a_d, luna_heads_packed(n, m, H),
-                             act->v, hm, 0.0f, act->o, hn, B, H));
+    LUNA_TRY(luna_attention_core(ps, &s, act->o, &act->a, &act->a_d, act->q, act->k, act->v,
+                                 act->site, "attention probabilities"));
     LUNA_TRY(luna_pass_alloc(ps, &act->y, nd, "attention result"));
     return op->linear_forward(be, act->y, act->o, w->out_proj.weight, NULL, (int64_t)B * n, d, d);
 }
@@ -56,31 +51,20 @@ static luna_status backward(const luna_pass *ps, const luna_attn_w *w, luna_attn
                             luna_act *dc) {
     luna_backend *be = ps->be;
     const luna_ops *op = be->ops;
-    const int B = act->B, n = act->n, m = act->m, d = act->d, H = act->H, dh = d / H, G = B * H;
-    const float scale = 1.0f / sqrtf((float)dh);
-    const int64_t nd = (int64_t)B * n * d, md = (int64_t)B * m * d, nm = (int64_t)G * n * m;
-    const luna_heads_layout hn = luna_heads_in_rows(n, d, dh), hm = luna_heads_in_rows(m, d, dh),
-                            hnm = luna_heads_packed(n, m, H);
-    luna_act *d_o, *da, *dk, *dv;
+    const int B = act->B, n = act->n, m = act->m, d = act->d, H = act->H;
+    const int64_t nd = (int64_t)B * n * d, md = (int64_t)B * m * d;
+    luna_act *d_o, *dk, *dv;
     LUNA_TRY(luna_pass_alloc(ps, &d_o, nd, "attention gradient"));
-    LUNA_TRY(luna_pass_alloc(ps, &da, nm, "attention probability gradient"));
     LUNA_TRY(luna_pass_alloc(ps, &dk, md, "key gradient"));
     LUNA_TRY(luna_pass_alloc(ps, &dv, md, "value gradient"));
     LUNA_TRY(op->linear_backward(be, d_o, g->out_proj.weight, NULL, dy, act->o, w->out_proj.weight,
                                  (int64_t)B * n, d, d, false));
-    /* O_h = A_d V_h: dA_d = dO_h V_hᵀ, dV_h = A_dᵀ dO_h */
-    LUNA_TRY(
-        luna_heads_gemm(be, false, true, n, m, dh, 1.0f, d_o, hn, act->v, hm, 0.0f, da, hnm, B, H));
-    LUNA_TRY(luna_heads_gemm(be, true, false, m, dh, n, 1.0f, act->a_d, hnm, d_o, hn, 0.0f, dv, hm,
-                             B, H));
-    LUNA_TRY(luna_pass_softmax_dropout_backward(ps, da, da, act->a, (int64_t)G * n, m,
-                                                ps->attention_dropout, act->site));
-    /* S = s·Q Kᵀ: dQ = s·dS K (into dO's buffer), dK = s·dSᵀ Q */
+    /* O = A_d V, A = softmax(s·Q Kᵀ): dQ (into dO's buffer), dK, dV */
     luna_act *dq = d_o;
-    LUNA_TRY(luna_heads_gemm(be, false, false, n, dh, m, scale, da, hnm, act->k, hm, 0.0f, dq, hn,
-                             B, H));
-    LUNA_TRY(
-        luna_heads_gemm(be, true, false, m, dh, n, scale, da, hnm, act->q, hn, 0.0f, dk, hm, B, H));
+    const luna_attention_shape s =
+        luna_attention_shape_in_rows(B, H, n, m, d, act->c_valid, act->causal);
+    LUNA_TRY(luna_attention_core_backward(ps, &s, dq, dk, dv, d_o, act->q, act->k, act->v, act->a,
+                                          act->a_d, act->site));
     LUNA_TRY(op->linear_backward(be, dx, g->q_proj.weight, g->q_proj.bias, dq, act->x,
                                  w->q_proj.weight, (int64_t)B * n, d, d, true));
     LUNA_TRY(op->linear_backward(be, dc, g->k_proj.weight, g->k_proj.bias, dk, act->c,

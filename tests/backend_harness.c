@@ -52,6 +52,9 @@ static const lh_op_row rows[] = {
     {"bias_relu_dropout_backward", LH_ACCUM, "test_ops_fused"},
     {"softmax_dropout_forward", LH_NORM, "test_ops_fused"},
     {"softmax_dropout_backward", LH_NORM, "test_ops_fused"},
+    /* ACCUM: products over dh and the keys */
+    {"attention_forward", LH_ACCUM, "test_ops_attention"},
+    {"attention_backward", LH_ACCUM, "test_ops_attention"},
     {"causal_contraction_forward", LH_ACCUM, "test_ops_causal"},
     {"causal_contraction_backward", LH_ACCUM, "test_ops_causal"},
     {"cross_entropy_forward", LH_ACCUM, "test_ops_cross_entropy"},

@@ -235,6 +235,32 @@ static luna_status w_softmax_dropout_backward(luna_backend *be, luna_act *dx, co
     FORWARD(softmax_dropout_backward, dx, dyd, y, rows, cols, p, key);
 }
 
+/* ---- attention of short rows: its products on tensor cores, the scores on chip (the bytes are
+ * the operands read and the results written once; the composition, where a backend runs it,
+ * also writes and reads the scores between its kernels) -------------------------------------- */
+static luna_status w_attention_forward(luna_backend *be, luna_act *o, luna_act *a, luna_act *a_d,
+                                       const luna_act *q, const luna_act *k, const luna_act *v,
+                                       const luna_attention_shape *s, float p, luna_rng_key key) {
+    /* reads Q, K, V; writes a, (dropout on) a_d, O */
+    const double G = D(s->B) * s->H, nm = D(s->n) * s->m, drop = p > 0 ? 1 : 0;
+    COST(.mm_flops = G * 4 * nm * s->dh, .flops = G * nm * (5 + 2 * drop),
+         .act_elems = G * (2 * D(s->n) * s->dh + 2 * D(s->m) * s->dh + nm * (1 + drop)),
+         .bytes = s->valid_cols ? F32 * D(s->B) : 0);
+    FORWARD(attention_forward, o, a, a_d, q, k, v, s, p, key);
+}
+static luna_status w_attention_backward(luna_backend *be, luna_act *dq, luna_act *dk, luna_act *dv,
+                                        luna_act *ds, const luna_act *d_o, const luna_act *q,
+                                        const luna_act *k, const luna_act *v, const luna_act *a,
+                                        const luna_act *a_d, const luna_attention_shape *s, float p,
+                                        luna_rng_key key) {
+    /* reads dO, Q, K, V, a, (dropout on) a_d; writes dQ, dK, dV (one buffer when tied) */
+    const double G = D(s->B) * s->H, nm = D(s->n) * s->m, drop = p > 0 ? 1 : 0;
+    const double md = D(s->m) * s->dh, nd = D(s->n) * s->dh;
+    COST(.mm_flops = G * 8 * nm * s->dh, .flops = G * nm * (4 + 2 * drop),
+         .act_elems = G * (4 * nd + 2 * md + nm * (1 + drop) + md * (dk == dv ? 1 : 2)));
+    FORWARD(attention_backward, dq, dk, dv, ds, d_o, q, k, v, a, a_d, s, p, key);
+}
+
 /* ---- the causal Luna scan: per step a p×q state update and a p×q product (non-tensor FP32: the
  * CUDA kernel is a register scan, model/kernels/cuda/causal_contraction.cu) ------------------- */
 static luna_status w_causal_contraction_forward(luna_backend *be, luna_act *out, const luna_act *x,
@@ -424,6 +450,8 @@ static luna_status w_multi_adam_update(luna_backend *be, float *th, const float 
     X(bias_relu_dropout_backward, "bias_relu_dropout") \
     X(softmax_dropout_forward, "softmax_dropout") \
     X(softmax_dropout_backward, "softmax_dropout") \
+    X(attention_forward, "attention") \
+    X(attention_backward, "attention") \
     X(causal_contraction_forward, "causal_contraction") \
     X(causal_contraction_backward, "causal_contraction") \
     X(cross_entropy_forward, "cross_entropy") \

@@ -113,8 +113,9 @@ fi
 # 3. compute-sanitizer over the op suites (a function: --quick runs it beside the gpu tests)
 # --quick: the suites of the kernels rewritten most recently (chunked causal contraction, fp32 tree
 # column sums, full-block optimizer and clipping reductions, residual_norm's and
-# bias_relu_dropout's backward with their column sums in the row pass); racecheck skips synccheck
-# there.
+# bias_relu_dropout's backward with their column sums in the row pass) and the bf16 one-kernel
+# attention's own suite (test_gpu_attention: the op suites run fp32 activations, which keep the
+# composition); racecheck skips synccheck there.
 sanitize() {
   local tools=(memcheck racecheck synccheck) suites=("$build"/test_ops_*) tool t bad slow rc
   local limit=(); [ "$quick" -eq 1 ] && limit=(timeout 100)  # a suite over it is reported, not waited for
@@ -122,6 +123,7 @@ sanitize() {
     tools=(memcheck racecheck)
     suites=()
     for t in causal fused layer_norm linear optimizer reduce; do suites+=("$build/test_ops_$t"); done
+    suites+=("$build/test_gpu_attention")
   fi
   for tool in "${tools[@]}"; do
     bad=0 slow=""

@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 
 #include "core/allocator.h"
+#include "core/attention_composed.h"
 #include "core/backend.h"
 #include "model/kernels/cpu/backend_cpu.h"
 #include "model/kernels/cpu/cpu_ops.h"
@@ -26,6 +27,8 @@ static const luna_ops cpu_kernels = {
     .cross_entropy_forward = luna_cpu_cross_entropy_forward,
     .cross_entropy_forward_backward = luna_cpu_cross_entropy_forward_backward,
     .softmax_forward = luna_cpu_softmax_forward,
+    .attention_forward = luna_attention_composed_forward,
+    .attention_backward = luna_attention_composed_backward,
     .causal_contraction_forward = luna_cpu_causal_contraction_forward,
     .causal_contraction_backward = luna_cpu_causal_contraction_backward,
     .embedding_forward = luna_cpu_embedding_forward,

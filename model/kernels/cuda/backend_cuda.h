@@ -139,6 +139,16 @@ luna_status luna_cuda_op_bias_relu_dropout_backward(luna_backend *be, luna_act *
                                                     const luna_act *da, const luna_act *h,
                                                     int64_t rows, int cols, float p,
                                                     luna_rng_key key);
+luna_status luna_cuda_op_attention_forward(luna_backend *be, luna_act *o, luna_act *a,
+                                           luna_act *a_d, const luna_act *q, const luna_act *k,
+                                           const luna_act *v, const luna_attention_shape *s,
+                                           float p, luna_rng_key key);
+luna_status luna_cuda_op_attention_backward(luna_backend *be, luna_act *dq, luna_act *dk,
+                                            luna_act *dv, luna_act *ds, const luna_act *d_o,
+                                            const luna_act *q, const luna_act *k, const luna_act *v,
+                                            const luna_act *a, const luna_act *a_d,
+                                            const luna_attention_shape *s, float p,
+                                            luna_rng_key key);
 luna_status luna_cuda_op_softmax_dropout_forward(luna_backend *be, luna_act *y, luna_act *yd,
                                                  const luna_act *x, int64_t rows, int cols,
                                                  const int32_t *valid_cols, int64_t rows_per_group,

@@ -189,6 +189,21 @@ cudaError_t luna_cuda_cross_attention(cudaStream_t s, int bf16, void *y, const v
                                       const int32_t *slot_len, int R, int H, int dh, int m,
                                       float alpha);
 
+/* ---- attention.cu: attention_forward/backward for bf16 activations, one block per sentence and
+ * head. luna_cuda_attention_fits says whether a shape is taken (n, m, dh ≤ 128 and the block's
+ * shared memory within the device's limit); the launchers return cudaErrorInvalidValue for one
+ * that is not. ---- */
+int luna_cuda_attention_fits(int bf16, int n, int m, int dh, int backward);
+cudaError_t luna_cuda_attention_forward(cudaStream_t s, void *o, void *a, void *a_d, const void *q,
+                                        const void *k, const void *v,
+                                        const luna_attention_shape *shape, float p,
+                                        luna_rng_key key);
+cudaError_t luna_cuda_attention_backward(cudaStream_t s, void *dq, void *dk, void *dv,
+                                         const void *d_o, const void *q, const void *k,
+                                         const void *v, const void *a, const void *a_d,
+                                         const luna_attention_shape *shape, float p,
+                                         luna_rng_key key);
+
 /* ---- causal_contraction.cu (p, q ≤ 256: cudaErrorInvalidValue otherwise) ---- */
 cudaError_t luna_cuda_causal_contraction_forward(cudaStream_t s, int bf16, void *out, const void *x,
                                                  const void *a, const void *b, int G, int n, int p,

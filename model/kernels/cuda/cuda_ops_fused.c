@@ -1,5 +1,6 @@
 /* The CUDA backend's fused training ops (core/backend.h, "Fused training ops"): scratch for the
  * column sums and the launchers of fused.cu. */
+#include "core/attention_composed.h"
 #include "model/kernels/cuda/backend_cuda.h"
 #include "model/kernels/cuda/cuda_kernels.h"
 #include "model/kernels/cuda/cuda_ops_util.h"
@@ -61,4 +62,29 @@ luna_status luna_cuda_op_softmax_dropout_backward(luna_backend *be, luna_act *dx
                                                   luna_rng_key key) {
     LAUNCH("softmax_dropout_backward", luna_cuda_softmax_dropout_backward(
                                            stream(be), bf16(be), dx, dyd, y, rows, cols, p, key));
+}
+
+/* One kernel per sentence and head where attention.cu takes the shape (bf16 activations, short
+ * rows); the composition of gemm_grid and softmax_dropout otherwise (fp32 keeps the fp32 tiers). */
+luna_status luna_cuda_op_attention_forward(luna_backend *be, luna_act *o, luna_act *a,
+                                           luna_act *a_d, const luna_act *q, const luna_act *k,
+                                           const luna_act *v, const luna_attention_shape *s,
+                                           float p, luna_rng_key key) {
+    if (!luna_cuda_attention_fits(bf16(be), s->n, s->m, s->dh, 0))
+        return luna_attention_composed_forward(be, o, a, a_d, q, k, v, s, p, key);
+    LAUNCH("attention_forward",
+           luna_cuda_attention_forward(stream(be), o, a, a_d, q, k, v, s, p, key));
+}
+
+luna_status luna_cuda_op_attention_backward(luna_backend *be, luna_act *dq, luna_act *dk,
+                                            luna_act *dv, luna_act *ds, const luna_act *d_o,
+                                            const luna_act *q, const luna_act *k, const luna_act *v,
+                                            const luna_act *a, const luna_act *a_d,
+                                            const luna_attention_shape *s, float p,
+                                            luna_rng_key key) {
+    if (!luna_cuda_attention_fits(bf16(be), s->n, s->m, s->dh, 1))
+        return luna_attention_composed_backward(be, dq, dk, dv, ds, d_o, q, k, v, a, a_d, s, p,
+                                                key);
+    LAUNCH("attention_backward",
+           luna_cuda_attention_backward(stream(be), dq, dk, dv, d_o, q, k, v, a, a_d, s, p, key));
 }
