@@ -2,8 +2,8 @@
  * the CPU backend: loss, nll and lse (ACCUM: 1e-5 relative) of the forward and of the
  * forward-backward kernel, and its dlogits (NORM: 1e-6, here 2e-6 since the two sides' exp differ
  * by up to 2 ulp each) for V = 1, 7, 1000 and 7792 with label smoothing 0 and 0.1, pad rows,
- * gradient scale, in place (dlogits = logits); bf16 logits within bf16 rounding; a target outside
- * the vocabulary gives NaN and the device flag. */
+ * gradient scale, in place (dlogits = logits); bf16 logits within bf16 rounding; −inf and NaN
+ * logits; a target outside the vocabulary gives NaN and the device flag. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -98,11 +98,47 @@ START_TEST(cross_entropy_matches_cpu) {
 }
 END_TEST
 
+/* The one-pass row sums keep each thread's own max: −inf logits (whole threads' shares of a row
+ * among them) add nothing to Σ exp, a NaN logit makes the row NaN, an increasing row rescales
+ * every group; loss, nll and lse as the CPU's. */
+START_TEST(special_logits_match_cpu) {
+    luna_backend *cpu;
+    LUNA_CHECK_OK(luna_backend_cpu_create(&cpu, 1));
+    enum { N = 4, V = 1000 };
+    float *z = malloc(sizeof(float) * N * V);
+    for (int r = 0; r < N; r++)
+        for (int v = 0; v < V; v++)
+            z[r * V + v] = r == 3 ? 0.01f * (float)v : (float)((v * 37 + r) % 23) * 0.25f;
+    for (int v = 0; v < 512; v++) /* threads 0 .. 63 hold only −inf */
+        z[v] = -INFINITY;
+    z[V + 700] = NAN;
+    int32_t y[N] = {600, 3, 10, 999};
+    float loss[N], nll[N], lse[N], gl[N], gn[N], ge[N];
+    LUNA_CHECK_OK(cpu->ops->cross_entropy_forward(cpu, loss, nll, lse, z, y, N, V, 0.0f, -1));
+    float *dz = dev(z, sizeof(float) * N * V), *dl = dev(NULL, sizeof gl),
+          *dn = dev(NULL, sizeof gn), *de = dev(NULL, sizeof ge);
+    int32_t *dy = dev(y, sizeof y);
+    ck_assert_int_eq(
+        luna_cuda_cross_entropy_forward(0, 0, dl, dn, de, dz, dy, N, V, 0.0f, -1, NULL),
+        cudaSuccess);
+    down(gl, dl, sizeof gl), down(gn, dn, sizeof gn), down(ge, de, sizeof ge);
+    /* row 0's lse and nll are finite (its loss is not: Σ z = −inf, and 0·inf in the smoothing) */
+    ck_assert(isfinite(lse[0]) && isfinite(nll[0]) && isnan(lse[1]) && isfinite(loss[2]));
+    close_enough(loss, gl, N, 1e-5, "special logits: loss");
+    close_enough(nll, gn, N, 1e-5, "special logits: nll");
+    close_enough(lse, ge, N, 1e-5, "special logits: lse");
+    cudaFree(dz), cudaFree(dl), cudaFree(dn), cudaFree(de), cudaFree(dy);
+    free(z);
+    luna_backend_free(cpu);
+}
+END_TEST
+
 static Suite *ce_suite(void) {
     Suite *s = suite_create("cuda_cross_entropy");
     TCase *tc = tcase_create("cross_entropy");
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, cross_entropy_matches_cpu);
+    tcase_add_test(tc, special_logits_match_cpu);
     suite_add_tcase(s, tc);
     return s;
 }
