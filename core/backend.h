@@ -107,7 +107,15 @@ typedef void luna_act;
  *                   the ids' range so that ops checking those ids against a vocabulary skip their
  *                   own check (on CUDA a wait each) until the next to_host or synchronize. The
  *                   buffer is an input until then: no op writes it.
+ *   device_stats    (optional; NULL on the CPU) the device work submitted and the host's waits
+ *                   so far (luna_device_stats): what an update costs the host (benchmarks).
  * Errors (a failed launch or copy, reported asynchronously by a device) come back as statuses. */
+typedef struct {
+    uint64_t kernels;       /* kernel launches (this process, every device) */
+    uint64_t library_calls; /* GEMMs launched through a library (cuBLASLt) */
+    uint64_t waits;         /* host waits on this backend's stream (readbacks, synchronize) */
+    double wait_seconds;    /* host time spent in them */
+} luna_device_stats;
 typedef struct {
     void *(*alloc)(luna_backend *be, size_t bytes);             /* NULL when out of memory */
     void (*release)(luna_backend *be, void *ptr, size_t bytes); /* bytes: as allocated */
@@ -118,6 +126,7 @@ typedef struct {
     luna_status (*synchronize)(luna_backend *be);
     void (*destroy)(luna_backend *be); /* the backend's own resources (stream, handles, context) */
     luna_status (*ids_from_host)(luna_backend *be, int32_t *dst, const int32_t *host, int64_t n);
+    void (*device_stats)(luna_backend *be, luna_device_stats *out);
 } luna_backend_memory;
 
 struct luna_backend {

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "core/backend.h"
+#include "model/kernels/cuda/cuda_kernels.h"
 #include "model/kernels/registry.h"
 
 #include "tests/cuda_emu/luna_cuda_emu_api.h"
@@ -29,7 +30,7 @@
 enum { MAX_WAITS_PER_UPDATE = 2 };
 
 typedef struct {
-    uint64_t launches, waits;
+    uint64_t launches, waits, counted; /* counted: the backend's own count of its kernels */
 } counts;
 
 static counts train(char *bin, char *save, int updates) {
@@ -48,13 +49,16 @@ static counts train(char *bin, char *save, int updates) {
     luna_communicator *comm;
     ck_assert_int_eq(luna_communicator_create_single(&comm), LUNA_OK);
     luna_trainer *t;
-    counts before = {luna_emu_launch_count(), luna_emu_host_wait_count()};
+    counts before = {luna_emu_launch_count(), luna_emu_host_wait_count(),
+                     luna_cuda_kernel_launches()};
     ck_assert_msg(luna_trainer_create(&t, &o, comm, stdout) == LUNA_OK, "%s", luna_error_message());
     ck_assert_msg(luna_trainer_run(t, NULL) == LUNA_OK, "%s", luna_error_message());
     luna_trainer_free(t);
-    counts after = {luna_emu_launch_count(), luna_emu_host_wait_count()};
+    counts after = {luna_emu_launch_count(), luna_emu_host_wait_count(),
+                    luna_cuda_kernel_launches()};
     luna_communicator_free(comm);
-    return (counts){after.launches - before.launches, after.waits - before.waits};
+    return (counts){after.launches - before.launches, after.waits - before.waits,
+                    after.counted - before.counted};
 }
 
 /* Ids uploaded with ids_from_host: an op checking them against V needs no wait when their range
@@ -110,6 +114,11 @@ START_TEST(launches_and_host_waits_per_update) {
            "host waits per update\n",
            launches, waits);
     ck_assert_msg(launches > 0, "no launches counted: the update did not run on the device");
+    /* the backend's count (bench-model's launches per step on a GPU) misses none of them */
+    ck_assert_msg(b.counted - a.counted == b.launches - a.launches,
+                  "the backend counted %llu kernel launches, the harness ran %llu",
+                  (unsigned long long)(b.counted - a.counted),
+                  (unsigned long long)(b.launches - a.launches));
     ck_assert_msg(waits <= MAX_WAITS_PER_UPDATE, "%.1f host waits per update, at most %d expected",
                   waits, MAX_WAITS_PER_UPDATE);
     luna_test_remove_tree(tmp);

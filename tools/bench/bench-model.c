@@ -307,11 +307,16 @@ int main(int argc, char **argv) {
            be->num_threads);
     double loss = 0, total = 0, cpu_total = 0;
     luna_op_profile *prof = NULL;
+    /* a device's work per step: kernels, library GEMMs, the host's waits (not under --profile,
+     * which waits after every op) */
+    luna_device_stats dev0 = {0}, dev1 = {0};
+    const bool dev_stats = be->mem->device_stats && !profile;
     for (int s = 0; s < warmup + steps; s++) {
         if (profile && s == warmup && luna_op_profile_attach(&prof, be, true) != LUNA_OK) {
             fprintf(stderr, "bench-model: %s\n", luna_error_message());
             return 1;
         }
+        if (dev_stats && s == warmup) be->mem->device_stats(be, &dev0);
         double t0 = now(), c0 = cpu_now();
         if (train_step(model, &batch, (uint64_t)s, &loss) != LUNA_OK) {
             fprintf(stderr, "bench-model: %s\n", luna_error_message());
@@ -319,6 +324,7 @@ int main(int argc, char **argv) {
         }
         double dt = now() - t0;
         if (s >= warmup) total += dt, cpu_total += cpu_now() - c0;
+        if (dev_stats && s == warmup + steps - 1) be->mem->device_stats(be, &dev1);
         printf("bench-model: step %d%s: %.3f s, loss %.4f nats/token\n", s,
                s < warmup ? " (warmup)" : "", dt, loss / ((double)B * N));
     }
@@ -333,6 +339,16 @@ int main(int argc, char **argv) {
            "(%.1f MiB: arena %.1f + op scratch %.1f)\n",
            (double)B * N / per_step, per_step, cpu_total / steps, peak, peak / 1048576.0,
            arena_peak / 1048576.0, scratch_peak / 1048576.0);
+    if (dev_stats) {
+        /* the host's own time: the step's wall time less its waits for the device */
+        const double waited = (dev1.wait_seconds - dev0.wait_seconds) / steps;
+        printf("bench-model: per step on %s: %.1f kernel launches, %.1f cuBLASLt GEMMs, %.1f host "
+               "waits (%.2f ms waiting); host time %.2f ms of %.2f ms\n",
+               be->name, (double)(dev1.kernels - dev0.kernels) / steps,
+               (double)(dev1.library_calls - dev0.library_calls) / steps,
+               (double)(dev1.waits - dev0.waits) / steps, 1e3 * waited, 1e3 * (per_step - waited),
+               1e3 * per_step);
+    }
     printf("bench-model-result: arch=%s linformer_k=%d l=%d batch=%d src_len=%d tgt_len=%d d=%d "
            "layers=%d "
            "heads=%d threads=%d steps_per_s=%.6f s_per_step=%.6f cpu_s_per_step=%.6f "

@@ -19,6 +19,7 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/allocator.h"
 #include "model/kernels/cuda/backend_cuda.h"
@@ -90,6 +91,28 @@ static void cuda_release(luna_backend *be, void *p, size_t bytes) {
     luna_cuda_raw_release(be, p);
 }
 
+/* The host's waits, counted and timed (device_stats): each a synchronize of the stream or of
+ * an event. */
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+static cudaError_t wait_stream(luna_cuda_impl *c) {
+    const uint64_t t0 = now_ns();
+    const cudaError_t e = cudaStreamSynchronize(c->stream);
+    c->waits++;
+    c->wait_ns += now_ns() - t0;
+    return e;
+}
+static cudaError_t wait_event(luna_cuda_impl *c, cudaEvent_t ev) {
+    const uint64_t t0 = now_ns();
+    const cudaError_t e = cudaEventSynchronize(ev);
+    c->waits++;
+    c->wait_ns += now_ns() - t0;
+    return e;
+}
+
 static luna_status cuda_zero(luna_backend *be, void *p, size_t bytes) {
     id_ranges_written(luna_cuda_impl_of(be), p, bytes);
     luna_cuda_weights_written(be, p, bytes);
@@ -119,7 +142,7 @@ static luna_status staging_take(luna_cuda_impl *c, size_t bytes, unsigned char *
         c->staging_half ^= 1;
         c->staging_used = 0;
         if (c->half_pending[c->staging_half]) { /* its copies were queued a half ago */
-            LUNA_CUDA_TRY(cudaEventSynchronize(c->half_done[c->staging_half]));
+            LUNA_CUDA_TRY(wait_event(c, c->half_done[c->staging_half]));
             c->half_pending[c->staging_half] = false;
         }
     }
@@ -209,7 +232,7 @@ luna_status luna_cuda_check_ids(luna_backend *be, const char *op, const char *wh
                                                exempt != NULL, c->first_bad));
     LUNA_CUDA_TRY(
         cudaMemcpyAsync(result, c->first_bad, sizeof *result, cudaMemcpyDeviceToHost, c->stream));
-    LUNA_CUDA_TRY(cudaStreamSynchronize(c->stream));
+    LUNA_CUDA_TRY(wait_stream(c));
     const int first = *result;
     if (first == INT_MAX) return LUNA_OK;
     int32_t id;
@@ -227,8 +250,7 @@ static luna_status cuda_to_host(luna_backend *be, void *host, const void *src, s
         st = luna_cuda_check(cudaMemcpyAsync(region ? (void *)region : host, src, bytes,
                                              cudaMemcpyDeviceToHost, c->stream),
                              "cudaMemcpyAsync (device to host)");
-    if (st == LUNA_OK)
-        st = luna_cuda_check(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize");
+    if (st == LUNA_OK) st = luna_cuda_check(wait_stream(c), "cudaStreamSynchronize");
     if (st == LUNA_OK && region) memcpy(host, region, bytes);
     pthread_mutex_unlock(&c->staging_lock);
     return st;
@@ -236,8 +258,15 @@ static luna_status cuda_to_host(luna_backend *be, void *host, const void *src, s
 
 static luna_status cuda_synchronize(luna_backend *be) {
     id_ranges_clear(luna_cuda_impl_of(be));
-    return luna_cuda_check(cudaStreamSynchronize(luna_cuda_impl_of(be)->stream),
-                           "cudaStreamSynchronize");
+    return luna_cuda_check(wait_stream(luna_cuda_impl_of(be)), "cudaStreamSynchronize");
+}
+
+static void cuda_device_stats(luna_backend *be, luna_device_stats *out) {
+    const luna_cuda_impl *c = luna_cuda_impl_of(be);
+    *out = (luna_device_stats){.kernels = luna_cuda_kernel_launches(),
+                               .library_calls = luna_cuda_gemm_launches(),
+                               .waits = c->waits,
+                               .wait_seconds = 1e-9 * (double)c->wait_ns};
 }
 
 static void cuda_destroy(luna_backend *be) {
@@ -272,6 +301,7 @@ static const luna_backend_memory cuda_memory = {
     .synchronize = cuda_synchronize,
     .destroy = cuda_destroy,
     .ids_from_host = cuda_ids_from_host,
+    .device_stats = cuda_device_stats,
 };
 
 static luna_status setup(luna_backend *be, const luna_backend_options *opt) {

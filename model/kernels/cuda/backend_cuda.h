@@ -66,7 +66,9 @@ typedef struct {
         int32_t lo, hi;
     } id_ranges[LUNA_CUDA_ID_RANGES];
     int nid_ranges;
-    pthread_mutex_t id_lock; /* loader threads upload and free beside the training thread */
+    pthread_mutex_t id_lock;  /* loader threads upload and free beside the training thread */
+    _Atomic uint64_t waits;   /* host waits on the stream or a staging event (device_stats) */
+    _Atomic uint64_t wait_ns; /* and the host's time in them */
 } luna_cuda_impl;
 
 static inline luna_cuda_impl *luna_cuda_impl_of(const luna_backend *be) {

@@ -15,9 +15,19 @@
  *
  * Under nvcc these are the plain CUDA constructs; under the harness each CUDA thread is a fiber
  * and shared memory is per-block storage of the harness. LUNA_CUDA_EMU is 1 under the harness,
- * 0 under nvcc (kernels should not need it). */
+ * 0 under nvcc (kernels should not need it). Every LUNA_LAUNCH also counts itself
+ * (luna_cuda_launch_counter: the launches of an update, for the benchmarks). */
 #ifndef LUNA_KERNELS_CUDA_COMPAT_H
 #define LUNA_KERNELS_CUDA_COMPAT_H
+
+#include <atomic>
+
+/* Kernel launches so far in this process: one counter for every .cu file (an inline function's
+ * static is one object in the program). */
+inline std::atomic<unsigned long long> &luna_cuda_launch_counter() {
+    static std::atomic<unsigned long long> launches{0};
+    return launches;
+}
 
 #if defined(__CUDACC__)
 
@@ -27,7 +37,7 @@
 
 #define LUNA_CUDA_EMU 0
 #define LUNA_LAUNCH(kernel, grid, block, shmem, stream, ...)                                       \
-    kernel<<<grid, block, shmem, stream>>>(__VA_ARGS__)
+    (luna_cuda_launch_counter()++, kernel<<<grid, block, shmem, stream>>>(__VA_ARGS__))
 #define LUNA_SHARED(type, name, count) __shared__ type name[count]
 #define LUNA_SHARED_2D(type, name, rows, cols) __shared__ type name[rows][cols]
 #define LUNA_DYNAMIC_SHARED(type, name)                                                            \
@@ -45,6 +55,11 @@
 /* tests/cuda_emu/ is on the include path of targets built with the harness (CMake target
  * luna_cuda_emu); angle brackets keep model/kernels/ free of a tests/ include. */
 #include <luna_cuda_emu.h>
+
+#undef LUNA_LAUNCH /* the harness's, counted */
+#define LUNA_LAUNCH(kernel, grid, block, shmem, stream, ...)                                       \
+    (luna_cuda_launch_counter()++,                                                                 \
+     ::luna_emu::launch(#kernel, kernel, grid, block, shmem, stream, ##__VA_ARGS__))
 
 #endif
 

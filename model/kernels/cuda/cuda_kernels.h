@@ -23,6 +23,9 @@ extern "C" {
 
 #include "model/kernels/column_sum_order.h"
 
+/* Kernel launches so far in this process (every LUNA_LAUNCH of every .cu file; elementwise.cu). */
+unsigned long long luna_cuda_kernel_launches(void);
+
 /* Device workspace of the column sums (bias gradients, LayerNorm's dγ/dβ; column_sum.cuh): n
  * doubles at p, from the backend's scratch. Its size: the running totals (nout·cols) and a round
  * of chunk sums (nout·cols per chunk of LUNA_COLSUM_CHUNK rows), at most LUNA_CUDA_COLSUM_WS_MAX

@@ -195,6 +195,8 @@ cudaError_t heads_launch(cudaStream_t s, void *out, const void *x, int64_t B, in
 
 extern "C" {
 
+unsigned long long luna_cuda_kernel_launches(void) { return luna_cuda_launch_counter().load(); }
+
 cudaError_t luna_cuda_add(cudaStream_t s, int bf16, void *y, const void *a, const void *b,
                           int64_t n) {
     if (n <= 0) return cudaSuccess;

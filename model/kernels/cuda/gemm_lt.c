@@ -1,6 +1,8 @@
 /* GEMMs through cuBLASLt (gemm_lt.h). */
 #include "model/kernels/cuda/gemm_lt.h"
 
+#include <stdatomic.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -247,6 +249,9 @@ static luna_status find_plan(const luna_cuda_blas *b, const plan_key *k, plan *l
     return LUNA_OK;
 }
 
+static _Atomic uint64_t g_gemm_launches;
+uint64_t luna_cuda_gemm_launches(void) { return g_gemm_launches; }
+
 /* cuBLASLt's matmul with plan p: A, B, C the matrices (strided key) or the device arrays of their
  * addresses (ptr_mode key), our row-major names. */
 static luna_status matmul(const luna_cuda_blas *b, cudaStream_t s, plan *p, float alpha,
@@ -255,6 +260,7 @@ static luna_status matmul(const luna_cuda_blas *b, cudaStream_t s, plan *p, floa
     if (bias)
         LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                               sizeof bias));
+    g_gemm_launches++;
     LT_TRY(cublasLtMatmul(b->lt, p->desc, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C, p->lc,
                           &p->algo, b->workspace, b->workspace_bytes, s));
 done:

@@ -23,6 +23,9 @@ extern "C" {
 
 typedef struct luna_gemm_plans luna_gemm_plans;
 
+/* cuBLASLt matmuls launched so far in this process (device_stats). */
+uint64_t luna_cuda_gemm_launches(void);
+
 typedef struct {
     cublasLtHandle_t lt;
     void *workspace; /* device memory for cuBLASLt's split-K and friends */
