@@ -187,13 +187,22 @@ __device__ inline void product_tn(float *F, int ldf, const bf16 *U1, const bf16 
     }
 }
 
-__device__ inline float warp_max(float v) {
-    for (int s = 16; s > 0; s /= 2)
+/* The row passes: a row of scores is `lanes` lanes of a warp, 4 keys a lane (lanes: the power
+ * of two ≥ m16 / 4, so 32 / lanes rows a warp at a time: Luna's 32-key rows use every lane);
+ * the max and the sums go over the row's lanes by a fixed xor tree. */
+__host__ __device__ inline int lanes_of(int m16) {
+    int lanes = 4;
+    while (lanes * 4 < m16)
+        lanes *= 2;
+    return lanes;
+}
+__device__ inline float row_max(float v, int lanes) {
+    for (int s = lanes / 2; s > 0; s /= 2)
         v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, s));
     return v;
 }
-__device__ inline float warp_sum(float v) {
-    for (int s = 16; s > 0; s /= 2)
+__device__ inline float row_sum(float v, int lanes) {
+    for (int s = lanes / 2; s > 0; s /= 2)
         v += __shfl_xor_sync(0xffffffffu, v, s);
     return v;
 }
@@ -215,29 +224,31 @@ __global__ void __launch_bounds__(kThreads)
     bf16 *P = (bf16 *)(smem + pl.pa);
     float *F = (float *)(smem + pl.f);
     const int g = blockIdx.x, b = g / s.H, h = g % s.H;
-    const int warp = threadIdx.x / 32, c0 = (threadIdx.x % 32) * 4;
+    const int warp = threadIdx.x / 32, lanes = lanes_of(d.m16), per_warp = 32 / lanes;
+    const int c0 = (threadIdx.x % lanes) * 4, sub = threadIdx.x % 32 / lanes;
     stage(Q, d.ldd, q + at(s.sq, b, h), s.ldq, s.n, s.dh, d.n16, d.d16);
     stage(K, d.ldd, k + at(s.sk, b, h), s.ldk, s.m, s.dh, d.m16, d.d16);
     stage(V, d.ldd, v + at(s.sv, b, h), s.ldv, s.m, s.dh, d.m16, d.d16);
     __syncthreads();
     product_nt(F, d.ldf, Q, d.ldd, K, d.ldd, d.n16, d.m16, d.d16, warp);
     __syncthreads();
-    /* a row a warp, 4 consecutive keys a lane */
-    for (int r = warp; r < d.n16; r += kWarps) {
+    /* per_warp rows a warp at a time, 4 consecutive keys a lane (n16 is a multiple of per_warp) */
+    for (int r0 = warp * per_warp; r0 < d.n16; r0 += kWarps * per_warp) {
+        const int r = r0 + sub;
         int valid = r < s.n ? keys_of(s, b, r) : 0;
         float x[4], mx = -INFINITY;
         for (int e = 0; e < 4; e++) {
             x[e] = c0 + e < valid ? F[r * d.ldf + c0 + e] * s.scale : -INFINITY;
             mx = fmaxf(mx, x[e]);
         }
-        mx = warp_max(mx);
+        mx = row_max(mx, lanes);
         if (mx == -INFINITY) valid = 0; /* no key, or every score −inf: a row of zeros */
         float sum = 0.0f;
         for (int e = 0; e < 4; e++) {
             x[e] = c0 + e < valid ? expf(x[e] - mx) : 0.0f;
             sum += x[e];
         }
-        sum = warp_sum(sum);
+        sum = row_sum(sum, lanes);
         const float inv = valid > 0 ? 1.0f / sum : 0.0f;
         const int64_t off = ((int64_t)g * s.n + r) * s.m + c0; /* the element's index in a */
         float f[4] = {1.0f, 1.0f, 1.0f, 1.0f};
@@ -271,7 +282,8 @@ __global__ void __launch_bounds__(kThreads)
     bf16 *G = (bf16 *)(smem + pl.g), *Pa = (bf16 *)(smem + pl.pa), *Pd = (bf16 *)(smem + pl.pd);
     float *F = (float *)(smem + pl.f);
     const int g = blockIdx.x, b = g / s.H, h = g % s.H;
-    const int warp = threadIdx.x / 32, c0 = (threadIdx.x % 32) * 4;
+    const int warp = threadIdx.x / 32, lanes = lanes_of(d.m16), per_warp = 32 / lanes;
+    const int c0 = (threadIdx.x % lanes) * 4, sub = threadIdx.x % 32 / lanes;
     const int64_t a0 = (int64_t)g * s.n * s.m;
     /* dO is staged before anything is written: dq may be d_o's buffer */
     stage(Q, d.ldd, q + at(s.sq, b, h), s.ldq, s.n, s.dh, d.n16, d.d16);
@@ -283,8 +295,9 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     product_nt(F, d.ldf, G, d.ldd, V, d.ldd, d.n16, d.m16, d.d16, warp);
     __syncthreads();
-    /* dS' = scale · a ⊙ (g − Σ a·g) into a's tile, a row a warp (the rows past n are zeros) */
-    for (int r = warp; r < d.n16; r += kWarps) {
+    /* dS' = scale · a ⊙ (g − Σ a·g) into a's tile, rows as in the forward (past n: zeros) */
+    for (int r0 = warp * per_warp; r0 < d.n16; r0 += kWarps * per_warp) {
+        const int r = r0 + sub;
         float gv[4], av[4], f[4] = {1.0f, 1.0f, 1.0f, 1.0f};
         if (a_d && r < s.n && c0 < s.m) drop4(key, a0 + (int64_t)r * s.m + c0, p, pscale, f);
         float dot = 0.0f;
@@ -295,7 +308,7 @@ __global__ void __launch_bounds__(kThreads)
             gv[e] = in ? F[r * d.ldf + c] * f[e] : 0.0f;
             dot += av[e] * gv[e];
         }
-        dot = warp_sum(dot);
+        dot = row_sum(dot, lanes);
         for (int e = 0; e < 4; e++)
             if (c0 + e < d.m16)
                 Pa[r * d.ldm + c0 + e] = __float2bfloat16(s.scale * (av[e] * (gv[e] - dot)));
