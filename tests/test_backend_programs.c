@@ -237,6 +237,58 @@ START_TEST(translations_match_cpu) {
 }
 END_TEST
 
+/* --precision bf16 translation on a device (bf16 activations through the encoder's one-kernel
+ * attention and every decoding op): it runs and gives a hypothesis for every input line; its
+ * translations may differ from fp32's (counted, not asserted). */
+START_TEST(bf16_translation_runs) {
+    if (on_cpu()) {
+        printf("bf16 translation: the CPU backend has fp32 activations only (nothing to run)\n");
+        return;
+    }
+    expect_success(&cpu_run, "luna-train --device cpu");
+    char ckpt[1200], input[1200];
+    snprintf(ckpt, sizeof ckpt, "%s/checkpoint_last.safetensors", cpu_dir);
+    snprintf(input, sizeof input, "%s/in_bf16.txt", tmp);
+    luna_test_write_file(input, "w1 w2 w3\nw4 w4 w5 w6 w7\nw0\nw7 w6 w5 w4 w3 w2 w1 w0\n");
+    const char *args[] = {ckpt,
+                          "--input",
+                          input,
+                          "--beam",
+                          "4",
+                          "--max-len-b",
+                          "12",
+                          "--output-format",
+                          "fairseq",
+                          "--quiet",
+                          "--device",
+                          lh_backend_name(),
+                          "--batch-size",
+                          "2",
+                          "--precision",
+                          "fp32",
+                          NULL};
+    const int precision = (int)(sizeof args / sizeof args[0]) - 2;
+    luna_test_result a = luna_test_exec(translate_prog, args, NULL);
+    args[precision] = "bf16";
+    luna_test_result b = luna_test_exec(translate_prog, args, NULL);
+    expect_success(&a, "luna-translate --precision fp32");
+    expect_success(&b, "luna-translate --precision bf16");
+    int lines = 0, same = 0; /* hypotheses (H lines: id, score, tokens), and equal texts */
+    char *sa = a.out, *sb = b.out, *la, *lb;
+    while ((la = strsep(&sa, "\n")) && (lb = strsep(&sb, "\n")))
+        if (lb[0] == 'H') {
+            const char *ta = strchr(la, '\t'), *tb = strchr(lb, '\t');
+            ta = ta ? strchr(ta + 1, '\t') : NULL;
+            tb = tb ? strchr(tb + 1, '\t') : NULL;
+            same += la[0] == 'H' && ta && tb && strcmp(ta, tb) == 0;
+            lines++;
+        }
+    printf("luna-translate %s --precision bf16: %d hypotheses, %d equal to fp32's\n",
+           lh_backend_name(), lines, same);
+    ck_assert_int_eq(lines, 4);
+}
+END_TEST
+
 /* No GPU or driver: one line naming the cause, exit status 1, before any work. The harness's
  * LUNA_EMU_NO_DEVICE makes its cudaGetDeviceCount fail as the real runtime does on this machine
  * (cudaErrorInsufficientDriver); a build against the real runtime cannot fake that. */
@@ -272,6 +324,7 @@ static Suite *backend_programs_suite(void) {
     tcase_add_test(tc, training_matches_cpu);
     tcase_add_test(tc, bf16_training_loss_within_bound);
     tcase_add_test(tc, translations_match_cpu);
+    tcase_add_test(tc, bf16_translation_runs);
     tcase_add_test(tc, no_gpu_is_one_line_error);
     suite_add_tcase(s, tc);
     return s;
