@@ -1,9 +1,10 @@
 /* attention_forward/backward in one kernel per sentence and head, for bf16 activations and rows
  * of at most 128 (core/backend.h; the composition it replaces is core/attention_composed.c).
  *
- * The composition runs five kernels forward (the scores' GEMM, the softmax with dropout, the
- * second GEMM) and five backward, each a batch of products of 32 × 64 × 32 at WMT lengths, and
- * writes the scores and their gradient to memory between them. Here a block of 4 warps stages
+ * The composition runs three kernels forward (the scores' GEMM, the softmax with dropout, the
+ * second GEMM) and five backward (four GEMMs, the softmax's backward), the GEMMs batches of
+ * products of 32 × 64 × 32 at WMT lengths, and writes the scores and their gradient to memory
+ * between them. Here a block of 4 warps stages
  * Q, K, V (and dO) of one sentence and head in shared memory as bf16, zero-padded to multiples
  * of 16, and every product is a tensor-core product (nvcuda::wmma m16n16k16, fp32 accumulators):
  *   forward   S = Q Kᵀ (fp32, on chip); a = softmax(scale·S) masked as softmax_forward is;
