@@ -1,6 +1,6 @@
-/* attention_forward/backward by gemm_grid and softmax_dropout (core/attention_composed.h). The
- * steps and their order are the ones the model made before the op existed, so the CPU's results
- * did not change when it came. */
+/* attention_forward/backward by gemm_grid and softmax_dropout (core/attention_composed.h): the
+ * separate calls of the model's attention, in its order, so the op gives their results bit for
+ * bit (the CPU's translations and training are those of the separate calls). */
 #include "core/attention_composed.h"
 
 luna_status luna_attention_composed_forward(luna_backend *be, luna_act *o, luna_act *a,

@@ -186,45 +186,57 @@ START_TEST(bf16_training_loss_within_bound) {
 }
 END_TEST
 
-START_TEST(translations_match_cpu) {
+/* luna-translate of the CPU run's checkpoint on four sentences, beam 4, fairseq output, on `device`
+ * (precision NULL: the program's default). --batch-size 2: sentences join the in-flight batch
+ * while others are mid-search. */
+static luna_test_result translate_on(const char *device, const char *precision) {
     expect_success(&cpu_run, "luna-train --device cpu");
     char ckpt[1200], input[1200];
     snprintf(ckpt, sizeof ckpt, "%s/checkpoint_last.safetensors", cpu_dir);
     snprintf(input, sizeof input, "%s/in.txt", tmp);
     luna_test_write_file(input, "w1 w2 w3\nw4 w4 w5 w6 w7\nw0\nw7 w6 w5 w4 w3 w2 w1 w0\n");
-    /* --batch-size 2: sentences join the in-flight batch while others are mid-search */
-    const char *cpu_args[] = {ckpt,
-                              "--input",
-                              input,
-                              "--beam",
-                              "4",
-                              "--max-len-b",
-                              "12",
-                              "--output-format",
-                              "fairseq",
-                              "--quiet",
-                              "--device",
-                              "cpu",
-                              "--batch-size",
-                              "2",
-                              NULL};
-    const char *dev_args[] = {ckpt,          "--input",     input,          "--beam",
-                              "4",           "--max-len-b", "12",           "--output-format",
-                              "fairseq",     "--quiet",     "--device",     lh_backend_name(),
-                              "--precision", "fp32",        "--batch-size", "2",
-                              NULL};
-    luna_test_result a = luna_test_exec(translate_prog, cpu_args, NULL);
-    luna_test_result b = luna_test_exec(translate_prog, dev_args, NULL);
-    expect_success(&a, "luna-translate --device cpu");
-    expect_success(&b, "luna-translate on the backend under test");
+    const char *args[] = {ckpt,
+                          "--input",
+                          input,
+                          "--beam",
+                          "4",
+                          "--max-len-b",
+                          "12",
+                          "--output-format",
+                          "fairseq",
+                          "--quiet",
+                          "--device",
+                          device,
+                          "--batch-size",
+                          "2",
+                          "--precision",
+                          precision,
+                          NULL};
+    if (!precision) args[sizeof args / sizeof args[0] - 3] = NULL; /* no --precision */
+    luna_test_result r = luna_test_exec(translate_prog, args, NULL);
+    char what[160];
+    snprintf(what, sizeof what, "luna-translate --device %s --precision %s", device,
+             precision ? precision : "(default)");
+    expect_success(&r, what);
+    return r;
+}
+
+/* The tokens of a fairseq H line (id, score, tokens), or NULL for another line. */
+static const char *hypothesis_tokens(const char *line) {
+    const char *t = line[0] == 'H' ? strchr(line, '\t') : NULL;
+    return t ? strchr(t + 1, '\t') : NULL;
+}
+
+START_TEST(translations_match_cpu) {
+    luna_test_result a = translate_on("cpu", NULL);
+    luna_test_result b = translate_on(lh_backend_name(), "fp32");
     /* hypotheses (H lines: id, score, tokens) and positional scores: the same text; the scores
      * printed with 4 decimals agree unless a rounding boundary falls between the backends */
     int lines = 0, differ = 0;
     char *sa = a.out, *sb = b.out, *la, *lb;
     while ((la = strsep(&sa, "\n")) && (lb = strsep(&sb, "\n"))) {
         if (la[0] == 'H') {
-            const char *ta = strchr(strchr(la, '\t') + 1, '\t'),
-                       *tb = strchr(strchr(lb, '\t') + 1, '\t');
+            const char *ta = hypothesis_tokens(la), *tb = hypothesis_tokens(lb);
             ck_assert_msg(ta && tb && strcmp(ta, tb) == 0, "translation differs:\n%s\n%s", la, lb);
             lines++;
         }
@@ -245,42 +257,14 @@ START_TEST(bf16_translation_runs) {
         printf("bf16 translation: the CPU backend has fp32 activations only (nothing to run)\n");
         return;
     }
-    expect_success(&cpu_run, "luna-train --device cpu");
-    char ckpt[1200], input[1200];
-    snprintf(ckpt, sizeof ckpt, "%s/checkpoint_last.safetensors", cpu_dir);
-    snprintf(input, sizeof input, "%s/in_bf16.txt", tmp);
-    luna_test_write_file(input, "w1 w2 w3\nw4 w4 w5 w6 w7\nw0\nw7 w6 w5 w4 w3 w2 w1 w0\n");
-    const char *args[] = {ckpt,
-                          "--input",
-                          input,
-                          "--beam",
-                          "4",
-                          "--max-len-b",
-                          "12",
-                          "--output-format",
-                          "fairseq",
-                          "--quiet",
-                          "--device",
-                          lh_backend_name(),
-                          "--batch-size",
-                          "2",
-                          "--precision",
-                          "fp32",
-                          NULL};
-    const int precision = (int)(sizeof args / sizeof args[0]) - 2;
-    luna_test_result a = luna_test_exec(translate_prog, args, NULL);
-    args[precision] = "bf16";
-    luna_test_result b = luna_test_exec(translate_prog, args, NULL);
-    expect_success(&a, "luna-translate --precision fp32");
-    expect_success(&b, "luna-translate --precision bf16");
-    int lines = 0, same = 0; /* hypotheses (H lines: id, score, tokens), and equal texts */
+    luna_test_result a = translate_on(lh_backend_name(), "fp32");
+    luna_test_result b = translate_on(lh_backend_name(), "bf16");
+    int lines = 0, same = 0;
     char *sa = a.out, *sb = b.out, *la, *lb;
     while ((la = strsep(&sa, "\n")) && (lb = strsep(&sb, "\n")))
-        if (lb[0] == 'H') {
-            const char *ta = strchr(la, '\t'), *tb = strchr(lb, '\t');
-            ta = ta ? strchr(ta + 1, '\t') : NULL;
-            tb = tb ? strchr(tb + 1, '\t') : NULL;
-            same += la[0] == 'H' && ta && tb && strcmp(ta, tb) == 0;
+        if (hypothesis_tokens(lb)) {
+            const char *ta = hypothesis_tokens(la);
+            same += ta && strcmp(ta, hypothesis_tokens(lb)) == 0;
             lines++;
         }
     printf("luna-translate %s --precision bf16: %d hypotheses, %d equal to fp32's\n",

@@ -49,22 +49,10 @@ static luna_attention_shape shape_of(const att_case *c, const int32_t *valid) {
                                   .so = sn};
 }
 
-/* bf16 copy of h on the device (h rounded in place). */
-static void *up(float *h, size_t n) {
-    uint16_t *b = malloc(2 * n);
-    for (size_t i = 0; i < n; i++)
-        b[i] = to_bf16(h[i]), h[i] = from_bf16(b[i]);
-    void *d = dev(b, 2 * n);
-    free(b);
-    return d;
-}
+/* A device bf16 buffer back as fp32 (malloc'd). */
 static float *fetch(const void *d, size_t n) {
-    uint16_t *b = malloc(2 * n);
     float *h = malloc(4 * n);
-    down(b, d, 2 * n);
-    for (size_t i = 0; i < n; i++)
-        h[i] = from_bf16(b[i]);
-    free(b);
+    down_act(h, d, n, 1);
     return h;
 }
 
@@ -96,7 +84,8 @@ static void run_case(luna_backend *cpu, const att_case *c, int salt) {
     int32_t valid[4];
     for (int b = 0; b < c->B; b++)
         valid[b] = b == 1 ? 0 : (b == 2 ? -1 : (b * 13 + c->m * 2 / 3 + 1) % (c->m + 3));
-    void *dq_ = up(q, nq), *dk_ = up(k, nk), *dv_ = c->tied ? dk_ : up(v, nk), *ddo = up(d_o, nq);
+    void *dq_ = up_act(q, nq, 1), *dk_ = up_act(k, nk, 1), *dv_ = c->tied ? dk_ : up_act(v, nk, 1),
+         *ddo = up_act(d_o, nq, 1);
     if (c->tied) memcpy(v, k, 4 * nk);
     int32_t *dvalid = dev(valid, sizeof valid);
     const luna_attention_shape sc = shape_of(c, c->masked ? valid : NULL),

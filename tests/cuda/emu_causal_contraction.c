@@ -14,26 +14,6 @@
 #include "tests/cuda/emu_util.h"
 #include "tests/test_util.h"
 
-static void *up_act(float *h, size_t n, int bf16) { /* bf16: rounds h in place */
-    if (!bf16) return dev(h, 4 * n);
-    uint16_t *b = malloc(2 * n);
-    for (size_t i = 0; i < n; i++)
-        b[i] = to_bf16(h[i]), h[i] = from_bf16(b[i]);
-    void *d = dev(b, 2 * n);
-    free(b);
-    return d;
-}
-static void down_act(float *h, const void *d, size_t n, int bf16) {
-    if (!bf16) {
-        ck_assert_int_eq(cudaMemcpy(h, d, 4 * n, cudaMemcpyDeviceToHost), cudaSuccess);
-        return;
-    }
-    uint16_t *b = malloc(2 * n);
-    ck_assert_int_eq(cudaMemcpy(b, d, 2 * n, cudaMemcpyDeviceToHost), cudaSuccess);
-    for (size_t i = 0; i < n; i++)
-        h[i] = from_bf16(b[i]);
-    free(b);
-}
 /* |got − want| ≤ tol·(1 + |want|); bf16: want rounded to bf16, tol 1/64 */
 static void compare(const float *want, const float *got, size_t n, double tol, int bf16,
                     const char *what, const char *which) {

@@ -40,6 +40,29 @@ static inline void down(void *host, const void *d, size_t bytes) {
     ck_assert_int_eq(cudaMemcpy(host, d, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
 }
 
+/* An activation buffer on the device from host values: fp32, or bf16 (h rounded in place to
+ * what the device holds); and back to fp32 on the host. */
+static inline void *up_act(float *h, size_t n, int bf16) { /* bf16: rounds h in place */
+    if (!bf16) return dev(h, 4 * n);
+    uint16_t *b = malloc(2 * n);
+    for (size_t i = 0; i < n; i++)
+        b[i] = to_bf16(h[i]), h[i] = from_bf16(b[i]);
+    void *d = dev(b, 2 * n);
+    free(b);
+    return d;
+}
+static inline void down_act(float *h, const void *d, size_t n, int bf16) {
+    if (!bf16) {
+        ck_assert_int_eq(cudaMemcpy(h, d, 4 * n, cudaMemcpyDeviceToHost), cudaSuccess);
+        return;
+    }
+    uint16_t *b = malloc(2 * n);
+    ck_assert_int_eq(cudaMemcpy(b, d, 2 * n, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (size_t i = 0; i < n; i++)
+        h[i] = from_bf16(b[i]);
+    free(b);
+}
+
 /* A column-sum workspace (cuda_kernels.h) for nout sums over rows × cols: the launchers' size, or
  * with `one_chunk` the least that works — one chunk a round, so that every chunk after the first
  * goes through the running totals. Free with cudaFree(ws.p). */

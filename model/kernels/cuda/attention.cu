@@ -19,6 +19,8 @@
  * Each tile is a fixed warp's and sums in a fixed order: identical results run to run. */
 #include "model/kernels/cuda/cuda_compat.h"
 
+#include <type_traits>
+
 #include "core/philox.h"
 #include "model/kernels/cuda/act_io.cuh"
 #include "model/kernels/cuda/cuda_kernels.h"
@@ -126,9 +128,12 @@ __device__ inline void write_rows(bf16 *dst, int ld, const float *F, int ldf, in
     }
 }
 
-/* F [M16, N16] = U Vᵀ over k16: U [M16, k16], V [N16, k16], bf16 rows (S = Q Kᵀ, F = dO Vᵀ). */
-__device__ inline void product_nt(float *F, int ldf, const bf16 *U, int ldu, const bf16 *V, int ldv,
-                                  int M16, int N16, int k16, int warp) {
+/* F [M16, N16] = U op(W) over k16, U [M16, k16] bf16 rows; op(W) = W [k16, N16] (O = a_d V,
+ * dQ = dS' K) or, transposed, Wᵀ with W [N16, k16] (S = Q Kᵀ, F = dO Vᵀ). */
+template <bool transposed>
+__device__ inline void product(float *F, int ldf, const bf16 *U, int ldu, const bf16 *W, int ldw,
+                               int M16, int N16, int k16, int warp) {
+    typedef typename std::conditional<transposed, BCol, BRow>::type BFrag;
     const int tn = N16 / 16;
     for (int tile = warp; tile < (M16 / 16) * tn; tile += kWarps) {
         const int ti = tile / tn, tj = tile % tn;
@@ -136,28 +141,10 @@ __device__ inline void product_nt(float *F, int ldf, const bf16 *U, int ldu, con
         wmma::fill_fragment(acc, 0.0f);
         for (int k = 0; k < k16; k += 16) {
             ARow fa;
-            BCol fb;
+            BFrag fb;
             wmma::load_matrix_sync(fa, U + ti * 16 * ldu + k, ldu);
-            wmma::load_matrix_sync(fb, V + tj * 16 * ldv + k, ldv);
-            wmma::mma_sync(acc, fa, fb, acc);
-        }
-        wmma::store_matrix_sync(F + ti * 16 * ldf + tj * 16, acc, ldf, wmma::mem_row_major);
-    }
-}
-
-/* F [M16, N16] = U W over k16: U [M16, k16], W [k16, N16] (O = a_d V, dQ = dS' K). */
-__device__ inline void product_nn(float *F, int ldf, const bf16 *U, int ldu, const bf16 *W, int ldw,
-                                  int M16, int N16, int k16, int warp) {
-    const int tn = N16 / 16;
-    for (int tile = warp; tile < (M16 / 16) * tn; tile += kWarps) {
-        const int ti = tile / tn, tj = tile % tn;
-        Acc acc;
-        wmma::fill_fragment(acc, 0.0f);
-        for (int k = 0; k < k16; k += 16) {
-            ARow fa;
-            BRow fb;
-            wmma::load_matrix_sync(fa, U + ti * 16 * ldu + k, ldu);
-            wmma::load_matrix_sync(fb, W + k * ldw + tj * 16, ldw);
+            wmma::load_matrix_sync(fb, transposed ? W + tj * 16 * ldw + k : W + k * ldw + tj * 16,
+                                   ldw);
             wmma::mma_sync(acc, fa, fb, acc);
         }
         wmma::store_matrix_sync(F + ti * 16 * ldf + tj * 16, acc, ldf, wmma::mem_row_major);
@@ -231,7 +218,7 @@ __global__ void __launch_bounds__(kThreads)
     stage(K, d.ldd, k + at(s.sk, b, h), s.ldk, s.m, s.dh, d.m16, d.d16);
     stage(V, d.ldd, v + at(s.sv, b, h), s.ldv, s.m, s.dh, d.m16, d.d16);
     __syncthreads();
-    product_nt(F, d.ldf, Q, d.ldd, K, d.ldd, d.n16, d.m16, d.d16, warp);
+    product<true>(F, d.ldf, Q, d.ldd, K, d.ldd, d.n16, d.m16, d.d16, warp);
     __syncthreads();
     /* per_warp rows a warp at a time, 4 consecutive keys a lane (n16 is a multiple of per_warp) */
     for (int r0 = warp * per_warp; r0 < d.n16; r0 += kWarps * per_warp) {
@@ -267,7 +254,7 @@ __global__ void __launch_bounds__(kThreads)
         }
     }
     __syncthreads();
-    product_nn(F, d.ldf, P, d.ldm, V, d.ldd, d.n16, d.d16, d.m16, warp);
+    product<false>(F, d.ldf, P, d.ldm, V, d.ldd, d.n16, d.d16, d.m16, warp);
     __syncthreads();
     write_rows(o + at(s.so, b, h), s.ldo, F, d.ldf, s.n, s.dh);
 }
@@ -294,7 +281,7 @@ __global__ void __launch_bounds__(kThreads)
     stage(Pa, d.ldm, a + a0, s.m, s.n, s.m, d.n16, d.m16);
     stage(Pd, d.ldm, a_d ? a_d + a0 : a + a0, s.m, s.n, s.m, d.n16, d.m16);
     __syncthreads();
-    product_nt(F, d.ldf, G, d.ldd, V, d.ldd, d.n16, d.m16, d.d16, warp);
+    product<true>(F, d.ldf, G, d.ldd, V, d.ldd, d.n16, d.m16, d.d16, warp);
     __syncthreads();
     /* dS' = scale · a ⊙ (g − Σ a·g) into a's tile, rows as in the forward (past n: zeros) */
     for (int r0 = warp * per_warp; r0 < d.n16; r0 += kWarps * per_warp) {
@@ -315,7 +302,7 @@ __global__ void __launch_bounds__(kThreads)
                 Pa[r * d.ldm + c0 + e] = __float2bfloat16(s.scale * (av[e] * (gv[e] - dot)));
     }
     __syncthreads();
-    product_nn(F, d.ldf, Pa, d.ldm, K, d.ldd, d.n16, d.d16, d.m16, warp); /* dQ = dS' K */
+    product<false>(F, d.ldf, Pa, d.ldm, K, d.ldd, d.n16, d.d16, d.m16, warp); /* dQ = dS' K */
     __syncthreads();
     write_rows(dq + at(s.sq, b, h), s.ldq, F, d.ldf, s.n, s.dh);
     __syncthreads();
@@ -331,8 +318,6 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     write_rows(dv + at(s.sv, b, h), s.ldv, F, d.ldf, s.m, s.dh);
 }
-
-inline float drop_scale(float p) { return p > 0.0f ? 1.0f / (1.0f - p) : 1.0f; }
 
 /* The plan's bytes, or 0 when the shape is outside the kernels' or the device's limits. */
 size_t plan_bytes(int n, int m, int dh, bool backward) {

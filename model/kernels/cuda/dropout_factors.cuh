@@ -32,3 +32,6 @@ __device__ inline void drop4(luna_rng_key key, int64_t i, float p, float scale, 
             f[e] = drop_factor(key, i + e, p, scale);
     }
 }
+
+/* The kept elements' factor 1/(1 − p), computed once on the host (1 when p = 0). */
+inline float drop_scale(float p) { return p > 0.0f ? 1.0f / (1.0f - p) : 1.0f; }

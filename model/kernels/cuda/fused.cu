@@ -311,8 +311,6 @@ __global__ void smd_bwd_kernel(T *dx, const T *dyd, const T *y, int64_t rows, in
 
 typedef __nv_bfloat16 bf16_t;
 
-inline float drop_scale(float p) { return p > 0.0f ? 1.0f / (1.0f - p) : 1.0f; }
-
 template <typename T>
 cudaError_t resnorm_fwd(cudaStream_t s, void *y, void *r, float *mean, float *rstd, const void *sub,
                         const float *bias, const void *res, const float *gamma, const float *beta,
