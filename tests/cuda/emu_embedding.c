@@ -15,27 +15,6 @@
 #include "tests/cuda/emu_util.h"
 #include "tests/test_util.h"
 
-/* Activations of a device buffer as floats (bf16 widened). */
-static void down_act(float *h, const void *d, int64_t n, int bf16) {
-    if (!bf16) {
-        down(h, d, 4 * (size_t)n);
-        return;
-    }
-    uint16_t *b = malloc(2 * (size_t)n);
-    down(b, d, 2 * (size_t)n);
-    for (int64_t i = 0; i < n; i++)
-        h[i] = from_bf16(b[i]);
-    free(b);
-}
-static void *up_act(float *h, int64_t n, int bf16) { /* bf16: rounds h in place */
-    if (!bf16) return dev(h, 4 * (size_t)n);
-    uint16_t *b = malloc(2 * (size_t)n);
-    for (int64_t i = 0; i < n; i++)
-        b[i] = to_bf16(h[i]), h[i] = from_bf16(b[i]);
-    void *d = dev(b, 2 * (size_t)n);
-    free(b);
-    return d;
-}
 static void same(const float *want, const float *got, int64_t n, int bf16, const char *what) {
     for (int64_t i = 0; i < n; i++) {
         const float w = bf16 ? from_bf16(to_bf16(want[i])) : want[i];
