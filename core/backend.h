@@ -191,6 +191,8 @@ void luna_backend_free(luna_backend *be);
  * state. An op exists because library code calls it: a test's reference computation that no
  * library code needs lives with the tests (tests/backend_harness.h, "references that are not
  * ops"). */
+struct luna_beam_select_args; /* core/beam_select.h */
+
 struct luna_ops {
     /* ==== GEMM and linear ========================================================================
      * gemm: batched strided GEMM: for b in [0, batch):
@@ -513,7 +515,16 @@ struct luna_ops {
      * states the math and its error bound; the CUDA backend refuses it). One W is held with one
      * dtype at a time. release_weights: ends one hold; the last drops what hold_weights kept (W
      * NULL: no-op; a W not held is an error). W must be released before its memory is freed or
-     * reused. */
+     * reused.
+     * beam_select: one step of the beam search's selection for a pool of a->S sentences, the
+     *   search's state in the backend's memory (core/beam_select.h states the arguments and the
+     *   records; every pointer in *a is the backend's memory, a itself the host's): per sentence
+     *   the top 2·beam of cumulative score + log-prob over its rows' candidate lists (bans
+     *   dropped), its </s> candidates finalized into its slot's record, done or the next beam's
+     *   parent rows, tokens, histories and scores. Every backend runs core/beam_select.h's
+     *   luna_beam_select_sentence for each sentence: results are bit-identical across backends
+     *   (LH_EXACT). A sentence's slot, rows and step must be consistent (the caller's bug
+     *   otherwise: not checked on a device). */
     luna_status (*gather_rows)(luna_backend *be, luna_act *dst, int64_t dst_stride,
                                const luna_act *src, int64_t src_stride, const int32_t *idx,
                                int64_t n, int64_t cols);
@@ -530,6 +541,7 @@ struct luna_ops {
                                    const luna_act *K, const luna_act *V, const int32_t *row_slot,
                                    const int32_t *slot_len, int R, int H, int dh, int m,
                                    float alpha);
+    luna_status (*beam_select)(luna_backend *be, const struct luna_beam_select_args *a);
     luna_status (*hold_weights)(luna_backend *be, const float *W, int out, int in,
                                 luna_dtype dtype);
     luna_status (*release_weights)(luna_backend *be, const float *W);

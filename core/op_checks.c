@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "core/backend.h"
+#include "core/beam_select.h"
 #include "core/tensor_table.h"
 
 #define BAD(...) return luna_error(LUNA_ERR_INVALID_ARGUMENT, __VA_ARGS__)
@@ -477,6 +478,18 @@ static luna_status cross_attention(luna_backend *be, luna_act *y, const luna_act
     if (R > 0 && (!y || !q || !K || !V || !row_slot)) BAD("cross_attention: null pointer");
     return be->kernels->cross_attention(be, y, q, K, V, row_slot, slot_len, R, H, dh, m, alpha);
 }
+static luna_status beam_select(luna_backend *be, const luna_beam_select_args *a) {
+    if (!a) BAD("beam_select: null arguments");
+    if (a->S < 0 || a->beam < 1 || a->kb < 1 || a->kb > 2 * a->beam || a->k_list < a->kb ||
+        a->cap < 2 || a->ngram < 0)
+        BAD("beam_select: bad sizes (S %d, beam %d, kb %d, k_list %d, cap %d, ngram %d)", a->S,
+            a->beam, a->kb, a->k_list, a->cap, a->ngram);
+    if (a->S > 0 && (!a->top_lp || !a->top_tok || !a->row_first || !a->step || !a->max_len ||
+                     !a->slot || !a->tok || !a->score || !a->ignore || !a->tok_out ||
+                     !a->score_out || !a->ignore_out || !a->summary || !a->finished || !a->work))
+        BAD("beam_select: null pointer");
+    return be->kernels->beam_select(be, a);
+}
 static luna_status hold_weights(luna_backend *be, const float *W, int out, int in,
                                 luna_dtype dtype) {
     if (!W || out <= 0 || in <= 0)
@@ -535,6 +548,7 @@ static const luna_ops checked_ops = {
     .cache_products = cache_products,
     .cache_write = cache_write,
     .cross_attention = cross_attention,
+    .beam_select = beam_select,
     .hold_weights = hold_weights,
     .release_weights = release_weights,
 };

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "data/dictionary.h"
-#include "decoding/candidates.h"
+#include "core/beam_candidates.h"
 #include "decoding/sampling.h"
 #include "decoding/search_internal.h"
 

@@ -100,6 +100,7 @@ void luna_incremental_free(luna_incremental *inc) {
 const luna_config *luna_incremental_config(const luna_incremental *inc) {
     return &inc->model->config;
 }
+luna_backend *luna_incremental_backend(const luna_incremental *inc) { return inc->be; }
 int luna_incremental_rows(const luna_incremental *inc) { return inc->R; }
 int luna_incremental_sentences(const luna_incremental *inc) { return inc->S; }
 int luna_incremental_beam(const luna_incremental *inc) { return inc->beam; }
@@ -443,15 +444,18 @@ static luna_status step(luna_incremental *inc, const int32_t *tokens, const luna
     float *top_lp = NULL, *picked = NULL;
     luna_act *logits;
     LUNA_TRY(luna_pass_alloc_i32(&ps, &tok, R, "decoder tokens"));
-    LUNA_TRY(luna_mem_from_host(be, tok, tokens, sizeof(int32_t) * (size_t)R));
-    if (k > 0) {
+    /* as ids: a device then knows their range (checked below) and its embedding needs no wait */
+    LUNA_TRY(luna_mem_ids_from_host(be, tok, tokens, R));
+    if (out->on_device) {
+        top_lp = out->top_log_probs, top_idx = out->top_tokens, picked = out->picked;
+    } else if (k > 0) {
         LUNA_TRY(luna_pass_alloc_f32(&ps, &top_lp, (int64_t)R * k, "candidates"));
         LUNA_TRY(luna_pass_alloc_i32(&ps, &top_idx, (int64_t)R * k, "candidates"));
     }
     if (out->pick) {
         LUNA_TRY(luna_pass_alloc_i32(&ps, &pick, R, "picked tokens"));
-        LUNA_TRY(luna_pass_alloc_f32(&ps, &picked, R, "picked log-probs"));
-        LUNA_TRY(luna_mem_from_host(be, pick, out->pick, sizeof(int32_t) * (size_t)R));
+        if (!out->on_device) LUNA_TRY(luna_pass_alloc_f32(&ps, &picked, R, "picked log-probs"));
+        LUNA_TRY(luna_mem_ids_from_host(be, pick, out->pick, R));
     }
     if (!inc->luna) { /* row r writes position t in slot r (pool: in its sentence's block) */
         for (int s = 0; inc->pool && s < inc->S; s++)
@@ -470,6 +474,7 @@ static luna_status step(luna_incremental *inc, const int32_t *tokens, const luna
         LUNA_TRY(be->ops->scale_act(be, logits, inc->inv_temperature, (int64_t)R * V));
     LUNA_TRY(
         be->ops->log_softmax_topk(be, logits, inc->bias, R, V, k, top_lp, top_idx, pick, picked));
+    if (out->on_device) return LUNA_OK;
     if (k > 0) {
         LUNA_TRY(luna_mem_to_host(be, out->top_log_probs, top_lp, sizeof(float) * (size_t)R * k));
         LUNA_TRY(luna_mem_to_host(be, out->top_tokens, top_idx, sizeof(int32_t) * (size_t)R * k));

@@ -70,7 +70,9 @@ luna_status luna_incremental_begin_pool(luna_incremental *inc, int S_cap, int m_
 luna_status luna_incremental_admit(luna_incremental *inc, const int32_t *src_tokens,
                                    const int32_t *src_lengths, int n, int m, bool one_row);
 
-/* What a step hands back to the host (all host arrays, rows = luna_incremental_rows):
+/* What a step hands back (host arrays, rows = luna_incremental_rows; with on_device, top_log_probs,
+ * top_tokens and picked are the backend's memory instead and stay there, for a search that runs
+ * on the device: no readback):
  *   top_log_probs / top_tokens [rows, k]: the k most probable next tokens of each row, best
  *     first (ties: lower token id first; NaN counted as −inf), log-probs in nats after the
  *     token bias; k = 0: none. The beam search needs 2·beam per row, never the V log-probs.
@@ -81,8 +83,9 @@ typedef struct {
     int k;
     float *top_log_probs;
     int32_t *top_tokens;
-    const int32_t *pick;
+    const int32_t *pick; /* host */
     float *picked;
+    bool on_device;
 } luna_step_output;
 
 /* A per-token bias added to every row's log-probs (host [V], copied; NULL: none), e.g. −inf for
@@ -105,6 +108,7 @@ luna_status luna_incremental_step(luna_incremental *inc, const int32_t *tokens,
 luna_status luna_incremental_reorder(luna_incremental *inc, const int32_t *rows, int new_rows);
 
 const luna_config *luna_incremental_config(const luna_incremental *inc); /* the model's */
+luna_backend *luna_incremental_backend(const luna_incremental *inc);     /* the model's */
 int luna_incremental_rows(const luna_incremental *inc);                  /* active rows (S·beam) */
 int luna_incremental_sentences(const luna_incremental *inc);             /* active sentences */
 int luna_incremental_beam(const luna_incremental *inc);

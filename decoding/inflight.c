@@ -12,13 +12,20 @@
  * (the GEMMs' results depend on their row count); and </s> before min_len is
  * removed from the row's candidates like an n-gram ban (the rows of the pool are at different
  * steps, so the shared token bias cannot carry it) — the top k of the log-probs with </s> at −inf,
- * as the bias gave. */
+ * as the bias gave.
+ *
+ * A beam search selects on the backend (the beam_select op, core/beam_select.h): the candidate
+ * lists, the hypotheses, their scores and the finished ones stay in the backend's memory, and the
+ * host reads back per step only each sentence's done flag, its next rows' parents and tokens
+ * (one readback), and a finished sentence's record. Sampling selects on the host (its draws
+ * need the lists there). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/beam_candidates.h"
+#include "core/beam_select.h"
 #include "data/dictionary.h"
-#include "decoding/candidates.h"
 #include "decoding/sampling.h"
 #include "decoding/search_internal.h"
 
@@ -44,9 +51,32 @@ typedef struct {
     int32_t *pick;    /* [S_cap·beam] </s> */
     float *picked;    /* [S_cap·beam] */
     int32_t *padded;  /* [S_cap, m_cap] + [S_cap] lengths: the admitted sources */
+    /* the selection on the backend (beam search) */
+    bool on_device;
+    int *slot;             /* [S_cap] each active sentence's slot of search state */
+    int *free_slot, nfree; /* [S_cap] */
+    int32_t *next_rows;    /* [S_cap·beam] the reorder */
+    int32_t *sent_host;    /* [4·S_cap + 1] the op's per-sentence table */
+    int32_t *summary;      /* [S_cap·(1 + 2·beam)] */
+    unsigned char *record; /* one finished record */
+    size_t record_bytes;
+    luna_backend *be;
+    void *dev; /* one block, carved into the buffers below */
+    size_t dev_bytes;
+    float *d_lp, *d_picked;
+    int32_t *d_list_tok, *d_sent, *d_hist[2], *d_summary;
+    double *d_score[2];
+    uint8_t *d_ignore[2];
+    unsigned char *d_finished;
+    void *d_work;
+    int cur; /* which of the double buffers holds this step's state */
 } flight;
 
 static void flight_free(flight *f) {
+    void *host[] = {f->slot, f->free_slot, f->next_rows, f->sent_host, f->summary, f->record};
+    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
+        free(host[i]);
+    if (f->dev) luna_mem_release(f->be, f->dev, f->dev_bytes);
     void *all[] = {f->id,     f->step,    f->max_len, f->src_len, f->tok,    f->tok2,   f->sc,
                    f->sc2,    f->ignore,  f->ignore2, f->cands,   f->is_eos, f->rows,   f->row_tok,
                    f->top_lp, f->top_tok, f->ban,     f->nban,    f->pick,   f->picked, f->padded};
@@ -85,6 +115,58 @@ static luna_status flight_alloc(flight *f) {
                           f->S_cap);
     for (size_t r = 0; r < R; r++)
         f->pick[r] = LUNA_DICT_EOS;
+    return LUNA_OK;
+}
+
+/* The search state on the backend (f->on_device): one block of the backend's memory. */
+static luna_status flight_alloc_device(flight *f) {
+    const size_t S = (size_t)f->S_cap, R = S * f->beam, cap = (size_t)f->cap;
+    f->record_bytes = luna_beam_finished_bytes(f->beam, f->cap);
+    f->slot = malloc(sizeof(int) * S);
+    f->free_slot = malloc(sizeof(int) * S);
+    f->next_rows = malloc(sizeof(int32_t) * R);
+    f->sent_host = malloc(sizeof(int32_t) * (4 * S + 1));
+    f->summary = malloc(sizeof(int32_t) * (S + 2 * R));
+    f->record = malloc(f->record_bytes);
+    if (!f->slot || !f->free_slot || !f->next_rows || !f->sent_host || !f->summary || !f->record)
+        return luna_error(LUNA_ERR_OUT_OF_MEMORY, "decoding: out of host memory (%d sentences)",
+                          f->S_cap);
+    for (int h = 0; h < f->S_cap; h++)
+        f->free_slot[h] = f->S_cap - 1 - h;
+    f->nfree = f->S_cap;
+    const size_t bytes[] = {sizeof(float) * R * f->k_cap,
+                            sizeof(int32_t) * R * f->k_cap,
+                            sizeof(float) * R,
+                            sizeof(int32_t) * (4 * S + 1),
+                            sizeof(int32_t) * R * cap,
+                            sizeof(int32_t) * R * cap,
+                            sizeof(double) * R * cap,
+                            sizeof(double) * R * cap,
+                            R,
+                            R,
+                            sizeof(int32_t) * (S + 2 * R),
+                            f->record_bytes * S,
+                            luna_beam_select_work_bytes(f->S_cap, f->beam, f->cap)};
+    enum { N = sizeof bytes / sizeof bytes[0] };
+    size_t at[N], total = 0;
+    for (int i = 0; i < N; i++) {
+        at[i] = total;
+        total += (bytes[i] + 255) / 256 * 256;
+    }
+    f->dev = luna_mem_alloc(f->be, total);
+    if (!f->dev)
+        return luna_error(LUNA_ERR_OUT_OF_MEMORY,
+                          "decoding: out of %s memory for the search (%zu bytes)", f->be->name,
+                          total);
+    f->dev_bytes = total;
+    unsigned char *b = f->dev;
+    f->d_lp = (float *)(b + at[0]), f->d_list_tok = (int32_t *)(b + at[1]);
+    f->d_picked = (float *)(b + at[2]), f->d_sent = (int32_t *)(b + at[3]);
+    f->d_hist[0] = (int32_t *)(b + at[4]), f->d_hist[1] = (int32_t *)(b + at[5]);
+    f->d_score[0] = (double *)(b + at[6]), f->d_score[1] = (double *)(b + at[7]);
+    f->d_ignore[0] = b + at[8], f->d_ignore[1] = b + at[9];
+    f->d_summary = (int32_t *)(b + at[10]), f->d_finished = b + at[11];
+    f->d_work = b + at[12];
     return LUNA_OK;
 }
 
@@ -133,6 +215,7 @@ static luna_status admit(luna_incremental *inc, const luna_beam_options *o, flig
         out[b] = (luna_nbest){.hyps = calloc((size_t)o->beam, sizeof(luna_hypothesis))};
         if (!out[b].hyps) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "beam search: out of memory");
         f->id[s] = b;
+        if (f->on_device) f->slot[s] = f->free_slot[--f->nfree];
         f->step[s] = 0;
         f->src_len[s] = x->len;
         f->max_len[s] = max_len_of(o, x->len);
@@ -281,6 +364,109 @@ static luna_status step_pool(luna_incremental *inc, const luna_beam_options *o, 
     return LUNA_OK;
 }
 
+/* A finished sentence's hypotheses from its slot's record (in the order they finished, as
+ * select_sentence files them), then sorted. */
+static luna_status collect_finished(const luna_beam_options *o, flight *f, int s, luna_nbest *out) {
+    const int h = f->slot[s], beam = f->beam, cap = f->cap;
+    LUNA_TRY(luna_mem_to_host(f->be, f->record, f->d_finished + (size_t)h * f->record_bytes,
+                              f->record_bytes));
+    const int count = *luna_beam_finished_count(f->record);
+    for (int i = 0; i < count; i++)
+        LUNA_TRY(luna_search_finalize(
+            o, luna_beam_finished_tokens(f->record, beam, cap) + (size_t)i * cap,
+            luna_beam_finished_scores(f->record, beam, cap) + (size_t)i * cap, out,
+            luna_beam_finished_steps(f->record, beam, cap)[i],
+            luna_beam_finished_eos(f->record)[i]));
+    luna_search_sort_nbest(out, o->nbest);
+    f->free_slot[f->nfree++] = h;
+    return LUNA_OK;
+}
+
+/* step_pool with the selection on the backend (beam search). */
+static luna_status step_pool_device(luna_incremental *inc, const luna_beam_options *o, flight *f,
+                                    luna_nbest *out, int *finished) {
+    const int beam = f->beam, S = f->S, ngram = o->no_repeat_ngram_size;
+    bool must_end = false;
+    int most_bans = 0; /* a bound: the bans themselves are counted on the backend */
+    for (int s = 0; s < S; s++) {
+        const int t = f->step[s];
+        must_end = must_end || t >= f->max_len[s];
+        const int bans = (ngram > 0 && t + 1 - ngram > 0 ? t + 1 - ngram : 0) + (t < o->min_len);
+        most_bans = bans > most_bans ? bans : most_bans;
+        if (t == 0)
+            for (int r = drow(f, s); r < drow(f, s + 1); r++)
+                f->row_tok[r] = LUNA_DICT_EOS;
+    }
+    const int k_req = f->kb + most_bans < f->V ? f->kb + most_bans : f->V;
+    luna_step_output so = {.k = k_req,
+                           .top_log_probs = f->d_lp,
+                           .top_tokens = f->d_list_tok,
+                           .pick = must_end ? f->pick : NULL,
+                           .picked = f->d_picked,
+                           .on_device = true};
+    LUNA_TRY(luna_incremental_step(inc, f->row_tok, &so));
+    int32_t *row_first = f->sent_host, *step = row_first + S + 1, *max_len = step + S,
+            *slot = max_len + S;
+    for (int s = 0; s <= S; s++)
+        row_first[s] = drow(f, s);
+    for (int s = 0; s < S; s++)
+        step[s] = f->step[s], max_len[s] = f->max_len[s], slot[s] = f->slot[s];
+    LUNA_TRY(luna_mem_from_host(f->be, f->d_sent, f->sent_host, sizeof(int32_t) * (4 * S + 1)));
+    const int c = f->cur;
+    const luna_beam_select_args a = {.S = S,
+                                     .beam = beam,
+                                     .kb = f->kb,
+                                     .k_list = k_req,
+                                     .cap = f->cap,
+                                     .min_len = o->min_len,
+                                     .ngram = ngram,
+                                     .eos = LUNA_DICT_EOS,
+                                     .unk = LUNA_DICT_UNK,
+                                     .top_lp = f->d_lp,
+                                     .top_tok = f->d_list_tok,
+                                     .picked = must_end ? f->d_picked : NULL,
+                                     .row_first = f->d_sent,
+                                     .step = f->d_sent + S + 1,
+                                     .max_len = f->d_sent + 2 * S + 1,
+                                     .slot = f->d_sent + 3 * S + 1,
+                                     .tok = f->d_hist[c],
+                                     .score = f->d_score[c],
+                                     .ignore = f->d_ignore[c],
+                                     .tok_out = f->d_hist[1 - c],
+                                     .score_out = f->d_score[1 - c],
+                                     .ignore_out = f->d_ignore[1 - c],
+                                     .summary = f->d_summary,
+                                     .finished = f->d_finished,
+                                     .work = f->d_work};
+    LUNA_TRY(f->be->ops->beam_select(f->be, &a));
+    LUNA_TRY(luna_mem_to_host(f->be, f->summary, f->d_summary,
+                              sizeof(int32_t) * (size_t)S * (1 + 2 * beam)));
+    const int32_t *parent = f->summary + S, *token = parent + (size_t)S * beam;
+    int remaining = 0;
+    for (int s = 0; s < S; s++) {
+        if (f->summary[s]) {
+            LUNA_TRY(collect_finished(o, f, s, &out[f->id[s]]));
+            continue;
+        }
+        const int s2 = remaining++; /* s2 ≤ s: sentences before s are placed already */
+        for (int p = 0; p < beam; p++) {
+            f->next_rows[s2 * beam + p] = parent[s * beam + p];
+            f->row_tok[s2 * beam + p] = token[s * beam + p];
+        }
+        f->id[s2] = f->id[s];
+        f->step[s2] = f->step[s] + 1;
+        f->max_len[s2] = f->max_len[s];
+        f->src_len[s2] = f->src_len[s];
+        f->slot[s2] = f->slot[s];
+    }
+    *finished = S - remaining;
+    LUNA_TRY(luna_incremental_reorder(inc, f->next_rows, remaining * beam));
+    f->cur = 1 - c;
+    f->S = remaining;
+    f->one_row = 0;
+    return LUNA_OK;
+}
+
 static luna_status generate(luna_incremental *inc, const luna_beam_options *o,
                             const luna_token_seq *src, const int *order, int n, int max_tokens,
                             int batch_size, luna_nbest *out,
@@ -307,7 +493,10 @@ static luna_status generate(luna_incremental *inc, const luna_beam_options *o,
     /* room for kb candidates plus the bans of a row (at most one per earlier position, and
      * </s>) */
     f.k_cap = f.kb + f.cap + 1 < V ? f.kb + f.cap + 1 : V;
+    f.on_device = !o->sampling;
+    f.be = luna_incremental_backend(inc);
     luna_status st = flight_alloc(&f);
+    if (st == LUNA_OK && f.on_device) st = flight_alloc_device(&f);
     float *bias = calloc((size_t)V, sizeof(float));
     if (st == LUNA_OK && !bias) st = luna_error(LUNA_ERR_OUT_OF_MEMORY, "decoding: out of memory");
     if (st == LUNA_OK) {
@@ -323,7 +512,8 @@ static luna_status generate(luna_incremental *inc, const luna_beam_options *o,
         st = admit(inc, o, &f, src, order, n, &next, max_tokens, out);
         if (st != LUNA_OK || f.S == 0) break;
         int finished = 0;
-        st = step_pool(inc, o, &f, out, &finished);
+        st = f.on_device ? step_pool_device(inc, o, &f, out, &finished)
+                         : step_pool(inc, o, &f, out, &finished);
         done += finished;
         if (st == LUNA_OK && finished > 0 && progress) progress(ctx, done, n);
     }

@@ -3,19 +3,12 @@
 #include <math.h>
 #include <stdbool.h>
 
+#include "core/beam_select.h"
 #include "core/philox.h"
 
+/* the beam_select op's bans (core/beam_select.h): the host's search bans the same tokens */
 int luna_ngram_bans(const int32_t *tok, int len, int n, int32_t *ban) {
-    if (n < 1 || len - (n - 1) < 1) return 0;
-    const int32_t *key = tok + len - (n - 1); /* the last n − 1 tokens */
-    int nb = 0;
-    for (int i = 1; i + n - 1 < len; i++) {
-        int m = 0;
-        while (m < n - 1 && tok[i + m] == key[m])
-            m++;
-        if (m == n - 1) ban[nb++] = tok[i + n - 1];
-    }
-    return nb;
+    return luna_beam_ngram_bans(tok, len, n, ban);
 }
 
 void luna_drop_banned(float *lp, int32_t *tok, int k_in, int k_out, const int32_t *ban, int nban,

@@ -71,6 +71,7 @@ static const lh_op_row rows[] = {
     {"cache_products", LH_ACCUM, "test_ops_decode"},
     {"cache_write", LH_EXACT, "test_ops_decode"},
     {"cross_attention", LH_ACCUM, "test_ops_decode"},
+    {"beam_select", LH_EXACT, "test_ops_beam_select"},
     {"hold_weights", LH_ACCUM, "test_ops_held"},
     {"release_weights", LH_ACCUM, "test_ops_held"},
     {"multi_sum_squares", LH_ACCUM, "test_ops_multi_tensor"},

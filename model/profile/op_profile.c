@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "core/beam_select.h"
 #include "core/tensor_table.h"
 
 struct luna_op_profile {
@@ -375,6 +376,14 @@ static luna_status w_cross_attention(luna_backend *be, luna_act *y, const luna_a
          .act_elems = 2 * D(R) * H * dh + 2 * D(R) * m * H * dh, .bytes = 4 * D(R));
     FORWARD(cross_attention, y, q, K, V, row_slot, slot_len, R, H, dh, m, alpha);
 }
+static luna_status w_beam_select(luna_backend *be, const luna_beam_select_args *a) {
+    /* upper bound: the rows' lists read once (a sentence at step 0 reads one row, counted as
+     * beam), each hypothesis's history read and written whole, the summary written */
+    const double rows = D(a->S) * a->beam;
+    COST(.bytes = 8 * rows * a->k_list + 2 * rows * a->cap * (F32 + 8) +
+                  F32 * D(a->S) * (1 + 2 * a->beam));
+    FORWARD(beam_select, a);
+}
 static luna_status w_hold_weights(luna_backend *be, const float *W, int out, int in,
                                   luna_dtype dtype) {
     /* Upper bound: a backend that repacks reads and writes W once (one-off per decoder). */
@@ -468,6 +477,7 @@ static luna_status w_multi_adam_update(luna_backend *be, float *th, const float 
     X(cache_products, "decode_attention") \
     X(cache_write, "decode_gather") \
     X(cross_attention, "decode_attention") \
+    X(beam_select, "decode_search") \
     X(hold_weights, "hold_weights") \
     X(release_weights, "hold_weights") \
     X(multi_sum_squares, "clip") \

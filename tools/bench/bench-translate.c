@@ -231,11 +231,16 @@ int main(int argc, char **argv) {
      * them: the profile is the decoding work itself. */
     luna_op_profile *prof = NULL;
     if (profile && luna_op_profile_attach(&prof, be, true) != LUNA_OK) return fail();
+    /* a device's work per decoder step: kernels, library GEMMs, the host's waits */
+    luna_device_stats dev0 = {0}, dev1 = {0};
+    const bool dev_stats = be->mem->device_stats && !profile;
+    if (dev_stats) be->mem->device_stats(be, &dev0);
     double t0 = now();
     if (luna_generate(inc, &o, src, n, (int)max_tokens, (int)batch_size, out, NULL, NULL) !=
         LUNA_OK)
         return fail();
     double secs = now() - t0;
+    if (dev_stats) be->mem->device_stats(be, &dev1);
     static luna_op_counter counters[LUNA_OP_COUNT];
     if (prof) memcpy(counters, luna_op_profile_counters(prof), sizeof counters);
     luna_op_profile_detach(prof);
@@ -257,6 +262,15 @@ int main(int argc, char **argv) {
     printf("bench-translate: %d sentences (%lld source, %lld target tokens incl. </s>), beam %d, "
            "%ld threads: %.2f s, %.2f sentences/s, %.1f target tokens/s  [%s]\n",
            n, src_tokens, tokens, o.beam, threads, secs, n / secs, tokens / secs, desc);
+    const int steps = luna_incremental_steps(inc);
+    if (dev_stats && steps > 0)
+        printf("bench-translate: per decoder step on %s (%d steps): %.1f kernel launches, %.1f "
+               "cuBLASLt GEMMs, %.2f host waits (%.3f ms waiting); host time %.3f ms of %.3f ms\n",
+               be->name, steps, (double)(dev1.kernels - dev0.kernels) / steps,
+               (double)(dev1.library_calls - dev0.library_calls) / steps,
+               (double)(dev1.waits - dev0.waits) / steps,
+               1e3 * (dev1.wait_seconds - dev0.wait_seconds) / steps,
+               1e3 * (secs - (dev1.wait_seconds - dev0.wait_seconds)) / steps, 1e3 * secs / steps);
     if (json)
         printf(
             "{\"sentences\": %d, \"target_tokens\": %lld, \"seconds\": %.4f, \"sentences_per_s\": "

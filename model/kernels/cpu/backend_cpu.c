@@ -58,6 +58,7 @@ static const luna_ops cpu_kernels = {
     .cache_products = luna_cpu_cache_products,
     .cache_write = luna_cpu_cache_write,
     .cross_attention = luna_cpu_cross_attention,
+    .beam_select = luna_cpu_beam_select,
     .hold_weights = luna_cpu_hold_weights,
     .release_weights = luna_cpu_release_weights,
 };

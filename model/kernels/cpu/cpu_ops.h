@@ -109,6 +109,8 @@ luna_status luna_cpu_cross_attention(luna_backend *be, luna_act *y, const luna_a
                                      const luna_act *K, const luna_act *V, const int32_t *row_slot,
                                      const int32_t *slot_len, int R, int H, int dh, int m,
                                      float alpha);
+/* beam_select: core/beam_select.h's step for each sentence in turn. */
+luna_status luna_cpu_beam_select(luna_backend *be, const struct luna_beam_select_args *a);
 luna_status luna_cpu_cache_write(luna_backend *be, luna_act *C, const luna_act *x,
                                  const int32_t *ind, const int32_t *lens, int R, int H, int dh,
                                  int T, int T_cap, int page);

@@ -186,6 +186,10 @@ cudaError_t luna_cuda_cache_write(cudaStream_t s, int bf16, void *C, const void 
                                   const int32_t *ind, const int32_t *lens, int R, int H, int dh,
                                   int T, int T_cap, int page);
 
+/* beam_select (core/backend.h "Decoding"; beam_select.cu): a thread per sentence. */
+struct luna_beam_select_args;
+cudaError_t luna_cuda_beam_select(cudaStream_t s, const struct luna_beam_select_args *a);
+
 /* cross_attention (core/backend.h "Decoding"): m ≤ 8192 (cudaErrorInvalidValue otherwise). */
 cudaError_t luna_cuda_cross_attention(cudaStream_t s, int bf16, void *y, const void *q,
                                       const void *K, const void *V, const int32_t *row_slot,

@@ -7,6 +7,7 @@
 #include <limits.h>
 
 #include "core/allocator.h"
+#include "core/beam_select.h"
 #include "core/tensor_table.h"
 #include "model/kernels/cuda/backend_cuda.h"
 #include "model/kernels/cuda/cuda_kernels.h"
@@ -343,6 +344,11 @@ static luna_status cross_attention(luna_backend *be, luna_act *y, const luna_act
                                                         slot_len, R, H, dh, m, alpha));
 }
 
+static luna_status beam_select(luna_backend *be, const struct luna_beam_select_args *a) {
+    if (a->S == 0) return LUNA_OK;
+    LAUNCH("beam_select", luna_cuda_beam_select(stream(be), a));
+}
+
 const luna_ops luna_cuda_kernels = {
     .gemm = gemm,
     .gemm_grid = gemm_grid,
@@ -388,6 +394,7 @@ const luna_ops luna_cuda_kernels = {
     .cache_products = cache_products,
     .cache_write = cache_write,
     .cross_attention = cross_attention,
+    .beam_select = beam_select,
     .hold_weights = luna_cuda_hold_weights,
     .release_weights = luna_cuda_release_weights,
 };

@@ -1,0 +1,199 @@
+/* One step of the beam search's selection for a pool of sentences, as host/device code
+ * (core/host_device.h): the body of the beam_select op (core/backend.h, "Decoding"), compiled by
+ * the C compiler for the CPU backend and by nvcc for the CUDA backend (a thread per sentence), so
+ * that the search's state (hypotheses, cumulative scores, finished lists) can stay on the device
+ * and each backend selects the same candidates bit for bit: the work is double additions and
+ * compares, integer moves, no libm.
+ *
+ * What a sentence's step does is decoding/inflight.c's host selection, line for line (fairseq's
+ * SequenceGenerator, decoding/beam_search.h): the top 2·beam of (cumulative score + log-prob)
+ * over (beam, token), banned tokens (n-grams, </s> before min_len) dropped from each row's list,
+ * </s> candidates among the first `beam` finalized, the next beam from the first `beam` non-</s>
+ * candidates. The length penalty (a pow) is left to the host, which turns a finished sentence's
+ * record into hypotheses (luna_search_finalize).
+ *
+ * Sentences keep their search state in slots: slot h holds the `beam` hypotheses' tokens and
+ * cumulative scores (rows h·beam + j, `cap` positions each, double-buffered: read from tok /
+ * score, written to tok_out / score_out) and its finished record. A sentence's decoder rows are
+ * row_first[s] .. row_first[s+1] (one row for a sentence at step 0 that joined with one row,
+ * else `beam`); the slot indirection lets finished sentences leave the pool without moving the
+ * others' histories. At step 0 a sentence reads nothing of its slot (its history is the BOS </s>,
+ * nothing ignored, nothing finished). */
+#ifndef LUNA_CORE_BEAM_SELECT_H
+#define LUNA_CORE_BEAM_SELECT_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/beam_candidates.h"
+#include "core/host_device.h"
+
+typedef struct luna_beam_select_args {
+    int S;      /* sentences in the pool */
+    int beam;   /* hypotheses per sentence */
+    int kb;     /* candidates taken from each row's list after the bans (2·beam, ≤ V) */
+    int k_list; /* entries per row in top_lp / top_tok (≥ kb + the row's bans, or all V) */
+    int cap;    /* positions per hypothesis row (> the longest step + 1) */
+    int min_len, ngram;
+    int32_t eos, unk;
+    /* per decoder row: log_softmax_topk's lists [rows, k_list], best first, and picked [rows]
+     * (the log-prob of </s>, read for sentences at step ≥ max_len; NULL when there are none) */
+    const float *top_lp;
+    const int32_t *top_tok;
+    const float *picked;
+    /* per sentence, int32: row_first [S + 1], step [S], max_len [S], slot [S] */
+    const int32_t *row_first, *step, *max_len, *slot;
+    /* per slot row h·beam + j: tokens [·, cap] (position 0 the BOS), cumulative scores [·, cap],
+     * ignore flags [·] (fairseq's cands_to_ignore); read, and the next step's written to *_out */
+    const int32_t *tok;
+    const double *score;
+    const uint8_t *ignore;
+    int32_t *tok_out;
+    double *score_out;
+    uint8_t *ignore_out;
+    /* int32 [S·(1 + 2·beam)]: done [S] (1: the sentence is finished), then its next rows' parent
+     * decoder rows [S·beam] and their tokens [S·beam] (sentence s's at s·beam; not written for
+     * a finished sentence) */
+    int32_t *summary;
+    /* finished records, luna_beam_finished_bytes(beam, cap) per slot (luna_beam_finished_*) */
+    unsigned char *finished;
+    /* scratch, luna_beam_select_work_bytes(S, beam, cap) */
+    void *work;
+} luna_beam_select_args;
+
+/* A slot's finished record: count (int32), then for each finished hypothesis f < count (in the
+ * order they finished): eos_score[f] (double, the cumulative score with </s>), its step[f] (the
+ * position of </s>), its cumulative scores [cap] (double; the first step[f] are its tokens') and
+ * its tokens [cap] (int32; position 0 the BOS, then step[f] tokens). */
+LUNA_HD static inline size_t luna_beam_finished_bytes(int beam, int cap) {
+    const size_t b = (size_t)beam, c = (size_t)cap;
+    return (8 + b * 8 + b * c * 8 + b * 4 + b * c * 4 + 7) / 8 * 8;
+}
+LUNA_HD static inline int32_t *luna_beam_finished_count(unsigned char *rec) {
+    return (int32_t *)rec;
+}
+LUNA_HD static inline double *luna_beam_finished_eos(unsigned char *rec) {
+    return (double *)(rec + 8);
+}
+LUNA_HD static inline double *luna_beam_finished_scores(unsigned char *rec, int beam, int cap) {
+    (void)cap;
+    return (double *)(rec + 8 + (size_t)beam * 8);
+}
+LUNA_HD static inline int32_t *luna_beam_finished_steps(unsigned char *rec, int beam, int cap) {
+    return (int32_t *)(rec + 8 + (size_t)beam * 8 + (size_t)beam * cap * 8);
+}
+LUNA_HD static inline int32_t *luna_beam_finished_tokens(unsigned char *rec, int beam, int cap) {
+    return luna_beam_finished_steps(rec, beam, cap) + beam;
+}
+
+LUNA_HD static inline size_t luna_beam_select_work_bytes(int S, int beam, int cap) {
+    return (size_t)S * (2 * (size_t)beam * sizeof(luna_cand) + ((size_t)cap + 1) * 4);
+}
+
+/* The tokens that would complete an n-gram already in tok[1..len) (tok[0] is the BOS, skipped):
+ * for every i ≥ 1 with tok[i .. i+n−2] = tok[len−n+1 .. len) and i + n − 1 < len, tok[i+n−1].
+ * Writes them (with repeats) into ban[0..) (room for len entries) and returns how many. n ≥ 1. */
+LUNA_HD static inline int luna_beam_ngram_bans(const int32_t *tok, int len, int n, int32_t *ban) {
+    if (n < 1 || len - (n - 1) < 1) return 0;
+    const int32_t *key = tok + len - (n - 1); /* the last n − 1 tokens */
+    int nb = 0;
+    for (int i = 1; i + n - 1 < len; i++) {
+        int m = 0;
+        while (m < n - 1 && tok[i + m] == key[m])
+            m++;
+        if (m == n - 1) ban[nb++] = tok[i + n - 1];
+    }
+    return nb;
+}
+
+/* Candidate j of a sorted list of nc is "ended" for the next beam: a live </s>, or, among the
+ * first beam, a place marked to ignore. */
+LUNA_HD static inline bool luna_beam_ended(const luna_beam_select_args *a, const luna_cand *top,
+                                           int j, int t, int h) {
+    const bool eos = top[j].token == a->eos && top[j].score != -INFINITY;
+    return eos || (j < a->beam && t > 0 && a->ignore[(size_t)h * a->beam + j]);
+}
+
+/* Sentence s's step. */
+LUNA_HD static inline void luna_beam_select_sentence(const luna_beam_select_args *a, int s) {
+    const int beam = a->beam, nc = 2 * beam, kb = a->kb, cap = a->cap;
+    const int t = a->step[s], h = a->slot[s], r0 = a->row_first[s];
+    const bool forced = t >= a->max_len[s]; /* only </s> allowed */
+    luna_cand *top = (luna_cand *)a->work + (size_t)s * nc;
+    int32_t *ban = (int32_t *)((luna_cand *)a->work + (size_t)a->S * nc) + (size_t)s * (cap + 1);
+    int n = 0;
+    for (int k = 0; k < (t == 0 ? 1 : beam); k++) {
+        const size_t q = (size_t)h * beam + k, r = (size_t)r0 + k;
+        const double base = t ? a->score[q * cap + t - 1] : 0.0;
+        if (forced) {
+            const float lp = a->picked[r] != a->picked[r] ? -INFINITY : a->picked[r];
+            luna_cand_offer(top, &n, nc, luna_cand_make(base + lp, k, a->eos, k));
+            continue;
+        }
+        int nban = a->ngram > 0 ? luna_beam_ngram_bans(a->tok + q * cap, t + 1, a->ngram, ban) : 0;
+        if (t < a->min_len) ban[nban++] = a->eos;
+        const float *lp = a->top_lp + r * a->k_list;
+        const int32_t *tk = a->top_tok + r * a->k_list;
+        int w = 0;
+        for (int j = 0; j < a->k_list && w < kb; j++) {
+            bool banned = false;
+            for (int b = 0; b < nban && !banned; b++)
+                banned = tk[j] == ban[b];
+            if (banned) continue;
+            luna_cand_offer(top, &n, nc, luna_cand_make(base + lp[j], k, tk[j], k * kb + w));
+            w++;
+        }
+        for (; w < kb; w++) /* fewer than kb left after the bans: dead places */
+            luna_cand_offer(top, &n, nc, luna_cand_make(base + -INFINITY, k, a->unk, k * kb + w));
+    }
+    luna_cand_sort(top, n);
+    for (; n < nc; n++)
+        top[n] = luna_cand_make(-INFINITY, 0, a->unk, 0); /* dead fillers */
+    unsigned char *rec = a->finished + (size_t)h * luna_beam_finished_bytes(beam, cap);
+    int32_t *count = luna_beam_finished_count(rec);
+    if (t == 0) *count = 0;
+    bool any = false;
+    for (int j = 0; j < beam; j++) {
+        const bool eos = top[j].token == a->eos && top[j].score != -INFINITY;
+        if (!eos || (t > 0 && a->ignore[(size_t)h * beam + j])) continue;
+        any = true;
+        if (*count >= beam) continue;
+        const int f = (*count)++;
+        const size_t parent = (size_t)h * beam + top[j].beam;
+        double *sc = luna_beam_finished_scores(rec, beam, cap) + (size_t)f * cap;
+        int32_t *tk = luna_beam_finished_tokens(rec, beam, cap) + (size_t)f * cap;
+        luna_beam_finished_eos(rec)[f] = top[j].score;
+        luna_beam_finished_steps(rec, beam, cap)[f] = t;
+        tk[0] = a->eos;
+        for (int i = 1; i <= t; i++)
+            tk[i] = a->tok[parent * cap + i];
+        for (int i = 0; i < t; i++)
+            sc[i] = a->score[parent * cap + i];
+    }
+    const bool done = forced || (any && *count == beam);
+    a->summary[s] = done;
+    if (done) return;
+    /* the next beam: the first `beam` candidates not ended, then ended ones (marked to ignore) */
+    int32_t *parent_row = a->summary + a->S + (size_t)s * beam;
+    int32_t *next_tok = a->summary + a->S + (size_t)a->S * beam + (size_t)s * beam;
+    int picked = 0;
+    for (int pass = 0; pass < 2 && picked < beam; pass++)
+        for (int j = 0; j < nc && picked < beam; j++) {
+            if (luna_beam_ended(a, top, j, t, h) != (pass == 1)) continue;
+            const int p = picked++;
+            const size_t nr = (size_t)h * beam + p, parent = (size_t)h * beam + top[j].beam;
+            parent_row[p] = r0 + top[j].beam;
+            next_tok[p] = top[j].token;
+            a->ignore_out[nr] = pass == 1;
+            a->tok_out[nr * cap] = a->eos;
+            for (int i = 1; i <= t; i++)
+                a->tok_out[nr * cap + i] = a->tok[parent * cap + i];
+            a->tok_out[nr * cap + t + 1] = top[j].token;
+            for (int i = 0; i < t; i++)
+                a->score_out[nr * cap + i] = a->score[parent * cap + i];
+            a->score_out[nr * cap + t] = top[j].score;
+        }
+}
+
+#endif
