@@ -34,11 +34,14 @@ luna_status luna_mem_copy(luna_backend *be, void *dst, const void *src, size_t b
 luna_status luna_mem_from_host(luna_backend *be, void *dst, const void *host, size_t bytes) {
     return bytes ? be->mem->from_host(be, dst, host, bytes) : LUNA_OK;
 }
-luna_status luna_mem_ids_from_host(luna_backend *be, int32_t *dst, const int32_t *host,
-                                   int64_t n) {
+luna_status luna_mem_ids_from_host(luna_backend *be, int32_t *dst, const int32_t *host, int64_t n) {
     if (n <= 0) return LUNA_OK;
     if (be->mem->ids_from_host) return be->mem->ids_from_host(be, dst, host, n);
     return be->mem->from_host(be, dst, host, (size_t)n * sizeof(int32_t));
+}
+void luna_mem_ids_in_range(luna_backend *be, const int32_t *ids, int64_t n, int32_t lo,
+                           int32_t hi) {
+    if (n > 0 && be->mem->ids_in_range) be->mem->ids_in_range(be, ids, n, lo, hi);
 }
 luna_status luna_mem_to_host(luna_backend *be, void *host, const void *src, size_t bytes) {
     __atomic_add_fetch(&be->to_host_calls, 1, __ATOMIC_RELAXED);

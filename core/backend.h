@@ -107,6 +107,9 @@ typedef void luna_act;
  *                   the ids' range so that ops checking those ids against a vocabulary skip their
  *                   own check (on CUDA a wait each) until the next to_host or synchronize. The
  *                   buffer is an input until then: no op writes it.
+ *   ids_in_range    (optional; NULL: nothing to do) the caller states that n ids in the backend's
+ *                   memory lie in [lo, hi] (ids an op produced, e.g. beam_select's next tokens),
+ *                   kept as ids_from_host keeps an upload's range, under the same rules.
  *   device_stats    (optional; NULL on the CPU) the device work submitted and the host's waits
  *                   so far (luna_device_stats): what an update costs the host (benchmarks).
  * Errors (a failed launch or copy, reported asynchronously by a device) come back as statuses. */
@@ -126,6 +129,7 @@ typedef struct {
     luna_status (*synchronize)(luna_backend *be);
     void (*destroy)(luna_backend *be); /* the backend's own resources (stream, handles, context) */
     luna_status (*ids_from_host)(luna_backend *be, int32_t *dst, const int32_t *host, int64_t n);
+    void (*ids_in_range)(luna_backend *be, const int32_t *ids, int64_t n, int32_t lo, int32_t hi);
     void (*device_stats)(luna_backend *be, luna_device_stats *out);
 } luna_backend_memory;
 
@@ -176,6 +180,8 @@ LUNA_MUST_CHECK luna_status luna_mem_to_host(luna_backend *be, void *host, const
 /* n token ids (see ids_from_host above) */
 LUNA_MUST_CHECK luna_status luna_mem_ids_from_host(luna_backend *be, int32_t *dst,
                                                    const int32_t *host, int64_t n);
+/* n ids in the backend's memory within [lo, hi] (see ids_in_range above) */
+void luna_mem_ids_in_range(luna_backend *be, const int32_t *ids, int64_t n, int32_t lo, int32_t hi);
 LUNA_MUST_CHECK luna_status luna_backend_synchronize(luna_backend *be);
 
 /* Frees the backend: its scratch arena, its own resources, the struct. Backends are created by

@@ -18,7 +18,11 @@
  * row_first[s] .. row_first[s+1] (one row for a sentence at step 0 that joined with one row,
  * else `beam`); the slot indirection lets finished sentences leave the pool without moving the
  * others' histories. At step 0 a sentence reads nothing of its slot (its history is the BOS </s>,
- * nothing ignored, nothing finished). */
+ * nothing ignored, nothing finished).
+ *
+ * A finished sentence may stay in the pool for more steps (the host reads the summary only every
+ * few steps): its done flag stays set, it selects nothing, and its next rows are its own rows
+ * with </s> as their token, so the decoder's next step reads valid rows and tokens. */
 #ifndef LUNA_CORE_BEAM_SELECT_H
 #define LUNA_CORE_BEAM_SELECT_H
 
@@ -52,9 +56,9 @@ typedef struct luna_beam_select_args {
     int32_t *tok_out;
     double *score_out;
     uint8_t *ignore_out;
-    /* int32 [S·(1 + 2·beam)]: done [S] (1: the sentence is finished), then its next rows' parent
-     * decoder rows [S·beam] and their tokens [S·beam] (sentence s's at s·beam; not written for
-     * a finished sentence) */
+    /* int32 [S·(1 + 2·beam)]: done [S] (1: the sentence is finished; read first: a sentence
+     * finished at an earlier step stays so), then its next rows' parent decoder rows [S·beam] and
+     * their tokens [S·beam] (sentence s's at s·beam; a finished sentence's: its own rows, </s>) */
     int32_t *summary;
     /* finished records, luna_beam_finished_bytes(beam, cap) per slot (luna_beam_finished_*) */
     unsigned char *finished;
@@ -115,9 +119,23 @@ LUNA_HD static inline bool luna_beam_ended(const luna_beam_select_args *a, const
     return eos || (j < a->beam && t > 0 && a->ignore[(size_t)h * a->beam + j]);
 }
 
+/* A finished sentence's next rows: its own, </s> their token. */
+LUNA_HD static inline void luna_beam_select_finished(const luna_beam_select_args *a, int s) {
+    const int beam = a->beam, r0 = a->row_first[s], rows = a->row_first[s + 1] - r0;
+    a->summary[s] = 1;
+    for (int p = 0; p < beam; p++) {
+        a->summary[a->S + (size_t)s * beam + p] = r0 + (p < rows ? p : rows - 1);
+        a->summary[a->S + (size_t)a->S * beam + (size_t)s * beam + p] = a->eos;
+    }
+}
+
 /* Sentence s's step. */
 LUNA_HD static inline void luna_beam_select_sentence(const luna_beam_select_args *a, int s) {
     const int beam = a->beam, nc = 2 * beam, kb = a->kb, cap = a->cap;
+    if (a->summary[s]) { /* finished at an earlier step */
+        luna_beam_select_finished(a, s);
+        return;
+    }
     const int t = a->step[s], h = a->slot[s], r0 = a->row_first[s];
     const bool forced = t >= a->max_len[s]; /* only </s> allowed */
     luna_cand *top = (luna_cand *)a->work + (size_t)s * nc;
@@ -171,9 +189,10 @@ LUNA_HD static inline void luna_beam_select_sentence(const luna_beam_select_args
         for (int i = 0; i < t; i++)
             sc[i] = a->score[parent * cap + i];
     }
-    const bool done = forced || (any && *count == beam);
-    a->summary[s] = done;
-    if (done) return;
+    if (forced || (any && *count == beam)) {
+        luna_beam_select_finished(a, s);
+        return;
+    }
     /* the next beam: the first `beam` candidates not ended, then ended ones (marked to ignore) */
     int32_t *parent_row = a->summary + a->S + (size_t)s * beam;
     int32_t *next_tok = a->summary + a->S + (size_t)a->S * beam + (size_t)s * beam;

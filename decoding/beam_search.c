@@ -22,7 +22,8 @@ void luna_beam_options_init(luna_beam_options *o) {
                              .temperature = 1.0,
                              .sampling = false,
                              .sampling_topk = 0,
-                             .seed = 1};
+                             .seed = 1,
+                             .sync_interval = 0};
 }
 
 static void hyp_release(luna_hypothesis *h) {
@@ -42,7 +43,8 @@ void luna_nbest_release(luna_nbest *n) {
 luna_status luna_search_check_options(const luna_beam_options *o) {
     if (o->beam < 1 || o->nbest < 1 || o->nbest > o->beam || o->min_len < 0 || o->max_len_b < 0 ||
         o->max_len_a < 0 || o->max_len_cap < 1 || !isfinite(o->lenpen) || isnan(o->unkpen) ||
-        o->no_repeat_ngram_size < 0 || !(o->temperature > 0) || !isfinite(o->temperature))
+        o->no_repeat_ngram_size < 0 || !(o->temperature > 0) || !isfinite(o->temperature) ||
+        o->sync_interval < 0)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT,
                           "beam search: bad options (beam %d, nbest %d (1..beam), min-len %d, "
                           "max-len-a %g, max-len-b %d, lenpen %g, unkpen %g, "

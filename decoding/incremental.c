@@ -436,16 +436,23 @@ luna_status luna_incremental_set_temperature(luna_incremental *inc, double T) {
     return LUNA_OK;
 }
 
-static luna_status step(luna_incremental *inc, const int32_t *tokens, const luna_step_output *out) {
+/* tokens: the host's (checked by the caller) or, tokens_on_device, the backend's (produced by
+ * beam_select, within the vocabulary by construction). */
+static luna_status step(luna_incremental *inc, const int32_t *tokens, bool tokens_on_device,
+                        const luna_step_output *out) {
     luna_backend *be = inc->be;
     const int R = inc->R, V = inc->V, k = out->k;
     luna_pass ps = {.be = be, .arena = inc->scratch};
     int32_t *tok, *top_idx = NULL, *pick = NULL;
     float *top_lp = NULL, *picked = NULL;
     luna_act *logits;
-    LUNA_TRY(luna_pass_alloc_i32(&ps, &tok, R, "decoder tokens"));
-    /* as ids: a device then knows their range (checked below) and its embedding needs no wait */
-    LUNA_TRY(luna_mem_ids_from_host(be, tok, tokens, R));
+    if (tokens_on_device) {
+        tok = (int32_t *)tokens;
+        luna_mem_ids_in_range(be, tok, R, 0, V - 1);
+    } else { /* as ids: a device then knows their range and its embedding needs no wait */
+        LUNA_TRY(luna_pass_alloc_i32(&ps, &tok, R, "decoder tokens"));
+        LUNA_TRY(luna_mem_ids_from_host(be, tok, tokens, R));
+    }
     if (out->on_device) {
         top_lp = out->top_log_probs, top_idx = out->top_tokens, picked = out->picked;
     } else if (k > 0) {
@@ -483,8 +490,8 @@ static luna_status step(luna_incremental *inc, const int32_t *tokens, const luna
     return LUNA_OK;
 }
 
-luna_status luna_incremental_step(luna_incremental *inc, const int32_t *tokens,
-                                  const luna_step_output *out) {
+static luna_status step_checked(luna_incremental *inc, const int32_t *tokens, bool tokens_on_device,
+                                const luna_step_output *out) {
     const int R = inc->R, V = inc->V;
     if (R <= 0)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT, "incremental decoding: no active rows");
@@ -501,13 +508,15 @@ luna_status luna_incremental_step(luna_incremental *inc, const int32_t *tokens,
                           "incremental decoding: bad step output (k %d of %d candidates)", out->k,
                           V);
     for (int r = 0; r < R; r++)
-        if (tokens[r] < 0 || tokens[r] >= V ||
+        if ((!tokens_on_device && (tokens[r] < 0 || tokens[r] >= V)) ||
             (out->pick && (out->pick[r] < 0 || out->pick[r] >= V)))
             return luna_error(LUNA_ERR_INVALID_ARGUMENT,
                               "incremental decoding: row %d: token %d out of [0, %d)", r,
-                              tokens[r] < 0 || tokens[r] >= V ? tokens[r] : out->pick[r], V);
+                              !tokens_on_device && (tokens[r] < 0 || tokens[r] >= V) ? tokens[r]
+                                                                                     : out->pick[r],
+                              V);
     luna_arena_mark mark = luna_arena_get_mark(inc->scratch);
-    luna_status st = step(inc, tokens, out);
+    luna_status st = step(inc, tokens, tokens_on_device, out);
     luna_arena_release(inc->scratch, mark);
     if (st != LUNA_OK) {
         luna_error_prefix("incremental decoding: step %d", inc->step);
@@ -517,6 +526,16 @@ luna_status luna_incremental_step(luna_incremental *inc, const int32_t *tokens,
     for (int s = 0; inc->pool && s < inc->S; s++)
         inc->sent_step[s]++;
     return LUNA_OK;
+}
+
+luna_status luna_incremental_step(luna_incremental *inc, const int32_t *tokens,
+                                  const luna_step_output *out) {
+    return step_checked(inc, tokens, false, out);
+}
+
+luna_status luna_incremental_step_device_tokens(luna_incremental *inc, const int32_t *tokens,
+                                                const luna_step_output *out) {
+    return step_checked(inc, tokens, true, out);
 }
 
 /* ---- reordering ------------------------------------------------------------------------------ */
@@ -638,6 +657,25 @@ luna_status luna_incremental_reorder(luna_incremental *inc, const int32_t *rows,
         st = upload_masks(inc);
     }
     free(sent);
+    if (st != LUNA_OK) luna_error_prefix("incremental decoding: reorder");
+    return st;
+}
+
+luna_status luna_incremental_reorder_beams_device(luna_incremental *inc, const int32_t *rows) {
+    if (!inc->luna || !inc->pool)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                          "incremental decoding: a reorder from the device's rows needs Luna's "
+                          "decoder in a pool (the transformer's slot indices move on the host)");
+    const int beam = inc->beam, S = inc->S;
+    if (S == 0) return LUNA_OK;
+    const bool expand = inc->rpb != beam || inc->one_row > 0;
+    luna_status st = reorder_state(inc, rows, NULL, NULL, S * beam, S, expand);
+    if (st == LUNA_OK) {
+        inc->R = S * beam;
+        inc->rpb = beam;
+        inc->one_row = 0;
+        st = upload_masks(inc);
+    }
     if (st != LUNA_OK) luna_error_prefix("incremental decoding: reorder");
     return st;
 }

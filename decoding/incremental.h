@@ -102,10 +102,22 @@ luna_status luna_incremental_set_temperature(luna_incremental *inc, double T);
 luna_status luna_incremental_step(luna_incremental *inc, const int32_t *tokens,
                                   const luna_step_output *out);
 
+/* luna_incremental_step with the tokens in the backend's memory (e.g. beam_select's next
+ * tokens, within the vocabulary by construction: not checked on the host). */
+luna_status luna_incremental_step_device_tokens(luna_incremental *inc, const int32_t *tokens,
+                                                const luna_step_output *out);
+
 /* New row i = old row rows[i] (host, new_rows entries, new_rows a multiple of beam, the beams
  * of each new sentence taken from one old sentence). Also removes rows (finished sentences), and
  * after luna_incremental_begin_one_row expands each sentence's row to `beam` rows. */
 luna_status luna_incremental_reorder(luna_incremental *inc, const int32_t *rows, int new_rows);
+
+/* A pool's reorder within each sentence, from rows in the backend's memory (beam_select's parent
+ * rows): new row s·beam + p = old row rows[s·beam + p] of sentence s, for every active sentence
+ * (none leaves; one-row sentences get `beam` rows). The host never sees the rows, so a search
+ * can go on without reading anything back. Luna's decoder only (the transformer's slot indices
+ * are reordered on the host): an error otherwise. */
+luna_status luna_incremental_reorder_beams_device(luna_incremental *inc, const int32_t *rows);
 
 const luna_config *luna_incremental_config(const luna_incremental *inc); /* the model's */
 luna_backend *luna_incremental_backend(const luna_incremental *inc);     /* the model's */

@@ -17,7 +17,10 @@
  * A beam search selects on the backend (the beam_select op, core/beam_select.h): the candidate
  * lists, the hypotheses, their scores and the finished ones stay in the backend's memory, and the
  * host reads back per step only each sentence's done flag, its next rows' parents and tokens
- * (one readback), and a finished sentence's record. Sampling selects on the host (its draws
+ * (one readback), and a finished sentence's record. With Luna's decoder that readback comes only
+ * every few steps (luna_beam_options.sync_interval): in between the op's parent rows reorder the
+ * decoder's state and its tokens feed the next step on the backend, finished sentences idle in
+ * the pool, and new ones join at the next readback. Sampling selects on the host (its draws
  * need the lists there). */
 #include <math.h>
 #include <stdlib.h>
@@ -69,7 +72,10 @@ typedef struct {
     uint8_t *d_ignore[2];
     unsigned char *d_finished;
     void *d_work;
-    int cur; /* which of the double buffers holds this step's state */
+    int cur;                /* which of the double buffers holds this step's state */
+    int interval, since;    /* steps between readbacks of the summary; since the last */
+    bool fresh;             /* the pool changed: its done flags start at 0 */
+    const int32_t *tok_dev; /* the next step's tokens, on the backend (no readback since) */
 } flight;
 
 static void flight_free(flight *f) {
@@ -404,7 +410,16 @@ static luna_status step_pool_device(luna_incremental *inc, const luna_beam_optio
                            .pick = must_end ? f->pick : NULL,
                            .picked = f->d_picked,
                            .on_device = true};
-    LUNA_TRY(luna_incremental_step(inc, f->row_tok, &so));
+    /* read the summary back now, or go on on the backend; a sentence at its length limit
+     * finishes this step, and must leave before it would step past it */
+    const bool readback = must_end || f->since + 1 >= f->interval;
+    if (f->fresh)
+        LUNA_TRY(luna_mem_zero(f->be, f->d_summary, sizeof(int32_t) * (size_t)S)); /* done */
+    f->fresh = false;
+    if (f->tok_dev)
+        LUNA_TRY(luna_incremental_step_device_tokens(inc, f->tok_dev, &so));
+    else
+        LUNA_TRY(luna_incremental_step(inc, f->row_tok, &so));
     int32_t *row_first = f->sent_host, *step = row_first + S + 1, *max_len = step + S,
             *slot = max_len + S;
     for (int s = 0; s <= S; s++)
@@ -439,6 +454,20 @@ static luna_status step_pool_device(luna_incremental *inc, const luna_beam_optio
                                      .finished = f->d_finished,
                                      .work = f->d_work};
     LUNA_TRY(f->be->ops->beam_select(f->be, &a));
+    f->cur = 1 - c;
+    if (!readback) { /* the next step starts from the op's rows and tokens */
+        LUNA_TRY(luna_incremental_reorder_beams_device(inc, f->d_summary + S));
+        f->tok_dev = f->d_summary + S + (size_t)S * beam;
+        for (int s = 0; s < S; s++)
+            f->step[s]++;
+        f->one_row = 0;
+        f->since++;
+        *finished = 0;
+        return LUNA_OK;
+    }
+    f->tok_dev = NULL;
+    f->since = 0;
+    f->fresh = true;
     LUNA_TRY(luna_mem_to_host(f->be, f->summary, f->d_summary,
                               sizeof(int32_t) * (size_t)S * (1 + 2 * beam)));
     const int32_t *parent = f->summary + S, *token = parent + (size_t)S * beam;
@@ -461,7 +490,6 @@ static luna_status step_pool_device(luna_incremental *inc, const luna_beam_optio
     }
     *finished = S - remaining;
     LUNA_TRY(luna_incremental_reorder(inc, f->next_rows, remaining * beam));
-    f->cur = 1 - c;
     f->S = remaining;
     f->one_row = 0;
     return LUNA_OK;
@@ -495,6 +523,9 @@ static luna_status generate(luna_incremental *inc, const luna_beam_options *o,
     f.k_cap = f.kb + f.cap + 1 < V ? f.kb + f.cap + 1 : V;
     f.on_device = !o->sampling;
     f.be = luna_incremental_backend(inc);
+    f.interval = o->sync_interval > 0 ? o->sync_interval : f.be->device == LUNA_DEVICE_CPU ? 1 : 8;
+    if (c->arch != LUNA_ARCH_LUNA) f.interval = 1; /* the transformer's slots move on the host */
+    f.fresh = true;
     luna_status st = flight_alloc(&f);
     if (st == LUNA_OK && f.on_device) st = flight_alloc_device(&f);
     float *bias = calloc((size_t)V, sizeof(float));
@@ -509,7 +540,8 @@ static luna_status generate(luna_incremental *inc, const luna_beam_options *o,
     if (st == LUNA_OK) st = luna_incremental_begin_pool(inc, f.S_cap, f.m_cap, o->beam, max_steps);
     int next = 0, done = 0;
     while (st == LUNA_OK) {
-        st = admit(inc, o, &f, src, order, n, &next, max_tokens, out);
+        if (!f.tok_dev) /* sentences join at a readback */
+            st = admit(inc, o, &f, src, order, n, &next, max_tokens, out);
         if (st != LUNA_OK || f.S == 0) break;
         int finished = 0;
         st = f.on_device ? step_pool_device(inc, o, &f, out, &finished)

@@ -275,7 +275,8 @@ END_TEST
 
 /* In-flight batching (luna_generate): with a pool smaller than the input, sentences join while
  * others are mid-search, at other positions, with the options that act per row (n-gram bans,
- * min_len, unkpen, sampling draws); each sentence's hypotheses are those of its search alone
+ * min_len, unkpen, sampling draws), with the selection's summary read every step or every 3;
+ * each sentence's hypotheses are those of its search alone
  * (luna_beam_search, one batch of one): the same tokens, scores within 1e-5 (a sentence's source
  * is padded to another length, which can move the last bits of OpenBLAS's sums). */
 START_TEST(inflight_equals_alone) {
@@ -323,10 +324,14 @@ START_TEST(inflight_equals_alone) {
                 }
             }
             const int settings[3][2] = {{0, 2}, {0, 4}, {25, 0}}; /* max_tokens, batch_size */
-            for (int k = 0; k < 3; k++) {
-                ck_assert_int_eq(
-                    luna_generate(inc, &o, seq, N, settings[k][0], settings[k][1], out, NULL, NULL),
-                    LUNA_OK);
+            /* each setting also with the summary read every 3 steps (Luna's decoder: sentences
+             * finished in between idle in the pool, the state is reordered from the backend's
+             * rows) */
+            for (int k = 0; k < 6; k++) {
+                o.sync_interval = k < 3 ? 0 : 3;
+                ck_assert_int_eq(luna_generate(inc, &o, seq, N, settings[k % 3][0],
+                                               settings[k % 3][1], out, NULL, NULL),
+                                 LUNA_OK);
                 for (int s = 0; s < N; s++) {
                     ck_assert_int_eq(out[s].count, ref[s].count);
                     for (int i = 0; i < out[s].count; i++) {

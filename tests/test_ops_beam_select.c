@@ -3,13 +3,14 @@
  * search's definition (decoding/beam_search.h) with a plain sort instead of the op's heap: every
  * candidate of a sentence's rows (each row's list with its n-gram bans and </s> before min_len
  * dropped, kb kept), ordered by score, ties by arrival; </s> among the first `beam` (not ignored)
- * finalized; the next beam from the first `beam` candidates that did not end. Pools mix
- * sentences at step 0 with one row or `beam` rows, sentences forced to end (NaN picked
- * log-probs among them), ignored places, tied scores, −inf candidates and lists that the bans
- * leave short; slots are a permutation with unused ones. The op's every output (done flags,
- * parent rows and tokens, the next histories, scores and ignore flags, the finished records, and
- * what it must leave untouched) must equal the reference byte for byte on the backend under test
- * (LUNA_TEST_BACKEND), and the CPU reference's (EXACT). */
+ * finalized; the next beam from the first `beam` candidates that did not end; a finished
+ * sentence (now or at an earlier step) keeps its rows with </s>. Pools mix sentences at step 0
+ * with one row or `beam` rows, sentences forced to end (NaN picked log-probs among them),
+ * sentences finished at an earlier step, ignored places, tied scores, −inf candidates and lists
+ * that the bans leave short; slots are a permutation with unused ones. The op's every output (done
+ * flags, parent rows and tokens, the next histories, scores and ignore flags, the finished records,
+ * and what it must leave untouched) must equal the reference byte for byte on the backend under
+ * test (LUNA_TEST_BACKEND), and the CPU reference's (EXACT). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +26,7 @@ enum { EOS = 2, UNK = 3 };
 typedef struct {
     int S, H, beam, kb, k_list, cap, min_len, ngram, R;
     int32_t *sent; /* row_first [S + 1], step [S], max_len [S], slot [S] */
+    int32_t *done; /* [S] finished at an earlier step */
     float *lists;  /* top_lp [R·k_list], then picked [R] */
     int32_t *top_tok, *tok;
     double *score;
@@ -55,7 +57,7 @@ static void outputs_init(const pool *p, outputs *o) {
         o->tok_out[i] = -7, o->score_out[i] = -1e300;
     memset(o->ignore_out, 0x5a, 4 * words(rows));
     for (size_t i = 0; i < (size_t)p->S * (1 + 2 * p->beam); i++)
-        o->summary[i] = -9;
+        o->summary[i] = i < (size_t)p->S ? p->done[i] : -9;
     memset(o->finished, 0xa5, p->fin_bytes * (size_t)p->H);
     for (int h = 0; h < p->H; h++) /* hypotheses finished before this step: 0 to beam */
         *luna_beam_finished_count(o->finished + (size_t)h * p->fin_bytes) = h % (p->beam + 1);
@@ -91,6 +93,16 @@ static bool ref_banned(const int32_t *h, int len, int n, int w) {
     return false;
 }
 
+/* A finished sentence's next rows: its own, </s> their token. */
+static void ref_finished(const pool *p, outputs *o, int s) {
+    const int beam = p->beam, S = p->S, r0 = p->sent[s], rows = p->sent[s + 1] - r0;
+    o->summary[s] = 1;
+    for (int i = 0; i < beam; i++) {
+        o->summary[S + s * beam + i] = r0 + (i < rows ? i : rows - 1);
+        o->summary[S + S * beam + s * beam + i] = EOS;
+    }
+}
+
 static void ref_step(const pool *p, outputs *o) {
     const int beam = p->beam, nc = 2 * beam, kb = p->kb, cap = p->cap, S = p->S;
     const int32_t *row_first = p->sent, *step = p->sent + S + 1, *max_len = step + S,
@@ -99,6 +111,10 @@ static void ref_step(const pool *p, outputs *o) {
     ref_cand *c = malloc(sizeof(ref_cand) * (size_t)(beam * kb + nc));
     ck_assert_ptr_nonnull(c);
     for (int s = 0; s < S; s++) {
+        if (p->done[s]) { /* finished before: selects nothing */
+            ref_finished(p, o, s);
+            continue;
+        }
         const int t = step[s], h = slot[s], r0 = row_first[s];
         const bool forced = t >= max_len[s];
         int n = 0;
@@ -147,9 +163,10 @@ static void ref_step(const pool *p, outputs *o) {
             for (int i = 0; i < t; i++)
                 fs[i] = p->score[(size_t)parent * cap + i];
         }
-        const bool done = forced || (any && *count == beam);
-        o->summary[s] = done;
-        if (done) continue;
+        if (forced || (any && *count == beam)) {
+            ref_finished(p, o, s);
+            continue;
+        }
         int placed = 0;
         for (int pass = 0; pass < 2; pass++)
             for (int j = 0; j < nc && placed < beam; j++) {
@@ -181,6 +198,7 @@ static void pool_make(pool *p, luna_test_rng *g, int S, int beam, int V, int ngr
     p->S = S, p->H = S + 3, p->beam = beam, p->cap = 14, p->ngram = ngram, p->min_len = min_len;
     p->kb = 2 * beam < V ? 2 * beam : V;
     p->sent = malloc(sizeof(int32_t) * (size_t)(4 * S + 1));
+    p->done = malloc(sizeof(int32_t) * (size_t)S);
     int32_t *row_first = p->sent, *step = p->sent + S + 1, *max_len = step + S, *slot = max_len + S;
     int most_bans = 0;
     row_first[0] = 0;
@@ -189,6 +207,7 @@ static void pool_make(pool *p, luna_test_rng *g, int S, int beam, int V, int ngr
         const bool one_row = step[s] == 0 && pick_int(g, 2) == 0;
         row_first[s + 1] = row_first[s] + (one_row ? 1 : beam);
         max_len[s] = step[s] + pick_int(g, 5) - 1; /* some forced to end */
+        p->done[s] = pick_int(g, 6) == 0;          /* some finished at an earlier step */
         const int bans =
             (ngram > 0 && step[s] + 1 - ngram > 0 ? step[s] + 1 - ngram : 0) + (step[s] < min_len);
         most_bans = bans > most_bans ? bans : most_bans;
@@ -248,7 +267,7 @@ static void pool_make(pool *p, luna_test_rng *g, int S, int beam, int V, int ngr
 }
 
 static void pool_free(pool *p) {
-    free(p->sent), free(p->lists), free(p->top_tok), free(p->tok), free(p->score);
+    free(p->sent), free(p->done), free(p->lists), free(p->top_tok), free(p->tok), free(p->score);
     free(p->ignore);
 }
 

@@ -6,12 +6,18 @@
  *
  * luna-train's own update (the trainer, luna_tiny, a synthetic data-bin, Apollo, clipping) runs
  * for U1 and for U2 updates; the difference of the counts over U2 − U1 is the per-update figure
- * (setup, data loading and the end of the run cancel out). */
+ * (setup, data loading and the end of the run cancel out).
+ *
+ * Decoding likewise: a beam search in flight (luna_generate, luna_tiny) waits for the device only
+ * when it reads its selection back (every sync_interval steps) and for a finished sentence's
+ * hypotheses. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/backend.h"
+#include "decoding/beam_search.h"
+#include "model/seq2seq.h"
 #include "model/kernels/cuda/cuda_kernels.h"
 #include "model/kernels/registry.h"
 
@@ -91,6 +97,11 @@ START_TEST(uploaded_id_ranges_skip_the_device_check) {
     w0 = luna_emu_host_wait_count();
     ck_assert_int_eq(be->ops->embedding_forward(be, out, table, ids, 6, V, d, 1.0f, 1), LUNA_OK);
     ck_assert_uint_gt(luna_emu_host_wait_count() - w0, 0); /* after a to_host: the device check */
+    /* ids an op produced, stated in range by the caller: no check, no wait */
+    luna_mem_ids_in_range(be, ids, 6, 0, V - 1);
+    w0 = luna_emu_host_wait_count();
+    ck_assert_int_eq(be->ops->embedding_forward(be, out, table, ids, 6, V, d, 1.0f, 1), LUNA_OK);
+    ck_assert_uint_eq(luna_emu_host_wait_count() - w0, 0);
     luna_mem_release(be, ids, sizeof good), luna_mem_release(be, table, sizeof(float) * V * d);
     luna_mem_release(be, out, luna_act_bytes(be, 6 * d));
     luna_backend_free(be);
@@ -126,12 +137,73 @@ START_TEST(launches_and_host_waits_per_update) {
 }
 END_TEST
 
+/* Host waits of a beam search in flight on the CUDA backend: N sentences of exactly STEPS steps
+ * (min_len = max_len), all in one pool, with the selection read back every step and every 8. */
+static double decode_waits(luna_seq2seq *m, int sync_interval, int *steps) {
+    enum { N = 6, LEN = 12 };
+    int32_t toks[N][5];
+    luna_token_seq src[N];
+    for (int s = 0; s < N; s++) {
+        for (int t = 0; t < 4; t++)
+            toks[s][t] = 4 + (s * 5 + t * 3) % 19;
+        toks[s][4] = 2;
+        src[s] = (luna_token_seq){toks[s], 5};
+    }
+    luna_beam_options o;
+    luna_beam_options_init(&o);
+    o.beam = 4, o.max_len_a = 0, o.max_len_b = LEN, o.min_len = LEN;
+    o.sync_interval = sync_interval;
+    luna_incremental *inc;
+    ck_assert_int_eq(luna_incremental_create(&inc, m), LUNA_OK);
+    luna_nbest out[N];
+    const uint64_t w0 = luna_emu_host_wait_count();
+    ck_assert_msg(luna_generate(inc, &o, src, N, 0, 0, out, NULL, NULL) == LUNA_OK, "%s",
+                  luna_error_message());
+    const uint64_t waits = luna_emu_host_wait_count() - w0;
+    *steps = luna_incremental_steps(inc);
+    for (int s = 0; s < N; s++) {
+        ck_assert_int_eq(out[s].count, 1);
+        ck_assert_int_eq(out[s].hyps[0].len, LEN + 1);
+        luna_nbest_release(&out[s]);
+    }
+    luna_incremental_free(inc);
+    return (double)waits;
+}
+
+START_TEST(host_waits_per_decoder_step) {
+    luna_backend *be;
+    luna_backend_options opt = luna_backend_options_default();
+    ck_assert_int_eq(luna_backend_create(&be, "cuda", &opt), LUNA_OK);
+    luna_config c;
+    ck_assert_int_eq(luna_config_preset(&c, "luna_tiny"), LUNA_OK);
+    c.vocab_size = 24;
+    luna_seq2seq *m;
+    ck_assert_int_eq(luna_seq2seq_create(&m, be, &c), LUNA_OK);
+    ck_assert_int_eq(luna_seq2seq_init(m, 3), LUNA_OK);
+    int steps1, steps8;
+    const double every = decode_waits(m, 1, &steps1), eighth = decode_waits(m, 8, &steps8);
+    printf("luna_tiny beam search on the CUDA backend (harness), %d steps: %.0f host waits reading "
+           "the selection every step, %.0f every 8 steps\n",
+           steps1, every, eighth);
+    ck_assert_int_eq(steps1, steps8);
+    /* every step: a readback each; every 8: one per 8 steps, one at the length limit and one per
+     * finished sentence's hypotheses (6), besides what encoding the sources costs */
+    ck_assert_msg(every >= steps1, "%.0f waits in %d steps", every, steps1);
+    ck_assert_msg(eighth <= every - steps1 + (steps8 + 7) / 8 + 1,
+                  "%.0f waits in %d steps reading back every 8 (every step: %.0f)", eighth, steps8,
+                  every);
+    luna_seq2seq_free(m);
+    luna_backend_free(be);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("cuda_update_waits");
     TCase *tc = tcase_create("update");
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, launches_and_host_waits_per_update);
     tcase_add_test(tc, uploaded_id_ranges_skip_the_device_check);
+    tcase_add_test(tc, host_waits_per_decoder_step);
     suite_add_tcase(s, tc);
     return s;
 }

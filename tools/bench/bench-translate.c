@@ -6,7 +6,7 @@
  *   bench-translate CHECKPOINT --ids IDS [...]   (dictionary ids per line, without </s>)
  *   bench-translate --preset NAME [--vocab 40624] [--sentences 64] [--src-len 30] [...]
  *   any form: [--device cpu|cuda] [--precision auto|fp32|bf16] (auto: fp32, as luna-translate)
- *             [--profile] [--int8]
+ *             [--profile] [--int8] [--sync-interval N]
  *
  * The first form translates the raw text INPUT (SentencePiece from the checkpoint); the second
  * builds a randomly initialised model (e.g. luna_base_tied) and random sources, for timing
@@ -22,6 +22,9 @@
  * synchronized) and a per-op-family table follows, with PREDICTED H100/H200 times, target
  * tokens/s and MFU for the same decoding work (model/profile/op_report.h).
  * --int8: the checkpoint's weights quantized to int8 at load (luna-translate --quantize int8).
+ * --sync-interval N: the beam search reads its selection back every N steps (Luna's decoder;
+ * 0, the default: every step on the CPU, every 8 on a device; luna_beam_options.sync_interval).
+ * On a device each run also prints the kernel launches, library GEMMs and host waits per step.
  */
 #include <math.h>
 #include <stdio.h>
@@ -72,7 +75,7 @@ int main(int argc, char **argv) {
                 "         [--max-len-a F] [--max-len-b N] [--min-len N] [--max-tokens N]\n"
                 "         [--batch-size N]\n"
                 "         [--limit N] [--json] [--device cpu|cuda] [--precision auto|fp32|bf16]\n"
-                "         [--profile] [--int8]\n"
+                "         [--profile] [--int8] [--sync-interval N]\n"
                 "       bench-translate --preset NAME [--vocab N] [--sentences N] [--src-len N]"
                 " ...\n");
             return 0;
@@ -128,6 +131,8 @@ int main(int argc, char **argv) {
             sentences = atol(v);
         else if (!strcmp(a, "--src-len"))
             src_len = atol(v);
+        else if (!strcmp(a, "--sync-interval"))
+            o.sync_interval = atoi(v);
         else
             return fprintf(stderr, "bench-translate: unknown option %s\n", a), 2;
     }
@@ -257,11 +262,7 @@ int main(int argc, char **argv) {
         luna_nbest_release(&out[i]);
         free(ids[i]);
     }
-    char desc[256];
-    luna_config_describe(&model->config, desc, sizeof desc);
-    printf("bench-translate: %d sentences (%lld source, %lld target tokens incl. </s>), beam %d, "
-           "%ld threads: %.2f s, %.2f sentences/s, %.1f target tokens/s  [%s]\n",
-           n, src_tokens, tokens, o.beam, threads, secs, n / secs, tokens / secs, desc);
+    /* before the summary line, which stays the last line (scripts read it with tail -n 1) */
     const int steps = luna_incremental_steps(inc);
     if (dev_stats && steps > 0)
         printf("bench-translate: per decoder step on %s (%d steps): %.1f kernel launches, %.1f "
@@ -271,6 +272,11 @@ int main(int argc, char **argv) {
                (double)(dev1.waits - dev0.waits) / steps,
                1e3 * (dev1.wait_seconds - dev0.wait_seconds) / steps,
                1e3 * (secs - (dev1.wait_seconds - dev0.wait_seconds)) / steps, 1e3 * secs / steps);
+    char desc[256];
+    luna_config_describe(&model->config, desc, sizeof desc);
+    printf("bench-translate: %d sentences (%lld source, %lld target tokens incl. </s>), beam %d, "
+           "%ld threads: %.2f s, %.2f sentences/s, %.1f target tokens/s  [%s]\n",
+           n, src_tokens, tokens, o.beam, threads, secs, n / secs, tokens / secs, desc);
     if (json)
         printf(
             "{\"sentences\": %d, \"target_tokens\": %lld, \"seconds\": %.4f, \"sentences_per_s\": "

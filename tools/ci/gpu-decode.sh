@@ -39,17 +39,24 @@ fails=0
 # tokens/s from bench-translate's summary line
 luna_rate() { sed -n 's/.*s, [0-9.]* sentences\/s, \([0-9.]*\) target tokens\/s.*/\1/p'; }
 
-for arch in transformer_base luna_base_tied; do
-  for prec in fp32 bf16; do
-    line=$("$build/bench-translate" --preset "$arch" --device cuda --precision "$prec" \
-             --vocab 32000 --sentences "$sentences" --src-len "$src_len" --min-len "$tgt_len" \
-             --max-len-b "$tgt_len" --beam 4 --batch-size "$batch" --max-tokens 1000000 2>&1 |
-           tail -n 1)
-    rate=$(echo "$line" | luna_rate)
-    echo "$arch $prec: $line"
-    if [ -z "$rate" ]; then fails=$((fails + 1)); rate="failed"; fi
-    rows+=("| luna bench-translate | $arch | $prec | $rate |")
-  done
+# each run: the summary line (last) and the per-step launches, GEMMs and host waits before it;
+# luna_base_tied bf16 also with the selection read back every step (--sync-interval 1) beside
+# the device's default (every 8 steps)
+for run in "transformer_base fp32" "transformer_base bf16" "luna_base_tied fp32" \
+           "luna_base_tied bf16" "luna_base_tied bf16 1"; do
+  set -- $run
+  arch=$1 prec=$2 sync=${3:-0}
+  lines=$("$build/bench-translate" --preset "$arch" --device cuda --precision "$prec" \
+            --vocab 32000 --sentences "$sentences" --src-len "$src_len" --min-len "$tgt_len" \
+            --max-len-b "$tgt_len" --beam 4 --batch-size "$batch" --max-tokens 1000000 \
+            --sync-interval "$sync" 2>&1 | tail -n 2)
+  line=$(echo "$lines" | tail -n 1)
+  steps=$(echo "$lines" | sed -n 's/.*per decoder step on cuda (\([0-9]*\) steps): \(.*\)/\1 steps: \2/p')
+  rate=$(echo "$line" | luna_rate)
+  echo "$arch $prec sync-interval $sync: $line"
+  [ -n "$steps" ] && echo "  per step: $steps"
+  if [ -z "$rate" ]; then fails=$((fails + 1)); rate="failed"; fi
+  rows+=("| luna bench-translate | $arch (sync-interval ${sync/#0/default}) | $prec | $rate | ${steps:-} |")
 done
 
 if [ "$hf" -eq 1 ]; then
@@ -59,7 +66,7 @@ if [ "$hf" -eq 1 ]; then
     echo "hf $prec: $line"
     rate=$(echo "$line" | sed -n 's/.* s, \([0-9]*\) target tokens\/s.*/\1/p')
     [ -n "$rate" ] || rate="skipped or failed: ${line:0:120}"
-    rows+=("| transformers generate | Marian-style, transformer_base's sizes | $prec | $rate |")
+    rows+=("| transformers generate | Marian-style, transformer_base's sizes | $prec | $rate | |")
   done
 else
   echo "skip Hugging Face generate (--no-hf)"
@@ -75,8 +82,8 @@ fi
   echo "GPU decoding, beam 4, $sentences sentences of $src_len source tokens, $((tgt_len + 1)) target"
   echo "tokens each (</s> counted), V 32,000, batches of $batch sentences ($(date -u +%F))"
   echo
-  echo "| program | model | precision | target tokens/s |"
-  echo "|---|---|---|---|"
+  echo "| program | model | precision | target tokens/s | per decoder step |"
+  echo "|---|---|---|---|---|"
   printf '%s\n' "${rows[@]}"
 } | tee "$table"
 exit $((fails > 0))

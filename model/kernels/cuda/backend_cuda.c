@@ -173,15 +173,25 @@ static luna_status cuda_from_host(luna_backend *be, void *dst, const void *host,
 
 /* Token ids from the host: their range is seen here, before the copy, so the ops' checks of
  * them need no wait (luna_cuda_check_ids). */
+static void cuda_ids_in_range(luna_backend *be, const int32_t *ids, int64_t n, int32_t lo,
+                              int32_t hi);
 static luna_status cuda_ids_from_host(luna_backend *be, int32_t *dst, const int32_t *host,
                                       int64_t n) {
-    luna_cuda_impl *c = luna_cuda_impl_of(be);
     LUNA_TRY(cuda_from_host(be, dst, host, (size_t)n * sizeof(int32_t)));
     int32_t lo = host[0], hi = host[0];
     for (int64_t i = 1; i < n; i++) {
         lo = host[i] < lo ? host[i] : lo;
         hi = host[i] > hi ? host[i] : hi;
     }
+    cuda_ids_in_range(be, dst, n, lo, hi);
+    return LUNA_OK;
+}
+
+/* A range of ids, from an upload or stated by the caller (ids an op produced). */
+static void cuda_ids_in_range(luna_backend *be, const int32_t *dst, int64_t n, int32_t lo,
+                              int32_t hi) {
+    luna_cuda_impl *c = luna_cuda_impl_of(be);
+    id_ranges_written(c, dst, (size_t)n * sizeof(int32_t)); /* an older range there ends */
     pthread_mutex_lock(&c->id_lock);
     if (c->nid_ranges == LUNA_CUDA_ID_RANGES) { /* the oldest goes */
         memmove(c->id_ranges, c->id_ranges + 1, sizeof c->id_ranges[0] * (LUNA_CUDA_ID_RANGES - 1));
@@ -193,7 +203,6 @@ static luna_status cuda_ids_from_host(luna_backend *be, int32_t *dst, const int3
     c->id_ranges[c->nid_ranges].hi = hi;
     c->nid_ranges++;
     pthread_mutex_unlock(&c->id_lock);
-    return LUNA_OK;
 }
 
 /* Whether ids [0, n) lie in one uploaded range whose values are all in [0, V). */
@@ -301,6 +310,7 @@ static const luna_backend_memory cuda_memory = {
     .synchronize = cuda_synchronize,
     .destroy = cuda_destroy,
     .ids_from_host = cuda_ids_from_host,
+    .ids_in_range = cuda_ids_in_range,
     .device_stats = cuda_device_stats,
 };
 
