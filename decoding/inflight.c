@@ -90,33 +90,36 @@ static void flight_free(flight *f) {
         free(all[i]);
 }
 
+/* The pool's host arrays; the host selection's (sampling) only without f->on_device. */
 static luna_status flight_alloc(flight *f) {
     const size_t S = (size_t)f->S_cap, R = S * f->beam, cap = (size_t)f->cap;
     f->id = malloc(sizeof(int) * S);
     f->step = malloc(sizeof(int) * S);
     f->max_len = malloc(sizeof(int) * S);
     f->src_len = malloc(sizeof(int) * S);
-    f->tok = malloc(sizeof(int32_t) * R * cap);
-    f->tok2 = malloc(sizeof(int32_t) * R * cap);
-    f->sc = malloc(sizeof(double) * R * cap);
-    f->sc2 = malloc(sizeof(double) * R * cap);
-    f->ignore = malloc(sizeof(bool) * R);
-    f->ignore2 = malloc(sizeof(bool) * R);
-    f->cands = malloc(sizeof(luna_cand) * S * f->K);
-    f->is_eos = malloc(sizeof(bool) * S * f->K);
-    f->rows = malloc(sizeof(int32_t) * R);
     f->row_tok = malloc(sizeof(int32_t) * R);
-    f->top_lp = malloc(sizeof(float) * R * f->k_cap);
-    f->top_tok = malloc(sizeof(int32_t) * R * f->k_cap);
-    f->ban = malloc(sizeof(int32_t) * R * (cap + 1));
-    f->nban = calloc(R, sizeof(int));
     f->pick = malloc(sizeof(int32_t) * R);
-    f->picked = malloc(sizeof(float) * R);
     f->padded = malloc(sizeof(int32_t) * (S * f->m_cap + S));
-    if (!f->id || !f->step || !f->max_len || !f->src_len || !f->tok || !f->tok2 || !f->sc ||
-        !f->sc2 || !f->ignore || !f->ignore2 || !f->cands || !f->is_eos || !f->rows ||
-        !f->row_tok || !f->top_lp || !f->top_tok || !f->ban || !f->nban || !f->pick || !f->picked ||
-        !f->padded)
+    bool ok = f->id && f->step && f->max_len && f->src_len && f->row_tok && f->pick && f->padded;
+    if (!f->on_device) {
+        f->tok = malloc(sizeof(int32_t) * R * cap);
+        f->tok2 = malloc(sizeof(int32_t) * R * cap);
+        f->sc = malloc(sizeof(double) * R * cap);
+        f->sc2 = malloc(sizeof(double) * R * cap);
+        f->ignore = malloc(sizeof(bool) * R);
+        f->ignore2 = malloc(sizeof(bool) * R);
+        f->cands = malloc(sizeof(luna_cand) * S * f->K);
+        f->is_eos = malloc(sizeof(bool) * S * f->K);
+        f->rows = malloc(sizeof(int32_t) * R);
+        f->top_lp = malloc(sizeof(float) * R * f->k_cap);
+        f->top_tok = malloc(sizeof(int32_t) * R * f->k_cap);
+        f->ban = malloc(sizeof(int32_t) * R * (cap + 1));
+        f->nban = calloc(R, sizeof(int));
+        f->picked = malloc(sizeof(float) * R);
+        ok = ok && f->tok && f->tok2 && f->sc && f->sc2 && f->ignore && f->ignore2 && f->cands &&
+             f->is_eos && f->rows && f->top_lp && f->top_tok && f->ban && f->nban && f->picked;
+    }
+    if (!ok)
         return luna_error(LUNA_ERR_OUT_OF_MEMORY, "decoding: out of host memory (%d sentences)",
                           f->S_cap);
     for (size_t r = 0; r < R; r++)
@@ -221,11 +224,12 @@ static luna_status admit(luna_incremental *inc, const luna_beam_options *o, flig
         out[b] = (luna_nbest){.hyps = calloc((size_t)o->beam, sizeof(luna_hypothesis))};
         if (!out[b].hyps) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "beam search: out of memory");
         f->id[s] = b;
-        if (f->on_device) f->slot[s] = f->free_slot[--f->nfree];
+        if (f->on_device) /* a slot of search state on the backend (read from step 1 on) */
+            f->slot[s] = f->free_slot[--f->nfree];
         f->step[s] = 0;
         f->src_len[s] = x->len;
         f->max_len[s] = max_len_of(o, x->len);
-        for (int j = 0; j < f->beam; j++) {
+        for (int j = 0; j < f->beam && !f->on_device; j++) {
             f->tok[(size_t)(s * f->beam + j) * f->cap] = LUNA_DICT_EOS;
             f->ignore[s * f->beam + j] = false;
         }
