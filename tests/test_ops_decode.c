@@ -227,7 +227,11 @@ static void make_topk_inputs(int rows, int V, uint64_t seed, float *x, float *bi
         pick[r] = (int32_t)((r * 7 + 2) % V); /* row 0 picks token 2: penalised, picked is not */
 }
 
-static void check_topk(int rows, int V, int k, bool with_bias, bool with_pick, uint64_t seed) {
+/* stacked: each row's best tokens all share one residue mod 256 (the CUDA block kernel's lists
+ * are per residue: one of them runs out while it dropped tokens, and that row is selected by a
+ * heap instead), with ties among them. */
+static void check_topk(int rows, int V, int k, bool with_bias, bool with_pick, uint64_t seed,
+                       bool stacked) {
     size_t nx = (size_t)rows * V, nk = (size_t)rows * k;
     float *x = malloc(nx * sizeof *x), *bias = malloc((size_t)V * sizeof *bias);
     int32_t *pick = malloc((size_t)rows * sizeof *pick);
@@ -237,13 +241,16 @@ static void check_topk(int rows, int V, int k, bool with_bias, bool with_pick, u
     ck_assert_int_le(rows, 8);
     ck_assert(x && bias && pick && want_lp && got_lp && want_idx && got_idx);
     make_topk_inputs(rows, V, seed, x, bias, pick);
+    for (int r = 0; stacked && r < rows; r++)
+        for (int j = r % 3; j < V; j += 256)
+            x[(size_t)r * V + j] = 20.0f + (float)((j / 256) % 7); /* 7 values: ties */
     for (int r = 0; r < rows; r++)
         topk_reference(x + (size_t)r * V, with_bias ? bias : NULL, V, k,
                        with_pick ? &pick[r] : NULL, want_lp + (size_t)r * k,
                        want_idx + (size_t)r * k, &want_picked[r]);
     char what[96];
-    snprintf(what, sizeof what, "rows %d V %d k %d%s%s", rows, V, k, with_bias ? " bias" : "",
-             with_pick ? " pick" : "");
+    snprintf(what, sizeof what, "rows %d V %d k %d%s%s%s", rows, V, k, with_bias ? " bias" : "",
+             with_pick ? " pick" : "", stacked ? " stacked" : "");
 
     luna_backend *be = lh_backend(2);
     float *vx = lh_f32(be, x, nx), *vbias = lh_f32(be, bias, (size_t)V);
@@ -303,11 +310,18 @@ START_TEST(log_softmax_topk_matches_host_reference) {
         const int ks[] = {0, 1, 8, 32, 33, V};
         for (int ki = 0; ki < 6; ki++)
             for (int mode = 0; mode < 4; mode++)
-                check_topk(5, V, ks[ki], mode & 1, mode & 2, seed++);
+                check_topk(5, V, ks[ki], mode & 1, mode & 2, seed++, false);
     }
     /* rows·V ≥ 16384: the CPU's threaded path (2 threads against the 1-thread reference). */
-    check_topk(8, 10000, 8, true, true, seed++);
-    check_topk(8, 10000, 10000, false, true, seed++);
+    check_topk(8, 10000, 8, true, true, seed++, false);
+    check_topk(8, 10000, 10000, false, true, seed++, false);
+    /* above 32 by the block kernel (n-gram bans: k = 2·beam + bans), up to its 256, and above:
+     * random rows, and rows whose best tokens share one residue mod 256 */
+    for (int stacked = 0; stacked < 2; stacked++) {
+        check_topk(6, 10000, 40, true, true, seed++, stacked);
+        check_topk(6, 10000, 256, false, true, seed++, stacked);
+        check_topk(3, 10000, 300, true, false, seed++, stacked);
+    }
 }
 END_TEST
 

@@ -9,8 +9,12 @@
  *   list (ties to the lower index: its tokens arrive in increasing order), then k rounds of a
  *   block arg-max over the lists' heads give the row's k best, best first, ties to the lower
  *   index; picked = x_pick − lse unbiased.
- * k above kListCap (many n-gram bans, very wide beams) takes the one-thread-per-row kernel, which
- * scans the row in order and inserts into the output row itself.
+ * Above kListCap (n-gram bans, wide beams: beam_select asks for 2·beam plus the most bans a row
+ * can have) the lists hold kListCap each; the row's k best are exact as long as no thread's list
+ * runs out while it had to drop tokens, which the merge checks each round (a thread holding 32 of
+ * a row's best k: a row whose best tokens share one residue mod 256); then, rarely, one thread
+ * selects that row by a heap instead. k above kBlockMaxK (very wide beams) takes the
+ * one-thread-per-row kernel: the same heap over the row, O(V log k).
  * Also cache_products, a decoding step's attention products over the beam-indexed KV cache, and
  * cross_attention, its fused attention to the source (below, before the launchers). */
 #include "model/kernels/cuda/cuda_compat.h"
@@ -43,8 +47,54 @@ __device__ inline void offer(float *tl, int32_t *ti, int &n, int k, float lp, in
     ti[i] = j;
 }
 
-/* One thread per row, the tokens in order, the k best by insertion into the output row itself:
- * for k above kListCap (O(V·k) at worst; the block kernel below is the common path). */
+/* The k best of a row by a binary heap in the output row itself (the worst kept at the root),
+ * tokens offered in increasing order: a token that only ties the worst kept one ranks below it
+ * (higher index) and is refused, as in offer(); then sorted best first. O(V log k). */
+__device__ inline bool heap_worse(float la, int ja, float lb, int jb) {
+    return la < lb || (la == lb && ja > jb);
+}
+__device__ inline void heap_sift_down(float *hl, int32_t *hi, int n, int i) {
+    const float l = hl[i];
+    const int32_t j = hi[i];
+    for (;;) {
+        int w = 2 * i + 1;
+        if (w >= n) break;
+        if (w + 1 < n && heap_worse(hl[w + 1], hi[w + 1], hl[w], hi[w])) w++;
+        if (!heap_worse(hl[w], hi[w], l, j)) break;
+        hl[i] = hl[w], hi[i] = hi[w];
+        i = w;
+    }
+    hl[i] = l, hi[i] = j;
+}
+template <typename T>
+__device__ void heap_select_row(const T *x, double lse, const float *bias, int V, int k,
+                                float *hl, int32_t *hi) {
+    int n = 0;
+    for (int j = 0; j < V; j++) {
+        const float lp = log_prob(x, j, lse, bias);
+        if (n < k) { /* sift up */
+            int i = n++;
+            while (i > 0 && heap_worse(lp, j, hl[(i - 1) / 2], hi[(i - 1) / 2])) {
+                hl[i] = hl[(i - 1) / 2], hi[i] = hi[(i - 1) / 2];
+                i = (i - 1) / 2;
+            }
+            hl[i] = lp, hi[i] = j;
+        } else if (lp > hl[0]) {
+            hl[0] = lp, hi[0] = j;
+            heap_sift_down(hl, hi, k, 0);
+        }
+    }
+    for (int m = n; m > 1; m--) { /* the worst to the end, in turn: best first */
+        const float l = hl[0];
+        const int32_t j = hi[0];
+        hl[0] = hl[m - 1], hi[0] = hi[m - 1];
+        heap_sift_down(hl, hi, m - 1, 0);
+        hl[m - 1] = l, hi[m - 1] = j;
+    }
+}
+
+/* One thread per row, the tokens in order, the k best by a heap in the output row: for k above
+ * kBlockMaxK (the block kernel below is the common path). */
 template <typename T>
 __global__ void topk_row_kernel(const T *logits, const float *bias, int64_t rows, int V, int k,
                                 float *top_lp, int32_t *top_idx, const int32_t *pick,
@@ -76,15 +126,11 @@ __global__ void topk_row_kernel(const T *logits, const float *bias, int64_t rows
     const double lse = (double)mx + log(sum);
     if (pick) picked[r] = (float)((double)load(x, pick[r]) - lse);
     if (k == 0) return;
-    float *tl = top_lp + r * k;
-    int32_t *ti = top_idx + r * k;
-    int n = 0;
-    for (int j = 0; j < V; j++) {
-        offer(tl, ti, n, k, log_prob(x, j, lse, bias), j);
-    }
+    heap_select_row(x, lse, bias, V, k, top_lp + r * k, top_idx + r * k);
 }
 
-constexpr int kTopkThreads = 256, kTopkWarps = kTopkThreads / 32, kListCap = 32;
+constexpr int kTopkThreads = 256, kTopkWarps = kTopkThreads / 32, kListCap = 32,
+              kBlockMaxK = 256;
 
 /* A candidate: log-prob and token; `valid` false for an exhausted list. */
 struct Cand {
@@ -157,16 +203,24 @@ __global__ void __launch_bounds__(kTopkThreads)
     __syncthreads();
     if (k == 0) return;
     const double lse = s_lse[0];
-    /* this thread's k best, best first */
+    /* this thread's min(k, kListCap) best, best first; dropped: it refused or evicted a token */
+    const int cap = k < kListCap ? k : kListCap;
     float tl[kListCap];
     int32_t ti[kListCap];
     int n = 0;
+    bool dropped = false;
     for (int j = tid; j < V; j += kTopkThreads) {
-        offer(tl, ti, n, k, log_prob(x, j, lse, bias), j);
+        dropped = dropped || n == cap;
+        offer(tl, ti, n, cap, log_prob(x, j, lse, bias), j);
     }
-    /* k rounds: the best head over all lists is the next of the row */
+    /* k rounds: the best head over all lists is the next of the row, unless a list that dropped
+     * tokens has run out (its next best is unknown): then thread 0 selects the row by a heap */
     int taken = 0;
     for (int out = 0; out < k; out++) {
+        if (__syncthreads_or(taken == n && dropped)) {
+            if (tid == 0) heap_select_row(x, lse, bias, V, k, top_lp + r * k, top_idx + r * k);
+            return;
+        }
         Cand c = {taken < n ? tl[taken] : 0.0f, taken < n ? ti[taken] : 0, taken < n};
         for (int m = 16; m > 0; m /= 2) {
             const Cand o = shfl_cand(c, m);
@@ -323,7 +377,7 @@ extern "C" cudaError_t luna_cuda_log_softmax_topk(cudaStream_t s, int bf16, cons
                                                   float *top_lp, int32_t *top_idx,
                                                   const int32_t *pick, float *picked) {
     if (rows <= 0 || V <= 0) return cudaSuccess;
-    if (k > kListCap) {
+    if (k > kBlockMaxK) {
         const unsigned blocks = (unsigned)((rows + 63) / 64);
         if (bf16)
             LUNA_LAUNCH(topk_row_kernel<bf16_t>, blocks, 64, 0, s,
