@@ -481,12 +481,12 @@ static luna_status cross_attention(luna_backend *be, luna_act *y, const luna_act
 static luna_status beam_select(luna_backend *be, const luna_beam_select_args *a) {
     if (!a) BAD("beam_select: null arguments");
     if (a->S < 0 || a->beam < 1 || a->kb < 1 || a->kb > 2 * a->beam || a->k_list < a->kb ||
-        a->cap < 2 || a->ngram < 0)
-        BAD("beam_select: bad sizes (S %d, beam %d, kb %d, k_list %d, cap %d, ngram %d)", a->S,
-            a->beam, a->kb, a->k_list, a->cap, a->ngram);
+        a->cap < 2 || a->rows < a->beam || a->ngram < 0)
+        BAD("beam_select: bad sizes (S %d, beam %d, kb %d, k_list %d, cap %d, rows %d, ngram %d)",
+            a->S, a->beam, a->kb, a->k_list, a->cap, a->rows, a->ngram);
     if (a->S > 0 && (!a->top_lp || !a->top_tok || !a->row_first || !a->step || !a->max_len ||
-                     !a->slot || !a->tok || !a->score || !a->ignore || !a->tok_out ||
-                     !a->score_out || !a->ignore_out || !a->summary || !a->finished || !a->work))
+                     !a->slot || !a->tok || !a->score || !a->back || !a->ignore || !a->ignore_out ||
+                     !a->summary || !a->finished || !a->work))
         BAD("beam_select: null pointer");
     return be->kernels->beam_select(be, a);
 }

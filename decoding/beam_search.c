@@ -81,8 +81,9 @@ typedef struct {
                                 before min_len */
 } search;
 
-luna_status luna_search_finalize(const luna_beam_options *o, const int32_t *t, const double *s,
-                                 luna_nbest *out, int step, double eos_score) {
+luna_status luna_search_finalize_log_probs(const luna_beam_options *o, const int32_t *t,
+                                           const float *lp, luna_nbest *out, int step,
+                                           double eos_score) {
     if (out->count >= o->beam) return LUNA_OK;
     const int len = step + 1;
     luna_hypothesis h = {.len = len};
@@ -92,15 +93,25 @@ luna_status luna_search_finalize(const luna_beam_options *o, const int32_t *t, c
         hyp_release(&h);
         return luna_error(LUNA_ERR_OUT_OF_MEMORY, "beam search: out of host memory");
     }
-    for (int i = 0; i < step; i++) {
+    for (int i = 0; i < step; i++)
         h.tokens[i] = t[i + 1];
-        h.positional_scores[i] = (float)(s[i] - (i ? s[i - 1] : 0.0));
-    }
     h.tokens[step] = LUNA_DICT_EOS;
-    h.positional_scores[step] = (float)(eos_score - (step ? s[step - 1] : 0.0));
+    memcpy(h.positional_scores, lp, sizeof(float) * (size_t)len);
     h.score = eos_score / pow((double)len, o->lenpen);
     out->hyps[out->count++] = h;
     return LUNA_OK;
+}
+
+luna_status luna_search_finalize(const luna_beam_options *o, const int32_t *t, const double *s,
+                                 luna_nbest *out, int step, double eos_score) {
+    if (out->count >= o->beam) return LUNA_OK;
+    float *lp = malloc(sizeof(float) * (size_t)(step + 1));
+    if (!lp) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "beam search: out of host memory");
+    for (int i = 0; i <= step; i++) /* as beam_select's records (core/beam_select.h) */
+        lp[i] = (float)((i < step ? s[i] : eos_score) - (i ? s[i - 1] : 0.0));
+    luna_status st = luna_search_finalize_log_probs(o, t, lp, out, step, eos_score);
+    free(lp);
+    return st;
 }
 
 static luna_status run_batch(luna_incremental *inc, const luna_beam_options *o, search *z,

@@ -63,23 +63,26 @@ typedef struct {
     int32_t *summary;      /* [S_cap·(1 + 2·beam)] */
     unsigned char *record; /* one finished record */
     size_t record_bytes;
+    int32_t *rec_tok; /* [cap] one finished hypothesis's tokens */
+    float *rec_lp;    /* [cap] and log-probs */
     luna_backend *be;
     void *dev; /* one block, carved into the buffers below */
     size_t dev_bytes;
     float *d_lp, *d_picked;
-    int32_t *d_list_tok, *d_sent, *d_hist[2], *d_summary;
-    double *d_score[2];
+    int32_t *d_list_tok, *d_sent, *d_tok, *d_back, *d_summary;
+    double *d_score;
     uint8_t *d_ignore[2];
     unsigned char *d_finished;
     void *d_work;
-    int cur;                /* which of the double buffers holds this step's state */
+    int cur;                /* which of the ignore flags' buffers is this step's */
     int interval, since;    /* steps between readbacks of the summary; since the last */
     bool fresh;             /* the pool changed: its done flags start at 0 */
     const int32_t *tok_dev; /* the next step's tokens, on the backend (no readback since) */
 } flight;
 
 static void flight_free(flight *f) {
-    void *host[] = {f->slot, f->free_slot, f->next_rows, f->sent_host, f->summary, f->record};
+    void *host[] = {f->slot,    f->free_slot, f->next_rows, f->sent_host,
+                    f->summary, f->record,    f->rec_tok,   f->rec_lp};
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
         free(host[i]);
     if (f->dev) luna_mem_release(f->be, f->dev, f->dev_bytes);
@@ -137,7 +140,10 @@ static luna_status flight_alloc_device(flight *f) {
     f->sent_host = malloc(sizeof(int32_t) * (4 * S + 1));
     f->summary = malloc(sizeof(int32_t) * (S + 2 * R));
     f->record = malloc(f->record_bytes);
-    if (!f->slot || !f->free_slot || !f->next_rows || !f->sent_host || !f->summary || !f->record)
+    f->rec_tok = malloc(sizeof(int32_t) * cap);
+    f->rec_lp = malloc(sizeof(float) * cap);
+    if (!f->slot || !f->free_slot || !f->next_rows || !f->sent_host || !f->summary || !f->record ||
+        !f->rec_tok || !f->rec_lp)
         return luna_error(LUNA_ERR_OUT_OF_MEMORY, "decoding: out of host memory (%d sentences)",
                           f->S_cap);
     for (int h = 0; h < f->S_cap; h++)
@@ -149,7 +155,6 @@ static luna_status flight_alloc_device(flight *f) {
                             sizeof(int32_t) * (4 * S + 1),
                             sizeof(int32_t) * R * cap,
                             sizeof(int32_t) * R * cap,
-                            sizeof(double) * R * cap,
                             sizeof(double) * R * cap,
                             R,
                             R,
@@ -171,11 +176,11 @@ static luna_status flight_alloc_device(flight *f) {
     unsigned char *b = f->dev;
     f->d_lp = (float *)(b + at[0]), f->d_list_tok = (int32_t *)(b + at[1]);
     f->d_picked = (float *)(b + at[2]), f->d_sent = (int32_t *)(b + at[3]);
-    f->d_hist[0] = (int32_t *)(b + at[4]), f->d_hist[1] = (int32_t *)(b + at[5]);
-    f->d_score[0] = (double *)(b + at[6]), f->d_score[1] = (double *)(b + at[7]);
-    f->d_ignore[0] = b + at[8], f->d_ignore[1] = b + at[9];
-    f->d_summary = (int32_t *)(b + at[10]), f->d_finished = b + at[11];
-    f->d_work = b + at[12];
+    f->d_tok = (int32_t *)(b + at[4]), f->d_back = (int32_t *)(b + at[5]);
+    f->d_score = (double *)(b + at[6]);
+    f->d_ignore[0] = b + at[7], f->d_ignore[1] = b + at[8];
+    f->d_summary = (int32_t *)(b + at[9]), f->d_finished = b + at[10];
+    f->d_work = b + at[11];
     return LUNA_OK;
 }
 
@@ -381,12 +386,15 @@ static luna_status collect_finished(const luna_beam_options *o, flight *f, int s
     LUNA_TRY(luna_mem_to_host(f->be, f->record, f->d_finished + (size_t)h * f->record_bytes,
                               f->record_bytes));
     const int count = *luna_beam_finished_count(f->record);
-    for (int i = 0; i < count; i++)
-        LUNA_TRY(luna_search_finalize(
-            o, luna_beam_finished_tokens(f->record, beam, cap) + (size_t)i * cap,
-            luna_beam_finished_scores(f->record, beam, cap) + (size_t)i * cap, out,
-            luna_beam_finished_steps(f->record, beam, cap)[i],
-            luna_beam_finished_eos(f->record)[i]));
+    for (int k = 0; k < count; k++) {
+        const int step = luna_beam_finished_steps(f->record, beam)[k];
+        for (int i = 0; i <= step && i < cap; i++) {
+            f->rec_tok[i] = luna_beam_finished_tokens_at(f->record, beam, i)[k];
+            f->rec_lp[i] = luna_beam_finished_log_probs_at(f->record, beam, i)[k];
+        }
+        LUNA_TRY(luna_search_finalize_log_probs(o, f->rec_tok, f->rec_lp, out, step,
+                                                luna_beam_finished_eos(f->record)[k]));
+    }
     luna_search_sort_nbest(out, o->nbest);
     f->free_slot[f->nfree++] = h;
     return LUNA_OK;
@@ -437,6 +445,7 @@ static luna_status step_pool_device(luna_incremental *inc, const luna_beam_optio
                                      .kb = f->kb,
                                      .k_list = k_req,
                                      .cap = f->cap,
+                                     .rows = f->S_cap * beam,
                                      .min_len = o->min_len,
                                      .ngram = ngram,
                                      .eos = LUNA_DICT_EOS,
@@ -448,11 +457,10 @@ static luna_status step_pool_device(luna_incremental *inc, const luna_beam_optio
                                      .step = f->d_sent + S + 1,
                                      .max_len = f->d_sent + 2 * S + 1,
                                      .slot = f->d_sent + 3 * S + 1,
-                                     .tok = f->d_hist[c],
-                                     .score = f->d_score[c],
+                                     .tok = f->d_tok,
+                                     .score = f->d_score,
+                                     .back = f->d_back,
                                      .ignore = f->d_ignore[c],
-                                     .tok_out = f->d_hist[1 - c],
-                                     .score_out = f->d_score[1 - c],
                                      .ignore_out = f->d_ignore[1 - c],
                                      .summary = f->d_summary,
                                      .finished = f->d_finished,

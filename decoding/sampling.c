@@ -8,7 +8,7 @@
 
 /* the beam_select op's bans (core/beam_select.h): the host's search bans the same tokens */
 int luna_ngram_bans(const int32_t *tok, int len, int n, int32_t *ban) {
-    return luna_beam_ngram_bans(tok, len, n, ban);
+    return luna_beam_ngram_bans(tok, 1, len, n, ban);
 }
 
 void luna_drop_banned(float *lp, int32_t *tok, int k_in, int k_out, const int32_t *ban, int nban,

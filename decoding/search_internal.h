@@ -13,6 +13,12 @@ luna_status luna_search_check_options(const luna_beam_options *o);
 luna_status luna_search_finalize(const luna_beam_options *o, const int32_t *t, const double *s,
                                  luna_nbest *out, int step, double eos_score);
 
+/* The same from the hypothesis's log-probs lp[0..step] (the last one </s>'s), as the beam_select
+ * op files them (core/beam_select.h). */
+luna_status luna_search_finalize_log_probs(const luna_beam_options *o, const int32_t *t,
+                                           const float *lp, luna_nbest *out, int step,
+                                           double eos_score);
+
 /* Stable sort by score, best first; keep nbest. */
 void luna_search_sort_nbest(luna_nbest *n, int nbest);
 

@@ -7,10 +7,12 @@
  * sentence (now or at an earlier step) keeps its rows with </s>. Pools mix sentences at step 0
  * with one row or `beam` rows, sentences forced to end (NaN picked log-probs among them),
  * sentences finished at an earlier step, ignored places, tied scores, −inf candidates and lists
- * that the bans leave short; slots are a permutation with unused ones. The op's every output (done
- * flags, parent rows and tokens, the next histories, scores and ignore flags, the finished records,
- * and what it must leave untouched) must equal the reference byte for byte on the backend under
- * test (LUNA_TEST_BACKEND), and the CPU reference's (EXACT). */
+ * that the bans leave short; slots are a permutation with unused ones, their hypotheses random
+ * trees of back-pointers (the reference walks them as paths). The op's every output (done flags,
+ * parent rows and tokens, each new hypothesis's next position (token, score, back-pointer), the
+ * ignore flags, the finished records with their log-probs, and what it must leave untouched) must
+ * equal the reference byte for byte on the backend under test (LUNA_TEST_BACKEND), and the CPU
+ * reference's (EXACT). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,20 +27,22 @@ enum { EOS = 2, UNK = 3 };
 /* A pool and its step's inputs, in host memory. */
 typedef struct {
     int S, H, beam, kb, k_list, cap, min_len, ngram, R;
-    int32_t *sent; /* row_first [S + 1], step [S], max_len [S], slot [S] */
-    int32_t *done; /* [S] finished at an earlier step */
-    float *lists;  /* top_lp [R·k_list], then picked [R] */
-    int32_t *top_tok, *tok;
+    int rows; /* slot rows H·beam: histories are position-major, position i of row q at i·rows + q
+               */
+    int32_t *sent;                 /* row_first [S + 1], step [S], max_len [S], slot [S] */
+    int32_t *done;                 /* [S] finished at an earlier step */
+    float *lists;                  /* top_lp [R·k_list], then picked [R] */
+    int32_t *top_tok, *tok, *back; /* back: the parent's slot row at the previous position */
     double *score;
     uint8_t *ignore;
     size_t fin_bytes; /* per slot */
 } pool;
 
-/* The op's outputs in host memory (initial contents: a fill the op must leave where it does not
- * write). */
+/* The op's outputs in host memory: the slots' positions (updated in place: initially the pool's),
+ * and the rest (initially a fill the op must leave where it does not write). */
 typedef struct {
-    int32_t *tok_out, *summary;
-    double *score_out;
+    int32_t *tok, *back, *summary;
+    double *score;
     uint8_t *ignore_out;
     unsigned char *finished;
 } outputs;
@@ -47,14 +51,16 @@ static size_t words(size_t bytes) { return (bytes + 3) / 4; }
 
 static void outputs_init(const pool *p, outputs *o) {
     const size_t rows = (size_t)p->H * p->beam, n = rows * p->cap;
-    o->tok_out = malloc(sizeof(int32_t) * n);
-    o->score_out = malloc(sizeof(double) * n);
+    o->tok = malloc(sizeof(int32_t) * n);
+    o->back = malloc(sizeof(int32_t) * n);
+    o->score = malloc(sizeof(double) * n);
     o->ignore_out = malloc(4 * words(rows));
     o->summary = malloc(sizeof(int32_t) * (size_t)p->S * (1 + 2 * p->beam));
     o->finished = malloc(p->fin_bytes * (size_t)p->H);
-    ck_assert(o->tok_out && o->score_out && o->ignore_out && o->summary && o->finished);
-    for (size_t i = 0; i < n; i++)
-        o->tok_out[i] = -7, o->score_out[i] = -1e300;
+    ck_assert(o->tok && o->back && o->score && o->ignore_out && o->summary && o->finished);
+    memcpy(o->tok, p->tok, sizeof(int32_t) * n);
+    memcpy(o->back, p->back, sizeof(int32_t) * n);
+    memcpy(o->score, p->score, sizeof(double) * n);
     memset(o->ignore_out, 0x5a, 4 * words(rows));
     for (size_t i = 0; i < (size_t)p->S * (1 + 2 * p->beam); i++)
         o->summary[i] = i < (size_t)p->S ? p->done[i] : -9;
@@ -64,7 +70,7 @@ static void outputs_init(const pool *p, outputs *o) {
 }
 
 static void outputs_free(outputs *o) {
-    free(o->tok_out), free(o->score_out), free(o->ignore_out), free(o->summary);
+    free(o->tok), free(o->back), free(o->score), free(o->ignore_out), free(o->summary);
     free(o->finished);
 }
 
@@ -80,8 +86,22 @@ static int by_score_then_arrival(const void *x, const void *y) {
     return (a->seq > b->seq) - (a->seq < b->seq);
 }
 
-/* Is w banned for a hypothesis of tokens h[0..len) (h[0] the BOS)? The n-grams of h[1..len): w
- * is banned when the last n − 1 tokens followed by w already occur. */
+/* Position i of slot row q of a history. */
+#define AT(p, i, q) ((size_t)(i) * (size_t)(p)->rows + (size_t)(q))
+
+/* Slot row q's hypothesis at step t, back from position t: tokens h[0..t] (h[0] the BOS) and
+ * cumulative scores sc[0..t) (sc[i] with the token at position i + 1). */
+static void ref_path(const pool *p, int t, int q, int32_t *h, double *sc) {
+    h[0] = EOS;
+    for (int i = t; i >= 1; i--) {
+        h[i] = p->tok[AT(p, i, q)];
+        sc[i - 1] = p->score[AT(p, i - 1, q)];
+        q = p->back[AT(p, i, q)];
+    }
+}
+
+/* Is w banned for hypothesis h[0..len) (h[0] the BOS)? The n-grams of positions 1..len−1: w is
+ * banned when the last n − 1 tokens followed by w already occur. */
 static bool ref_banned(const int32_t *h, int len, int n, int w) {
     if (n <= 0) return false;
     for (int i = 1; i + n - 1 < len; i++) {
@@ -104,12 +124,14 @@ static void ref_finished(const pool *p, outputs *o, int s) {
 }
 
 static void ref_step(const pool *p, outputs *o) {
-    const int beam = p->beam, nc = 2 * beam, kb = p->kb, cap = p->cap, S = p->S;
+    const int beam = p->beam, nc = 2 * beam, kb = p->kb, S = p->S;
     const int32_t *row_first = p->sent, *step = p->sent + S + 1, *max_len = step + S,
                   *slot = max_len + S;
     const float *picked = p->lists + (size_t)p->R * p->k_list;
     ref_cand *c = malloc(sizeof(ref_cand) * (size_t)(beam * kb + nc));
-    ck_assert_ptr_nonnull(c);
+    int32_t *hyp = malloc(sizeof(int32_t) * (size_t)(p->cap + 1));
+    double *hsc = malloc(sizeof(double) * (size_t)(p->cap + 1));
+    ck_assert(c && hyp && hsc);
     for (int s = 0; s < S; s++) {
         if (p->done[s]) { /* finished before: selects nothing */
             ref_finished(p, o, s);
@@ -120,7 +142,8 @@ static void ref_step(const pool *p, outputs *o) {
         int n = 0;
         for (int k = 0; k < (t == 0 ? 1 : beam); k++) {
             const int q = h * beam + k, r = r0 + k;
-            const double base = t ? p->score[(size_t)q * cap + t - 1] : 0.0;
+            const double base = t ? p->score[AT(p, t - 1, q)] : 0.0;
+            ref_path(p, t, q, hyp, hsc);
             if (forced) {
                 const float lp = isnan(picked[r]) ? -INFINITY : picked[r];
                 c[n++] = (ref_cand){base + lp, k, EOS, k};
@@ -130,7 +153,7 @@ static void ref_step(const pool *p, outputs *o) {
             for (int j = 0; j < p->k_list && w < kb; j++) {
                 const int tk = p->top_tok[(size_t)r * p->k_list + j];
                 if ((tk == EOS && t < p->min_len) ||
-                    (t > 0 && ref_banned(p->tok + (size_t)q * cap, t + 1, p->ngram, tk)))
+                    (t > 0 && ref_banned(hyp, t + 1, p->ngram, tk)))
                     continue;
                 c[n++] = (ref_cand){base + p->lists[(size_t)r * p->k_list + j], k, tk, k * kb + w};
                 w++;
@@ -154,14 +177,13 @@ static void ref_step(const pool *p, outputs *o) {
             if (*count == beam) continue;
             const int f = (*count)++, parent = h * beam + c[j].beam;
             luna_beam_finished_eos(rec)[f] = c[j].score;
-            luna_beam_finished_steps(rec, beam, cap)[f] = t;
-            int32_t *ft = luna_beam_finished_tokens(rec, beam, cap) + (size_t)f * cap;
-            double *fs = luna_beam_finished_scores(rec, beam, cap) + (size_t)f * cap;
-            ft[0] = EOS;
-            for (int i = 1; i <= t; i++)
-                ft[i] = p->tok[(size_t)parent * cap + i];
-            for (int i = 0; i < t; i++)
-                fs[i] = p->score[(size_t)parent * cap + i];
+            luna_beam_finished_steps(rec, beam)[f] = t;
+            ref_path(p, t, parent, hyp, hsc);
+            for (int i = 0; i <= t; i++) { /* log-probs: the next token's, </s>'s last */
+                luna_beam_finished_tokens_at(rec, beam, i)[f] = hyp[i];
+                luna_beam_finished_log_probs_at(rec, beam, i)[f] =
+                    (float)((i < t ? hsc[i] : c[j].score) - (i ? hsc[i - 1] : 0.0));
+            }
         }
         if (forced || (any && *count == beam)) {
             ref_finished(p, o, s);
@@ -175,16 +197,12 @@ static void ref_step(const pool *p, outputs *o) {
                 o->summary[S + s * beam + i] = r0 + c[j].beam;
                 o->summary[S + S * beam + s * beam + i] = c[j].token;
                 o->ignore_out[nr] = pass == 1;
-                o->tok_out[(size_t)nr * cap] = EOS;
-                for (int x = 1; x <= t; x++)
-                    o->tok_out[(size_t)nr * cap + x] = p->tok[(size_t)parent * cap + x];
-                o->tok_out[(size_t)nr * cap + t + 1] = c[j].token;
-                for (int x = 0; x < t; x++)
-                    o->score_out[(size_t)nr * cap + x] = p->score[(size_t)parent * cap + x];
-                o->score_out[(size_t)nr * cap + t] = c[j].score;
+                o->tok[AT(p, t + 1, nr)] = c[j].token;
+                o->score[AT(p, t, nr)] = c[j].score;
+                o->back[AT(p, t + 1, nr)] = parent;
             }
     }
-    free(c);
+    free(c), free(hyp), free(hsc);
 }
 
 /* ---- pools ---------------------------------------------------------------------------------- */
@@ -196,6 +214,7 @@ static int pick_int(luna_test_rng *g, int n) { return (int)(luna_test_uniform(g,
 static void pool_make(pool *p, luna_test_rng *g, int S, int beam, int V, int ngram, int min_len) {
     memset(p, 0, sizeof *p);
     p->S = S, p->H = S + 3, p->beam = beam, p->cap = 14, p->ngram = ngram, p->min_len = min_len;
+    p->rows = p->H * beam;
     p->kb = 2 * beam < V ? 2 * beam : V;
     p->sent = malloc(sizeof(int32_t) * (size_t)(4 * S + 1));
     p->done = malloc(sizeof(int32_t) * (size_t)S);
@@ -223,22 +242,25 @@ static void pool_make(pool *p, luna_test_rng *g, int S, int beam, int V, int ngr
     p->k_list = p->kb + most_bans < V ? p->kb + most_bans : V;
     const size_t rows = (size_t)p->H * beam;
     p->tok = malloc(sizeof(int32_t) * rows * p->cap);
+    p->back = malloc(sizeof(int32_t) * rows * p->cap);
     p->score = malloc(sizeof(double) * rows * p->cap);
     p->ignore = calloc(4 * words(rows), 1);
     p->lists = malloc(sizeof(float) * ((size_t)p->R * p->k_list + p->R));
     p->top_tok = malloc(sizeof(int32_t) * (size_t)p->R * p->k_list);
     p->fin_bytes = luna_beam_finished_bytes(beam, p->cap);
-    ck_assert(p->sent && p->tok && p->score && p->ignore && p->lists && p->top_tok);
-    for (size_t q = 0; q < rows; q++) {
-        p->tok[q * p->cap] = EOS;
-        double acc = 0;
-        for (int i = 0; i < p->cap; i++) {
-            if (i > 0) p->tok[q * p->cap + i] = 4 + pick_int(g, V - 4 > 3 ? 3 : V - 4);
-            acc -= pick_int(g, 3) == 0 ? 0.5 : rnd(g); /* repeated steps: tied sums */
-            p->score[q * p->cap + i] = acc;
+    ck_assert(p->sent && p->tok && p->back && p->score && p->ignore && p->lists && p->top_tok);
+    /* each position's rows: a token, a parent among the slot's rows at the position before, and
+     * a cumulative score below the parent's (steps of 0.5 repeat: tied sums) */
+    for (int i = 0; i < p->cap; i++)
+        for (size_t q = 0; q < rows; q++) {
+            const int parent = (int)(q / beam) * beam + pick_int(g, beam);
+            p->tok[AT(p, i, q)] = i ? 4 + pick_int(g, V - 4 > 3 ? 3 : V - 4) : EOS;
+            p->back[AT(p, i, q)] = parent;
+            const double before = i ? p->score[AT(p, i - 1, parent)] : 0.0;
+            p->score[AT(p, i, q)] = before - (pick_int(g, 3) == 0 ? 0.5 : rnd(g));
         }
+    for (size_t q = 0; q < rows; q++)
         p->ignore[q] = pick_int(g, 4) == 0;
-    }
     int32_t *perm = malloc(sizeof(int32_t) * (size_t)V);
     ck_assert_ptr_nonnull(perm);
     for (int r = 0; r < p->R; r++) {
@@ -267,12 +289,12 @@ static void pool_make(pool *p, luna_test_rng *g, int S, int beam, int V, int ngr
 }
 
 static void pool_free(pool *p) {
-    free(p->sent), free(p->done), free(p->lists), free(p->top_tok), free(p->tok), free(p->score);
+    free(p->sent), free(p->done), free(p->lists), free(p->top_tok), free(p->tok), free(p->back);
+    free(p->score);
     free(p->ignore);
 }
 
-/* d: lists, top_tok, sent, tok, score, ignore, tok_out, score_out, ignore_out, summary,
- * finished, work */
+/* d: lists, top_tok, sent, tok, score, back, ignore, ignore_out, summary, finished, work */
 static luna_status run_select(luna_backend *be, void *const *d, const void *args) {
     const pool *p = args;
     const int32_t *sent = d[2];
@@ -281,6 +303,7 @@ static luna_status run_select(luna_backend *be, void *const *d, const void *args
                                .kb = p->kb,
                                .k_list = p->k_list,
                                .cap = p->cap,
+                               .rows = p->rows,
                                .min_len = p->min_len,
                                .ngram = p->ngram,
                                .eos = EOS,
@@ -294,13 +317,12 @@ static luna_status run_select(luna_backend *be, void *const *d, const void *args
                                .slot = sent + 3 * p->S + 1,
                                .tok = d[3],
                                .score = d[4],
-                               .ignore = d[5],
-                               .tok_out = d[6],
-                               .score_out = d[7],
-                               .ignore_out = d[8],
-                               .summary = d[9],
-                               .finished = d[10],
-                               .work = d[11]};
+                               .back = d[5],
+                               .ignore = d[6],
+                               .ignore_out = d[7],
+                               .summary = d[8],
+                               .finished = d[9],
+                               .work = d[10]};
     return be->ops->beam_select(be, &a);
 }
 
@@ -309,15 +331,14 @@ static void buffers(const pool *p, const outputs *o, lh_buf *b) {
     b[0] = (lh_buf){p->lists, (size_t)p->R * p->k_list + p->R, LH_F32, LH_IN};
     b[1] = (lh_buf){p->top_tok, (size_t)p->R * p->k_list, LH_I32, LH_IN};
     b[2] = (lh_buf){p->sent, (size_t)(4 * p->S + 1), LH_I32, LH_IN};
-    b[3] = (lh_buf){p->tok, n, LH_I32, LH_IN};
-    b[4] = (lh_buf){p->score, 2 * n, LH_I32, LH_IN};
-    b[5] = (lh_buf){p->ignore, words(rows), LH_I32, LH_IN};
-    b[6] = (lh_buf){o->tok_out, n, LH_I32, LH_OUT};
-    b[7] = (lh_buf){o->score_out, 2 * n, LH_I32, LH_OUT};
-    b[8] = (lh_buf){o->ignore_out, words(rows), LH_I32, LH_OUT};
-    b[9] = (lh_buf){o->summary, (size_t)p->S * (1 + 2 * p->beam), LH_I32, LH_OUT};
-    b[10] = (lh_buf){o->finished, words(p->fin_bytes * p->H), LH_I32, LH_OUT};
-    b[11] =
+    b[3] = (lh_buf){o->tok, n, LH_I32, LH_OUT};
+    b[4] = (lh_buf){o->score, 2 * n, LH_I32, LH_OUT};
+    b[5] = (lh_buf){o->back, n, LH_I32, LH_OUT};
+    b[6] = (lh_buf){p->ignore, words(rows), LH_I32, LH_IN};
+    b[7] = (lh_buf){o->ignore_out, words(rows), LH_I32, LH_OUT};
+    b[8] = (lh_buf){o->summary, (size_t)p->S * (1 + 2 * p->beam), LH_I32, LH_OUT};
+    b[9] = (lh_buf){o->finished, words(p->fin_bytes * p->H), LH_I32, LH_OUT};
+    b[10] =
         (lh_buf){NULL, words(luna_beam_select_work_bytes(p->S, p->beam, p->cap)), LH_I32, LH_IN};
 }
 
@@ -338,39 +359,41 @@ static void check_pool(int S, int beam, int V, int ngram, int min_len, uint64_t 
     outputs want, got;
     outputs_init(&p, &want);
     outputs_init(&p, &got);
-    lh_buf b[12];
+    lh_buf b[11];
     buffers(&p, &got, b);
     char what[96];
     snprintf(what, sizeof what, "S %d beam %d V %d ngram %d min_len %d seed %llu", S, beam, V,
              ngram, min_len, (unsigned long long)seed);
 
     luna_backend *be = lh_backend(1);
-    void *d[12];
-    for (int i = 0; i < 12; i++) {
+    void *d[11];
+    for (int i = 0; i < 11; i++) {
         d[i] = lh_alloc(be, 4 * (b[i].count ? b[i].count : 1));
         if (b[i].host) lh_upload(be, d[i], b[i].host, 4 * b[i].count);
     }
     LUNA_CHECK_OK(run_select(be, d, &p));
     ref_step(&p, &want);
     const size_t rows = (size_t)p.H * beam, n = rows * p.cap;
-    lh_download(be, got.summary, d[9], 4 * b[9].count);
-    lh_download(be, got.tok_out, d[6], 4 * n);
-    lh_download(be, got.score_out, d[7], 8 * n);
-    lh_download(be, got.ignore_out, d[8], 4 * words(rows));
-    lh_download(be, got.finished, d[10], p.fin_bytes * p.H);
-    check_bytes(what, "summary", got.summary, want.summary, 4 * b[9].count);
-    check_bytes(what, "next tokens", got.tok_out, want.tok_out, 4 * n);
-    check_bytes(what, "next scores", got.score_out, want.score_out, 8 * n);
+    lh_download(be, got.tok, d[3], 4 * n);
+    lh_download(be, got.score, d[4], 8 * n);
+    lh_download(be, got.back, d[5], 4 * n);
+    lh_download(be, got.ignore_out, d[7], 4 * words(rows));
+    lh_download(be, got.summary, d[8], 4 * b[8].count);
+    lh_download(be, got.finished, d[9], p.fin_bytes * p.H);
+    check_bytes(what, "summary", got.summary, want.summary, 4 * b[8].count);
+    check_bytes(what, "tokens", got.tok, want.tok, 4 * n);
+    check_bytes(what, "scores", got.score, want.score, 8 * n);
+    check_bytes(what, "back-pointers", got.back, want.back, 4 * n);
     check_bytes(what, "ignore flags", got.ignore_out, want.ignore_out, 4 * words(rows));
     check_bytes(what, "finished records", got.finished, want.finished, p.fin_bytes * p.H);
-    for (int i = 0; i < 12; i++)
+    for (int i = 0; i < 11; i++)
         lh_free(be, d[i]);
     luna_backend_free(be);
 
     outputs fresh;
     outputs_init(&p, &fresh);
     buffers(&p, &fresh, b);
-    ck_assert_int_eq(lh_compare("beam_select", what, 1, run_select, &p, b, 12), LUNA_OK);
+    ck_assert_int_eq(lh_compare("beam_select", what, 1, run_select, &p, b, 11), LUNA_OK);
     outputs_free(&fresh);
     outputs_free(&want);
     outputs_free(&got);
@@ -402,7 +425,7 @@ END_TEST
 START_TEST(beam_select_rejects_bad_arguments) {
     luna_backend *be = lh_backend(1);
     int32_t *buf = lh_i32(be, NULL, 64);
-    luna_beam_select_args a = {.S = 1, .beam = 2, .kb = 5, .k_list = 5, .cap = 4};
+    luna_beam_select_args a = {.S = 1, .beam = 2, .kb = 5, .k_list = 5, .cap = 4, .rows = 2};
     ck_assert_int_eq(be->ops->beam_select(be, &a), LUNA_ERR_INVALID_ARGUMENT);
     ck_assert_ptr_nonnull(strstr(luna_error_message(), "beam_select: bad sizes"));
     a.kb = 4;
