@@ -239,8 +239,9 @@ if [ -n "$baseline" ]; then
     && note "ok   baseline bench-model --update --profile: $build/gpu-check.profile.baseline.log" \
     || fail "baseline bench-model --update --profile ($build/gpu-check.profile.baseline.log)"
 fi
+# the summary line and, before it, the launches, GEMMs and host waits per decoder step
 line=$("$build/bench-translate" --preset luna_demo --device cuda --sentences "$sentences" \
-       --max-len-b 40 2>&1 | tail -n 1) \
+       --max-len-b 40 2>&1 | tail -n 2 | paste -sd '|') \
   && note "ok   bench-translate luna_demo beam 4 (random weights, 40 tokens): $line" \
   || fail "bench-translate"
 # Where a decoding step's time goes on the device (each op synchronised: the ops' sum against the
