@@ -16,6 +16,7 @@
 
 #include "core/allocator.h"
 #include "core/exp_double.h"
+#include "core/topk_heap.h"
 #include "model/kernels/cpu/cpu_ops.h"
 
 luna_status luna_cpu_gather_rows(luna_backend *be, luna_act *dst_, int64_t dst_stride,
@@ -167,92 +168,40 @@ static double sum_exp(const float *x, int V, float mx, const float *next) {
 
 double luna_cpu_sum_exp(const float *x, int V, float mx) { return sum_exp(x, V, mx, NULL); }
 
-typedef struct {
-    float lp;
-    int32_t j;
-} candidate;
-
-/* a ranks below b: lower log-prob, or the same and a higher index (the order the search wants:
- * best first, ties by lower index; a total order, indices being distinct) */
-static inline bool worse(candidate a, candidate b) {
-    return a.lp < b.lp || (a.lp == b.lp && a.j > b.j);
-}
-
-/* heap[0..n): a binary heap with the worst candidate at the root. */
-static inline void sift_down(candidate *heap, int n, int i) {
-    const candidate c = heap[i];
-    for (;;) {
-        int w = 2 * i + 1;
-        if (w >= n) break;
-        if (w + 1 < n && worse(heap[w + 1], heap[w])) w++;
-        if (!worse(heap[w], c)) break;
-        heap[i] = heap[w];
-        i = w;
-    }
-    heap[i] = c;
-}
-
-/* Token j (arriving in increasing j) into the heap of the k best so far (*n of them). A token
- * that only ties the worst kept one ranks below it (higher index): refused. */
-static inline void heap_offer(candidate *heap, int *n, int k, float lp, int32_t j) {
-    if (*n < k) {
-        int i = (*n)++;
-        const candidate c = {lp, j};
-        while (i > 0 && worse(c, heap[(i - 1) / 2])) { /* sift up */
-            heap[i] = heap[(i - 1) / 2];
-            i = (i - 1) / 2;
-        }
-        heap[i] = c;
-        return;
-    }
-    if (!(lp > heap[0].lp)) return;
-    heap[0] = (candidate){lp, j};
-    sift_down(heap, k, 0);
-}
-
-/* The heap's k candidates into best-first order in place (heapsort: the worst goes last). */
-static void heap_sort_best_first(candidate *heap, int k) {
-    for (int n = k; n > 1; n--) {
-        const candidate w = heap[0];
-        heap[0] = heap[n - 1];
-        sift_down(heap, n - 1, 0);
-        heap[n - 1] = w;
-    }
-}
-
 #if defined(__x86_64__) && defined(__GNUC__)
-/* heap_offer over lp[0..V) in order, skipping 8 tokens at a time when none beats the current
- * k-th best (one vector comparison): the same heap, as each skipped token would be refused. */
-__attribute__((target("avx2"))) static void topk_scan_avx2(candidate *top, int k, const float *lp,
-                                                           int V) {
+/* luna_topk_offer over lp[0..V) in order, skipping 8 tokens at a time when none beats the
+ * current k-th best (one vector comparison): the same heap, as each skipped token would be
+ * refused. */
+__attribute__((target("avx2"))) static void topk_scan_avx2(float *hl, int32_t *hi, int k,
+                                                           const float *lp, int V) {
     int n = 0, j = 0;
     for (; j < V && n < k; j++)
-        heap_offer(top, &n, k, lp[j], j);
+        luna_topk_offer(hl, hi, &n, k, lp[j], j);
     for (; j + 8 <= V; j += 8) {
-        const __m256 thr = _mm256_set1_ps(top[0].lp);
+        const __m256 thr = _mm256_set1_ps(hl[0]);
         if (!_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(lp + j), thr, _CMP_GT_OQ))) continue;
         for (int l = 0; l < 8; l++)
-            heap_offer(top, &n, k, lp[j + l], j + l);
+            luna_topk_offer(hl, hi, &n, k, lp[j + l], j + l);
     }
     for (; j < V; j++)
-        heap_offer(top, &n, k, lp[j], j);
+        luna_topk_offer(hl, hi, &n, k, lp[j], j);
 }
 #endif
 
-/* top[0..k) = the k best of lp[0..V) (V ≥ k), best first, ties by lower index: a heap of k
- * (O(V log k)), then its sort (O(k log k)). */
-static void topk_scan(candidate *top, int k, const float *lp, int V) {
+/* hl/hi[0..k) = the k best of lp[0..V) (V ≥ k), best first, ties by lower index: a heap of k
+ * (core/topk_heap.h, O(V log k)), then its sort (O(k log k)). */
+static void topk_scan(float *hl, int32_t *hi, int k, const float *lp, int V) {
 #if defined(__x86_64__) && defined(__GNUC__)
     if (__builtin_cpu_supports("avx2")) {
-        topk_scan_avx2(top, k, lp, V);
-        heap_sort_best_first(top, k);
+        topk_scan_avx2(hl, hi, k, lp, V);
+        luna_topk_sort(hl, hi, k);
         return;
     }
 #endif
     int n = 0;
     for (int j = 0; j < V; j++)
-        heap_offer(top, &n, k, lp[j], j);
-    heap_sort_best_first(top, k);
+        luna_topk_offer(hl, hi, &n, k, lp[j], j);
+    luna_topk_sort(hl, hi, k);
 }
 
 luna_status luna_cpu_log_softmax_topk(luna_backend *be, const luna_act *logits_, const float *bias,
@@ -266,12 +215,10 @@ luna_status luna_cpu_log_softmax_topk(luna_backend *be, const luna_act *logits_,
 #if defined(__x86_64__) && defined(__GNUC__)
     const bool avx2 = __builtin_cpu_supports("avx2");
 #endif
-    candidate *lists = NULL; /* [threads][k]: one row's heap, per thread */
-    float *lp_rows = NULL;   /* [threads][V]: one row's log-probs, per thread */
+    float *lp_rows = NULL; /* [threads][V]: one row's log-probs, per thread */
     if (k > 0) {
-        lists = luna_arena_alloc(be->scratch, sizeof(candidate) * (size_t)threads * (size_t)k);
         lp_rows = luna_arena_alloc(be->scratch, sizeof(float) * (size_t)threads * (size_t)V);
-        if (!lists || !lp_rows) {
+        if (!lp_rows) {
             luna_arena_release(be->scratch, mark);
             return luna_error(LUNA_ERR_OUT_OF_MEMORY, "log_softmax_topk: scratch exhausted");
         }
@@ -317,12 +264,7 @@ luna_status luna_cpu_log_softmax_topk(luna_backend *be, const luna_act *logits_,
                 const float v = (float)((double)x[j] - lse);
                 lp[j] = v != v ? -INFINITY : v;
             }
-        candidate *top = lists + (size_t)omp_get_thread_num() * (size_t)k;
-        topk_scan(top, k, lp, V);
-        for (int i = 0; i < k; i++) {
-            top_lp[r * k + i] = top[i].lp;
-            top_idx[r * k + i] = top[i].j;
-        }
+        topk_scan(top_lp + r * k, top_idx + r * k, k, lp, V); /* the heap in the output row */
     }
     luna_arena_release(be->scratch, mark);
     return LUNA_OK;

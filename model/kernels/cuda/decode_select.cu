@@ -20,6 +20,7 @@
 #include "model/kernels/cuda/cuda_compat.h"
 
 #include "core/exp_double.h"
+#include "core/topk_heap.h"
 #include "model/kernels/cuda/act_io.cuh"
 #include "model/kernels/cuda/cuda_kernels.h"
 
@@ -47,50 +48,15 @@ __device__ inline void offer(float *tl, int32_t *ti, int &n, int k, float lp, in
     ti[i] = j;
 }
 
-/* The k best of a row by a binary heap in the output row itself (the worst kept at the root),
- * tokens offered in increasing order: a token that only ties the worst kept one ranks below it
- * (higher index) and is refused, as in offer(); then sorted best first. O(V log k). */
-__device__ inline bool heap_worse(float la, int ja, float lb, int jb) {
-    return la < lb || (la == lb && ja > jb);
-}
-__device__ inline void heap_sift_down(float *hl, int32_t *hi, int n, int i) {
-    const float l = hl[i];
-    const int32_t j = hi[i];
-    for (;;) {
-        int w = 2 * i + 1;
-        if (w >= n) break;
-        if (w + 1 < n && heap_worse(hl[w + 1], hi[w + 1], hl[w], hi[w])) w++;
-        if (!heap_worse(hl[w], hi[w], l, j)) break;
-        hl[i] = hl[w], hi[i] = hi[w];
-        i = w;
-    }
-    hl[i] = l, hi[i] = j;
-}
+/* The k best of a row by core/topk_heap.h's heap (the CPU's) in the output row itself, tokens
+ * offered in increasing order, then sorted best first. O(V log k). */
 template <typename T>
-__device__ void heap_select_row(const T *x, double lse, const float *bias, int V, int k,
-                                float *hl, int32_t *hi) {
+__device__ void heap_select_row(const T *x, double lse, const float *bias, int V, int k, float *hl,
+                                int32_t *hi) {
     int n = 0;
-    for (int j = 0; j < V; j++) {
-        const float lp = log_prob(x, j, lse, bias);
-        if (n < k) { /* sift up */
-            int i = n++;
-            while (i > 0 && heap_worse(lp, j, hl[(i - 1) / 2], hi[(i - 1) / 2])) {
-                hl[i] = hl[(i - 1) / 2], hi[i] = hi[(i - 1) / 2];
-                i = (i - 1) / 2;
-            }
-            hl[i] = lp, hi[i] = j;
-        } else if (lp > hl[0]) {
-            hl[0] = lp, hi[0] = j;
-            heap_sift_down(hl, hi, k, 0);
-        }
-    }
-    for (int m = n; m > 1; m--) { /* the worst to the end, in turn: best first */
-        const float l = hl[0];
-        const int32_t j = hi[0];
-        hl[0] = hl[m - 1], hi[0] = hi[m - 1];
-        heap_sift_down(hl, hi, m - 1, 0);
-        hl[m - 1] = l, hi[m - 1] = j;
-    }
+    for (int j = 0; j < V; j++)
+        luna_topk_offer(hl, hi, &n, k, log_prob(x, j, lse, bias), j);
+    luna_topk_sort(hl, hi, n);
 }
 
 /* One thread per row, the tokens in order, the k best by a heap in the output row: for k above
@@ -129,8 +95,7 @@ __global__ void topk_row_kernel(const T *logits, const float *bias, int64_t rows
     heap_select_row(x, lse, bias, V, k, top_lp + r * k, top_idx + r * k);
 }
 
-constexpr int kTopkThreads = 256, kTopkWarps = kTopkThreads / 32, kListCap = 32,
-              kBlockMaxK = 256;
+constexpr int kTopkThreads = 256, kTopkWarps = kTopkThreads / 32, kListCap = 32, kBlockMaxK = 256;
 
 /* A candidate: log-prob and token; `valid` false for an exhausted list. */
 struct Cand {
