@@ -296,6 +296,14 @@ struct luna_ops {
                                                   const luna_act *logits, const int32_t *targets,
                                                   int64_t N, int V, float epsilon, int padding_idx,
                                                   float grad_scale);
+    /* loss_sums: sums[0] += Σ_i loss[i], sums[1] += Σ_i nll[i] over i in [0, n): each Σ in
+     * double from 0 (the CPU: in order i = 0..n−1, as a host loop over the values would; a
+     * device: a fixed tree of its own), then added to the sum so far. loss, nll [n] fp32 (the
+     * entries the ops above wrote), sums [2] doubles, all device memory: the losses of an update's
+     * micro-batches add up where they are, and are read back once, with the update's summary
+     * (optim/optimizer.h). */
+    luna_status (*loss_sums)(luna_backend *be, double *sums, const float *loss, const float *nll,
+                             int64_t n);
 
     /* ==== Attention: masked softmax and the causal contraction ===================================
      * softmax_forward: over the last axis, x, y [rows, cols]. Row r attends to columns
@@ -421,7 +429,9 @@ struct luna_ops {
      *   mode 0 (each): norm = max_i sqrt(sumsq[i]) (NaN propagates), coef[i] = c(sqrt(sumsq[i]));
      *   mode 1 (total): norm = sqrt(Σ_i sumsq[i]) (double, in order i = 0..N-1), coef[i] = c(norm);
      *   c(x) = min(1, clip_norm / (x + 1e-6)) computed in double, stored as fp32.
-     *   finite = every sumsq[i] is finite (else norm = +Inf unless already NaN/Inf); when
+     *   finite = every sumsq[i] is finite (else norm = +Inf unless already NaN/Inf) and every
+     *   also_finite[j], j < num_also, is finite (device doubles the update also depends on: the
+     *   trainer's loss sums; NULL when num_also = 0; they do not change the norm); when
      *   !finite or clip_norm = 0 every coef[i] = 1 (nothing is scaled). summary [3] doubles:
      *   {norm, finite ? 1 : 0, (some coef[i] < 1) ? 1 : 0}. coef [N], summary [3] device.
      * multi_scale: x_i *= coef[i] (an fp32 product), or x_i *= alpha for every i when coef is
@@ -429,7 +439,10 @@ struct luna_ops {
      * multi_apollo_update / multi_adam_update: one optimizer step of every tensor i (theta, g and
      *   the state are flat buffers in tt's layout) with step t_i = steps[i] + 1; steps [N] int64
      *   device counters, incremented by the op (the host keeps its own copy). g is the (clipped)
-     *   gradient and is only read; theta and the state are updated in place. Hyperparameters are
+     *   gradient and is only read; theta and the state are updated in place. gate: NULL, or a
+     *   device double (clip_coefficients' summary[1]) read when the op runs: 0 means the update
+     *   is skipped and nothing changes, steps included — so the host need not read the summary
+     *   before queueing the update. Hyperparameters are
      *   doubles; every element is computed in double from the stored fp32 values and each stored
      *   quantity is rounded to fp32 when written (later sub-steps read the rounded value).
      *
@@ -452,18 +465,19 @@ struct luna_ops {
     luna_status (*multi_sum_squares)(luna_backend *be, float *result, const float *x,
                                      const luna_tensor_table *tt);
     luna_status (*clip_coefficients)(luna_backend *be, float *coef, double *summary,
-                                     const float *sumsq, int n, double clip_norm, int mode);
+                                     const float *sumsq, int n, double clip_norm, int mode,
+                                     const double *also_finite, int num_also);
     luna_status (*multi_scale)(luna_backend *be, float *x, const luna_tensor_table *tt,
                                const float *coef, float alpha);
     luna_status (*multi_apollo_update)(luna_backend *be, float *theta, const float *g,
                                        float *exp_avg, float *approx_hessian, float *update,
-                                       const luna_tensor_table *tt, int64_t *steps, double lr,
-                                       double beta, double eps, double sigma, int rebound,
-                                       double weight_decay, int wd_type);
+                                       const luna_tensor_table *tt, int64_t *steps,
+                                       const double *gate, double lr, double beta, double eps,
+                                       double sigma, int rebound, double weight_decay, int wd_type);
     luna_status (*multi_adam_update)(luna_backend *be, float *theta, const float *g, float *exp_avg,
                                      float *exp_avg_sq, const luna_tensor_table *tt, int64_t *steps,
-                                     double lr, double beta1, double beta2, double eps,
-                                     double weight_decay);
+                                     const double *gate, double lr, double beta1, double beta2,
+                                     double eps, double weight_decay);
 
     /* ==== Decoding ===============================================================================
      * gather_rows: dst[i, 0:cols] = src[idx[i], 0:cols] for i in [0, n) (idx NULL: src[i]), rows

@@ -208,6 +208,12 @@ static luna_status cross_entropy_forward_backward(luna_backend *be, float *loss,
     return be->kernels->cross_entropy_forward_backward(be, loss, nll, lse, dlogits, logits, targets,
                                                        N, V, epsilon, padding_idx, grad_scale);
 }
+static luna_status loss_sums(luna_backend *be, double *sums, const float *loss, const float *nll,
+                             int64_t n) {
+    if (n < 0 || !sums || (n > 0 && (!loss || !nll)))
+        BAD("loss_sums: bad arguments (n %lld)", (long long)n);
+    return be->kernels->loss_sums(be, sums, loss, nll, n);
+}
 
 /* ---- attention: softmax and the causal contraction ---------------------------------------------
  */
@@ -394,11 +400,14 @@ static luna_status multi_sum_squares(luna_backend *be, float *result, const floa
     return be->kernels->multi_sum_squares(be, result, x, tt);
 }
 static luna_status clip_coefficients(luna_backend *be, float *coef, double *summary,
-                                     const float *sumsq, int n, double clip_norm, int mode) {
+                                     const float *sumsq, int n, double clip_norm, int mode,
+                                     const double *also_finite, int num_also) {
     if (!summary || n < 0 || (n > 0 && (!coef || !sumsq)) || !(clip_norm >= 0.0) ||
-        (mode != 0 && mode != 1))
-        BAD("clip_coefficients: bad arguments (n %d, clip_norm %g, mode %d)", n, clip_norm, mode);
-    return be->kernels->clip_coefficients(be, coef, summary, sumsq, n, clip_norm, mode);
+        (mode != 0 && mode != 1) || num_also < 0 || (num_also > 0 && !also_finite))
+        BAD("clip_coefficients: bad arguments (n %d, clip_norm %g, mode %d, num_also %d)", n,
+            clip_norm, mode, num_also);
+    return be->kernels->clip_coefficients(be, coef, summary, sumsq, n, clip_norm, mode, also_finite,
+                                          num_also);
 }
 static luna_status multi_scale(luna_backend *be, float *x, const luna_tensor_table *tt,
                                const float *coef, float alpha) {
@@ -407,27 +416,28 @@ static luna_status multi_scale(luna_backend *be, float *x, const luna_tensor_tab
 }
 static luna_status multi_apollo_update(luna_backend *be, float *theta, const float *g,
                                        float *exp_avg, float *approx_hessian, float *update,
-                                       const luna_tensor_table *tt, int64_t *steps, double lr,
-                                       double beta, double eps, double sigma, int rebound,
-                                       double weight_decay, int wd_type) {
+                                       const luna_tensor_table *tt, int64_t *steps,
+                                       const double *gate, double lr, double beta, double eps,
+                                       double sigma, int rebound, double weight_decay,
+                                       int wd_type) {
     LUNA_TRY(
         check_table("multi_apollo_update", tt, theta && g && exp_avg && approx_hessian && update));
     if (tt->num_tensors > 0 && !steps) BAD("multi_apollo_update: null pointer");
     LUNA_TRY(check_apollo("multi_apollo_update", beta, eps, sigma, rebound, wd_type));
     return be->kernels->multi_apollo_update(be, theta, g, exp_avg, approx_hessian, update, tt,
-                                            steps, lr, beta, eps, sigma, rebound, weight_decay,
-                                            wd_type);
+                                            steps, gate, lr, beta, eps, sigma, rebound,
+                                            weight_decay, wd_type);
 }
 static luna_status multi_adam_update(luna_backend *be, float *theta, const float *g, float *exp_avg,
                                      float *exp_avg_sq, const luna_tensor_table *tt, int64_t *steps,
-                                     double lr, double beta1, double beta2, double eps,
-                                     double weight_decay) {
+                                     const double *gate, double lr, double beta1, double beta2,
+                                     double eps, double weight_decay) {
     LUNA_TRY(check_table("multi_adam_update", tt, theta && g && exp_avg && exp_avg_sq));
     if (tt->num_tensors > 0 && !steps) BAD("multi_adam_update: null pointer");
     if (!(beta1 >= 0.0 && beta1 < 1.0) || !(beta2 >= 0.0 && beta2 < 1.0) || !(eps > 0.0))
         BAD("multi_adam_update: bad hyperparameters (betas %g %g, eps %g)", beta1, beta2, eps);
-    return be->kernels->multi_adam_update(be, theta, g, exp_avg, exp_avg_sq, tt, steps, lr, beta1,
-                                          beta2, eps, weight_decay);
+    return be->kernels->multi_adam_update(be, theta, g, exp_avg, exp_avg_sq, tt, steps, gate, lr,
+                                          beta1, beta2, eps, weight_decay);
 }
 
 /* ---- decoding ----------------------------------------------------------------------------------
@@ -516,6 +526,7 @@ static const luna_ops checked_ops = {
     .softmax_dropout_backward = softmax_dropout_backward,
     .cross_entropy_forward = cross_entropy_forward,
     .cross_entropy_forward_backward = cross_entropy_forward_backward,
+    .loss_sums = loss_sums,
     .softmax_forward = softmax_forward,
     .attention_forward = attention_forward,
     .attention_backward = attention_backward,

@@ -567,8 +567,10 @@ static luna_status backward(luna_seq2seq *m, pass_state *s) {
     return report_ready(m, 0, m->params->num_tensors);
 }
 
+/* dev_sums: the losses are added to these device doubles (loss_sums) instead of being read. */
 static luna_status run(luna_seq2seq *m, const luna_batch *b, bool training, bool grads,
-                       uint64_t step, double *loss_sum, double *nll_sum, float *logits) {
+                       uint64_t step, double *loss_sum, double *nll_sum, float *logits,
+                       double *dev_sums) {
     luna_arena_reset(m->arena);
     pass_state s;
     memset(&s, 0, sizeof s);
@@ -585,22 +587,31 @@ static luna_status run(luna_seq2seq *m, const luna_batch *b, bool training, bool
     /* the losses are read after the backward pass is queued: a readback before it would leave
      * the device idle while the host queued the backward */
     if (st == LUNA_OK && grads) st = backward(m, &s);
-    if (st == LUNA_OK) st = sum_losses(m, &s, s.loss_rows, loss_sum, nll_sum);
+    if (st == LUNA_OK && dev_sums)
+        st = m->be->ops->loss_sums(m->be, dev_sums, s.loss, s.nll, s.loss_rows);
+    else if (st == LUNA_OK)
+        st = sum_losses(m, &s, s.loss_rows, loss_sum, nll_sum);
     luna_arena_reset(m->arena);
     return st;
 }
 
 luna_status luna_seq2seq_forward_backward(luna_seq2seq *m, const luna_batch *b, uint64_t step,
                                           double *loss_sum, double *nll_sum) {
-    return run(m, b, true, true, step, loss_sum, nll_sum, NULL);
+    return run(m, b, true, true, step, loss_sum, nll_sum, NULL, NULL);
+}
+
+luna_status luna_seq2seq_forward_backward_sums(luna_seq2seq *m, const luna_batch *b, uint64_t step,
+                                               double *sums) {
+    if (!sums) return luna_error(LUNA_ERR_INVALID_ARGUMENT, "forward_backward_sums: NULL sums");
+    return run(m, b, true, true, step, NULL, NULL, NULL, sums);
 }
 
 luna_status luna_seq2seq_forward_backward_eval(luna_seq2seq *m, const luna_batch *b,
                                                double *loss_sum, double *nll_sum) {
-    return run(m, b, false, true, 0, loss_sum, nll_sum, NULL);
+    return run(m, b, false, true, 0, loss_sum, nll_sum, NULL, NULL);
 }
 
 luna_status luna_seq2seq_forward(luna_seq2seq *m, const luna_batch *b, double *loss_sum,
                                  double *nll_sum, float *logits) {
-    return run(m, b, false, false, 0, loss_sum, nll_sum, logits);
+    return run(m, b, false, false, 0, loss_sum, nll_sum, logits, NULL);
 }

@@ -85,6 +85,13 @@ luna_status luna_seq2seq_init(luna_seq2seq *model, uint64_t seed);
 luna_status luna_seq2seq_forward_backward(luna_seq2seq *model, const luna_batch *batch,
                                           uint64_t step, double *loss_sum, double *nll_sum);
 
+/* The same training step without reading anything back: the batch's loss and nll sums are ADDED
+ * to sums[0] and sums[1], device doubles (core/backend.h loss_sums; the trainer passes
+ * luna_optimizer_loss_sums, which the optimizer's step reads back and checks for finiteness).
+ * Equal to the host's sums on the CPU backend. */
+luna_status luna_seq2seq_forward_backward_sums(luna_seq2seq *model, const luna_batch *batch,
+                                               uint64_t step, double *sums);
+
 /* Same without dropout (for gradient checks and reference comparisons). */
 luna_status luna_seq2seq_forward_backward_eval(luna_seq2seq *model, const luna_batch *batch,
                                                double *loss_sum, double *nll_sum);

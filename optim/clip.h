@@ -14,7 +14,8 @@
  * launch; double accumulation, fixed blocking), the norm and the coefficients from its
  * clip_coefficients op (combined in double in table order) and the scaling from multi_scale,
  * so clipping runs on the device: bit-identical for any thread count, three launches and ONE
- * readback (norm, finite, clipped) per update. Any output pointer may be NULL.
+ * readback (norm, finite, clipped, and the update's loss sums) per update. Any output pointer
+ * may be NULL.
  *
  * The optimizer clips inside its step (optim/optimizer.h); a luna_clipper is the piece it uses,
  * public for tools and tests that clip without updating. It holds the device buffers for the
@@ -39,6 +40,24 @@ luna_status luna_clipper_create(luna_clipper **out, luna_backend *be, const luna
 void luna_clipper_free(luna_clipper *c);
 luna_status luna_clipper_apply(luna_clipper *c, float *grads, double clip_norm, luna_clip_mode mode,
                                double *grad_norm, bool *clipped, bool *all_finite);
+
+/* The two halves of an apply, for an update that reads the device once (optim/optimizer.h):
+ * luna_clipper_queue queues the three ops and reads nothing back; between it and
+ * luna_clipper_finish, luna_clipper_gate is the device flag an update op takes as its gate
+ * (core/backend.h: 1 finite, 0 skip). The non-finite check also covers the two doubles at
+ * luna_clipper_loss_sums (device; zero unless the caller adds to them — the trainer's loss and
+ * nll of the update, core/backend.h loss_sums), which luna_clipper_finish reads back with the
+ * summary, in one copy, and then zeroes for the next update. */
+typedef struct {
+    double grad_norm;
+    bool clipped, all_finite;
+    double loss_sum, nll_sum; /* the sums at luna_clipper_loss_sums when queued */
+} luna_clip_summary;
+luna_status luna_clipper_queue(luna_clipper *c, float *grads, double clip_norm,
+                               luna_clip_mode mode);
+luna_status luna_clipper_finish(luna_clipper *c, luna_clip_summary *out);
+const double *luna_clipper_gate(const luna_clipper *c);
+double *luna_clipper_loss_sums(luna_clipper *c);
 
 luna_status luna_clip_gradients(luna_backend *be, const luna_tensor_table *tt, float *grads,
                                 double clip_norm, luna_clip_mode mode, double *grad_norm,

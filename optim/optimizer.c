@@ -244,23 +244,30 @@ luna_status luna_optimizer_create(luna_optimizer **out, luna_backend *be,
     return LUNA_OK;
 }
 
-/* The optimizer op over the table, with the gradients as they are now. */
+/* The optimizer op over the table, with the gradients as they are now, gated on the clip
+ * summary's finite flag (on the device: the host has not read it yet). */
 static luna_status apply_update(luna_optimizer *opt, double lr) {
     luna_backend *be = opt->be;
     const luna_optimizer_config *c = &opt->cfg;
+    const double *gate = luna_clipper_gate(opt->clip);
     if (c->kind == LUNA_OPTIMIZER_APOLLO)
         return be->ops->multi_apollo_update(
             be, opt->params, opt->grads, opt->state[0], opt->state[1], opt->state[2], opt->tt,
-            opt->dev_steps, lr, c->apollo_beta, c->apollo_eps, LUNA_APOLLO_SIGMA, (int)c->rebound,
-            c->weight_decay, (int)c->weight_decay_type);
+            opt->dev_steps, gate, lr, c->apollo_beta, c->apollo_eps, LUNA_APOLLO_SIGMA,
+            (int)c->rebound, c->weight_decay, (int)c->weight_decay_type);
     return be->ops->multi_adam_update(be, opt->params, opt->grads, opt->state[0], opt->state[1],
-                                      opt->tt, opt->dev_steps, lr, c->adam_beta1, c->adam_beta2,
-                                      c->adam_eps, c->weight_decay);
+                                      opt->tt, opt->dev_steps, gate, lr, c->adam_beta1,
+                                      c->adam_beta2, c->adam_eps, c->weight_decay);
+}
+
+double *luna_optimizer_loss_sums(luna_optimizer *opt) {
+    return opt ? luna_clipper_loss_sums(opt->clip) : NULL;
 }
 
 luna_status luna_optimizer_step(luna_optimizer *opt, const luna_optimizer_step_args *args,
                                 luna_optimizer_step_result *result) {
-    luna_optimizer_step_result r = {.grad_norm = 0.0, .clipped = false, .finite = true};
+    luna_optimizer_step_result r = {
+        .grad_norm = 0.0, .clipped = false, .finite = true, .loss_sum = 0.0, .nll_sum = 0.0};
     if (result) *result = r;
     if (!opt || !args)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT, "optimizer_step: NULL argument");
@@ -274,11 +281,19 @@ luna_status luna_optimizer_step(luna_optimizer *opt, const luna_optimizer_step_a
                           args->grad_scale);
     luna_backend *be = opt->be;
     luna_status st = LUNA_OK;
+    /* Everything is queued before the one readback: the update itself skips on the device when
+     * the clip summary (gradients and loss sums) is not finite. */
     if (scale != 1.0f) st = be->ops->multi_scale(be, opt->grads, opt->tt, NULL, scale);
     if (st == LUNA_OK)
-        st = luna_clipper_apply(opt->clip, opt->grads, args->clip_norm, args->clip_mode,
-                                &r.grad_norm, &r.clipped, &r.finite);
-    if (st == LUNA_OK && r.finite) st = apply_update(opt, args->lr);
+        st = luna_clipper_queue(opt->clip, opt->grads, args->clip_norm, args->clip_mode);
+    if (st == LUNA_OK) st = apply_update(opt, args->lr);
+    luna_clip_summary cs = {.all_finite = true};
+    if (st == LUNA_OK) st = luna_clipper_finish(opt->clip, &cs);
+    r.grad_norm = cs.grad_norm;
+    r.clipped = cs.clipped;
+    r.finite = cs.all_finite;
+    r.loss_sum = cs.loss_sum;
+    r.nll_sum = cs.nll_sum;
     if (st != LUNA_OK) {
         luna_error_prefix("optimizer step");
         return st;

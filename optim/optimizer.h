@@ -14,7 +14,8 @@
  * the gradients (grad_scale, e.g. 1/target tokens), clips them and checks them for non-finite
  * values (optim/clip.h), and, when they are finite, updates the parameters and the state through
  * ONE backend op, multi_apollo_update / multi_adam_update (core/backend.h) over the table, so the
- * same code runs on the GPU. An update allocates nothing and reads back once (the clip summary).
+ * same code runs on the GPU. An update allocates nothing and reads back once (the clip summary
+ * with the update's loss sums, luna_optimizer_loss_sums).
  *
  * Precision: state and parameters are stored in fp32; each step computes every element in double
  * from the stored values and rounds what it stores (see model/kernels/cpu/optimizer_kernels.c).
@@ -90,14 +91,23 @@ typedef struct {
 typedef struct {
     double grad_norm; /* after grad_scale, before clipping */
     bool clipped;     /* some coefficient < 1 */
-    bool finite; /* false: a non-finite gradient; parameters, state and step counts unchanged */
+    bool finite;      /* false: a non-finite gradient or loss sum; parameters, state and step counts
+                       * unchanged */
+    double loss_sum, nll_sum; /* the sums at luna_optimizer_loss_sums when the step began */
 } luna_optimizer_step_result;
 
 /* The update of every tensor of the table (see the file comment): scale, clip, and when the
- * gradients are finite one optimizer step with learning rate args->lr, incrementing each tensor's
- * t. The gradients are left scaled and clipped (and only scaled when not finite). */
+ * gradients and the loss sums are finite one optimizer step with learning rate args->lr,
+ * incrementing each tensor's t. The gradients are left scaled and clipped (and only scaled when
+ * not finite). The step queues all of it, then reads the device once: the clip summary and the
+ * loss sums in one copy (the update op itself checks the finite flag, on the device). */
 luna_status luna_optimizer_step(luna_optimizer *opt, const luna_optimizer_step_args *args,
                                 luna_optimizer_step_result *result);
+
+/* Device [2] doubles, the update's loss and nll: zero after each step; a trainer adds its
+ * micro-batches' sums to them (luna_seq2seq_forward_backward_sums) so that the step's one readback
+ * brings them back, and a non-finite loss skips the update as a non-finite gradient does. */
+double *luna_optimizer_loss_sums(luna_optimizer *opt);
 
 const luna_optimizer_config *luna_optimizer_get_config(const luna_optimizer *opt);
 /* The step count t of tensor `index` of the table (-1 when out of range). */

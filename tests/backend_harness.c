@@ -59,6 +59,7 @@ static const lh_op_row rows[] = {
     {"causal_contraction_backward", LH_ACCUM, "test_ops_causal"},
     {"cross_entropy_forward", LH_ACCUM, "test_ops_cross_entropy"},
     {"cross_entropy_forward_backward", LH_ACCUM, "test_ops_cross_entropy"},
+    {"loss_sums", LH_ACCUM, "test_ops_cross_entropy"},
     {"add", LH_EXACT, "test_ops_elementwise"},
     {"axpy", LH_EXACT, "test_ops_elementwise"},
     {"scale_act", LH_EXACT, "test_ops_elementwise"},

@@ -360,8 +360,8 @@ START_TEST(gradcheck_with_dropout) {
 }
 END_TEST
 
-/* Same (seed, step): bit-identical loss and gradients, for 1 and 2 threads; another step or seed
- * gives other masks. */
+/* Same (seed, step): bit-identical loss and gradients, for 1 and 2 threads and with the losses
+ * summed on the device (forward_backward_sums); another step or seed gives other masks. */
 START_TEST(dropout_reproducible) {
     test_batch tb;
     make_batch(&tb, src_lens, tgt_lens, 6);
@@ -382,6 +382,16 @@ START_TEST(dropout_reproducible) {
     ck_assert_int_eq(luna_seq2seq_forward_backward(m, &tb.batch, 10, &l2, NULL), LUNA_OK);
     ck_assert(l1 == l2);
     ck_assert_int_eq(memcmp(g1, m->params->grad, n * sizeof(float)), 0);
+    /* The trainer's form, the losses added up on the device: the same bits and gradients. */
+    LUNA_CHECK_OK(luna_seq2seq_zero_grad(m));
+    double *sums = luna_mem_alloc(be, 2 * sizeof(double)), got[2] = {0.0, 0.0};
+    LUNA_CHECK_OK(luna_mem_from_host(be, sums, got, sizeof got));
+    LUNA_CHECK_OK(luna_seq2seq_forward_backward_sums(m, &tb.batch, 10, sums));
+    LUNA_CHECK_OK(luna_mem_to_host(be, got, sums, sizeof got));
+    ck_assert_msg(got[0] == l1 && got[1] == nll, "sums %.17g %.17g, read back %.17g %.17g", got[0],
+                  got[1], l1, nll);
+    ck_assert_int_eq(memcmp(g1, m->params->grad, n * sizeof(float)), 0);
+    luna_mem_release(be, sums, 2 * sizeof(double));
     /* Gradients accumulate: a second call doubles them. */
     ck_assert_int_eq(luna_seq2seq_forward_backward(m, &tb.batch, 10, &l2, NULL), LUNA_OK);
     for (size_t i = 0; i < n; i++)
@@ -406,7 +416,8 @@ END_TEST
 /* The loss in row chunks (seq2seq.c: logits, loss and the output projection's backward per
  * chunk, the [N, V] logits never whole) equals the loss in one piece: the same loss, nll and
  * validation logits-free loss; gradients within float rounding (the projection's dE is summed
- * chunk by chunk), for a chunk of 5 rows over 18 (3 full chunks and a partial one), with dropout. */
+ * chunk by chunk), for a chunk of 5 rows over 18 (3 full chunks and a partial one), with dropout.
+ */
 START_TEST(loss_chunks_match_one_piece) {
     test_batch tb;
     make_batch(&tb, src_lens, tgt_lens, 8);

@@ -3,10 +3,10 @@
  * finite-difference gradients of grad_scale · Σ loss (the gradient of
  * cross_entropy_forward_backward: lh_cross_entropy_backward), exact zeros on pad rows, in-place
  * gradient (dlogits == logits), thread-count independence and argument errors; that the fused
- * op's losses are the forward's; and both ops on the backend under test (LUNA_TEST_BACKEND)
- * against the CPU reference. Ops get device buffers from the
- * harness (tests/backend_harness.h): a case's host arrays are uploaded for each call and the
- * outputs read back. */
+ * op's losses are the forward's; loss_sums (an update's losses added up on the device); and
+ * the ops on the backend under test (LUNA_TEST_BACKEND) against the CPU reference. Ops get device
+ * buffers from the harness (tests/backend_harness.h): a case's host arrays are uploaded for each
+ * call and the outputs read back. */
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -390,12 +390,98 @@ START_TEST(cross_entropy_matches_reference_backend) {
                            {NULL, (size_t)N, LH_F32, LH_IN}, {NULL, (size_t)N, LH_F32, LH_IN},
                            {NULL, (size_t)N, LH_F32, LH_IN}, {NULL, n, LH_F32, LH_OUT}};
             if (a.eps == 0.0f)
-                ck_assert_int_eq(lh_compare_tier("cross_entropy_forward_backward", LH_NORM, what,
-                                                 2, cmp_fused, &a, gb, 6),
+                ck_assert_int_eq(lh_compare_tier("cross_entropy_forward_backward", LH_NORM, what, 2,
+                                                 cmp_fused, &a, gb, 6),
                                  LUNA_OK);
             free(logits);
             free(targets);
         }
+}
+END_TEST
+
+/* loss_sums: d[0] loss [n], d[1] nll [n], d[2] the sums after the op, as fp32 [2] (they start
+ * at 0.5 and -2: the op adds). */
+static luna_status run_loss_sums(luna_backend *be, void *const *d, const void *args) {
+    const int64_t n = *(const int64_t *)args;
+    double start[2] = {0.5, -2.0}, host[2];
+    double *sums = lh_alloc(be, sizeof start);
+    lh_upload(be, sums, start, sizeof start);
+    luna_status st = be->ops->loss_sums(be, sums, d[0], d[1], n);
+    if (st == LUNA_OK) {
+        lh_download(be, host, sums, sizeof host);
+        float f[2] = {(float)host[0], (float)host[1]};
+        lh_upload(be, d[2], f, sizeof f);
+    }
+    lh_free(be, sums);
+    return st;
+}
+
+START_TEST(loss_sums_match_reference_backend) {
+    const int64_t lengths[] = {1, 7, 255, 256, 257, 4099, 40000};
+    for (size_t k = 0; k < sizeof lengths / sizeof lengths[0]; k++) {
+        int64_t n = lengths[k];
+        luna_test_rng rng;
+        luna_test_rng_seed(&rng, 300 + k);
+        float *loss = luna_test_random_vector(&rng, (size_t)n, 0, 12);
+        float *nll = luna_test_random_vector(&rng, (size_t)n, 0, 10);
+        char what[32];
+        snprintf(what, sizeof what, "n %lld", (long long)n);
+        lh_buf b[] = {{loss, (size_t)n, LH_F32, LH_IN},
+                      {nll, (size_t)n, LH_F32, LH_IN},
+                      {NULL, 2, LH_F32, LH_OUT}};
+        ck_assert_int_eq(lh_compare("loss_sums", what, 2, run_loss_sums, &n, b, 3), LUNA_OK);
+        free(loss);
+        free(nll);
+    }
+}
+END_TEST
+
+/* The op adds each call's sums to what is there; on the CPU the sums are a host loop's to the
+ * bit (so luna-train's logged losses did not change when they moved to the device), elsewhere
+ * within 1e-12; a NaN or an infinity reaches the sum. */
+static double host_sum(const float *x, int64_t n) {
+    double s = 0;
+    for (int64_t i = 0; i < n; i++)
+        s += x[i];
+    return s;
+}
+
+START_TEST(loss_sums_add_up_in_double) {
+    luna_backend *be = lh_backend(2);
+    const bool cpu = strcmp(lh_backend_name(), "cpu") == 0;
+    luna_test_rng rng;
+    luna_test_rng_seed(&rng, 77);
+    const int64_t n1 = 5003, n2 = 300;
+    float *a = luna_test_random_vector(&rng, (size_t)n1, 0, 20);
+    float *b = luna_test_random_vector(&rng, (size_t)n2, 0, 20);
+    double got[2] = {0.25, 0.0}, want[2] = {0.25, 0.0};
+    double *sums = lh_alloc(be, sizeof got);
+    lh_upload(be, sums, got, sizeof got);
+    float *da = lh_f32(be, a, (size_t)n1), *db = lh_f32(be, b, (size_t)n2);
+    /* loss a[0, n2) and nll b; then a and a; then nothing */
+    LUNA_CHECK_OK(be->ops->loss_sums(be, sums, da, db, n2));
+    LUNA_CHECK_OK(be->ops->loss_sums(be, sums, da, da, n1));
+    LUNA_CHECK_OK(be->ops->loss_sums(be, sums, da, da, 0));
+    want[0] += host_sum(a, n2);
+    want[0] += host_sum(a, n1);
+    want[1] += host_sum(b, n2);
+    want[1] += host_sum(a, n1);
+    lh_download(be, got, sums, sizeof got);
+    for (int j = 0; j < 2; j++)
+        ck_assert_msg(cpu ? memcmp(&got[j], &want[j], sizeof(double)) == 0
+                          : fabs(got[j] - want[j]) <= 1e-12 * fabs(want[j]),
+                      "loss_sums[%d] %.17g, host loop %.17g", j, got[j], want[j]);
+    float bad[3] = {1.0f, NAN, 2.0f}, inf[3] = {1.0f, INFINITY, 2.0f};
+    float *dbad = lh_f32(be, bad, 3), *dinf = lh_f32(be, inf, 3);
+    LUNA_CHECK_OK(be->ops->loss_sums(be, sums, dinf, dbad, 3));
+    lh_download(be, got, sums, sizeof got);
+    ck_assert(isinf(got[0]) && got[0] > 0 && isnan(got[1]));
+    ck_assert_int_eq(be->ops->loss_sums(be, sums, NULL, db, 3), LUNA_ERR_INVALID_ARGUMENT);
+    luna_error_clear();
+    lh_free(be, sums), lh_free(be, da), lh_free(be, db), lh_free(be, dbad), lh_free(be, dinf);
+    luna_backend_free(be);
+    free(a);
+    free(b);
 }
 END_TEST
 
@@ -409,6 +495,8 @@ static Suite *ce_suite(void) {
     tcase_add_test(tc, argument_errors);
     tcase_add_test(tc, cross_entropy_matches_reference_backend);
     tcase_add_test(tc, forward_backward_losses_are_the_forward);
+    tcase_add_test(tc, loss_sums_match_reference_backend);
+    tcase_add_test(tc, loss_sums_add_up_in_double);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -78,7 +78,8 @@ static luna_status run_scale(luna_backend *be, void *const *d, const void *args)
 static luna_status run_clip_coefficients(luna_backend *be, void *const *d, const void *args) {
     const cmp_args *a = args;
     double *summary = lh_alloc(be, 3 * sizeof(double)), host[3];
-    luna_status st = be->ops->clip_coefficients(be, d[1], summary, d[0], NT, a->clip_norm, a->mode);
+    luna_status st =
+        be->ops->clip_coefficients(be, d[1], summary, d[0], NT, a->clip_norm, a->mode, NULL, 0);
     if (st == LUNA_OK) {
         lh_download(be, host, summary, sizeof host);
         float f[3] = {(float)host[0], (float)host[1], (float)host[2]};
@@ -93,8 +94,9 @@ static luna_status run_apollo(luna_backend *be, void *const *d, const void *args
     const cmp_args *a = args;
     luna_tensor_table *tt = table_on(be, a);
     int64_t *steps = steps_on(be, a);
-    luna_status st = be->ops->multi_apollo_update(be, d[0], d[1], d[2], d[3], d[4], tt, steps, 0.01,
-                                                  0.9, 1e-4, 0.01, a->rebound, a->wd, a->wd_type);
+    luna_status st =
+        be->ops->multi_apollo_update(be, d[0], d[1], d[2], d[3], d[4], tt, steps, NULL, 0.01, 0.9,
+                                     1e-4, 0.01, a->rebound, a->wd, a->wd_type);
     int64_t after[NT];
     lh_download(be, after, steps, sizeof after);
     for (int i = 0; i < NT && st == LUNA_OK; i++)
@@ -107,8 +109,8 @@ static luna_status run_adam(luna_backend *be, void *const *d, const void *args) 
     const cmp_args *a = args;
     luna_tensor_table *tt = table_on(be, a);
     int64_t *steps = steps_on(be, a);
-    luna_status st = be->ops->multi_adam_update(be, d[0], d[1], d[2], d[3], tt, steps, 1e-3, 0.9,
-                                                0.98, 1e-8, a->wd);
+    luna_status st = be->ops->multi_adam_update(be, d[0], d[1], d[2], d[3], tt, steps, NULL, 1e-3,
+                                                0.9, 0.98, 1e-8, a->wd);
     lh_free(be, steps);
     luna_tensor_table_free(tt);
     return st;
@@ -193,12 +195,84 @@ START_TEST(optimizer_ops_match_reference_backend) {
 }
 END_TEST
 
+/* One update on `be` with the given gate (NULL, or a device double holding *gate_value); the
+ * five buffers and the step counters come back in out[0..4] and steps_out. */
+static void gated_update(luna_backend *be, bool apollo, int wd_type, const double *gate_value,
+                         float *const *in, float **out, int64_t *steps_out, const cmp_args *a) {
+    luna_tensor_table *tt = table_on(be, a);
+    int64_t *steps = steps_on(be, a);
+    float *d[5];
+    for (int k = 0; k < 5; k++)
+        d[k] = lh_f32(be, in[k], a->total);
+    double *gate = NULL;
+    if (gate_value) {
+        gate = lh_alloc(be, sizeof(double));
+        lh_upload(be, gate, gate_value, sizeof(double));
+    }
+    if (apollo)
+        LUNA_CHECK_OK(be->ops->multi_apollo_update(be, d[0], d[1], d[2], d[3], d[4], tt, steps,
+                                                   gate, 0.01, 0.9, 1e-4, 0.01, 0, 1e-4, wd_type));
+    else
+        LUNA_CHECK_OK(be->ops->multi_adam_update(be, d[0], d[1], d[2], d[3], tt, steps, gate, 1e-3,
+                                                 0.9, 0.98, 1e-8, 0.01));
+    for (int k = 0; k < 5; k++) {
+        out[k] = lh_fetch_f32(be, d[k], a->total);
+        lh_free(be, d[k]);
+    }
+    lh_download(be, steps_out, steps, NT * sizeof(int64_t));
+    lh_free(be, gate);
+    lh_free(be, steps);
+    luna_tensor_table_free(tt);
+}
+
+/* The update's gate (core/backend.h): 0 leaves parameters, state and step counters as they were
+ * (bit for bit); 1 is the ungated update, bit for bit on the same backend. */
+START_TEST(updates_follow_their_gate) {
+    luna_backend *be = lh_backend(2);
+    cmp_args a;
+    make_layout(&a);
+    size_t n = a.total;
+    float *in[5] = {vec(11, n, -1, 1), vec(21, n, -1, 1), vec(31, n, -0.1f, 0.1f),
+                    vec(41, n, 0, 0.5f), vec(51, n, -0.1f, 0.1f)};
+    const double closed = 0.0, open = 1.0;
+    for (int kind = 0; kind < 4; kind++) {
+        const bool apollo = kind < 3;
+        const int wd_type = apollo ? kind : 0;
+        float *shut[5], *plain[5], *gated[5];
+        int64_t s_shut[NT], s_plain[NT], s_gated[NT];
+        gated_update(be, apollo, wd_type, &closed, in, shut, s_shut, &a);
+        gated_update(be, apollo, wd_type, NULL, in, plain, s_plain, &a);
+        gated_update(be, apollo, wd_type, &open, in, gated, s_gated, &a);
+        for (int k = 0; k < 5; k++) {
+            ck_assert_msg(memcmp(shut[k], in[k], n * sizeof(float)) == 0,
+                          "kind %d: buffer %d changed with the gate closed", kind, k);
+            ck_assert_msg(memcmp(gated[k], plain[k], n * sizeof(float)) == 0,
+                          "kind %d: buffer %d differs with the gate open", kind, k);
+            /* the update changes θ and the state: the closed gate's equality is not vacuous */
+            if (k != 1 && (apollo || k < 4))
+                ck_assert_msg(memcmp(plain[k], in[k], n * sizeof(float)) != 0,
+                              "kind %d: buffer %d unchanged by the update", kind, k);
+            free(shut[k]), free(plain[k]), free(gated[k]);
+        }
+        for (int i = 0; i < NT; i++) {
+            ck_assert_int_eq(s_shut[i], a.steps[i]);
+            ck_assert_int_eq(s_plain[i], a.steps[i] + 1);
+            ck_assert_int_eq(s_gated[i], a.steps[i] + 1);
+        }
+    }
+    for (int k = 0; k < 5; k++)
+        free(in[k]);
+    luna_backend_free(be);
+}
+END_TEST
+
 static Suite *multi_tensor_suite(void) {
     Suite *s = suite_create("ops_multi_tensor");
     TCase *tc = tcase_create("multi_tensor");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, clip_ops_match_reference_backend);
     tcase_add_test(tc, optimizer_ops_match_reference_backend);
+    tcase_add_test(tc, updates_follow_their_gate);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -43,7 +43,8 @@ START_TEST(adam_update_matches_formula) {
     float *dm = lh_f32(be, m, (size_t)n), *dv = lh_f32(be, v, (size_t)n);
     int64_t *steps;
     luna_tensor_table *tt = one_tensor(be, n, t, &steps);
-    LUNA_CHECK_OK(be->ops->multi_adam_update(be, dth, dg, dm, dv, tt, steps, lr, b1, b2, eps, wd));
+    LUNA_CHECK_OK(
+        be->ops->multi_adam_update(be, dth, dg, dm, dv, tt, steps, NULL, lr, b1, b2, eps, wd));
     float *th2 = lh_fetch_f32(be, dth, (size_t)n), *m2 = lh_fetch_f32(be, dm, (size_t)n);
     float *v2 = lh_fetch_f32(be, dv, (size_t)n);
     int64_t after;
@@ -89,8 +90,9 @@ static luna_status cmp_apollo(luna_backend *be, void *const *d, const void *args
     const cmp_args *a = args;
     int64_t *steps;
     luna_tensor_table *tt = one_tensor(be, a->n, a->step, &steps);
-    luna_status st = be->ops->multi_apollo_update(be, d[0], d[1], d[2], d[3], d[4], tt, steps, 0.01,
-                                                  0.9, 1e-4, 0.01, a->rebound, a->wd, a->wd_type);
+    luna_status st =
+        be->ops->multi_apollo_update(be, d[0], d[1], d[2], d[3], d[4], tt, steps, NULL, 0.01, 0.9,
+                                     1e-4, 0.01, a->rebound, a->wd, a->wd_type);
     lh_free(be, steps);
     luna_tensor_table_free(tt);
     return st;
@@ -99,8 +101,8 @@ static luna_status cmp_adam(luna_backend *be, void *const *d, const void *args) 
     const cmp_args *a = args;
     int64_t *steps;
     luna_tensor_table *tt = one_tensor(be, a->n, a->step, &steps);
-    luna_status st = be->ops->multi_adam_update(be, d[0], d[1], d[2], d[3], tt, steps, 1e-3, 0.9,
-                                                0.98, 1e-8, a->wd);
+    luna_status st = be->ops->multi_adam_update(be, d[0], d[1], d[2], d[3], tt, steps, NULL, 1e-3,
+                                                0.9, 0.98, 1e-8, a->wd);
     lh_free(be, steps);
     luna_tensor_table_free(tt);
     return st;

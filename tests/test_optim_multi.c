@@ -134,11 +134,11 @@ static void update_one(luna_backend *be, bool apollo, float *theta, const float 
     luna_tensor_table *one = NULL;
     LUNA_CHECK_OK(luna_tensor_table_create(&one, be, 1, &offset, &n));
     if (apollo)
-        LUNA_CHECK_OK(be->ops->multi_apollo_update(be, theta, g, s0, s1, s2, one, step, lr, 0.9,
-                                                   1e-4, 0.01, rebound, wd, wd_type));
+        LUNA_CHECK_OK(be->ops->multi_apollo_update(be, theta, g, s0, s1, s2, one, step, NULL, lr,
+                                                   0.9, 1e-4, 0.01, rebound, wd, wd_type));
     else
-        LUNA_CHECK_OK(
-            be->ops->multi_adam_update(be, theta, g, s0, s1, one, step, lr, 0.9, 0.98, 1e-8, wd));
+        LUNA_CHECK_OK(be->ops->multi_adam_update(be, theta, g, s0, s1, one, step, NULL, lr, 0.9,
+                                                 0.98, 1e-8, wd));
     luna_tensor_table_free(one);
 }
 
@@ -170,11 +170,11 @@ static void check_optimizer(bool apollo, int rebound, int wd_type, double wd, in
         }
         if (apollo)
             LUNA_CHECK_OK(be->ops->multi_apollo_update(be, theta, g, state[0], state[1], state[2],
-                                                       l.tt, steps, lr, 0.9, 1e-4, 0.01, rebound,
-                                                       wd, wd_type));
+                                                       l.tt, steps, NULL, lr, 0.9, 1e-4, 0.01,
+                                                       rebound, wd, wd_type));
         else
             LUNA_CHECK_OK(be->ops->multi_adam_update(be, theta, g, state[0], state[1], l.tt, steps,
-                                                     lr, 0.9, 0.98, 1e-8, wd));
+                                                     NULL, lr, 0.9, 0.98, 1e-8, wd));
         free(g);
         SAME(rtheta, theta, l.total, "parameters");
         for (int k = 0; k < kinds; k++)
@@ -222,7 +222,7 @@ START_TEST(test_empty_table) {
     float dummy = 3.0f;
     double summary[3];
     LUNA_CHECK_OK(be->ops->multi_sum_squares(be, &dummy, &dummy, tt));
-    LUNA_CHECK_OK(be->ops->clip_coefficients(be, NULL, summary, NULL, 0, 1.0, 1));
+    LUNA_CHECK_OK(be->ops->clip_coefficients(be, NULL, summary, NULL, 0, 1.0, 1, NULL, 0));
     ck_assert(summary[0] == 0.0 && summary[1] == 1.0 && summary[2] == 0.0);
     LUNA_CHECK_OK(be->ops->multi_scale(be, &dummy, tt, NULL, 0.5f));
     ck_assert(dummy == 3.0f);
@@ -429,7 +429,8 @@ START_TEST(test_step_equals_stages) {
 }
 END_TEST
 
-/* A non-finite gradient: the step reports it and changes no parameter, state or step count. */
+/* A non-finite gradient or loss sum: the step reports it and changes no parameter, state or step
+ * count. */
 START_TEST(test_step_non_finite_skips) {
     luna_backend *be;
     ck_assert_int_eq(luna_backend_cpu_create(&be, 2), LUNA_OK);
@@ -455,12 +456,35 @@ START_TEST(test_step_non_finite_skips) {
     LUNA_CHECK_OK(luna_mem_to_host(be, after, v.data, luna_tensor_bytes(&v)));
     SAME(state, after, (size_t)luna_tensor_numel(&v), "state after a skipped update");
     ck_assert_int_eq(luna_optimizer_tensor_step(opt, 0), 1);
+    /* Finite gradients but a non-finite loss sum (what the trainer's micro-batches added up on
+     * the device): skipped the same way, the sums come back with the summary and are zeroed. */
+    fill_grads(p, 82);
+    double *sums = luna_optimizer_loss_sums(opt);
+    const double nan_loss[2] = {NAN, 1.5};
+    LUNA_CHECK_OK(luna_mem_from_host(be, sums, nan_loss, sizeof nan_loss));
+    LUNA_CHECK_OK(luna_optimizer_step(opt, &args, &r));
+    ck_assert(!r.finite && isnan(r.loss_sum) && r.nll_sum == 1.5 && isfinite(r.grad_norm));
+    LUNA_CHECK_OK(luna_mem_to_host(be, after, p->data, bytes));
+    SAME(before, after, p->num_params, "parameters after a non-finite loss");
+    LUNA_CHECK_OK(luna_mem_to_host(be, after, v.data, luna_tensor_bytes(&v)));
+    SAME(state, after, (size_t)luna_tensor_numel(&v), "state after a non-finite loss");
+    ck_assert_int_eq(luna_optimizer_tensor_step(opt, 0), 1);
+    const double loss[2] = {3.5, 2.25};
+    LUNA_CHECK_OK(luna_mem_from_host(be, sums, loss, sizeof loss));
+    fill_grads(p, 83);
+    LUNA_CHECK_OK(luna_optimizer_step(opt, &args, &r));
+    ck_assert(r.finite && r.loss_sum == 3.5 && r.nll_sum == 2.25);
+    ck_assert_int_eq(luna_optimizer_tensor_step(opt, 0), 2);
+    fill_grads(p, 84);
+    LUNA_CHECK_OK(luna_optimizer_step(opt, &args, &r)); /* the sums were zeroed */
+    ck_assert(r.finite && r.loss_sum == 0.0 && r.nll_sum == 0.0);
+    ck_assert_int_eq(luna_optimizer_tensor_step(opt, 0), 3);
     /* Bad arguments: no step. */
     args.grad_scale = 0.0;
     ck_assert_int_eq(luna_optimizer_step(opt, &args, &r), LUNA_ERR_INVALID_ARGUMENT);
     args.grad_scale = 1e300; /* not an fp32 factor */
     ck_assert_int_eq(luna_optimizer_step(opt, &args, &r), LUNA_ERR_INVALID_ARGUMENT);
-    ck_assert_int_eq(luna_optimizer_tensor_step(opt, 0), 1);
+    ck_assert_int_eq(luna_optimizer_tensor_step(opt, 0), 3);
     free(before);
     free(after);
     free(state);

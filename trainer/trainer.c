@@ -114,14 +114,18 @@ static luna_status lock_save_dir(luna_trainer *t) {
     long stale = 0;
     LUNA_TRY(luna_dir_lock_acquire(&t->save_dir_lock, dir, "--save-dir", &stale));
     if (stale > 0 && !luna_process_alive(stale))
-        luna_log_message(t, "note: --save-dir %s: took over the lock of pid %ld, which ended "
-                            "without releasing it", dir, stale);
+        luna_log_message(t,
+                         "note: --save-dir %s: took over the lock of pid %ld, which ended "
+                         "without releasing it",
+                         dir, stale);
     size_t removed = 0;
     char example[256];
     LUNA_TRY(luna_remove_stale_temporaries(dir, &removed, example, sizeof example));
     if (removed)
-        luna_log_message(t, "note: --save-dir %s: removed %zu stale temporary file(s) of "
-                            "processes that no longer run (e.g. %s)", dir, removed, example);
+        luna_log_message(t,
+                         "note: --save-dir %s: removed %zu stale temporary file(s) of "
+                         "processes that no longer run (e.g. %s)",
+                         dir, removed, example);
     return LUNA_OK;
 }
 
@@ -283,12 +287,13 @@ void luna_trainer_print_summary(const luna_trainer *t) {
             t->be->num_threads, t->comm->world_size, t->comm->name);
     if (t->buckets) {
         int nodes = t->comm->world_size / (t->comm->local_size > 0 ? t->comm->local_size : 1);
-        fprintf(f, "world: %d rank(s) on %d node(s), %d per node; gradient all-reduce in %d "
-                   "bucket(s) of <= %.4g MB, timeout %g s\n%s",
+        fprintf(f,
+                "world: %d rank(s) on %d node(s), %d per node; gradient all-reduce in %d "
+                "bucket(s) of <= %.4g MB, timeout %g s\n%s",
                 t->comm->world_size, nodes, t->comm->local_size,
                 luna_grad_buckets_count(t->buckets),
-                (double)luna_grad_buckets_bytes(t->buckets) / (1024.0 * 1024.0),
-                t->o->comm_timeout, t->ranks_table);
+                (double)luna_grad_buckets_bytes(t->buckets) / (1024.0 * 1024.0), t->o->comm_timeout,
+                t->ranks_table);
     }
     fprintf(f, "num. model params: %zu (num. trained: %zu)\n", p->num_params, trained);
     fflush(f);
@@ -317,23 +322,41 @@ static luna_status reduce_stats(luna_trainer *t, double *stats, int n, luna_stat
     char saved[512] = "";
     if (failed != LUNA_OK) snprintf(saved, sizeof saved, "%s", luna_error_message());
     luna_status reduced = with_gradients ? luna_grad_buckets_finish(t->buckets, stats, (size_t)n)
-                                     : t->comm->all_reduce_sum_host(t->comm, stats, (size_t)n);
+                                         : t->comm->all_reduce_sum_host(t->comm, stats, (size_t)n);
     if (reduced != LUNA_OK && failed == LUNA_OK) return reduced;
     if (failed != LUNA_OK) luna_error(failed, "%s", saved);
     return luna_communicator_share_failure(t->comm, failed, stats[n - 1], what);
 }
 
+/* With several ranks the loss sums are needed on the host before the optimizer's step (they
+ * go into the all-reduce of the statistics): read them (a wait) and zero them on the device. */
+static luna_status read_loss_sums(luna_trainer *t, double *stats) {
+    double *sums = luna_optimizer_loss_sums(t->opt), host[2];
+    LUNA_TRY(luna_mem_to_host(t->be, host, sums, sizeof host));
+    LUNA_TRY(luna_mem_zero(t->be, sums, sizeof host));
+    stats[0] = host[0];
+    stats[1] = host[1];
+    if (!isfinite(host[0]) || !isfinite(host[1])) stats[4] = 1;
+    return LUNA_OK;
+}
+
 /* Runs update_freq micro-batches (fewer at the end of an epoch). *got: micro-batches taken
- * (0: the epoch was already exhausted, nothing done); *stepped: the optimizer stepped. */
+ * (0: the epoch was already exhausted, nothing done); *stepped: the optimizer stepped.
+ * One rank reads the device once per update: the micro-batches add their losses up on the
+ * device (luna_optimizer_loss_sums) and the optimizer's step reads them back with its clip
+ * summary, after the update is queued; a non-finite loss skips the update there. */
 static luna_status train_update(luna_trainer *t, int *got, bool *stepped) {
     const luna_train_options *o = t->o;
     *got = 0;
     *stepped = false;
     double t0 = luna_trainer_now();
-    /* loss, nll (nats), target tokens, sentences, micro-batches with a non-finite loss, ranks
-     * that failed (summed across ranks with the rest, so that all ranks stop together) */
+    /* loss, nll (nats), target tokens, sentences, updates with a non-finite loss, ranks that
+     * failed (summed across ranks with the rest, so that all ranks stop together) */
     double stats[6] = {0, 0, 0, 0, 0, 0};
-    luna_status failed = luna_seq2seq_zero_grad(t->model);
+    double *sums = luna_optimizer_loss_sums(t->opt);
+    /* zero already unless an earlier update stopped between its micro-batches and its step */
+    luna_status failed = luna_mem_zero(t->be, sums, 2 * sizeof(double));
+    if (failed == LUNA_OK) failed = luna_seq2seq_zero_grad(t->model);
     for (int k = 0; k < (int)o->update_freq && failed == LUNA_OK; k++) {
         const uint32_t *ids;
         size_t n;
@@ -352,24 +375,18 @@ static luna_status train_update(luna_trainer *t, int *got, bool *stepped) {
         uint64_t step = ((uint64_t)t->num_updates * (uint64_t)o->update_freq + (uint64_t)k) *
                             (uint64_t)t->comm->world_size +
                         (uint64_t)t->comm->rank;
-        double loss, nll;
-        luna_status st = luna_seq2seq_forward_backward(t->model, &mb, step, &loss, &nll);
-        if (st == LUNA_ERR_NUMERIC) { /* non-finite loss: no backward; the update is skipped */
-            luna_error_clear();
-            stats[4] += 1;
-            continue;
-        }
+        luna_status st = luna_seq2seq_forward_backward_sums(t->model, &mb, step, sums);
         if (st != LUNA_OK) {
             failed = st;
             break;
         }
-        stats[0] += loss;
-        stats[1] += nll;
         stats[2] += (double)t->batch->ntokens;
         stats[3] += (double)t->batch->batch_size;
     }
     luna_batch_iterator_position(t->it, &t->epoch, &t->offset);
     if (*got == 0) return LUNA_OK; /* at the same point on every rank (same epoch length) */
+    const bool one_rank = t->comm->world_size <= 1;
+    if (!one_rank && failed == LUNA_OK) failed = read_loss_sums(t, stats);
     char what[48];
     snprintf(what, sizeof what, "update %lld", (long long)t->num_updates + 1);
     LUNA_TRY(reduce_stats(t, stats, 6, failed, what, t->buckets != NULL));
@@ -387,6 +404,10 @@ static luna_status train_update(luna_trainer *t, int *got, bool *stepped) {
                                       .clip_norm = o->clip_norm,
                                       .clip_mode = o->clip_mode};
         LUNA_TRY(luna_optimizer_step(t->opt, &a, &r));
+        if (one_rank) {
+            stats[0] = r.loss_sum;
+            stats[1] = r.nll_sum;
+        }
     }
     double gnorm = r.grad_norm;
     bool clipped = r.clipped, finite = r.finite;

@@ -299,6 +299,11 @@ static luna_status w_cross_entropy_forward_backward(luna_backend *be, float *los
     FORWARD(cross_entropy_forward_backward, loss, nll, lse, dlogits, logits, targets, N, V, eps,
             pad, scale);
 }
+static luna_status w_loss_sums(luna_backend *be, double *sums, const float *loss, const float *nll,
+                               int64_t n) {
+    COST(.flops = 2 * D(n), .bytes = F32 * 2 * D(n) + 32);
+    FORWARD(loss_sums, sums, loss, nll, n);
+}
 
 /* ---- elementwise helpers and layout
  * --------------------------------------------------------------- */
@@ -408,9 +413,10 @@ static luna_status w_multi_sum_squares(luna_backend *be, float *r, const float *
     FORWARD(multi_sum_squares, r, x, tt);
 }
 static luna_status w_clip_coefficients(luna_backend *be, float *coef, double *summary,
-                                       const float *sumsq, int n, double clip, int mode) {
+                                       const float *sumsq, int n, double clip, int mode,
+                                       const double *also, int num_also) {
     COST(.flops = 4 * D(n), .bytes = F32 * 2 * D(n) + 24);
-    FORWARD(clip_coefficients, coef, summary, sumsq, n, clip, mode);
+    FORWARD(clip_coefficients, coef, summary, sumsq, n, clip, mode, also, num_also);
 }
 static luna_status w_multi_scale(luna_backend *be, float *x, const luna_tensor_table *tt,
                                  const float *coef, float alpha) {
@@ -420,16 +426,19 @@ static luna_status w_multi_scale(luna_backend *be, float *x, const luna_tensor_t
 }
 static luna_status w_multi_apollo_update(luna_backend *be, float *th, const float *g, float *m,
                                          float *B, float *d, const luna_tensor_table *tt,
-                                         int64_t *steps, double lr, double beta, double eps,
-                                         double sigma, int rebound, double wd, int wdt) {
+                                         int64_t *steps, const double *gate, double lr, double beta,
+                                         double eps, double sigma, int rebound, double wd,
+                                         int wdt) {
     COST(.flops = APOLLO_FLOPS(tt->num_elements), .bytes = APOLLO_BYTES(tt->num_elements));
-    FORWARD(multi_apollo_update, th, g, m, B, d, tt, steps, lr, beta, eps, sigma, rebound, wd, wdt);
+    FORWARD(multi_apollo_update, th, g, m, B, d, tt, steps, gate, lr, beta, eps, sigma, rebound, wd,
+            wdt);
 }
 static luna_status w_multi_adam_update(luna_backend *be, float *th, const float *g, float *m,
                                        float *v, const luna_tensor_table *tt, int64_t *steps,
-                                       double lr, double b1, double b2, double eps, double wd) {
+                                       const double *gate, double lr, double b1, double b2,
+                                       double eps, double wd) {
     COST(.flops = ADAM_FLOPS(tt->num_elements), .bytes = ADAM_BYTES(tt->num_elements));
-    FORWARD(multi_adam_update, th, g, m, v, tt, steps, lr, b1, b2, eps, wd);
+    FORWARD(multi_adam_update, th, g, m, v, tt, steps, gate, lr, b1, b2, eps, wd);
 }
 
 /* ---- the table, names and families -------------------------------------------------------------
@@ -465,6 +474,7 @@ static luna_status w_multi_adam_update(luna_backend *be, float *th, const float 
     X(causal_contraction_backward, "causal_contraction") \
     X(cross_entropy_forward, "cross_entropy") \
     X(cross_entropy_forward_backward, "cross_entropy") \
+    X(loss_sums, "cross_entropy") \
     X(add, "elementwise") \
     X(axpy, "elementwise") \
     X(scale_act, "elementwise") \

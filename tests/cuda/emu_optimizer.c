@@ -1,6 +1,7 @@
 /* The CUDA clipping and Adam kernels (model/kernels/cuda/optimizer.cu) under the harness against
  * the CPU backend's clip_coefficients, multi_scale and multi_adam_update: bit-equal coefficients
- * and summary (each/total, a non-finite norm, clip_norm 0, nothing clipped), scaling by
+ * and summary (each/total, a non-finite norm, clip_norm 0, nothing clipped, non-finite loss sums
+ * in also_finite), scaling by
  * coefficients and by one alpha, and three Adam steps with weight decay over a table with an
  * empty tensor, gaps and multi-block tensors (parameters, both moments and the step counters);
  * three Apollo steps for both rebounds and the three weight-decay types (θ, m, B, d, steps). */
@@ -23,26 +24,38 @@ START_TEST(clip_coefficients_bit_equal) {
                        {1.0f, INFINITY, 2.0f, 3.0f, 4.0f},
                        {1.0f, NAN, 2.0f, 3.0f, 4.0f}};
     const double norms[] = {1.0, 0.0, 25.0};
+    /* the loss sums the finite flag also covers: none, finite, an infinite loss, a NaN nll */
+    const double also[][2] = {{0, 0}, {12.5, 3.25}, {INFINITY, 3.0}, {1.0, NAN}};
     for (int k = 0; k < 4; k++)
         for (int mode = 0; mode < 2; mode++)
-            for (int c = 0; c < 3; c++) {
-                float coef[5], gc[5];
-                double sum[3], gs[3];
-                LUNA_CHECK_OK(
-                    cpu->ops->clip_coefficients(cpu, coef, sum, sets[k], 5, norms[c], mode));
-                float *dsq = dev(sets[k], sizeof sets[k]), *dco = dev(NULL, sizeof coef);
-                double *dsum = dev(NULL, sizeof sum);
-                ck_assert_int_eq(luna_cuda_clip_coefficients(0, dco, dsum, dsq, 5, norms[c], mode),
-                                 cudaSuccess);
-                down(gc, dco, sizeof gc), down(gs, dsum, sizeof gs);
-                ck_assert_msg(memcmp(gc, coef, sizeof coef) == 0, "clip coef set %d mode %d", k,
-                              mode);
-                for (int i = 0; i < 3; i++)
-                    ck_assert_msg(
-                        memcmp(&gs[i], &sum[i], 8) == 0 || (isnan(gs[i]) && isnan(sum[i])),
-                        "clip summary[%d] set %d mode %d: %g vs %g", i, k, mode, gs[i], sum[i]);
-                cudaFree(dsq), cudaFree(dco), cudaFree(dsum);
-            }
+            for (int c = 0; c < 3; c++)
+                for (int a = 0; a < 4; a++) {
+                    const int num_also = a == 0 ? 0 : 2;
+                    float coef[5], gc[5];
+                    double sum[3], gs[3];
+                    LUNA_CHECK_OK(cpu->ops->clip_coefficients(cpu, coef, sum, sets[k], 5, norms[c],
+                                                              mode, also[a], num_also));
+                    float *dsq = dev(sets[k], sizeof sets[k]), *dco = dev(NULL, sizeof coef);
+                    double *dsum = dev(NULL, sizeof sum), *dalso = dev(also[a], sizeof also[a]);
+                    ck_assert_int_eq(luna_cuda_clip_coefficients(0, dco, dsum, dsq, 5, norms[c],
+                                                                 mode, dalso, num_also),
+                                     cudaSuccess);
+                    down(gc, dco, sizeof gc), down(gs, dsum, sizeof gs);
+                    ck_assert_msg(memcmp(gc, coef, sizeof coef) == 0, "clip coef set %d mode %d", k,
+                                  mode);
+                    for (int i = 0; i < 3; i++)
+                        ck_assert_msg(memcmp(&gs[i], &sum[i], 8) == 0 ||
+                                          (isnan(gs[i]) && isnan(sum[i])),
+                                      "clip summary[%d] set %d mode %d also %d: %g vs %g", i, k,
+                                      mode, a, gs[i], sum[i]);
+                    /* a non-finite loss sum makes the update non-finite: nothing is scaled */
+                    const bool grads_finite = k < 2;
+                    ck_assert_int_eq(sum[1] != 0.0, grads_finite && a < 2);
+                    if (a >= 2)
+                        for (int i = 0; i < 5; i++)
+                            ck_assert_float_eq(coef[i], 1.0f);
+                    cudaFree(dsq), cudaFree(dco), cudaFree(dsum), cudaFree(dalso);
+                }
     luna_backend_free(cpu);
 }
 END_TEST
@@ -82,11 +95,11 @@ START_TEST(scale_and_adam_bit_equal) {
                          cudaSuccess);
         down(got, d_g, 4 * total);
         ck_assert_msg(memcmp(got, g, 4 * total) == 0, "multi_scale step %d differs", step);
-        LUNA_CHECK_OK(cpu->ops->multi_adam_update(cpu, th, g, m, v, tt, steps, 1e-3, 0.9, 0.98,
-                                                  1e-8, step == 2 ? 0.0 : 0.01));
+        LUNA_CHECK_OK(cpu->ops->multi_adam_update(cpu, th, g, m, v, tt, steps, NULL, 1e-3, 0.9,
+                                                  0.98, 1e-8, step == 2 ? 0.0 : 0.01));
         ck_assert_int_eq(luna_cuda_multi_adam_update(0, d_th, d_g, d_m, d_v, T, tt->num_blocks,
-                                                     d_off, d_num, d_bs, d_bt, ws, d_steps, 1e-3,
-                                                     0.9, 0.98, 1e-8, step == 2 ? 0.0 : 0.01),
+                                                     d_off, d_num, d_bs, d_bt, ws, d_steps, NULL,
+                                                     1e-3, 0.9, 0.98, 1e-8, step == 2 ? 0.0 : 0.01),
                          cudaSuccess);
         down(got, d_th, 4 * total);
         ck_assert_msg(memcmp(got, th, 4 * total) == 0, "adam theta step %d differs", step);
@@ -140,12 +153,12 @@ START_TEST(apollo_bit_equal) {
                 float *g = luna_test_random_vector(&rng, (size_t)total, -1.0f, 1.0f);
                 float *d_g = dev(g, 4 * total);
                 LUNA_CHECK_OK(cpu->ops->multi_apollo_update(cpu, st[0], g, st[1], st[2], st[3], tt,
-                                                            steps, 0.01, 0.9, 1e-4, 0.01, rebound,
-                                                            1e-4, wd));
-                ck_assert_int_eq(luna_cuda_multi_apollo_update(0, dst[0], d_g, dst[1], dst[2],
-                                                               dst[3], T, tt->num_blocks, d_off,
-                                                               d_num, d_bs, d_bt, ws, d_steps, 0.01,
-                                                               0.9, 1e-4, 0.01, rebound, 1e-4, wd),
+                                                            steps, NULL, 0.01, 0.9, 1e-4, 0.01,
+                                                            rebound, 1e-4, wd));
+                ck_assert_int_eq(luna_cuda_multi_apollo_update(
+                                     0, dst[0], d_g, dst[1], dst[2], dst[3], T, tt->num_blocks,
+                                     d_off, d_num, d_bs, d_bt, ws, d_steps, NULL, 0.01, 0.9, 1e-4,
+                                     0.01, rebound, 1e-4, wd),
                                  cudaSuccess);
                 for (int q = 0; q < 4; q++) {
                     down(got, dst[q], 4 * total);

@@ -47,26 +47,27 @@ static double now(void) { return clock_seconds(CLOCK_MONOTONIC); }
 static double cpu_now(void) { return clock_seconds(CLOCK_PROCESS_CPUTIME_ID); }
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: bench-model [--arch NAME] [--threads N] [--batch B] [--src-len M]\n"
-            "                   [--tgt-len N] [--vocab V] [--projection-length L] [--dropout P]\n"
-            "                   [--attention-dropout P] [--activation-dropout P]\n"
-            "                   [--warmup K] [--steps S] [--device cpu|cuda]\n"
-            "                   [--precision auto|fp32|bf16] [--tf32]\n"
-            "                   [--embed-dim D] [--ffn-dim F] [--layers K] [--heads H]\n"
-            "                   [--fix-projection-length] [--linformer-k K] [--profile]\n"
-            "                   [--predict-batch P ...] [--update]\n"
-            "Forward+backward time of the model on one synthetic batch (default: luna_base_tied,\n"
-            "l=32, V=32000, all three dropouts 0.1 as in the WMT recipe, 128 x 32 target\n"
-            "tokens, sources of 32). --device cuda: activations in bf16 unless --precision fp32\n"
-            "(auto = bf16 on cuda, as luna-train). --embed-dim/--ffn-dim/--layers/--heads\n"
-            "override the preset's sizes (encoder and decoder alike); --fix-projection-length:\n"
-            "Luna uses all l slots even when sources are shorter than l; --linformer-k: a\n"
-            "transformer arch gets a Linformer encoder (E, F [K, src-len]). --profile: per-op-family\n"
-            "FLOPs, bytes and time with PREDICTED H100/H200 times and MFU; --predict-batch P: the\n"
-            "same extrapolated to P sentences from counts at B/4 and B/2 (checked against B).\n"
-            "--update: each step also zeroes the gradients, clips (total norm 0.1) and takes an\n"
-            "Apollo step.\n");
+    fprintf(
+        f,
+        "usage: bench-model [--arch NAME] [--threads N] [--batch B] [--src-len M]\n"
+        "                   [--tgt-len N] [--vocab V] [--projection-length L] [--dropout P]\n"
+        "                   [--attention-dropout P] [--activation-dropout P]\n"
+        "                   [--warmup K] [--steps S] [--device cpu|cuda]\n"
+        "                   [--precision auto|fp32|bf16] [--tf32]\n"
+        "                   [--embed-dim D] [--ffn-dim F] [--layers K] [--heads H]\n"
+        "                   [--fix-projection-length] [--linformer-k K] [--profile]\n"
+        "                   [--predict-batch P ...] [--update]\n"
+        "Forward+backward time of the model on one synthetic batch (default: luna_base_tied,\n"
+        "l=32, V=32000, all three dropouts 0.1 as in the WMT recipe, 128 x 32 target\n"
+        "tokens, sources of 32). --device cuda: activations in bf16 unless --precision fp32\n"
+        "(auto = bf16 on cuda, as luna-train). --embed-dim/--ffn-dim/--layers/--heads\n"
+        "override the preset's sizes (encoder and decoder alike); --fix-projection-length:\n"
+        "Luna uses all l slots even when sources are shorter than l; --linformer-k: a\n"
+        "transformer arch gets a Linformer encoder (E, F [K, src-len]). --profile: per-op-family\n"
+        "FLOPs, bytes and time with PREDICTED H100/H200 times and MFU; --predict-batch P: the\n"
+        "same extrapolated to P sentences from counts at B/4 and B/2 (checked against B).\n"
+        "--update: each step also zeroes the gradients, clips (total norm 0.1) and takes an\n"
+        "Apollo step.\n");
 }
 
 static int parse_int(const char *flag, const char *s, int lo) {
@@ -87,13 +88,20 @@ static luna_optimizer *g_opt;
 /* One step: forward + backward, and with --update the rest of luna-train's update around it. */
 static luna_status train_step(luna_seq2seq *model, const luna_batch *batch, uint64_t seed,
                               double *loss) {
-    luna_status st = LUNA_OK;
-    if (g_opt) st = luna_seq2seq_zero_grad(model);
-    if (st == LUNA_OK) st = luna_seq2seq_forward_backward(model, batch, seed, loss, NULL);
-    if (st != LUNA_OK || !g_opt) return st;
+    if (!g_opt) return luna_seq2seq_forward_backward(model, batch, seed, loss, NULL);
+    /* as luna-train: the loss stays on the device until the step's one readback */
+    LUNA_TRY(luna_seq2seq_zero_grad(model));
+    LUNA_TRY(
+        luna_seq2seq_forward_backward_sums(model, batch, seed, luna_optimizer_loss_sums(g_opt)));
     luna_optimizer_step_args a = {
         .lr = 1e-4, .grad_scale = 1.0, .clip_norm = 0.1, .clip_mode = LUNA_CLIP_TOTAL};
-    return luna_optimizer_step(g_opt, &a, NULL);
+    luna_optimizer_step_result r;
+    LUNA_TRY(luna_optimizer_step(g_opt, &a, &r));
+    *loss = r.loss_sum;
+    if (!r.finite)
+        return luna_error(LUNA_ERR_NUMERIC, "non-finite loss or gradients (loss %g, norm %g)",
+                          r.loss_sum, r.grad_norm);
+    return LUNA_OK;
 }
 
 /* The counters of one forward+backward step at the first b sentences of `batch`. */

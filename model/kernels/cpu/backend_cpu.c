@@ -26,6 +26,7 @@ static const luna_ops cpu_kernels = {
     .softmax_dropout_backward = luna_cpu_softmax_dropout_backward,
     .cross_entropy_forward = luna_cpu_cross_entropy_forward,
     .cross_entropy_forward_backward = luna_cpu_cross_entropy_forward_backward,
+    .loss_sums = luna_cpu_loss_sums,
     .softmax_forward = luna_cpu_softmax_forward,
     .attention_forward = luna_attention_composed_forward,
     .attention_backward = luna_attention_composed_backward,

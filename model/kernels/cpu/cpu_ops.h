@@ -78,6 +78,8 @@ luna_status luna_cpu_cross_entropy_forward_backward(luna_backend *be, float *los
                                                     const luna_act *logits, const int32_t *targets,
                                                     int64_t N, int V, float epsilon,
                                                     int padding_idx, float grad_scale);
+luna_status luna_cpu_loss_sums(luna_backend *be, double *sums, const float *loss, const float *nll,
+                               int64_t n);
 luna_status luna_cpu_add(luna_backend *be, luna_act *y, const luna_act *a, const luna_act *b,
                          int64_t n);
 luna_status luna_cpu_axpy(luna_backend *be, luna_act *y, float alpha, const float *x, int64_t n);
@@ -118,18 +120,21 @@ luna_status luna_cpu_cache_write(luna_backend *be, luna_act *C, const luna_act *
 luna_status luna_cpu_multi_sum_squares(luna_backend *be, float *result, const float *x,
                                        const luna_tensor_table *tt);
 luna_status luna_cpu_clip_coefficients(luna_backend *be, float *coef, double *summary,
-                                       const float *sumsq, int n, double clip_norm, int mode);
+                                       const float *sumsq, int n, double clip_norm, int mode,
+                                       const double *also_finite, int num_also);
 luna_status luna_cpu_multi_scale(luna_backend *be, float *x, const luna_tensor_table *tt,
                                  const float *coef, float alpha);
 luna_status luna_cpu_multi_apollo_update(luna_backend *be, float *theta, const float *g,
                                          float *exp_avg, float *approx_hessian, float *update,
-                                         const luna_tensor_table *tt, int64_t *steps, double lr,
-                                         double beta, double eps, double sigma, int rebound,
-                                         double weight_decay, int wd_type);
+                                         const luna_tensor_table *tt, int64_t *steps,
+                                         const double *gate, double lr, double beta, double eps,
+                                         double sigma, int rebound, double weight_decay,
+                                         int wd_type);
 luna_status luna_cpu_multi_adam_update(luna_backend *be, float *theta, const float *g,
                                        float *exp_avg, float *exp_avg_sq,
-                                       const luna_tensor_table *tt, int64_t *steps, double lr,
-                                       double beta1, double beta2, double eps, double weight_decay);
+                                       const luna_tensor_table *tt, int64_t *steps,
+                                       const double *gate, double lr, double beta1, double beta2,
+                                       double eps, double weight_decay);
 
 /* ---- shared by the kernels ------------------------------------------------------------------
  * Work below which a loop runs on one thread (a parallel region costs more than it saves): an

@@ -65,10 +65,12 @@ static double clip_coefficient(double clip_norm, double norm) {
     return c < 1.0 ? c : 1.0;
 }
 
-/* coef [n], summary [3] = {norm, finite, clipped} from sumsq [n] (see core/backend.h). Serial:
- * n is the number of tensors (a few hundred), and the order of the double sum is fixed. */
+/* coef [n], summary [3] = {norm, finite, clipped} from sumsq [n] and also_finite [num_also] (see
+ * core/backend.h). Serial: n is the number of tensors (a few hundred), and the order of the double
+ * sum is fixed. */
 luna_status luna_cpu_clip_coefficients(luna_backend *be, float *coef, double *summary,
-                                       const float *sumsq, int n, double clip_norm, int mode) {
+                                       const float *sumsq, int n, double clip_norm, int mode,
+                                       const double *also_finite, int num_also) {
     (void)be;
     double total_sq = 0.0, max_norm = 0.0;
     bool finite = true;
@@ -81,6 +83,8 @@ luna_status luna_cpu_clip_coefficients(luna_backend *be, float *coef, double *su
     }
     double norm = mode == CLIP_TOTAL ? sqrt(total_sq) : max_norm;
     if (!finite && isfinite(norm)) norm = INFINITY;
+    for (int j = 0; j < num_also; j++)
+        if (!isfinite(also_finite[j])) finite = false;
     bool any = false;
     const bool active = finite && clip_norm != 0.0;
     const double total_coef = clip_coefficient(clip_norm, norm);

@@ -91,9 +91,11 @@ _Static_assert(LUNA_REDUCE_BLOCK == LUNA_TENSOR_TABLE_BLOCK, "one blocking");
 
 luna_status luna_cpu_multi_apollo_update(luna_backend *be, float *theta, const float *g,
                                          float *exp_avg, float *approx_hessian, float *update,
-                                         const luna_tensor_table *tt, int64_t *steps, double lr,
-                                         double beta, double eps, double sigma, int rebound,
-                                         double weight_decay, int wd_type) {
+                                         const luna_tensor_table *tt, int64_t *steps,
+                                         const double *gate, double lr, double beta, double eps,
+                                         double sigma, int rebound, double weight_decay,
+                                         int wd_type) {
+    if (gate && *gate == 0.0) return LUNA_OK; /* the clip summary found the update non-finite */
     const int nt = tt->num_tensors;
     const int64_t nblocks = tt->num_blocks;
     apollo_partial *partials = (apollo_partial *)tt->workspace; /* [nblocks] (4 doubles each) */
@@ -217,9 +219,10 @@ enum { AD_STEP_SIZE, AD_KEEP, AD_NSCALARS };
 
 luna_status luna_cpu_multi_adam_update(luna_backend *be, float *theta, const float *g,
                                        float *exp_avg, float *exp_avg_sq,
-                                       const luna_tensor_table *tt, int64_t *steps, double lr,
-                                       double beta1, double beta2, double eps,
-                                       double weight_decay) {
+                                       const luna_tensor_table *tt, int64_t *steps,
+                                       const double *gate, double lr, double beta1, double beta2,
+                                       double eps, double weight_decay) {
+    if (gate && *gate == 0.0) return LUNA_OK;
     const int nt = tt->num_tensors;
     const int64_t nblocks = tt->num_blocks;
     double *sc = tt->workspace; /* [nt][AD_NSCALARS] */

@@ -108,19 +108,21 @@ void luna_cuda_raw_release(luna_backend *be, void *p);
 luna_status luna_cuda_op_multi_sum_squares(luna_backend *be, float *result, const float *x,
                                            const luna_tensor_table *tt);
 luna_status luna_cuda_op_clip_coefficients(luna_backend *be, float *coef, double *summary,
-                                           const float *sumsq, int n, double clip_norm, int mode);
+                                           const float *sumsq, int n, double clip_norm, int mode,
+                                           const double *also_finite, int num_also);
 luna_status luna_cuda_op_multi_scale(luna_backend *be, float *x, const luna_tensor_table *tt,
                                      const float *coef, float alpha);
 luna_status luna_cuda_op_multi_apollo_update(luna_backend *be, float *theta, const float *g,
                                              float *exp_avg, float *approx_hessian, float *update,
-                                             const luna_tensor_table *tt, int64_t *steps, double lr,
-                                             double beta, double eps, double sigma, int rebound,
-                                             double weight_decay, int wd_type);
+                                             const luna_tensor_table *tt, int64_t *steps,
+                                             const double *gate, double lr, double beta, double eps,
+                                             double sigma, int rebound, double weight_decay,
+                                             int wd_type);
 luna_status luna_cuda_op_multi_adam_update(luna_backend *be, float *theta, const float *g,
                                            float *exp_avg, float *exp_avg_sq,
-                                           const luna_tensor_table *tt, int64_t *steps, double lr,
-                                           double beta1, double beta2, double eps,
-                                           double weight_decay);
+                                           const luna_tensor_table *tt, int64_t *steps,
+                                           const double *gate, double lr, double beta1,
+                                           double beta2, double eps, double weight_decay);
 
 /* cuda_ops_fused.c: the fused ops of the table (fused.cu). */
 luna_status luna_cuda_op_residual_norm_forward(luna_backend *be, luna_act *y, luna_act *r,

@@ -191,6 +191,18 @@ __global__ void ce_fwd_bwd_kernel(float *loss, float *nll, float *lse, T *dz, co
 
 typedef __nv_bfloat16 bf16_t;
 
+/* loss_sums: block 0 sums loss, block 1 nll; each thread its strided share in double, the
+ * block's fixed tree (block_sum), then one add to the running sum. */
+__global__ void loss_sums_kernel(double *sums, const float *loss, const float *nll, int64_t n) {
+    LUNA_SHARED(double, partial, kWarps);
+    const float *x = blockIdx.x == 0 ? loss : nll;
+    double v = 0.0;
+    for (int64_t i = threadIdx.x; i < n; i += kThreads)
+        v += (double)x[i];
+    const double total = block_sum(v, partial);
+    if (threadIdx.x == 0) sums[blockIdx.x] += total;
+}
+
 } // namespace
 
 extern "C" {
@@ -225,6 +237,12 @@ cudaError_t luna_cuda_cross_entropy_forward_backward(cudaStream_t s, int bf16, f
         LUNA_LAUNCH(ce_fwd_bwd_kernel<float>, (unsigned)N, kThreads, 0, s, loss, nll, lse,
                     static_cast<float *>(dlogits), static_cast<const float *>(logits), targets, V,
                     epsilon, padding_idx, grad_scale, smooth, target_term);
+    return cudaGetLastError();
+}
+
+cudaError_t luna_cuda_loss_sums(cudaStream_t s, double *sums, const float *loss, const float *nll,
+                                int64_t n) {
+    LUNA_LAUNCH(loss_sums_kernel, 2, kThreads, 0, s, sums, loss, nll, n);
     return cudaGetLastError();
 }
 

@@ -134,7 +134,8 @@ cudaError_t luna_cuda_multi_sum_squares(cudaStream_t s, float *result, const flo
 
 /* ---- optimizer.cu: clipping and Adam over a tensor table's device arrays ---- */
 cudaError_t luna_cuda_clip_coefficients(cudaStream_t s, float *coef, double *summary,
-                                        const float *sumsq, int n, double clip_norm, int mode);
+                                        const float *sumsq, int n, double clip_norm, int mode,
+                                        const double *also_finite, int num_also);
 cudaError_t luna_cuda_multi_scale(cudaStream_t s, float *x, int64_t num_blocks,
                                   const int64_t *offsets, const int64_t *numels,
                                   const int64_t *block_start, const int32_t *block_tensor,
@@ -145,8 +146,8 @@ cudaError_t luna_cuda_multi_adam_update(cudaStream_t s, float *theta, const floa
                                         int64_t num_blocks, const int64_t *offsets,
                                         const int64_t *numels, const int64_t *block_start,
                                         const int32_t *block_tensor, double *workspace,
-                                        int64_t *steps, double lr, double beta1, double beta2,
-                                        double eps, double weight_decay);
+                                        int64_t *steps, const double *gate, double lr, double beta1,
+                                        double beta2, double eps, double weight_decay);
 
 /* workspace: the table's (5·num_blocks + 8·num_tensors doubles); steps advanced by one. */
 cudaError_t luna_cuda_multi_apollo_update(cudaStream_t s, float *theta, const float *g,
@@ -154,9 +155,9 @@ cudaError_t luna_cuda_multi_apollo_update(cudaStream_t s, float *theta, const fl
                                           int num_tensors, int64_t num_blocks,
                                           const int64_t *offsets, const int64_t *numels,
                                           const int64_t *block_start, const int32_t *block_tensor,
-                                          double *workspace, int64_t *steps, double lr, double beta,
-                                          double eps, double sigma, int rebound,
-                                          double weight_decay, int wd_type);
+                                          double *workspace, int64_t *steps, const double *gate,
+                                          double lr, double beta, double eps, double sigma,
+                                          int rebound, double weight_decay, int wd_type);
 
 /* ---- cross_entropy.cu (N < 2^31 rows); bad: device int set to 1 for a target outside
  * [0, V) other than padding_idx (that row is NaN), or NULL ---- */
@@ -170,6 +171,9 @@ cudaError_t luna_cuda_cross_entropy_forward_backward(cudaStream_t s, int bf16, f
                                                      const void *logits, const int32_t *targets,
                                                      int64_t N, int V, float epsilon,
                                                      int padding_idx, float grad_scale);
+/* sums[0] += Σ loss[0, n), sums[1] += Σ nll[0, n) (doubles, a fixed tree). */
+cudaError_t luna_cuda_loss_sums(cudaStream_t s, double *sums, const float *loss, const float *nll,
+                                int64_t n);
 
 /* ---- decode_select.cu: the k best log-probs per row (k ≤ V) and the picked one ---- */
 cudaError_t luna_cuda_log_softmax_topk(cudaStream_t s, int bf16, const void *logits,

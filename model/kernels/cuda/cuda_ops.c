@@ -262,6 +262,10 @@ static luna_status cross_entropy_forward_backward(luna_backend *be, float *loss,
                                                     logits, targets, N, V, epsilon, padding_idx,
                                                     grad_scale));
 }
+static luna_status loss_sums(luna_backend *be, double *sums, const float *loss, const float *nll,
+                             int64_t n) {
+    LAUNCH("loss_sums", luna_cuda_loss_sums(stream(be), sums, loss, nll, n));
+}
 
 /* ---- elementwise helpers and layout ------------------------------------------------------------
  */
@@ -362,6 +366,7 @@ const luna_ops luna_cuda_kernels = {
     .softmax_dropout_backward = luna_cuda_op_softmax_dropout_backward,
     .cross_entropy_forward = cross_entropy_forward,
     .cross_entropy_forward_backward = cross_entropy_forward_backward,
+    .loss_sums = loss_sums,
     .softmax_forward = softmax_forward,
     .attention_forward = luna_cuda_op_attention_forward,
     .attention_backward = luna_cuda_op_attention_backward,

@@ -27,7 +27,7 @@ __device__ inline double clip_coefficient(double clip_norm, double norm) {
 }
 
 __global__ void clip_kernel(float *coef, double *summary, const float *sumsq, int n,
-                            double clip_norm, int mode) {
+                            double clip_norm, int mode, const double *also_finite, int num_also) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     double total_sq = 0.0, max_norm = 0.0;
     bool finite = true;
@@ -40,6 +40,8 @@ __global__ void clip_kernel(float *coef, double *summary, const float *sumsq, in
     }
     double norm = mode == 1 ? sqrt(total_sq) : max_norm;
     if (!finite && isfinite(norm)) norm = __longlong_as_double(0x7ff0000000000000LL); /* +inf */
+    for (int j = 0; j < num_also; j++)
+        if (!isfinite(also_finite[j])) finite = false;
     bool any = false;
     const bool active = finite && clip_norm != 0.0;
     const double total_coef = clip_coefficient(clip_norm, norm);
@@ -58,12 +60,17 @@ __global__ void clip_kernel(float *coef, double *summary, const float *sumsq, in
     summary[2] = any ? 1.0 : 0.0;
 }
 
-/* The tensor table's device arrays. */
+/* The tensor table's device arrays, and the update's gate (NULL for other ops). */
 struct Table {
     const int64_t *offsets, *numels, *block_start;
     const int32_t *block_tensor;
     int64_t num_blocks;
+    const double *gate;
 };
+
+/* The update's gate (core/backend.h): a device double, 0 when clip_coefficients found the update
+ * non-finite. Every kernel of an update reads it, so the host queues the update without knowing. */
+__device__ inline bool gated_off(const double *gate) { return gate && *gate == 0.0; }
 
 /* Block k of the table: tensor, first flat element of the tensor, start within it, length. */
 __device__ inline void block_of(const Table &t, int64_t k, int *tensor, int64_t *base,
@@ -88,10 +95,10 @@ __global__ void multi_scale_kernel(float *x, Table t, const float *coef, float a
 
 enum { STEP_SIZE = 0, KEEP = 1, NSCALARS = 2 };
 
-__global__ void adam_scalars_kernel(double *sc, int64_t *steps, int nt, double lr, double beta1,
-                                    double beta2, double weight_decay) {
+__global__ void adam_scalars_kernel(double *sc, int64_t *steps, const double *gate, int nt,
+                                    double lr, double beta1, double beta2, double weight_decay) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= nt) return;
+    if (i >= nt || gated_off(gate)) return;
     const int64_t t = steps[i] + 1;
     const double bc1 = 1.0 - pow(beta1, (double)t), bc2 = 1.0 - pow(beta2, (double)t);
     sc[(size_t)i * NSCALARS + STEP_SIZE] = __dmul_rn(lr, sqrt(bc2)) / bc1;
@@ -115,6 +122,7 @@ __device__ inline void adam_element(float *th, float *m, float *v, float gf, dou
 __global__ void multi_adam_kernel(float *theta, const float *g, float *exp_avg, float *exp_avg_sq,
                                   Table t, const double *sc, double beta1, double beta2,
                                   double eps) {
+    if (gated_off(t.gate)) return;
     int i;
     int64_t base, start, len;
     block_of(t, blockIdx.x, &i, &base, &start, &len);
@@ -169,6 +177,7 @@ __global__ void apollo_reduce_kernel(const float *theta, const float *g, const f
                                      const float *B, const float *d, Table t, double l2,
                                      double *partials) {
     LUNA_SHARED_2D(double, lanes, 4, kThreads);
+    if (gated_off(t.gate)) return; /* the whole block */
     int ti;
     int64_t base, start, len;
     block_of(t, blockIdx.x, &ti, &base, &start, &len);
@@ -193,10 +202,10 @@ __global__ void apollo_reduce_kernel(const float *theta, const float *g, const f
 
 /* Per-tensor scalars from the partials in block order; advances steps. */
 __global__ void apollo_scalars_kernel(double *sc, const double *partials, int64_t *steps,
-                                      const int64_t *block_start, int nt, double beta, double eps,
-                                      double sigma, int rebound) {
+                                      const double *gate, const int64_t *block_start, int nt,
+                                      double beta, double eps, double sigma, int rebound) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= nt) return;
+    if (i >= nt || gated_off(gate)) return;
     const int64_t t = steps[i] + 1;
     double s4 = 0.0, sgd = 0.0, sbd = 0.0, r = 0.0;
     for (int64_t k = block_start[i]; k < block_start[i + 1]; k++) {
@@ -224,6 +233,7 @@ __global__ void apollo_update_kernel(float *theta, const float *g, float *m, flo
                                      int rebound, double decoupled, double lr, int stable,
                                      double *dsum) {
     LUNA_SHARED(double, lane_d, kThreads);
+    if (gated_off(t.gate)) return; /* the whole block */
     int ti;
     int64_t base, start, len;
     block_of(t, blockIdx.x, &ti, &base, &start, &len);
@@ -260,7 +270,7 @@ __global__ void apollo_update_kernel(float *theta, const float *g, float *m, flo
 __global__ void apollo_stable_coef_kernel(double *sc, const double *dsum, Table tb, int nt,
                                           double weight_decay) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= nt) return;
+    if (i >= nt || gated_off(tb.gate)) return;
     double total = 0.0;
     for (int64_t k = tb.block_start[i]; k < tb.block_start[i + 1]; k++)
         total = __dadd_rn(total, dsum[k]);
@@ -270,6 +280,7 @@ __global__ void apollo_stable_coef_kernel(double *sc, const double *dsum, Table 
 __global__ void apollo_stable_kernel(float *theta, const float *m, const float *Bh, float *d,
                                      Table t, const double *sc, double sigma, int rebound,
                                      double lr) {
+    if (gated_off(t.gate)) return;
     int ti;
     int64_t base, start, len;
     block_of(t, blockIdx.x, &ti, &base, &start, &len);
@@ -289,8 +300,10 @@ __global__ void apollo_stable_kernel(float *theta, const float *m, const float *
 extern "C" {
 
 cudaError_t luna_cuda_clip_coefficients(cudaStream_t s, float *coef, double *summary,
-                                        const float *sumsq, int n, double clip_norm, int mode) {
-    LUNA_LAUNCH(clip_kernel, 1, 1, 0, s, coef, summary, sumsq, n, clip_norm, mode);
+                                        const float *sumsq, int n, double clip_norm, int mode,
+                                        const double *also_finite, int num_also) {
+    LUNA_LAUNCH(clip_kernel, 1, 1, 0, s, coef, summary, sumsq, n, clip_norm, mode, also_finite,
+                num_also);
     return cudaGetLastError();
 }
 
@@ -299,7 +312,7 @@ cudaError_t luna_cuda_multi_scale(cudaStream_t s, float *x, int64_t num_blocks,
                                   const int64_t *block_start, const int32_t *block_tensor,
                                   const float *coef, float alpha) {
     if (num_blocks <= 0 || (!coef && alpha == 1.0f)) return cudaSuccess;
-    const Table t = {offsets, numels, block_start, block_tensor, num_blocks};
+    const Table t = {offsets, numels, block_start, block_tensor, num_blocks, nullptr};
     LUNA_LAUNCH(multi_scale_kernel, (unsigned)num_blocks, kThreads, 0, s, x, t, coef, alpha);
     return cudaGetLastError();
 }
@@ -310,7 +323,7 @@ static cudaError_t adam(cudaStream_t s, float *theta, const float *g, float *exp
                         int64_t *steps, double lr, double beta1, double beta2, double eps,
                         double weight_decay) {
     LUNA_LAUNCH(adam_scalars_kernel, (unsigned)((num_tensors + 127) / 128), 128, 0, s, workspace,
-                steps, num_tensors, lr, beta1, beta2, weight_decay);
+                steps, t.gate, num_tensors, lr, beta1, beta2, weight_decay);
     if (t.num_blocks > 0)
         LUNA_LAUNCH(multi_adam_kernel, (unsigned)t.num_blocks, kThreads, 0, s, theta, g, exp_avg,
                     exp_avg_sq, t, static_cast<const double *>(workspace), beta1, beta2, eps);
@@ -332,8 +345,8 @@ static cudaError_t apollo(cudaStream_t s, float *theta, const float *g, float *e
     if (num_blocks > 0)
         LUNA_LAUNCH(apollo_reduce_kernel, (unsigned)num_blocks, kThreads, 0, s, theta, g, exp_avg,
                     approx_hessian, update, t, l2, partials);
-    LUNA_LAUNCH(apollo_scalars_kernel, tblocks, 128, 0, s, sc, partials, steps, t.block_start,
-                num_tensors, beta, eps, sigma, rebound);
+    LUNA_LAUNCH(apollo_scalars_kernel, tblocks, 128, 0, s, sc, partials, steps, t.gate,
+                t.block_start, num_tensors, beta, eps, sigma, rebound);
     if (num_blocks > 0)
         LUNA_LAUNCH(apollo_update_kernel, (unsigned)num_blocks, kThreads, 0, s, theta, g, exp_avg,
                     approx_hessian, update, t, static_cast<const double *>(sc), l2, sigma, rebound,
@@ -352,10 +365,10 @@ cudaError_t luna_cuda_multi_adam_update(cudaStream_t s, float *theta, const floa
                                         int64_t num_blocks, const int64_t *offsets,
                                         const int64_t *numels, const int64_t *block_start,
                                         const int32_t *block_tensor, double *workspace,
-                                        int64_t *steps, double lr, double beta1, double beta2,
-                                        double eps, double weight_decay) {
+                                        int64_t *steps, const double *gate, double lr, double beta1,
+                                        double beta2, double eps, double weight_decay) {
     if (num_tensors <= 0) return cudaSuccess;
-    const Table t = {offsets, numels, block_start, block_tensor, num_blocks};
+    const Table t = {offsets, numels, block_start, block_tensor, num_blocks, gate};
     return adam(s, theta, g, exp_avg, exp_avg_sq, num_tensors, t, workspace, steps, lr, beta1,
                 beta2, eps, weight_decay);
 }
@@ -365,11 +378,11 @@ cudaError_t luna_cuda_multi_apollo_update(cudaStream_t s, float *theta, const fl
                                           int num_tensors, int64_t num_blocks,
                                           const int64_t *offsets, const int64_t *numels,
                                           const int64_t *block_start, const int32_t *block_tensor,
-                                          double *workspace, int64_t *steps, double lr, double beta,
-                                          double eps, double sigma, int rebound,
-                                          double weight_decay, int wd_type) {
+                                          double *workspace, int64_t *steps, const double *gate,
+                                          double lr, double beta, double eps, double sigma,
+                                          int rebound, double weight_decay, int wd_type) {
     if (num_tensors <= 0) return cudaSuccess;
-    const Table t = {offsets, numels, block_start, block_tensor, num_blocks};
+    const Table t = {offsets, numels, block_start, block_tensor, num_blocks, gate};
     return apollo(s, theta, g, exp_avg, approx_hessian, update, num_tensors, t, workspace, steps,
                   lr, beta, eps, sigma, rebound, weight_decay, wd_type);
 }
