@@ -484,6 +484,12 @@ struct luna_ops {
      *   dst_stride / src_stride elements apart (activations). Reorders beams (index-select) and,
      *   with idx NULL, writes a step's keys into a strided cache. dst and src must not overlap.
      *   Indices outside [0, src_rows) are the caller's bug (not checked on a device).
+     * index_rows_update: the transformer's cache-slot table (decoding/cache_slots.h) kept on the
+     *   backend: dst[i, 0:cols] = src[idx ? idx[i] : i, 0:cols] for i in [0, n), rows `stride`
+     *   int32 apart (a beam reorder of the table; cols 0: none), then, when set_col is not NULL,
+     *   dst[i, set_col[i]] = set_val[i] (a step's new slots; set_col[i] in [0, stride)). All
+     *   int32 device arrays; dst and src must not overlap unless dst == src with idx NULL (then
+     *   only the sets change anything). Indices are the caller's (not checked on a device).
      * log_softmax_topk: per row r of logits [rows, V] (activations), in double:
      *   lse_r = max + log Σ_j exp(x_rj − max),  lp_rj = (float)(x_rj − lse_r) + bias[j]
      *   (bias [V] fp32, NULL: none; −inf bans a token), then
@@ -548,6 +554,9 @@ struct luna_ops {
     luna_status (*gather_rows)(luna_backend *be, luna_act *dst, int64_t dst_stride,
                                const luna_act *src, int64_t src_stride, const int32_t *idx,
                                int64_t n, int64_t cols);
+    luna_status (*index_rows_update)(luna_backend *be, int32_t *dst, const int32_t *src,
+                                     const int32_t *idx, int64_t n, int64_t cols, int64_t stride,
+                                     const int32_t *set_col, const int32_t *set_val);
     luna_status (*log_softmax_topk)(luna_backend *be, const luna_act *logits, const float *bias,
                                     int64_t rows, int V, int k, float *top_lp, int32_t *top_idx,
                                     const int32_t *pick, float *picked);

@@ -451,6 +451,18 @@ static luna_status gather_rows(luna_backend *be, luna_act *dst, int64_t dst_stri
     if (n > 0 && cols > 0 && (!dst || !src)) BAD("gather_rows: null pointer");
     return be->kernels->gather_rows(be, dst, dst_stride, src, src_stride, idx, n, cols);
 }
+static luna_status index_rows_update(luna_backend *be, int32_t *dst, const int32_t *src,
+                                     const int32_t *idx, int64_t n, int64_t cols, int64_t stride,
+                                     const int32_t *set_col, const int32_t *set_val) {
+    if (n < 0 || cols < 0 || stride < cols || stride < 1)
+        BAD("index_rows_update: bad sizes (n %lld, cols %lld, stride %lld)", (long long)n,
+            (long long)cols, (long long)stride);
+    if (n > 0 && (!dst || (cols > 0 && !src) || (set_col && !set_val)))
+        BAD("index_rows_update: null pointer");
+    if (n > 0 && cols > 0 && dst == src && idx)
+        BAD("index_rows_update: a gather in place (dst == src with an index)");
+    return be->kernels->index_rows_update(be, dst, src, idx, n, cols, stride, set_col, set_val);
+}
 static luna_status log_softmax_topk(luna_backend *be, const luna_act *logits, const float *bias,
                                     int64_t rows, int V, int k, float *top_lp, int32_t *top_idx,
                                     const int32_t *pick, float *picked) {
@@ -555,6 +567,7 @@ static const luna_ops checked_ops = {
     .multi_apollo_update = multi_apollo_update,
     .multi_adam_update = multi_adam_update,
     .gather_rows = gather_rows,
+    .index_rows_update = index_rows_update,
     .log_softmax_topk = log_softmax_topk,
     .cache_products = cache_products,
     .cache_write = cache_write,

@@ -53,9 +53,9 @@ typedef struct {
     int sampling_topk;        /* ≤ 0: the whole vocabulary (default) */
     uint64_t seed;            /* of the sampling draws (default 1) */
     /* luna_generate's beam search reads the selection's summary back every sync_interval steps
-     * (0, the default: every step on the CPU, whose memory is the host's, every 8 on a device;
-     * Luna's decoder only, the transformer's every step): sentences finished in between stay in
-     * the pool, idle, until then. Results do not depend on it. */
+     * (0, the default: every step on the CPU, whose memory is the host's, every 8 on a device):
+     * sentences finished in between stay in the pool, idle, until then. Results do not depend
+     * on it. */
     int sync_interval;
 } luna_beam_options;
 

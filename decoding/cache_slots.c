@@ -8,34 +8,39 @@
 luna_status luna_cache_slots_reset(luna_cache_slots *cs, luna_backend *be, luna_arena *arena,
                                    int rows, int T_cap) {
     const size_t n = (size_t)rows * (size_t)T_cap;
-    int32_t *a = realloc(cs->host, sizeof(int32_t) * (n ? n : 1));
-    if (a) cs->host = a;
-    int32_t *b = a ? realloc(cs->tmp, sizeof(int32_t) * (n ? n : 1)) : NULL;
-    if (b) cs->tmp = b;
-    if (!b) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "cache slots: out of memory");
-    memset(cs->host, 0, sizeof(int32_t) * n);
-    memset(cs->tmp, 0, sizeof(int32_t) * n);
+    int32_t *h = realloc(cs->host, sizeof(int32_t) * (2 * (size_t)rows + 1));
+    if (!h) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "cache slots: out of memory");
+    cs->host = h;
+    memset(cs->host, 0, sizeof(int32_t) * 2 * (size_t)rows);
     cs->rows = rows;
     cs->T_cap = T_cap;
     luna_pass pst = {.be = be, .arena = arena};
-    return luna_pass_alloc_i32(&pst, &cs->dev, (int64_t)n, "cache slots");
+    LUNA_TRY(luna_pass_alloc_i32(&pst, &cs->dev, (int64_t)n, "cache slots"));
+    LUNA_TRY(luna_pass_alloc_i32(&pst, &cs->spare, (int64_t)n, "cache slots"));
+    LUNA_TRY(luna_pass_alloc_i32(&pst, &cs->step_dev, 2 * (int64_t)rows, "cache slots"));
+    LUNA_TRY(luna_mem_zero(be, cs->dev, sizeof(int32_t) * n));
+    return luna_mem_zero(be, cs->spare, sizeof(int32_t) * n);
 }
 
 void luna_cache_slots_free(luna_cache_slots *cs) {
     free(cs->host);
-    free(cs->tmp);
     *cs = (luna_cache_slots){0};
 }
 
-void luna_cache_slots_reorder(luna_cache_slots *cs, const int32_t *rows, int n, int len) {
-    const int64_t T_cap = cs->T_cap;
-    for (int i = 0; i < n; i++)
-        memcpy(cs->tmp + i * T_cap, cs->host + rows[i] * T_cap, sizeof(int32_t) * (size_t)len);
-    int32_t *t = cs->host;
-    cs->host = cs->tmp, cs->tmp = t;
+luna_status luna_cache_slots_write(luna_cache_slots *cs, luna_backend *be, int n) {
+    if (n == 0) return LUNA_OK;
+    int32_t *pos = cs->step_dev, *slot = cs->step_dev + cs->rows;
+    LUNA_TRY(luna_mem_from_host(be, pos, cs->host, sizeof(int32_t) * (size_t)n));
+    LUNA_TRY(luna_mem_from_host(be, slot, cs->host + cs->rows, sizeof(int32_t) * (size_t)n));
+    return be->ops->index_rows_update(be, cs->dev, cs->dev, NULL, n, 0, cs->T_cap, pos, slot);
 }
 
-luna_status luna_cache_slots_upload(const luna_cache_slots *cs, luna_backend *be, int n) {
-    return luna_mem_from_host(be, cs->dev, cs->host,
-                              sizeof(int32_t) * (size_t)n * (size_t)cs->T_cap);
+luna_status luna_cache_slots_reorder(luna_cache_slots *cs, luna_backend *be, const int32_t *rows,
+                                     int n, int len) {
+    if (n == 0) return LUNA_OK;
+    LUNA_TRY(
+        be->ops->index_rows_update(be, cs->spare, cs->dev, rows, n, len, cs->T_cap, NULL, NULL));
+    int32_t *t = cs->dev;
+    cs->dev = cs->spare, cs->spare = t;
+    return LUNA_OK;
 }

@@ -26,7 +26,8 @@ struct luna_incremental {
     float inv_temperature; /* logits ×= 1/T before the log-softmax; 1: off */
     luna_decoder_layer_state *ls; /* [layers] */
     /* Transformer: the beam indirection of the key/value caches (decoding/cache_slots.h), row r
-     * writing slot r (pool: its sentence's block); uploaded each step (device: the state arena). */
+     * writing slot r (pool: its sentence's block); on the device (the state arena), a step's
+     * slots sent each step. */
     luna_cache_slots cs;
     bool held; /* the decoder's weights are held (luna_decoder_hold_weights) */
     /* In-flight batching (luna_incremental_begin_pool): sentences join as others leave, each at
@@ -472,7 +473,7 @@ static luna_status step(luna_incremental *inc, const int32_t *tokens, bool token
             luna_cache_slots_set(&inc->cs, r, inc->pool ? inc->sent_step[s] : inc->step,
                                  inc->pool ? inc->sent_block[s] * inc->beam + j : r);
         }
-        LUNA_TRY(luna_cache_slots_upload(&inc->cs, be, R));
+        LUNA_TRY(luna_cache_slots_write(&inc->cs, be, R));
     }
     luna_decoder_dims dims = dims_of(inc);
     LUNA_TRY(luna_decoder_step(&ps, inc->model, &dims, inc->ls, tok, &logits));
@@ -563,16 +564,15 @@ static luna_status upload_index(luna_incremental *inc, int32_t **dev, const int3
     return luna_mem_from_host(inc->be, *dev, host, sizeof(int32_t) * (size_t)n);
 }
 
-/* The state's gathers: rows by `rows` (device [new_R]; host `rows_host`), sentences by `sent`
- * (device [S], NULL when the sentences are unchanged). */
-static luna_status reorder_state(luna_incremental *inc, const int32_t *rows,
-                                 const int32_t *rows_host, const int32_t *sent, int new_rows, int S,
-                                 bool expand) {
+/* The state's gathers: rows by `rows` (device [new_R]), sentences by `sent` (device [S], NULL
+ * when the sentences are unchanged). */
+static luna_status reorder_state(luna_incremental *inc, const int32_t *rows, const int32_t *sent,
+                                 int new_rows, int S, bool expand) {
     if (!inc->luna) { /* the caches stay; new row i takes old row rows[i]'s slot indices */
         int written = inc->step; /* positions of the furthest row */
         for (int s = 0; inc->pool && s < inc->S; s++)
             written = s == 0 || inc->sent_step[s] > written ? inc->sent_step[s] : written;
-        luna_cache_slots_reorder(&inc->cs, rows_host, new_rows, written);
+        LUNA_TRY(luna_cache_slots_reorder(&inc->cs, inc->be, rows, new_rows, written));
     }
     const int64_t d = inc->d;
     for (int i = 0; i < inc->layers; i++) {
@@ -633,11 +633,11 @@ luna_status luna_incremental_reorder(luna_incremental *inc, const int32_t *rows,
         sent[s] = row_sentence(inc, rows[s * beam]);
     luna_arena_mark mark = luna_arena_get_mark(inc->scratch);
     int32_t *rows_dev = NULL, *sent_dev = NULL;
-    luna_status st = inc->luna ? upload_index(inc, &rows_dev, rows, new_rows) : LUNA_OK;
+    luna_status st = upload_index(inc, &rows_dev, rows, new_rows);
     if (st == LUNA_OK && inc->pool && inc->kv) /* finished sentences give their pages back */
         st = luna_kv_pages_reorder(inc->kv, sent, S, inc->S);
     if (st == LUNA_OK && !sent_identity && S > 0) st = upload_index(inc, &sent_dev, sent, S);
-    if (st == LUNA_OK) st = reorder_state(inc, rows_dev, rows, sent_dev, new_rows, S, expand);
+    if (st == LUNA_OK) st = reorder_state(inc, rows_dev, sent_dev, new_rows, S, expand);
     luna_arena_release(inc->scratch, mark);
     if (st == LUNA_OK) {
         int32_t *per_sent[] = {inc->sent_host, inc->pool ? inc->sent_step : NULL,
@@ -662,14 +662,14 @@ luna_status luna_incremental_reorder(luna_incremental *inc, const int32_t *rows,
 }
 
 luna_status luna_incremental_reorder_beams_device(luna_incremental *inc, const int32_t *rows) {
-    if (!inc->luna || !inc->pool)
+    if (!inc->pool)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT,
-                          "incremental decoding: a reorder from the device's rows needs Luna's "
-                          "decoder in a pool (the transformer's slot indices move on the host)");
+                          "incremental decoding: a reorder from the device's rows needs a pool "
+                          "(luna_incremental_begin_pool)");
     const int beam = inc->beam, S = inc->S;
     if (S == 0) return LUNA_OK;
     const bool expand = inc->rpb != beam || inc->one_row > 0;
-    luna_status st = reorder_state(inc, rows, NULL, NULL, S * beam, S, expand);
+    luna_status st = reorder_state(inc, rows, NULL, S * beam, S, expand);
     if (st == LUNA_OK) {
         inc->R = S * beam;
         inc->rpb = beam;

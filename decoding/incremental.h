@@ -115,8 +115,8 @@ luna_status luna_incremental_reorder(luna_incremental *inc, const int32_t *rows,
 /* A pool's reorder within each sentence, from rows in the backend's memory (beam_select's parent
  * rows): new row s·beam + p = old row rows[s·beam + p] of sentence s, for every active sentence
  * (none leaves; one-row sentences get `beam` rows). The host never sees the rows, so a search
- * can go on without reading anything back. Luna's decoder only (the transformer's slot indices
- * are reordered on the host): an error otherwise. */
+ * can go on without reading anything back: Luna's decoder state and the transformer's
+ * cache-slot table (decoding/cache_slots.h) are gathered on the backend. A pool only. */
 luna_status luna_incremental_reorder_beams_device(luna_incremental *inc, const int32_t *rows);
 
 const luna_config *luna_incremental_config(const luna_incremental *inc); /* the model's */

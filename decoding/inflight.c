@@ -17,9 +17,10 @@
  * A beam search selects on the backend (the beam_select op, core/beam_select.h): the candidate
  * lists, the hypotheses, their scores and the finished ones stay in the backend's memory, and the
  * host reads back per step only each sentence's done flag, its next rows' parents and tokens
- * (one readback), and a finished sentence's record. With Luna's decoder that readback comes only
- * every few steps (luna_beam_options.sync_interval): in between the op's parent rows reorder the
- * decoder's state and its tokens feed the next step on the backend, finished sentences idle in
+ * (one readback), and a finished sentence's record. That readback comes only every few steps
+ * (luna_beam_options.sync_interval): in between the op's parent rows reorder the decoder's state
+ * (Luna's, or the transformer's cache-slot table) and its tokens feed the next step on the
+ * backend, finished sentences idle in
  * the pool, and new ones join at the next readback. Sampling selects on the host (its draws
  * need the lists there). */
 #include <math.h>
@@ -61,10 +62,12 @@ typedef struct {
     int32_t *next_rows;    /* [S_cap·beam] the reorder */
     int32_t *sent_host;    /* [4·S_cap + 1] the op's per-sentence table */
     int32_t *summary;      /* [S_cap·(1 + 2·beam)] */
-    unsigned char *record; /* one finished record */
+    unsigned char *record; /* one finished record; on a device [S_cap] of them (records_dev's) */
     size_t record_bytes;
-    int32_t *rec_tok; /* [cap] one finished hypothesis's tokens */
-    float *rec_lp;    /* [cap] and log-probs */
+    unsigned char *records_dev; /* device [S_cap] records: a readback's finished sentences'
+                                   records gathered for one copy (NULL on the CPU) */
+    int32_t *rec_tok;           /* [cap] one finished hypothesis's tokens */
+    float *rec_lp;              /* [cap] and log-probs */
     luna_backend *be;
     void *dev; /* one block, carved into the buffers below */
     size_t dev_bytes;
@@ -86,6 +89,7 @@ static void flight_free(flight *f) {
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
         free(host[i]);
     if (f->dev) luna_mem_release(f->be, f->dev, f->dev_bytes);
+    if (f->records_dev) luna_mem_release(f->be, f->records_dev, f->record_bytes * (size_t)f->S_cap);
     void *all[] = {f->id,     f->step,    f->max_len, f->src_len, f->tok,    f->tok2,   f->sc,
                    f->sc2,    f->ignore,  f->ignore2, f->cands,   f->is_eos, f->rows,   f->row_tok,
                    f->top_lp, f->top_tok, f->ban,     f->nban,    f->pick,   f->picked, f->padded};
@@ -139,7 +143,14 @@ static luna_status flight_alloc_device(flight *f) {
     f->next_rows = malloc(sizeof(int32_t) * R);
     f->sent_host = malloc(sizeof(int32_t) * (4 * S + 1));
     f->summary = malloc(sizeof(int32_t) * (S + 2 * R));
-    f->record = malloc(f->record_bytes);
+    /* a device gathers a readback's finished records and sends them in one copy (a wait each
+     * otherwise); on the CPU each record is read where it is */
+    const bool gather = f->be->device != LUNA_DEVICE_CPU;
+    f->record = malloc(f->record_bytes * (gather ? S : 1));
+    if (gather) f->records_dev = luna_mem_alloc(f->be, f->record_bytes * S);
+    if (gather && !f->records_dev)
+        return luna_error(LUNA_ERR_OUT_OF_MEMORY, "decoding: out of %s memory for the search",
+                          f->be->name);
     f->rec_tok = malloc(sizeof(int32_t) * cap);
     f->rec_lp = malloc(sizeof(float) * cap);
     if (!f->slot || !f->free_slot || !f->next_rows || !f->sent_host || !f->summary || !f->record ||
@@ -381,23 +392,43 @@ static luna_status step_pool(luna_incremental *inc, const luna_beam_options *o, 
 
 /* A finished sentence's hypotheses from its slot's record (in the order they finished, as
  * select_sentence files them), then sorted. */
-static luna_status collect_finished(const luna_beam_options *o, flight *f, int s, luna_nbest *out) {
+/* Sentence s's hypotheses from its finished record: `rec` on the host (read_records), or NULL
+ * to read it from the backend here. */
+static luna_status collect_finished(const luna_beam_options *o, flight *f, int s,
+                                    unsigned char *rec, luna_nbest *out) {
     const int h = f->slot[s], beam = f->beam, cap = f->cap;
-    LUNA_TRY(luna_mem_to_host(f->be, f->record, f->d_finished + (size_t)h * f->record_bytes,
-                              f->record_bytes));
-    const int count = *luna_beam_finished_count(f->record);
+    if (!rec) {
+        LUNA_TRY(luna_mem_to_host(f->be, f->record, f->d_finished + (size_t)h * f->record_bytes,
+                                  f->record_bytes));
+        rec = f->record;
+    }
+    const int count = *luna_beam_finished_count(rec);
     for (int k = 0; k < count; k++) {
-        const int step = luna_beam_finished_steps(f->record, beam)[k];
+        const int step = luna_beam_finished_steps(rec, beam)[k];
         for (int i = 0; i <= step && i < cap; i++) {
-            f->rec_tok[i] = luna_beam_finished_tokens_at(f->record, beam, i)[k];
-            f->rec_lp[i] = luna_beam_finished_log_probs_at(f->record, beam, i)[k];
+            f->rec_tok[i] = luna_beam_finished_tokens_at(rec, beam, i)[k];
+            f->rec_lp[i] = luna_beam_finished_log_probs_at(rec, beam, i)[k];
         }
         LUNA_TRY(luna_search_finalize_log_probs(o, f->rec_tok, f->rec_lp, out, step,
-                                                luna_beam_finished_eos(f->record)[k]));
+                                                luna_beam_finished_eos(rec)[k]));
     }
     luna_search_sort_nbest(out, o->nbest);
     f->free_slot[f->nfree++] = h;
     return LUNA_OK;
+}
+
+/* On a device: the records of the sentences the summary marks done, gathered on the device in
+ * the order of their sentences and read back in one copy into f->record; *n of them. */
+static luna_status read_records(flight *f, int S, int *n) {
+    *n = 0;
+    if (!f->records_dev) return LUNA_OK;
+    for (int s = 0; s < S; s++)
+        if (f->summary[s])
+            LUNA_TRY(luna_mem_copy(f->be, f->records_dev + (size_t)(*n)++ * f->record_bytes,
+                                   f->d_finished + (size_t)f->slot[s] * f->record_bytes,
+                                   f->record_bytes));
+    if (*n == 0) return LUNA_OK;
+    return luna_mem_to_host(f->be, f->record, f->records_dev, f->record_bytes * (size_t)*n);
 }
 
 /* step_pool with the selection on the backend (beam search). */
@@ -483,10 +514,12 @@ static luna_status step_pool_device(luna_incremental *inc, const luna_beam_optio
     LUNA_TRY(luna_mem_to_host(f->be, f->summary, f->d_summary,
                               sizeof(int32_t) * (size_t)S * (1 + 2 * beam)));
     const int32_t *parent = f->summary + S, *token = parent + (size_t)S * beam;
-    int remaining = 0;
+    int remaining = 0, gathered, done = 0;
+    LUNA_TRY(read_records(f, S, &gathered));
     for (int s = 0; s < S; s++) {
         if (f->summary[s]) {
-            LUNA_TRY(collect_finished(o, f, s, &out[f->id[s]]));
+            unsigned char *rec = gathered ? f->record + (size_t)done++ * f->record_bytes : NULL;
+            LUNA_TRY(collect_finished(o, f, s, rec, &out[f->id[s]]));
             continue;
         }
         const int s2 = remaining++; /* s2 ≤ s: sentences before s are placed already */
@@ -536,7 +569,6 @@ static luna_status generate(luna_incremental *inc, const luna_beam_options *o,
     f.on_device = !o->sampling;
     f.be = luna_incremental_backend(inc);
     f.interval = o->sync_interval > 0 ? o->sync_interval : f.be->device == LUNA_DEVICE_CPU ? 1 : 8;
-    if (c->arch != LUNA_ARCH_LUNA) f.interval = 1; /* the transformer's slots move on the host */
     f.fresh = true;
     luna_status st = flight_alloc(&f);
     if (st == LUNA_OK && f.on_device) st = flight_alloc_device(&f);

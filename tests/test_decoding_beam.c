@@ -324,9 +324,9 @@ START_TEST(inflight_equals_alone) {
                 }
             }
             const int settings[3][2] = {{0, 2}, {0, 4}, {25, 0}}; /* max_tokens, batch_size */
-            /* each setting also with the summary read every 3 steps (Luna's decoder: sentences
-             * finished in between idle in the pool, the state is reordered from the backend's
-             * rows) */
+            /* each setting also with the summary read every 3 steps (sentences finished in
+             * between idle in the pool; Luna's state and the transformer's cache-slot table are
+             * reordered from the backend's rows) */
             for (int k = 0; k < 6; k++) {
                 o.sync_interval = k < 3 ? 0 : 3;
                 ck_assert_int_eq(luna_generate(inc, &o, seq, N, settings[k % 3][0],

@@ -349,6 +349,12 @@ static luna_status w_gather_rows(luna_backend *be, luna_act *dst, int64_t ds, co
     COST(.act_elems = 2 * D(n) * D(cols), .bytes = idx ? F32 * D(n) : 0);
     FORWARD(gather_rows, dst, ds, src, ss, idx, n, cols);
 }
+static luna_status w_index_rows_update(luna_backend *be, int32_t *dst, const int32_t *src,
+                                       const int32_t *idx, int64_t n, int64_t cols, int64_t stride,
+                                       const int32_t *set_col, const int32_t *set_val) {
+    COST(.bytes = 4 * (2 * D(n) * D(cols) + (idx ? D(n) : 0) + (set_col ? 3 * D(n) : 0)));
+    FORWARD(index_rows_update, dst, src, idx, n, cols, stride, set_col, set_val);
+}
 static luna_status w_log_softmax_topk(luna_backend *be, const luna_act *logits, const float *bias,
                                       int64_t rows, int V, int k, float *top_lp, int32_t *top_idx,
                                       const int32_t *pick, float *picked) {
@@ -483,6 +489,7 @@ static luna_status w_multi_adam_update(luna_backend *be, float *th, const float 
     X(broadcast_rows, "layout") \
     X(sum_broadcast, "layout") \
     X(gather_rows, "decode_gather") \
+    X(index_rows_update, "decode_gather") \
     X(log_softmax_topk, "decode_topk") \
     X(cache_products, "decode_attention") \
     X(cache_write, "decode_gather") \

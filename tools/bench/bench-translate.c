@@ -22,8 +22,8 @@
  * synchronized) and a per-op-family table follows, with PREDICTED H100/H200 times, target
  * tokens/s and MFU for the same decoding work (model/profile/op_report.h).
  * --int8: the checkpoint's weights quantized to int8 at load (luna-translate --quantize int8).
- * --sync-interval N: the beam search reads its selection back every N steps (Luna's decoder;
- * 0, the default: every step on the CPU, every 8 on a device; luna_beam_options.sync_interval).
+ * --sync-interval N: the beam search reads its selection back every N steps (0, the default:
+ * every step on the CPU, every 8 on a device; luna_beam_options.sync_interval).
  * On a device each run also prints the kernel launches, library GEMMs and host waits per step.
  */
 #include <math.h>

@@ -34,6 +34,17 @@ luna_status luna_cpu_gather_rows(luna_backend *be, luna_act *dst_, int64_t dst_s
     return LUNA_OK;
 }
 
+luna_status luna_cpu_index_rows_update(luna_backend *be, int32_t *dst, const int32_t *src,
+                                       const int32_t *idx, int64_t n, int64_t cols, int64_t stride,
+                                       const int32_t *set_col, const int32_t *set_val) {
+    (void)be;
+    for (int64_t i = 0; i < n && cols > 0 && (dst != src || idx); i++)
+        memcpy(dst + i * stride, src + (idx ? idx[i] : i) * stride, sizeof(int32_t) * (size_t)cols);
+    for (int64_t i = 0; i < n && set_col; i++)
+        dst[i * stride + set_col[i]] = set_val[i];
+    return LUNA_OK;
+}
+
 /* Row r's newest position p = T_r − 1 into slot ind[r, p], every head: a copy of dh floats. */
 luna_status luna_cpu_cache_write(luna_backend *be, luna_act *C_, const luna_act *x_,
                                  const int32_t *ind, const int32_t *lens, int R, int H, int dh,

@@ -313,6 +313,13 @@ static luna_status gather_rows(luna_backend *be, luna_act *dst, int64_t dst_stri
     LAUNCH("gather_rows", luna_cuda_gather_rows(stream(be), bf16(be), dst, dst_stride, src,
                                                 src_stride, idx, n, cols));
 }
+static luna_status index_rows_update(luna_backend *be, int32_t *dst, const int32_t *src,
+                                     const int32_t *idx, int64_t n, int64_t cols, int64_t stride,
+                                     const int32_t *set_col, const int32_t *set_val) {
+    if (n > INT_MAX) BAD("index_rows_update: %lld rows exceed 2^31", (long long)n);
+    LAUNCH("index_rows_update", luna_cuda_index_rows_update(stream(be), dst, src, idx, n, cols,
+                                                            stride, set_col, set_val));
+}
 static luna_status log_softmax_topk(luna_backend *be, const luna_act *logits, const float *bias,
                                     int64_t rows, int V, int k, float *top_lp, int32_t *top_idx,
                                     const int32_t *pick, float *picked) {
@@ -395,6 +402,7 @@ const luna_ops luna_cuda_kernels = {
     .multi_apollo_update = luna_cuda_op_multi_apollo_update,
     .multi_adam_update = luna_cuda_op_multi_adam_update,
     .gather_rows = gather_rows,
+    .index_rows_update = index_rows_update,
     .log_softmax_topk = log_softmax_topk,
     .cache_products = cache_products,
     .cache_write = cache_write,

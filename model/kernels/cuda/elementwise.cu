@@ -134,6 +134,20 @@ __global__ void gather_kernel(T *dst, int64_t dst_stride, const T *src, int64_t 
     }
 }
 
+/* A block per row: the row's gather (unless in place), then its set, after the block's copy. */
+__global__ void index_rows_kernel(int32_t *dst, const int32_t *src, const int32_t *idx,
+                                  int64_t cols, int64_t stride, const int32_t *set_col,
+                                  const int32_t *set_val) {
+    const int64_t i = blockIdx.x;
+    if (cols > 0 && (dst != src || idx)) {
+        const int32_t *from = src + (idx ? idx[i] : i) * stride;
+        for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+            dst[i * stride + c] = from[c];
+    }
+    __syncthreads();
+    if (threadIdx.x == 0 && set_col) dst[i * stride + set_col[i]] = set_val[i];
+}
+
 /* C_b[i, j] = beta · C_b[i, j] (beta = 0 writes zeros: C not read) for a strided batch. */
 template <typename T>
 __global__ void scale_matrix_kernel(T *c, int M, int N, int ldc, int64_t stride, int batch,
@@ -330,6 +344,15 @@ cudaError_t luna_cuda_gather_rows(cudaStream_t s, int bf16, void *dst, int64_t d
     else
         LUNA_LAUNCH(gather_kernel<float>, grid_blocks(total, kThreads), kThreads, 0, s,
                     A(float, dst), dst_stride, CA(float, src), src_stride, idx, n, cols);
+    return cudaGetLastError();
+}
+
+cudaError_t luna_cuda_index_rows_update(cudaStream_t s, int32_t *dst, const int32_t *src,
+                                        const int32_t *idx, int64_t n, int64_t cols, int64_t stride,
+                                        const int32_t *set_col, const int32_t *set_val) {
+    if (n <= 0 || (!set_col && (cols == 0 || (dst == src && !idx)))) return cudaSuccess;
+    LUNA_LAUNCH(index_rows_kernel, (unsigned)n, 128, 0, s, dst, src, idx, cols, stride, set_col,
+                set_val);
     return cudaGetLastError();
 }
 

@@ -1,0 +1,107 @@
+/* Beam search in flight (luna_generate) on the backend under test (LUNA_TEST_BACKEND) against the
+ * CPU backend: luna_tiny and transformer_tiny with the same seeded parameters, fp32, 7 sentences
+ * through a pool of 3 (sentences join mid-search, at other positions), beam 4, 2-best, plain and
+ * with n-gram bans, --min-len and --unkpen, with the selection read back at the backend's default
+ * interval (on a device every 8 steps: the selection, Luna's decoder state and the transformer's
+ * cache-slot table stay on the device in between, and the finished sentences' records are
+ * gathered there for one copy) and every 3 steps. Every hypothesis has the CPU's tokens; scores
+ * within 1e-5 (the backends' sums round differently in the last bits). With LUNA_TEST_BACKEND=cpu
+ * both sides are the CPU (2 threads against 1), which must agree to the bit. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "decoding/beam_search.h"
+#include "decoding/incremental.h"
+#include "model/seq2seq.h"
+#include "tests/backend_harness.h"
+#include "tests/test_util.h"
+
+enum { V = 37, NSENT = 7 };
+
+static luna_seq2seq *make_model(luna_backend *be, const char *preset) {
+    luna_config c;
+    ck_assert_int_eq(luna_config_preset(&c, preset), LUNA_OK);
+    c.vocab_size = V;
+    luna_seq2seq *m;
+    ck_assert_int_eq(luna_seq2seq_create(&m, be, &c), LUNA_OK);
+    ck_assert_int_eq(luna_seq2seq_init(m, 5), LUNA_OK);
+    return m;
+}
+
+static void generate(luna_seq2seq *m, const luna_beam_options *o, const luna_token_seq *src,
+                     luna_nbest *out) {
+    luna_incremental *inc;
+    ck_assert_int_eq(luna_incremental_create(&inc, m), LUNA_OK);
+    ck_assert_msg(luna_generate(inc, o, src, NSENT, 0, 3, out, NULL, NULL) == LUNA_OK, "%s",
+                  luna_error_message());
+    luna_incremental_free(inc);
+}
+
+START_TEST(generate_matches_cpu) {
+    luna_backend *dev = lh_backend(2), *cpu = lh_reference();
+    const bool exact = dev->device == LUNA_DEVICE_CPU;
+    int32_t toks[NSENT][12];
+    luna_token_seq src[NSENT];
+    /* three of 5 tokens join the pool together and reach their length limit together: their
+     * records are read back in one gathered copy */
+    const int lens[NSENT] = {5, 9, 5, 12, 5, 6, 8};
+    luna_test_rng rng;
+    luna_test_rng_seed(&rng, 21);
+    for (int s = 0; s < NSENT; s++) {
+        for (int t = 0; t < lens[s] - 1; t++)
+            toks[s][t] = 4 + (int)luna_test_uniform(&rng, 0, V - 4.01f);
+        toks[s][lens[s] - 1] = 2;
+        src[s] = (luna_token_seq){toks[s], lens[s]};
+    }
+    const char *presets[2] = {"luna_tiny", "transformer_tiny"};
+    for (int p = 0; p < 2; p++) {
+        luna_seq2seq *md = make_model(dev, presets[p]), *mc = make_model(cpu, presets[p]);
+        for (int variant = 0; variant < 4; variant++) {
+            luna_beam_options o;
+            luna_beam_options_init(&o);
+            o.beam = 4;
+            o.nbest = 2;
+            o.max_len_a = 1.2;
+            o.max_len_b = 3;
+            o.min_len = variant % 2 ? 3 : 1;
+            o.no_repeat_ngram_size = variant % 2 ? 2 : 0;
+            o.unkpen = variant % 2 ? 0.5 : 0;
+            o.sync_interval = variant < 2 ? 0 : 3;
+            luna_nbest ref[NSENT], got[NSENT];
+            generate(mc, &o, src, ref);
+            generate(md, &o, src, got);
+            for (int s = 0; s < NSENT; s++) {
+                ck_assert_int_eq(got[s].count, ref[s].count);
+                for (int i = 0; i < got[s].count; i++) {
+                    const luna_hypothesis *a = &got[s].hyps[i], *r = &ref[s].hyps[i];
+                    ck_assert_msg(a->len == r->len &&
+                                      !memcmp(a->tokens, r->tokens, sizeof(int32_t) * a->len),
+                                  "%s variant %d: sentence %d hypothesis %d: not the CPU's tokens",
+                                  presets[p], variant, s, i);
+                    ck_assert_msg(exact ? a->score == r->score : fabs(a->score - r->score) < 1e-5,
+                                  "%s variant %d: sentence %d hypothesis %d: score %.9g, CPU %.9g",
+                                  presets[p], variant, s, i, a->score, r->score);
+                }
+                luna_nbest_release(&got[s]);
+                luna_nbest_release(&ref[s]);
+            }
+        }
+        luna_seq2seq_free(md);
+        luna_seq2seq_free(mc);
+    }
+    luna_backend_free(dev);
+    luna_backend_free(cpu);
+}
+END_TEST
+
+static Suite *decoding_suite(void) {
+    Suite *s = suite_create("backend_decoding");
+    TCase *tc = tcase_create("generate");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, generate_matches_cpu);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) { return luna_test_run(decoding_suite()); }
