@@ -223,9 +223,16 @@ struct luna_ops {
      * forward: x [rows, in], W [out, in], b [out] or NULL, y [rows, out] (overwritten).
      * backward: dx [rows, in] (= dy W; overwritten, or added when accumulate_dx; NULL to skip),
      *   dW [out, in] += dyᵀ x (NULL to skip), db [out] += Σ_rows dy (NULL to skip; the bias
-     *   gradient alone is linear_backward with in = 0). */
+     *   gradient alone is linear_backward with in = 0).
+     * linear_relu_forward: y = max(0, x Wᵀ + b) (a NaN stays NaN, −0 becomes +0: relu as
+     *   bias_relu_dropout_forward computes it, which with p = 0 after linear_forward gives the
+     *   same bits on the same backend); the FFN's first layer when no dropout and no backward
+     *   follow (decoding, validation): a device applies the relu in the GEMM's epilogue. */
     luna_status (*linear_forward)(luna_backend *be, luna_act *y, const luna_act *x, const float *W,
                                   const float *b, int64_t rows, int in, int out);
+    luna_status (*linear_relu_forward)(luna_backend *be, luna_act *y, const luna_act *x,
+                                       const float *W, const float *b, int64_t rows, int in,
+                                       int out);
     luna_status (*linear_backward)(luna_backend *be, luna_act *dx, float *dW, float *db,
                                    const luna_act *dy, const luna_act *x, const float *W,
                                    int64_t rows, int in, int out, bool accumulate_dx);

@@ -134,6 +134,12 @@ static luna_status linear_forward(luna_backend *be, luna_act *y, const luna_act 
     LUNA_TRY(check_linear("linear_forward", rows, in, out));
     return be->kernels->linear_forward(be, y, x, W, b, rows, in, out);
 }
+static luna_status linear_relu_forward(luna_backend *be, luna_act *y, const luna_act *x,
+                                       const float *W, const float *b, int64_t rows, int in,
+                                       int out) {
+    LUNA_TRY(check_linear("linear_relu_forward", rows, in, out));
+    return be->kernels->linear_relu_forward(be, y, x, W, b, rows, in, out);
+}
 static luna_status linear_backward(luna_backend *be, luna_act *dx, float *dW, float *db,
                                    const luna_act *dy, const luna_act *x, const float *W,
                                    int64_t rows, int in, int out, bool accumulate_dx) {
@@ -529,6 +535,7 @@ static const luna_ops checked_ops = {
     .gemm = gemm,
     .gemm_grid = gemm_grid,
     .linear_forward = linear_forward,
+    .linear_relu_forward = linear_relu_forward,
     .linear_backward = linear_backward,
     .residual_norm_forward = residual_norm_forward,
     .residual_norm_backward = residual_norm_backward,

@@ -37,6 +37,11 @@ luna_status luna_ffn_forward(const luna_pass *ps, const luna_linear_w *fc1,
     *act = (luna_ffn_act){.rows = rows, .d = d, .ffn = ffn, .site = site, .x = x};
     LUNA_TRY(luna_pass_alloc(ps, &act->h, rows * ffn, "FFN hidden"));
     LUNA_TRY(luna_pass_alloc(ps, &act->out, rows * d, "FFN output"));
+    const float pe = luna_pass_drops(ps, ps->activation_dropout) ? ps->activation_dropout : 0.0f;
+    if (!ps->backward && pe == 0.0f) { /* h = relu(fc1(x)): the relu in the GEMM's epilogue */
+        LUNA_TRY(be->ops->linear_relu_forward(be, act->h, x, fc1->weight, fc1->bias, rows, d, ffn));
+        return be->ops->linear_forward(be, act->out, act->h, fc2->weight, NULL, rows, ffn, d);
+    }
     /* fc1's bias goes in with the GEMM (a cuBLASLt epilogue; the CPU starts from the bias rows):
      * giving it to bias_relu_dropout instead would cost a write of h. Its gradient comes from
      * bias_relu_dropout_backward, in the pass that computes dh anyway. */
@@ -44,7 +49,6 @@ luna_status luna_ffn_forward(const luna_pass *ps, const luna_linear_w *fc1,
     luna_arena_mark mark = luna_arena_get_mark(ps->arena);
     luna_act *a; /* [rows, ffn] dropped activation, not kept */
     LUNA_TRY(luna_pass_alloc(ps, &a, rows * ffn, "FFN activation"));
-    const float pe = luna_pass_drops(ps, ps->activation_dropout) ? ps->activation_dropout : 0.0f;
     luna_status st = be->ops->bias_relu_dropout_forward(be, a, act->h, NULL, rows, ffn, pe,
                                                         luna_pass_key(ps, site));
     if (st == LUNA_OK) /* fc2's bias: added by the following luna_resnorm_forward */

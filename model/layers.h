@@ -49,13 +49,15 @@ luna_status luna_resnorm_backward(const luna_pass *ps, const luna_norm_w *w, lun
 
 /* out = fc2(drop_act(relu(fc1(x)))) WITHOUT fc2's bias (the following luna_resnorm adds it: pass
  * fc2.bias there); the dropped activation is recomputed in backward. fc1's bias, ReLU and the
- * activation dropout are one fused op (bias_relu_dropout, core/backend.h). */
+ * activation dropout are one fused op (bias_relu_dropout, core/backend.h); without dropout and
+ * backward (decoding, validation) fc1 and the relu are one (linear_relu_forward). */
 typedef struct {
     int64_t rows;
     int d, ffn;
     uint32_t site;
     const luna_act *x; /* [rows, d] */
-    luna_act *h;       /* [rows, ffn] fc1 output with its bias (before relu) */
+    luna_act *h;       /* [rows, ffn] fc1 output with its bias (before relu; after it when no
+                          backward follows, ps->backward false: linear_relu_forward) */
     luna_act *out;     /* [rows, d] */
 } luna_ffn_act;
 

@@ -16,6 +16,8 @@ typedef struct {
     luna_backend *be;
     luna_arena *arena; /* activations saved by forward; backward temporaries */
     bool training;     /* dropout on */
+    bool backward;     /* a backward pass follows: the forward keeps what it needs (false in
+                          decoding and validation: e.g. the FFN's relu goes into its GEMM) */
     uint64_t seed;     /* dropout keys are (seed, step, site) */
     uint64_t step;
     float dropout, attention_dropout, activation_dropout;

@@ -33,6 +33,7 @@ static const lh_op_row rows[] = {
     {"gemm", LH_ACCUM, "test_ops_linear"},
     {"gemm_grid", LH_ACCUM, "test_ops_linear"},
     {"linear_forward", LH_ACCUM, "test_ops_linear"},
+    {"linear_relu_forward", LH_ACCUM, "test_ops_linear_relu"},
     {"linear_backward", LH_ACCUM, "test_ops_linear"},
     {"embedding_forward", LH_EXACT, "test_ops_embedding"},
     {"embedding_backward", LH_ACCUM, "test_ops_embedding"},

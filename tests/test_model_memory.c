@@ -57,6 +57,7 @@ static size_t layer_peak(const char *arch, which_layer which, int n) {
     luna_pass ps = {.be = be,
                     .arena = arena,
                     .training = true,
+                    .backward = true,
                     .seed = 1,
                     .step = 1,
                     .dropout = 0.1f,

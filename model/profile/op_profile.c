@@ -106,6 +106,13 @@ static luna_status w_linear_forward(luna_backend *be, luna_act *y, const luna_ac
          .act_elems = D(rows) * in + D(rows) * out, .bytes = F32 * (D(in) * out + (b ? out : 0)));
     FORWARD(linear_forward, y, x, W, b, rows, in, out);
 }
+static luna_status w_linear_relu_forward(luna_backend *be, luna_act *y, const luna_act *x,
+                                         const float *W, const float *b, int64_t rows, int in,
+                                         int out) {
+    COST(.mm_flops = 2 * D(rows) * in * out, .flops = 2 * D(rows) * out,
+         .act_elems = D(rows) * in + D(rows) * out, .bytes = F32 * (D(in) * out + (b ? out : 0)));
+    FORWARD(linear_relu_forward, y, x, W, b, rows, in, out);
+}
 static luna_status w_linear_backward(luna_backend *be, luna_act *dx, float *dW, float *db,
                                      const luna_act *dy, const luna_act *x, const float *W,
                                      int64_t rows, int in, int out, bool acc) {
@@ -456,6 +463,7 @@ static luna_status w_multi_adam_update(luna_backend *be, float *th, const float 
     X(gemm, "gemm") \
     X(gemm_grid, "gemm") \
     X(linear_forward, "linear") \
+    X(linear_relu_forward, "linear") \
     X(linear_backward, "linear") \
     X(embedding_forward, "embedding") \
     X(embedding_backward, "embedding") \

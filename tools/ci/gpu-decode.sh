@@ -40,10 +40,10 @@ fails=0
 luna_rate() { sed -n 's/.*s, [0-9.]* sentences\/s, \([0-9.]*\) target tokens\/s.*/\1/p'; }
 
 # each run: the summary line (last) and the per-step launches, GEMMs and host waits before it;
-# luna_base_tied bf16 also with the selection read back every step (--sync-interval 1) beside
-# the device's default (every 8 steps)
-for run in "transformer_base fp32" "transformer_base bf16" "luna_base_tied fp32" \
-           "luna_base_tied bf16" "luna_base_tied bf16 1"; do
+# both bf16 models also with the selection read back every step (--sync-interval 1) beside the
+# device's default (every 8 steps)
+for run in "transformer_base fp32" "transformer_base bf16" "transformer_base bf16 1" \
+           "luna_base_tied fp32" "luna_base_tied bf16" "luna_base_tied bf16 1"; do
   set -- $run
   arch=$1 prec=$2 sync=${3:-0}
   lines=$("$build/bench-translate" --preset "$arch" --device cuda --precision "$prec" \

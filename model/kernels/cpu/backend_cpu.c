@@ -17,6 +17,7 @@ static const luna_ops cpu_kernels = {
     .gemm = luna_cpu_gemm,
     .gemm_grid = luna_cpu_gemm_grid,
     .linear_forward = luna_cpu_linear_forward,
+    .linear_relu_forward = luna_cpu_linear_relu_forward,
     .linear_backward = luna_cpu_linear_backward,
     .residual_norm_forward = luna_cpu_residual_norm_forward,
     .residual_norm_backward = luna_cpu_residual_norm_backward,

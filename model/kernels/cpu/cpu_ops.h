@@ -16,6 +16,9 @@ luna_status luna_cpu_gemm(luna_backend *be, bool trans_a, bool trans_b, int M, i
                           int ldc, int64_t stride_c, int batch);
 luna_status luna_cpu_linear_forward(luna_backend *be, luna_act *y, const luna_act *x,
                                     const float *W, const float *b, int64_t rows, int in, int out);
+luna_status luna_cpu_linear_relu_forward(luna_backend *be, luna_act *y, const luna_act *x,
+                                         const float *W, const float *b, int64_t rows, int in,
+                                         int out);
 /* Held weights (held_weights.c): the CPU state behind hold/release_weights, kept in be->impl. */
 typedef struct luna_cpu_held luna_cpu_held;
 luna_status luna_cpu_hold_weights(luna_backend *be, const float *W, int out, int in,

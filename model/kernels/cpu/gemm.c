@@ -337,6 +337,19 @@ luna_status luna_cpu_linear_forward(luna_backend *be, luna_act *y_, const luna_a
                          imax(in, 1), 0, b ? 1.0f : 0.0f, y, imax(out, 1), 0, 1);
 }
 
+/* linear_forward, then relu in place, as bias_relu_dropout_forward computes it. */
+luna_status luna_cpu_linear_relu_forward(luna_backend *be, luna_act *y_, const luna_act *x,
+                                         const float *W, const float *b, int64_t rows, int in,
+                                         int out) {
+    LUNA_TRY(luna_cpu_linear_forward(be, y_, x, W, b, rows, in, out));
+    float *y = (float *)y_;
+    const int64_t n = rows * out;
+#pragma omp parallel for num_threads(be->num_threads) schedule(static) if (n >= 65536)
+    for (int64_t e = 0; e < n; e++)
+        y[e] = y[e] < 0.0f ? 0.0f : y[e] + 0.0f; /* NaN stays NaN, −0 becomes +0 */
+    return LUNA_OK;
+}
+
 /* dy [rows, out]:
  *   dx [rows, in]  = dy · W          (W [out, in]; overwritten, or += when accumulate_dx)
  *   dW [out, in]  += dyᵀ · x         (x [rows, in]; GEMM with beta = 1)

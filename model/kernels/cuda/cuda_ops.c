@@ -90,6 +90,30 @@ static luna_status linear_forward(luna_backend *be, luna_act *y, const luna_act 
                           in, 0, w, in, 0, 0.0f, y, out, 0, 1, bias);
 }
 
+/* relu in the GEMM's epilogue (in = 0: the bias rows, then relu as bias_relu_dropout does). */
+static luna_status linear_relu_forward(luna_backend *be, luna_act *y, const luna_act *x,
+                                       const float *W, const float *b, int64_t rows, int in,
+                                       int out) {
+    if (rows == 0 || out == 0) return LUNA_OK;
+    if (in == 0) { /* h = the bias rows in scratch, then y = relu(h) */
+        const luna_arena_mark mark = luna_arena_get_mark(be->scratch);
+        luna_act *h = luna_arena_alloc(be->scratch, luna_act_bytes(be, rows * out));
+        luna_status st = h ? linear_forward(be, h, x, W, b, rows, in, out)
+                           : luna_error(LUNA_ERR_OUT_OF_MEMORY, "linear_relu_forward: scratch");
+        if (st == LUNA_OK)
+            st = be->ops->bias_relu_dropout_forward(be, y, h, NULL, rows, out, 0.0f,
+                                                    (luna_rng_key){0});
+        luna_arena_release(be->scratch, mark);
+        return st;
+    }
+    luna_cuda_impl *c = luna_cuda_impl_of(be);
+    const void *w = NULL, *bias = NULL;
+    LUNA_TRY(gemm_weight(be, W, (size_t)out * (size_t)in, &w));
+    LUNA_TRY(gemm_weight(be, b, (size_t)out, &bias));
+    return luna_cuda_gemm_relu(&c->blas, c->stream, c->bf16, false, true, (int)rows, out, in, x, in,
+                               w, in, y, out, bias);
+}
+
 /* dx = dy · W (bf16 mode: by W's bf16 copy), dW += dyᵀ · x (bf16 inputs, fp32 accumulation into
  * the fp32 gradient), db += Σ_rows dy. */
 static luna_status linear_backward(luna_backend *be, luna_act *dx, float *dW, float *db,
@@ -364,6 +388,7 @@ const luna_ops luna_cuda_kernels = {
     .gemm = gemm,
     .gemm_grid = gemm_grid,
     .linear_forward = linear_forward,
+    .linear_relu_forward = linear_relu_forward,
     .linear_backward = linear_backward,
     .residual_norm_forward = luna_cuda_op_residual_norm_forward,
     .residual_norm_backward = luna_cuda_op_residual_norm_backward,

@@ -66,7 +66,7 @@ luna_status luna_cuda_gemm(const luna_cuda_blas *b, cudaStream_t s, int bf16, bo
 /* ---- plans -------------------------------------------------------------------------------- */
 
 typedef struct {
-    int32_t ab_bf16, c_bf16, compute, op_a, op_b, has_bias, ptr_mode;
+    int32_t ab_bf16, c_bf16, compute, op_a, op_b, has_bias, relu, ptr_mode;
     int32_t M, N, K, lda, ldb, ldc, batch;
     uint32_t align[3];
     int64_t stride_a, stride_b, stride_c;
@@ -169,8 +169,10 @@ static luna_status plan_make(const luna_cuda_blas *b, const plan_key *k, plan *p
         cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
     LT_TRY(
         cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
-    if (k->has_bias) {
-        const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    if (k->has_bias || k->relu) {
+        const cublasLtEpilogue_t epi =
+            k->has_bias ? (k->relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS)
+                        : CUBLASLT_EPILOGUE_RELU;
         LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
                                               sizeof epi));
     }
@@ -289,11 +291,12 @@ static void key_init(plan_key *k, const luna_cuda_blas *b, int ab_bf16, int c_bf
     k->M = M, k->N = N, k->K = K, k->lda = lda, k->ldb = ldb, k->ldc = ldc, k->batch = batch;
 }
 
-luna_status luna_cuda_gemm_ex(const luna_cuda_blas *b, cudaStream_t s, int ab_bf16, int c_bf16,
-                              bool trans_a, bool trans_b, int M, int N, int K, float alpha,
-                              const void *A, int lda, int64_t stride_a, const void *B, int ldb,
-                              int64_t stride_b, float beta, void *C, int ldc, int64_t stride_c,
-                              int batch, const void *bias) {
+/* luna_cuda_gemm_ex, with relu: C = max(0, ...) in the epilogue. */
+static luna_status gemm_epilogue(const luna_cuda_blas *b, cudaStream_t s, int ab_bf16, int c_bf16,
+                                 bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                                 const void *A, int lda, int64_t stride_a, const void *B, int ldb,
+                                 int64_t stride_b, float beta, void *C, int ldc, int64_t stride_c,
+                                 int batch, const void *bias, bool relu) {
     if (!ab_bf16 && c_bf16)
         return luna_error(LUNA_ERR_UNSUPPORTED, "gemm: fp32 inputs with a bf16 result");
     if (M < 0 || N < 0 || K < 0 || batch < 0)
@@ -301,7 +304,8 @@ luna_status luna_cuda_gemm_ex(const luna_cuda_blas *b, cudaStream_t s, int ab_bf
                           "gemm: negative size (M %d, N %d, K %d, batch %d)", M, N, K, batch);
     if (M == 0 || N == 0 || batch == 0) return LUNA_OK;
     if (K == 0) { /* cuBLASLt needs k ≥ 1: C = beta·C (and + bias) by a kernel */
-        if (bias) return luna_error(LUNA_ERR_UNSUPPORTED, "gemm: K = 0 with a bias on cuda");
+        if (bias || relu)
+            return luna_error(LUNA_ERR_UNSUPPORTED, "gemm: K = 0 with an epilogue on cuda");
         return luna_cuda_check(
             luna_cuda_scale_matrix(s, c_bf16, C, M, N, ldc, stride_c, batch, beta),
             "scale_matrix (gemm with K = 0)");
@@ -314,6 +318,7 @@ luna_status luna_cuda_gemm_ex(const luna_cuda_blas *b, cudaStream_t s, int ab_bf
     plan_key k;
     key_init(&k, b, ab_bf16, c_bf16, trans_a, trans_b, M, N, K, lda, ldb, ldc, batch);
     k.has_bias = bias != NULL;
+    k.relu = relu;
     k.stride_a = batch > 1 ? stride_a : 0; /* unused (and not set) for one matrix */
     k.stride_b = batch > 1 ? stride_b : 0;
     k.stride_c = batch > 1 ? stride_c : 0;
@@ -321,6 +326,22 @@ luna_status luna_cuda_gemm_ex(const luna_cuda_blas *b, cudaStream_t s, int ab_bf
     k.align[1] = alignment(A, stride_a, es_ab, batch);
     k.align[2] = alignment(C, stride_c, es_c, batch);
     return run_plan(b, s, &k, alpha, A, B, beta, C, bias);
+}
+
+luna_status luna_cuda_gemm_ex(const luna_cuda_blas *b, cudaStream_t s, int ab_bf16, int c_bf16,
+                              bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                              const void *A, int lda, int64_t stride_a, const void *B, int ldb,
+                              int64_t stride_b, float beta, void *C, int ldc, int64_t stride_c,
+                              int batch, const void *bias) {
+    return gemm_epilogue(b, s, ab_bf16, c_bf16, trans_a, trans_b, M, N, K, alpha, A, lda, stride_a,
+                         B, ldb, stride_b, beta, C, ldc, stride_c, batch, bias, false);
+}
+
+luna_status luna_cuda_gemm_relu(const luna_cuda_blas *b, cudaStream_t s, int bf16, bool trans_a,
+                                bool trans_b, int M, int N, int K, const void *A, int lda,
+                                const void *B, int ldb, void *C, int ldc, const void *bias) {
+    return gemm_epilogue(b, s, bf16, bf16, trans_a, trans_b, M, N, K, 1.0f, A, lda, 0, B, ldb, 0,
+                         0.0f, C, ldc, 0, 1, bias, true);
 }
 
 /* ---- grids -------------------------------------------------------------------------------- */

@@ -62,6 +62,12 @@ luna_status luna_cuda_gemm(const luna_cuda_blas *b, cudaStream_t s, int bf16, bo
                            int64_t stride_a, const void *B, int ldb, int64_t stride_b, float beta,
                            void *C, int ldc, int64_t stride_c, int batch, const void *bias);
 
+/* One matrix, C = max(0, op(A)·op(B) + bias) (bias [N] or NULL): cuBLASLt's RELU_BIAS (RELU)
+ * epilogue, so the relu costs no pass of its own (K ≥ 1). */
+luna_status luna_cuda_gemm_relu(const luna_cuda_blas *b, cudaStream_t s, int bf16, bool trans_a,
+                                bool trans_b, int M, int N, int K, const void *A, int lda,
+                                const void *B, int ldb, void *C, int ldc, const void *bias);
+
 /* The same with the inputs' and the result's storage given apart: bf16 A and B with an fp32 C
  * (weight gradients in bf16 mode: dW += dyᵀ·x accumulated in the fp32 master gradient), or one
  * type for all three; bias [N] of C's type. */
