@@ -607,6 +607,11 @@ luna_status luna_seq2seq_forward_backward_sums(luna_seq2seq *m, const luna_batch
     return run(m, b, true, true, step, NULL, NULL, NULL, sums);
 }
 
+luna_status luna_seq2seq_forward_sums(luna_seq2seq *m, const luna_batch *b, double *sums) {
+    if (!sums) return luna_error(LUNA_ERR_INVALID_ARGUMENT, "forward_sums: NULL sums");
+    return run(m, b, false, false, 0, NULL, NULL, NULL, sums);
+}
+
 luna_status luna_seq2seq_forward_backward_eval(luna_seq2seq *m, const luna_batch *b,
                                                double *loss_sum, double *nll_sum) {
     return run(m, b, false, true, 0, loss_sum, nll_sum, NULL, NULL);

@@ -92,6 +92,10 @@ luna_status luna_seq2seq_forward_backward(luna_seq2seq *model, const luna_batch 
 luna_status luna_seq2seq_forward_backward_sums(luna_seq2seq *model, const luna_batch *batch,
                                                uint64_t step, double *sums);
 
+/* Validation's form of it: forward only, no dropout, the batch's loss and nll sums ADDED to the
+ * device doubles sums[0], sums[1] (nothing read back). */
+luna_status luna_seq2seq_forward_sums(luna_seq2seq *model, const luna_batch *batch, double *sums);
+
 /* Same without dropout (for gradient checks and reference comparisons). */
 luna_status luna_seq2seq_forward_backward_eval(luna_seq2seq *model, const luna_batch *batch,
                                                double *loss_sum, double *nll_sum);

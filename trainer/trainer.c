@@ -216,6 +216,10 @@ luna_status luna_trainer_create(luna_trainer **out, luna_train_options *o, luna_
     if (s == LUNA_OK)
         s = luna_optimizer_create(&t->opt, t->be, &o->optim, t->trainable, t->model->params->data,
                                   t->model->params->grad);
+    if (s == LUNA_OK) {
+        t->valid_sums = luna_mem_alloc(t->be, 2 * sizeof(double));
+        if (!t->valid_sums) s = luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of %s memory", t->be->name);
+    }
     if (s == LUNA_OK && o->max_update != 0) {
         bool explicit_ = false;
         char *path = luna_trainer_restore_path(t, &explicit_);
@@ -245,6 +249,7 @@ void luna_trainer_free(luna_trainer *t) {
     luna_grad_buckets_free(t->buckets);
     free(t->ranks_table);
     luna_optimizer_free(t->opt);
+    if (t->valid_sums) luna_mem_release(t->be, t->valid_sums, 2 * sizeof(double));
     luna_tensor_table_free(t->trainable);
     luna_seq2seq_free(t->model);
     luna_data_batch_free(t->batch);
@@ -449,11 +454,14 @@ static luna_status train_update(luna_trainer *t, int *got, bool *stepped) {
 
 /* ---- validation ------------------------------------------------------------------------------ */
 
+/* The batches' losses add up on the device (loss_sums) and are read once, at the end; a
+ * non-finite batch makes the validation loss NaN (or infinite), as it reaches the sums. */
 static luna_status validate(luna_trainer *t) {
     double t0 = luna_trainer_now();
     /* loss, nll, target tokens, sentences, ranks that failed */
     double stats[5] = {0, 0, 0, 0, 0};
     luna_status failed = luna_batch_iterator_seek(t->valid_it, 1, 0);
+    if (failed == LUNA_OK) failed = luna_mem_zero(t->be, t->valid_sums, 2 * sizeof(double));
     const uint32_t *ids;
     size_t n;
     bool repeated;
@@ -462,20 +470,13 @@ static luna_status validate(luna_trainer *t) {
         failed = luna_data_batch_fill(t->batch, t->valid, ids, n);
         if (failed != LUNA_OK) break;
         luna_batch mb = model_batch(t->batch);
-        double loss, nll;
-        luna_status st = luna_seq2seq_forward(t->model, &mb, &loss, &nll, NULL);
-        if (st == LUNA_ERR_NUMERIC) { /* reported as a NaN validation loss */
-            luna_error_clear();
-            loss = nll = NAN;
-        } else if (st != LUNA_OK) {
-            failed = st;
-            break;
-        }
-        stats[0] += loss;
-        stats[1] += nll;
+        failed = luna_seq2seq_forward_sums(t->model, &mb, t->valid_sums);
+        if (failed != LUNA_OK) break;
         stats[2] += (double)t->batch->ntokens;
         stats[3] += (double)t->batch->batch_size;
     }
+    if (failed == LUNA_OK)
+        failed = luna_mem_to_host(t->be, stats, t->valid_sums, 2 * sizeof(double));
     LUNA_TRY(reduce_stats(t, stats, 5, failed, "validation", false));
     luna_meters m = {
         .loss = stats[0], .nll = stats[1], .ntokens = stats[2], .nsentences = stats[3]};

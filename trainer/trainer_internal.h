@@ -35,8 +35,8 @@ typedef struct {
 struct luna_trainer {
     luna_train_options *o;
     luna_communicator *comm;
-    luna_grad_buckets *buckets; /* world size > 1: the gradient all-reduce */
-    char *ranks_table;          /* world size > 1: one line per rank (host, pid, device) */
+    luna_grad_buckets *buckets;   /* world size > 1: the gradient all-reduce */
+    char *ranks_table;            /* world size > 1: one line per rank (host, pid, device) */
     luna_dir_lock *save_dir_lock; /* rank 0, when it writes checkpoints */
     FILE *log;
     bool progress; /* progress line on stderr (a terminal) */
@@ -49,6 +49,7 @@ struct luna_trainer {
     luna_seq2seq *model;
     luna_tensor_table *trainable; /* the model's trainable tensors: what the optimizer updates */
     luna_optimizer *opt;          /* scales, clips and updates over `trainable` */
+    double *valid_sums;           /* device [2]: a validation's loss and nll, read once */
     char *src_lang, *tgt_lang;
     char *spm_bytes; /* spm.model of the data-bin (NULL when absent) */
     size_t spm_size;

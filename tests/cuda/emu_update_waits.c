@@ -40,7 +40,8 @@ typedef struct {
     uint64_t launches, waits, counted; /* counted: the backend's own count of its kernels */
 } counts;
 
-static counts train(char *bin, char *save, int updates, int update_freq) {
+/* validate: also validate after every update (else no validation) */
+static counts train(char *bin, char *save, int updates, int update_freq, bool validate) {
     char max_update[16], freq[16];
     snprintf(max_update, sizeof max_update, "%d", updates);
     snprintf(freq, sizeof freq, "%d", update_freq);
@@ -63,7 +64,8 @@ static counts train(char *bin, char *save, int updates, int update_freq) {
                     "--save-dir",
                     save,
                     "--no-save",
-                    "--disable-validation",
+                    validate ? "--validate-interval-updates" : "--disable-validation",
+                    validate ? "1" : "--no-save",
                     "--threads",
                     "1",
                     "--no-progress-bar",
@@ -138,11 +140,11 @@ START_TEST(launches_and_host_waits_per_update) {
     snprintf(save, sizeof save, "%s/ckpt", tmp);
     luna_synthetic_options so;
     luna_synthetic_options_init(&so);
-    so.num_train = 200, so.num_valid = 8; /* a few batches: the harness is slow under ASan */
+    so.num_train = 200, so.num_valid = 40; /* a few batches: the harness is slow under ASan */
     ck_assert_int_eq(luna_synthetic_data_bin(bin, &so), LUNA_OK);
     enum { U1 = 2, U2 = 4 };
     for (int freq = 1; freq <= 3; freq += 2) {
-        counts a = train(bin, save, U1, freq), b = train(bin, save, U2, freq);
+        counts a = train(bin, save, U1, freq, false), b = train(bin, save, U2, freq, false);
         const double launches = (double)(b.launches - a.launches) / (U2 - U1);
         const double waits = (double)(b.waits - a.waits) / (U2 - U1);
         printf("luna_tiny training update on the CUDA backend (harness), --update-freq %d: %.1f "
@@ -159,6 +161,16 @@ START_TEST(launches_and_host_waits_per_update) {
                       "%.1f host waits per update, at most %d expected", waits,
                       MAX_WAITS_PER_UPDATE);
     }
+    /* validation after every update: its batches' losses add up on the device and come back in
+     * one read (a read per batch before) */
+    counts va = train(bin, save, U1, 1, true), vb = train(bin, save, U2, 1, true);
+    counts a = train(bin, save, U1, 1, false), b = train(bin, save, U2, 1, false);
+    const double per_validation =
+        ((double)(vb.waits - va.waits) - (double)(b.waits - a.waits)) / (U2 - U1);
+    printf("luna_tiny validation on the CUDA backend (harness): %.1f host waits per validation\n",
+           per_validation);
+    ck_assert_msg(per_validation <= 1.0, "%.1f host waits per validation, at most 1 expected",
+                  per_validation);
     luna_test_remove_tree(tmp);
     free(tmp);
 }
