@@ -491,6 +491,10 @@ struct luna_ops {
      *   dst_stride / src_stride elements apart (activations). Reorders beams (index-select) and,
      *   with idx NULL, writes a step's keys into a strided cache. dst and src must not overlap.
      *   Indices outside [0, src_rows) are the caller's bug (not checked on a device).
+     * gather_rows_in_groups: in place, within each of n_groups groups of `group` consecutive rows
+     *   of buf (activations, rows `stride` apart): row g·group + i becomes old row idx[g·group +
+     *   i] (first `cols` elements), which must lie in the same group — a beam reorder within each
+     *   sentence in one pass and without a second buffer (gather_rows needs both). group ≤ 32.
      * index_rows_update: the transformer's cache-slot table (decoding/cache_slots.h) kept on the
      *   backend: dst[i, 0:cols] = src[idx ? idx[i] : i, 0:cols] for i in [0, n), rows `stride`
      *   int32 apart (a beam reorder of the table; cols 0: none), then, when set_col is not NULL,
@@ -561,6 +565,9 @@ struct luna_ops {
     luna_status (*gather_rows)(luna_backend *be, luna_act *dst, int64_t dst_stride,
                                const luna_act *src, int64_t src_stride, const int32_t *idx,
                                int64_t n, int64_t cols);
+    luna_status (*gather_rows_in_groups)(luna_backend *be, luna_act *buf, int64_t stride,
+                                         const int32_t *idx, int64_t n_groups, int group,
+                                         int64_t cols);
     luna_status (*index_rows_update)(luna_backend *be, int32_t *dst, const int32_t *src,
                                      const int32_t *idx, int64_t n, int64_t cols, int64_t stride,
                                      const int32_t *set_col, const int32_t *set_val);

@@ -457,6 +457,15 @@ static luna_status gather_rows(luna_backend *be, luna_act *dst, int64_t dst_stri
     if (n > 0 && cols > 0 && (!dst || !src)) BAD("gather_rows: null pointer");
     return be->kernels->gather_rows(be, dst, dst_stride, src, src_stride, idx, n, cols);
 }
+static luna_status gather_rows_in_groups(luna_backend *be, luna_act *buf, int64_t stride,
+                                         const int32_t *idx, int64_t n_groups, int group,
+                                         int64_t cols) {
+    if (n_groups < 0 || group < 1 || group > 32 || cols < 0 || stride < cols)
+        BAD("gather_rows_in_groups: bad sizes (groups %lld of %d, cols %lld, stride %lld)",
+            (long long)n_groups, group, (long long)cols, (long long)stride);
+    if (n_groups > 0 && cols > 0 && (!buf || !idx)) BAD("gather_rows_in_groups: null pointer");
+    return be->kernels->gather_rows_in_groups(be, buf, stride, idx, n_groups, group, cols);
+}
 static luna_status index_rows_update(luna_backend *be, int32_t *dst, const int32_t *src,
                                      const int32_t *idx, int64_t n, int64_t cols, int64_t stride,
                                      const int32_t *set_col, const int32_t *set_val) {
@@ -574,6 +583,7 @@ static const luna_ops checked_ops = {
     .multi_apollo_update = multi_apollo_update,
     .multi_adam_update = multi_adam_update,
     .gather_rows = gather_rows,
+    .gather_rows_in_groups = gather_rows_in_groups,
     .index_rows_update = index_rows_update,
     .log_softmax_topk = log_softmax_topk,
     .cache_products = cache_products,

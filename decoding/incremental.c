@@ -557,6 +557,15 @@ static luna_status gather_in_place(luna_incremental *inc, luna_act *buf, int64_t
     return st;
 }
 
+/* The same when every new row's old row is in its own group of `beam` rows (sentences unchanged,
+ * none expanded): one pass in place (gather_rows_in_groups), no second buffer. */
+static luna_status gather_beams(luna_incremental *inc, luna_act *buf, int64_t cols,
+                                const int32_t *idx, int64_t n, bool within) {
+    if (!within || inc->beam > 32) return gather_in_place(inc, buf, cols, cols, idx, n);
+    return inc->be->ops->gather_rows_in_groups(inc->be, buf, cols, idx, n / inc->beam, inc->beam,
+                                               cols);
+}
+
 static luna_status upload_index(luna_incremental *inc, int32_t **dev, const int32_t *host,
                                 int64_t n) {
     luna_pass ps = {.be = inc->be, .arena = inc->scratch};
@@ -575,6 +584,8 @@ static luna_status reorder_state(luna_incremental *inc, const int32_t *rows, con
         LUNA_TRY(luna_cache_slots_reorder(&inc->cs, inc->be, rows, new_rows, written));
     }
     const int64_t d = inc->d;
+    /* the same sentences in the same places, each with its beam rows: rows move within groups */
+    const bool within = !sent && !expand && new_rows == inc->R;
     for (int i = 0; i < inc->layers; i++) {
         luna_decoder_layer_state *ls = &inc->ls[i];
         if (inc->luna) {
@@ -583,8 +594,8 @@ static luna_status reorder_state(luna_incremental *inc, const int32_t *rows, con
              * expansion of one row per sentence to `beam`, moves it */
             if (sent || expand)
                 LUNA_TRY(gather_in_place(inc, ls->causal.pt, Ld, Ld, rows, new_rows));
-            LUNA_TRY(gather_in_place(inc, ls->causal.ksum, Ld, Ld, rows, new_rows));
-            LUNA_TRY(gather_in_place(inc, ls->causal.vsum, Ld, Ld, rows, new_rows));
+            LUNA_TRY(gather_beams(inc, ls->causal.ksum, Ld, rows, new_rows, within));
+            LUNA_TRY(gather_beams(inc, ls->causal.vsum, Ld, rows, new_rows, within));
             if (sent) LUNA_TRY(gather_in_place(inc, ls->kp, Ld, Ld, sent, S));
             if (sent && ls->vp != ls->kp) LUNA_TRY(gather_in_place(inc, ls->vp, Ld, Ld, sent, S));
             ls->causal.B = new_rows;

@@ -69,6 +69,7 @@ static const lh_op_row rows[] = {
     {"broadcast_rows", LH_EXACT, "test_ops_elementwise"},
     {"sum_broadcast", LH_ACCUM, "test_ops_elementwise"},
     {"gather_rows", LH_EXACT, "test_ops_decode"},
+    {"gather_rows_in_groups", LH_EXACT, "test_ops_gather_groups"},
     {"index_rows_update", LH_EXACT, "test_ops_index_rows"},
     {"log_softmax_topk", LH_EXACT, "test_ops_decode"},
     {"cache_products", LH_ACCUM, "test_ops_decode"},

@@ -356,6 +356,12 @@ static luna_status w_gather_rows(luna_backend *be, luna_act *dst, int64_t ds, co
     COST(.act_elems = 2 * D(n) * D(cols), .bytes = idx ? F32 * D(n) : 0);
     FORWARD(gather_rows, dst, ds, src, ss, idx, n, cols);
 }
+static luna_status w_gather_rows_in_groups(luna_backend *be, luna_act *buf, int64_t stride,
+                                           const int32_t *idx, int64_t n_groups, int group,
+                                           int64_t cols) {
+    COST(.act_elems = 2 * D(n_groups) * group * D(cols), .bytes = F32 * D(n_groups) * group);
+    FORWARD(gather_rows_in_groups, buf, stride, idx, n_groups, group, cols);
+}
 static luna_status w_index_rows_update(luna_backend *be, int32_t *dst, const int32_t *src,
                                        const int32_t *idx, int64_t n, int64_t cols, int64_t stride,
                                        const int32_t *set_col, const int32_t *set_val) {
@@ -497,6 +503,7 @@ static luna_status w_multi_adam_update(luna_backend *be, float *th, const float 
     X(broadcast_rows, "layout") \
     X(sum_broadcast, "layout") \
     X(gather_rows, "decode_gather") \
+    X(gather_rows_in_groups, "decode_gather") \
     X(index_rows_update, "decode_gather") \
     X(log_softmax_topk, "decode_topk") \
     X(cache_products, "decode_attention") \

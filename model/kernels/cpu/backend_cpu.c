@@ -56,6 +56,7 @@ static const luna_ops cpu_kernels = {
     .multi_apollo_update = luna_cpu_multi_apollo_update,
     .multi_adam_update = luna_cpu_multi_adam_update,
     .gather_rows = luna_cpu_gather_rows,
+    .gather_rows_in_groups = luna_cpu_gather_rows_in_groups,
     .index_rows_update = luna_cpu_index_rows_update,
     .log_softmax_topk = luna_cpu_log_softmax_topk,
     .cache_products = luna_cpu_cache_products,

@@ -96,6 +96,9 @@ luna_status luna_cpu_broadcast_rows(luna_backend *be, luna_act *out, const luna_
 luna_status luna_cpu_sum_broadcast(luna_backend *be, float *dx, const luna_act *dout, int B,
                                    int64_t rows, int d);
 
+luna_status luna_cpu_gather_rows_in_groups(luna_backend *be, luna_act *buf, int64_t stride,
+                                           const int32_t *idx, int64_t n_groups, int group,
+                                           int64_t cols);
 luna_status luna_cpu_index_rows_update(luna_backend *be, int32_t *dst, const int32_t *src,
                                        const int32_t *idx, int64_t n, int64_t cols, int64_t stride,
                                        const int32_t *set_col, const int32_t *set_val);

@@ -34,6 +34,32 @@ luna_status luna_cpu_gather_rows(luna_backend *be, luna_act *dst_, int64_t dst_s
     return LUNA_OK;
 }
 
+/* Each group through a small buffer of its own rows (a thread's slice of scratch): the group's
+ * sources read before any of its rows is written. */
+luna_status luna_cpu_gather_rows_in_groups(luna_backend *be, luna_act *buf_, int64_t stride,
+                                           const int32_t *idx, int64_t n_groups, int group,
+                                           int64_t cols) {
+    if (n_groups == 0 || cols == 0) return LUNA_OK;
+    float *buf = (float *)buf_;
+    const int threads = be->num_threads > 0 ? be->num_threads : 1;
+    const size_t per = (size_t)group * (size_t)cols;
+    const luna_arena_mark mark = luna_arena_get_mark(be->scratch);
+    float *tmp = luna_arena_alloc(be->scratch, sizeof(float) * per * (size_t)threads);
+    if (!tmp) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "gather_rows_in_groups: scratch");
+#pragma omp parallel for num_threads(threads) schedule(static) if (n_groups * (int64_t)per >= 65536)
+    for (int64_t g = 0; g < n_groups; g++) {
+        float *t = tmp + per * (size_t)omp_get_thread_num();
+        for (int i = 0; i < group; i++)
+            memcpy(t + (size_t)i * cols, buf + idx[g * group + i] * stride,
+                   sizeof(float) * (size_t)cols);
+        for (int i = 0; i < group; i++)
+            memcpy(buf + (g * group + i) * stride, t + (size_t)i * cols,
+                   sizeof(float) * (size_t)cols);
+    }
+    luna_arena_release(be->scratch, mark);
+    return LUNA_OK;
+}
+
 luna_status luna_cpu_index_rows_update(luna_backend *be, int32_t *dst, const int32_t *src,
                                        const int32_t *idx, int64_t n, int64_t cols, int64_t stride,
                                        const int32_t *set_col, const int32_t *set_val) {

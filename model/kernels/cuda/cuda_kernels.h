@@ -85,6 +85,11 @@ cudaError_t luna_cuda_broadcast_rows(cudaStream_t s, int bf16, void *out, const 
 cudaError_t luna_cuda_gather_rows(cudaStream_t s, int bf16, void *dst, int64_t dst_stride,
                                   const void *src, int64_t src_stride, const int32_t *idx,
                                   int64_t n, int64_t cols);
+/* gather_rows_in_groups (core/backend.h): n_groups < 2^31, group ≤ 32 (32 KB of shared
+ * memory a block in fp32). */
+cudaError_t luna_cuda_gather_rows_in_groups(cudaStream_t s, int bf16, void *buf, int64_t stride,
+                                            const int32_t *idx, int64_t n_groups, int group,
+                                            int64_t cols);
 /* index_rows_update (core/backend.h): a block per row; n < 2^31. */
 cudaError_t luna_cuda_index_rows_update(cudaStream_t s, int32_t *dst, const int32_t *src,
                                         const int32_t *idx, int64_t n, int64_t cols, int64_t stride,

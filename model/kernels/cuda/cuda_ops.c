@@ -337,6 +337,16 @@ static luna_status gather_rows(luna_backend *be, luna_act *dst, int64_t dst_stri
     LAUNCH("gather_rows", luna_cuda_gather_rows(stream(be), bf16(be), dst, dst_stride, src,
                                                 src_stride, idx, n, cols));
 }
+static luna_status gather_rows_in_groups(luna_backend *be, luna_act *buf, int64_t stride,
+                                         const int32_t *idx, int64_t n_groups, int group,
+                                         int64_t cols) {
+    if (n_groups > INT_MAX || (cols + 255) / 256 > 65535)
+        BAD("gather_rows_in_groups: %lld groups of %lld columns exceed the grid",
+            (long long)n_groups, (long long)cols);
+    LAUNCH("gather_rows_in_groups",
+           luna_cuda_gather_rows_in_groups(stream(be), bf16(be), buf, stride, idx, n_groups, group,
+                                           cols));
+}
 static luna_status index_rows_update(luna_backend *be, int32_t *dst, const int32_t *src,
                                      const int32_t *idx, int64_t n, int64_t cols, int64_t stride,
                                      const int32_t *set_col, const int32_t *set_val) {
@@ -427,6 +437,7 @@ const luna_ops luna_cuda_kernels = {
     .multi_apollo_update = luna_cuda_op_multi_apollo_update,
     .multi_adam_update = luna_cuda_op_multi_adam_update,
     .gather_rows = gather_rows,
+    .gather_rows_in_groups = gather_rows_in_groups,
     .index_rows_update = index_rows_update,
     .log_softmax_topk = log_softmax_topk,
     .cache_products = cache_products,

@@ -134,6 +134,27 @@ __global__ void gather_kernel(T *dst, int64_t dst_stride, const T *src, int64_t 
     }
 }
 
+/* gather_rows_in_groups: a block per (group, chunk of kGroupChunk columns): the group's source
+ * rows' chunk into shared memory, then back to its rows. Blocks touch disjoint columns of their
+ * group, so the reorder is safe in place. */
+constexpr int kGroupChunk = 256;
+template <typename T>
+__global__ void gather_groups_kernel(T *buf, int64_t stride, const int32_t *idx, int group,
+                                     int64_t cols) {
+    LUNA_DYNAMIC_SHARED(T, tile); /* [group, kGroupChunk] */
+    const int64_t g = blockIdx.x, c0 = (int64_t)blockIdx.y * kGroupChunk;
+    const int w = cols - c0 < kGroupChunk ? (int)(cols - c0) : kGroupChunk;
+    for (int e = threadIdx.x; e < group * w; e += blockDim.x) {
+        const int i = e / w, c = e % w;
+        tile[i * kGroupChunk + c] = buf[(int64_t)idx[g * group + i] * stride + c0 + c];
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < group * w; e += blockDim.x) {
+        const int i = e / w, c = e % w;
+        buf[(g * group + i) * stride + c0 + c] = tile[i * kGroupChunk + c];
+    }
+}
+
 /* A block per row: the row's gather (unless in place), then its set, after the block's copy. */
 __global__ void index_rows_kernel(int32_t *dst, const int32_t *src, const int32_t *idx,
                                   int64_t cols, int64_t stride, const int32_t *set_col,
@@ -344,6 +365,22 @@ cudaError_t luna_cuda_gather_rows(cudaStream_t s, int bf16, void *dst, int64_t d
     else
         LUNA_LAUNCH(gather_kernel<float>, grid_blocks(total, kThreads), kThreads, 0, s,
                     A(float, dst), dst_stride, CA(float, src), src_stride, idx, n, cols);
+    return cudaGetLastError();
+}
+
+cudaError_t luna_cuda_gather_rows_in_groups(cudaStream_t s, int bf16, void *buf, int64_t stride,
+                                            const int32_t *idx, int64_t n_groups, int group,
+                                            int64_t cols) {
+    if (n_groups <= 0 || cols <= 0) return cudaSuccess;
+    const dim3 grid((unsigned)n_groups, (unsigned)((cols + kGroupChunk - 1) / kGroupChunk));
+    if (bf16)
+        LUNA_LAUNCH(gather_groups_kernel<bf16_t>, grid, 256,
+                    (size_t)group * kGroupChunk * sizeof(bf16_t), s, A(bf16_t, buf), stride, idx,
+                    group, cols);
+    else
+        LUNA_LAUNCH(gather_groups_kernel<float>, grid, 256,
+                    (size_t)group * kGroupChunk * sizeof(float), s, A(float, buf), stride, idx,
+                    group, cols);
     return cudaGetLastError();
 }
 
