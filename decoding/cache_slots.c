@@ -29,10 +29,11 @@ void luna_cache_slots_free(luna_cache_slots *cs) {
 
 luna_status luna_cache_slots_write(luna_cache_slots *cs, luna_backend *be, int n) {
     if (n == 0) return LUNA_OK;
-    int32_t *pos = cs->step_dev, *slot = cs->step_dev + cs->rows;
-    LUNA_TRY(luna_mem_from_host(be, pos, cs->host, sizeof(int32_t) * (size_t)n));
-    LUNA_TRY(luna_mem_from_host(be, slot, cs->host + cs->rows, sizeof(int32_t) * (size_t)n));
-    return be->ops->index_rows_update(be, cs->dev, cs->dev, NULL, n, 0, cs->T_cap, pos, slot);
+    /* the n slots next to the n positions: one upload */
+    if (n < cs->rows) memmove(cs->host + n, cs->host + cs->rows, sizeof(int32_t) * (size_t)n);
+    LUNA_TRY(luna_mem_from_host(be, cs->step_dev, cs->host, sizeof(int32_t) * 2 * (size_t)n));
+    return be->ops->index_rows_update(be, cs->dev, cs->dev, NULL, n, 0, cs->T_cap, cs->step_dev,
+                                      cs->step_dev + n);
 }
 
 luna_status luna_cache_slots_reorder(luna_cache_slots *cs, luna_backend *be, const int32_t *rows,

@@ -37,7 +37,8 @@ static inline void luna_cache_slots_set(luna_cache_slots *cs, int r, int t, int3
     cs->host[cs->rows + r] = slot;
 }
 
-/* Rows [0, n)'s positions and slots set above into the table: two async uploads and one op. */
+/* Rows [0, n)'s positions and slots set above into the table: one async upload and one op (the
+ * host copy is rearranged by it: set every row of the next step again). */
 luna_status luna_cache_slots_write(luna_cache_slots *cs, luna_backend *be, int n);
 
 /* New row i takes old row rows[i]'s first `len` positions (i < n; rows: device int32 [n]; the

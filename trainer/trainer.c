@@ -358,10 +358,10 @@ static luna_status train_update(luna_trainer *t, int *got, bool *stepped) {
     /* loss, nll (nats), target tokens, sentences, updates with a non-finite loss, ranks that
      * failed (summed across ranks with the rest, so that all ranks stop together) */
     double stats[6] = {0, 0, 0, 0, 0, 0};
+    /* zero: the optimizer's step zeroes them after reading them, and so does read_loss_sums (an
+     * update that fails between the two ends training) */
     double *sums = luna_optimizer_loss_sums(t->opt);
-    /* zero already unless an earlier update stopped between its micro-batches and its step */
-    luna_status failed = luna_mem_zero(t->be, sums, 2 * sizeof(double));
-    if (failed == LUNA_OK) failed = luna_seq2seq_zero_grad(t->model);
+    luna_status failed = luna_seq2seq_zero_grad(t->model);
     for (int k = 0; k < (int)o->update_freq && failed == LUNA_OK; k++) {
         const uint32_t *ids;
         size_t n;

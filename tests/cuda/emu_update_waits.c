@@ -77,8 +77,8 @@ static counts train(char *bin, char *save, int updates, int update_freq, bool va
                     "--save-dir",
                     save,
                     "--no-save",
-                    validate ? "--validate-interval-updates" : "--disable-validation",
-                    validate ? "1" : "--no-save",
+                    "--validate-interval-updates",
+                    "1",
                     "--threads",
                     "1",
                     "--no-progress-bar",
@@ -90,6 +90,7 @@ static counts train(char *bin, char *save, int updates, int update_freq, bool va
     int argc = (int)(sizeof argv / sizeof argv[0]) - 1;
     luna_train_options o;
     ck_assert_msg(luna_train_options_parse(&o, argc, argv) == LUNA_OK, "%s", luna_error_message());
+    o.disable_validation = !validate; /* --disable-validation */
     luna_communicator *comm;
     ck_assert_int_eq(luna_communicator_create_single(&comm), LUNA_OK);
     luna_trainer *t;

@@ -106,11 +106,9 @@ def test_threads_share_a_translator(translator):
     assert got == [alone] * 12
 
 
-def test_gil_is_released_while_translating(translator):
-    """The main thread keeps running Python while another thread is inside translate_batch: its
-    longest pause is a small part of the call (with the GIL held it would stop for all of the
-    call's time in libluna)."""
-    batch = [SENTENCES[3]] * 32
+def _longest_pause(translator, batch):
+    """The main thread's longest pause while another thread translates `batch`, and the call's
+    time."""
     inside, done = threading.Event(), threading.Event()
     times = []
 
@@ -129,9 +127,19 @@ def test_gil_is_released_while_translating(translator):
         now = time.monotonic()
         longest, last = max(longest, now - last), now
     worker.join()
-    longest = max(longest, times[1] - last)
-    call = times[1] - times[0]
-    print(f"longest pause of the main thread: {longest:.3f} s during a {call:.2f} s call")
+    return max(longest, times[1] - last), times[1] - times[0]
+
+
+def test_gil_is_released_while_translating(translator):
+    """The main thread keeps running Python while another thread is inside translate_batch: its
+    longest pause is a small part of the call (with the GIL held it would stop for all of the
+    call's time in libluna). The batch grows until the call lasts long enough to tell (a faster
+    machine or decoder needs more sentences)."""
+    for n in (32, 128, 512, 2048):
+        longest, call = _longest_pause(translator, [SENTENCES[3]] * n)
+        print(f"longest pause of the main thread: {longest:.3f} s during a {call:.2f} s call")
+        if call > 0.1:
+            break
     assert call > 0.1
     assert longest < 0.5 * call
 
