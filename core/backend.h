@@ -236,6 +236,26 @@ struct luna_ops {
     luna_status (*linear_backward)(luna_backend *be, luna_act *dx, float *dW, float *db,
                                    const luna_act *dy, const luna_act *x, const float *W,
                                    int64_t rows, int in, int out, bool accumulate_dx);
+    /* Projections that read one input (a source's keys and values; the causal layer's query,
+     * key and P-context), `count` Linear maps of x [rows, in] whose weights sit `stride` floats
+     * apart: the parameter table stores a module's projections as weight, bias, next weight, ...,
+     * so stride = out·in + out (model/param_table.c). For i < count:
+     *   W_i = W + i·stride, b_i = b + i·stride (b NULL: none), y_i = y + i·rows·out.
+     * linear_forward_multi: y_i = x W_iᵀ + b_i. A device runs one strided-batched GEMM (x read
+     *   at batch stride 0, the bias at batch stride `stride`) instead of count GEMMs.
+     * linear_backward_multi: given dy_i = dy + i·rows·out, dW_i += dy_iᵀ x and db_i += Σ_rows
+     *   dy_i (dW_i = dW + i·stride, db_i = db + i·stride; NULL to skip; a device makes the
+     *   weight gradients in one batched GEMM), and dx = Σ_i dy_i W_i, added in order i = 0, 1, ...
+     *   (overwritten first unless accumulate_dx; NULL to skip).
+     * Both equal the count linear_forward / linear_backward calls in order: on the CPU the same
+     * bits, on a device within the GEMM's tolerance. */
+    luna_status (*linear_forward_multi)(luna_backend *be, luna_act *y, const luna_act *x,
+                                        const float *W, const float *b, int64_t stride, int count,
+                                        int64_t rows, int in, int out);
+    luna_status (*linear_backward_multi)(luna_backend *be, luna_act *dx, float *dW, float *db,
+                                         const luna_act *dy, const luna_act *x, const float *W,
+                                         int64_t stride, int count, int64_t rows, int in, int out,
+                                         bool accumulate_dx);
 
     /* ==== Fused training ops: one pass over the rows instead of three or four ====================
      * `p` is the dropout probability in [0, 1) (0: no dropout, key unused), keep(i) =

@@ -147,6 +147,30 @@ static luna_status linear_backward(luna_backend *be, luna_act *dx, float *dW, fl
     return be->kernels->linear_backward(be, dx, dW, db, dy, x, W, rows, in, out, accumulate_dx);
 }
 
+/* count ≥ 1 projections whose weights (and biases, and gradients) do not overlap. */
+static luna_status check_multi(const char *op, int64_t stride, int count, int64_t rows, int in,
+                               int out) {
+    LUNA_TRY(check_linear(op, rows, in, out));
+    if (count < 1) BAD("%s: count %d must be positive", op, count);
+    if (count > 1 && stride < (int64_t)out * (in > 0 ? in : 1))
+        BAD("%s: stride %lld is less than a weight (%d x %d)", op, (long long)stride, out, in);
+    return LUNA_OK;
+}
+static luna_status linear_forward_multi(luna_backend *be, luna_act *y, const luna_act *x,
+                                        const float *W, const float *b, int64_t stride, int count,
+                                        int64_t rows, int in, int out) {
+    LUNA_TRY(check_multi("linear_forward_multi", stride, count, rows, in, out));
+    return be->kernels->linear_forward_multi(be, y, x, W, b, stride, count, rows, in, out);
+}
+static luna_status linear_backward_multi(luna_backend *be, luna_act *dx, float *dW, float *db,
+                                         const luna_act *dy, const luna_act *x, const float *W,
+                                         int64_t stride, int count, int64_t rows, int in, int out,
+                                         bool accumulate_dx) {
+    LUNA_TRY(check_multi("linear_backward_multi", stride, count, rows, in, out));
+    return be->kernels->linear_backward_multi(be, dx, dW, db, dy, x, W, stride, count, rows, in,
+                                              out, accumulate_dx);
+}
+
 /* ---- fused training ops ------------------------------------------------------------------------
  */
 static luna_status residual_norm_forward(luna_backend *be, luna_act *y, luna_act *r, float *mean,
@@ -546,6 +570,8 @@ static const luna_ops checked_ops = {
     .linear_forward = linear_forward,
     .linear_relu_forward = linear_relu_forward,
     .linear_backward = linear_backward,
+    .linear_forward_multi = linear_forward_multi,
+    .linear_backward_multi = linear_backward_multi,
     .residual_norm_forward = residual_norm_forward,
     .residual_norm_backward = residual_norm_backward,
     .bias_relu_dropout_forward = bias_relu_dropout_forward,

@@ -41,6 +41,21 @@ static luna_causal_layout causal_layout(int n, int L, int d, int H, bool heads_o
                                 .q_inner = dh};
 }
 
+/* The maps of the layer input X in the parameter table's order (model/param_table.c: q_proj,
+ * pc_proj, then c_proj, or k_proj and v_proj untied), so that they are one linear_forward_multi:
+ * Q, the P-context, K (= V tied), V. Returns their number. */
+static int x_projections(const luna_attn_w *w, bool tied, const luna_linear_w **out) {
+    out[0] = &w->q_proj;
+    out[1] = &w->pc_proj;
+    if (tied) {
+        out[2] = &w->c_proj;
+        return 3;
+    }
+    out[2] = &w->k_proj;
+    out[3] = &w->v_proj;
+    return 4;
+}
+
 luna_status luna_causal_attention_forward(const luna_pass *ps, const luna_attn_w *w,
                                           luna_causal_act *act, const luna_act *x,
                                           const luna_act *p, const int32_t *p_valid, int B, int n,
@@ -65,10 +80,20 @@ luna_status luna_causal_attention_forward(const luna_pass *ps, const luna_attn_w
     const luna_causal_layout qk = causal_layout(n, L, d, H, true),
                              av = causal_layout(n, L, d, H, false);
 
-    /* 1-2. pq_proj(P) [B,L,d], pc_proj(X) [B,n,d]; Φ = φ(pc P̃ᵀ) [B,H,n,L] with P̃ = dh^-1/2 ·
-     * pq_proj(P) (the scale in the GEMM's alpha), dropped */
+    /* 1. pq_proj(P) [B,L,d]; the projections of X [B,n,d]: Q (unscaled: dh^-1/2 is the
+     * contraction's alpha), pc_proj, K = V = c_proj (untied: k_proj, v_proj), in one call */
     LUNA_TRY(luna_project(ps, &act->pt, p, &w->pq_proj, (int64_t)B * L, d, d));
-    LUNA_TRY(luna_project(ps, &act->pc, x, &w->pc_proj, (int64_t)B * n, d, d));
+    const luna_linear_w *xw[4];
+    const int nx = x_projections(w, tied, xw);
+    luna_act *xp;
+    LUNA_TRY(luna_project_multi(ps, &xp, x, xw, nx, (int64_t)B * n, d, d));
+    act->q = xp;
+    act->pc = luna_act_at(be, xp, nd);
+    act->k = luna_act_at(be, xp, 2 * nd);
+    act->v = tied ? act->k : luna_act_at(be, xp, 3 * nd);
+
+    /* 2. Φ = φ(pc P̃ᵀ) [B,H,n,L] with P̃ = dh^-1/2 · pq_proj(P) (the scale in the GEMM's alpha),
+     * dropped */
     LUNA_TRY(luna_pass_alloc(ps, &act->z, nL, "causal projection scores"));
     LUNA_TRY(luna_heads_gemm(be, false, true, n, L, dh, scale, act->pc,
                              luna_heads_in_rows(n, d, dh), act->pt, luna_heads_in_rows(L, d, dh),
@@ -76,17 +101,6 @@ luna_status luna_causal_attention_forward(const luna_pass *ps, const luna_attn_w
     LUNA_TRY(luna_pass_alloc(ps, &act->phi_d, nL, "causal projection weights"));
     LUNA_TRY(phi_forward(be, activation, act->phi_d, act->z, nL));
     LUNA_TRY(luna_pass_dropout(ps, act->phi_d, act->phi_d, nL, ps->attention_dropout, site + 2));
-
-    /* 3. Q (unscaled: dh^-1/2 is the contraction's alpha), K = V = c_proj(X) (untied: k_proj,
-     * v_proj) [B,n,d] */
-    LUNA_TRY(luna_project(ps, &act->q, x, &w->q_proj, (int64_t)B * n, d, d));
-    if (tied) {
-        LUNA_TRY(luna_project(ps, &act->k, x, &w->c_proj, (int64_t)B * n, d, d));
-        act->v = act->k;
-    } else {
-        LUNA_TRY(luna_project(ps, &act->k, x, &w->k_proj, (int64_t)B * n, d, d));
-        LUNA_TRY(luna_project(ps, &act->v, x, &w->v_proj, (int64_t)B * n, d, d));
-    }
 
     /* 4-5. S_t = (dh^-1/2/t) Σ_{s≤t} (Q_t·K_s) Φ_s; A = softmax_L(S) with the P mask, dropped */
     LUNA_TRY(luna_pass_alloc(ps, &act->a, nL, "causal attention"));
@@ -135,9 +149,20 @@ static luna_status backward(const luna_pass *ps, const luna_attn_w *w, luna_attn
     LUNA_TRY(luna_pass_alloc(ps, &da, nL, "causal attention probability gradient"));
     LUNA_TRY(luna_pass_alloc(ps, &dphi, nL, "causal projection weight gradient"));
     LUNA_TRY(luna_pass_alloc(ps, &dphi2, nL, "causal projection weight gradient"));
-    LUNA_TRY(luna_pass_alloc(ps, &dq, nd, "causal query gradient"));
-    LUNA_TRY(luna_pass_alloc(ps, &dk, nd, "causal key gradient"));
-    LUNA_TRY(luna_pass_alloc(ps, &dv, nd, "causal value gradient"));
+    /* the gradients of X's projections side by side, in x_projections' order */
+    luna_act *dxp;
+    const luna_linear_w *xw[4];
+    luna_linear_w *xg[4];
+    const int nx = x_projections(w, act->tied, xw);
+    (void)x_projections(g, act->tied, (const luna_linear_w **)xg);
+    LUNA_TRY(luna_pass_alloc(ps, &dxp, nx * nd, "causal projection gradients"));
+    dq = dxp;
+    luna_act *const dpc = luna_act_at(be, dxp, nd);
+    dk = luna_act_at(be, dxp, 2 * nd);
+    if (act->tied)
+        LUNA_TRY(luna_pass_alloc(ps, &dv, nd, "causal value gradient"));
+    else
+        dv = luna_act_at(be, dxp, 3 * nd);
     LUNA_TRY(op->causal_contraction_backward(be, da, dphi, dv, d_o, act->a_d, act->phi_d, act->v, G,
                                              n, L, dh, 1.0f, &av));
     /* 5. dropout and softmax */
@@ -153,8 +178,7 @@ static luna_status backward(const luna_pass *ps, const luna_attn_w *w, luna_attn
      * dpq_proj = dh^-1/2 · dZᵀ pc (per head, into the heads' columns) */
     LUNA_TRY(luna_pass_dropout_backward(ps, dphi, dphi, nL, ps->attention_dropout, act->site + 2));
     LUNA_TRY(phi_backward(be, act->activation, dphi, dphi, act->z, nL));
-    luna_act *dpc, *dpt;
-    LUNA_TRY(luna_pass_alloc(ps, &dpc, nd, "causal projection gradient"));
+    luna_act *dpt;
     LUNA_TRY(luna_pass_alloc(ps, &dpt, Ld, "causal P gradient"));
     const luna_heads_layout hn = luna_heads_in_rows(n, d, dh), hL = luna_heads_in_rows(L, d, dh);
     const luna_heads_layout hnL = luna_heads_packed(n, L, H);
@@ -163,17 +187,9 @@ static luna_status backward(const luna_pass *ps, const luna_attn_w *w, luna_attn
     LUNA_TRY(luna_heads_gemm(be, true, false, L, dh, n, scale, dphi, hnL, act->pc, hn, 0.0f, dpt,
                              hL, B, H));
 
-    /* 1 and 3: the projections */
+    /* 1: the projections */
     LUNA_TRY(project_backward(ps, dpt, act->p, &w->pq_proj, &g->pq_proj, dp, (int64_t)B * L, d));
-    LUNA_TRY(project_backward(ps, dpc, act->x, &w->pc_proj, &g->pc_proj, dx, (int64_t)B * n, d));
-    LUNA_TRY(project_backward(ps, dq, act->x, &w->q_proj, &g->q_proj, dx, (int64_t)B * n, d));
-    if (act->tied) {
-        LUNA_TRY(project_backward(ps, dk, act->x, &w->c_proj, &g->c_proj, dx, (int64_t)B * n, d));
-    } else {
-        LUNA_TRY(project_backward(ps, dk, act->x, &w->k_proj, &g->k_proj, dx, (int64_t)B * n, d));
-        LUNA_TRY(project_backward(ps, dv, act->x, &w->v_proj, &g->v_proj, dx, (int64_t)B * n, d));
-    }
-    return LUNA_OK;
+    return luna_project_multi_backward(ps, dxp, act->x, xw, xg, dx, nx, (int64_t)B * n, d, d, true);
 }
 
 luna_status luna_causal_attention_backward(const luna_pass *ps, const luna_attn_w *w,
@@ -215,19 +231,20 @@ static luna_status step(luna_pass *ps, const luna_attn_w *w, luna_causal_state *
     const int B = st->B, L = st->L, d = st->d, H = st->H, dh = d / H, G = B * H;
     const float scale = 1.0f / sqrtf((float)dh);
     /* Φ_t = φ(pc_proj(x) P̃ᵀ) [G, 1, L] */
-    luna_act *pc, *phi, *q, *k, *v, *s, *o;
-    LUNA_TRY(luna_project_heads(ps, &pc, x, &w->pc_proj, B, 1, d, H, 1.0f));
+    luna_act *xp, *pc, *phi, *q, *k, *v, *s, *o;
+    /* q (scaled), pc, k (and v) of the one position: [B, 1, H, dh] is [B, H, 1, dh] */
+    const luna_linear_w *xw[4];
+    const int nx = x_projections(w, st->tied, xw);
+    const int64_t Bd = (int64_t)B * d;
+    LUNA_TRY(luna_project_multi(ps, &xp, x, xw, nx, B, d, d));
+    q = xp;
+    if (scale != 1.0f) LUNA_TRY(op->scale_act(be, q, scale, Bd));
+    pc = luna_act_at(be, xp, Bd);
+    k = luna_act_at(be, xp, 2 * Bd);
+    v = st->tied ? k : luna_act_at(be, xp, 3 * Bd);
     LUNA_TRY(luna_pass_alloc(ps, &phi, (int64_t)G * L, "causal step"));
     LUNA_TRY(luna_bgemm(be, false, true, 1, L, dh, 1.0f, pc, st->pt, 0.0f, phi, G));
     LUNA_TRY(phi_forward(be, st->activation, phi, phi, (int64_t)G * L));
-    LUNA_TRY(luna_project_heads(ps, &q, x, &w->q_proj, B, 1, d, H, scale));
-    if (st->tied) {
-        LUNA_TRY(luna_project_heads(ps, &k, x, &w->c_proj, B, 1, d, H, 1.0f));
-        v = k;
-    } else {
-        LUNA_TRY(luna_project_heads(ps, &k, x, &w->k_proj, B, 1, d, H, 1.0f));
-        LUNA_TRY(luna_project_heads(ps, &v, x, &w->v_proj, B, 1, d, H, 1.0f));
-    }
     st->t++;
     /* Σ K Φᵀ += k_tᵀ φ_t [dh, L]; S_t = q_t Σ K Φᵀ / t; A_t = softmax with the P mask */
     LUNA_TRY(luna_bgemm(be, true, false, dh, L, 1, 1.0f, k, phi, 1.0f, st->ksum, G));

@@ -319,11 +319,14 @@ static luna_status transformer_layer_step(const luna_pass *ps, const luna_config
     const int T_cap = dims->max_steps, page = dims->cache_page > 0 ? dims->cache_page : T_cap;
     luna_act *q, *k, *v, *s, *o, *y;
     luna_resnorm_act r1, r2;
-    /* q, k, v [R, H, 1, dh] */
-    LUNA_TRY(
-        luna_project_heads(ps, &q, x, &w->self_attn.q_proj, R, 1, d, H, 1.0f / sqrtf((float)dh)));
-    LUNA_TRY(luna_project_heads(ps, &k, x, &w->self_attn.k_proj, R, 1, d, H, 1.0f));
-    LUNA_TRY(luna_project_heads(ps, &v, x, &w->self_attn.v_proj, R, 1, d, H, 1.0f));
+    /* k, v, q [R, H, 1, dh] (one position: [R, 1, H, dh]) in one call, in the parameter table's
+     * order; q scaled by dh^-1/2 */
+    const luna_linear_w *kvq[3] = {&w->self_attn.k_proj, &w->self_attn.v_proj,
+                                   &w->self_attn.q_proj};
+    LUNA_TRY(luna_project_multi(ps, &k, x, kvq, 3, R, d, d));
+    v = luna_act_at(be, k, (int64_t)R * d);
+    q = luna_act_at(be, k, 2 * (int64_t)R * d);
+    LUNA_TRY(op->scale_act(be, q, 1.0f / sqrtf((float)dh), (int64_t)R * d));
     LUNA_TRY(luna_pass_alloc(ps, &s, (int64_t)R * H * T_cap, "self-attention scores"));
     LUNA_TRY(luna_pass_alloc(ps, &o, (int64_t)R * d, "self-attention output"));
     /* cache[slot, h, t mod page] = k, v for each row's position t (the slot of row r's position

@@ -57,6 +57,52 @@ luna_status luna_project(const luna_pass *ps, luna_act **y, const luna_act *x,
     return ps->be->ops->linear_forward(ps->be, *y, x, w->weight, w->bias, rows, in, out);
 }
 
+/* The stride, in floats, between the weights of the maps ws[0..count) (and their biases, all
+ * present or all absent), when there is one and the weights do not overlap; else 0. */
+static int64_t common_stride(const luna_linear_w *const *ws, int count, int in, int out) {
+    if (count < 2) return 0;
+    const int64_t s = ws[1]->weight - ws[0]->weight;
+    if (s < (int64_t)out * (in > 0 ? in : 1)) return 0;
+    for (int i = 0; i < count; i++) {
+        if (ws[i]->weight != ws[0]->weight + i * s || !ws[i]->bias != !ws[0]->bias) return 0;
+        if (ws[0]->bias && ws[i]->bias != ws[0]->bias + i * s) return 0;
+    }
+    return s;
+}
+
+luna_status luna_project_multi(const luna_pass *ps, luna_act **y, const luna_act *x,
+                               const luna_linear_w *const *ws, int count, int64_t rows, int in,
+                               int out) {
+    luna_backend *be = ps->be;
+    const int64_t ny = rows * out;
+    LUNA_TRY(luna_pass_alloc(ps, y, count * ny, "attention projections"));
+    const int64_t s = common_stride(ws, count, in, out);
+    if (s > 0)
+        return be->ops->linear_forward_multi(be, *y, x, ws[0]->weight, ws[0]->bias, s, count, rows,
+                                             in, out);
+    for (int i = 0; i < count; i++)
+        LUNA_TRY(be->ops->linear_forward(be, luna_act_at(be, *y, i * ny), x, ws[i]->weight,
+                                         ws[i]->bias, rows, in, out));
+    return LUNA_OK;
+}
+
+luna_status luna_project_multi_backward(const luna_pass *ps, const luna_act *dy, const luna_act *x,
+                                        const luna_linear_w *const *ws, luna_linear_w *const *gs,
+                                        luna_act *dx, int count, int64_t rows, int in, int out,
+                                        bool accumulate_dx) {
+    luna_backend *be = ps->be;
+    const int64_t s = common_stride(ws, count, in, out);
+    if (s > 0 && common_stride((const luna_linear_w *const *)gs, count, in, out) == s)
+        return be->ops->linear_backward_multi(be, dx, gs[0]->weight, gs[0]->bias, dy, x,
+                                              ws[0]->weight, s, count, rows, in, out,
+                                              accumulate_dx);
+    for (int i = 0; i < count; i++)
+        LUNA_TRY(be->ops->linear_backward(be, dx, gs[i]->weight, gs[i]->bias,
+                                          luna_act_at(be, dy, i * rows * out), x, ws[i]->weight,
+                                          rows, in, out, accumulate_dx || i > 0));
+    return LUNA_OK;
+}
+
 luna_status luna_heads_gemm(luna_backend *be, bool ta, bool tb, int M, int N, int K, float alpha,
                             const luna_act *A, luna_heads_layout la, const luna_act *Bm,
                             luna_heads_layout lb, float beta, luna_act *C, luna_heads_layout lc,
@@ -116,9 +162,46 @@ luna_status luna_attention_core_backward(const luna_pass *ps, const luna_attenti
 
 /* ---- forward --------------------------------------------------------------------------------- */
 
-luna_status luna_attention_pack(const luna_pass *ps, const luna_attn_w *w, luna_attn_act *act,
-                                const luna_act *p, const luna_act *c, const int32_t *c_valid, int B,
-                                int m, int L, int d, int H, bool tied, uint32_t site) {
+/* The maps of the context C the pack attention projects (pc_proj; untied pk_proj, pv_proj), in
+ * the parameter table's order (model/param_table.c), which puts them right after q_proj: with_q
+ * starts the list with q_proj, the unpack's map of X, for self-attention (C = X), so that all are
+ * one linear_forward_multi. Returns their number. */
+static int context_projections(const luna_attn_w *w, bool tied, bool with_q,
+                               const luna_linear_w **out) {
+    int k = 0;
+    if (with_q) out[k++] = &w->q_proj;
+    if (tied) {
+        out[k++] = &w->pc_proj;
+    } else {
+        out[k++] = &w->pk_proj;
+        out[k++] = &w->pv_proj;
+    }
+    return k;
+}
+
+/* The pack with act->kc, act->vc made: A_pack [B,H,L,m] = softmax(dh^-1/2 · Qp Kcᵀ), dropped;
+ * Y_P [B,L,d] = A_pack_d Vc, each head into its columns; the unpack's keys/values Kp/Vp [B,L,d]
+ * (they depend on P and the context only). */
+static luna_status pack_rest(const luna_pass *ps, const luna_attn_w *w, luna_attn_act *act) {
+    const int B = act->B, m = act->m, L = act->L, d = act->d, H = act->H;
+    const luna_attention_shape s = luna_attention_shape_in_rows(B, H, L, m, d, act->c_valid, false);
+    LUNA_TRY(luna_pass_alloc(ps, &act->yp, (int64_t)B * L * d, "packed context"));
+    LUNA_TRY(luna_attention_core(ps, &s, act->yp, &act->a_pack, &act->a_pack_d, act->qp, act->kc,
+                                 act->vc, act->site + 0, "pack attention"));
+    if (act->tied) {
+        LUNA_TRY(luna_project(ps, &act->kp, act->yp, &w->c_proj, (int64_t)B * L, d, d));
+        act->vp = act->kp;
+    } else {
+        LUNA_TRY(luna_project(ps, &act->kp, act->yp, &w->k_proj, (int64_t)B * L, d, d));
+        LUNA_TRY(luna_project(ps, &act->vp, act->yp, &w->v_proj, (int64_t)B * L, d, d));
+    }
+    return LUNA_OK;
+}
+
+/* The pack's fields and Qp [B,L,d] = pq_proj(P). */
+static luna_status pack_begin(const luna_pass *ps, const luna_attn_w *w, luna_attn_act *act,
+                              const luna_act *p, const luna_act *c, const int32_t *c_valid, int B,
+                              int m, int L, int d, int H, bool tied, uint32_t site) {
     *act = (luna_attn_act){.B = B,
                            .m = m,
                            .L = L,
@@ -129,44 +212,27 @@ luna_status luna_attention_pack(const luna_pass *ps, const luna_attn_w *w, luna_
                            .p = p,
                            .c = c,
                            .c_valid = c_valid};
-
-    /* pack: Qp [B,L,d], Kc/Vc [B,m,d] */
-    LUNA_TRY(luna_project(ps, &act->qp, p, &w->pq_proj, (int64_t)B * L, d, d));
-    if (tied) {
-        LUNA_TRY(luna_project(ps, &act->kc, c, &w->pc_proj, (int64_t)B * m, d, d));
-        act->vc = act->kc;
-    } else {
-        LUNA_TRY(luna_project(ps, &act->kc, c, &w->pk_proj, (int64_t)B * m, d, d));
-        LUNA_TRY(luna_project(ps, &act->vc, c, &w->pv_proj, (int64_t)B * m, d, d));
-    }
-    /* A_pack [B,H,L,m] = softmax(dh^-1/2 · Qp Kcᵀ), dropped; Y_P [B,L,d] = A_pack_d Vc, each
-     * head into its columns */
-    const luna_attention_shape s = luna_attention_shape_in_rows(B, H, L, m, d, c_valid, false);
-    LUNA_TRY(luna_pass_alloc(ps, &act->yp, (int64_t)B * L * d, "packed context"));
-    LUNA_TRY(luna_attention_core(ps, &s, act->yp, &act->a_pack, &act->a_pack_d, act->qp, act->kc,
-                                 act->vc, site + 0, "pack attention"));
-    /* unpack keys/values Kp/Vp [B,L,d]: they depend on P and the context only */
-    if (tied) {
-        LUNA_TRY(luna_project(ps, &act->kp, act->yp, &w->c_proj, (int64_t)B * L, d, d));
-        act->vp = act->kp;
-    } else {
-        LUNA_TRY(luna_project(ps, &act->kp, act->yp, &w->k_proj, (int64_t)B * L, d, d));
-        LUNA_TRY(luna_project(ps, &act->vp, act->yp, &w->v_proj, (int64_t)B * L, d, d));
-    }
-    return LUNA_OK;
+    return luna_project(ps, &act->qp, p, &w->pq_proj, (int64_t)B * L, d, d);
 }
 
-luna_status luna_attention_unpack(const luna_pass *ps, const luna_attn_w *w, luna_attn_act *act,
-                                  const luna_act *x, const int32_t *p_valid, int n) {
+luna_status luna_attention_pack(const luna_pass *ps, const luna_attn_w *w, luna_attn_act *act,
+                                const luna_act *p, const luna_act *c, const int32_t *c_valid, int B,
+                                int m, int L, int d, int H, bool tied, uint32_t site) {
+    LUNA_TRY(pack_begin(ps, w, act, p, c, c_valid, B, m, L, d, H, tied, site));
+    /* Kc/Vc [B,m,d] */
+    const luna_linear_w *cw[2];
+    const int nc = context_projections(w, tied, false, cw);
+    LUNA_TRY(luna_project_multi(ps, &act->kc, c, cw, nc, (int64_t)B * m, d, d));
+    act->vc = tied ? act->kc : luna_act_at(ps->be, act->kc, (int64_t)B * m * d);
+    return pack_rest(ps, w, act);
+}
+
+/* The unpack with act->q made: A [B,H,n,L] = softmax(dh^-1/2 · Q Kpᵀ), dropped; O [B,n,d] = A_d
+ * Vp, each head into its columns; Y_X = out_proj(O). */
+static luna_status unpack_rest(const luna_pass *ps, const luna_attn_w *w, luna_attn_act *act) {
     luna_backend *be = ps->be;
-    const int B = act->B, L = act->L, d = act->d, H = act->H;
-    act->x = x;
-    act->n = n;
-    act->p_valid = p_valid;
-    /* unpack: Q [B,n,d]; A [B,H,n,L] = softmax(dh^-1/2 · Q Kpᵀ), dropped; O [B,n,d] = A_d Vp,
-     * each head into its columns; Y_X = out_proj(O) */
-    LUNA_TRY(luna_project(ps, &act->q, x, &w->q_proj, (int64_t)B * n, d, d));
-    const luna_attention_shape s = luna_attention_shape_in_rows(B, H, n, L, d, p_valid, false);
+    const int B = act->B, n = act->n, L = act->L, d = act->d, H = act->H;
+    const luna_attention_shape s = luna_attention_shape_in_rows(B, H, n, L, d, act->p_valid, false);
     LUNA_TRY(luna_pass_alloc(ps, &act->o, (int64_t)B * n * d, "attention output"));
     LUNA_TRY(luna_attention_core(ps, &s, act->o, &act->a, &act->a_d, act->q, act->kp, act->vp,
                                  act->site + 1, "unpack attention"));
@@ -175,12 +241,38 @@ luna_status luna_attention_unpack(const luna_pass *ps, const luna_attn_w *w, lun
                                    d);
 }
 
+luna_status luna_attention_unpack(const luna_pass *ps, const luna_attn_w *w, luna_attn_act *act,
+                                  const luna_act *x, const int32_t *p_valid, int n) {
+    act->x = x;
+    act->n = n;
+    act->p_valid = p_valid;
+    /* Q [B,n,d] */
+    LUNA_TRY(luna_project(ps, &act->q, x, &w->q_proj, (int64_t)act->B * n, act->d, act->d));
+    return unpack_rest(ps, w, act);
+}
+
 luna_status luna_attention_forward(const luna_pass *ps, const luna_attn_w *w, luna_attn_act *act,
                                    const luna_act *x, const luna_act *p, const luna_act *c,
                                    const int32_t *c_valid, const int32_t *p_valid, int B, int n,
                                    int m, int L, int d, int H, bool tied, uint32_t site) {
-    LUNA_TRY(luna_attention_pack(ps, w, act, p, c, c_valid, B, m, L, d, H, tied, site));
-    return luna_attention_unpack(ps, w, act, x, p_valid, n);
+    if (c != x || n != m) {
+        LUNA_TRY(luna_attention_pack(ps, w, act, p, c, c_valid, B, m, L, d, H, tied, site));
+        return luna_attention_unpack(ps, w, act, x, p_valid, n);
+    }
+    /* self-attention: Q and Kc (Vc) are projections of X, one call ([B,n,d] each) */
+    LUNA_TRY(pack_begin(ps, w, act, p, c, c_valid, B, m, L, d, H, tied, site));
+    const luna_linear_w *xw[3];
+    const int nxw = context_projections(w, tied, true, xw);
+    const int64_t nd = (int64_t)B * n * d;
+    LUNA_TRY(luna_project_multi(ps, &act->q, x, xw, nxw, (int64_t)B * n, d, d));
+    act->kc = luna_act_at(ps->be, act->q, nd);
+    act->vc = tied ? act->kc : luna_act_at(ps->be, act->q, 2 * nd);
+    act->self = true;
+    LUNA_TRY(pack_rest(ps, w, act));
+    act->x = x;
+    act->n = n;
+    act->p_valid = p_valid;
+    return unpack_rest(ps, w, act);
 }
 
 /* ---- backward -------------------------------------------------------------------------------- */
@@ -214,14 +306,22 @@ static luna_status backward(const luna_pass *ps, const luna_attn_w *w, luna_attn
     LUNA_TRY(luna_pass_alloc(ps, &dkp, Ld, "unpack key gradient"));
     dvp = dkp;
     if (!tied) LUNA_TRY(luna_pass_alloc(ps, &dvp, Ld, "unpack value gradient"));
-    luna_act *dq = d_o;
+    /* self-attention into one dx: dQ, dKc (and dVc) side by side for one backward of the
+     * projections of X at the end (the order q, then the context's, as the separate calls) */
+    const bool joint = act->self && dx == dc;
+    luna_act *dq = d_o, *dxp = NULL;
+    if (joint) {
+        LUNA_TRY(luna_pass_alloc(ps, &dxp, (tied ? 2 : 3) * nd, "self-attention gradients"));
+        dq = dxp;
+    }
     const luna_attention_shape su =
         luna_attention_shape_in_rows(B, H, n, L, d, act->p_valid, false);
     LUNA_TRY(luna_attention_core_backward(ps, &su, dq, dkp, dvp, d_o, act->q, act->kp, act->vp,
                                           act->a, act->a_d, act->site + 1));
 
     /* Q = q_proj(X) -> dX; Kp/Vp = proj(Y_P) -> dY_P */
-    LUNA_TRY(project_backward(ps, dq, act->x, &w->q_proj, &g->q_proj, dx, (int64_t)B * n, d));
+    if (!joint)
+        LUNA_TRY(project_backward(ps, dq, act->x, &w->q_proj, &g->q_proj, dx, (int64_t)B * n, d));
     luna_act *dyp_total; /* [B,L,d] */
     LUNA_TRY(luna_pass_alloc(ps, &dyp_total, Ld, "packed context gradient"));
     if (dyp)
@@ -241,9 +341,14 @@ static luna_status backward(const luna_pass *ps, const luna_attn_w *w, luna_attn
     /* pack attention (Y_P = A_pack_d Vc, A_pack = softmax(s·Qp Kcᵀ)): dQp [B,L,d] (into dY_P's
      * buffer), dKc and dVc [B,m,d] (one buffer, their sum, when tied) */
     luna_act *dkc, *dvc;
-    LUNA_TRY(luna_pass_alloc(ps, &dkc, md, "pack key gradient"));
-    dvc = dkc;
-    if (!tied) LUNA_TRY(luna_pass_alloc(ps, &dvc, md, "pack value gradient"));
+    if (joint) {
+        dkc = luna_act_at(be, dxp, nd);
+        dvc = tied ? dkc : luna_act_at(be, dxp, 2 * nd);
+    } else {
+        LUNA_TRY(luna_pass_alloc(ps, &dkc, md, "pack key gradient"));
+        dvc = dkc;
+        if (!tied) LUNA_TRY(luna_pass_alloc(ps, &dvc, md, "pack value gradient"));
+    }
     luna_act *dqp = dyp_total;
     const luna_attention_shape sp =
         luna_attention_shape_in_rows(B, H, L, m, d, act->c_valid, false);
@@ -251,6 +356,14 @@ static luna_status backward(const luna_pass *ps, const luna_attn_w *w, luna_attn
                                           act->vc, act->a_pack, act->a_pack_d, act->site + 0));
 
     LUNA_TRY(project_backward(ps, dqp, act->p, &w->pq_proj, &g->pq_proj, dp, (int64_t)B * L, d));
+    if (joint) {
+        const luna_linear_w *xw[3];
+        luna_linear_w *xg[3];
+        const int nxw = context_projections(w, tied, true, xw);
+        (void)context_projections(g, tied, true, (const luna_linear_w **)xg);
+        return luna_project_multi_backward(ps, dxp, act->x, xw, xg, dx, nxw, (int64_t)B * n, d, d,
+                                           true);
+    }
     if (tied) {
         LUNA_TRY(
             project_backward(ps, dkc, act->c, &w->pc_proj, &g->pc_proj, dc, (int64_t)B * m, d));

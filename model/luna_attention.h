@@ -25,6 +25,7 @@
 typedef struct {
     int B, n, m, L, d, H; /* batch, query length, context length, slots, model dim, heads */
     bool tied;
+    bool self;     /* self-attention (C = X): q and kc (vc) made by one call, side by side */
     uint32_t site; /* dropout sites site+0 (pack probabilities), site+1 (unpack probabilities) */
     /* inputs (owned by the caller, must live until backward) */
     const luna_act *x;      /* [B, n, d] */
@@ -84,6 +85,20 @@ luna_status luna_project_heads_backward(const luna_pass *ps, const luna_act *dhe
 /* Allocate y [rows, out] = x Wᵀ + b. */
 luna_status luna_project(const luna_pass *ps, luna_act **y, const luna_act *x,
                          const luna_linear_w *w, int64_t rows, int in, int out);
+
+/* Projections of one input: y_i [rows, out] = x W_iᵀ + b_i for the `count` maps ws[i], into one
+ * allocation [count, rows, out] (*y; y_i = luna_act_at(y, i·rows·out)). One linear_forward_multi
+ * when the weights (and biases) sit at one stride, as the parameter table lays out a module's
+ * projections (model/param_table.c); else one linear_forward each. */
+luna_status luna_project_multi(const luna_pass *ps, luna_act **y, const luna_act *x,
+                               const luna_linear_w *const *ws, int count, int64_t rows, int in,
+                               int out);
+/* Its backward for dy [count, rows, out]: dW_i, db_i += theirs (gs[i]), dx += Σ_i dy_i W_i in
+ * order i = 0, 1, ... (dx overwritten first unless accumulate_dx). */
+luna_status luna_project_multi_backward(const luna_pass *ps, const luna_act *dy, const luna_act *x,
+                                        const luna_linear_w *const *ws, luna_linear_w *const *gs,
+                                        luna_act *dx, int count, int64_t rows, int in, int out,
+                                        bool accumulate_dx);
 
 /* Where the B·H per-head matrices of an operand lie (gemm_grid): row stride and the strides
  * between sentences (outer) and heads (inner). */

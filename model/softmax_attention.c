@@ -8,8 +8,11 @@ luna_status luna_mha_keys(const luna_pass *ps, const luna_attn_w *w, luna_mha_ac
                           const luna_act *c, const int32_t *c_valid, int B, int m, int d, int H,
                           uint32_t site) {
     *act = (luna_mha_act){.B = B, .m = m, .d = d, .H = H, .site = site, .c = c, .c_valid = c_valid};
-    LUNA_TRY(luna_project(ps, &act->k, c, &w->k_proj, (int64_t)B * m, d, d));
-    return luna_project(ps, &act->v, c, &w->v_proj, (int64_t)B * m, d, d);
+    /* K and V [B,m,d] side by side: k_proj and v_proj are one call */
+    const luna_linear_w *kv[2] = {&w->k_proj, &w->v_proj};
+    LUNA_TRY(luna_project_multi(ps, &act->k, c, kv, 2, (int64_t)B * m, d, d));
+    act->v = luna_act_at(ps->be, act->k, (int64_t)B * m * d);
+    return LUNA_OK;
 }
 
 luna_status luna_mha_attend(const luna_pass *ps, const luna_attn_w *w, luna_mha_act *act,
@@ -55,8 +58,8 @@ static luna_status backward(const luna_pass *ps, const luna_attn_w *w, luna_attn
     const int64_t nd = (int64_t)B * n * d, md = (int64_t)B * m * d;
     luna_act *d_o, *dk, *dv;
     LUNA_TRY(luna_pass_alloc(ps, &d_o, nd, "attention gradient"));
-    LUNA_TRY(luna_pass_alloc(ps, &dk, md, "key gradient"));
-    LUNA_TRY(luna_pass_alloc(ps, &dv, md, "value gradient"));
+    LUNA_TRY(luna_pass_alloc(ps, &dk, 2 * md, "key and value gradients"));
+    dv = luna_act_at(be, dk, md);
     LUNA_TRY(op->linear_backward(be, d_o, g->out_proj.weight, NULL, dy, act->o, w->out_proj.weight,
                                  (int64_t)B * n, d, d, false));
     /* O = A_d V, A = softmax(s·Q Kᵀ): dQ (into dO's buffer), dK, dV */
@@ -67,10 +70,9 @@ static luna_status backward(const luna_pass *ps, const luna_attn_w *w, luna_attn
                                           act->a_d, act->site));
     LUNA_TRY(op->linear_backward(be, dx, g->q_proj.weight, g->q_proj.bias, dq, act->x,
                                  w->q_proj.weight, (int64_t)B * n, d, d, true));
-    LUNA_TRY(op->linear_backward(be, dc, g->k_proj.weight, g->k_proj.bias, dk, act->c,
-                                 w->k_proj.weight, (int64_t)B * m, d, d, true));
-    return op->linear_backward(be, dc, g->v_proj.weight, g->v_proj.bias, dv, act->c,
-                               w->v_proj.weight, (int64_t)B * m, d, d, true);
+    const luna_linear_w *kv[2] = {&w->k_proj, &w->v_proj};
+    luna_linear_w *gkv[2] = {&g->k_proj, &g->v_proj};
+    return luna_project_multi_backward(ps, dk, act->c, kv, gkv, dc, 2, (int64_t)B * m, d, d, true);
 }
 
 luna_status luna_mha_backward(const luna_pass *ps, const luna_attn_w *w, luna_attn_w *g,

@@ -35,6 +35,8 @@ static const lh_op_row rows[] = {
     {"linear_forward", LH_ACCUM, "test_ops_linear"},
     {"linear_relu_forward", LH_ACCUM, "test_ops_linear_relu"},
     {"linear_backward", LH_ACCUM, "test_ops_linear"},
+    {"linear_forward_multi", LH_ACCUM, "test_ops_linear_multi"},
+    {"linear_backward_multi", LH_ACCUM, "test_ops_linear_multi"},
     {"embedding_forward", LH_EXACT, "test_ops_embedding"},
     {"embedding_backward", LH_ACCUM, "test_ops_embedding"},
     {"sinusoidal_table", LH_EXACT, "test_ops_embedding"},

@@ -122,6 +122,26 @@ static luna_status w_linear_backward(luna_backend *be, luna_act *dx, float *dW, 
          .bytes = F32 * (2 * D(in) * out + (dx ? D(in) * out : 0) + (db ? 2 * D(out) : 0)));
     FORWARD(linear_backward, dx, dW, db, dy, x, W, rows, in, out, acc);
 }
+static luna_status w_linear_forward_multi(luna_backend *be, luna_act *y, const luna_act *x,
+                                          const float *W, const float *b, int64_t stride, int count,
+                                          int64_t rows, int in, int out) {
+    COST(.mm_flops = 2 * D(rows) * in * out * count, .flops = b ? D(rows) * out * count : 0,
+         .act_elems = D(rows) * in + D(rows) * out * count,
+         .bytes = F32 * (D(in) * out + (b ? out : 0)) * count);
+    FORWARD(linear_forward_multi, y, x, W, b, stride, count, rows, in, out);
+}
+static luna_status w_linear_backward_multi(luna_backend *be, luna_act *dx, float *dW, float *db,
+                                           const luna_act *dy, const luna_act *x, const float *W,
+                                           int64_t stride, int count, int64_t rows, int in, int out,
+                                           bool acc) {
+    /* count linear_backward calls; dx read and written by each after the first */
+    COST(.mm_flops = 2 * D(rows) * in * out * (dx ? 2 : 1) * count,
+         .flops = db ? D(rows) * out * count : 0,
+         .act_elems = D(rows) * out * count + D(rows) * in * count +
+                      (dx ? D(rows) * in * (2 * D(count) - (acc ? 0 : 1)) : 0),
+         .bytes = F32 * (2 * D(in) * out + (dx ? D(in) * out : 0) + (db ? 2 * D(out) : 0)) * count);
+    FORWARD(linear_backward_multi, dx, dW, db, dy, x, W, stride, count, rows, in, out, acc);
+}
 /* ---- embeddings and positions ------------------------------------------------------------------
  */
 static luna_status w_embedding_forward(luna_backend *be, luna_act *out, const float *table,
@@ -471,6 +491,8 @@ static luna_status w_multi_adam_update(luna_backend *be, float *th, const float 
     X(linear_forward, "linear") \
     X(linear_relu_forward, "linear") \
     X(linear_backward, "linear") \
+    X(linear_forward_multi, "linear") \
+    X(linear_backward_multi, "linear") \
     X(embedding_forward, "embedding") \
     X(embedding_backward, "embedding") \
     X(sinusoidal_table, "positions") \

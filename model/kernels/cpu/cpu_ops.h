@@ -39,6 +39,13 @@ luna_status luna_cpu_held_linear(luna_backend *be, float *y, const float *x, con
 luna_status luna_cpu_linear_backward(luna_backend *be, luna_act *dx, float *dW, float *db,
                                      const luna_act *dy, const luna_act *x, const float *W,
                                      int64_t rows, int in, int out, bool accumulate_dx);
+luna_status luna_cpu_linear_forward_multi(luna_backend *be, luna_act *y, const luna_act *x,
+                                          const float *W, const float *b, int64_t stride, int count,
+                                          int64_t rows, int in, int out);
+luna_status luna_cpu_linear_backward_multi(luna_backend *be, luna_act *dx, float *dW, float *db,
+                                           const luna_act *dy, const luna_act *x, const float *W,
+                                           int64_t stride, int count, int64_t rows, int in, int out,
+                                           bool accumulate_dx);
 luna_status luna_cpu_embedding_forward(luna_backend *be, luna_act *out, const float *table,
                                        const int32_t *tokens, int64_t n, int V, int d, float scale,
                                        int padding_idx);

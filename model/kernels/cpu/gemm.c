@@ -371,6 +371,32 @@ luna_status luna_cpu_linear_backward(luna_backend *be, luna_act *dx_, float *dW,
     return LUNA_OK;
 }
 
+/* The projections of one input (core/backend.h, linear_forward_multi): one linear_forward each,
+ * so the bits are the separate calls' (held weights included). */
+luna_status luna_cpu_linear_forward_multi(luna_backend *be, luna_act *y, const luna_act *x,
+                                          const float *W, const float *b, int64_t stride, int count,
+                                          int64_t rows, int in, int out) {
+    for (int i = 0; i < count; i++)
+        LUNA_TRY(luna_cpu_linear_forward(be, (float *)y + (int64_t)i * rows * out, x,
+                                         W + (int64_t)i * stride,
+                                         b ? b + (int64_t)i * stride : NULL, rows, in, out));
+    return LUNA_OK;
+}
+
+/* Their backward: one linear_backward each, in order, dx accumulated from the second on. */
+luna_status luna_cpu_linear_backward_multi(luna_backend *be, luna_act *dx, float *dW, float *db,
+                                           const luna_act *dy, const luna_act *x, const float *W,
+                                           int64_t stride, int count, int64_t rows, int in, int out,
+                                           bool accumulate_dx) {
+    for (int i = 0; i < count; i++) {
+        const int64_t o = (int64_t)i * stride;
+        LUNA_TRY(luna_cpu_linear_backward(be, dx, dW ? dW + o : NULL, db ? db + o : NULL,
+                                          (const float *)dy + (int64_t)i * rows * out, x, W + o,
+                                          rows, in, out, accumulate_dx || i > 0));
+    }
+    return LUNA_OK;
+}
+
 /* db [cols] += Σ_r dy [r, cols]. Thread t owns columns [c0, c1) and adds the rows in the order of
  * model/kernels/column_sum_order.h (chunks of rows in order, in double): bit-identical for any
  * thread count, and to the CUDA backend's column sums. */

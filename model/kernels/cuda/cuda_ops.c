@@ -142,6 +142,83 @@ static luna_status linear_backward(luna_backend *be, luna_act *dx, float *dW, fl
     return LUNA_OK;
 }
 
+/* Projections of one input (core/backend.h): one strided-batched GEMM, x at batch stride 0, each
+ * projection's bias by cuBLASLt's bias batch stride. bf16 mode reads one bf16 copy of the whole
+ * span W_0 .. W_{count-1} (biases between included), so the copies keep the fp32 weights' stride.
+ */
+static luna_status linear_forward_multi(luna_backend *be, luna_act *y, const luna_act *x,
+                                        const float *W, const float *b, int64_t stride, int count,
+                                        int64_t rows, int in, int out) {
+    if (rows == 0 || out == 0) return LUNA_OK;
+    const int64_t ny = rows * (int64_t)out;
+    if (count > 1 && in > 0) { /* cuBLASLt needs K ≥ 1 */
+        luna_cuda_impl *c = luna_cuda_impl_of(be);
+        const void *w = NULL, *bias = NULL;
+        LUNA_TRY(gemm_weight(be, W, (size_t)((count - 1) * stride + (int64_t)out * in), &w));
+        LUNA_TRY(gemm_weight(be, b, b ? (size_t)((count - 1) * stride + out) : 0, &bias));
+        const luna_status st = luna_cuda_gemm_bias_batched(
+            &c->blas, c->stream, c->bf16, false, true, (int)rows, out, in, x, in, 0, w, in, stride,
+            y, out, ny, count, bias, stride);
+        if (st != LUNA_ERR_UNSUPPORTED) return st;
+        luna_error_clear(); /* no batched algorithm for this shape: one GEMM each */
+    }
+    for (int i = 0; i < count; i++)
+        LUNA_TRY(linear_forward(be, luna_act_at(be, y, i * ny), x, W + i * stride,
+                                b ? b + i * stride : NULL, rows, in, out));
+    return LUNA_OK;
+}
+
+/* dx = Σ_i dy_i W_i (a GEMM each, accumulating; W_i from the span's bf16 copy in bf16 mode), the
+ * weight gradients in one batched GEMM (x at batch stride 0), the bias sums one per projection. */
+static luna_status linear_backward_multi(luna_backend *be, luna_act *dx, float *dW, float *db,
+                                         const luna_act *dy, const luna_act *x, const float *W,
+                                         int64_t stride, int count, int64_t rows, int in, int out,
+                                         bool accumulate_dx) {
+    luna_cuda_impl *c = luna_cuda_impl_of(be);
+    const int64_t ny = rows * (int64_t)out;
+    if (count == 1) return linear_backward(be, dx, dW, db, dy, x, W, rows, in, out, accumulate_dx);
+    if (dx && rows > 0 && in > 0) {
+        const void *w = NULL;
+        const size_t es = bf16(be) ? 2 : 4;
+        LUNA_TRY(gemm_weight(be, W, (size_t)((count - 1) * stride + (int64_t)out * in), &w));
+        for (int i = 0; i < count; i++)
+            LUNA_TRY(luna_cuda_gemm(&c->blas, c->stream, c->bf16, false, false, (int)rows, in, out,
+                                    1.0f, luna_act_at(be, dy, i * ny), imax(out, 1), 0,
+                                    (const char *)w + (size_t)(i * stride) * es, imax(in, 1), 0,
+                                    accumulate_dx || i > 0 ? 1.0f : 0.0f, dx, in, 0, 1, NULL));
+    }
+    if (dW && out > 0 && in > 0) {
+        WRITES(dW, (count - 1) * stride + (int64_t)out * in);
+        luna_status st = luna_cuda_gemm_ex(&c->blas, c->stream, c->bf16, 0, true, false, out, in,
+                                           (int)rows, 1.0f, dy, imax(out, 1), ny, x, imax(in, 1), 0,
+                                           1.0f, dW, in, stride, count, NULL);
+        if (st == LUNA_ERR_UNSUPPORTED) { /* no batched algorithm for this shape: one each */
+            luna_error_clear();
+            st = LUNA_OK;
+            for (int i = 0; i < count && st == LUNA_OK; i++)
+                st = luna_cuda_gemm_ex(&c->blas, c->stream, c->bf16, 0, true, false, out, in,
+                                       (int)rows, 1.0f, luna_act_at(be, dy, i * ny), imax(out, 1),
+                                       0, x, imax(in, 1), 0, 1.0f, dW + i * stride, in, 0, 1, NULL);
+        }
+        LUNA_TRY(st);
+    }
+    if (db && out > 0)
+        for (int i = 0; i < count; i++) {
+            WRITES(db + i * stride, out);
+            const luna_arena_mark mark = luna_arena_get_mark(be->scratch);
+            luna_cuda_colsum_ws ws = {NULL, luna_cuda_colsum_ws_doubles(rows, out, 1)};
+            luna_status st = scratch_doubles(be, "linear_backward_multi (bias)", ws.n, &ws.p);
+            if (st == LUNA_OK)
+                st = luna_cuda_check(
+                    luna_cuda_bias_add_backward(c->stream, c->bf16, db + i * stride,
+                                                luna_act_at(be, dy, i * ny), rows, out, ws),
+                    "linear_backward_multi (bias)");
+            luna_arena_release(be->scratch, mark);
+            LUNA_TRY(st);
+        }
+    return LUNA_OK;
+}
+
 /* ---- embedding and positions ------------------------------------------------------------------
  */
 static luna_status embedding_forward(luna_backend *be, luna_act *out, const float *table,
@@ -400,6 +477,8 @@ const luna_ops luna_cuda_kernels = {
     .linear_forward = linear_forward,
     .linear_relu_forward = linear_relu_forward,
     .linear_backward = linear_backward,
+    .linear_forward_multi = linear_forward_multi,
+    .linear_backward_multi = linear_backward_multi,
     .residual_norm_forward = luna_cuda_op_residual_norm_forward,
     .residual_norm_backward = luna_cuda_op_residual_norm_backward,
     .bias_relu_dropout_forward = luna_cuda_op_bias_relu_dropout_forward,

@@ -69,7 +69,7 @@ typedef struct {
     int32_t ab_bf16, c_bf16, compute, op_a, op_b, has_bias, relu, ptr_mode;
     int32_t M, N, K, lda, ldb, ldc, batch;
     uint32_t align[3];
-    int64_t stride_a, stride_b, stride_c;
+    int64_t stride_a, stride_b, stride_c, stride_bias;
 } plan_key;
 
 typedef struct {
@@ -176,6 +176,9 @@ static luna_status plan_make(const luna_cuda_blas *b, const plan_key *k, plan *p
         LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
                                               sizeof epi));
     }
+    if (k->has_bias && k->stride_bias != 0)
+        LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE,
+                                              &k->stride_bias, sizeof k->stride_bias));
     /* stored shapes (column-major view of row-major storage): our B is [K, N] row-major = N×K
      * column-major with ld = ldb when not transposed, [N, K] row-major = K×N when transposed */
     const bool pm = k->ptr_mode != 0;
@@ -296,7 +299,7 @@ static luna_status gemm_epilogue(const luna_cuda_blas *b, cudaStream_t s, int ab
                                  bool trans_a, bool trans_b, int M, int N, int K, float alpha,
                                  const void *A, int lda, int64_t stride_a, const void *B, int ldb,
                                  int64_t stride_b, float beta, void *C, int ldc, int64_t stride_c,
-                                 int batch, const void *bias, bool relu) {
+                                 int batch, const void *bias, int64_t stride_bias, bool relu) {
     if (!ab_bf16 && c_bf16)
         return luna_error(LUNA_ERR_UNSUPPORTED, "gemm: fp32 inputs with a bf16 result");
     if (M < 0 || N < 0 || K < 0 || batch < 0)
@@ -322,6 +325,7 @@ static luna_status gemm_epilogue(const luna_cuda_blas *b, cudaStream_t s, int ab
     k.stride_a = batch > 1 ? stride_a : 0; /* unused (and not set) for one matrix */
     k.stride_b = batch > 1 ? stride_b : 0;
     k.stride_c = batch > 1 ? stride_c : 0;
+    k.stride_bias = batch > 1 && bias ? stride_bias : 0;
     k.align[0] = alignment(B, stride_b, es_ab, batch);
     k.align[1] = alignment(A, stride_a, es_ab, batch);
     k.align[2] = alignment(C, stride_c, es_c, batch);
@@ -334,14 +338,24 @@ luna_status luna_cuda_gemm_ex(const luna_cuda_blas *b, cudaStream_t s, int ab_bf
                               int64_t stride_b, float beta, void *C, int ldc, int64_t stride_c,
                               int batch, const void *bias) {
     return gemm_epilogue(b, s, ab_bf16, c_bf16, trans_a, trans_b, M, N, K, alpha, A, lda, stride_a,
-                         B, ldb, stride_b, beta, C, ldc, stride_c, batch, bias, false);
+                         B, ldb, stride_b, beta, C, ldc, stride_c, batch, bias, 0, false);
 }
 
 luna_status luna_cuda_gemm_relu(const luna_cuda_blas *b, cudaStream_t s, int bf16, bool trans_a,
                                 bool trans_b, int M, int N, int K, const void *A, int lda,
                                 const void *B, int ldb, void *C, int ldc, const void *bias) {
     return gemm_epilogue(b, s, bf16, bf16, trans_a, trans_b, M, N, K, 1.0f, A, lda, 0, B, ldb, 0,
-                         0.0f, C, ldc, 0, 1, bias, true);
+                         0.0f, C, ldc, 0, 1, bias, 0, true);
+}
+
+luna_status luna_cuda_gemm_bias_batched(const luna_cuda_blas *b, cudaStream_t s, int bf16,
+                                        bool trans_a, bool trans_b, int M, int N, int K,
+                                        const void *A, int lda, int64_t stride_a, const void *B,
+                                        int ldb, int64_t stride_b, void *C, int ldc,
+                                        int64_t stride_c, int batch, const void *bias,
+                                        int64_t stride_bias) {
+    return gemm_epilogue(b, s, bf16, bf16, trans_a, trans_b, M, N, K, 1.0f, A, lda, stride_a, B,
+                         ldb, stride_b, 0.0f, C, ldc, stride_c, batch, bias, stride_bias, false);
 }
 
 /* ---- grids -------------------------------------------------------------------------------- */

@@ -68,6 +68,15 @@ luna_status luna_cuda_gemm_relu(const luna_cuda_blas *b, cudaStream_t s, int bf1
                                 bool trans_b, int M, int N, int K, const void *A, int lda,
                                 const void *B, int ldb, void *C, int ldc, const void *bias);
 
+/* Batches with a bias each, C_i = op(A_i)·op(B_i) + bias_i (bias_i = bias + i·stride_bias
+ * elements, NULL for none): linear_forward_multi's projections of one input (stride_a = 0). */
+luna_status luna_cuda_gemm_bias_batched(const luna_cuda_blas *b, cudaStream_t s, int bf16,
+                                        bool trans_a, bool trans_b, int M, int N, int K,
+                                        const void *A, int lda, int64_t stride_a, const void *B,
+                                        int ldb, int64_t stride_b, void *C, int ldc,
+                                        int64_t stride_c, int batch, const void *bias,
+                                        int64_t stride_bias);
+
 /* The same with the inputs' and the result's storage given apart: bf16 A and B with an fp32 C
  * (weight gradients in bf16 mode: dW += dyᵀ·x accumulated in the fp32 master gradient), or one
  * type for all three; bias [N] of C's type. */
