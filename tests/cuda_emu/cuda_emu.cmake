@@ -25,7 +25,7 @@ endif()
 if(LUNA_CUDA_EMU_AVAILABLE)
   add_library(luna_cuda_emu STATIC tests/cuda_emu/emu_fiber.cc tests/cuda_emu/emu_sched.cc
               tests/cuda_emu/emu_cudart.cc tests/cuda_emu/emu_cublaslt.cc
-              tests/cuda_emu/emu_nccl.cc)
+              tests/cuda_emu/emu_nccl.cc tests/cuda_emu/emu_graph.cc)
   target_include_directories(luna_cuda_emu PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/tests/cuda_emu
                              ${CMAKE_CURRENT_SOURCE_DIR})
   target_include_directories(luna_cuda_emu SYSTEM PUBLIC ${CUDAToolkit_INCLUDE_DIRS})
@@ -56,15 +56,21 @@ function(luna_cuda_emu_tests)
   luna_cuda_emu_sources(test_cuda_emu ${dir}/selftest_kernels.cu)
   add_executable(test_cuda_emu_cublaslt ${dir}/test_cuda_emu_cublaslt.c)
   target_link_libraries(test_cuda_emu_cublaslt PRIVATE luna_cuda_emu)
-  foreach(t test_cuda_emu test_cuda_emu_cublaslt)
+  add_executable(test_cuda_emu_graph ${dir}/test_cuda_emu_graph.c)
+  luna_cuda_emu_sources(test_cuda_emu_graph ${dir}/selftest_kernels.cu)
+  foreach(t test_cuda_emu test_cuda_emu_cublaslt test_cuda_emu_graph)
     target_link_libraries(${t} PRIVATE luna_test_support)
   endforeach()
-  # The kernel suite once per thread order; the thread order changes nothing for cuBLASLt.
-  foreach(order forward reverse random:7)
-    string(REPLACE ":" "_" name "test_cuda_emu_${order}")
-    add_test(NAME ${name} COMMAND test_cuda_emu)
-    set_tests_properties(${name} PROPERTIES LABELS "cpu;cuda-emu" TIMEOUT 300
-                         ENVIRONMENT "LUNA_EMU_ORDER=${order}")
+  target_link_libraries(test_cuda_emu_graph PRIVATE Threads::Threads)
+  # The kernel suites once per thread order (graphs replay kernels: they too); the thread order
+  # changes nothing for cuBLASLt.
+  foreach(suite test_cuda_emu test_cuda_emu_graph)
+    foreach(order forward reverse random:7)
+      string(REPLACE ":" "_" name "${suite}_${order}")
+      add_test(NAME ${name} COMMAND ${suite})
+      set_tests_properties(${name} PROPERTIES LABELS "cpu;cuda-emu" TIMEOUT 300
+                           ENVIRONMENT "LUNA_EMU_ORDER=${order}")
+    endforeach()
   endforeach()
   add_test(NAME test_cuda_emu_cublaslt COMMAND test_cuda_emu_cublaslt)
   set_tests_properties(test_cuda_emu_cublaslt PROPERTIES LABELS "cpu;cuda-emu" TIMEOUT 300)

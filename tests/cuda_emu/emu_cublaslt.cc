@@ -27,7 +27,9 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "emu_internal.h"
@@ -120,15 +122,10 @@ struct problem {
 
 cublasStatus_t validate_epilogue(const lt_desc *d, const lt_layout *const l[4]);
 
-// Validates the descriptors (shared by the heuristic and the matmul).
-cublasStatus_t validate(cublasLtHandle_t h, const lt_desc *d, const lt_layout *const l[4],
-                        problem *p) {
+// Validates the descriptors' contents (shared by the heuristic, the matmul and its replays).
+cublasStatus_t validate_problem(const lt_desc *d, const lt_layout *const l[4], problem *p) {
     static const char *const names[4] = {"A", "B", "C", "D"};
-    if (!g_objects.count(h) || !g_objects.count(d))
-        return lt_error(CUBLAS_STATUS_NOT_INITIALIZED, "unknown handle or matmul descriptor");
     for (int i = 0; i < 4; i++) {
-        if (!g_objects.count(l[i]))
-            return lt_error(CUBLAS_STATUS_INVALID_VALUE, "unknown layout %s", names[i]);
         if (l[i]->order != CUBLASLT_ORDER_COL)
             return lt_error(CUBLAS_STATUS_NOT_SUPPORTED,
                             "layout %s: only CUBLASLT_ORDER_COL is emulated", names[i]);
@@ -194,6 +191,18 @@ cublasStatus_t validate(cublasLtHandle_t h, const lt_desc *d, const lt_layout *c
     return validate_epilogue(d, l);
 }
 
+// Validates the handle and the descriptors (live objects), then their contents.
+cublasStatus_t validate(cublasLtHandle_t h, const lt_desc *d, const lt_layout *const l[4],
+                        problem *p) {
+    static const char *const names[4] = {"A", "B", "C", "D"};
+    if (!g_objects.count(h) || !g_objects.count(d))
+        return lt_error(CUBLAS_STATUS_NOT_INITIALIZED, "unknown handle or matmul descriptor");
+    for (int i = 0; i < 4; i++)
+        if (!g_objects.count(l[i]))
+            return lt_error(CUBLAS_STATUS_INVALID_VALUE, "unknown layout %s", names[i]);
+    return validate_problem(d, l, p);
+}
+
 cublasStatus_t validate_epilogue(const lt_desc *d, const lt_layout *const l[4]) {
     if (d->epilogue != CUBLASLT_EPILOGUE_DEFAULT && d->epilogue != CUBLASLT_EPILOGUE_RELU &&
         d->epilogue != CUBLASLT_EPILOGUE_BIAS && d->epilogue != CUBLASLT_EPILOGUE_RELU_BIAS)
@@ -207,6 +216,22 @@ cublasStatus_t validate_epilogue(const lt_desc *d, const lt_layout *const l[4]) 
 }
 
 bool aligned(const void *p, size_t a) { return ((uintptr_t)p % a) == 0; }
+
+// A matmul as the library copies it at the call: descriptor and layouts by value, alpha and beta
+// by value in host pointer mode; the memory the pointers name (device-side alpha and beta too) is
+// read when it runs, at the call or at each replay of one recorded by a stream capture.
+struct lt_call {
+    lt_desc d;
+    lt_layout l[4];
+    float alpha, beta; // host pointer mode
+    const void *alpha_p, *beta_p;
+    const void *A, *B, *C;
+    void *D;
+    bool has_algo;
+    cublasLtMatmulAlgo_t algo;
+    void *workspace;
+    size_t workspace_bytes;
+};
 
 } // namespace
 
@@ -390,30 +415,23 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
     return CUBLAS_STATUS_SUCCESS;
 }
 
-cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, const void *alpha,
-                              const void *A, cublasLtMatrixLayout_t Adesc, const void *B,
-                              cublasLtMatrixLayout_t Bdesc, const void *beta, const void *C,
-                              cublasLtMatrixLayout_t Cdesc, void *D, cublasLtMatrixLayout_t Ddesc,
-                              const cublasLtMatmulAlgo_t *algo, void *workspace,
-                              size_t workspace_bytes, cudaStream_t stream) {
+// Checks a matmul's pointers and memory, then (`compute`) computes D.
+static cublasStatus_t run_matmul(const lt_call &c, bool compute) {
     static const char *const names[4] = {"A", "B", "C", "D"};
-    const lt_desc *d = reinterpret_cast<const lt_desc *>(desc);
-    const lt_layout *l[4] = {
-        reinterpret_cast<lt_layout *>(Adesc), reinterpret_cast<lt_layout *>(Bdesc),
-        reinterpret_cast<lt_layout *>(Cdesc), reinterpret_cast<lt_layout *>(Ddesc)};
+    const lt_desc *d = &c.d;
+    const lt_layout *l[4] = {&c.l[0], &c.l[1], &c.l[2], &c.l[3]};
+    const cublasLtMatmulAlgo_t *algo = c.has_algo ? &c.algo : nullptr;
+    const void *A = c.A, *B = c.B, *C = c.C, *D = c.D, *workspace = c.workspace;
+    const size_t workspace_bytes = c.workspace_bytes;
     problem pr;
-    cublasStatus_t st = validate(h, d, l, &pr);
+    cublasStatus_t st = validate_problem(d, l, &pr);
     if (st) return st;
-    if (sticky_error() != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED;
-    if (!stream_valid(stream))
-        return lt_error(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmul: unknown stream");
-    if (!alpha || !beta)
-        return lt_error(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmul: alpha or beta is NULL");
     const bool dev_scalars = d->pointer_mode == CUBLASLT_POINTER_MODE_DEVICE;
-    if (dev_scalars && (!device_range(alpha, 4) || !device_range(beta, 4)))
+    if (dev_scalars && (!device_range(c.alpha_p, 4) || !device_range(c.beta_p, 4)))
         return lt_error(CUBLAS_STATUS_INVALID_VALUE,
                         "POINTER_MODE_DEVICE: alpha/beta are not device memory");
-    const float al = *static_cast<const float *>(alpha), be = *static_cast<const float *>(beta);
+    const float al = dev_scalars ? *static_cast<const float *>(c.alpha_p) : c.alpha;
+    const float be = dev_scalars ? *static_cast<const float *>(c.beta_p) : c.beta;
     const void *ptr[4] = {A, B, C, D};
     if (!C && be == 0.0f) ptr[2] = nullptr;
     if (C == D && (l[2]->ld != l[3]->ld || l[2]->stride != l[3]->stride))
@@ -493,6 +511,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
                             "bias %p (%llu elements) is not inside one device allocation", d->bias,
                             (unsigned long long)n);
     }
+    if (!compute) return CUBLAS_STATUS_SUCCESS;
     const bool ta = d->transa == CUBLAS_OP_T, tb = d->transb == CUBLAS_OP_T;
     const int round_bits = d->compute == CUBLAS_COMPUTE_32F_FAST_TF32   ? 10
                            : d->compute == CUBLAS_COMPUTE_32F_FAST_16BF ? 7
@@ -535,6 +554,55 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
                     static_cast<float *>(Db)[at] = out[j * M + i];
             }
     }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+static cudaError_t replay_matmul(void *ctx, cudaStream_t) {
+    if (sticky_error() != cudaSuccess) return sticky_error();
+    if (run_matmul(*static_cast<const lt_call *>(ctx), true) == CUBLAS_STATUS_SUCCESS)
+        return cudaSuccess;
+    const std::string why = luna_emu_last_error();
+    return api_error(cudaErrorIllegalAddress, true,
+                     "cudaGraphLaunch: the recorded cublasLtMatmul cannot run: %s", why.c_str());
+}
+
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, const void *alpha,
+                              const void *A, cublasLtMatrixLayout_t Adesc, const void *B,
+                              cublasLtMatrixLayout_t Bdesc, const void *beta, const void *C,
+                              cublasLtMatrixLayout_t Cdesc, void *D, cublasLtMatrixLayout_t Ddesc,
+                              const cublasLtMatmulAlgo_t *algo, void *workspace,
+                              size_t workspace_bytes, cudaStream_t stream) {
+    const lt_desc *d = reinterpret_cast<const lt_desc *>(desc);
+    const lt_layout *l[4] = {
+        reinterpret_cast<lt_layout *>(Adesc), reinterpret_cast<lt_layout *>(Bdesc),
+        reinterpret_cast<lt_layout *>(Cdesc), reinterpret_cast<lt_layout *>(Ddesc)};
+    problem pr;
+    cublasStatus_t st = validate(h, d, l, &pr);
+    if (st) return st;
+    if (sticky_error() != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED;
+    if (!stream_valid(stream))
+        return lt_error(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmul: unknown stream");
+    if (!alpha || !beta)
+        return lt_error(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmul: alpha or beta is NULL");
+    bool record = false;
+    if (capture_enqueue("cublasLtMatmul", stream, &record)) return CUBLAS_STATUS_EXECUTION_FAILED;
+    lt_call c{};
+    c.d = *d;
+    for (int i = 0; i < 4; i++)
+        c.l[i] = *l[i];
+    c.alpha_p = alpha, c.beta_p = beta, c.A = A, c.B = B, c.C = C, c.D = D;
+    c.has_algo = algo != nullptr, c.workspace = workspace, c.workspace_bytes = workspace_bytes;
+    if (algo) c.algo = *algo;
+    if (d->pointer_mode != CUBLASLT_POINTER_MODE_DEVICE) // host scalars: read at the call
+        c.alpha = *static_cast<const float *>(alpha), c.beta = *static_cast<const float *>(beta);
+    st = run_matmul(c, !record); // checks everything; computes unless recorded
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        capture_failed(stream, cudaErrorInvalidValue);
+        return st;
+    }
+    if (record)
+        capture_record(stream, make_graph_op("cublasLtMatmul", new lt_call(c), replay_matmul,
+                                             [](void *p) { delete static_cast<lt_call *>(p); }));
     return CUBLAS_STATUS_SUCCESS;
 }
 

@@ -1,6 +1,7 @@
 // luna-cuda-emu: the CUDA runtime subset the backend uses, defined against NVIDIA's own
 // declarations (cuda_runtime_api.h), so host code is the same source for libcudart and for this
-// library. Work is synchronous (a stream is a token; events record host time). Arguments are
+// library. Work is synchronous (a stream is a token; events record host time), unless the stream
+// captures: then emu_graph.cc records it and enforces the capture rules. Arguments are
 // checked as the real runtime would, and more strictly where the real one is undefined:
 // - cudaMalloc allocates exactly the bytes asked for (256-byte aligned, filled with 0xff bytes,
 //   NaN as float), so AddressSanitizer reports an overrun and uninitialised reads show;
@@ -20,14 +21,6 @@
 #include <string>
 
 #include "emu_internal.h"
-
-struct CUstream_st {
-    unsigned flags;
-};
-struct CUevent_st {
-    unsigned flags;
-    double ms; // host time when recorded, < 0 before
-};
 
 namespace luna_emu {
 namespace {
@@ -68,6 +61,8 @@ bool is_device(const void *p) {
     return a && !a->pinned;
 }
 
+} // namespace
+
 double now_ms() {
     timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -95,6 +90,14 @@ cudaError_t check_copy(const char *fn, void *dst, const void *src, size_t n, cud
         return api_error(cudaErrorInvalidValue, false, "%s: source and destination overlap", fn);
     return cudaSuccess;
 }
+bool pageable_copy(const void *dst, const void *src, size_t n) {
+    return n && ((!in_kind(dst, n, false) && !in_kind(dst, n, true)) ||
+                 (!in_kind(src, n, false) && !in_kind(src, n, true)));
+}
+void count_host_wait() { g_host_waits++; }
+std::recursive_mutex &api_mutex() { return g_mu; }
+
+namespace {
 
 cudaError_t stream_check(const char *fn, cudaStream_t s) {
     if (g_sticky) return g_sticky;
@@ -170,6 +173,10 @@ bool stream_valid(cudaStream_t s) {
     std::lock_guard<std::recursive_mutex> lock(g_mu);
     return s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread || g_streams.count(s);
 }
+bool event_valid(cudaEvent_t e) {
+    std::lock_guard<std::recursive_mutex> lock(g_mu);
+    return g_events.count(e) != 0;
+}
 int func_max_dynamic_shared(const void *func) {
     std::lock_guard<std::recursive_mutex> lock(g_mu);
     auto it = g_func_shared.find(func);
@@ -195,51 +202,70 @@ extern "C" {
 
 cudaError_t cudaMalloc(void **p, size_t bytes) {
     LOCK;
+    if (cudaError_t e = capture_unsafe_call("cudaMalloc")) return e;
     return alloc(p, bytes, false, "cudaMalloc");
 }
 cudaError_t cudaMallocAsync(void **p, size_t bytes, cudaStream_t s) {
     LOCK;
+    bool record = false;
     cudaError_t e = stream_check("cudaMallocAsync", s);
+    if (!e) e = capture_enqueue("cudaMallocAsync", s, &record);
+    if (!e && record) /* the real runtime adds a graph memory node */
+        e = capture_failed(s, api_error(cudaErrorNotSupported, false,
+                                        "cudaMallocAsync during stream capture: graph memory "
+                                        "nodes are not emulated (allocate before the capture)"));
     return e ? e : alloc(p, bytes, false, "cudaMallocAsync");
 }
 cudaError_t cudaFree(void *p) {
     LOCK;
+    if (cudaError_t e = capture_unsafe_call("cudaFree")) return e;
     return release(p, false, "cudaFree");
 }
 cudaError_t cudaFreeAsync(void *p, cudaStream_t s) {
     LOCK;
+    bool record = false;
     cudaError_t e = stream_check("cudaFreeAsync", s);
+    if (!e) e = capture_enqueue("cudaFreeAsync", s, &record);
+    if (!e && record)
+        e = capture_failed(s, api_error(cudaErrorNotSupported, false,
+                                        "cudaFreeAsync during stream capture: graph memory "
+                                        "nodes are not emulated (free after the capture)"));
     return e ? e : release(p, false, "cudaFreeAsync");
 }
 cudaError_t cudaMallocHost(void **p, size_t bytes) {
     LOCK;
+    if (cudaError_t e = capture_unsafe_call("cudaMallocHost")) return e;
     return alloc(p, bytes, true, "cudaMallocHost");
 }
 cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned) {
     LOCK;
+    if (cudaError_t e = capture_unsafe_call("cudaHostAlloc")) return e;
     return alloc(p, bytes, true, "cudaHostAlloc");
 }
 cudaError_t cudaFreeHost(void *p) {
     LOCK;
+    if (cudaError_t e = capture_unsafe_call("cudaFreeHost")) return e;
     return release(p, true, "cudaFreeHost");
 }
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind) {
     LOCK;
     g_host_waits++; /* synchronous: the host waits for the device's queue */
-    cudaError_t e = check_copy("cudaMemcpy", dst, src, n, kind);
+    cudaError_t e = capture_legacy_sync("cudaMemcpy");
+    if (!e) e = check_copy("cudaMemcpy", dst, src, n, kind);
     if (!e && n) memcpy(dst, src, n);
     return e;
 }
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind,
                             cudaStream_t s) {
     LOCK;
+    bool record = false;
     cudaError_t e = stream_check("cudaMemcpyAsync", s);
-    if (!e) e = check_copy("cudaMemcpyAsync", dst, src, n, kind);
+    if (!e) e = capture_enqueue("cudaMemcpyAsync", s, &record);
+    if (!e) e = capture_failed(s, check_copy("cudaMemcpyAsync", dst, src, n, kind));
+    if (!e && record) return n ? capture_copy(s, dst, src, n, kind) : cudaSuccess;
     /* with pageable host memory the copy is staged and the host may wait for the stream: counted */
-    if (!e && n && ((!device_range(dst, n) && !pinned_range(dst, n)) ||
-                    (!device_range(src, n) && !pinned_range(src, n))))
-        g_host_waits++;
+    if (!e && pageable_copy(dst, src, n)) g_host_waits++;
     if (!e && n) memcpy(dst, src, n);
     return e;
 }
@@ -248,11 +274,15 @@ cudaError_t cudaMemset(void *p, int value, size_t n) {
 }
 cudaError_t cudaMemsetAsync(void *p, int value, size_t n, cudaStream_t s) {
     LOCK;
+    bool record = false;
     cudaError_t e = stream_check("cudaMemset", s);
+    if (!e) e = capture_enqueue("cudaMemsetAsync", s, &record);
     if (e || n == 0) return e;
     if (!in_kind(p, n, false))
-        return api_error(cudaErrorInvalidValue, false,
-                         "cudaMemset: %p (%zu bytes) is not inside one device allocation", p, n);
+        return capture_failed(
+            s, api_error(cudaErrorInvalidValue, false,
+                         "cudaMemset: %p (%zu bytes) is not inside one device allocation", p, n));
+    if (record) return capture_memset(s, p, value, n);
     memset(p, value, n);
     return cudaSuccess;
 }
@@ -263,6 +293,7 @@ cudaError_t cudaMemcpyToSymbol(const void *symbol, const void *src, size_t n, si
         kind != cudaMemcpyDefault)
         return api_error(cudaErrorInvalidMemcpyDirection, false, "cudaMemcpyToSymbol: kind %d",
                          (int)kind);
+    if (cudaError_t e = capture_legacy_sync("cudaMemcpyToSymbol")) return e;
     memcpy((char *)const_cast<void *>(symbol) + offset, src, n); // a __constant__/__device__ global
     return g_sticky;
 }
@@ -282,27 +313,31 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
 cudaError_t cudaStreamCreate(cudaStream_t *s) { return cudaStreamCreateWithFlags(s, 0); }
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
     LOCK;
-    if (!g_streams.erase(s))
+    if (!g_streams.count(s))
         return api_error(cudaErrorInvalidResourceHandle, false,
                          "cudaStreamDestroy: unknown stream %p", (void *)s);
+    if (cudaError_t e = capture_stream_destroy(s)) return e;
+    g_streams.erase(s);
     delete s;
     return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
     LOCK;
     g_host_waits++;
-    return stream_check("cudaStreamSynchronize", s);
+    cudaError_t e = stream_check("cudaStreamSynchronize", s);
+    return e ? e : capture_stream_wait("cudaStreamSynchronize", s);
 }
 cudaError_t cudaStreamQuery(cudaStream_t s) {
     LOCK;
-    return stream_check("cudaStreamQuery", s);
+    cudaError_t e = stream_check("cudaStreamQuery", s);
+    return e ? e : capture_stream_wait("cudaStreamQuery", s);
 }
-cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t ev, unsigned) {
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t ev, unsigned flags) {
     LOCK;
     cudaError_t e = stream_check("cudaStreamWaitEvent", s);
     if (!e && !g_events.count(ev))
         e = api_error(cudaErrorInvalidResourceHandle, false, "cudaStreamWaitEvent: unknown event");
-    return e;
+    return e ? capture_failed(s, e) : capture_wait_event(s, ev, flags);
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *ev, unsigned flags) {
@@ -316,33 +351,42 @@ cudaError_t cudaEventDestroy(cudaEvent_t ev) {
     LOCK;
     if (!g_events.erase(ev))
         return api_error(cudaErrorInvalidResourceHandle, false, "cudaEventDestroy: unknown event");
+    capture_forget_event(ev);
     delete ev;
     return cudaSuccess;
 }
 cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t s) {
     LOCK;
+    bool record = false;
     cudaError_t e = stream_check("cudaEventRecord", s);
+    if (!e) e = capture_enqueue("cudaEventRecord", s, &record);
     if (e) return e;
     if (!g_events.count(ev))
-        return api_error(cudaErrorInvalidResourceHandle, false, "cudaEventRecord: unknown event");
+        return capture_failed(
+            s, api_error(cudaErrorInvalidResourceHandle, false, "cudaEventRecord: unknown event"));
+    if (record) return capture_event_record(s, ev);
+    capture_forget_event(ev); /* recorded outside any capture now */
     ev->ms = now_ms();
     return cudaSuccess;
 }
-cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
+static cudaError_t event_wait(const char *fn, cudaEvent_t ev) {
     LOCK;
     g_host_waits++;
     if (!g_events.count(ev))
-        return api_error(cudaErrorInvalidResourceHandle, false,
-                         "cudaEventSynchronize: unknown event");
-    return g_sticky;
+        return api_error(cudaErrorInvalidResourceHandle, false, "%s: unknown event", fn);
+    cudaError_t e = capture_event_wait(fn, ev);
+    return e ? e : g_sticky;
 }
-cudaError_t cudaEventQuery(cudaEvent_t ev) { return cudaEventSynchronize(ev); }
+cudaError_t cudaEventSynchronize(cudaEvent_t ev) { return event_wait("cudaEventSynchronize", ev); }
+cudaError_t cudaEventQuery(cudaEvent_t ev) { return event_wait("cudaEventQuery", ev); }
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
     LOCK;
     if (!g_events.count(a) || !g_events.count(b) ||
         ((a->flags | b->flags) & cudaEventDisableTiming))
         return api_error(cudaErrorInvalidResourceHandle, false,
                          "cudaEventElapsedTime: unknown event or one without timing");
+    if (cudaError_t e = capture_event_wait("cudaEventElapsedTime", a)) return e;
+    if (cudaError_t e = capture_event_wait("cudaEventElapsedTime", b)) return e;
     if (a->ms < 0 || b->ms < 0)
         return api_error(cudaErrorInvalidResourceHandle, false,
                          "cudaEventElapsedTime: event not recorded");
@@ -363,10 +407,12 @@ cudaError_t cudaPeekAtLastError(void) {
 cudaError_t cudaDeviceSynchronize(void) {
     LOCK;
     g_host_waits++;
-    return g_sticky;
+    cudaError_t e = capture_device_wait("cudaDeviceSynchronize");
+    return e ? e : g_sticky;
 }
 cudaError_t cudaDeviceReset(void) {
     LOCK;
+    capture_reset();
     for (auto &a : g_allocs)
         free((void *)a.first);
     g_allocs.clear();
@@ -466,16 +512,20 @@ cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr attr, int device) {
 
 const char *cudaGetErrorName(cudaError_t e) {
     switch (e) {
+    default: return "cudaErrorUnknown";
 #define C(x)                                                                                       \
     case x: return #x;
-        C(cudaSuccess)
-        C(cudaErrorInvalidValue) C(cudaErrorMemoryAllocation) C(cudaErrorInvalidConfiguration)
-            C(cudaErrorInvalidMemcpyDirection) C(cudaErrorInvalidDevice)
-                C(cudaErrorInvalidResourceHandle) C(cudaErrorIllegalAddress)
-                    C(cudaErrorLaunchFailure) C(cudaErrorNoDevice) C(cudaErrorNotSupported)
-                        C(cudaErrorInsufficientDriver)
+        // clang-format off
+        C(cudaSuccess) C(cudaErrorInvalidValue) C(cudaErrorMemoryAllocation)
+        C(cudaErrorInvalidConfiguration) C(cudaErrorInvalidMemcpyDirection) C(cudaErrorInvalidDevice)
+        C(cudaErrorInvalidResourceHandle) C(cudaErrorIllegalAddress) C(cudaErrorLaunchFailure)
+        C(cudaErrorNoDevice) C(cudaErrorNotSupported) C(cudaErrorInsufficientDriver)
+        C(cudaErrorIllegalState) C(cudaErrorStreamCaptureUnsupported)
+        C(cudaErrorStreamCaptureInvalidated) C(cudaErrorStreamCaptureMerge)
+        C(cudaErrorStreamCaptureIsolation) C(cudaErrorStreamCaptureImplicit)
+        C(cudaErrorCapturedEvent) C(cudaErrorStreamCaptureWrongThread)
+        // clang-format on
 #undef C
-                        default : return "cudaErrorUnknown";
     }
 }
 const char *cudaGetErrorString(cudaError_t e) {
@@ -491,6 +541,14 @@ const char *cudaGetErrorString(cudaError_t e) {
     case cudaErrorLaunchFailure: return "unspecified launch failure";
     case cudaErrorInsufficientDriver:
         return "CUDA driver version is insufficient for CUDA runtime version";
+    case cudaErrorStreamCaptureUnsupported:
+        return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated:
+        return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureImplicit:
+        return "operation would make the legacy stream depend on a capturing blocking stream";
+    case cudaErrorCapturedEvent:
+        return "operation not permitted on an event last recorded in a capturing stream";
     default: return cudaGetErrorName(e);
     }
 }

@@ -322,6 +322,17 @@ ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count,
         return fail(ncclInvalidArgument, "%s: reduction %d is not emulated (ncclSum is)", fn, (int)op);
     if (!luna_emu::stream_valid(stream))
         return fail(ncclInvalidArgument, "%s: unknown or destroyed stream %p", fn, (void *)stream);
+    bool captured = false; // a collective runs at the call here: it cannot be recorded
+    if (luna_emu::capture_enqueue(fn, stream, &captured)) return ncclInvalidUsage;
+    if (captured) {
+        fail(ncclInvalidUsage,
+             "%s during stream capture: capturing a collective is not emulated "
+             "(the capture is invalidated)",
+             fn);
+        luna_emu::set_message(g_last_error);
+        luna_emu::capture_failed(stream, cudaErrorNotSupported);
+        return ncclInvalidUsage;
+    }
     int device = 0;
     cudaGetDevice(&device);
     if (device != c->device)

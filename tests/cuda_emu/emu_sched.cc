@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -393,32 +394,12 @@ unsigned active_mask() {
     return m;
 }
 
-void run(const launch_desc &d) {
-    std::lock_guard<std::mutex> lock(g_mutex);
-    init_order();
-    g_launches++;
-    if (sticky_error() != cudaSuccess) return; // a broken context runs nothing
-    if (!stream_valid(d.stream)) {
-        api_error(cudaErrorInvalidResourceHandle, false, "kernel %s: unknown stream", d.name);
-        return;
-    }
+namespace {
+
+// Runs every block of a checked launch (g_mutex held).
+void execute(const launch_desc &d) {
     const uint64_t threads = (uint64_t)d.block.x * d.block.y * d.block.z;
     const uint64_t blocks = (uint64_t)d.grid.x * d.grid.y * d.grid.z;
-    if (threads == 0 || threads > 1024 || d.block.x > 1024 || d.block.y > 1024 || d.block.z > 64 ||
-        blocks == 0 || d.grid.x > 2147483647u || d.grid.y > 65535 || d.grid.z > 65535) {
-        api_error(cudaErrorInvalidConfiguration, false,
-                  "kernel %s: invalid configuration grid (%u,%u,%u) block (%u,%u,%u)", d.name,
-                  d.grid.x, d.grid.y, d.grid.z, d.block.x, d.block.y, d.block.z);
-        return;
-    }
-    if (d.shmem > 48 * 1024 &&
-        (d.shmem > k_dynamic_shared_max || (size_t)func_max_dynamic_shared(d.func) < d.shmem)) {
-        api_error(cudaErrorInvalidValue, false,
-                  "kernel %s: %zu bytes of dynamic shared memory need cudaFuncSetAttribute("
-                  "cudaFuncAttributeMaxDynamicSharedMemorySize) and at most %zu",
-                  d.name, d.shmem, k_dynamic_shared_max);
-        return;
-    }
     g_block.d = &d;
     g_block.n = (int)threads;
     if (g_threads.size() < threads) g_threads.resize(threads);
@@ -433,6 +414,73 @@ void run(const launch_desc &d) {
     }
     g_block.failed = false;
     g_block.d = nullptr;
+}
+
+// A launch recorded by a stream capture: its descriptor and its own copy of the closure.
+struct recorded_launch {
+    launch_desc d;
+    ~recorded_launch() { d.destroy(d.closure); }
+};
+
+// One replay of a recorded launch (cudaGraphLaunch), on the graph's stream. The pointer arguments
+// are checked again: the memory they name may have been freed since the capture.
+cudaError_t replay_launch(void *ctx, cudaStream_t s) {
+    recorded_launch *r = static_cast<recorded_launch *>(ctx);
+    if (!r->d.check(r->d.name, r->d.closure)) return sticky_error();
+    std::lock_guard<std::mutex> lock(g_mutex);
+    init_order();
+    if (sticky_error() != cudaSuccess) return sticky_error();
+    launch_desc d = r->d;
+    d.stream = s;
+    execute(d);
+    return sticky_error();
+}
+
+} // namespace
+
+void run(const launch_desc &d) {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    init_order();
+    g_launches++;
+    if (sticky_error() != cudaSuccess) return; // a broken context runs nothing
+    if (!stream_valid(d.stream)) {
+        api_error(cudaErrorInvalidResourceHandle, false, "kernel %s: unknown stream", d.name);
+        return;
+    }
+    const uint64_t threads = (uint64_t)d.block.x * d.block.y * d.block.z;
+    const uint64_t blocks = (uint64_t)d.grid.x * d.grid.y * d.grid.z;
+    if (threads == 0 || threads > 1024 || d.block.x > 1024 || d.block.y > 1024 || d.block.z > 64 ||
+        blocks == 0 || d.grid.x > 2147483647u || d.grid.y > 65535 || d.grid.z > 65535) {
+        capture_failed(
+            d.stream,
+            api_error(cudaErrorInvalidConfiguration, false,
+                      "kernel %s: invalid configuration grid (%u,%u,%u) block (%u,%u,%u)", d.name,
+                      d.grid.x, d.grid.y, d.grid.z, d.block.x, d.block.y, d.block.z));
+        return;
+    }
+    if (d.shmem > 48 * 1024 &&
+        (d.shmem > k_dynamic_shared_max || (size_t)func_max_dynamic_shared(d.func) < d.shmem)) {
+        capture_failed(
+            d.stream, api_error(cudaErrorInvalidValue, false,
+                                "kernel %s: %zu bytes of dynamic shared memory need "
+                                "cudaFuncSetAttribute(cudaFuncAttributeMaxDynamicSharedMemorySize) "
+                                "and at most %zu",
+                                d.name, d.shmem, k_dynamic_shared_max));
+        return;
+    }
+    char what[256];
+    snprintf(what, sizeof what, "kernel %s", d.name);
+    bool record = false;
+    if (capture_enqueue(what, d.stream, &record) != cudaSuccess) return;
+    if (record) { // counted above, run only by the graph's launches
+        launch_desc copy = d;
+        copy.closure = d.clone(d.closure);
+        capture_record(d.stream,
+                       make_graph_op(what, new recorded_launch{copy}, replay_launch,
+                                     [](void *p) { delete static_cast<recorded_launch *>(p); }));
+        return;
+    }
+    execute(d);
 }
 
 } // namespace luna_emu

@@ -84,8 +84,14 @@ struct launch_desc {
     cudaStream_t stream;
     void *closure;
     void (*thunk)(void *closure);
+    /* For a launch recorded by a stream capture: the closure copied to the heap and freed, and
+     * its pointer arguments checked again at each replay. */
+    void *(*clone)(const void *closure);
+    void (*destroy)(void *closure);
+    bool (*check)(const char *name, const void *closure);
 };
-/* Checks the configuration and runs every block (emu_sched.cc). */
+/* Checks the configuration and runs every block (emu_sched.cc), or records the launch when its
+ * stream captures. */
 void run(const launch_desc &d);
 /* A pointer argument must be NULL or point into device or cudaMallocHost memory. */
 bool check_launch_pointer(const char *kernel, int index, const void *p);
@@ -124,6 +130,13 @@ inline bool check_args(const char *kernel, const Tuple &t, std::index_sequence<I
     ((ok = check_arg(kernel, I, std::get<I>(t)) && ok), ...);
     return ok;
 }
+template <class C> void *clone_closure(const void *p) { return new C(*static_cast<const C *>(p)); }
+template <class C> void destroy_closure(void *p) { delete static_cast<C *>(p); }
+template <class C> bool check_closure(const char *kernel, const void *p) {
+    const C *c = static_cast<const C *>(p);
+    return check_args(kernel, c->args,
+                      std::make_index_sequence<std::tuple_size<decltype(c->args)>::value>{});
+}
 
 /* What LUNA_LAUNCH expands to: the arguments are converted to the kernel's parameter types and
  * copied once (as CUDA does), pointer arguments are checked, then every block runs. */
@@ -134,10 +147,18 @@ void launch(const char *name, void (*kernel)(P...), dim3 grid, dim3 block, size_
     using tuple = std::tuple<typename std::decay<P>::type...>;
     closure<void (*)(P...), tuple> c{kernel, tuple(std::forward<A>(args)...)};
     if (!check_args(name, c.args, std::index_sequence_for<P...>{})) return;
-    launch_desc d{name,  reinterpret_cast<const void *>(kernel),
-                  grid,  block,
-                  shmem, stream,
-                  &c,    &thunk<decltype(c)>};
+    using C = decltype(c);
+    launch_desc d{name,
+                  reinterpret_cast<const void *>(kernel),
+                  grid,
+                  block,
+                  shmem,
+                  stream,
+                  &c,
+                  &thunk<C>,
+                  &clone_closure<C>,
+                  &destroy_closure<C>,
+                  &check_closure<C>};
     run(d);
 }
 

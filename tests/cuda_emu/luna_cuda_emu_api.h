@@ -36,12 +36,19 @@ const char *luna_emu_order_name(luna_emu_order order);
 void luna_emu_set_error_mode(luna_emu_error_mode mode);
 /* The message of the last error the harness reported (kernel or API), "" if none. */
 const char *luna_emu_last_error(void);
-/* Launches run so far, and device bytes currently allocated (cudaMalloc minus cudaFree). */
+/* Kernel launches so far (LUNA_LAUNCH calls, as luna_cuda_launch_counter counts them: a launch
+ * recorded by a stream capture once, its replays by graph launches not), and device bytes
+ * currently allocated (cudaMalloc minus cudaFree). */
 uint64_t luna_emu_launch_count(void);
 uint64_t luna_emu_device_bytes(void);
+/* Graph launches run so far (cudaGraphLaunch on a stream not capturing), and the recorded
+ * operations they ran (kernels, copies, memsets, event records, cuBLASLt matmuls). */
+uint64_t luna_emu_graph_launch_count(void);
+uint64_t luna_emu_graph_node_count(void);
 /* Calls so far at which the host waits for the device: cudaStreamSynchronize,
- * cudaDeviceSynchronize, cudaEventSynchronize, cudaMemcpy, and cudaMemcpyAsync with pageable host
- * memory on either side (staged by the driver; the host may wait for the stream). */
+ * cudaDeviceSynchronize, cudaEventSynchronize, cudaEventQuery, cudaMemcpy, and cudaMemcpyAsync
+ * with pageable host memory on either side (staged by the driver; the host may wait for the
+ * stream), also such a copy run by a graph launch. */
 uint64_t luna_emu_host_wait_count(void);
 /* true: cublasLtMatmulAlgoGetHeuristic returns no algorithm for pointer-array batches (as a
  * library without them would), to test the callers' fallback. Default false. */

@@ -193,6 +193,13 @@ cudaError_t selftest_row_sum(float *out, const float *x, int rows, int d) {
     return cudaGetLastError();
 }
 
+cudaError_t selftest_row_sum_on(float *out, const float *x, int rows, int d, cudaStream_t stream) {
+    LUNA_LAUNCH(row_sum_kernel, rows, 256, 0, stream, out, x, d);
+    return cudaGetLastError();
+}
+
+unsigned long long selftest_launch_counter(void) { return luna_cuda_launch_counter().load(); }
+
 cudaError_t selftest_divergent_sync(float *out) {
     LUNA_LAUNCH(divergent_sync_kernel, 1, 32, 0, 0, out);
     return cudaGetLastError();

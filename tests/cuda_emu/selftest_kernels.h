@@ -36,6 +36,10 @@ cudaError_t selftest_template_scale(float *y, const float *x, int n, int k);
 cudaError_t selftest_read_past_end(float *out, const float *x, int n);
 /* out[r] = Σ_j x[r, j] for x [rows, d]: one 256-thread block per row (README.md's example). */
 cudaError_t selftest_row_sum(float *out, const float *x, int rows, int d);
+/* The same on `stream` (the others launch on the legacy stream, which cannot be captured). */
+cudaError_t selftest_row_sum_on(float *out, const float *x, int rows, int d, cudaStream_t stream);
+/* luna_cuda_launch_counter(): the LUNA_LAUNCH calls of the process so far. */
+unsigned long long selftest_launch_counter(void);
 /* Half a warp at __syncwarp, the other half at __syncthreads: a deadlock the harness names. */
 cudaError_t selftest_divergent_sync(float *out);
 /* The benchmark kernel: one block of 256 threads, 4 barriers. */
