@@ -529,6 +529,16 @@ struct luna_ops {
      *   bias, for pick [rows] (NULL: none; an id outside [0, V) is an error).
      *   The host receives k candidates per row instead of V log-probs (beam search) or one
      *   log-prob per row (scoring); k ≤ V, k = 0 allowed.
+     * causal_step_products: the causal Luna decoder step's running-sum products at each row's
+     *   own position (rows at different positions under in-flight batching), for the G = R·H
+     *   groups g = r·H + h (x, S, y activations):
+     *     y[g·N + n] = (1/t_r) · Σ_{k<K} x[g·K + k] · S[g·K·N + k·N + n],   n < N
+     *   with t_r = t[r] + 1 (t: device int32 [R], each row's steps before this one) or t_r =
+     *   t_all when t is NULL. The scores (K = dh, N = L, S = Σ K Φᵀ) and the outputs (K = L,
+     *   N = dh, S = Σ Φᵀ V). 1/t_r is the float 1.0f / t_r; on the CPU the bits of the one-row
+     *   gemm with alpha 1/t_r over each run of rows at one position, elsewhere within the GEMM
+     *   tolerance. Reading t on the device keeps the step free of per-position host work (one
+     *   launch whatever the positions; a CUDA graph can replay it).
      * cache_products: a decoding step's self-attention products over a key/value cache read
      *   through a beam indirection, so that reordering beams moves indices, not cached rows. The
      *   cache C (activations) holds groups (slot, h) of `page` rows of dh elements, group at
@@ -594,6 +604,9 @@ struct luna_ops {
     luna_status (*log_softmax_topk)(luna_backend *be, const luna_act *logits, const float *bias,
                                     int64_t rows, int V, int k, float *top_lp, int32_t *top_idx,
                                     const int32_t *pick, float *picked);
+    luna_status (*causal_step_products)(luna_backend *be, luna_act *y, const luna_act *x,
+                                        const luna_act *S, const int32_t *t, int t_all, int R,
+                                        int H, int K, int N);
     luna_status (*cache_products)(luna_backend *be, bool values, luna_act *y, const luna_act *x,
                                   const luna_act *C, const int32_t *ind, const int32_t *lens, int R,
                                   int H, int dh, int T, int T_cap, int page);

@@ -512,6 +512,15 @@ static luna_status log_softmax_topk(luna_backend *be, const luna_act *logits, co
     return be->kernels->log_softmax_topk(be, logits, bias, rows, V, k, top_lp, top_idx, pick,
                                          picked);
 }
+static luna_status causal_step_products(luna_backend *be, luna_act *y, const luna_act *x,
+                                        const luna_act *S, const int32_t *t, int t_all, int R,
+                                        int H, int K, int N) {
+    if (R < 0 || H < 1 || K < 1 || N < 1 || (!t && t_all < 1))
+        BAD("causal_step_products: bad sizes (R %d, H %d, K %d, N %d, t_all %d)", R, H, K, N,
+            t_all);
+    if (R > 0 && (!y || !x || !S)) BAD("causal_step_products: null pointer");
+    return be->kernels->causal_step_products(be, y, x, S, t, t_all, R, H, K, N);
+}
 static luna_status cache_products(luna_backend *be, bool values, luna_act *y, const luna_act *x,
                                   const luna_act *C, const int32_t *ind, const int32_t *lens, int R,
                                   int H, int dh, int T, int T_cap, int page) {
@@ -612,6 +621,7 @@ static const luna_ops checked_ops = {
     .gather_rows_in_groups = gather_rows_in_groups,
     .index_rows_update = index_rows_update,
     .log_softmax_topk = log_softmax_topk,
+    .causal_step_products = causal_step_products,
     .cache_products = cache_products,
     .cache_write = cache_write,
     .cross_attention = cross_attention,

@@ -45,6 +45,7 @@ struct luna_incremental {
      * admitted to (it stays there while others leave: a reorder moves no keys or values);
      * slot_host [S_cap] each slot's source length, slot_valid its device copy (masked) */
     int32_t *sent_slot, *slot_host, *slot_valid;
+    luna_act *positions; /* pool: [max_steps, d] the target positions' sinusoids (state) */
 };
 
 luna_status luna_incremental_create(luna_incremental **out, luna_seq2seq *model) {
@@ -150,7 +151,8 @@ static luna_decoder_dims dims_of(const luna_incremental *inc) {
                                .sent_step = inc->pool ? inc->sent_step : NULL,
                                .one_row_sentences = inc->one_row,
                                .sent_slot = inc->pool && !inc->luna ? inc->sent_slot : NULL,
-                               .slot_valid = inc->pool && !inc->luna ? inc->slot_valid : NULL};
+                               .slot_valid = inc->pool && !inc->luna ? inc->slot_valid : NULL,
+                               .positions = inc->pool ? inc->positions : NULL};
 }
 
 /* Upload the per-sentence masks and their per-row expansion (Luna). */
@@ -315,6 +317,10 @@ luna_status luna_incremental_begin_pool(luna_incremental *inc, int S_cap, int m_
         st = luna_pass_alloc_i32(&pst, &inc->slot_valid, S_cap, "source lengths by slot");
     if (st == LUNA_OK && inc->masked && inc->luna)
         st = luna_pass_alloc_i32(&pst, &inc->row_valid, inc->cap_rows, "decoder masks");
+    inc->positions = NULL;
+    if (st == LUNA_OK)
+        st = luna_pass_alloc(&pst, &inc->positions, (int64_t)max_steps * inc->d, "positions");
+    if (st == LUNA_OK) st = luna_decoder_positions(inc->be, c, inc->positions, max_steps);
     luna_decoder_dims dims = dims_of(inc);
     dims.S = S_cap;
     if (st == LUNA_OK) st = luna_decoder_alloc(inc->model, inc->state, &dims, inc->ls);

@@ -246,37 +246,17 @@ static luna_status step(luna_pass *ps, const luna_attn_w *w, luna_causal_state *
     LUNA_TRY(luna_bgemm(be, false, true, 1, L, dh, 1.0f, pc, st->pt, 0.0f, phi, G));
     LUNA_TRY(phi_forward(be, st->activation, phi, phi, (int64_t)G * L));
     st->t++;
-    /* Σ K Φᵀ += k_tᵀ φ_t [dh, L]; S_t = q_t Σ K Φᵀ / t; A_t = softmax with the P mask */
+    /* Σ K Φᵀ += k_tᵀ φ_t [dh, L]; S_t = q_t Σ K Φᵀ / t (t each row's own, in-flight rows at
+     * different positions); A_t = softmax with the P mask */
     LUNA_TRY(luna_bgemm(be, true, false, dh, L, 1, 1.0f, k, phi, 1.0f, st->ksum, G));
     LUNA_TRY(luna_pass_alloc(ps, &s, (int64_t)G * L, "causal step"));
-    /* 1/t per run of sentences at the same position (one run unless in-flight) */
-    for (int r0 = 0; r0 < B;) {
-        int r1 = st->row_t ? r0 + 1 : B;
-        const int t = st->row_t ? st->row_t[r0] + 1 : st->t;
-        while (st->row_t && r1 < B && st->row_t[r1] + 1 == t)
-            r1++;
-        const int64_t g0 = (int64_t)r0 * H, Lh = (int64_t)L * dh;
-        LUNA_TRY(luna_bgemm(be, false, false, 1, L, dh, 1.0f / (float)t,
-                            luna_act_at(be, q, g0 * dh), luna_act_at(be, st->ksum, g0 * Lh), 0.0f,
-                            luna_act_at(be, s, g0 * L), (r1 - r0) * H));
-        r0 = r1;
-    }
+    LUNA_TRY(op->causal_step_products(be, s, q, st->ksum, st->row_t, st->t, B, H, dh, L));
     LUNA_TRY(op->softmax_forward(be, s, s, G, L, st->p_valid, H, 0));
     /* Σ Φᵀ V += φ_tᵀ v_t [L, dh]; O_t = A_t Σ Φᵀ V / t */
     LUNA_TRY(luna_bgemm(be, true, false, L, dh, 1, 1.0f, phi, v, 1.0f, st->vsum, G));
     /* one position: [B, H, 1, dh] is [B, d], the heads merged already */
     LUNA_TRY(luna_pass_alloc(ps, &o, (int64_t)B * d, "causal step"));
-    for (int r0 = 0; r0 < B;) {
-        int r1 = st->row_t ? r0 + 1 : B;
-        const int t = st->row_t ? st->row_t[r0] + 1 : st->t;
-        while (st->row_t && r1 < B && st->row_t[r1] + 1 == t)
-            r1++;
-        const int64_t g0 = (int64_t)r0 * H, Lh = (int64_t)L * dh;
-        LUNA_TRY(luna_bgemm(be, false, false, 1, dh, L, 1.0f / (float)t, luna_act_at(be, s, g0 * L),
-                            luna_act_at(be, st->vsum, g0 * Lh), 0.0f, luna_act_at(be, o, g0 * dh),
-                            (r1 - r0) * H));
-        r0 = r1;
-    }
+    LUNA_TRY(op->causal_step_products(be, o, s, st->vsum, st->row_t, st->t, B, H, L, dh));
     return op->linear_forward(be, y, o, w->out_proj.weight, NULL, B, d, d);
 }
 

@@ -53,8 +53,8 @@ luna_status luna_causal_attention_backward(const luna_pass *ps, const luna_attn_
 typedef struct {
     int B, L, d, H;
     int t; /* steps taken */
-    /* rows at different positions (in-flight batching): host [B] steps taken by each row before
-     * this step, or NULL (all `t`) */
+    /* rows at different positions (in-flight batching): device [B] steps taken by each row
+     * before this step, or NULL (all `t`) */
     const int32_t *row_t;
     bool tied;
     luna_causal_activation activation;

@@ -363,7 +363,19 @@ static luna_status transformer_layer_step(const luna_pass *ps, const luna_config
 
 static luna_status step(const luna_pass *ps, luna_seq2seq *model, const luna_decoder_dims *dims,
                         luna_decoder_layer_state *layers, const int32_t *tokens,
-                        const int32_t *lens, const int32_t *row_slot, int T, luna_act **logits);
+                        const int32_t *rows_t, const int32_t *lens, const int32_t *row_slot, int T,
+                        luna_act **logits);
+static luna_status layers_and_logits(const luna_pass *ps, luna_seq2seq *model,
+                                     const luna_decoder_dims *dims,
+                                     luna_decoder_layer_state *layers, luna_act *x,
+                                     const int32_t *lens, const int32_t *row_slot, int T,
+                                     luna_act **logits);
+
+luna_status luna_decoder_positions(luna_backend *be, const luna_config *c, luna_act *positions,
+                                   int max_steps) {
+    return be->ops->sinusoidal_table(be, positions, c->padding_idx + 1, max_steps,
+                                     c->decoder_embed_dim);
+}
 
 luna_status luna_decoder_step(const luna_pass *ps, luna_seq2seq *model,
                               const luna_decoder_dims *dims, luna_decoder_layer_state *layers,
@@ -376,57 +388,51 @@ luna_status luna_decoder_step(const luna_pass *ps, luna_seq2seq *model,
             return luna_error(LUNA_ERR_INVALID_ARGUMENT, "decoder: step %d exceeds max_steps %d",
                               t + 1, dims->max_steps);
     }
-    /* Rows at different positions: each row's steps taken (Luna's 1/t, on the host) or its
-     * positions after this step (the transformer's self-attention, on the device, once for all
-     * layers) */
-    int32_t *row_t = NULL, *lens = NULL, *row_slot = NULL;
+    /* Rows at different positions (in-flight batching): one upload of each row's steps taken
+     * (Luna's 1/t, and every row's position embedding), the slot of its sentence's source
+     * keys/values (the cross-attention) and, for the transformer, its positions after this step
+     * (its self-attention's lengths); all read on the device, so the launches that follow do not
+     * depend on the positions. Else all rows at dims->step: only the slots. */
+    int32_t *rows_t = NULL, *lens = NULL, *row_slot = NULL;
     int T = dims->step + 1;
-    const bool transformer = dims->L == 0;
-    /* host [2R]: each row's positions after this step (rows at different positions), then the
-     * slot of its sentence's source keys/values (the cross-attention) */
-    if (!(row_t = malloc(sizeof(int32_t) * 2 * (size_t)(R > 0 ? R : 1))))
-        return luna_error(LUNA_ERR_OUT_OF_MEMORY, "decoder: out of host memory");
+    const bool transformer = dims->L == 0, at_own = dims->sent_step != NULL;
+    const int parts = at_own ? (transformer ? 3 : 2) : 1;
+    int32_t *host = malloc(sizeof(int32_t) * 3 * (size_t)(R > 0 ? R : 1));
+    if (!host) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "decoder: out of host memory");
+    int32_t *h_t = host, *h_slot = host + (at_own ? R : 0), *h_lens = host + 2 * (size_t)R;
     for (int b = 0; b < dims->S; b++)
         for (int j = 0; j < luna_decoder_sentence_rows(dims, b); j++) {
-            row_t[luna_decoder_first_row(dims, b) + j] =
-                dims->sent_step ? dims->sent_step[b] + transformer : T;
-            row_t[R + luna_decoder_first_row(dims, b) + j] =
-                dims->sent_slot ? dims->sent_slot[b] : b;
+            const int r = luna_decoder_first_row(dims, b) + j;
+            if (at_own) h_t[r] = dims->sent_step[b];
+            if (at_own && transformer) h_lens[r] = dims->sent_step[b] + 1;
+            h_slot[r] = dims->sent_slot ? dims->sent_slot[b] : b;
         }
-    if (dims->sent_step) {
+    if (at_own) {
         T = 1;
         for (int b = 0; b < dims->S; b++)
             T = dims->sent_step[b] + 1 > T ? dims->sent_step[b] + 1 : T;
     }
-    /* one copy: the lengths (transformer, rows at different positions) and the slots */
-    const bool with_lens = transformer && dims->sent_step;
     int32_t *dev = NULL;
-    luna_status st = luna_pass_alloc_i32(ps, &dev, (with_lens ? 2 : 1) * (int64_t)R, "row slots");
+    luna_status st = luna_pass_alloc_i32(ps, &dev, parts * (int64_t)R, "row positions and slots");
     if (st == LUNA_OK)
-        st = luna_mem_from_host(ps->be, dev, with_lens ? row_t : row_t + R,
-                                sizeof(int32_t) * (with_lens ? 2 : 1) * (size_t)R);
-    if (st != LUNA_OK) {
-        free(row_t);
-        return st;
-    }
-    lens = with_lens ? dev : NULL;
-    row_slot = with_lens ? dev + R : dev;
-    if (transformer || !dims->sent_step) { /* Luna reads row_t on the host (1/t) */
-        free(row_t);
-        row_t = NULL;
-    }
+        st = luna_mem_from_host(ps->be, dev, host, sizeof(int32_t) * (size_t)parts * (size_t)R);
+    free(host);
+    LUNA_TRY(st);
+    rows_t = at_own ? dev : NULL;
+    row_slot = at_own ? dev + R : dev;
+    lens = at_own && transformer ? dev + 2 * (size_t)R : NULL;
     for (int i = 0; i < c->decoder_layers && dims->L > 0; i++)
-        layers[i].causal.row_t = row_t;
-    st = step(ps, model, dims, layers, tokens, lens, row_slot, T, logits);
+        layers[i].causal.row_t = rows_t;
+    st = step(ps, model, dims, layers, tokens, rows_t, lens, row_slot, T, logits);
     for (int i = 0; i < c->decoder_layers && dims->L > 0; i++)
         layers[i].causal.row_t = NULL;
-    free(row_t);
     return st;
 }
 
 static luna_status step(const luna_pass *ps, luna_seq2seq *model, const luna_decoder_dims *dims,
                         luna_decoder_layer_state *layers, const int32_t *tokens,
-                        const int32_t *lens, const int32_t *row_slot, int T, luna_act **logits) {
+                        const int32_t *rows_t, const int32_t *lens, const int32_t *row_slot, int T,
+                        luna_act **logits) {
     const luna_config *c = &model->config;
     luna_backend *be = ps->be;
     const luna_weights *w = &model->params->w;
@@ -438,6 +444,12 @@ static luna_status step(const luna_pass *ps, luna_seq2seq *model, const luna_dec
     LUNA_TRY(be->ops->embedding_forward(be, x, w->decoder_embed_tokens, tokens, R, V, d,
                                         sqrtf((float)d), c->padding_idx));
     luna_act *pos_rows = luna_act_at(be, pos, d); /* [R, d]: each row's sinusoid */
+    /* rows at their own positions: each row's sinusoid gathered by its step on the device */
+    if (rows_t && dims->positions) {
+        LUNA_TRY(be->ops->gather_rows(be, pos_rows, d, dims->positions, d, rows_t, R, d));
+        LUNA_TRY(be->ops->add(be, x, x, pos_rows, (int64_t)R * d));
+        return layers_and_logits(ps, model, dims, layers, x, lens, row_slot, T, logits);
+    }
     int t0 = dims->step, t1 = dims->step;
     for (int b = 0; dims->sent_step && b < dims->S; b++) {
         t0 = b == 0 || dims->sent_step[b] < t0 ? dims->sent_step[b] : t0;
@@ -462,6 +474,18 @@ static luna_status step(const luna_pass *ps, luna_seq2seq *model, const luna_dec
         LUNA_TRY(be->ops->gather_rows(be, pos_rows, d, table, d, idx, R, d));
     }
     LUNA_TRY(be->ops->add(be, x, x, pos_rows, (int64_t)R * d));
+    return layers_and_logits(ps, model, dims, layers, x, lens, row_slot, T, logits);
+}
+
+static luna_status layers_and_logits(const luna_pass *ps, luna_seq2seq *model,
+                                     const luna_decoder_dims *dims,
+                                     luna_decoder_layer_state *layers, luna_act *x,
+                                     const int32_t *lens, const int32_t *row_slot, int T,
+                                     luna_act **logits) {
+    const luna_config *c = &model->config;
+    luna_backend *be = ps->be;
+    const luna_weights *w = &model->params->w;
+    const int R = dims->R, d = c->decoder_embed_dim, V = c->vocab_size;
     for (int i = 0; i < c->decoder_layers; i++)
         LUNA_TRY(dims->L > 0
                      ? luna_layer_step(ps, c, dims, &w->decoder[i], &layers[i], x, row_slot, &x)

@@ -68,7 +68,15 @@ typedef struct {
      * they were admitted to while other sentences leave (no copies). */
     const int32_t *sent_slot;  /* host [S]: each sentence's slot of cross_k/cross_v; NULL: s */
     const int32_t *slot_valid; /* device [slots]: source length per slot (with sent_slot) */
+    /* With sent_step: [max_steps, d] the target positions' sinusoids (position t: fairseq's
+     * padding_idx + 1 + t), each row's gathered on the device by its step; NULL: made each step
+     * from the sentences' positions (luna_decoder_positions fills one) */
+    const luna_act *positions;
 } luna_decoder_dims;
+
+/* Fill positions [max_steps, d] (activations) for luna_decoder_dims.positions. */
+luna_status luna_decoder_positions(luna_backend *be, const luna_config *c, luna_act *positions,
+                                   int max_steps);
 
 /* Decoding reads the model's weights many times and never changes them: hold (true) asks the
  * backend to keep every Linear weight (encoder, decoder) and the output projection in its fastest

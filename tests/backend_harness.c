@@ -74,6 +74,7 @@ static const lh_op_row rows[] = {
     {"gather_rows_in_groups", LH_EXACT, "test_ops_gather_groups"},
     {"index_rows_update", LH_EXACT, "test_ops_index_rows"},
     {"log_softmax_topk", LH_EXACT, "test_ops_decode"},
+    {"causal_step_products", LH_ACCUM, "test_ops_causal_step"},
     {"cache_products", LH_ACCUM, "test_ops_decode"},
     {"cache_write", LH_EXACT, "test_ops_decode"},
     {"cross_attention", LH_ACCUM, "test_ops_decode"},

@@ -395,6 +395,13 @@ static luna_status w_log_softmax_topk(luna_backend *be, const luna_act *logits, 
          .bytes = F32 * ((bias ? D(V) : 0) + 2 * D(rows) * k + (pick ? 2 * D(rows) : 0)));
     FORWARD(log_softmax_topk, logits, bias, rows, V, k, top_lp, top_idx, pick, picked);
 }
+static luna_status w_causal_step_products(luna_backend *be, luna_act *y, const luna_act *x,
+                                          const luna_act *S, const int32_t *t, int t_all, int R,
+                                          int H, int K, int N) {
+    const double G = D(R) * H;
+    COST(.mm_flops = 2 * G * K * N, .act_elems = G * (K + D(K) * N + N), .bytes = 4 * D(R));
+    FORWARD(causal_step_products, y, x, S, t, t_all, R, H, K, N);
+}
 static luna_status w_cache_products(luna_backend *be, bool values, luna_act *y, const luna_act *x,
                                     const luna_act *C, const int32_t *ind, const int32_t *lens,
                                     int R, int H, int dh, int T, int T_cap, int page) {
@@ -528,6 +535,7 @@ static luna_status w_multi_adam_update(luna_backend *be, float *th, const float 
     X(gather_rows_in_groups, "decode_gather") \
     X(index_rows_update, "decode_gather") \
     X(log_softmax_topk, "decode_topk") \
+    X(causal_step_products, "decode_attention") \
     X(cache_products, "decode_attention") \
     X(cache_write, "decode_gather") \
     X(cross_attention, "decode_attention") \

@@ -61,6 +61,7 @@ static const luna_ops cpu_kernels = {
     .gather_rows_in_groups = luna_cpu_gather_rows_in_groups,
     .index_rows_update = luna_cpu_index_rows_update,
     .log_softmax_topk = luna_cpu_log_softmax_topk,
+    .causal_step_products = luna_cpu_causal_step_products,
     .cache_products = luna_cpu_cache_products,
     .cache_write = luna_cpu_cache_write,
     .cross_attention = luna_cpu_cross_attention,

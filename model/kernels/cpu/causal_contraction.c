@@ -254,3 +254,25 @@ luna_status luna_cpu_causal_contraction_backward(luna_backend *be, luna_act *dx_
     luna_arena_release(be->scratch, mark);
     return LUNA_OK;
 }
+
+/* causal_step_products (core/backend.h): each run of rows at one position is one batched
+ * one-row gemm with alpha 1/t, as the decoder step computed it before the op existed (the same
+ * bits). t is host memory on the CPU. */
+luna_status luna_cpu_causal_step_products(luna_backend *be, luna_act *y_, const luna_act *x_,
+                                          const luna_act *S_, const int32_t *t, int t_all, int R,
+                                          int H, int K, int N) {
+    float *y = (float *)y_;
+    const float *x = (const float *)x_, *S = (const float *)S_;
+    for (int r0 = 0; r0 < R;) {
+        int r1 = t ? r0 + 1 : R;
+        const int tr = t ? t[r0] + 1 : t_all;
+        while (t && r1 < R && t[r1] + 1 == tr)
+            r1++;
+        const int64_t g0 = (int64_t)r0 * H;
+        LUNA_TRY(luna_cpu_gemm(be, false, false, 1, N, K, 1.0f / (float)tr, x + g0 * K, K, K,
+                               S + g0 * K * N, N, (int64_t)K * N, 0.0f, y + g0 * N, N, N,
+                               (r1 - r0) * H));
+        r0 = r1;
+    }
+    return LUNA_OK;
+}

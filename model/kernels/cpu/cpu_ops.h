@@ -120,6 +120,9 @@ double luna_cpu_sum_exp(const float *x, int V, float mx);
 luna_status luna_cpu_log_softmax_topk(luna_backend *be, const luna_act *logits, const float *bias,
                                       int64_t rows, int V, int k, float *top_lp, int32_t *top_idx,
                                       const int32_t *pick, float *picked);
+luna_status luna_cpu_causal_step_products(luna_backend *be, luna_act *y, const luna_act *x,
+                                          const luna_act *S, const int32_t *t, int t_all, int R,
+                                          int H, int K, int N);
 luna_status luna_cpu_cache_products(luna_backend *be, bool values, luna_act *y, const luna_act *x,
                                     const luna_act *C, const int32_t *ind, const int32_t *lens,
                                     int R, int H, int dh, int T, int T_cap, int page);

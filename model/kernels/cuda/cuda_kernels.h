@@ -188,6 +188,12 @@ cudaError_t luna_cuda_loss_sums(cudaStream_t s, double *sums, const float *loss,
 cudaError_t luna_cuda_log_softmax_topk(cudaStream_t s, int bf16, const void *logits,
                                        const float *bias, int64_t rows, int V, int k, float *top_lp,
                                        int32_t *top_idx, const int32_t *pick, float *picked);
+/* ---- decode_causal.cu: causal_step_products (core/backend.h), rows at their own positions t
+ * (device [R]; NULL: every row at t_all). cudaErrorInvalidValue when K floats exceed 48 KB of
+ * shared memory or R·H a grid. */
+cudaError_t luna_cuda_causal_step_products(cudaStream_t s, int bf16, void *y, const void *x,
+                                           const void *S, const int32_t *t, int t_all, int R, int H,
+                                           int K, int N);
 /* cache_products (core/backend.h): scores (values 0) y[g·T + p] or outputs (values 1)
  * y[g·dh + j] over the cache C (slots of `page` positions) read through the slot indices
  * ind [R, T_cap], row r over its first lens[r] positions (lens NULL: T); cache_write: each row's

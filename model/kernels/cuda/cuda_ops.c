@@ -442,6 +442,17 @@ static luna_status log_softmax_topk(luna_backend *be, const luna_act *logits, co
     LAUNCH("log_softmax_topk", luna_cuda_log_softmax_topk(stream(be), bf16(be), logits, bias, rows,
                                                           V, k, top_lp, top_idx, pick, picked));
 }
+static luna_status causal_step_products(luna_backend *be, luna_act *y, const luna_act *x,
+                                        const luna_act *S, const int32_t *t, int t_all, int R,
+                                        int H, int K, int N) {
+    if (R == 0) return LUNA_OK;
+    if ((int64_t)R * H > INT_MAX || (size_t)K * sizeof(float) > 48 * 1024)
+        BAD("causal_step_products: %d rows of %d heads with K %d exceed the kernel's grid or "
+            "shared memory",
+            R, H, K);
+    LAUNCH("causal_step_products",
+           luna_cuda_causal_step_products(stream(be), bf16(be), y, x, S, t, t_all, R, H, K, N));
+}
 static luna_status cache_products(luna_backend *be, bool values, luna_act *y, const luna_act *x,
                                   const luna_act *C, const int32_t *ind, const int32_t *lens, int R,
                                   int H, int dh, int T, int T_cap, int page) {
@@ -519,6 +530,7 @@ const luna_ops luna_cuda_kernels = {
     .gather_rows_in_groups = gather_rows_in_groups,
     .index_rows_update = index_rows_update,
     .log_softmax_topk = log_softmax_topk,
+    .causal_step_products = causal_step_products,
     .cache_products = cache_products,
     .cache_write = cache_write,
     .cross_attention = cross_attention,
