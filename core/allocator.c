@@ -17,6 +17,7 @@ struct luna_arena {
     int current;         /* chunk being bumped */
     size_t chunk_offset; /* bytes used in the current chunk */
     size_t used, peak;   /* logical bytes handed out (aligned sizes), high-water mark */
+    uint64_t generation; /* chunks given back so far (luna_arena_generation) */
 };
 
 static size_t align_up(size_t x) {
@@ -60,6 +61,7 @@ static int advance_chunk(luna_arena *a, size_t bytes) {
     for (int i = a->current + 1; i < a->num_chunks; i++) {
         spare += a->chunks[i].size;
         luna_mem_release(a->backend, a->chunks[i].base, a->chunks[i].size);
+        a->generation++;
     }
     a->num_chunks = a->current + 1;
     size_t size = bytes > a->chunk_bytes ? bytes : a->chunk_bytes;
@@ -122,6 +124,7 @@ void luna_arena_release(luna_arena *a, luna_arena_mark mark) {
 void luna_arena_reset(luna_arena *a) { luna_arena_release(a, (luna_arena_mark){0, -1, 0}); }
 
 size_t luna_arena_used_bytes(const luna_arena *a) { return a->used; }
+uint64_t luna_arena_generation(const luna_arena *a) { return a->generation; }
 size_t luna_arena_peak_bytes(const luna_arena *a) { return a->peak; }
 void luna_arena_reset_peak(luna_arena *a) { a->peak = a->used; }
 

@@ -39,6 +39,9 @@ void luna_arena_release(luna_arena *arena, luna_arena_mark mark);
 void luna_arena_reset(luna_arena *arena);
 
 size_t luna_arena_used_bytes(const luna_arena *arena);
+/* Chunks given back to the device so far: memory once handed out is still the arena's while this
+ * count is unchanged (what a captured graph that uses arena memory relies on). */
+uint64_t luna_arena_generation(const luna_arena *arena);
 size_t luna_arena_peak_bytes(const luna_arena *arena);
 /* Start a new peak measurement from the current usage. */
 void luna_arena_reset_peak(luna_arena *arena);

@@ -55,3 +55,24 @@ void luna_backend_free(luna_backend *be) {
     if (be->mem && be->mem->destroy) be->mem->destroy(be);
     free(be);
 }
+
+bool luna_graphs_available(const luna_backend *be) { return be->mem->graph_begin != NULL; }
+luna_status luna_graph_begin(luna_backend *be) {
+    if (!be->mem->graph_begin)
+        return luna_error(LUNA_ERR_UNSUPPORTED, "%s: no graphs on this backend", be->name);
+    return be->mem->graph_begin(be);
+}
+luna_status luna_graph_end(luna_backend *be, void **graph) {
+    *graph = NULL;
+    if (!be->mem->graph_end)
+        return luna_error(LUNA_ERR_UNSUPPORTED, "%s: no graphs on this backend", be->name);
+    return be->mem->graph_end(be, graph);
+}
+luna_status luna_graph_launch(luna_backend *be, void *graph) {
+    if (!be->mem->graph_launch)
+        return luna_error(LUNA_ERR_UNSUPPORTED, "%s: no graphs on this backend", be->name);
+    return be->mem->graph_launch(be, graph);
+}
+void luna_graph_free(luna_backend *be, void *graph) {
+    if (graph && be->mem->graph_free) be->mem->graph_free(be, graph);
+}

@@ -112,12 +112,21 @@ typedef void luna_act;
  *                   kept as ids_from_host keeps an upload's range, under the same rules.
  *   device_stats    (optional; NULL on the CPU) the device work submitted and the host's waits
  *                   so far (luna_device_stats): what an update costs the host (benchmarks).
+ *   graph_begin / graph_end / graph_launch / graph_free   (optional; NULL: no graphs) capture
+ *                   the ops queued between begin and end as one graph instead of running them,
+ *                   then replay it, as often as wanted, with one launch (CUDA graphs). A replay
+ *                   runs the captured launches with the arguments they had (pointers, sizes,
+ *                   scalars) on whatever memory holds then: the caller keeps every buffer
+ *                   alive and at its address, and puts what changes into device memory before
+ *                   the launch. While capturing, host transfers and allocations fail (a graph
+ *                   replays device work only; a failed capture yields no graph and ran nothing).
  * Errors (a failed launch or copy, reported asynchronously by a device) come back as statuses. */
 typedef struct {
     uint64_t kernels;       /* kernel launches (this process, every device) */
     uint64_t library_calls; /* GEMMs launched through a library (cuBLASLt) */
     uint64_t waits;         /* host waits on this backend's stream (readbacks, synchronize) */
     double wait_seconds;    /* host time spent in them */
+    uint64_t graphs;        /* graph launches (replays of captured work) */
 } luna_device_stats;
 typedef struct {
     void *(*alloc)(luna_backend *be, size_t bytes);             /* NULL when out of memory */
@@ -131,6 +140,10 @@ typedef struct {
     luna_status (*ids_from_host)(luna_backend *be, int32_t *dst, const int32_t *host, int64_t n);
     void (*ids_in_range)(luna_backend *be, const int32_t *ids, int64_t n, int32_t lo, int32_t hi);
     void (*device_stats)(luna_backend *be, luna_device_stats *out);
+    luna_status (*graph_begin)(luna_backend *be);
+    luna_status (*graph_end)(luna_backend *be, void **graph);
+    luna_status (*graph_launch)(luna_backend *be, void *graph);
+    void (*graph_free)(luna_backend *be, void *graph);
 } luna_backend_memory;
 
 struct luna_backend {
@@ -182,6 +195,13 @@ LUNA_MUST_CHECK luna_status luna_mem_ids_from_host(luna_backend *be, int32_t *ds
                                                    const int32_t *host, int64_t n);
 /* n ids in the backend's memory within [lo, hi] (see ids_in_range above) */
 void luna_mem_ids_in_range(luna_backend *be, const int32_t *ids, int64_t n, int32_t lo, int32_t hi);
+/* Graphs (luna_backend_memory): whether the backend has them, and its calls. begin on a backend
+ * without them: LUNA_ERR_UNSUPPORTED; end: *graph NULL and an error when the capture failed. */
+bool luna_graphs_available(const luna_backend *be);
+LUNA_MUST_CHECK luna_status luna_graph_begin(luna_backend *be);
+LUNA_MUST_CHECK luna_status luna_graph_end(luna_backend *be, void **graph);
+LUNA_MUST_CHECK luna_status luna_graph_launch(luna_backend *be, void *graph);
+void luna_graph_free(luna_backend *be, void *graph); /* NULL: nothing */
 LUNA_MUST_CHECK luna_status luna_backend_synchronize(luna_backend *be);
 
 /* Frees the backend: its scratch arena, its own resources, the struct. Backends are created by

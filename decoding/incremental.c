@@ -6,6 +6,7 @@
 
 #include "decoding/cache_slots.h"
 #include "decoding/kv_pages.h"
+#include "decoding/step_graphs.h"
 #include "model/decoder_step.h"
 
 struct luna_incremental {
@@ -45,7 +46,8 @@ struct luna_incremental {
      * admitted to (it stays there while others leave: a reorder moves no keys or values);
      * slot_host [S_cap] each slot's source length, slot_valid its device copy (masked) */
     int32_t *sent_slot, *slot_host, *slot_valid;
-    luna_act *positions; /* pool: [max_steps, d] the target positions' sinusoids (state) */
+    luna_act *positions;      /* pool: [max_steps, d] the target positions' sinusoids (state) */
+    luna_step_graphs *graphs; /* a device's steps as graphs (Luna pools), NULL: none */
 };
 
 luna_status luna_incremental_create(luna_incremental **out, luna_seq2seq *model) {
@@ -71,6 +73,9 @@ luna_status luna_incremental_create(luna_incremental **out, luna_seq2seq *model)
                 : luna_error(LUNA_ERR_OUT_OF_MEMORY, "incremental decoding: out of memory");
     if (st == LUNA_OK) st = luna_arena_create(&inc->state, inc->be, (size_t)16 << 20);
     if (st == LUNA_OK) st = luna_arena_create(&inc->scratch, inc->be, (size_t)32 << 20);
+    const char *graphs = getenv("LUNA_STEP_GRAPHS");
+    if (st == LUNA_OK && luna_graphs_available(inc->be) && !(graphs && !strcmp(graphs, "0")))
+        st = luna_step_graphs_create(&inc->graphs, inc->be);
     /* the decoder's weights stay constant while this state exists */
     if (st == LUNA_OK) st = luna_decoder_hold_weights(model, true);
     if (st == LUNA_OK) inc->held = true;
@@ -85,6 +90,7 @@ luna_status luna_incremental_create(luna_incremental **out, luna_seq2seq *model)
 void luna_incremental_free(luna_incremental *inc) {
     if (!inc) return;
     if (inc->held) (void)luna_decoder_hold_weights(inc->model, false);
+    luna_step_graphs_free(inc->graphs); /* before the memory its graphs use */
     luna_arena_free(inc->state);
     luna_arena_free(inc->scratch);
     luna_kv_pages_free(inc->kv);
@@ -232,6 +238,7 @@ static luna_status begin_rows(luna_incremental *inc, const int32_t *src_tokens,
                           "%d, max steps %d)",
                           S, m, beam, max_steps);
     LUNA_TRY(check_source(&inc->model->config, src_tokens, src_lengths, S, m));
+    luna_step_graphs_clear(inc->graphs);
     luna_arena_reset(inc->state);
     luna_arena_reset(inc->scratch);
     luna_kv_pages_free(inc->kv); /* a pool's pages: this batch's caches come from the arena */
@@ -283,6 +290,7 @@ luna_status luna_incremental_begin_pool(luna_incremental *inc, int S_cap, int m_
                           "beam %d, max steps %d)",
                           S_cap, m_cap, beam, max_steps);
     const luna_config *c = &inc->model->config;
+    luna_step_graphs_clear(inc->graphs); /* the state they read is about to move */
     luna_arena_reset(inc->state);
     luna_arena_reset(inc->scratch);
     inc->S = inc->R = 0;
@@ -435,12 +443,56 @@ luna_status luna_incremental_set_token_bias(luna_incremental *inc, const float *
     return luna_mem_from_host(inc->be, inc->bias, bias, bytes);
 }
 
+luna_status luna_incremental_set_graphs(luna_incremental *inc, bool on) {
+    if (!on || inc->graphs || !luna_graphs_available(inc->be)) {
+        if (!on) luna_step_graphs_free(inc->graphs), inc->graphs = NULL;
+        return LUNA_OK;
+    }
+    return luna_step_graphs_create(&inc->graphs, inc->be);
+}
+
+bool luna_incremental_uses_graphs(const luna_incremental *inc) {
+    return inc->graphs && inc->luna && inc->pool;
+}
+
+void luna_incremental_graph_counts(const luna_incremental *inc, int64_t *replays, int64_t *captures,
+                                   int64_t *failed) {
+    luna_step_graphs_counts(inc->graphs, replays, captures, failed);
+}
+
 luna_status luna_incremental_set_temperature(luna_incremental *inc, double T) {
     if (!(T > 0) || !isfinite(T))
         return luna_error(LUNA_ERR_INVALID_ARGUMENT,
                           "incremental decoding: temperature %g must be a positive number", T);
     inc->inv_temperature = (float)(1.0 / T);
     return LUNA_OK;
+}
+
+/* A step's device work after its uploads: the decoder, the temperature, the log-softmax and its
+ * candidates (what a graph holds, decoding/step_graphs.h). */
+typedef struct {
+    luna_incremental *inc;
+    const luna_pass *ps;
+    luna_decoder_dims dims;
+    luna_decoder_step_rows rows;
+    const int32_t *tok, *pick;
+    int k;
+    float *top_lp, *picked;
+    int32_t *top_idx;
+} device_step;
+
+static luna_status run_device_step(void *ctx) {
+    const device_step *d = ctx;
+    luna_incremental *inc = d->inc;
+    luna_backend *be = inc->be;
+    luna_act *logits;
+    LUNA_TRY(
+        luna_decoder_step_run(d->ps, inc->model, &d->dims, inc->ls, d->tok, &d->rows, &logits));
+    /* x·(1/T) rather than fairseq's x/T: one scale op; the two differ by at most an ulp */
+    if (inc->inv_temperature != 1.0f)
+        LUNA_TRY(be->ops->scale_act(be, logits, inc->inv_temperature, (int64_t)inc->R * inc->V));
+    return be->ops->log_softmax_topk(be, logits, inc->bias, inc->R, inc->V, d->k, d->top_lp,
+                                     d->top_idx, d->pick, d->picked);
 }
 
 /* tokens: the host's (checked by the caller) or, tokens_on_device, the backend's (produced by
@@ -452,7 +504,6 @@ static luna_status step(luna_incremental *inc, const int32_t *tokens, bool token
     luna_pass ps = {.be = be, .arena = inc->scratch};
     int32_t *tok, *top_idx = NULL, *pick = NULL;
     float *top_lp = NULL, *picked = NULL;
-    luna_act *logits;
     if (tokens_on_device) {
         tok = (int32_t *)tokens;
         luna_mem_ids_in_range(be, tok, R, 0, V - 1);
@@ -481,13 +532,35 @@ static luna_status step(luna_incremental *inc, const int32_t *tokens, bool token
         }
         LUNA_TRY(luna_cache_slots_write(&inc->cs, be, R));
     }
-    luna_decoder_dims dims = dims_of(inc);
-    LUNA_TRY(luna_decoder_step(&ps, inc->model, &dims, inc->ls, tok, &logits));
-    /* x·(1/T) rather than fairseq's x/T: one scale op; the two differ by at most an ulp */
-    if (inc->inv_temperature != 1.0f)
-        LUNA_TRY(be->ops->scale_act(be, logits, inc->inv_temperature, (int64_t)R * V));
-    LUNA_TRY(
-        be->ops->log_softmax_topk(be, logits, inc->bias, R, V, k, top_lp, top_idx, pick, picked));
+    device_step d = {.inc = inc,
+                     .ps = &ps,
+                     .dims = dims_of(inc),
+                     .tok = tok,
+                     .pick = pick,
+                     .k = k,
+                     .top_lp = top_lp,
+                     .picked = picked,
+                     .top_idx = top_idx};
+    LUNA_TRY(luna_decoder_step_upload(&ps, &d.dims, &d.rows));
+    if (inc->graphs && inc->luna && d.rows.rows_t) { /* a Luna pool: launches position-free */
+        const luna_step_graph_key key = {.R = R,
+                                         .S = inc->S,
+                                         .one_row = inc->one_row,
+                                         .k = k,
+                                         .tokens = tok,
+                                         .top_lp = top_lp,
+                                         .top_idx = top_idx,
+                                         .pick = pick,
+                                         .picked = picked,
+                                         .bias = inc->bias,
+                                         .inv_temperature = inc->inv_temperature,
+                                         .scratch = luna_arena_get_mark(inc->scratch),
+                                         .scratch_generation = luna_arena_generation(inc->scratch),
+                                         .backend_generation = luna_arena_generation(be->scratch)};
+        LUNA_TRY(luna_step_graphs_run(inc->graphs, &key, inc->scratch, run_device_step, &d));
+    } else {
+        LUNA_TRY(run_device_step(&d));
+    }
     if (out->on_device) return LUNA_OK;
     if (k > 0) {
         LUNA_TRY(luna_mem_to_host(be, out->top_log_probs, top_lp, sizeof(float) * (size_t)R * k));

@@ -446,7 +446,13 @@ static luna_status step_pool_device(luna_incremental *inc, const luna_beam_optio
             for (int r = drow(f, s); r < drow(f, s + 1); r++)
                 f->row_tok[r] = LUNA_DICT_EOS;
     }
-    const int k_req = f->kb + most_bans < f->V ? f->kb + most_bans : f->V;
+    int k_req = f->kb + most_bans < f->V ? f->kb + most_bans : f->V;
+    if (most_bans > 0 && luna_incremental_uses_graphs(inc)) {
+        /* candidates for the bans in steps of 8: a step graph serves 8 steps, not one (the
+         * extra candidates rank below those the selection needs, so it never takes them) */
+        const int k8 = f->kb + (most_bans + 7) / 8 * 8;
+        k_req = k8 < f->k_cap ? k8 : f->k_cap;
+    }
     luna_step_output so = {.k = k_req,
                            .top_log_probs = f->d_lp,
                            .top_tokens = f->d_list_tok,

@@ -377,10 +377,8 @@ luna_status luna_decoder_positions(luna_backend *be, const luna_config *c, luna_
                                      c->decoder_embed_dim);
 }
 
-luna_status luna_decoder_step(const luna_pass *ps, luna_seq2seq *model,
-                              const luna_decoder_dims *dims, luna_decoder_layer_state *layers,
-                              const int32_t *tokens, luna_act **logits) {
-    const luna_config *c = &model->config;
+luna_status luna_decoder_step_upload(const luna_pass *ps, const luna_decoder_dims *dims,
+                                     luna_decoder_step_rows *out) {
     const int R = dims->R;
     for (int b = 0; b < (dims->sent_step ? dims->S : 1); b++) {
         const int t = dims->sent_step ? dims->sent_step[b] : dims->step;
@@ -393,7 +391,6 @@ luna_status luna_decoder_step(const luna_pass *ps, luna_seq2seq *model,
      * keys/values (the cross-attention) and, for the transformer, its positions after this step
      * (its self-attention's lengths); all read on the device, so the launches that follow do not
      * depend on the positions. Else all rows at dims->step: only the slots. */
-    int32_t *rows_t = NULL, *lens = NULL, *row_slot = NULL;
     int T = dims->step + 1;
     const bool transformer = dims->L == 0, at_own = dims->sent_step != NULL;
     const int parts = at_own ? (transformer ? 3 : 2) : 1;
@@ -418,15 +415,33 @@ luna_status luna_decoder_step(const luna_pass *ps, luna_seq2seq *model,
         st = luna_mem_from_host(ps->be, dev, host, sizeof(int32_t) * (size_t)parts * (size_t)R);
     free(host);
     LUNA_TRY(st);
-    rows_t = at_own ? dev : NULL;
-    row_slot = at_own ? dev + R : dev;
-    lens = at_own && transformer ? dev + 2 * (size_t)R : NULL;
+    *out = (luna_decoder_step_rows){.rows_t = at_own ? dev : NULL,
+                                    .row_slot = at_own ? dev + R : dev,
+                                    .lens = at_own && transformer ? dev + 2 * (size_t)R : NULL,
+                                    .T = T};
+    return LUNA_OK;
+}
+
+luna_status luna_decoder_step_run(const luna_pass *ps, luna_seq2seq *model,
+                                  const luna_decoder_dims *dims, luna_decoder_layer_state *layers,
+                                  const int32_t *tokens, const luna_decoder_step_rows *rows,
+                                  luna_act **logits) {
+    const luna_config *c = &model->config;
     for (int i = 0; i < c->decoder_layers && dims->L > 0; i++)
-        layers[i].causal.row_t = rows_t;
-    st = step(ps, model, dims, layers, tokens, rows_t, lens, row_slot, T, logits);
+        layers[i].causal.row_t = rows->rows_t;
+    const luna_status st = step(ps, model, dims, layers, tokens, rows->rows_t, rows->lens,
+                                rows->row_slot, rows->T, logits);
     for (int i = 0; i < c->decoder_layers && dims->L > 0; i++)
         layers[i].causal.row_t = NULL;
     return st;
+}
+
+luna_status luna_decoder_step(const luna_pass *ps, luna_seq2seq *model,
+                              const luna_decoder_dims *dims, luna_decoder_layer_state *layers,
+                              const int32_t *tokens, luna_act **logits) {
+    luna_decoder_step_rows rows;
+    LUNA_TRY(luna_decoder_step_upload(ps, dims, &rows));
+    return luna_decoder_step_run(ps, model, dims, layers, tokens, &rows, logits);
 }
 
 static luna_status step(const luna_pass *ps, luna_seq2seq *model, const luna_decoder_dims *dims,

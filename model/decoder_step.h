@@ -129,4 +129,22 @@ luna_status luna_decoder_step(const luna_pass *ps, luna_seq2seq *model,
                               const luna_decoder_dims *dims, luna_decoder_layer_state *layers,
                               const int32_t *tokens, luna_act **logits);
 
+/* The step in two parts: the upload of each row's position and source slot (host work and one
+ * transfer, into ps->arena), then the step itself, device work only, whose launches do not depend
+ * on the rows' positions (so a device can capture them once and replay them: CUDA graphs). */
+typedef struct {
+    const int32_t *rows_t;   /* device [R]: steps taken by each row (rows at their own positions),
+                                or NULL (all at dims->step) */
+    const int32_t *row_slot; /* device [R]: the slot of the row's sentence's source keys/values */
+    const int32_t *lens;     /* transformer, rows at their own positions: device [R] positions
+                                after this step; else NULL */
+    int T;                   /* the most positions a row has after this step */
+} luna_decoder_step_rows;
+luna_status luna_decoder_step_upload(const luna_pass *ps, const luna_decoder_dims *dims,
+                                     luna_decoder_step_rows *out);
+luna_status luna_decoder_step_run(const luna_pass *ps, luna_seq2seq *model,
+                                  const luna_decoder_dims *dims, luna_decoder_layer_state *layers,
+                                  const int32_t *tokens, const luna_decoder_step_rows *rows,
+                                  luna_act **logits);
+
 #endif

@@ -6,7 +6,7 @@
  *   bench-translate CHECKPOINT --ids IDS [...]   (dictionary ids per line, without </s>)
  *   bench-translate --preset NAME [--vocab 40624] [--sentences 64] [--src-len 30] [...]
  *   any form: [--device cpu|cuda] [--precision auto|fp32|bf16] (auto: fp32, as luna-translate)
- *             [--profile] [--int8] [--sync-interval N]
+ *             [--profile] [--int8] [--sync-interval N] [--no-graphs]
  *
  * The first form translates the raw text INPUT (SentencePiece from the checkpoint); the second
  * builds a randomly initialised model (e.g. luna_base_tied) and random sources, for timing
@@ -24,7 +24,10 @@
  * --int8: the checkpoint's weights quantized to int8 at load (luna-translate --quantize int8).
  * --sync-interval N: the beam search reads its selection back every N steps (0, the default:
  * every step on the CPU, every 8 on a device; luna_beam_options.sync_interval).
- * On a device each run also prints the kernel launches, library GEMMs and host waits per step.
+ * --no-graphs: on a device with graphs, launch a Luna pool's steps kernel by kernel instead of
+ * replaying them as graphs (decoding/step_graphs.h; --profile, which synchronizes each op, too).
+ * On a device each run also prints the kernel launches, library GEMMs, graph launches and host
+ * waits per step (a replayed step's kernels are not counted again: launches are the host's).
  */
 #include <math.h>
 #include <stdio.h>
@@ -62,7 +65,7 @@ int main(int argc, char **argv) {
     const char *device = "cpu", *precision = "auto";
     long threads = 2, limit = 0, vocab = 40624, sentences = 64, src_len = 30, max_tokens = 6000,
          batch_size = 128;
-    bool json = false, print_hyps = false, profile = false, int8 = false;
+    bool json = false, print_hyps = false, profile = false, int8 = false, no_graphs = false;
     luna_beam_options o;
     luna_beam_options_init(&o);
     o.beam = 4;
@@ -75,10 +78,14 @@ int main(int argc, char **argv) {
                 "         [--max-len-a F] [--max-len-b N] [--min-len N] [--max-tokens N]\n"
                 "         [--batch-size N]\n"
                 "         [--limit N] [--json] [--device cpu|cuda] [--precision auto|fp32|bf16]\n"
-                "         [--profile] [--int8] [--sync-interval N]\n"
+                "         [--profile] [--int8] [--sync-interval N] [--no-graphs]\n"
                 "       bench-translate --preset NAME [--vocab N] [--sentences N] [--src-len N]"
                 " ...\n");
             return 0;
+        }
+        if (!strcmp(a, "--no-graphs")) {
+            no_graphs = true;
+            continue;
         }
         if (!strcmp(a, "--profile") || !strcmp(a, "--int8")) {
             *(!strcmp(a, "--profile") ? &profile : &int8) = true;
@@ -231,6 +238,7 @@ int main(int argc, char **argv) {
     }
     luna_incremental *inc;
     if (luna_incremental_create(&inc, model) != LUNA_OK) return fail();
+    if (luna_incremental_set_graphs(inc, !no_graphs && !profile) != LUNA_OK) return fail();
     luna_nbest *out = calloc((size_t)n + 1, sizeof *out);
     /* Attached after the decoder holds its weights (a one-off) and detached before it releases
      * them: the profile is the decoding work itself. */
@@ -266,9 +274,11 @@ int main(int argc, char **argv) {
     const int steps = luna_incremental_steps(inc);
     if (dev_stats && steps > 0)
         printf("bench-translate: per decoder step on %s (%d steps): %.1f kernel launches, %.1f "
-               "cuBLASLt GEMMs, %.2f host waits (%.3f ms waiting); host time %.3f ms of %.3f ms\n",
+               "cuBLASLt GEMMs, %.2f graph launches, %.2f host waits (%.3f ms waiting); host time "
+               "%.3f ms of %.3f ms\n",
                be->name, steps, (double)(dev1.kernels - dev0.kernels) / steps,
                (double)(dev1.library_calls - dev0.library_calls) / steps,
+               (double)(dev1.graphs - dev0.graphs) / steps,
                (double)(dev1.waits - dev0.waits) / steps,
                1e3 * (dev1.wait_seconds - dev0.wait_seconds) / steps,
                1e3 * (secs - (dev1.wait_seconds - dev0.wait_seconds)) / steps, 1e3 * secs / steps);

@@ -114,7 +114,8 @@ fi
 # --quick: the suites of the kernels rewritten most recently (chunked causal contraction, fp32 tree
 # column sums, full-block optimizer and clipping reductions, residual_norm's and
 # bias_relu_dropout's backward with their column sums in the row pass, the gated update, the beam
-# search's selection and the cache-slot table's gather) and the bf16 one-kernel
+# search's selection and the cache-slot table's gather, the projections of one input as one
+# batched GEMM, the decoder step's products at each row's position) and the bf16 one-kernel
 # attention's own suite (test_gpu_attention: the op suites run fp32 activations, which keep the
 # composition); racecheck skips synccheck there.
 sanitize() {
@@ -123,7 +124,8 @@ sanitize() {
   if [ "$quick" -eq 1 ]; then
     tools=(memcheck racecheck)
     suites=()
-    for t in causal fused layer_norm linear optimizer reduce beam_select index_rows; do
+    for t in causal fused layer_norm linear optimizer reduce beam_select index_rows \
+             linear_multi causal_step; do
       suites+=("$build/test_ops_$t")
     done
     suites+=("$build/test_gpu_attention")

@@ -41,22 +41,24 @@ luna_rate() { sed -n 's/.*s, [0-9.]* sentences\/s, \([0-9.]*\) target tokens\/s.
 
 # each run: the summary line (last) and the per-step launches, GEMMs and host waits before it;
 # both bf16 models also with the selection read back every step (--sync-interval 1) beside the
-# device's default (every 8 steps)
+# device's default (every 8 steps), and Luna's steps launched kernel by kernel (--no-graphs)
+# beside their replay as graphs (the default)
 for run in "transformer_base fp32" "transformer_base bf16" "transformer_base bf16 1" \
-           "luna_base_tied fp32" "luna_base_tied bf16" "luna_base_tied bf16 1"; do
+           "luna_base_tied fp32" "luna_base_tied bf16" "luna_base_tied bf16 1" \
+           "luna_base_tied bf16 0 --no-graphs"; do
   set -- $run
-  arch=$1 prec=$2 sync=${3:-0}
+  arch=$1 prec=$2 sync=${3:-0} extra=${4:-}
   lines=$("$build/bench-translate" --preset "$arch" --device cuda --precision "$prec" \
             --vocab 32000 --sentences "$sentences" --src-len "$src_len" --min-len "$tgt_len" \
             --max-len-b "$tgt_len" --beam 4 --batch-size "$batch" --max-tokens 1000000 \
-            --sync-interval "$sync" 2>&1 | tail -n 2)
+            --sync-interval "$sync" $extra 2>&1 | tail -n 2)
   line=$(echo "$lines" | tail -n 1)
   steps=$(echo "$lines" | sed -n 's/.*per decoder step on cuda (\([0-9]*\) steps): \(.*\)/\1 steps: \2/p')
   rate=$(echo "$line" | luna_rate)
-  echo "$arch $prec sync-interval $sync: $line"
+  echo "$arch $prec sync-interval $sync $extra: $line"
   [ -n "$steps" ] && echo "  per step: $steps"
   if [ -z "$rate" ]; then fails=$((fails + 1)); rate="failed"; fi
-  rows+=("| luna bench-translate | $arch (sync-interval ${sync/#0/default}) | $prec | $rate | ${steps:-} |")
+  rows+=("| luna bench-translate | $arch (sync-interval ${sync/#0/default}${extra:+ $extra}) | $prec | $rate | ${steps:-} |")
 done
 
 if [ "$hf" -eq 1 ]; then

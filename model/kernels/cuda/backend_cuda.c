@@ -58,7 +58,10 @@ void luna_cuda_raw_release(luna_backend *be, void *p) {
     pthread_mutex_unlock(&c->alloc_lock);
 }
 
-static void *cuda_alloc(luna_backend *be, size_t bytes) { return luna_cuda_raw_alloc(be, bytes); }
+static void *cuda_alloc(luna_backend *be, size_t bytes) {
+    if (luna_cuda_not_capturing(be, "an allocation") != LUNA_OK) return NULL;
+    return luna_cuda_raw_alloc(be, bytes);
+}
 
 /* Id ranges (ids_from_host) end where their memory is written through the memory calls, and all
  * of them at a to_host or synchronize (after which the memory may be reused). */
@@ -152,6 +155,7 @@ static luna_status staging_take(luna_cuda_impl *c, size_t bytes, unsigned char *
 }
 
 static luna_status cuda_from_host(luna_backend *be, void *dst, const void *host, size_t bytes) {
+    LUNA_TRY(luna_cuda_not_capturing(be, "a host-to-device copy"));
     luna_cuda_impl *c = luna_cuda_impl_of(be);
     id_ranges_written(c, dst, bytes);
     luna_cuda_weights_written(be, dst, bytes);
@@ -250,6 +254,7 @@ luna_status luna_cuda_check_ids(luna_backend *be, const char *op, const char *wh
 }
 
 static luna_status cuda_to_host(luna_backend *be, void *host, const void *src, size_t bytes) {
+    LUNA_TRY(luna_cuda_not_capturing(be, "a device-to-host copy"));
     luna_cuda_impl *c = luna_cuda_impl_of(be);
     id_ranges_clear(c);
     pthread_mutex_lock(&c->staging_lock);
@@ -266,6 +271,7 @@ static luna_status cuda_to_host(luna_backend *be, void *host, const void *src, s
 }
 
 static luna_status cuda_synchronize(luna_backend *be) {
+    LUNA_TRY(luna_cuda_not_capturing(be, "a synchronize"));
     id_ranges_clear(luna_cuda_impl_of(be));
     return luna_cuda_check(wait_stream(luna_cuda_impl_of(be)), "cudaStreamSynchronize");
 }
@@ -275,7 +281,8 @@ static void cuda_device_stats(luna_backend *be, luna_device_stats *out) {
     *out = (luna_device_stats){.kernels = luna_cuda_kernel_launches(),
                                .library_calls = luna_cuda_gemm_launches(),
                                .waits = c->waits,
-                               .wait_seconds = 1e-9 * (double)c->wait_ns};
+                               .wait_seconds = 1e-9 * (double)c->wait_ns,
+                               .graphs = c->graph_launches};
 }
 
 static void cuda_destroy(luna_backend *be) {
@@ -312,6 +319,10 @@ static const luna_backend_memory cuda_memory = {
     .ids_from_host = cuda_ids_from_host,
     .ids_in_range = cuda_ids_in_range,
     .device_stats = cuda_device_stats,
+    .graph_begin = luna_cuda_graph_begin,
+    .graph_end = luna_cuda_graph_end,
+    .graph_launch = luna_cuda_graph_launch,
+    .graph_free = luna_cuda_graph_free,
 };
 
 static luna_status setup(luna_backend *be, const luna_backend_options *opt) {

@@ -69,11 +69,25 @@ typedef struct {
     pthread_mutex_t id_lock;  /* loader threads upload and free beside the training thread */
     _Atomic uint64_t waits;   /* host waits on the stream or a staging event (device_stats) */
     _Atomic uint64_t wait_ns; /* and the host's time in them */
+    /* graphs (graphs.c): the stream is capturing, on this thread; graph launches so far */
+    bool capturing;
+    pthread_t capture_thread;
+    _Atomic uint64_t graph_launches;
 } luna_cuda_impl;
 
 static inline luna_cuda_impl *luna_cuda_impl_of(const luna_backend *be) {
     return (luna_cuda_impl *)be->impl;
 }
+
+/* Graphs (core/backend.h luna_backend_memory; graphs.c): stream capture of the backend's
+ * stream, instantiated as a cudaGraphExec_t. */
+luna_status luna_cuda_graph_begin(luna_backend *be);
+luna_status luna_cuda_graph_end(luna_backend *be, void **graph);
+luna_status luna_cuda_graph_launch(luna_backend *be, void *graph);
+void luna_cuda_graph_free(luna_backend *be, void *graph);
+/* LUNA_OK, or an error naming `what` when this thread is capturing the stream (a host transfer
+ * or allocation cannot be part of a graph). */
+luna_status luna_cuda_not_capturing(luna_backend *be, const char *what);
 
 /* The kernel table behind core/op_checks.c's checks (cuda_ops.c). */
 extern const luna_ops luna_cuda_kernels;
