@@ -7,6 +7,10 @@
 #include "decoding/cache_slots.h"
 #include "decoding/kv_pages.h"
 #include "decoding/step_graphs.h"
+
+/* The transformer's longest position in steps of this many while steps are graphs: a graph
+ * serves that many steps (luna_decoder_dims.T_round). */
+#define LUNA_GRAPH_T_ROUND 16
 #include "model/decoder_step.h"
 
 struct luna_incremental {
@@ -47,7 +51,7 @@ struct luna_incremental {
      * slot_host [S_cap] each slot's source length, slot_valid its device copy (masked) */
     int32_t *sent_slot, *slot_host, *slot_valid;
     luna_act *positions;      /* pool: [max_steps, d] the target positions' sinusoids (state) */
-    luna_step_graphs *graphs; /* a device's steps as graphs (Luna pools), NULL: none */
+    luna_step_graphs *graphs; /* a device's steps as graphs (pools), NULL: none */
 };
 
 luna_status luna_incremental_create(luna_incremental **out, luna_seq2seq *model) {
@@ -158,7 +162,8 @@ static luna_decoder_dims dims_of(const luna_incremental *inc) {
                                .one_row_sentences = inc->one_row,
                                .sent_slot = inc->pool && !inc->luna ? inc->sent_slot : NULL,
                                .slot_valid = inc->pool && !inc->luna ? inc->slot_valid : NULL,
-                               .positions = inc->pool ? inc->positions : NULL};
+                               .positions = inc->pool ? inc->positions : NULL,
+                               .T_round = inc->graphs && inc->pool ? LUNA_GRAPH_T_ROUND : 0};
 }
 
 /* Upload the per-sentence masks and their per-row expansion (Luna). */
@@ -444,6 +449,8 @@ luna_status luna_incremental_set_token_bias(luna_incremental *inc, const float *
 }
 
 luna_status luna_incremental_set_graphs(luna_incremental *inc, bool on) {
+    const char *env = getenv("LUNA_STEP_GRAPHS");
+    if (env && !strcmp(env, "0")) on = false; /* the user's word stands */
     if (!on || inc->graphs || !luna_graphs_available(inc->be)) {
         if (!on) luna_step_graphs_free(inc->graphs), inc->graphs = NULL;
         return LUNA_OK;
@@ -451,9 +458,7 @@ luna_status luna_incremental_set_graphs(luna_incremental *inc, bool on) {
     return luna_step_graphs_create(&inc->graphs, inc->be);
 }
 
-bool luna_incremental_uses_graphs(const luna_incremental *inc) {
-    return inc->graphs && inc->luna && inc->pool;
-}
+bool luna_incremental_uses_graphs(const luna_incremental *inc) { return inc->graphs && inc->pool; }
 
 void luna_incremental_graph_counts(const luna_incremental *inc, int64_t *replays, int64_t *captures,
                                    int64_t *failed) {
@@ -542,11 +547,14 @@ static luna_status step(luna_incremental *inc, const int32_t *tokens, bool token
                      .picked = picked,
                      .top_idx = top_idx};
     LUNA_TRY(luna_decoder_step_upload(&ps, &d.dims, &d.rows));
-    if (inc->graphs && inc->luna && d.rows.rows_t) { /* a Luna pool: launches position-free */
+    if (inc->graphs && d.rows.rows_t) { /* a pool: launches position-free */
         const luna_step_graph_key key = {.R = R,
                                          .S = inc->S,
                                          .one_row = inc->one_row,
                                          .k = k,
+                                         .T = inc->luna ? 0 : d.rows.T,
+                                         .cache_moves = luna_kv_pages_moves(inc->kv),
+                                         .cache_slots = d.dims.cache_slots,
                                          .tokens = tok,
                                          .top_lp = top_lp,
                                          .top_idx = top_idx,

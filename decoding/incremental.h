@@ -96,13 +96,13 @@ luna_status luna_incremental_set_token_bias(luna_incremental *inc, const float *
  * default). Applies to the candidates and to `picked`. Kept until changed (begin keeps it). */
 luna_status luna_incremental_set_temperature(luna_incremental *inc, double T);
 
-/* On a backend with graphs (a GPU), the steps of a Luna pool (luna_incremental_begin_pool) are
+/* On a backend with graphs (a GPU), the steps of a pool (luna_incremental_begin_pool) are
  * captured as graphs and replayed, one launch a step instead of one per kernel
  * (decoding/step_graphs.h); on by default, off with LUNA_STEP_GRAPHS=0 or set_graphs(false). The
  * results are the same either way. Counts: replays, captures, captures that failed (the step then
  * ran eagerly). */
 luna_status luna_incremental_set_graphs(luna_incremental *inc, bool on);
-/* Whether this state's steps are replayed as graphs (a Luna pool on a backend with graphs). */
+/* Whether this state's steps are replayed as graphs (a pool on a backend with graphs). */
 bool luna_incremental_uses_graphs(const luna_incremental *inc);
 void luna_incremental_graph_counts(const luna_incremental *inc, int64_t *replays, int64_t *captures,
                                    int64_t *failed);

@@ -10,6 +10,7 @@ struct luna_kv_pages {
     void **buf;        /* [2·layers]: layer i's keys at 2i, values at 2i + 1 */
     size_t *buf_bytes; /* [2·layers] bytes of each (equal, but after a failed growth) */
     size_t peak_bytes; /* most bytes held at once (growth holds an old and a new buffer) */
+    uint64_t moves;    /* growths so far: the buffers' addresses changed (step graphs) */
     luna_decoder_layer_state *ls;
     int S_cap, beam, pages; /* pages: the most blocks a sentence takes (max_steps positions) */
     size_t block_bytes;     /* one block in one buffer */
@@ -64,6 +65,7 @@ static void bind(luna_kv_pages *kv) {
  * time, so that the old and the new copy of only one buffer are held together. */
 static luna_status grow(luna_kv_pages *kv, int cap) {
     const size_t bytes = kv->block_bytes * (size_t)cap;
+    kv->moves++;
     bool *busy = realloc(kv->busy, sizeof(bool) * (size_t)cap);
     if (!busy) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "key/value pages: out of memory");
     kv->busy = busy;
@@ -200,5 +202,6 @@ size_t luna_kv_pages_bytes(const luna_kv_pages *kv) {
     return n;
 }
 size_t luna_kv_pages_peak_bytes(const luna_kv_pages *kv) { return kv->peak_bytes; }
+uint64_t luna_kv_pages_moves(const luna_kv_pages *kv) { return kv ? kv->moves : 0; }
 int luna_kv_pages_blocks_used(const luna_kv_pages *kv) { return kv->used; }
 int luna_kv_pages_blocks_peak(const luna_kv_pages *kv) { return kv->used_peak; }

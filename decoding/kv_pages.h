@@ -53,6 +53,9 @@ luna_status luna_kv_pages_reorder(luna_kv_pages *kv, const int32_t *from, int n_
 /* Bytes of the key/value buffers held now (all layers), and the most held at once since create. */
 size_t luna_kv_pages_bytes(const luna_kv_pages *kv);
 size_t luna_kv_pages_peak_bytes(const luna_kv_pages *kv);
+/* How often the buffers have moved (grown) so far: work captured before a move (a step graph)
+ * would address the old buffers. 0 for NULL. */
+uint64_t luna_kv_pages_moves(const luna_kv_pages *kv);
 /* Blocks in use now, and the most in use at once since begin. */
 int luna_kv_pages_blocks_used(const luna_kv_pages *kv);
 int luna_kv_pages_blocks_peak(const luna_kv_pages *kv);

@@ -53,6 +53,7 @@ void luna_step_graphs_counts(const luna_step_graphs *g, int64_t *replays, int64_
 /* Keys are compared field by field (a struct's padding is not part of it). */
 static bool same_key(const luna_step_graph_key *a, const luna_step_graph_key *b) {
     return a->R == b->R && a->S == b->S && a->one_row == b->one_row && a->k == b->k &&
+           a->T == b->T && a->cache_moves == b->cache_moves && a->cache_slots == b->cache_slots &&
            a->tokens == b->tokens && a->top_lp == b->top_lp && a->top_idx == b->top_idx &&
            a->pick == b->pick && a->picked == b->picked && a->bias == b->bias &&
            a->inv_temperature == b->inv_temperature && a->scratch.offset == b->scratch.offset &&

@@ -21,6 +21,9 @@
 
 typedef struct {
     int R, S, one_row, k;
+    int T;                   /* the transformer's longest position (its score rows), 0 for Luna */
+    uint64_t cache_moves;    /* the transformer's key/value buffers moved (luna_kv_pages_moves) */
+    const void *cache_slots; /* the transformer's cache-slot table (two buffers in turn) */
     const void *tokens, *top_lp, *top_idx, *pick, *picked, *bias;
     float inv_temperature;
     luna_arena_mark scratch;     /* the step's arena at the device work's start */

@@ -408,6 +408,10 @@ luna_status luna_decoder_step_upload(const luna_pass *ps, const luna_decoder_dim
         T = 1;
         for (int b = 0; b < dims->S; b++)
             T = dims->sent_step[b] + 1 > T ? dims->sent_step[b] + 1 : T;
+        if (transformer && dims->T_round > 0) {
+            T = (T + dims->T_round - 1) / dims->T_round * dims->T_round;
+            T = T < dims->max_steps ? T : dims->max_steps;
+        }
     }
     int32_t *dev = NULL;
     luna_status st = luna_pass_alloc_i32(ps, &dev, parts * (int64_t)R, "row positions and slots");

@@ -72,6 +72,11 @@ typedef struct {
      * padding_idx + 1 + t), each row's gathered on the device by its step; NULL: made each step
      * from the sentences' positions (luna_decoder_positions fills one) */
     const luna_act *positions;
+    /* Transformer, rows at their own positions: > 0 rounds the step's longest position T up to
+     * a multiple of it (at most max_steps) for the self-attention's score rows, so that the
+     * step's launches stay the same for that many steps (step graphs); each row still reads its
+     * own positions only, so the results are the same. 0: T itself. */
+    int T_round;
 } luna_decoder_dims;
 
 /* Fill positions [max_steps, d] (activations) for luna_decoder_dims.positions. */
