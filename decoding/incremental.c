@@ -4,55 +4,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "decoding/cache_slots.h"
-#include "decoding/kv_pages.h"
-#include "decoding/step_graphs.h"
+#include "decoding/incremental_internal.h"
 
 /* The transformer's longest position in steps of this many while steps are graphs: a graph
  * serves that many steps (luna_decoder_dims.T_round). */
 #define LUNA_GRAPH_T_ROUND 16
-#include "model/decoder_step.h"
-
-struct luna_incremental {
-    luna_seq2seq *model;
-    luna_backend *be;
-    luna_arena *state, *scratch;
-    int layers, d, H, V;
-    bool luna;
-    int beam, S, R, L, m, max_steps, step;
-    int rpb;               /* rows per sentence now: beam, or 1 before the first reorder of a
-                              begin_one_row */
-    int cap_rows;          /* rows allocated at begin */
-    bool masked;           /* per-sentence valid counts apply (P mask, or source padding) */
-    int32_t *sent_host;    /* [S at begin] P mask (Luna) or source length (transformer) */
-    int32_t *row_valid;    /* [cap_rows] device: the P mask per row (Luna, masked), else NULL */
-    int32_t *sent_valid;   /* [S at begin] device: sent_host, or NULL when not masked */
-    float *bias;           /* [V] device token bias (luna_mem_alloc), NULL: none */
-    float inv_temperature; /* logits ×= 1/T before the log-softmax; 1: off */
-    luna_decoder_layer_state *ls; /* [layers] */
-    /* Transformer: the beam indirection of the key/value caches (decoding/cache_slots.h), row r
-     * writing slot r (pool: its sentence's block); on the device (the state arena), a step's
-     * slots sent each step. */
-    luna_cache_slots cs;
-    bool held; /* the decoder's weights are held (luna_decoder_hold_weights) */
-    /* In-flight batching (luna_incremental_begin_pool): sentences join as others leave, each at
-     * its own position. sent_step [S_cap]: positions decoded by each active sentence;
-     * sent_block [S_cap] (transformer): the block of `beam` cache slots each sentence writes its
-     * current position in, one of the blocks `kv` gives it as it reaches new pages of positions
-     * (its rows' histories stay in them however the sentences move). */
-    bool pool;
-    luna_kv_pages *kv;
-    int S_cap;
-    int one_row; /* the last this many sentences have one row each (joined, before their first
-                    reorder), the others rpb */
-    int32_t *sent_step, *sent_block;
-    /* transformer: sent_slot [S_cap] the slot of cross_k / cross_v each active sentence was
-     * admitted to (it stays there while others leave: a reorder moves no keys or values);
-     * slot_host [S_cap] each slot's source length, slot_valid its device copy (masked) */
-    int32_t *sent_slot, *slot_host, *slot_valid;
-    luna_act *positions;      /* pool: [max_steps, d] the target positions' sinusoids (state) */
-    luna_step_graphs *graphs; /* a device's steps as graphs (pools), NULL: none */
-};
 
 luna_status luna_incremental_create(luna_incremental **out, luna_seq2seq *model) {
     *out = NULL;
@@ -136,10 +92,6 @@ size_t luna_incremental_scratch_peak(const luna_incremental *inc) {
 }
 
 /* The sentence of row r and the first row of sentence s (the layout of dims_of). */
-static int row_sentence(const luna_incremental *inc, int r) {
-    const int f = inc->S - inc->one_row;
-    return r < f * inc->rpb ? r / inc->rpb : f + (r - f * inc->rpb);
-}
 static int first_row(const luna_incremental *inc, int s) {
     const int f = inc->S - inc->one_row;
     return s <= f ? s * inc->rpb : f * inc->rpb + (s - f);
@@ -166,8 +118,7 @@ static luna_decoder_dims dims_of(const luna_incremental *inc) {
                                .T_round = inc->graphs && inc->pool ? LUNA_GRAPH_T_ROUND : 0};
 }
 
-/* Upload the per-sentence masks and their per-row expansion (Luna). */
-static luna_status upload_masks(luna_incremental *inc) {
+luna_status luna_incremental_upload_masks(luna_incremental *inc) {
     if (!inc->masked || inc->R == 0) return LUNA_OK;
     LUNA_TRY(luna_mem_from_host(inc->be, inc->sent_valid, inc->sent_host,
                                 sizeof(int32_t) * (size_t)inc->S));
@@ -175,7 +126,7 @@ static luna_status upload_masks(luna_incremental *inc) {
     int32_t *rows = malloc(sizeof(int32_t) * (size_t)inc->R);
     if (!rows) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "incremental decoding: out of memory");
     for (int r = 0; r < inc->R; r++)
-        rows[r] = inc->sent_host[row_sentence(inc, r)];
+        rows[r] = inc->sent_host[luna_incremental_row_sentence(inc, r)];
     luna_status st =
         luna_mem_from_host(inc->be, inc->row_valid, rows, sizeof(int32_t) * (size_t)inc->R);
     free(rows);
@@ -221,7 +172,7 @@ static luna_status begin(luna_incremental *inc, const int32_t *src, const int32_
     if (inc->masked) LUNA_TRY(luna_pass_alloc_i32(&pst, &inc->sent_valid, S, "decoder masks"));
     if (inc->masked && inc->luna)
         LUNA_TRY(luna_pass_alloc_i32(&pst, &inc->row_valid, inc->cap_rows, "decoder masks"));
-    LUNA_TRY(upload_masks(inc));
+    LUNA_TRY(luna_incremental_upload_masks(inc));
     /* the encoder's masks: source lengths, and the P mask when dynamic */
     int32_t *tok, *src_valid, *p_valid = NULL;
     LUNA_TRY(luna_pass_alloc_i32(&ps, &tok, (int64_t)S * m, "source tokens"));
@@ -428,7 +379,7 @@ luna_status luna_incremental_admit(luna_incremental *inc, const int32_t *src_tok
     inc->one_row = one_row ? n : 0;
     for (int i = 0; i < inc->layers && inc->luna; i++)
         inc->ls[i].causal.B = inc->R;
-    st = upload_masks(inc);
+    st = luna_incremental_upload_masks(inc);
     if (st != LUNA_OK) luna_error_prefix("incremental decoding: admit");
     return st;
 }
@@ -531,7 +482,7 @@ static luna_status step(luna_incremental *inc, const int32_t *tokens, bool token
         for (int s = 0; inc->pool && s < inc->S; s++)
             LUNA_TRY(luna_kv_pages_block(inc->kv, s, inc->sent_step[s], &inc->sent_block[s]));
         for (int r = 0; r < R; r++) {
-            const int s = row_sentence(inc, r), j = r - first_row(inc, s);
+            const int s = luna_incremental_row_sentence(inc, r), j = r - first_row(inc, s);
             luna_cache_slots_set(&inc->cs, r, inc->pool ? inc->sent_step[s] : inc->step,
                                  inc->pool ? inc->sent_block[s] * inc->beam + j : r);
         }
@@ -624,156 +575,4 @@ luna_status luna_incremental_step(luna_incremental *inc, const int32_t *tokens,
 luna_status luna_incremental_step_device_tokens(luna_incremental *inc, const int32_t *tokens,
                                                 const luna_step_output *out) {
     return step_checked(inc, tokens, true, out);
-}
-
-/* ---- reordering ------------------------------------------------------------------------------ */
-
-/* buf [n_old rows of `stride` elements]: new row i = old row idx[i] (first `cols` elements),
- * through a scratch copy (a gather cannot run in place). idx: device [n]. */
-static luna_status gather_in_place(luna_incremental *inc, luna_act *buf, int64_t stride,
-                                   int64_t cols, const int32_t *idx, int64_t n) {
-    if (n == 0 || cols == 0) return LUNA_OK;
-    luna_backend *be = inc->be;
-    luna_pass ps = {.be = be, .arena = inc->scratch};
-    luna_arena_mark mark = luna_arena_get_mark(inc->scratch);
-    luna_act *tmp;
-    luna_status st = luna_pass_alloc(&ps, &tmp, n * cols, "reorder");
-    if (st == LUNA_OK) st = be->ops->gather_rows(be, tmp, cols, buf, stride, idx, n, cols);
-    if (st == LUNA_OK) st = be->ops->gather_rows(be, buf, stride, tmp, cols, NULL, n, cols);
-    luna_arena_release(inc->scratch, mark);
-    return st;
-}
-
-/* The same when every new row's old row is in its own group of `beam` rows (sentences unchanged,
- * none expanded): one pass in place (gather_rows_in_groups), no second buffer. */
-static luna_status gather_beams(luna_incremental *inc, luna_act *buf, int64_t cols,
-                                const int32_t *idx, int64_t n, bool within) {
-    if (!within || inc->beam > 32) return gather_in_place(inc, buf, cols, cols, idx, n);
-    return inc->be->ops->gather_rows_in_groups(inc->be, buf, cols, idx, n / inc->beam, inc->beam,
-                                               cols);
-}
-
-static luna_status upload_index(luna_incremental *inc, int32_t **dev, const int32_t *host,
-                                int64_t n) {
-    luna_pass ps = {.be = inc->be, .arena = inc->scratch};
-    LUNA_TRY(luna_pass_alloc_i32(&ps, dev, n, "reorder index"));
-    return luna_mem_from_host(inc->be, *dev, host, sizeof(int32_t) * (size_t)n);
-}
-
-/* The state's gathers: rows by `rows` (device [new_R]), sentences by `sent` (device [S], NULL
- * when the sentences are unchanged). */
-static luna_status reorder_state(luna_incremental *inc, const int32_t *rows, const int32_t *sent,
-                                 int new_rows, int S, bool expand) {
-    if (!inc->luna) { /* the caches stay; new row i takes old row rows[i]'s slot indices */
-        int written = inc->step; /* positions of the furthest row */
-        for (int s = 0; inc->pool && s < inc->S; s++)
-            written = s == 0 || inc->sent_step[s] > written ? inc->sent_step[s] : written;
-        LUNA_TRY(luna_cache_slots_reorder(&inc->cs, inc->be, rows, new_rows, written));
-    }
-    const int64_t d = inc->d;
-    /* the same sentences in the same places, each with its beam rows: rows move within groups */
-    const bool within = !sent && !expand && new_rows == inc->R;
-    for (int i = 0; i < inc->layers; i++) {
-        luna_decoder_layer_state *ls = &inc->ls[i];
-        if (inc->luna) {
-            const int64_t Ld = (int64_t)inc->L * d;
-            /* P̃ is the same for the beams of a sentence: only a change of sentences, or the
-             * expansion of one row per sentence to `beam`, moves it */
-            if (sent || expand)
-                LUNA_TRY(gather_in_place(inc, ls->causal.pt, Ld, Ld, rows, new_rows));
-            LUNA_TRY(gather_beams(inc, ls->causal.ksum, Ld, rows, new_rows, within));
-            LUNA_TRY(gather_beams(inc, ls->causal.vsum, Ld, rows, new_rows, within));
-            if (sent) LUNA_TRY(gather_in_place(inc, ls->kp, Ld, Ld, sent, S));
-            if (sent && ls->vp != ls->kp) LUNA_TRY(gather_in_place(inc, ls->vp, Ld, Ld, sent, S));
-            ls->causal.B = new_rows;
-        } else if (!inc->pool) {
-            /* self-attention caches: through the slot indices above; the pool's source keys and
-             * values: through sent_slot (they stay) */
-            const int64_t md = (int64_t)inc->m * d;
-            if (sent) LUNA_TRY(gather_in_place(inc, ls->cross_k, md, md, sent, S));
-            if (sent) LUNA_TRY(gather_in_place(inc, ls->cross_v, md, md, sent, S));
-        }
-    }
-    return LUNA_OK;
-}
-
-luna_status luna_incremental_reorder(luna_incremental *inc, const int32_t *rows, int new_rows) {
-    const int beam = inc->beam, R = inc->R, rpb = inc->rpb; /* rpb: the old grouping */
-    if (new_rows < 0 || new_rows % beam || new_rows > inc->cap_rows)
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
-                          "incremental decoding: reorder to %d rows (beam %d, capacity %d)",
-                          new_rows, beam, inc->cap_rows);
-    const int S = new_rows / beam;
-    const bool expand = rpb != beam || inc->one_row > 0;
-    if (new_rows == 0) { /* every sentence finished (a pool admits new ones after) */
-        if (inc->kv) LUNA_TRY(luna_kv_pages_reorder(inc->kv, NULL, 0, inc->S));
-        inc->R = inc->S = inc->one_row = 0;
-        for (int i = 0; i < inc->layers && inc->luna; i++)
-            inc->ls[i].causal.B = 0;
-        return LUNA_OK;
-    }
-    bool rows_identity = new_rows == R && !expand, sent_identity = S == inc->S;
-    for (int i = 0; i < new_rows; i++) {
-        if (rows[i] < 0 || rows[i] >= R ||
-            row_sentence(inc, rows[i]) != row_sentence(inc, rows[i - i % beam]))
-            return luna_error(LUNA_ERR_INVALID_ARGUMENT,
-                              "incremental decoding: reorder: row %d <- %d is out of [0, %d) or "
-                              "mixes sentences within a beam group",
-                              i, rows[i], R);
-        rows_identity = rows_identity && rows[i] == i;
-        sent_identity = sent_identity && row_sentence(inc, rows[i]) == i / beam;
-    }
-    if (rows_identity) return LUNA_OK;
-    /* host: the new sentences' old indices */
-    int32_t *sent = malloc(sizeof(int32_t) * (2 * (size_t)S + 1));
-    if (!sent) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "incremental decoding: out of memory");
-    for (int s = 0; s < S; s++)
-        sent[s] = row_sentence(inc, rows[s * beam]);
-    luna_arena_mark mark = luna_arena_get_mark(inc->scratch);
-    int32_t *rows_dev = NULL, *sent_dev = NULL;
-    luna_status st = upload_index(inc, &rows_dev, rows, new_rows);
-    if (st == LUNA_OK && inc->pool && inc->kv) /* finished sentences give their pages back */
-        st = luna_kv_pages_reorder(inc->kv, sent, S, inc->S);
-    if (st == LUNA_OK && !sent_identity && S > 0) st = upload_index(inc, &sent_dev, sent, S);
-    if (st == LUNA_OK) st = reorder_state(inc, rows_dev, sent_dev, new_rows, S, expand);
-    luna_arena_release(inc->scratch, mark);
-    if (st == LUNA_OK) {
-        int32_t *per_sent[] = {inc->sent_host, inc->pool ? inc->sent_step : NULL,
-                               inc->pool && !inc->luna ? inc->sent_slot : NULL};
-        int32_t *old = sent + S; /* the sentences' old indices, kept while each array moves */
-        memcpy(old, sent, sizeof(int32_t) * (size_t)S);
-        for (int a = 0; a < 3; a++) {
-            if (!per_sent[a]) continue;
-            for (int s = 0; s < S; s++) /* the old values, then the new ones in their place */
-                sent[s] = per_sent[a][old[s]];
-            memcpy(per_sent[a], sent, sizeof(int32_t) * (size_t)S);
-        }
-        inc->R = new_rows;
-        inc->S = S;
-        inc->rpb = beam;
-        inc->one_row = 0;
-        st = upload_masks(inc);
-    }
-    free(sent);
-    if (st != LUNA_OK) luna_error_prefix("incremental decoding: reorder");
-    return st;
-}
-
-luna_status luna_incremental_reorder_beams_device(luna_incremental *inc, const int32_t *rows) {
-    if (!inc->pool)
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
-                          "incremental decoding: a reorder from the device's rows needs a pool "
-                          "(luna_incremental_begin_pool)");
-    const int beam = inc->beam, S = inc->S;
-    if (S == 0) return LUNA_OK;
-    const bool expand = inc->rpb != beam || inc->one_row > 0;
-    luna_status st = reorder_state(inc, rows, NULL, S * beam, S, expand);
-    if (st == LUNA_OK) {
-        inc->R = S * beam;
-        inc->rpb = beam;
-        inc->one_row = 0;
-        st = upload_masks(inc);
-    }
-    if (st != LUNA_OK) luna_error_prefix("incremental decoding: reorder");
-    return st;
 }
