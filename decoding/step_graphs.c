@@ -90,7 +90,12 @@ luna_status luna_step_graphs_run(luna_step_graphs *g, const luna_step_graph_key 
         return luna_graph_launch(g->be, e->graph);
     }
     if (!found || e->failed) return run(ctx); /* first sight: eager (and what it makes stays) */
-    LUNA_TRY(luna_graph_begin(g->be));
+    if (luna_graph_begin(g->be) != LUNA_OK) { /* no capture here: eager, and not again */
+        luna_error_clear();
+        e->failed = true;
+        g->failed++;
+        return run(ctx);
+    }
     luna_status st = run(ctx);
     void *graph = NULL;
     const luna_status end = luna_graph_end(g->be, &graph);

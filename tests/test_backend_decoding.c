@@ -55,6 +55,22 @@ static void generate(luna_seq2seq *m, const luna_beam_options *o, const luna_tok
 
 static void make_sources(int32_t toks[NSENT][12], luna_token_seq *src);
 
+/* Beam 4, 2-best, at most 1.2·len + 3 tokens; bans: --min-len 3, n-gram bans of 2, --unkpen 0.5;
+ * sync_interval 0: the backend's default. */
+static luna_beam_options search_options(bool bans, int sync_interval) {
+    luna_beam_options o;
+    luna_beam_options_init(&o);
+    o.beam = 4;
+    o.nbest = 2;
+    o.max_len_a = 1.2;
+    o.max_len_b = 3;
+    o.min_len = bans ? 3 : 1;
+    o.no_repeat_ngram_size = bans ? 2 : 0;
+    o.unkpen = bans ? 0.5 : 0;
+    o.sync_interval = sync_interval;
+    return o;
+}
+
 START_TEST(generate_matches_cpu) {
     luna_backend *dev = lh_backend(2), *cpu = lh_reference();
     const bool exact = dev->device == LUNA_DEVICE_CPU;
@@ -65,16 +81,7 @@ START_TEST(generate_matches_cpu) {
     for (int p = 0; p < 2; p++) {
         luna_seq2seq *md = make_model(dev, presets[p]), *mc = make_model(cpu, presets[p]);
         for (int variant = 0; variant < 4; variant++) {
-            luna_beam_options o;
-            luna_beam_options_init(&o);
-            o.beam = 4;
-            o.nbest = 2;
-            o.max_len_a = 1.2;
-            o.max_len_b = 3;
-            o.min_len = variant % 2 ? 3 : 1;
-            o.no_repeat_ngram_size = variant % 2 ? 2 : 0;
-            o.unkpen = variant % 2 ? 0.5 : 0;
-            o.sync_interval = variant < 2 ? 0 : 3;
+            const luna_beam_options o = search_options(variant % 2, variant < 2 ? 0 : 3);
             luna_nbest ref[NSENT], got[NSENT];
             generate(mc, &o, src, ref);
             generate(md, &o, src, got);
@@ -119,8 +126,8 @@ static void make_sources(int32_t toks[NSENT][12], luna_token_seq *src) {
 /* A device replays a pool's steps as graphs (decoding/step_graphs.h), Luna's and the
  * transformer's (whose score rows then span its longest position rounded up): the same
  * hypotheses and scores, bit for bit, as the same steps launched one kernel at a time, and steps
- * replayed; with n-gram bans (the candidates per row change as they grow) and reading back
- * every 3 steps. */
+ * replayed; with n-gram bans and --min-len (the candidates per row change as they grow) and
+ * reading back every 3 steps. */
 START_TEST(graphs_change_nothing) {
     luna_backend *dev = lh_backend(2);
     if (!luna_graphs_available(dev)) {
@@ -135,14 +142,7 @@ START_TEST(graphs_change_nothing) {
         const char *preset = v < 2 ? "luna_tiny" : "transformer_tiny";
         const int variant = v % 2;
         luna_seq2seq *m = make_model(dev, preset);
-        luna_beam_options o;
-        luna_beam_options_init(&o);
-        o.beam = 4;
-        o.nbest = 2;
-        o.max_len_a = 1.2;
-        o.max_len_b = 3;
-        o.no_repeat_ngram_size = variant ? 2 : 0;
-        o.sync_interval = variant ? 3 : 0;
+        const luna_beam_options o = search_options(variant, variant ? 3 : 0);
         luna_nbest eager[NSENT], replayed[NSENT];
         int64_t replays = 0;
         generate_with(m, &o, src, eager, false, NULL);

@@ -2,7 +2,7 @@
  * own position, t read from device memory. On the backend under test (LUNA_TEST_BACKEND): a
  * double-precision host sum within the ACCUM tier, rows at different positions (runs and
  * singletons) and all at t_all, the scores' and the outputs' shapes; on the CPU the bits of the
- * one-row gemm with alpha 1/t per row, as the step computed them before the op; against the CPU
+ * one-row gemm with alpha 1/t per row (so CPU decoding keeps its translations); against the CPU
  * reference within ACCUM; bad sizes refused. */
 #include <math.h>
 #include <stdio.h>
@@ -79,7 +79,7 @@ START_TEST(matches_a_double_sum) {
 }
 END_TEST
 
-/* The CPU computes each row as the step did before the op: a one-row gemm with alpha 1/t. */
+/* The CPU computes each row as a one-row gemm with alpha 1/t (the bits its decoding relies on). */
 START_TEST(cpu_is_the_one_row_gemm) {
     if (strcmp(lh_backend_name(), "cpu") != 0) {
         printf("bit equality with the one-row gemm: the CPU's property (a device is within "

@@ -50,7 +50,7 @@ typedef struct {
 
 /* ms measured (each family's share of the 70 ms profile) over the H200 roofline's ms */
 static const luna_gpu_calibration luna_gpu_calibration_h200[] = {
-    {"linear", 28.35 / 14.04, 1}, /* since: projections of one input as one batched GEMM */
+    {"linear", 28.35 / 14.04, 1}, /* rewritten: projections of one input batched */
     {"gemm", 13.2 / 3.65, 0}, /* per-head grids: small products, pointer arrays or strided alike */
     {"residual_norm", 7.14 / 2.66, 1}, /* rewritten: backward's sums in its row pass */
     {"causal_contraction", 5.46 / 1.45, 0},

@@ -256,8 +256,9 @@ luna_status luna_cpu_causal_contraction_backward(luna_backend *be, luna_act *dx_
 }
 
 /* causal_step_products (core/backend.h): each run of rows at one position is one batched
- * one-row gemm with alpha 1/t, as the decoder step computed it before the op existed (the same
- * bits). t is host memory on the CPU. */
+ * one-row gemm with alpha 1/t, so the CPU's decoding keeps the bits of the gemm that scales its
+ * sum once (the translations of a step whose rows share a position do not change). t is host
+ * memory on the CPU. */
 luna_status luna_cpu_causal_step_products(luna_backend *be, luna_act *y_, const luna_act *x_,
                                           const luna_act *S_, const int32_t *t, int t_all, int R,
                                           int H, int K, int N) {
