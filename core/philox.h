@@ -21,7 +21,16 @@ typedef struct {
     uint64_t seed;      /* the run's --seed */
     uint64_t step;      /* update number (and micro-batch), or 0 for initialisation */
     uint32_t stream_id; /* the tensor/site id */
+    /* NULL, or the step's address in the backend's memory, read when the kernel runs instead of
+     * `step`: a pass replayed as a graph keeps its launch arguments, so the step that changes
+     * from one replay to the next must come from memory (model/seq2seq_graphs.c) */
+    const uint64_t *step_at;
 } luna_rng_key;
+
+/* The key's step: `step`, or the value at step_at. */
+LUNA_HD static inline uint64_t luna_rng_key_step(luna_rng_key key) {
+    return key.step_at ? *key.step_at : key.step;
+}
 
 /* Philox constants from the Random123 reference implementation. */
 #define LUNA_PHILOX_M0 0xD2511F53u
@@ -54,9 +63,9 @@ LUNA_HD static inline void luna_philox4x32(const uint32_t counter[4], const uint
 
 /* The four words of block `block` of the stream `key` (elements 4·block .. 4·block + 3). */
 LUNA_HD static inline void luna_rng_block(luna_rng_key key, uint64_t block, uint32_t out[4]) {
-    uint32_t counter[4] = {(uint32_t)block, (uint32_t)(block >> 32), key.stream_id,
-                           (uint32_t)key.step};
-    uint32_t k[2] = {(uint32_t)key.seed, (uint32_t)(key.seed >> 32) ^ (uint32_t)(key.step >> 32)};
+    const uint64_t step = luna_rng_key_step(key);
+    uint32_t counter[4] = {(uint32_t)block, (uint32_t)(block >> 32), key.stream_id, (uint32_t)step};
+    uint32_t k[2] = {(uint32_t)key.seed, (uint32_t)(key.seed >> 32) ^ (uint32_t)(step >> 32)};
     luna_philox4x32(counter, k, out);
 }
 

@@ -2,8 +2,9 @@
 
 #include <math.h>
 
-/* Eight consecutive blocks at once, structure-of-arrays: each round is the scalar round of core/philox.h on
- * eight lanes. With AVX2 the 32×32→64-bit products are vpmuludq on the even and odd lanes. */
+/* Eight consecutive blocks at once, structure-of-arrays: each round is the scalar round of
+ * core/philox.h on eight lanes. With AVX2 the 32×32→64-bit products are vpmuludq on the even and
+ * odd lanes. */
 #define PHILOX_LANES 8
 #ifdef __AVX2__
 #include <immintrin.h>
@@ -26,9 +27,11 @@ static void philox_lanes(luna_rng_key key, uint64_t block0, uint32_t out[4][PHIL
     __m256i c0 = lo_words;
     __m256i c1 = _mm256_sub_epi32(_mm256_set1_epi32((int)(uint32_t)(block0 >> 32)), carry);
     __m256i c2 = _mm256_set1_epi32((int)key.stream_id);
-    __m256i c3 = _mm256_set1_epi32((int)(uint32_t)key.step);
-    const __m256i m0 = _mm256_set1_epi32((int)LUNA_PHILOX_M0), m1 = _mm256_set1_epi32((int)LUNA_PHILOX_M1);
-    uint32_t k0 = (uint32_t)key.seed, k1 = (uint32_t)(key.seed >> 32) ^ (uint32_t)(key.step >> 32);
+    const uint64_t step = luna_rng_key_step(key);
+    __m256i c3 = _mm256_set1_epi32((int)(uint32_t)step);
+    const __m256i m0 = _mm256_set1_epi32((int)LUNA_PHILOX_M0),
+                  m1 = _mm256_set1_epi32((int)LUNA_PHILOX_M1);
+    uint32_t k0 = (uint32_t)key.seed, k1 = (uint32_t)(key.seed >> 32) ^ (uint32_t)(step >> 32);
     for (int round = 0; round < 10; round++) {
         __m256i hi0, lo0, hi1, lo1;
         mul_hi_lo(c0, m0, &hi0, &lo0);

@@ -10,6 +10,13 @@
  * serves that many steps (luna_decoder_dims.T_round). */
 #define LUNA_GRAPH_T_ROUND 16
 
+/* A pool's step has one shape between readbacks, a few as sentences leave and join. */
+#define STEP_GRAPHS 8
+
+static luna_status step_graphs_create(luna_incremental *inc) {
+    return luna_graph_cache_create(&inc->graphs, inc->be, STEP_GRAPHS, 1, 0);
+}
+
 luna_status luna_incremental_create(luna_incremental **out, luna_seq2seq *model) {
     *out = NULL;
     const luna_config *c = &model->config;
@@ -35,7 +42,7 @@ luna_status luna_incremental_create(luna_incremental **out, luna_seq2seq *model)
     if (st == LUNA_OK) st = luna_arena_create(&inc->scratch, inc->be, (size_t)32 << 20);
     const char *graphs = getenv("LUNA_STEP_GRAPHS");
     if (st == LUNA_OK && luna_graphs_available(inc->be) && !(graphs && !strcmp(graphs, "0")))
-        st = luna_step_graphs_create(&inc->graphs, inc->be);
+        st = step_graphs_create(inc);
     /* the decoder's weights stay constant while this state exists */
     if (st == LUNA_OK) st = luna_decoder_hold_weights(model, true);
     if (st == LUNA_OK) inc->held = true;
@@ -50,7 +57,7 @@ luna_status luna_incremental_create(luna_incremental **out, luna_seq2seq *model)
 void luna_incremental_free(luna_incremental *inc) {
     if (!inc) return;
     if (inc->held) (void)luna_decoder_hold_weights(inc->model, false);
-    luna_step_graphs_free(inc->graphs); /* before the memory its graphs use */
+    luna_graph_cache_free(inc->graphs); /* before the memory its graphs use */
     luna_arena_free(inc->state);
     luna_arena_free(inc->scratch);
     luna_kv_pages_free(inc->kv);
@@ -194,7 +201,7 @@ static luna_status begin_rows(luna_incremental *inc, const int32_t *src_tokens,
                           "%d, max steps %d)",
                           S, m, beam, max_steps);
     LUNA_TRY(check_source(&inc->model->config, src_tokens, src_lengths, S, m));
-    luna_step_graphs_clear(inc->graphs);
+    luna_graph_cache_clear(inc->graphs);
     luna_arena_reset(inc->state);
     luna_arena_reset(inc->scratch);
     luna_kv_pages_free(inc->kv); /* a pool's pages: this batch's caches come from the arena */
@@ -246,7 +253,7 @@ luna_status luna_incremental_begin_pool(luna_incremental *inc, int S_cap, int m_
                           "beam %d, max steps %d)",
                           S_cap, m_cap, beam, max_steps);
     const luna_config *c = &inc->model->config;
-    luna_step_graphs_clear(inc->graphs); /* the state they read is about to move */
+    luna_graph_cache_clear(inc->graphs); /* the state they read is about to move */
     luna_arena_reset(inc->state);
     luna_arena_reset(inc->scratch);
     inc->S = inc->R = 0;
@@ -403,17 +410,17 @@ luna_status luna_incremental_set_graphs(luna_incremental *inc, bool on) {
     const char *env = getenv("LUNA_STEP_GRAPHS");
     if (env && !strcmp(env, "0")) on = false; /* the user's word stands */
     if (!on || inc->graphs || !luna_graphs_available(inc->be)) {
-        if (!on) luna_step_graphs_free(inc->graphs), inc->graphs = NULL;
+        if (!on) luna_graph_cache_free(inc->graphs), inc->graphs = NULL;
         return LUNA_OK;
     }
-    return luna_step_graphs_create(&inc->graphs, inc->be);
+    return step_graphs_create(inc);
 }
 
 bool luna_incremental_uses_graphs(const luna_incremental *inc) { return inc->graphs && inc->pool; }
 
 void luna_incremental_graph_counts(const luna_incremental *inc, int64_t *replays, int64_t *captures,
                                    int64_t *failed) {
-    luna_step_graphs_counts(inc->graphs, replays, captures, failed);
+    luna_graph_cache_counts(inc->graphs, replays, captures, failed);
 }
 
 luna_status luna_incremental_set_temperature(luna_incremental *inc, double T) {
@@ -499,24 +506,26 @@ static luna_status step(luna_incremental *inc, const int32_t *tokens, bool token
                      .top_idx = top_idx};
     LUNA_TRY(luna_decoder_step_upload(&ps, &d.dims, &d.rows));
     if (inc->graphs && d.rows.rows_t) { /* a pool: launches position-free */
-        const luna_step_graph_key key = {.R = R,
-                                         .S = inc->S,
-                                         .one_row = inc->one_row,
-                                         .k = k,
-                                         .T = inc->luna ? 0 : d.rows.T,
-                                         .cache_moves = luna_kv_pages_moves(inc->kv),
-                                         .cache_slots = d.dims.cache_slots,
-                                         .tokens = tok,
-                                         .top_lp = top_lp,
-                                         .top_idx = top_idx,
-                                         .pick = pick,
-                                         .picked = picked,
-                                         .bias = inc->bias,
-                                         .inv_temperature = inc->inv_temperature,
-                                         .scratch = luna_arena_get_mark(inc->scratch),
-                                         .scratch_generation = luna_arena_generation(inc->scratch),
-                                         .backend_generation = luna_arena_generation(be->scratch)};
-        LUNA_TRY(luna_step_graphs_run(inc->graphs, &key, inc->scratch, run_device_step, &d));
+        /* what the step's launches depend on besides the pool's device state */
+        luna_graph_key key;
+        luna_graph_key_init(&key);
+        const uint64_t sizes[] = {(uint64_t)R,
+                                  (uint64_t)inc->S,
+                                  (uint64_t)inc->one_row,
+                                  (uint64_t)k,
+                                  (uint64_t)(inc->luna ? 0 : d.rows.T),
+                                  luna_kv_pages_moves(inc->kv),
+                                  luna_arena_generation(be->scratch)};
+        for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+            luna_graph_key_add(&key, sizes[i]);
+        const void *buffers[] = {d.dims.cache_slots, tok, top_lp, top_idx, pick, picked, inc->bias};
+        for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; i++)
+            luna_graph_key_add_ptr(&key, buffers[i]);
+        luna_graph_key_add_f32(&key, inc->inv_temperature);
+        luna_graph_key_add_arena(&key, inc->scratch);
+        luna_graph_call call;
+        luna_graph_call_begin(&call, inc->graphs, &key);
+        LUNA_TRY(luna_graph_call_segment(&call, 0, inc->scratch, run_device_step, &d));
     } else {
         LUNA_TRY(run_device_step(&d));
     }

@@ -8,7 +8,7 @@
 #include "decoding/cache_slots.h"
 #include "decoding/incremental.h"
 #include "decoding/kv_pages.h"
-#include "decoding/step_graphs.h"
+#include "core/graph_cache.h"
 #include "model/decoder_step.h"
 
 struct luna_incremental {
@@ -49,7 +49,7 @@ struct luna_incremental {
      * slot_host [S_cap] each slot's source length, slot_valid its device copy (masked) */
     int32_t *sent_slot, *slot_host, *slot_valid;
     luna_act *positions;      /* pool: [max_steps, d] the target positions' sinusoids (state) */
-    luna_step_graphs *graphs; /* a device's steps as graphs (pools), NULL: none */
+    luna_graph_cache *graphs; /* a device's steps as graphs (pools), NULL: none */
 };
 
 /* The sentence of row r (the last one_row sentences have one row each). */

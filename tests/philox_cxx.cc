@@ -7,12 +7,12 @@
 
 extern "C" uint32_t luna_test_philox_cxx_bits(uint64_t seed, uint64_t step, uint32_t stream,
                                               uint64_t index) {
-    luna_rng_key key = {seed, step, stream};
+    luna_rng_key key = {seed, step, stream, nullptr};
     return luna_rng_bits(key, index);
 }
 
 extern "C" int luna_test_philox_cxx_keep(uint64_t seed, uint64_t step, uint32_t stream,
                                          uint64_t index, float p) {
-    luna_rng_key key = {seed, step, stream};
+    luna_rng_key key = {seed, step, stream, nullptr};
     return luna_rng_dropout_keep(key, index, p);
 }

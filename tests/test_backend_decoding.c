@@ -123,7 +123,7 @@ static void make_sources(int32_t toks[NSENT][12], luna_token_seq *src) {
     }
 }
 
-/* A device replays a pool's steps as graphs (decoding/step_graphs.h), Luna's and the
+/* A device replays a pool's steps as graphs (core/graph_cache.h), Luna's and the
  * transformer's (whose score rows then span its longest position rounded up): the same
  * hypotheses and scores, bit for bit, as the same steps launched one kernel at a time, and steps
  * replayed; with n-gram bans and --min-len (the candidates per row change as they grow) and
