@@ -76,3 +76,6 @@ luna_status luna_graph_launch(luna_backend *be, void *graph) {
 void luna_graph_free(luna_backend *be, void *graph) {
     if (graph && be->mem->graph_free) be->mem->graph_free(be, graph);
 }
+uint64_t luna_graph_state(luna_backend *be) {
+    return be->mem->graph_state ? be->mem->graph_state(be) : 0;
+}

@@ -120,6 +120,11 @@ typedef void luna_act;
  *                   alive and at its address, and puts what changes into device memory before
  *                   the launch. While capturing, host transfers and allocations fail (a graph
  *                   replays device work only; a failed capture yields no graph and ran nothing).
+ *   graph_state     (optional; NULL: none) a word that changes whenever the launches an op makes
+ *                   for the same arguments may change: the CUDA backend remakes a weight's bf16
+ *                   copy on its first use after the weight is written, so which copies are
+ *                   current decides whether a linear op launches a conversion. A graph is
+ *                   replayed only in the state it was captured in (luna_graph_key_add_backend).
  * Errors (a failed launch or copy, reported asynchronously by a device) come back as statuses. */
 typedef struct {
     uint64_t kernels;       /* kernel launches (this process, every device) */
@@ -144,6 +149,7 @@ typedef struct {
     luna_status (*graph_end)(luna_backend *be, void **graph);
     luna_status (*graph_launch)(luna_backend *be, void *graph);
     void (*graph_free)(luna_backend *be, void *graph);
+    uint64_t (*graph_state)(luna_backend *be);
 } luna_backend_memory;
 
 struct luna_backend {
@@ -202,6 +208,7 @@ LUNA_MUST_CHECK luna_status luna_graph_begin(luna_backend *be);
 LUNA_MUST_CHECK luna_status luna_graph_end(luna_backend *be, void **graph);
 LUNA_MUST_CHECK luna_status luna_graph_launch(luna_backend *be, void *graph);
 void luna_graph_free(luna_backend *be, void *graph); /* NULL: nothing */
+uint64_t luna_graph_state(luna_backend *be);         /* graph_state above, 0 without it */
 LUNA_MUST_CHECK luna_status luna_backend_synchronize(luna_backend *be);
 
 /* Frees the backend: its scratch arena, its own resources, the struct. Backends are created by

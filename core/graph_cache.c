@@ -1,6 +1,7 @@
 /* Device work replayed as graphs (graph_cache.h). */
 #include "core/graph_cache.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,6 +25,7 @@ struct luna_graph_cache {
     entry *e;
     uint64_t clock;
     int64_t replays, captures, failed;
+    char why[256]; /* the last failed capture's error */
 };
 
 void luna_graph_key_add(luna_graph_key *k, uint64_t v) {
@@ -50,6 +52,11 @@ void luna_graph_key_add_arena(luna_graph_key *k, const luna_arena *a) {
     luna_graph_key_add(k, (uint64_t)(int64_t)m.chunk);
     luna_graph_key_add(k, (uint64_t)m.chunk_offset);
     luna_graph_key_add(k, luna_arena_generation(a));
+}
+
+void luna_graph_key_add_backend(luna_graph_key *k, luna_backend *be) {
+    luna_graph_key_add(k, luna_arena_generation(be->scratch));
+    luna_graph_key_add(k, luna_graph_state(be));
 }
 
 static bool same_key(const luna_graph_key *a, const luna_graph_key *b) {
@@ -117,6 +124,10 @@ void luna_graph_cache_counts(const luna_graph_cache *c, int64_t *replays, int64_
     *failed = c ? c->failed : 0;
 }
 
+const char *luna_graph_cache_failure(const luna_graph_cache *c) {
+    return c && c->failed ? c->why : NULL;
+}
+
 void luna_graph_call_begin(luna_graph_call *call, luna_graph_cache *c, const luna_graph_key *key) {
     int found = -1, victim = 0;
     for (int i = 0; i < c->capacity && found < 0; i++) {
@@ -151,6 +162,7 @@ void *luna_graph_call_data(const luna_graph_call *call) { return call->cache->e[
 /* The capture of the call's segment failed (or could not begin): the entry runs eagerly from
  * now on, this call's remaining segments too. */
 static void capture_failed(luna_graph_call *call, entry *e) {
+    snprintf(call->cache->why, sizeof call->cache->why, "%s", luna_error_message());
     luna_error_clear();
     drop_graphs(call->cache, e);
     e->failed = true;

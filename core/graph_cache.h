@@ -46,6 +46,9 @@ void luna_graph_key_add_ptr(luna_graph_key *k, const void *p);
 void luna_graph_key_add_f32(luna_graph_key *k, float v); /* its bits */
 /* The arena's current mark and its chunks' generation (luna_arena_generation). */
 void luna_graph_key_add_arena(luna_graph_key *k, const luna_arena *a);
+/* What the backend's launches depend on besides their arguments: its scratch arena's chunks and
+ * its graph_state (core/backend.h). */
+void luna_graph_key_add_backend(luna_graph_key *k, luna_backend *be);
 
 typedef struct luna_graph_cache luna_graph_cache;
 
@@ -58,6 +61,9 @@ void luna_graph_cache_clear(luna_graph_cache *c);
 /* Replays (graph launches), captures and failed captures so far (tests, benchmarks). */
 void luna_graph_cache_counts(const luna_graph_cache *c, int64_t *replays, int64_t *captures,
                              int64_t *failed);
+
+/* The last failed capture's error message (NULL: none failed). */
+const char *luna_graph_cache_failure(const luna_graph_cache *c);
 
 /* One call's use of an entry: luna_graph_call_begin, then each segment once, in order. */
 typedef struct {

@@ -514,8 +514,7 @@ static luna_status step(luna_incremental *inc, const int32_t *tokens, bool token
                                   (uint64_t)inc->one_row,
                                   (uint64_t)k,
                                   (uint64_t)(inc->luna ? 0 : d.rows.T),
-                                  luna_kv_pages_moves(inc->kv),
-                                  luna_arena_generation(be->scratch)};
+                                  luna_kv_pages_moves(inc->kv)};
         for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
             luna_graph_key_add(&key, sizes[i]);
         const void *buffers[] = {d.dims.cache_slots, tok, top_lp, top_idx, pick, picked, inc->bias};
@@ -523,6 +522,7 @@ static luna_status step(luna_incremental *inc, const int32_t *tokens, bool token
             luna_graph_key_add_ptr(&key, buffers[i]);
         luna_graph_key_add_f32(&key, inc->inv_temperature);
         luna_graph_key_add_arena(&key, inc->scratch);
+        luna_graph_key_add_backend(&key, be);
         luna_graph_call call;
         luna_graph_call_begin(&call, inc->graphs, &key);
         LUNA_TRY(luna_graph_call_segment(&call, 0, inc->scratch, run_device_step, &d));

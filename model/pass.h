@@ -20,6 +20,7 @@ typedef struct {
                           decoding and validation: e.g. the FFN's relu goes into its GEMM) */
     uint64_t seed;     /* dropout keys are (seed, step, site) */
     uint64_t step;
+    const uint64_t *step_at; /* NULL, or where the kernels read the step (luna_rng_key.step_at) */
     float dropout, attention_dropout, activation_dropout;
 } luna_pass;
 
@@ -42,7 +43,8 @@ enum {
 #define LUNA_SITE_LAYER 16
 
 static inline luna_rng_key luna_pass_key(const luna_pass *ps, uint32_t site) {
-    luna_rng_key k = {.seed = ps->seed, .step = ps->step, .stream_id = site};
+    luna_rng_key k = {
+        .seed = ps->seed, .step = ps->step, .stream_id = site, .step_at = ps->step_at};
     return k;
 }
 

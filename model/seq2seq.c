@@ -1,5 +1,7 @@
 #include "model/seq2seq.h"
 
+#include "model/seq2seq_internal.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,6 +60,7 @@ static luna_status create(luna_seq2seq **out, luna_backend *be, const luna_confi
             st = luna_error(LUNA_ERR_OUT_OF_MEMORY, "model: out of memory");
     }
     if (st == LUNA_OK) st = layer_tensor_ranges(m);
+    if (st == LUNA_OK) st = luna_seq2seq_set_graphs(m, true);
     if (st != LUNA_OK) {
         luna_seq2seq_free(m);
         return st;
@@ -77,6 +80,8 @@ luna_status luna_seq2seq_create_for_inference(luna_seq2seq **out, luna_backend *
 
 void luna_seq2seq_free(luna_seq2seq *m) {
     if (!m) return;
+    luna_graph_cache_free(m->graphs); /* before the memory its graphs use */
+    luna_mem_release(m->be, m->graph_step, sizeof *m->graph_step);
     luna_params_free(m->params);
     luna_arena_free(m->arena);
     free(m->enc_act);
@@ -119,24 +124,6 @@ int64_t luna_batch_target_tokens(const luna_batch *b, int padding_idx) {
 }
 
 /* ---- one pass -------------------------------------------------------------------------------- */
-
-typedef struct {
-    luna_pass ps;
-    luna_layer_dims dims;
-    int d, V;
-    int32_t *src, *prev, *tgt;    /* device tokens */
-    luna_act *x_src, *p0, *x_tgt; /* [B,m,d], [B,L,d], [B,n,d] */
-    luna_act *enc_out, *enc_p;    /* final encoder x and p */
-    luna_act *dec_out;            /* final decoder x [B,n,d] */
-    luna_arena_mark logits_mark;
-    luna_act *logits; /* [N,V] when the caller wants them (keep_logits), else NULL */
-    /* (the loss and the output projection's backward run in the forward: loss_in_chunks) */
-    int64_t loss_rows;       /* loss/nll entries written (non-pad rows, or all with logits) */
-    int64_t loss_cap;        /* entries of each: nll starts loss_cap after loss */
-    float *loss, *nll, *lse; /* [N] each, fp32 */
-    /* activation gradients (training only), allocated before the activations */
-    luna_act *gx_dec[2], *gx_enc[2], *gp[2], *ge;
-} pass_state;
 
 /* Host-side checks and the per-sentence counts. Returns the lengths via the out arrays. */
 static luna_status check_batch(const luna_config *c, const luna_batch *b, int32_t *src_valid,
@@ -197,7 +184,7 @@ static luna_status check_batch(const luna_config *c, const luna_batch *b, int32_
     return LUNA_OK;
 }
 
-static luna_status upload_i32(pass_state *s, int32_t **dev, const int32_t *host, int64_t n) {
+static luna_status upload_i32(luna_seq2seq_pass *s, int32_t **dev, const int32_t *host, int64_t n) {
     LUNA_TRY(luna_pass_alloc_i32(&s->ps, dev, n, "batch"));
     LUNA_TRY(luna_mem_ids_from_host(s->ps.be, *dev, host, n));
     return LUNA_OK;
@@ -269,114 +256,14 @@ luna_status luna_seq2seq_encode(const luna_pass *ps, const luna_config *c, const
     return LUNA_OK;
 }
 
-/* ---- output projection and loss, in row chunks (spec §8) ----------------------------------
- * logits = x·Eᵀ is [N, V]: 4096 tokens × 32k words is 512 MiB of fp32 (and the largest
- * activation of the model), but each row's loss needs only its own row. So the rows go in
- * chunks of at most LOSS_CHUNK_ELEMS logits: per chunk, logits_c = x_c·Eᵀ, the loss, and — when
- * gradients are wanted — at once the backward of the loss and of the projection, while the
- * chunk is still there: dlogits_c (in place; the loss is summed, so its scale is 1 and known
- * now), dx_c = dlogits_c·E (straight into the decoder's output gradient), dE += dlogits_cᵀ·x_c.
- * The [N, V] logits and their gradient never exist whole, and the backward pass starts at the
- * decoder. (A non-finite loss makes the trainer skip the whole update, so the projection's
- * gradient already added is discarded with the rest.) The chunk is big enough (≥ 2048 rows at
- * V = 32k) that the GEMMs keep their speed.
- * Rows whose target is padding have no loss and no gradient, so only the others are projected:
- * they are gathered first (x_pk = x[idx]) and the gradient goes back by a second gather from
- * dx_pk with one zero row appended (dx[i] = dx_pk[inv[i]], inv[i] = Npk for a pad row). With
- * real batches (sorted by length, ~7% padding) this removes that share of the largest GEMMs. */
-#define LOSS_CHUNK_ELEMS ((int64_t)1 << 26) /* 256 MiB of fp32 logits, 128 MiB in bf16 */
-
-static int64_t loss_chunk_rows(const luna_seq2seq *m, int64_t N, int V) {
-    int64_t elems = m->loss_chunk_elems > 0 ? m->loss_chunk_elems : LOSS_CHUNK_ELEMS;
-    int64_t rows = elems / (V > 0 ? V : 1);
-    if (rows >= 64) rows = rows / 64 * 64;
-    if (rows < 1) rows = 1;
-    return rows < N ? rows : N;
-}
-
-static luna_status loss_in_chunks(luna_seq2seq *m, pass_state *s, const luna_batch *b, int64_t N,
-                                  bool grads) {
+/* Host checks, every upload of the pass and the buffers its parts share; the layers follow
+ * (luna_seq2seq_pass_layers). */
+static luna_status prepare(luna_seq2seq *m, luna_seq2seq_pass *s, const luna_batch *b,
+                           bool training, bool grads, uint64_t step) {
     const luna_config *c = &m->config;
-    luna_backend *be = m->be;
-    const luna_ops *op = be->ops;
-    const float *E = m->params->w.output_projection;
-    const int d = s->d, V = s->V, pad = c->padding_idx;
-    const float eps = (float)c->label_smoothing;
-
-    /* the non-pad rows: idx [Npk] (their positions), inv [N] (position among them, or Npk) */
-    int32_t *host = malloc((size_t)(2 * N + 1) * sizeof(int32_t));
-    if (!host) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "model: out of host memory");
-    int32_t *idx = host, *inv = host + N, *tgt_host = host; /* tgt_host reuses idx (below) */
-    int64_t npk = 0;
-    for (int64_t i = 0; i < N; i++)
-        if (b->target[i] != pad) idx[npk++] = (int32_t)i;
-    for (int64_t i = 0, k = 0; i < N; i++)
-        inv[i] = k < npk && idx[k] == i ? (int32_t)k++ : (int32_t)npk;
-    const bool packed = npk < N;
-    const luna_act *x = s->dec_out;
-    const int32_t *tgt = s->tgt;
-    luna_act *dx = grads ? s->gx_dec[0] : NULL;
-    int32_t *idx_dev = NULL, *inv_dev = NULL;
-    luna_status st = LUNA_OK;
-    s->loss_rows = npk;
-    if (packed && npk > 0) {
-        luna_act *x_pk;
-        int32_t *tgt_dev;
-        st = upload_i32(s, &idx_dev, idx, npk);
-        if (st == LUNA_OK && grads) st = upload_i32(s, &inv_dev, inv, N);
-        if (st == LUNA_OK) st = luna_pass_alloc(&s->ps, &x_pk, npk * d, "non-pad decoder rows");
-        if (st == LUNA_OK) st = op->gather_rows(be, x_pk, d, s->dec_out, d, idx_dev, npk, d);
-        for (int64_t k = 0; k < npk; k++) /* idx[k] ≥ k: the in-place compaction is safe */
-            tgt_host[k] = b->target[idx[k]];
-        if (st == LUNA_OK) st = upload_i32(s, &tgt_dev, tgt_host, npk);
-        if (st == LUNA_OK && grads) { /* dx_pk [npk + 1, d], the last row zero */
-            st = luna_pass_alloc(&s->ps, &dx, (npk + 1) * d, "non-pad rows' gradient");
-            if (st == LUNA_OK)
-                st = luna_mem_zero(be, luna_act_at(be, dx, npk * d), luna_act_bytes(be, d));
-        }
-        x = x_pk;
-        tgt = tgt_dev;
-    }
-    free(host);
-    LUNA_TRY(st);
-
-    const int64_t rows = loss_chunk_rows(m, npk, V);
-    luna_act *logits;
-    LUNA_TRY(luna_pass_alloc(&s->ps, &logits, (rows > 0 ? rows : 1) * V, "logits (one chunk)"));
-    for (int64_t r0 = 0; r0 < npk; r0 += rows) {
-        const int64_t nr = npk - r0 < rows ? npk - r0 : rows;
-        const luna_act *xc = luna_act_at(be, x, r0 * d);
-        LUNA_TRY(op->linear_forward(be, logits, xc, E, NULL, nr, d, V));
-        if (!grads) {
-            LUNA_TRY(op->cross_entropy_forward(be, s->loss + r0, s->nll + r0, s->lse + r0, logits,
-                                               tgt + r0, nr, V, eps, pad));
-            continue;
-        }
-        /* the loss and its gradient in one pass over the chunk's logits (in place) */
-        LUNA_TRY(op->cross_entropy_forward_backward(be, s->loss + r0, s->nll + r0, s->lse + r0,
-                                                    logits, logits, tgt + r0, nr, V, eps, pad,
-                                                    1.0f));
-        LUNA_TRY(op->linear_backward(be, luna_act_at(be, dx, r0 * d),
-                                     m->params->g.output_projection, NULL, logits, xc, E, nr, d, V,
-                                     false));
-    }
-    if (grads && packed) { /* back to the decoder's rows; pad rows get the zero row */
-        if (npk == 0)
-            LUNA_TRY(luna_mem_zero(be, s->gx_dec[0], luna_act_bytes(be, N * d)));
-        else
-            LUNA_TRY(op->gather_rows(be, s->gx_dec[0], d, dx, d, inv_dev, N, d));
-    }
-    luna_arena_release(m->arena, s->logits_mark);
-    return LUNA_OK;
-}
-
-static luna_status forward(luna_seq2seq *m, pass_state *s, const luna_batch *b, bool training,
-                           bool grads, bool keep_logits, uint64_t step) {
-    const luna_config *c = &m->config;
-    luna_backend *be = m->be;
-    const luna_ops *op = be->ops;
-    const luna_weights *w = &m->params->w;
-    s->ps = (luna_pass){.be = be,
+    s->m = m;
+    s->grads = grads;
+    s->ps = (luna_pass){.be = m->be,
                         .arena = m->arena,
                         .training = training,
                         .backward = grads,
@@ -387,8 +274,7 @@ static luna_status forward(luna_seq2seq *m, pass_state *s, const luna_batch *b, 
                         .activation_dropout = (float)c->activation_dropout};
     s->d = c->encoder_embed_dim;
     s->V = c->vocab_size;
-    const int B = b->B, mlen = b->src_len, n = b->tgt_len, d = s->d, pad = c->padding_idx;
-    const float emb_scale = sqrtf((float)d);
+    const int B = b->B, mlen = b->src_len, n = b->tgt_len, d = s->d;
 
     int32_t *host = malloc((size_t)3 * B * sizeof(int32_t));
     if (!host) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "model: out of host memory");
@@ -411,9 +297,10 @@ static luna_status forward(luna_seq2seq *m, pass_state *s, const luna_batch *b, 
     LUNA_TRY(upload_i32(s, &s->src, b->src_tokens, (int64_t)B * mlen));
     LUNA_TRY(upload_i32(s, &s->prev, b->prev_output_tokens, (int64_t)B * n));
     LUNA_TRY(upload_i32(s, &s->tgt, b->target, (int64_t)B * n));
-    /* loss and nll side by side (one readback for both, sum_losses), allocated before the
-     * layers: the backward pass gives the layers' memory back and reuses it before the losses
-     * are read */
+    LUNA_TRY(luna_seq2seq_loss_upload(s, b));
+    /* loss and nll side by side (one readback for both, luna_seq2seq_loss_read), allocated
+     * before the layers: the backward pass gives the layers' memory back and reuses it before
+     * the losses are read */
     LUNA_TRY(luna_pass_alloc_f32(&s->ps, &s->loss, 2 * (int64_t)B * n, "loss"));
     s->nll = s->loss + (int64_t)B * n;
     s->loss_cap = (int64_t)B * n;
@@ -427,7 +314,17 @@ static luna_status forward(luna_seq2seq *m, pass_state *s, const luna_batch *b, 
         }
         LUNA_TRY(luna_pass_alloc(&s->ps, &s->ge, (int64_t)B * mlen * d, "gradients"));
     }
+    return LUNA_OK;
+}
 
+luna_status luna_seq2seq_pass_layers(luna_seq2seq_pass *s) {
+    luna_seq2seq *m = s->m;
+    const luna_config *c = &m->config;
+    luna_backend *be = m->be;
+    const luna_ops *op = be->ops;
+    const luna_weights *w = &m->params->w;
+    const int B = s->dims.B, n = s->dims.n, L = s->dims.L, d = s->d, pad = c->padding_idx;
+    const float emb_scale = sqrtf((float)d);
     LUNA_TRY(luna_seq2seq_encode(&s->ps, c, w, s->src, &s->dims, m->enc_act, m->enc_mark, &s->x_src,
                                  &s->p0, &s->enc_out, &s->enc_p));
     const luna_act *x, *p = s->enc_p;
@@ -454,45 +351,24 @@ static luna_status forward(luna_seq2seq *m, pass_state *s, const luna_batch *b, 
         p = m->dec_act[i].p_out;
     }
     s->dec_out = (luna_act *)x;
-
-    /* output projection and loss */
-    const int64_t N = (int64_t)B * n;
-    LUNA_TRY(luna_pass_alloc_f32(&s->ps, &s->lse, N, "loss"));
+    /* the loss's log-sum-exp; the loss's own buffers come after the mark */
+    LUNA_TRY(luna_pass_alloc_f32(&s->ps, &s->lse, (int64_t)B * n, "loss"));
     s->logits_mark = luna_arena_get_mark(m->arena);
-    LUNA_TRY(loss_in_chunks(m, s, b, N, grads));
-    if (!keep_logits) return LUNA_OK;
-    /* The caller wants all [N, V] logits (a host copy, tests and tools): computed whole, after
-     * the loss (which comes from the chunks above, so that it is the training pass's loss to the
-     * last bit) */
-    LUNA_TRY(luna_pass_alloc(&s->ps, &s->logits, N * s->V, "logits"));
-    return op->linear_forward(be, s->logits, s->dec_out, w->output_projection, NULL, N, d, s->V);
-}
-
-static luna_status sum_losses(luna_seq2seq *m, pass_state *s, int64_t N, double *loss_sum,
-                              double *nll_sum) {
-    /* loss [0, N) and nll [cap, cap + N) of the one buffer, in one copy */
-    const int64_t cap = s->loss_cap, span = cap + N;
-    float *host = malloc((size_t)span * sizeof(float));
-    if (!host) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "model: out of host memory");
-    luna_status st = luna_mem_to_host(m->be, host, s->loss, (size_t)span * sizeof(float));
-    if (st != LUNA_OK) {
-        free(host);
-        return st;
-    }
-    double a = 0, b = 0;
-    for (int64_t i = 0; i < N; i++) {
-        a += host[i];
-        b += host[cap + i];
-    }
-    free(host);
-    if (!isfinite(a) || !isfinite(b))
-        return luna_error(LUNA_ERR_NUMERIC, "model: non-finite loss (%g, nll %g)", a, b);
-    if (loss_sum) *loss_sum = a;
-    if (nll_sum) *nll_sum = b;
     return LUNA_OK;
 }
 
-static luna_status backward(luna_seq2seq *m, pass_state *s) {
+/* The caller wants all [N, V] logits (a host copy, tests and tools): computed whole, after the
+ * loss (which comes from the chunks, so that it is the training pass's loss to the last bit). */
+static luna_status whole_logits(luna_seq2seq_pass *s) {
+    luna_backend *be = s->m->be;
+    const int64_t N = (int64_t)s->dims.B * s->dims.n;
+    LUNA_TRY(luna_pass_alloc(&s->ps, &s->logits, N * s->V, "logits"));
+    return be->ops->linear_forward(be, s->logits, s->dec_out, s->m->params->w.output_projection,
+                                   NULL, N, s->d, s->V);
+}
+
+luna_status luna_seq2seq_pass_backward(luna_seq2seq_pass *s) {
+    luna_seq2seq *m = s->m;
     if (!m->params->grad)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT,
                           "backward: the model was created for inference (no gradient buffer)");
@@ -573,7 +449,7 @@ static luna_status run(luna_seq2seq *m, const luna_batch *b, bool training, bool
                        uint64_t step, double *loss_sum, double *nll_sum, float *logits,
                        double *dev_sums) {
     luna_arena_reset(m->arena);
-    pass_state s;
+    luna_seq2seq_pass s;
     memset(&s, 0, sizeof s);
     luna_status st = LUNA_OK;
     if (logits && m->be->act_dtype != LUNA_F32)
@@ -581,17 +457,24 @@ static luna_status run(luna_seq2seq *m, const luna_batch *b, bool training, bool
                         "model: logits to the host need fp32 activations "
                         "(this backend keeps them in %s)",
                         luna_dtype_name(m->be->act_dtype));
-    if (st == LUNA_OK) st = forward(m, &s, b, training, grads, logits && !grads, step);
-    if (st == LUNA_OK && logits)
-        st = luna_mem_to_host(m->be, logits, s.logits,
-                              (size_t)b->B * b->tgt_len * m->config.vocab_size * sizeof(float));
-    /* the losses are read after the backward pass is queued: a readback before it would leave
-     * the device idle while the host queued the backward */
-    if (st == LUNA_OK && grads) st = backward(m, &s);
+    if (st == LUNA_OK) st = prepare(m, &s, b, training, grads, step);
+    if (st == LUNA_OK && luna_seq2seq_pass_graphed(m, training, grads, dev_sums != NULL)) {
+        st = luna_seq2seq_pass_run_graphed(&s);
+    } else {
+        if (st == LUNA_OK) st = luna_seq2seq_pass_layers(&s);
+        if (st == LUNA_OK) st = luna_seq2seq_loss(&s);
+        if (st == LUNA_OK && logits && !grads) st = whole_logits(&s);
+        if (st == LUNA_OK && logits)
+            st = luna_mem_to_host(m->be, logits, s.logits,
+                                  (size_t)b->B * b->tgt_len * m->config.vocab_size * sizeof(float));
+        /* the losses are read after the backward pass is queued: a readback before it would
+         * leave the device idle while the host queued the backward */
+        if (st == LUNA_OK && grads) st = luna_seq2seq_pass_backward(&s);
+    }
     if (st == LUNA_OK && dev_sums)
         st = m->be->ops->loss_sums(m->be, dev_sums, s.loss, s.nll, s.loss_rows);
     else if (st == LUNA_OK)
-        st = sum_losses(m, &s, s.loss_rows, loss_sum, nll_sum);
+        st = luna_seq2seq_loss_read(&s, loss_sum, nll_sum);
     luna_arena_reset(m->arena);
     return st;
 }

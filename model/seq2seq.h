@@ -24,6 +24,7 @@
 
 #include <stdint.h>
 
+#include "core/graph_cache.h"
 #include "model/config.h"
 #include "model/layers.h"
 #include "model/param_table.h"
@@ -63,9 +64,12 @@ struct luna_seq2seq {
     luna_grads_ready_fn grads_ready;
     void *grads_ready_ctx;
     int *enc_first, *enc_count, *dec_first, *dec_count;
-    /* logits per chunk of the loss (seq2seq.c, "output projection and loss, in row chunks");
-     * 0: the default, 2^26 */
+    /* logits per chunk of the loss (seq2seq_loss.c); 0: the default, 2^26 */
     int64_t loss_chunk_elems;
+    /* training passes replayed as graphs (seq2seq_graphs.c), NULL: none; the dropout step they
+     * read (a device uint64) */
+    luna_graph_cache *graphs;
+    uint64_t *graph_step;
 };
 
 /* Build the model: parameters initialised per spec §5 with seed 1 (see luna_seq2seq_init),
@@ -110,6 +114,19 @@ LUNA_MUST_CHECK luna_status luna_seq2seq_zero_grad(luna_seq2seq *model);
 /* Backward passes report finished gradients to fn (NULL: stop reporting): after each decoder
  * layer (top first), after each encoder layer, and once for all tensors at the end. */
 void luna_seq2seq_set_grads_ready(luna_seq2seq *model, luna_grads_ready_fn fn, void *ctx);
+
+/* Training passes as graphs (a backend with graphs, core/graph_cache.h; not with a Linformer
+ * encoder, whose GEMMs are sized by each source's length): a training pass
+ * (luna_seq2seq_forward_backward_sums) with no gradient-readiness callback runs its layers and its
+ * backward as two graphs per batch shape (sentences, source and target lengths, P's length),
+ * captured on the shape's second pass and replayed from the third; the loss between them stays
+ * eager (its GEMMs are as many rows as the batch has non-pad targets). The dropout step is read
+ * from device memory. Results equal the eager passes' bit for bit. On by default where the
+ * backend has graphs, unless the environment has LUNA_STEP_GRAPHS=0. */
+luna_status luna_seq2seq_set_graphs(luna_seq2seq *model, bool on);
+bool luna_seq2seq_uses_graphs(const luna_seq2seq *model);
+void luna_seq2seq_graph_counts(const luna_seq2seq *model, int64_t *replays, int64_t *captures,
+                               int64_t *failed);
 
 /* Activation arena high-water mark (bytes) since creation or the last reset. */
 size_t luna_seq2seq_activation_peak(const luna_seq2seq *model);

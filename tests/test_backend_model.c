@@ -5,7 +5,8 @@
  *   - a training forward/backward WITH dropout: loss within 1e-5 and every parameter's gradient
  *     within 1e-4 relative to that gradient's largest entry — which also shows the dropout masks
  *     are the CPU's (a single differing mask element moves a gradient far more than 1e-4);
- *   - on a device backend, the same in bf16 activations, within the bounds stated below.
+ *   - on a device backend, the same in bf16 activations, within the bounds stated below;
+ *   - on a backend with graphs, training passes replayed as graphs equal eager ones bit for bit.
  * With LUNA_TEST_BACKEND=cpu the backend under test is the CPU with 2 threads against 1 thread,
  * which the backend contract requires to be bit-identical. Under -DLUNA_CUDA_EMU=ON this runs
  * the CUDA backend through the CPU execution harness in every thread order. */
@@ -16,6 +17,7 @@
 
 #include "model/kernels/registry.h"
 #include "model/seq2seq.h"
+#include "optim/optimizer.h"
 #include "tests/backend_harness.h"
 #include "tests/test_util.h"
 
@@ -193,6 +195,143 @@ static void compare_training(const char *arch, luna_backend *dev, bool l2, doubl
 static const char *const archs[] = {"luna_tiny", "transformer_tiny", "linformer_tiny"};
 enum { NUM_ARCHS = sizeof archs / sizeof archs[0] };
 
+/* ---- training passes replayed as graphs (model/seq2seq.h: luna_seq2seq_set_graphs) -------- */
+
+enum { GB = 4, GM = 9, GN = 8, GRAPH_PASSES = 12 };
+
+typedef struct {
+    int32_t src[GB * GM], src_len[GB], prev[GB * GN], tgt[GB * GN];
+    luna_batch batch;
+} shaped_batch;
+
+/* A batch of shape [Bs, Ms] → [Bs, Ns]: sentence 0 as long as the shape on both sides (so P's
+ * length is the same for every batch of the shape), the others of random lengths, so that
+ * batches of one shape differ in their non-pad targets (the loss's row count). */
+static void make_shaped(shaped_batch *t, int Bs, int Ms, int Ns, uint64_t seed) {
+    luna_test_rng rng;
+    luna_test_rng_seed(&rng, seed);
+    for (int b = 0; b < Bs; b++) {
+        const int sl = b == 0 ? Ms : 2 + (int)luna_test_uniform(&rng, 0, Ms - 2 + 1 - 1e-3f);
+        const int tl = b == 0 ? Ns : 1 + (int)luna_test_uniform(&rng, 0, Ns - 1 + 1 - 1e-3f);
+        for (int i = 0; i < Ms; i++) {
+            const int tok = 4 + (int)luna_test_uniform(&rng, 0, V - 4 - 1e-3f);
+            t->src[b * Ms + i] = i < sl - 1 ? tok : i == sl - 1 ? 2 : 1;
+        }
+        t->src_len[b] = sl;
+        int y[GN];
+        for (int i = 0; i < Ns; i++)
+            y[i] = 4 + (int)luna_test_uniform(&rng, 0, V - 4 - 1e-3f);
+        y[tl - 1] = 2;
+        for (int i = 0; i < Ns; i++) {
+            t->tgt[b * Ns + i] = i < tl ? y[i] : 1;
+            t->prev[b * Ns + i] = i == 0 ? 2 : i < tl ? y[i - 1] : 1;
+        }
+    }
+    t->batch = (luna_batch){.B = Bs,
+                            .src_len = Ms,
+                            .tgt_len = Ns,
+                            .src_tokens = t->src,
+                            .src_lengths = t->src_len,
+                            .prev_output_tokens = t->prev,
+                            .target = t->tgt};
+}
+
+/* GRAPH_PASSES training passes with dropout over two batch shapes, an Apollo step after most of
+ * them (some updates have two passes, as with --update-freq 2: the second pass finds the bf16
+ * weight copies current, the first stale); the loss sums of every update and the final weights. */
+static void train_passes(luna_backend *be, const char *arch, bool graphs, double *losses,
+                         float **weights, int64_t *replays) {
+    luna_config c = tiny(arch, 0.2);
+    luna_seq2seq *m;
+    LUNA_CHECK_OK(luna_seq2seq_create(&m, be, &c));
+    LUNA_CHECK_OK(luna_seq2seq_set_graphs(m, graphs));
+    /* a Linformer encoder's GEMMs are sized by the sources' lengths: no graphs */
+    ck_assert(luna_seq2seq_uses_graphs(m) == (graphs && c.linformer_k == 0));
+    luna_tensor_table *tt;
+    luna_optimizer *opt;
+    luna_optimizer_config oc;
+    luna_optimizer_config_defaults(&oc, LUNA_OPTIMIZER_APOLLO);
+    LUNA_CHECK_OK(luna_params_trainable_table(m->params, &tt));
+    LUNA_CHECK_OK(luna_optimizer_create(&opt, be, &oc, tt, m->params->data, m->params->grad));
+    /* e.g. pass 2 finds shape 0's copies made current by pass 1 (no step between): a graph
+     * captured then holds no conversions, and must not replay after pass 2's step */
+    static const int shape[GRAPH_PASSES] = {0, 1, 0, 0, 1, 1, 0, 1, 0, 0, 1, 0};
+    static const bool step_after[GRAPH_PASSES] = {1, 0, 1, 1, 0, 1, 1, 1, 0, 1, 1, 1};
+    LUNA_CHECK_OK(luna_seq2seq_zero_grad(m));
+    for (int k = 0; k < GRAPH_PASSES; k++) {
+        shaped_batch t;
+        if (shape[k] == 0)
+            make_shaped(&t, 3, GM, 6, 100 + (uint64_t)k);
+        else
+            make_shaped(&t, GB, 5, GN, 100 + (uint64_t)k);
+        LUNA_CHECK_OK(luna_seq2seq_forward_backward_sums(m, &t.batch, 7 + (uint64_t)k,
+                                                         luna_optimizer_loss_sums(opt)));
+        losses[k] = NAN;
+        if (!step_after[k]) continue;
+        luna_optimizer_step_args a = {
+            .lr = 1e-2, .grad_scale = 0.05, .clip_norm = 0, .clip_mode = LUNA_CLIP_TOTAL};
+        luna_optimizer_step_result r;
+        LUNA_CHECK_OK(luna_optimizer_step(opt, &a, &r));
+        losses[k] = r.loss_sum;
+        LUNA_CHECK_OK(luna_seq2seq_zero_grad(m));
+    }
+    int64_t captures, failed;
+    luna_seq2seq_graph_counts(m, replays, &captures, &failed);
+    ck_assert_msg(failed == 0, "%s: %lld captures failed: %s", arch, (long long)failed,
+                  luna_graph_cache_failure(m->graphs));
+    *weights = fetch(be, m->params->data, m->params->num_params);
+    luna_optimizer_free(opt);
+    luna_tensor_table_free(tt);
+    luna_seq2seq_free(m);
+}
+
+/* On a backend with graphs, training replayed as graphs equals eager training bit for bit: the
+ * losses of every update and the weights after them, in fp32 and bf16 activations. */
+START_TEST(training_graphs_change_nothing) {
+    const char *arch = archs[_i % NUM_ARCHS];
+    const bool bf16 = _i >= NUM_ARCHS;
+    luna_backend_options o = luna_backend_options_default();
+    o.bf16 = bf16;
+    luna_backend *be;
+    if (strcmp(lh_backend_name(), "cpu") == 0) {
+        printf("training graphs: the CPU backend has no graphs (nothing to compare)\n");
+        return;
+    }
+    LUNA_CHECK_OK(luna_backend_create(&be, lh_backend_name(), &o));
+    ck_assert(luna_graphs_available(be));
+    double eager_loss[GRAPH_PASSES], graph_loss[GRAPH_PASSES];
+    float *eager_w, *graph_w;
+    int64_t eager_replays, graph_replays;
+    train_passes(be, arch, false, eager_loss, &eager_w, &eager_replays);
+    train_passes(be, arch, true, graph_loss, &graph_w, &graph_replays);
+    ck_assert_int_eq(eager_replays, 0);
+    /* each shape: eager twice (no bf16 copies yet, then stale ones), captured, then replayed */
+    if (strcmp(arch, "linformer_tiny") == 0)
+        ck_assert_int_eq(graph_replays, 0);
+    else
+        ck_assert_int_ge(graph_replays, 6);
+    for (int k = 0; k < GRAPH_PASSES; k++)
+        if (!isnan(eager_loss[k]))
+            ck_assert_msg(eager_loss[k] == graph_loss[k],
+                          "%s %s: update after pass %d: loss %.9g "
+                          "replayed, %.9g eager",
+                          arch, bf16 ? "bf16" : "fp32", k, graph_loss[k], eager_loss[k]);
+    luna_config c = tiny(arch, 0.2);
+    luna_seq2seq *probe;
+    LUNA_CHECK_OK(luna_seq2seq_create(&probe, be, &c));
+    const size_t n = probe->params->num_params;
+    luna_seq2seq_free(probe);
+    size_t differ = 0;
+    for (size_t i = 0; i < n; i++)
+        differ += memcmp(&eager_w[i], &graph_w[i], sizeof(float)) != 0;
+    printf("training graphs, %s %s: %lld segments replayed, %zu of %zu weights differ\n", arch,
+           bf16 ? "bf16" : "fp32", (long long)graph_replays, differ, n);
+    ck_assert_uint_eq(differ, 0);
+    free(eager_w), free(graph_w);
+    luna_backend_free(be);
+}
+END_TEST
+
 START_TEST(fp32_forward_matches_cpu) {
     luna_backend *dev = lh_backend(2);
     compare_forward(archs[_i], dev);
@@ -236,6 +375,7 @@ static Suite *backend_model_suite(void) {
     tcase_add_loop_test(tc, fp32_forward_matches_cpu, 0, NUM_ARCHS);
     tcase_add_loop_test(tc, fp32_training_step_matches_cpu, 0, NUM_ARCHS);
     tcase_add_loop_test(tc, bf16_training_step_within_bounds, 0, NUM_ARCHS);
+    tcase_add_loop_test(tc, training_graphs_change_nothing, 0, 2 * NUM_ARCHS);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -611,6 +611,14 @@ luna_status luna_trainer_run(luna_trainer *t, volatile sig_atomic_t *stop) {
                          "ended (last update); rank 0 waited %.2f s for all-reduces in all",
                          luna_grad_buckets_count(t->buckets),
                          luna_grad_buckets_started_early(t->buckets), t->comm->reduce_seconds);
+    if (luna_seq2seq_uses_graphs(t->model) && !t->buckets) {
+        int64_t replays, captures, failed;
+        luna_seq2seq_graph_counts(t->model, &replays, &captures, &failed);
+        luna_log_message(t,
+                         "graphs: %lld training passes replayed (%lld batch shapes captured, %lld "
+                         "captures failed; LUNA_STEP_GRAPHS=0 turns them off)",
+                         (long long)replays / 2, (long long)captures / 2, (long long)failed);
+    }
     return LUNA_OK;
 }
 

@@ -56,7 +56,7 @@ static void usage(FILE *f) {
         "                   [--precision auto|fp32|bf16] [--tf32]\n"
         "                   [--embed-dim D] [--ffn-dim F] [--layers K] [--heads H]\n"
         "                   [--fix-projection-length] [--linformer-k K] [--profile]\n"
-        "                   [--predict-batch P ...] [--update]\n"
+        "                   [--predict-batch P ...] [--update] [--no-graphs]\n"
         "Forward+backward time of the model on one synthetic batch (default: luna_base_tied,\n"
         "l=32, V=32000, all three dropouts 0.1 as in the WMT recipe, 128 x 32 target\n"
         "tokens, sources of 32). --device cuda: activations in bf16 unless --precision fp32\n"
@@ -67,7 +67,8 @@ static void usage(FILE *f) {
         "FLOPs, bytes and time with PREDICTED H100/H200 times and MFU; --predict-batch P: the\n"
         "same extrapolated to P sentences from counts at B/4 and B/2 (checked against B).\n"
         "--update: each step also zeroes the gradients, clips (total norm 0.1) and takes an\n"
-        "Apollo step.\n");
+        "Apollo step; on a device with graphs its forward and backward replay as graphs\n"
+        "(from the third step: model/seq2seq.h) unless --no-graphs (or --profile).\n");
 }
 
 static int parse_int(const char *flag, const char *s, int lo) {
@@ -164,6 +165,7 @@ int main(int argc, char **argv) {
     luna_program_start("bench-model", argv);
     const char *arch = "luna_base_tied", *device = "cpu", *precision = "auto";
     bool tf32 = false, fix_projection_length = false, profile = false, update = false;
+    bool graphs = true;
     int predict_batch[4], npredict = 0;
     int threads = 0, B = 128, M = 32, N = 32, V = 32000, L = 32, warmup = 1, steps = 3;
     int embed_dim = 0, ffn_dim = 0, layers = 0, heads = 0; /* 0: the preset's */
@@ -193,6 +195,7 @@ int main(int argc, char **argv) {
         {"linformer-k", required_argument, NULL, 'k'},
         {"profile", no_argument, NULL, 'p'},
         {"update", no_argument, NULL, 'U'},
+        {"no-graphs", no_argument, NULL, 'G'},
         {"predict-batch", required_argument, NULL, 'B'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -223,6 +226,7 @@ int main(int argc, char **argv) {
         case 'k': linformer_k = parse_int("--linformer-k", optarg, 1); break;
         case 'p': profile = true; break;
         case 'U': update = true; break;
+        case 'G': graphs = false; break;
         case 'B':
             if (npredict == 4) {
                 fprintf(stderr, "bench-model: at most 4 --predict-batch\n");
@@ -269,7 +273,9 @@ int main(int argc, char **argv) {
     bo.num_threads = threads;
     if (luna_backend_options_set_precision(&bo, device, precision, tf32, true) != LUNA_OK ||
         luna_backend_create(&be, device, &bo) != LUNA_OK ||
-        luna_seq2seq_create(&model, be, &cfg) != LUNA_OK) {
+        luna_seq2seq_create(&model, be, &cfg) != LUNA_OK ||
+        /* the profile's per-op waits cannot be in a graph */
+        luna_seq2seq_set_graphs(model, graphs && !profile) != LUNA_OK) {
         fprintf(stderr, "bench-model: %s\n", luna_error_message());
         return 1;
     }
@@ -350,12 +356,21 @@ int main(int argc, char **argv) {
     if (dev_stats) {
         /* the host's own time: the step's wall time less its waits for the device */
         const double waited = (dev1.wait_seconds - dev0.wait_seconds) / steps;
-        printf("bench-model: per step on %s: %.1f kernel launches, %.1f cuBLASLt GEMMs, %.1f host "
-               "waits (%.2f ms waiting); host time %.2f ms of %.2f ms\n",
+        printf("bench-model: per step on %s: %.1f kernel launches, %.1f cuBLASLt GEMMs, %.1f graph "
+               "launches, %.1f host waits (%.2f ms waiting); host time %.2f ms of %.2f ms\n",
                be->name, (double)(dev1.kernels - dev0.kernels) / steps,
                (double)(dev1.library_calls - dev0.library_calls) / steps,
+               (double)(dev1.graphs - dev0.graphs) / steps,
                (double)(dev1.waits - dev0.waits) / steps, 1e3 * waited, 1e3 * (per_step - waited),
                1e3 * per_step);
+    }
+    if (luna_seq2seq_uses_graphs(model)) {
+        int64_t replays, captures, failed;
+        luna_seq2seq_graph_counts(model, &replays, &captures, &failed);
+        printf("bench-model: pass graphs: %lld replayed, %lld captured, %lld captures failed\n",
+               (long long)replays, (long long)captures, (long long)failed);
+        if (failed)
+            printf("bench-model: a capture failed: %s\n", luna_graph_cache_failure(model->graphs));
     }
     printf("bench-model-result: arch=%s linformer_k=%d l=%d batch=%d src_len=%d tgt_len=%d d=%d "
            "layers=%d "

@@ -21,7 +21,8 @@
 #   3. sanitizer   compute-sanitizer memcheck, racecheck and synccheck over the op suites
 #                  (LUNA_CUDA_CACHE=0: exact allocations, so memcheck sees each buffer's end)
 #   4. benchmarks  bench-model (luna_base_tied, bf16: forward+backward and whole updates at 8k and
-#                  32k target tokens; fp32 at 8k) next to the PyTorch reference model's AMP
+#                  32k target tokens, updates with and without graphs, with launches and host
+#                  time per step; fp32 at 8k) next to the PyTorch reference model's AMP
 #                  step at the same shapes (tests/reference/bench_reference.py --device cuda
 #                  --amp bf16; where python3 has torch with CUDA, unless --no-torch),
 #                  bench-model --update --profile at 32k (measured vs PREDICTED time per op
@@ -201,8 +202,10 @@ if [ "$quick" -eq 1 ]; then batches="256 1024"; sentences=256; steps=5; else bat
 bench() { # label, then bench-model arguments
   local label="$1"; shift
   local line
-  line=$("$build/bench-model" --device cuda --tgt-len 32 --src-len 32 "$@" 2>&1 | grep 'target tokens/s') \
-    && note "ok   $label: ${line#bench-model: }" || fail "$label (bench-model $*)"
+  # the tokens/s line, and the device work per step (launches, graph launches, host time)
+  line=$("$build/bench-model" --device cuda --tgt-len 32 --src-len 32 "$@" 2>&1 |
+         grep -E 'target tokens/s|per step on' | sed 's/^bench-model: //' | paste -sd '|' -) &&
+    [[ "$line" == *"target tokens/s"* ]] && note "ok   $label: $line" || fail "$label (bench-model $*)"
   if [ -n "$baseline" ]; then
     line=$("$baseline" --device cuda --tgt-len 32 --src-len 32 "$@" 2>&1 | grep 'target tokens/s') \
       && note "ok   $label, baseline: ${line#bench-model: }" || fail "$label, baseline ($baseline $*)"
@@ -214,7 +217,10 @@ if [ "$torch" -eq 1 ] && python3 -c 'import torch, sys; sys.exit(0 if torch.cuda
 fi
 for b in $batches; do
   bench "bench-model bf16 fwd+bwd  $b x 32" --precision bf16 --batch "$b" --warmup 2 --steps "$steps"
-  bench "bench-model bf16 update   $b x 32" --precision bf16 --batch "$b" --warmup 2 --steps "$steps" --update
+  # an update replays as graphs from its third step (model/seq2seq.h): warmup 3
+  bench "bench-model bf16 update   $b x 32" --precision bf16 --batch "$b" --warmup 3 --steps "$steps" --update
+  bench "bench-model bf16 update   $b x 32, --no-graphs" --precision bf16 --batch "$b" --warmup 3 \
+    --steps "$steps" --update --no-graphs
   if [ "$have_torch" -eq 1 ]; then
     for mode in eager compile; do
       flag=(); [ "$mode" = compile ] && flag=(--compile)

@@ -323,6 +323,7 @@ static const luna_backend_memory cuda_memory = {
     .graph_end = luna_cuda_graph_end,
     .graph_launch = luna_cuda_graph_launch,
     .graph_free = luna_cuda_graph_free,
+    .graph_state = luna_cuda_weights_state,
 };
 
 static luna_status setup(luna_backend *be, const luna_backend_options *opt) {
@@ -346,7 +347,9 @@ static luna_status setup(luna_backend *be, const luna_backend_options *opt) {
     LUNA_CUDA_TRY(cudaMallocHost((void **)&c->staging, 2 * STAGING_HALF_BYTES));
     for (int h = 0; h < 2; h++)
         LUNA_CUDA_TRY(cudaEventCreateWithFlags(&c->half_done[h], cudaEventDisableTiming));
-    return luna_arena_create(&be->scratch, be, (size_t)16 << 20);
+    LUNA_TRY(luna_arena_create(&be->scratch, be, (size_t)16 << 20));
+    c->blas.scratch = be->scratch;
+    return LUNA_OK;
 }
 
 void *luna_backend_cuda_stream(const luna_backend *be, int *device) {

@@ -95,6 +95,8 @@ extern const luna_ops luna_cuda_kernels;
 /* Device memory [p, p + bytes) is about to be written (or freed): bf16 copies of any weight
  * overlapping it become stale (freed: dropped). */
 void luna_cuda_weights_written(luna_backend *be, const void *p, size_t bytes);
+/* A hash of the copies (weight, copy, current or not): the backend's graph_state. */
+uint64_t luna_cuda_weights_state(luna_backend *be);
 void luna_cuda_weights_freed(luna_backend *be, const void *p);
 /* The bf16 copy of W [numel] (converted now when stale), for linear in bf16 mode. */
 luna_status luna_cuda_weight_bf16(luna_backend *be, const float *W, size_t numel,

@@ -1,6 +1,8 @@
 /* GEMMs through cuBLASLt (gemm_lt.h). */
 #include "model/kernels/cuda/gemm_lt.h"
 
+#include "core/allocator.h"
+
 #include <stdatomic.h>
 
 #include <stdio.h>
@@ -406,6 +408,28 @@ static luna_status grid_pointers(luna_gemm_plans *ps, cudaStream_t s, const ptrs
     return LUNA_OK;
 }
 
+/* While the stream is captured, the grid's pointer array in scratch, filled by a launch that the
+ * graph holds (*out; the caller releases the scratch after its GEMM). Otherwise *out = NULL: the
+ * cache's array serves, and the scratch space is only taken and given back, so that a capture of
+ * the same work finds the arena's chunks large enough (it cannot allocate). */
+static luna_status scratch_pointers(const luna_cuda_blas *b, cudaStream_t s, const ptrs_key *k,
+                                    void ***out) {
+    *out = NULL;
+    if (!b->scratch) return LUNA_OK; /* a bare luna_cuda_blas (tests): never captured */
+    const size_t bytes = 3 * (size_t)k->outer * (size_t)k->inner * sizeof(void *);
+    void **dev = luna_arena_alloc(b->scratch, bytes);
+    if (!dev)
+        return luna_error(LUNA_ERR_OUT_OF_MEMORY, "grid GEMM: no scratch for %zu bytes of pointers",
+                          bytes);
+    if (!b->capturing) return LUNA_OK;
+    LUNA_TRY(luna_cuda_check(luna_cuda_grid_pointers(s, dev, k->a, k->stride[0], k->stride[1], k->b,
+                                                     k->stride[2], k->stride[3], k->c, k->stride[4],
+                                                     k->stride[5], k->outer, k->inner),
+                             "grid_pointers"));
+    *out = dev;
+    return LUNA_OK;
+}
+
 /* The largest power of two ≤ 256 dividing every matrix address of a grid operand. */
 static uint32_t grid_alignment(const void *p, luna_grid_stride st, size_t elem) {
     uintptr_t a = (uintptr_t)p;
@@ -454,8 +478,12 @@ luna_status luna_cuda_gemm_grid(const luna_cuda_blas *b, cudaStream_t s, int bf1
         luna_status st = find_plan(b, &k, &local, &p);
         if (st != LUNA_ERR_UNSUPPORTED) {
             void **dev = NULL;
-            if (st == LUNA_OK) st = grid_pointers(b->plans, s, &pk, &dev);
+            luna_arena_mark mark = {0};
+            if (b->scratch) mark = luna_arena_get_mark(b->scratch);
+            if (st == LUNA_OK) st = scratch_pointers(b, s, &pk, &dev);
+            if (st == LUNA_OK && !dev) st = grid_pointers(b->plans, s, &pk, &dev);
             if (st == LUNA_OK) st = matmul(b, s, p, alpha, dev, dev + G, beta, dev + 2 * G, NULL);
+            if (b->scratch) luna_arena_release(b->scratch, mark);
             if (p == &local) plan_destroy(&local);
             return st;
         }

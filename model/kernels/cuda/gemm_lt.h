@@ -34,6 +34,11 @@ typedef struct {
     luna_gemm_plans *plans; /* NULL, or the plans made so far (luna_gemm_plans_create) */
     bool grid_pointers;     /* grids as one pointer-array GEMM (false, LUNA_CUDA_GRID=strided:
                                one strided batch over the outer index per inner index) */
+    /* the backend's scratch arena, and whether its stream is being captured (graphs.c): a
+     * captured grid GEMM fills its pointer array in scratch, inside the graph, since the
+     * cache's arrays are refilled with other grids' pointers after the capture */
+    luna_arena *scratch;
+    bool capturing;
 } luna_cuda_blas;
 
 /* The plans of the GEMMs called so far: cuBLASLt's descriptors, layouts and the heuristic's

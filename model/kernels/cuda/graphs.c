@@ -28,6 +28,7 @@ luna_status luna_cuda_graph_begin(luna_backend *be) {
     LUNA_TRY(luna_cuda_check(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal),
                              "cudaStreamBeginCapture"));
     c->capturing = true;
+    c->blas.capturing = true;
     c->capture_thread = pthread_self();
     return LUNA_OK;
 }
@@ -37,6 +38,7 @@ luna_status luna_cuda_graph_end(luna_backend *be, void **graph) {
     *graph = NULL;
     if (!c->capturing) return luna_error(LUNA_ERR_INVALID_ARGUMENT, "cuda: no capture is running");
     c->capturing = false;
+    c->blas.capturing = false;
     cudaGraph_t g = NULL;
     LUNA_TRY(luna_cuda_check(cudaStreamEndCapture(c->stream, &g), "cudaStreamEndCapture"));
     cudaGraphExec_t exec = NULL;

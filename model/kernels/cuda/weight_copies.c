@@ -26,6 +26,22 @@ void luna_cuda_weights_written(luna_backend *be, const void *p, size_t bytes) {
             c->copies[i].valid = false;
 }
 
+/* FNV-1a over the table's entries, in table order (an entry that moves changes it too). */
+uint64_t luna_cuda_weights_state(luna_backend *be) {
+    const luna_cuda_impl *c = luna_cuda_impl_of(be);
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < c->ncopies; i++) {
+        const uint64_t words[4] = {(uint64_t)c->copies[i].src, (uint64_t)c->copies[i].numel,
+                                   (uint64_t)(uintptr_t)c->copies[i].copy,
+                                   (uint64_t)c->copies[i].valid};
+        for (int w = 0; w < 4; w++) {
+            h ^= words[w];
+            h *= 0x100000001b3ull;
+        }
+    }
+    return h;
+}
+
 /* A weight's memory is going back to the allocator: its copies go too. (Correctness does not
  * depend on it — whatever is later stored at that address arrives through a reported write — but
  * it keeps copies of freed models from piling up.) The block's extent comes from the caching
@@ -70,7 +86,10 @@ luna_status luna_cuda_weight_bf16(luna_backend *be, const float *W, size_t numel
     if (!e->valid) {
         LUNA_TRY(luna_cuda_check(luna_cuda_convert_to_bf16(c->stream, e->copy, W, (int64_t)numel),
                                  "convert_to_bf16 (weight copy)"));
-        e->valid = true;
+        /* A captured conversion runs when its graph is launched, which a failed capture never
+         * is: the copy stays stale, and the graph converts it at every replay (a later use in
+         * the same capture converts it again). */
+        e->valid = !c->capturing;
     }
     *copy = e->copy;
     return LUNA_OK;
