@@ -432,7 +432,7 @@ luna_status luna_incremental_set_temperature(luna_incremental *inc, double T) {
 }
 
 /* A step's device work after its uploads: the decoder, the temperature, the log-softmax and its
- * candidates (what a graph holds, decoding/step_graphs.h). */
+ * candidates (what a graph holds, core/graph_cache.h). */
 typedef struct {
     luna_incremental *inc;
     const luna_pass *ps;

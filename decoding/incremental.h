@@ -98,7 +98,7 @@ luna_status luna_incremental_set_temperature(luna_incremental *inc, double T);
 
 /* On a backend with graphs (a GPU), the steps of a pool (luna_incremental_begin_pool) are
  * captured as graphs and replayed, one launch a step instead of one per kernel
- * (decoding/step_graphs.h); on by default, off with LUNA_STEP_GRAPHS=0 or set_graphs(false). The
+ * (core/graph_cache.h); on by default, off with LUNA_STEP_GRAPHS=0 or set_graphs(false). The
  * results are the same either way. Counts: replays, captures, captures that failed (the step then
  * ran eagerly). */
 luna_status luna_incremental_set_graphs(luna_incremental *inc, bool on);

@@ -386,7 +386,7 @@ luna_status luna_seq2seq_pass_backward(luna_seq2seq_pass *s) {
      * gradient goes to that layer's own learned P. */
     const bool nc = L > 0 && c->non_contextual_projection;
 
-    /* the loss and the output projection's backward ran in the forward (loss_in_chunks): dx
+    /* the loss and the output projection's backward ran before (luna_seq2seq_loss): dx
      * holds the decoder output's gradient */
     luna_act *dx = s->gx_dec[0], *dx_other = s->gx_dec[1];
 

@@ -25,7 +25,7 @@
  * --sync-interval N: the beam search reads its selection back every N steps (0, the default:
  * every step on the CPU, every 8 on a device; luna_beam_options.sync_interval).
  * --no-graphs: on a device with graphs, launch a pool's steps kernel by kernel instead of
- * replaying them as graphs (decoding/step_graphs.h; --profile, which synchronizes each op, too).
+ * replaying them as graphs (core/graph_cache.h; --profile, which synchronizes each op, too).
  * On a device each run also prints the kernel launches, library GEMMs, graph launches and host
  * waits per step (a replayed step's kernels are not counted again: launches are the host's).
  */
