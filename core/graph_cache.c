@@ -36,14 +36,22 @@ void luna_graph_key_add(luna_graph_key *k, uint64_t v) {
     k->w[k->n++] = v;
 }
 
-void luna_graph_key_add_ptr(luna_graph_key *k, const void *p) {
-    luna_graph_key_add(k, (uint64_t)(uintptr_t)p);
+void luna_graph_key_add_words(luna_graph_key *k, const uint64_t *v, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        luna_graph_key_add(k, v[i]);
 }
 
-void luna_graph_key_add_f32(luna_graph_key *k, float v) {
-    uint32_t bits;
-    memcpy(&bits, &v, sizeof bits);
-    luna_graph_key_add(k, bits);
+void luna_graph_key_add_ptrs(luna_graph_key *k, const void *const *p, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        luna_graph_key_add(k, (uint64_t)(uintptr_t)p[i]);
+}
+
+void luna_graph_key_add_f32s(luna_graph_key *k, const float *v, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, &v[i], sizeof bits);
+        luna_graph_key_add(k, bits);
+    }
 }
 
 void luna_graph_key_add_arena(luna_graph_key *k, const luna_arena *a) {

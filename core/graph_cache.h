@@ -42,8 +42,10 @@ static inline void luna_graph_key_init(luna_graph_key *k) {
     k->overflow = false;
 }
 void luna_graph_key_add(luna_graph_key *k, uint64_t v);
-void luna_graph_key_add_ptr(luna_graph_key *k, const void *p);
-void luna_graph_key_add_f32(luna_graph_key *k, float v); /* its bits */
+/* n words, n addresses, n floats (their bits) */
+void luna_graph_key_add_words(luna_graph_key *k, const uint64_t *v, size_t n);
+void luna_graph_key_add_ptrs(luna_graph_key *k, const void *const *p, size_t n);
+void luna_graph_key_add_f32s(luna_graph_key *k, const float *v, size_t n);
 /* The arena's current mark and its chunks' generation (luna_arena_generation). */
 void luna_graph_key_add_arena(luna_graph_key *k, const luna_arena *a);
 /* What the backend's launches depend on besides their arguments: its scratch arena's chunks and

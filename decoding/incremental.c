@@ -515,12 +515,10 @@ static luna_status step(luna_incremental *inc, const int32_t *tokens, bool token
                                   (uint64_t)k,
                                   (uint64_t)(inc->luna ? 0 : d.rows.T),
                                   luna_kv_pages_moves(inc->kv)};
-        for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
-            luna_graph_key_add(&key, sizes[i]);
+        luna_graph_key_add_words(&key, sizes, sizeof sizes / sizeof sizes[0]);
         const void *buffers[] = {d.dims.cache_slots, tok, top_lp, top_idx, pick, picked, inc->bias};
-        for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; i++)
-            luna_graph_key_add_ptr(&key, buffers[i]);
-        luna_graph_key_add_f32(&key, inc->inv_temperature);
+        luna_graph_key_add_ptrs(&key, buffers, sizeof buffers / sizeof buffers[0]);
+        luna_graph_key_add_f32s(&key, &inc->inv_temperature, 1);
         luna_graph_key_add_arena(&key, inc->scratch);
         luna_graph_key_add_backend(&key, be);
         luna_graph_call call;

@@ -184,10 +184,14 @@ static luna_status check_batch(const luna_config *c, const luna_batch *b, int32_
     return LUNA_OK;
 }
 
+luna_status luna_seq2seq_upload_ids(luna_seq2seq_pass *s, int32_t **dev, const int32_t *host,
+                                    int64_t count, int64_t cap) {
+    LUNA_TRY(luna_pass_alloc_i32(&s->ps, dev, cap, "batch"));
+    return count > 0 ? luna_mem_ids_from_host(s->ps.be, *dev, host, count) : LUNA_OK;
+}
+
 static luna_status upload_i32(luna_seq2seq_pass *s, int32_t **dev, const int32_t *host, int64_t n) {
-    LUNA_TRY(luna_pass_alloc_i32(&s->ps, dev, n, "batch"));
-    LUNA_TRY(luna_mem_ids_from_host(s->ps.be, *dev, host, n));
-    return LUNA_OK;
+    return luna_seq2seq_upload_ids(s, dev, host, n, n);
 }
 
 luna_status luna_seq2seq_project(const luna_pass *ps, const float *P, int B, int L, int d,

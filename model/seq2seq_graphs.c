@@ -70,14 +70,11 @@ luna_status luna_seq2seq_pass_run_graphed(luna_seq2seq_pass *s) {
                               (uint64_t)s->ps.training,
                               (uint64_t)s->grads,
                               m->seed};
-    for (size_t i = 0; i < sizeof shape / sizeof shape[0]; i++)
-        luna_graph_key_add(&key, shape[i]);
+    luna_graph_key_add_words(&key, shape, sizeof shape / sizeof shape[0]);
     const float p[] = {s->ps.dropout, s->ps.attention_dropout, s->ps.activation_dropout};
-    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
-        luna_graph_key_add_f32(&key, p[i]);
+    luna_graph_key_add_f32s(&key, p, sizeof p / sizeof p[0]);
     const void *buffers[] = {m->params->data, m->params->grad, m->graph_step};
-    for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; i++)
-        luna_graph_key_add_ptr(&key, buffers[i]);
+    luna_graph_key_add_ptrs(&key, buffers, sizeof buffers / sizeof buffers[0]);
     luna_graph_key_add_arena(&key, m->arena);
     luna_graph_key_add_backend(&key, be);
 

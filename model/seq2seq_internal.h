@@ -34,6 +34,11 @@ typedef struct {
     luna_act *gx_dec[2], *gx_enc[2], *gp[2], *ge;
 } luna_seq2seq_pass;
 
+/* seq2seq.c: token ids (or indices) to a new arena buffer of cap ints, the first count of them
+ * from host (luna_mem_ids_from_host). */
+luna_status luna_seq2seq_upload_ids(luna_seq2seq_pass *s, int32_t **dev, const int32_t *host,
+                                    int64_t count, int64_t cap);
+
 /* seq2seq.c: the encoder and decoder layers of a prepared pass, up to the loss (s->dec_out, the
  * loss's log-sum-exp buffer s->lse, s->logits_mark); and the backward pass after the loss. */
 luna_status luna_seq2seq_pass_layers(luna_seq2seq_pass *s);

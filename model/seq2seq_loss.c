@@ -29,12 +29,6 @@ static int64_t loss_chunk_rows(const luna_seq2seq *m, int64_t N, int V) {
     return rows < N ? rows : N;
 }
 
-static luna_status upload_rows(luna_seq2seq_pass *s, int32_t **dev, const int32_t *host,
-                               int64_t count, int64_t cap) {
-    LUNA_TRY(luna_pass_alloc_i32(&s->ps, dev, cap, "loss rows"));
-    return count > 0 ? luna_mem_ids_from_host(s->ps.be, *dev, host, count) : LUNA_OK;
-}
-
 luna_status luna_seq2seq_loss_upload(luna_seq2seq_pass *s, const luna_batch *b) {
     const int pad = s->m->config.padding_idx;
     const int64_t N = (int64_t)b->B * b->tgt_len;
@@ -53,9 +47,10 @@ luna_status luna_seq2seq_loss_upload(luna_seq2seq_pass *s, const luna_batch *b) 
     s->loss_rows = npk;
     s->packed = npk < N;
     const int64_t up = s->packed ? npk : 0; /* unpacked: the rows are the decoder's own */
-    luna_status st = upload_rows(s, &s->row_idx, idx, up, N);
-    if (st == LUNA_OK) st = upload_rows(s, &s->row_tgt, tgt, up, N);
-    if (st == LUNA_OK && s->grads) st = upload_rows(s, &s->row_inv, inv, s->packed ? N : 0, N);
+    luna_status st = luna_seq2seq_upload_ids(s, &s->row_idx, idx, up, N);
+    if (st == LUNA_OK) st = luna_seq2seq_upload_ids(s, &s->row_tgt, tgt, up, N);
+    if (st == LUNA_OK && s->grads)
+        st = luna_seq2seq_upload_ids(s, &s->row_inv, inv, s->packed ? N : 0, N);
     free(host);
     return st;
 }
