@@ -2,7 +2,8 @@
  * model/kernels/cpu/held_weights.c): linear_forward with a held W equals the unheld op (OpenBLAS)
  * and a naive double-precision product within the GEMM tolerance, on odd shapes (1 row, rows not
  * a multiple of the 6-row kernel, outputs not a multiple of the 16-column panel, in = 1), with
- * and without bias; is bit-identical for any thread count; holds are counted (two holds need two
+ * and without bias; is bit-identical for any thread count and for either CPU kernel (AVX2,
+ * AVX-512); holds are counted (two holds need two
  * releases: on the CPU the panels stay in use until the last release, after which a changed
  * weight is used as changed, through OpenBLAS again, bit for bit); bad arguments are errors.
  * Against the CPU reference through the harness (hold, linear_forward, release on each backend). */
@@ -12,6 +13,8 @@
 #include <string.h>
 
 #include "core/backend.h"
+#include "model/kernels/cpu/cpu_ops.h"
+#include "model/kernels/registry.h"
 #include "tests/backend_harness.h"
 
 typedef struct {
@@ -135,6 +138,49 @@ START_TEST(held_linear_bit_identical_across_thread_counts) {
 }
 END_TEST
 
+/* The CPU's AVX-512 kernel runs the AVX2 kernel's chains: the same bits on every shape, with and
+ * without bias, at 1 and 2 threads (another tiling, rows and panel pairs, for the same sums). */
+START_TEST(held_kernels_bit_identical) {
+    luna_backend_options bo = luna_backend_options_default();
+    luna_backend *be = NULL;
+    LUNA_CHECK_OK(luna_backend_create(&be, "cpu", &bo));
+    if (luna_cpu_set_f32_kernel(be, LUNA_F32_AVX512) != LUNA_OK ||
+        luna_cpu_set_f32_kernel(be, LUNA_F32_AVX2) != LUNA_OK) {
+        printf("held_kernels_bit_identical: skipped, this CPU lacks AVX-512 or AVX2 (%s)\n",
+               luna_error_message());
+        luna_error_clear();
+        luna_backend_free(be);
+        return;
+    }
+    luna_test_rng rng;
+    luna_test_rng_seed(&rng, 17);
+    for (size_t s = 0; s < NSHAPES; s++)
+        for (int variant = 0; variant < 4; variant++) {
+            const bool with_bias = variant & 1;
+            const int rows = shapes[s][0], in = shapes[s][1], out = shapes[s][2];
+            lh_set_threads(be, 1 + (variant >> 1));
+            float *x = luna_test_random_vector(&rng, (size_t)rows * in, -1.0f, 1.0f);
+            float *W = luna_test_random_vector(&rng, (size_t)out * in, -1.0f, 1.0f);
+            float *b = with_bias ? luna_test_random_vector(&rng, (size_t)out, -1.0f, 1.0f) : NULL;
+            LUNA_CHECK_OK(luna_cpu_set_f32_kernel(be, LUNA_F32_AVX2));
+            float *y2 = forward(be, x, W, b, rows, in, out, true);
+            LUNA_CHECK_OK(luna_cpu_set_f32_kernel(be, LUNA_F32_AVX512));
+            float *y5 = forward(be, x, W, b, rows, in, out, true);
+            for (size_t i = 0; i < (size_t)rows * out; i++)
+                ck_assert_msg(memcmp(&y2[i], &y5[i], sizeof(float)) == 0,
+                              "rows %d in %d out %d bias %d threads %d: y[%zu] avx2 %.9g, avx512 "
+                              "%.9g",
+                              rows, in, out, with_bias, 1 + (variant >> 1), i, y2[i], y5[i]);
+            free(x);
+            free(W);
+            free(b);
+            free(y2);
+            free(y5);
+        }
+    luna_backend_free(be);
+}
+END_TEST
+
 START_TEST(holds_are_counted_and_released) {
     luna_backend *be = lh_backend(2);
     luna_test_rng rng;
@@ -237,6 +283,7 @@ static Suite *held_suite(void) {
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, held_linear_matches_naive_and_unheld);
     tcase_add_test(tc, held_linear_bit_identical_across_thread_counts);
+    tcase_add_test(tc, held_kernels_bit_identical);
     tcase_add_test(tc, holds_are_counted_and_released);
     tcase_add_test(tc, held_ops_match_reference_backend);
     suite_add_tcase(s, tc);

@@ -1,4 +1,5 @@
-/* Held-weight Linear throughput on decoding shapes: fp32 panels against the int8 kernels
+/* Held-weight Linear throughput on decoding shapes: the fp32 panels (AVX2 and AVX-512 kernels)
+ * against the int8 kernels
  * (model/kernels/cpu/held_int8.h), and oneDNN's int8 matmul when the build found it
  * (LUNA_WITH_DNNL).
  *
@@ -177,8 +178,12 @@ int main(int argc, char **argv) {
         return 1;
     }
     const int shapes[][2] = {{d, d}, {d, ffn}, {ffn, d}, {d, vocab}};
-    const char *names[] = {"fp32 held", "int8 avx2", "int8 avx512-vnni", "oneDNN int8"};
-    const int kernels[] = {-1, LUNA_INT8_AVX2, LUNA_INT8_AVX512_VNNI, -2};
+    enum { NV = 5 };
+    const char *names[NV] = {"fp32 avx2", "fp32 avx512", "int8 avx2", "int8 avx512-vnni",
+                             "oneDNN int8"};
+    /* fp32 variants: -1 - the fp32 kernel; int8: the int8 kernel; -9: oneDNN */
+    const int kernels[NV] = {-1 - LUNA_F32_AVX2, -1 - LUNA_F32_AVX512, LUNA_INT8_AVX2,
+                             LUNA_INT8_AVX512_VNNI, -9};
     printf("| rows | in → out | variant | µs / call | GOP/s |\n|---|---|---|---|---|\n");
     for (char *tok = strtok(rows_list, ","); tok; tok = strtok(NULL, ",")) {
         const int rows = atoi(tok);
@@ -196,30 +201,35 @@ int main(int argc, char **argv) {
             int8_t *q = malloc((size_t)out * in);
             float *sw = malloc(sizeof(float) * out);
             luna_quantize_rows_int8(W, out, in, q, sw);
-            bool have[4] = {true, luna_int8_kernel_available(LUNA_INT8_AVX2),
-                            luna_int8_kernel_available(LUNA_INT8_AVX512_VNNI), false};
+            bool have[NV] = {luna_cpu_set_f32_kernel(be, LUNA_F32_AVX2) == LUNA_OK,
+                             luna_cpu_set_f32_kernel(be, LUNA_F32_AVX512) == LUNA_OK,
+                             luna_int8_kernel_available(LUNA_INT8_AVX2),
+                             luna_int8_kernel_available(LUNA_INT8_AVX512_VNNI), false};
+            luna_error_clear();
 #ifdef LUNA_WITH_DNNL
             dnnl_linear L;
             dnnl_create(&L, W, b, rows, in, out);
-            have[3] = true;
+            have[4] = true;
 #endif
             if (be->ops->hold_weights(be, W, out, in, LUNA_F32) != LUNA_OK ||
                 be->ops->hold_weights(be, W8, out, in, LUNA_I8) != LUNA_OK) {
                 fprintf(stderr, "bench-int8: %s\n", luna_error_message());
                 return 1;
             }
-            double t[4][5];
+            double t[NV][5];
             for (int round = 0; round < 5; round++)
-                for (int v = 0; v < 4; v++) {
+                for (int v = 0; v < NV; v++) {
                     if (!have[v]) continue;
                     if (kernels[v] >= 0) (void)luna_cpu_set_int8_kernel(be, kernels[v]);
+                    if (kernels[v] < 0 && kernels[v] != -9)
+                        (void)luna_cpu_set_f32_kernel(be, -1 - kernels[v]);
                     const double t0 = now_seconds();
                     for (int r = 0; r < reps; r++) {
-                        if (kernels[v] == -2) {
+                        if (kernels[v] == -9) {
 #ifdef LUNA_WITH_DNNL
                             dnnl_run(&L, x, tmp, sw);
 #endif
-                        } else if (be->ops->linear_forward(be, y, x, v == 0 ? W : W8, b, rows, in,
+                        } else if (be->ops->linear_forward(be, y, x, v < 2 ? W : W8, b, rows, in,
                                                            out) != LUNA_OK) {
                             fprintf(stderr, "bench-int8: %s\n", luna_error_message());
                             return 1;
@@ -227,7 +237,7 @@ int main(int argc, char **argv) {
                     }
                     t[v][round] = (now_seconds() - t0) / reps;
                 }
-            for (int v = 0; v < 4; v++) {
+            for (int v = 0; v < NV; v++) {
                 if (!have[v]) continue;
                 qsort(t[v], 5, sizeof(double), cmp_double);
                 printf("| %d | %d → %d | %s | %.1f | %.1f |\n", rows, in, out, names[v],

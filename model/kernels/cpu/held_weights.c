@@ -13,15 +13,18 @@
  * and y[i, n] = Σ_k x[i, k] · W[n, k] (+ b[n]) is computed by an AVX2/FMA micro-kernel on 6 rows ×
  * 16 columns (12 accumulator registers, the shape of OpenBLAS's own Haswell kernel; the rows of x
  * are first packed 6 at a time, interleaved, so that the kernel reads one sequential stream; the
- * last 1-3 rows take two panels at once), one fused multiply-add per k in ascending order from 0,
- * then + b. Every output element is computed the same way whatever the thread count, the kernel
- * or the rows around it (threads split pairs of panels): results
- * are deterministic, and equal OpenBLAS's within the GEMM tolerance of the backend contract (its
- * kernel splits K into blocks and orders the accumulation differently, so not bit for bit).
+ * last 1-3 rows take two panels at once) or, where the CPU has AVX-512, on 6 rows × 2 panels (one
+ * register per panel row), one fused multiply-add per k in ascending order from 0, then + b.
+ * Every output element is computed the same way whatever the thread count, the kernel or the
+ * rows around it (threads split the rows in whole blocks, or with few rows the pairs of panels):
+ * results are deterministic, and equal OpenBLAS's within the GEMM tolerance of the backend
+ * contract (its kernel splits K into blocks and orders the accumulation differently, so not bit
+ * for bit).
  * Without AVX2/FMA hold_weights keeps nothing and linear_forward stays on OpenBLAS.
  *
  * Held as int8 (dtype LUNA_I8), W is quantized and packed by held_int8.c, whose kernel (AVX-512
  * VNNI, AVX2 or scalar, the best this CPU runs) then computes linear_forward(W) on every CPU. */
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -61,8 +64,24 @@ struct luna_cpu_held {
     float *xpack; /* the rows of x packed for the micro-kernel (luna_cpu_held_linear) */
     size_t xpack_cap;
     luna_int8_kernel q8_kernel; /* the int8 kernel (luna_int8_kernel_best unless a test chose) */
+    int f32_kernel;             /* LUNA_F32_AVX2 or LUNA_F32_AVX512 (the best unless one chose) */
     luna_int8_scratch q8_scratch;
 };
+
+static bool f32_kernel_available(int kernel) {
+#if HAVE_X86_KERNEL
+    __builtin_cpu_init();
+    if (kernel == LUNA_F32_AVX512) return __builtin_cpu_supports("avx512f");
+    return kernel == LUNA_F32_AVX2 && __builtin_cpu_supports("avx2") &&
+           __builtin_cpu_supports("fma");
+#else
+    (void)kernel;
+    return false;
+#endif
+}
+
+/* fp32 holds keep panels only where a kernel runs them (AVX2 + FMA, the minimum) */
+static bool kernel_available(void) { return f32_kernel_available(LUNA_F32_AVX2); }
 
 static luna_status held_state(luna_backend *be, luna_cpu_held **out) {
     luna_cpu_held *h = be->impl;
@@ -70,6 +89,7 @@ static luna_status held_state(luna_backend *be, luna_cpu_held **out) {
         h = calloc(1, sizeof *h);
         if (!h) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "hold_weights: out of memory");
         h->q8_kernel = luna_int8_kernel_best();
+        h->f32_kernel = f32_kernel_available(LUNA_F32_AVX512) ? LUNA_F32_AVX512 : LUNA_F32_AVX2;
         be->impl = h;
     }
     *out = h;
@@ -86,6 +106,20 @@ luna_status luna_cpu_set_int8_kernel(luna_backend *be, int kernel) {
     return LUNA_OK;
 }
 
+luna_status luna_cpu_set_f32_kernel(luna_backend *be, int kernel) {
+    if (!f32_kernel_available(kernel))
+        return luna_error(LUNA_ERR_UNSUPPORTED, "fp32 kernel %s: this CPU lacks its instructions",
+                          luna_cpu_f32_kernel_name(kernel));
+    luna_cpu_held *h = NULL;
+    LUNA_TRY(held_state(be, &h));
+    h->f32_kernel = kernel;
+    return LUNA_OK;
+}
+
+const char *luna_cpu_f32_kernel_name(int kernel) {
+    return kernel == LUNA_F32_AVX512 ? "avx512" : kernel == LUNA_F32_AVX2 ? "avx2" : "unknown";
+}
+
 int luna_cpu_int8_kernel(luna_backend *be) {
     const luna_cpu_held *h = be->impl;
     return h ? (int)h->q8_kernel : (int)luna_int8_kernel_best();
@@ -100,15 +134,6 @@ static held_weight *find(luna_cpu_held *h, const float *W) {
             return &h->items[i];
         }
     return NULL;
-}
-
-static bool kernel_available(void) {
-#if HAVE_X86_KERNEL
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-    return false;
-#endif
 }
 
 luna_status luna_cpu_hold_weights(luna_backend *be, const float *W, int out, int in,
@@ -310,6 +335,103 @@ __attribute__((target("avx2,fma"))) static void panel_rows(const held_weight *hw
     store_rows(hw, q, 1, acc, b, y, full, mr);
 }
 
+/* AVX-512: one register holds a panel's 16 columns, so a tile of mr rows × np panels (np ≤ 2)
+ * keeps mr·np accumulators and reads each k's x from the packed block by an embedded broadcast.
+ * Against the AVX2 kernel: half the instructions and loads per multiply-add (Zen 4 runs a 512-bit
+ * FMA on both 256-bit units, so the peak is the same; the AVX2 kernel's loads and loop overhead
+ * are what keep it below it), and two panels per pass over the rows, so even the 6-row blocks see
+ * 12 independent chains. The same chains as the AVX2 kernel (one FMA per k, ascending from 0,
+ * then + b): the results are bit-identical. The tile goes straight from the registers to y
+ * (+ b in the register), masked to the panels' columns that exist (the AVX2 kernel's copy
+ * through a buffer was a visible share of decoding). */
+typedef struct {
+    float *y;       /* row i0, column 16q of y */
+    int64_t ldy;    /* y's row stride (out) */
+    const float *b; /* b + 16q, or NULL */
+    __mmask16 m[2]; /* the columns of each panel that exist */
+} tile_out;
+
+__attribute__((target("avx512f"), always_inline)) static inline void
+micro_kernel512(const int mr, const int np, const bool pf, const float *xp, const float *wp,
+                size_t pstride, int K, const tile_out *o) {
+    __m512 c[MR][2];
+    for (int i = 0; i < MR; i++)
+        c[i][0] = c[i][1] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+    for (int k = 0; k < K; k++) {
+        const float *w = wp + (size_t)k * PANEL;
+        if (pf) {
+            _mm_prefetch((const char *)(w + (size_t)PF_AHEAD * PANEL), _MM_HINT_T0);
+            if (np == 2)
+                _mm_prefetch((const char *)(w + pstride + (size_t)PF_AHEAD * PANEL), _MM_HINT_T0);
+        }
+        const __m512 w0 = _mm512_load_ps(w);
+        const __m512 w1 = np == 2 ? _mm512_load_ps(w + pstride) : w0;
+        for (int i = 0; i < MR; i++) {
+            if (i >= mr) continue;
+            const __m512 a = _mm512_set1_ps(xp[(size_t)k * MR + i]);
+            c[i][0] = _mm512_fmadd_ps(a, w0, c[i][0]);
+            if (np == 2) c[i][1] = _mm512_fmadd_ps(a, w1, c[i][1]);
+        }
+    }
+    for (int p = 0; p < np; p++) {
+        const __m512 bias =
+            o->b ? _mm512_maskz_loadu_ps(o->m[p], o->b + p * PANEL) : _mm512_setzero_ps();
+        for (int i = 0; i < mr; i++) {
+            const __m512 v = o->b ? _mm512_add_ps(c[i][p], bias) : c[i][p];
+            _mm512_mask_storeu_ps(o->y + i * o->ldy + p * PANEL, o->m[p], v);
+        }
+    }
+}
+
+/* Panels q and q + 1 (when np = 2) for every row, 6 rows at a time, with the AVX-512 kernel. */
+__attribute__((target("avx512f"))) static void panel_rows512(const held_weight *hw, int q, int np,
+                                                             const float *xp, const float *b,
+                                                             float *y, int64_t rows) {
+    const int K = hw->in;
+    const size_t pstride = (size_t)K * PANEL;
+    const float *wp = hw->panels + (size_t)q * pstride;
+    const int N = hw->out, n0 = q * PANEL;
+    const int nn0 = N - n0 < PANEL ? N - n0 : PANEL;
+    const int nn1 = np == 2 ? (N - n0 - PANEL < PANEL ? N - n0 - PANEL : PANEL) : 0;
+    tile_out o = {
+        y + n0, N, b ? b + n0 : NULL, {(__mmask16)((1u << nn0) - 1), (__mmask16)((1u << nn1) - 1)}};
+    for (int64_t i0 = 0; i0 < rows; i0 += MR) {
+        const int mr = rows - i0 < MR ? (int)(rows - i0) : MR;
+        const float *xr = xp + i0 * K;
+        o.y = y + i0 * N + n0;
+#define K512(m)                                                                                    \
+    case m:                                                                                        \
+        if (np == 2)                                                                               \
+            micro_kernel512(m, 2, true, xr, wp, pstride, K, &o);                                   \
+        else                                                                                       \
+            micro_kernel512(m, 1, true, xr, wp, pstride, K, &o);                                   \
+        break
+        switch (mr) {
+        case 6: /* prefetch on the panels' first pass only (see PF_AHEAD) */
+            if (np == 2 && i0 == 0)
+                micro_kernel512(6, 2, true, xr, wp, pstride, K, &o);
+            else if (np == 2)
+                micro_kernel512(6, 2, false, xr, wp, pstride, K, &o);
+            else if (i0 == 0)
+                micro_kernel512(6, 1, true, xr, wp, pstride, K, &o);
+            else
+                micro_kernel512(6, 1, false, xr, wp, pstride, K, &o);
+            break;
+            K512(5);
+            K512(4);
+            K512(3);
+            K512(2);
+        default:
+            if (np == 2)
+                micro_kernel512(1, 2, true, xr, wp, pstride, K, &o);
+            else
+                micro_kernel512(1, 1, true, xr, wp, pstride, K, &o);
+        }
+#undef K512
+    }
+}
+
 /* Block i0 / MR of xp [ceil(rows/MR)][K][MR] from x [rows, K] (zeros past the last row). */
 static void pack_block(float *xp, const float *x, int64_t rows, int K, int64_t i0) {
     float *blk = xp + i0 * K;
@@ -332,8 +454,7 @@ luna_status luna_cpu_held_linear(luna_backend *be, float *y, const float *x, con
     held_weight *hw = find(h, W);
     if (!hw || hw->in != in || hw->out != out || rows <= 0) return LUNA_ERR_UNSUPPORTED;
     if (hw->dtype == LUNA_I8) {
-        if (luna_int8_linear(h->q8_kernel, &hw->q8, &h->q8_scratch, y, x, b, rows,
-                             be->num_threads))
+        if (luna_int8_linear(h->q8_kernel, &hw->q8, &h->q8_scratch, y, x, b, rows, be->num_threads))
             return LUNA_OK;
         return luna_error(LUNA_ERR_OUT_OF_MEMORY,
                           "linear: no memory for the int8 activations of %lld rows x %d",
@@ -351,11 +472,34 @@ luna_status luna_cpu_held_linear(luna_backend *be, float *y, const float *x, con
         h->xpack_cap = need;
     }
     float *xp = h->xpack;
-    /* threads pack blocks of rows, then split the pairs of panels (one region: the packing is
-     * not left to one thread while the other waits); small products stay on one thread
-     * (fork/join ~µs) */
+    /* small products stay on one thread (fork/join ~µs); with few rows the threads pack blocks
+     * of rows, then split the pairs of panels (one region: the packing is not left to one
+     * thread while the other waits) */
     const int threads = rows * (int64_t)in * out >= 65536 ? be->num_threads : 1;
     const int64_t nblk = (rows + MR - 1) / MR;
+    const bool avx512 = h->f32_kernel == LUNA_F32_AVX512;
+    if (threads > 1 && nblk >= 2 * (int64_t)threads) {
+        /* many rows: each thread packs its own contiguous blocks of rows and runs every panel
+         * over them, so its x stays in its own cache and no barrier separates packing from the
+         * products (split by panels, each thread reads every block, half of them packed by the
+         * other core). Each output element is the same chain either way: the same bits. */
+#pragma omp parallel num_threads(threads)
+        {
+            const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+            const int64_t b0 = nblk * t / nt, b1 = nblk * (t + 1) / nt;
+            const int64_t r0 = b0 * MR, r1 = b1 * MR < rows ? b1 * MR : rows;
+            for (int64_t blk = b0; blk < b1; blk++)
+                pack_block(xp, x, rows, in, blk * MR);
+            for (int q2 = 0; q2 < npairs && r1 > r0; q2++) {
+                const int n2 = 2 * q2 + 1 < np ? 2 : 1;
+                if (avx512)
+                    panel_rows512(hw, 2 * q2, n2, xp + r0 * in, b, y + r0 * out, r1 - r0);
+                else
+                    panel_rows(hw, 2 * q2, n2, xp + r0 * in, b, y + r0 * out, r1 - r0);
+            }
+        }
+        return LUNA_OK;
+    }
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
 #pragma omp for schedule(static)
@@ -363,7 +507,10 @@ luna_status luna_cpu_held_linear(luna_backend *be, float *y, const float *x, con
             pack_block(xp, x, rows, in, blk * MR);
 #pragma omp for schedule(static)
         for (int q2 = 0; q2 < npairs; q2++)
-            panel_rows(hw, 2 * q2, 2 * q2 + 1 < np ? 2 : 1, xp, b, y, rows);
+            if (avx512)
+                panel_rows512(hw, 2 * q2, 2 * q2 + 1 < np ? 2 : 1, xp, b, y, rows);
+            else
+                panel_rows(hw, 2 * q2, 2 * q2 + 1 < np ? 2 : 1, xp, b, y, rows);
     }
     return LUNA_OK;
 #else
