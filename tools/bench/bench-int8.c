@@ -4,13 +4,17 @@
  * (LUNA_WITH_DNNL).
  *
  *   bench-int8 [--rows 4,128] [--threads 1] [--reps 200] [--d 256] [--ffn 1024] [--vocab 7792]
+ *              [--cold MB]
  *
  * For each row count and Linear shape of a decoder step (d→d, d→ffn, ffn→d, d→vocab) prints
  * CPU microseconds per call (process CPU time: the machines are shared; median of 5 rounds of
  * REPS calls, the variants interleaved round by round) and GOP/s (2·rows·in·out per call). The int8
  * times include the per-row quantization of x and the dequantizing epilogue; oneDNN's include
  * quantizing x (one scale per tensor, less work than per row) and its scaled f32 output with the
- * bias. */
+ * bias. --cold MB holds enough copies of each weight (at least MB megabytes of fp32 weights, at
+ * least 1 copy) and cycles through them call by call, so that a call finds its weights out of the
+ * core's caches as a decoding step does (its ~20-30 MB of weights go round between two uses of
+ * one; oneDNN keeps its one copy); without it every call reuses the same, cache-warm weights. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -150,7 +154,7 @@ static void dnnl_run(dnnl_linear *L, const float *x, float *sw_times_sx, const f
 
 int main(int argc, char **argv) {
     luna_program_start("bench-int8", argv);
-    int reps = 200, threads = 1, d = 256, ffn = 1024, vocab = 7792;
+    int reps = 200, threads = 1, d = 256, ffn = 1024, vocab = 7792, cold_mb = 0;
     char rows_list[64] = "4,128";
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--rows"))
@@ -165,6 +169,8 @@ int main(int argc, char **argv) {
             ffn = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--vocab"))
             vocab = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--cold"))
+            cold_mb = atoi(argv[i + 1]);
         else {
             fprintf(stderr, "bench-int8: unknown option %s\n", argv[i]);
             return 2;
@@ -190,7 +196,11 @@ int main(int argc, char **argv) {
         for (int s = 0; s < 4; s++) {
             const int in = shapes[s][0], out = shapes[s][1];
             float *x = malloc(sizeof(float) * (size_t)rows * in);
-            float *W = malloc(sizeof(float) * (size_t)out * in), *b = calloc(out, sizeof(float));
+            const size_t wbytes = sizeof(float) * (size_t)out * in;
+            const int copies = (int)(((size_t)cold_mb << 20) / wbytes) + 1;
+            float **Wc = malloc(sizeof(float *) * (size_t)copies);
+            float **W8c = malloc(sizeof(float *) * (size_t)copies);
+            float *W = malloc(wbytes), *b = calloc(out, sizeof(float));
             float *y = malloc(sizeof(float) * (size_t)rows * out),
                   *tmp = malloc(sizeof(float) * out);
             float *W8 = malloc(sizeof(float) * (size_t)out * in);
@@ -211,10 +221,19 @@ int main(int argc, char **argv) {
             dnnl_create(&L, W, b, rows, in, out);
             have[4] = true;
 #endif
-            if (be->ops->hold_weights(be, W, out, in, LUNA_F32) != LUNA_OK ||
-                be->ops->hold_weights(be, W8, out, in, LUNA_I8) != LUNA_OK) {
-                fprintf(stderr, "bench-int8: %s\n", luna_error_message());
-                return 1;
+            for (int c = 0; c < copies; c++) { /* copy 0 is W itself */
+                Wc[c] = c ? malloc(wbytes) : W;
+                W8c[c] = c ? malloc(wbytes) : W8;
+                if (!Wc[c] || !W8c[c]) {
+                    fprintf(stderr, "bench-int8: out of memory for %d copies\n", copies);
+                    return 1;
+                }
+                if (c) memcpy(Wc[c], W, wbytes), memcpy(W8c[c], W8, wbytes);
+                if (be->ops->hold_weights(be, Wc[c], out, in, LUNA_F32) != LUNA_OK ||
+                    be->ops->hold_weights(be, W8c[c], out, in, LUNA_I8) != LUNA_OK) {
+                    fprintf(stderr, "bench-int8: %s\n", luna_error_message());
+                    return 1;
+                }
             }
             double t[NV][5];
             for (int round = 0; round < 5; round++)
@@ -229,8 +248,9 @@ int main(int argc, char **argv) {
 #ifdef LUNA_WITH_DNNL
                             dnnl_run(&L, x, tmp, sw);
 #endif
-                        } else if (be->ops->linear_forward(be, y, x, v < 2 ? W : W8, b, rows, in,
-                                                           out) != LUNA_OK) {
+                        } else if (be->ops->linear_forward(be, y, x,
+                                                           v < 2 ? Wc[r % copies] : W8c[r % copies],
+                                                           b, rows, in, out) != LUNA_OK) {
                             fprintf(stderr, "bench-int8: %s\n", luna_error_message());
                             return 1;
                         }
@@ -243,9 +263,13 @@ int main(int argc, char **argv) {
                 printf("| %d | %d → %d | %s | %.1f | %.1f |\n", rows, in, out, names[v],
                        t[v][2] * 1e6, 2.0 * rows * in * out / t[v][2] / 1e9);
             }
-            (void)be->ops->release_weights(be, W);
-            (void)be->ops->release_weights(be, W8);
-            free(x), free(W), free(W8), free(b), free(y), free(tmp), free(q), free(sw);
+            for (int c = 0; c < copies; c++) {
+                (void)be->ops->release_weights(be, Wc[c]);
+                (void)be->ops->release_weights(be, W8c[c]);
+                free(Wc[c]), free(W8c[c]);
+            }
+            free(Wc), free(W8c);
+            free(x), free(b), free(y), free(tmp), free(q), free(sw);
         }
     }
     luna_backend_free(be);

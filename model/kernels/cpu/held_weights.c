@@ -396,7 +396,20 @@ __attribute__((target("avx512f"))) static void panel_rows512(const held_weight *
     const int nn1 = np == 2 ? (N - n0 - PANEL < PANEL ? N - n0 - PANEL : PANEL) : 0;
     tile_out o = {
         y + n0, N, b ? b + n0 : NULL, {(__mmask16)((1u << nn0) - 1), (__mmask16)((1u << nn1) - 1)}};
+    /* With several blocks of rows, the next pair of panels is fetched into L2 meanwhile, a share
+     * after each block: its first pass then reads L2 instead of waiting on L3 or memory (a
+     * decoding step's weights do not stay in the caches from one step to the next). */
+    const int npanels = (N + PANEL - 1) / PANEL, blocks = (int)((rows + MR - 1) / MR);
+    const size_t next_lines =
+        blocks >= 4 && q + 2 < npanels
+            ? (size_t)(npanels - q - 2 >= 2 ? 2 : 1) * pstride * sizeof(float) / 64
+            : 0;
+    const char *next = next_lines ? (const char *)(wp + 2 * pstride) : NULL;
+    const size_t per_block = (next_lines + blocks - 1) / blocks;
+    size_t line = 0;
     for (int64_t i0 = 0; i0 < rows; i0 += MR) {
+        for (const size_t e = line + per_block; line < e && line < next_lines; line++)
+            _mm_prefetch(next + line * 64, _MM_HINT_T1);
         const int mr = rows - i0 < MR ? (int)(rows - i0) : MR;
         const float *xr = xp + i0 * K;
         o.y = y + i0 * N + n0;
