@@ -144,6 +144,14 @@ START_TEST(held_kernels_bit_identical) {
     luna_backend_options bo = luna_backend_options_default();
     luna_backend *be = NULL;
     LUNA_CHECK_OK(luna_backend_create(&be, "cpu", &bo));
+    /* the default: the best kernel this CPU runs */
+    const int by_default = luna_cpu_f32_kernel(be);
+    const bool has512 = luna_cpu_set_f32_kernel(be, LUNA_F32_AVX512) == LUNA_OK;
+    const bool has2 = luna_cpu_set_f32_kernel(be, LUNA_F32_AVX2) == LUNA_OK;
+    luna_error_clear();
+    ck_assert_int_eq(by_default, has512 ? LUNA_F32_AVX512
+                                 : has2 ? LUNA_F32_AVX2
+                                        : LUNA_F32_OPENBLAS);
     if (luna_cpu_set_f32_kernel(be, LUNA_F32_AVX512) != LUNA_OK ||
         luna_cpu_set_f32_kernel(be, LUNA_F32_AVX2) != LUNA_OK) {
         printf("held_kernels_bit_identical: skipped, this CPU lacks AVX-512 or AVX2 (%s)\n",
@@ -165,6 +173,7 @@ START_TEST(held_kernels_bit_identical) {
             LUNA_CHECK_OK(luna_cpu_set_f32_kernel(be, LUNA_F32_AVX2));
             float *y2 = forward(be, x, W, b, rows, in, out, true);
             LUNA_CHECK_OK(luna_cpu_set_f32_kernel(be, LUNA_F32_AVX512));
+            ck_assert_int_eq(luna_cpu_f32_kernel(be), LUNA_F32_AVX512);
             float *y5 = forward(be, x, W, b, rows, in, out, true);
             for (size_t i = 0; i < (size_t)rows * out; i++)
                 ck_assert_msg(memcmp(&y2[i], &y5[i], sizeof(float)) == 0,

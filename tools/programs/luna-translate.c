@@ -375,17 +375,22 @@ static luna_status run(program *p) {
         fprintf(stderr, PROG ": note: plain output shows the best hypothesis only; use "
                              "--output-format fairseq for the n-best list\n");
     if (st == LUNA_OK) st = opt.score_reference ? write_scores(p, n) : write_translations(p, n);
-    const bool int8 =
-        p->tr->model->params->weight_dtype == LUNA_I8; /* and its kernel, said below */
+    /* the CPU's Linear kernel, said below: int8's, or the fp32 held weights' */
+    const bool int8 = p->tr->model->params->weight_dtype == LUNA_I8;
+    const bool cpu = p->tr->be->device == LUNA_DEVICE_CPU;
     if (st == LUNA_OK && !opt.quiet)
         fprintf(stderr,
                 PROG ": %s %zu sentences (%zu empty) in %.2f s: %.2f sentences/s, %.1f target "
                      "tokens/s (beam %lld, %lld threads; %.2f s CPU%s%s)\n",
                 opt.score_reference ? "scored" : "translated", n, n - k, secs,
                 secs > 0 ? k / secs : 0.0, secs > 0 ? tokens / secs : 0.0, (long long)opt.beam,
-                (long long)opt.threads, cpu_secs, int8 ? ", int8 " : "",
-                int8 ? luna_int8_kernel_name((luna_int8_kernel)luna_cpu_int8_kernel(p->tr->be))
-                     : "");
+                (long long)opt.threads, cpu_secs,
+                int8  ? ", int8 "
+                : cpu ? ", fp32 "
+                      : "",
+                int8  ? luna_int8_kernel_name((luna_int8_kernel)luna_cpu_int8_kernel(p->tr->be))
+                : cpu ? luna_cpu_f32_kernel_name(luna_cpu_f32_kernel(p->tr->be))
+                      : "");
     return st;
 }
 

@@ -30,10 +30,12 @@ void luna_cpu_held_free(luna_cpu_held *h);
 luna_status luna_cpu_set_int8_kernel(luna_backend *be, int kernel);
 int luna_cpu_int8_kernel(luna_backend *be);
 /* The kernel of this backend's fp32 holds: AVX-512 where the CPU has it, else AVX2 + FMA (the
- * same chains, bit-identical results); tests and benchmarks choose. An error when the CPU lacks
- * the kernel's instructions. */
-enum { LUNA_F32_AVX2 = 0, LUNA_F32_AVX512 = 1 };
+ * same chains, bit-identical results); tests and benchmarks choose (an error when the CPU lacks
+ * the kernel's instructions). Without AVX2 + FMA fp32 holds keep nothing and the Linear stays on
+ * OpenBLAS (luna_cpu_f32_kernel says LUNA_F32_OPENBLAS). Names: "avx2", "avx512", "openblas". */
+enum { LUNA_F32_OPENBLAS = -1, LUNA_F32_AVX2 = 0, LUNA_F32_AVX512 = 1 };
 luna_status luna_cpu_set_f32_kernel(luna_backend *be, int kernel);
+int luna_cpu_f32_kernel(luna_backend *be);
 const char *luna_cpu_f32_kernel_name(int kernel);
 /* y = x·Wᵀ (+ b) through the held panels of W: LUNA_OK when done; LUNA_ERR_UNSUPPORTED (no error
  * recorded, nothing written) when W is not held with this shape or its fp32 panels find no room,

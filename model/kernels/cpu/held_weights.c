@@ -117,7 +117,17 @@ luna_status luna_cpu_set_f32_kernel(luna_backend *be, int kernel) {
 }
 
 const char *luna_cpu_f32_kernel_name(int kernel) {
-    return kernel == LUNA_F32_AVX512 ? "avx512" : kernel == LUNA_F32_AVX2 ? "avx2" : "unknown";
+    return kernel == LUNA_F32_AVX512     ? "avx512"
+           : kernel == LUNA_F32_AVX2     ? "avx2"
+           : kernel == LUNA_F32_OPENBLAS ? "openblas"
+                                         : "unknown";
+}
+
+int luna_cpu_f32_kernel(luna_backend *be) {
+    if (!kernel_available()) return LUNA_F32_OPENBLAS;
+    const luna_cpu_held *h = be->impl;
+    if (h) return h->f32_kernel;
+    return f32_kernel_available(LUNA_F32_AVX512) ? LUNA_F32_AVX512 : LUNA_F32_AVX2;
 }
 
 int luna_cpu_int8_kernel(luna_backend *be) {
