@@ -4,10 +4,11 @@
  * (LUNA_WITH_DNNL).
  *
  *   bench-int8 [--rows 4,128] [--threads 1] [--reps 200] [--d 256] [--ffn 1024] [--vocab 7792]
- *              [--cold MB]
+ *              [--cold MB] [--wall]
  *
  * For each row count and Linear shape of a decoder step (d→d, d→ffn, ffn→d, d→vocab) prints
- * CPU microseconds per call (process CPU time: the machines are shared; median of 5 rounds of
+ * CPU microseconds per call (process CPU time: the machines are shared; --wall: elapsed time, for
+ * several threads on an idle machine, whose CPU time counts the waits; median of 5 rounds of
  * REPS calls, the variants interleaved round by round) and GOP/s (2·rows·in·out per call). The int8
  * times include the per-row quantization of x and the dequantizing epilogue; oneDNN's include
  * quantizing x (one scale per tensor, less work than per row) and its scaled f32 output with the
@@ -35,9 +36,10 @@
 
 /* CPU time of the process: on a shared, oversubscribed machine it counts the cycles this
  * process ran, not the time others held the cores (with --threads 1 it is the call's time). */
+static bool wall_clock; /* --wall: elapsed time instead (several threads on an idle machine) */
 static double now_seconds(void) {
     struct timespec t;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    clock_gettime(wall_clock ? CLOCK_MONOTONIC : CLOCK_PROCESS_CPUTIME_ID, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
@@ -156,7 +158,16 @@ int main(int argc, char **argv) {
     luna_program_start("bench-int8", argv);
     int reps = 200, threads = 1, d = 256, ffn = 1024, vocab = 7792, cold_mb = 0;
     char rows_list[64] = "4,128";
-    for (int i = 1; i + 1 < argc; i += 2) {
+    for (int i = 1; i < argc; i += 2) {
+        if (!strcmp(argv[i], "--wall")) {
+            wall_clock = true;
+            i--;
+            continue;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "bench-int8: %s needs a value\n", argv[i]);
+            return 2;
+        }
         if (!strcmp(argv[i], "--rows"))
             snprintf(rows_list, sizeof rows_list, "%s", argv[i + 1]);
         else if (!strcmp(argv[i], "--threads"))
