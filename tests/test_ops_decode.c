@@ -443,7 +443,8 @@ static int cache_row_len(bool ragged, int r, int R, int T) {
 }
 
 /* One case: y on the backend under test against a double-precision host loop over the indexed
- * rows (1e-5 of max|y|); on the CPU, for T ≤ 256, bit-equal to the one-row gemm over a gathered
+ * rows (1e-5 of max|y|); on the CPU, each y one fmaf chain in ascending order, and for T ≤ 256
+ * bit-equal to the one-row gemm over a gathered
  * copy of the rows (what decoding computed before the indirection); then against the CPU
  * reference. Indices past T are out of range: reading one would be caught (ASan, the harness). */
 static void check_cache(bool values, bool ragged, int R, int H, int dh, int T, int T_cap, int page,
@@ -510,6 +511,24 @@ static void check_cache(bool values, bool ragged, int R, int H, int dh, int T, i
         LUNA_EXPECT(fabs(got[i] - want[i]) <= 1e-5 * fmax(ymax, 1e-30),
                     "cache_products [%s]: y[%zu] = %.9g, want %.9g", what, i, (double)got[i],
                     want[i]);
+    if (strcmp(lh_backend_name(), "cpu") == 0) /* each y one fmaf chain, ascending from 0 */
+        for (int64_t g = 0; g < G; g++) {
+            const float *Kg = gathered + g * T * dh;
+            const int Tr = lens[g / H];
+            for (int j = 0; j < (values ? dh : Tr); j++) {
+                float c = 0.0f;
+                if (values)
+                    for (int p = 0; p < Tr; p++)
+                        c = fmaf(x[g * T + p], Kg[(int64_t)p * dh + j], c);
+                else
+                    for (int k = 0; k < dh; k++)
+                        c = fmaf(x[g * dh + k], Kg[(int64_t)j * dh + k], c);
+                const size_t i = (size_t)(g * (values ? dh : T) + j);
+                LUNA_EXPECT(memcmp(&c, &got[i], sizeof c) == 0,
+                            "cache_products [%s]: y[%zu] = %.9g, its fmaf chain %.9g", what, i,
+                            (double)got[i], (double)c);
+            }
+        }
     if (strcmp(lh_backend_name(), "cpu") == 0 && T <= 256 && !ragged) {
         float *vg = lh_f32(be, gathered, (size_t)G * T * dh), *vy2 = lh_f32(be, NULL, ny);
         float *copy = malloc(sizeof(float) * ny);
