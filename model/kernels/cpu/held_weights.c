@@ -346,12 +346,12 @@ __attribute__((target("avx2,fma"))) static void panel_rows(const held_weight *hw
 }
 
 /* AVX-512: one register holds a panel's 16 columns, so a tile of mr rows × np panels (np ≤ 2)
- * keeps mr·np accumulators and reads each k's x from the packed block by an embedded broadcast.
- * Against the AVX2 kernel: half the instructions and loads per multiply-add (Zen 4 runs a 512-bit
- * FMA on both 256-bit units, so the peak is the same; the AVX2 kernel's loads and loop overhead
- * are what keep it below it), and two panels per pass over the rows, so even the 6-row blocks see
- * 12 independent chains. The same chains as the AVX2 kernel (one FMA per k, ascending from 0,
- * then + b): the results are bit-identical. The tile goes straight from the registers to y
+ * keeps mr·np accumulators and broadcasts each k's x from the packed block. Against the AVX2
+ * kernel: half the instructions and loads per multiply-add (Zen 4 runs a 512-bit FMA on both of
+ * its 256-bit units, so the peak is the same: what it saves is issue slots), and two panels per
+ * pass over the rows whatever their number (the AVX2 kernel takes two only for the last 1-3). The
+ * same chains as the AVX2 kernel (one FMA per k, ascending from 0, then + b): the results are
+ * bit-identical. The tile goes straight from the registers to y
  * (+ b in the register), masked to the panels' columns that exist (the AVX2 kernel's copy
  * through a buffer was a visible share of decoding). */
 typedef struct {
