@@ -46,19 +46,9 @@ static void make_batch(test_batch *t, uint64_t seed) {
     luna_test_rng rng;
     luna_test_rng_seed(&rng, seed);
     for (int b = 0; b < B; b++) {
-        for (int i = 0; i < M; i++) {
-            int tok = 4 + (int)luna_test_uniform(&rng, 0, V - 4 - 1e-3f);
-            t->src[b * M + i] = i < src_lens[b] - 1 ? tok : i == src_lens[b] - 1 ? 2 : 1;
-        }
+        luna_test_sentence_pair(&rng, V, t->src + b * M, M, src_lens[b], t->prev + b * N,
+                                t->tgt + b * N, N, tgt_lens[b]);
         t->src_len[b] = src_lens[b];
-        int y[N];
-        for (int i = 0; i < N; i++)
-            y[i] = 4 + (int)luna_test_uniform(&rng, 0, V - 4 - 1e-3f);
-        y[tgt_lens[b] - 1] = 2;
-        for (int i = 0; i < N; i++) {
-            t->tgt[b * N + i] = i < tgt_lens[b] ? y[i] : 1;
-            t->prev[b * N + i] = i == 0 ? 2 : i < tgt_lens[b] ? y[i - 1] : 1;
-        }
     }
     t->batch = (luna_batch){.B = B,
                             .src_len = M,
@@ -213,19 +203,9 @@ static void make_shaped(shaped_batch *t, int Bs, int Ms, int Ns, uint64_t seed) 
     for (int b = 0; b < Bs; b++) {
         const int sl = b == 0 ? Ms : 2 + (int)luna_test_uniform(&rng, 0, Ms - 2 + 1 - 1e-3f);
         const int tl = b == 0 ? Ns : 1 + (int)luna_test_uniform(&rng, 0, Ns - 1 + 1 - 1e-3f);
-        for (int i = 0; i < Ms; i++) {
-            const int tok = 4 + (int)luna_test_uniform(&rng, 0, V - 4 - 1e-3f);
-            t->src[b * Ms + i] = i < sl - 1 ? tok : i == sl - 1 ? 2 : 1;
-        }
+        luna_test_sentence_pair(&rng, V, t->src + b * Ms, Ms, sl, t->prev + b * Ns, t->tgt + b * Ns,
+                                Ns, tl);
         t->src_len[b] = sl;
-        int y[GN];
-        for (int i = 0; i < Ns; i++)
-            y[i] = 4 + (int)luna_test_uniform(&rng, 0, V - 4 - 1e-3f);
-        y[tl - 1] = 2;
-        for (int i = 0; i < Ns; i++) {
-            t->tgt[b * Ns + i] = i < tl ? y[i] : 1;
-            t->prev[b * Ns + i] = i == 0 ? 2 : i < tl ? y[i - 1] : 1;
-        }
     }
     t->batch = (luna_batch){.B = Bs,
                             .src_len = Ms,

@@ -22,20 +22,9 @@ static void make_batch(test_batch *t, const int *src_lens, const int *tgt_lens, 
     luna_test_rng rng;
     luna_test_rng_seed(&rng, seed);
     for (int b = 0; b < B; b++) {
-        for (int i = 0; i < M; i++) {
-            int tok = 4 + (int)luna_test_uniform(&rng, 0, V - 4 - 1e-3f);
-            t->src[b * M + i] = i < src_lens[b] - 1 ? tok : i == src_lens[b] - 1 ? 2 : 1;
-        }
+        luna_test_sentence_pair(&rng, V, t->src + b * M, M, src_lens[b], t->prev + b * N,
+                                t->tgt + b * N, N, tgt_lens[b]);
         t->src_len[b] = src_lens[b];
-        int y[N];
-        for (int i = 0; i < N; i++)
-            y[i] = 4 + (int)luna_test_uniform(&rng, 0, V - 4 - 1e-3f);
-        int len = tgt_lens[b];
-        y[len - 1] = 2;
-        for (int i = 0; i < N; i++) {
-            t->tgt[b * N + i] = i < len ? y[i] : 1;
-            t->prev[b * N + i] = i == 0 ? 2 : i < len ? y[i - 1] : 1;
-        }
     }
     t->batch = (luna_batch){.B = B,
                             .src_len = M,

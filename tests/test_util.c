@@ -131,6 +131,22 @@ luna_backend *luna_test_backend(int threads) {
     return be;
 }
 
+void luna_test_sentence_pair(luna_test_rng *rng, int V, int32_t *src, int M, int src_len,
+                             int32_t *prev, int32_t *tgt, int N, int tgt_len) {
+    for (int i = 0; i < M; i++) {
+        const int tok = 4 + (int)luna_test_uniform(rng, 0, V - 4 - 1e-3f);
+        src[i] = i < src_len - 1 ? tok : i == src_len - 1 ? 2 : 1;
+    }
+    int32_t y_prev = 2; /* prev[i] = y[i - 1] */
+    for (int i = 0; i < N; i++) {
+        int y = 4 + (int)luna_test_uniform(rng, 0, V - 4 - 1e-3f);
+        if (i == tgt_len - 1) y = 2;
+        tgt[i] = i < tgt_len ? y : 1;
+        prev[i] = i == 0 ? 2 : i < tgt_len ? y_prev : 1;
+        y_prev = y;
+    }
+}
+
 float *luna_test_random_vector(luna_test_rng *rng, size_t n, float lo, float hi) {
     float *v = malloc((n ? n : 1) * sizeof *v);
     ck_assert_ptr_nonnull(v);

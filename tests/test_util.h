@@ -56,6 +56,12 @@ struct luna_backend;
 struct luna_backend *luna_test_backend(int threads);
 /* malloc'd vectors (at least one element, so n = 0 is fine): uniform in [lo, hi), or zeros. */
 float *luna_test_random_vector(luna_test_rng *rng, size_t n, float lo, float hi);
+/* One right-padded sentence pair of a test batch (vocabulary V; pad 1, </s> 2, words from 4):
+ * src[0..M) of length src_len ending with </s>, tgt[0..N) of length tgt_len ending with </s>,
+ * prev = tgt shifted right behind </s>. Draws M source then N target words from rng, whatever
+ * the lengths (so a batch's words do not depend on its lengths). */
+void luna_test_sentence_pair(luna_test_rng *rng, int V, int32_t *src, int M, int src_len,
+                             int32_t *prev, int32_t *tgt, int N, int tgt_len);
 float *luna_test_zeros(size_t n);
 /* ck_assert with a printf-style message, evaluated only on failure (cheap in tight loops). */
 /* A call that must succeed (a backend memory call, an op): fails the test with its message. */

@@ -500,7 +500,8 @@ luna_status luna_cpu_held_linear(luna_backend *be, float *y, const float *x, con
      * thread while the other waits) */
     const int threads = rows * (int64_t)in * out >= 65536 ? be->num_threads : 1;
     const int64_t nblk = (rows + MR - 1) / MR;
-    const bool avx512 = h->f32_kernel == LUNA_F32_AVX512;
+    void (*const run)(const held_weight *, int, int, const float *, const float *, float *,
+                      int64_t) = h->f32_kernel == LUNA_F32_AVX512 ? panel_rows512 : panel_rows;
     if (threads > 1 && nblk >= 2 * (int64_t)threads) {
         /* many rows: each thread packs its own contiguous blocks of rows and runs every panel
          * over them, so its x stays in its own cache and no barrier separates packing from the
@@ -514,11 +515,7 @@ luna_status luna_cpu_held_linear(luna_backend *be, float *y, const float *x, con
             for (int64_t blk = b0; blk < b1; blk++)
                 pack_block(xp, x, rows, in, blk * MR);
             for (int q2 = 0; q2 < npairs && r1 > r0; q2++) {
-                const int n2 = 2 * q2 + 1 < np ? 2 : 1;
-                if (avx512)
-                    panel_rows512(hw, 2 * q2, n2, xp + r0 * in, b, y + r0 * out, r1 - r0);
-                else
-                    panel_rows(hw, 2 * q2, n2, xp + r0 * in, b, y + r0 * out, r1 - r0);
+                run(hw, 2 * q2, 2 * q2 + 1 < np ? 2 : 1, xp + r0 * in, b, y + r0 * out, r1 - r0);
             }
         }
         return LUNA_OK;
@@ -530,10 +527,7 @@ luna_status luna_cpu_held_linear(luna_backend *be, float *y, const float *x, con
             pack_block(xp, x, rows, in, blk * MR);
 #pragma omp for schedule(static)
         for (int q2 = 0; q2 < npairs; q2++)
-            if (avx512)
-                panel_rows512(hw, 2 * q2, 2 * q2 + 1 < np ? 2 : 1, xp, b, y, rows);
-            else
-                panel_rows(hw, 2 * q2, 2 * q2 + 1 < np ? 2 : 1, xp, b, y, rows);
+            run(hw, 2 * q2, 2 * q2 + 1 < np ? 2 : 1, xp, b, y, rows);
     }
     return LUNA_OK;
 #else
