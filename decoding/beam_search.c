@@ -23,6 +23,7 @@ void luna_beam_options_init(luna_beam_options *o) {
                              .sampling = false,
                              .sampling_topk = 0,
                              .seed = 1,
+                             .sentence_ids = NULL,
                              .sync_interval = 0};
 }
 

@@ -52,6 +52,9 @@ typedef struct {
     bool sampling;            /* default false: beam search */
     int sampling_topk;        /* ≤ 0: the whole vocabulary (default) */
     uint64_t seed;            /* of the sampling draws (default 1) */
+    /* luna_generate's sampling draws for src[i] use sentence number sentence_ids[i] (NULL, the
+     * default: i), so that a part of an input samples as it would within the whole input */
+    const int *sentence_ids;
     /* luna_generate's beam search reads the selection's summary back every sync_interval steps
      * (0, the default: every step on the CPU, whose memory is the host's, every 8 on a device):
      * sentences finished in between stay in the pool, idle, until then. Results do not depend

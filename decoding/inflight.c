@@ -281,7 +281,9 @@ static luna_status select_sentence(const luna_beam_options *o, flight *f, int s,
         const float *lp = f->top_lp + (size_t)r * kb;
         const int32_t *tk = f->top_tok + (size_t)r * kb;
         if (o->sampling) {
-            const double u = luna_sampling_uniform(o->seed, (uint64_t)b, (uint64_t)step * beam + k);
+            const int id = o->sentence_ids ? o->sentence_ids[b] : b;
+            const double u =
+                luna_sampling_uniform(o->seed, (uint64_t)id, (uint64_t)step * beam + k);
             const int j = luna_sample_index(lp, kb, u);
             top[n++] = (luna_cand){base + lp[j], k, tk[j], k};
             continue;

@@ -109,6 +109,7 @@ static void setup(void) {
     save_checkpoint_arch("nc.safetensors", 5, true, false, true, "luna_tiny");
     save_checkpoint_arch("linformer.safetensors", 5, true, false, false, "linformer_tiny");
     save_checkpoint("doc.safetensors", 5, true, false);
+    save_checkpoint_arch("tr.safetensors", 5, true, false, false, "transformer_tiny");
     snprintf(path, sizeof path, "%s/in.txt", dir);
     luna_test_write_file(path, "the cat\n\nover the dog\na dog ran in the park again and again\n");
 }
@@ -388,6 +389,62 @@ START_TEST(sampling_and_no_repeat_flags) {
 }
 END_TEST
 
+/* --workers W: the input's parts translated side by side give one translator's output. With
+ * --batch-size 1 every sentence decodes alone either way: the n-best lists and their scores bit
+ * for bit, on a Luna and a transformer checkpoint, and the sampled ones (each sentence draws by
+ * its place in the whole input). With larger pools a sentence's neighbours differ, which moves
+ * the last bits of its scores as --batch-size does: the translations are the same. The summary
+ * says W; bad values and combinations are usage errors. */
+START_TEST(workers_same_output) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/many.txt", dir);
+    luna_test_write_file(path, "the cat\nover the dog\n\na dog ran in the park again\nthe mat\n"
+                               "a dog\nthe quick brown fox jumps over\nthe cat\nran\n"
+                               "over the lazy dog again and again\nthe park\n");
+    const char *ckpts[] = {"a.safetensors", "tr.safetensors"};
+    for (size_t c = 0; c < 2; c++)
+        for (int alone = 1; alone >= 0; alone--) {
+            const char *fmt = alone ? "fairseq" : "plain", *bs = alone ? "1" : "128";
+            ck_assert_int_eq(TRANSLATE(ckpts[c], "--input", "many.txt", "--max-len-b", "12",
+                                       "--beam", "3", "--nbest", "2", "--output-format", fmt,
+                                       "--batch-size", bs, "--threads", "1"),
+                             0);
+            char *one = copy_text(last.out);
+            ck_assert_int_eq(count_lines(one, "H-"), alone ? 21 : 0); /* 10 × 2 + the blank's */
+            ck_assert_int_eq(TRANSLATE(ckpts[c], "--input", "many.txt", "--max-len-b", "12",
+                                       "--beam", "3", "--nbest", "2", "--output-format", fmt,
+                                       "--batch-size", bs, "--threads", "1", "--workers", "3"),
+                             0);
+            ck_assert_msg(!strcmp(one, last.out), "%s, %s output differs with --workers 3",
+                          ckpts[c], fmt);
+            ck_assert_msg(strstr(last.err, "3 workers x 1 threads"), "%s", last.err);
+            free(one);
+        }
+    ck_assert_int_eq(TRANSLATE("a.safetensors", "--input", "many.txt", "--max-len-b", "12",
+                               "--sampling", "--beam", "2", "--seed", "3", "--batch-size", "1",
+                               "--quiet"),
+                     0);
+    char *sampled = copy_text(last.out);
+    ck_assert_int_eq(TRANSLATE("a.safetensors", "--input", "many.txt", "--max-len-b", "12",
+                               "--sampling", "--beam", "2", "--seed", "3", "--batch-size", "1",
+                               "--quiet", "--workers", "2", "--threads", "1"),
+                     0);
+    ck_assert_msg(!strcmp(sampled, last.out), "sampled output differs with --workers 2");
+    free(sampled);
+    const char *bad[][4] = {{"--workers", "0", "--workers must be in 1..64", NULL},
+                            {"--workers", "65", "--workers must be in 1..64", NULL},
+                            {"--workers", "2", "--score-reference", "not --score-reference"}};
+    for (size_t i = 0; i < 3; i++) {
+        const char *msg = bad[i][3] ? bad[i][3] : bad[i][2];
+        int rc = bad[i][3] ? TRANSLATE("a.safetensors", bad[i][0], bad[i][1], bad[i][2],
+                                       "--reference", "in.txt")
+                           : TRANSLATE("a.safetensors", bad[i][0], bad[i][1]);
+        ck_assert_int_eq(rc, 2);
+        ck_assert_msg(strstr(last.err, msg) && !strchr(last.err, '\n')[1], "%s", last.err);
+    }
+}
+END_TEST
+
 /* --help lists every option, by group. */
 START_TEST(help_lists_every_option) {
     const char *translate_flags[] = {"--input",     "--output-format", "--max-input-tokens",
@@ -398,7 +455,7 @@ START_TEST(help_lists_every_option) {
                                      "--device",    "--threads",       "--help",
                                      "--version",   "search:",         "--no-repeat-ngram-size",
                                      "--sampling",  "--sampling-topk", "--temperature",
-                                     "--seed"};
+                                     "--seed",      "--workers"};
     ck_assert_int_eq(TRANSLATE("--help"), 0);
     for (size_t i = 0; i < sizeof translate_flags / sizeof translate_flags[0]; i++)
         ck_assert_msg(strstr(last.out, translate_flags[i]), "%s not in: %s", translate_flags[i],
@@ -428,6 +485,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, score_reference_and_average);
     tcase_add_test(tc, help_lists_every_option);
     tcase_add_test(tc, sampling_and_no_repeat_flags);
+    tcase_add_test(tc, workers_same_output);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -5,7 +5,7 @@ SentencePiece pieces of each line (the checkpoint's model), beam search on the m
 tools/scripts/export-ctranslate2.py with luna-translate's settings, the best hypothesis detokenized, one
 line per input line. Prints to stderr, like luna-translate, the time of the search alone (model
 load, tokenization and detokenization excluded, as luna-translate's figure excludes them):
-  ct2: translated N sentences in S s: X sentences/s, Y target tokens/s (beam B, T threads)
+  ct2: translated N sentences in S s: X sentences/s, Y target tokens/s (beam B, I x T threads)
 Target tokens count </s>, as luna-translate's do.
 """
 import argparse
@@ -21,7 +21,11 @@ def main():
     ap.add_argument("--output", required=True)
     ap.add_argument("--beam", type=int, default=4)
     ap.add_argument("--lenpen", type=float, default=0.6)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="CTranslate2's intra_threads: threads of each batch's computations")
+    ap.add_argument("--inter-threads", type=int, default=1,
+                    help="CTranslate2's inter_threads: batches translated side by side (each "
+                         "with --threads threads)")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--compute-type", default="float32",
                     help="CTranslate2's compute type (int8 for a model exported with int8 weights)")
@@ -40,7 +44,7 @@ def main():
     keep = [i for i, l in enumerate(lines) if l.strip()]
     pieces = [sp.encode(lines[i], out_type=str) for i in keep]
     tr = ctranslate2.Translator(args.model_dir, device="cpu", compute_type=args.compute_type,
-                                intra_threads=args.threads, inter_threads=1)
+                                intra_threads=args.threads, inter_threads=args.inter_threads)
     t0, c0 = time.perf_counter(), time.process_time()
     # return_end_token: the length in the length penalty counts </s>, as fairseq's (and luna's).
     # Length limit: luna (like fairseq) lets a hypothesis reach max_len_b tokens and then forces
@@ -64,7 +68,8 @@ def main():
         f.write("".join(l + "\n" for l in out))
     print(f"ct2: translated {len(lines)} sentences ({len(lines) - len(keep)} empty) in "
           f"{secs:.2f} s: {len(keep) / secs:.2f} sentences/s, {tokens / secs:.1f} target "
-          f"tokens/s (beam {args.beam}, {args.threads} threads; {cpu:.2f} s CPU)", file=sys.stderr)
+          f"tokens/s (beam {args.beam}, {args.inter_threads} x {args.threads} threads; "
+          f"{cpu:.2f} s CPU)", file=sys.stderr)
 
 
 if __name__ == "__main__":

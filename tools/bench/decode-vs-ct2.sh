@@ -8,7 +8,10 @@
 # same beam. Times are the decoding alone as each program reports it (model load, SentencePiece
 # encoding and detokenization excluded for both). Prints the median time, sentences/s, target
 # tokens/s (</s> included), luna/CT2 speed ratio and how many output lines are identical, as a
-# Markdown table. Creates the Python venv (ctranslate2, sentencepiece, numpy, safetensors) if it
+# Markdown table. At T > 1 threads each program also runs in its throughput configuration: T
+# batches side by side on one thread each (luna-translate --workers T --threads 1, CTranslate2
+# inter_threads T, intra_threads 1), and the ratios are against the faster CTranslate2
+# configuration of the same precision and core count. Creates the Python venv (ctranslate2, sentencepiece, numpy, safetensors) if it
 # is missing. --int8 adds luna-translate --quantize int8 and CTranslate2 on the same weights exported
 # with its converter's int8 quantization (compute type int8), and the BLEU of every program's output
 # when --reference is given.
@@ -38,7 +41,9 @@ usage: tools/bench/decode-vs-ct2.sh --transformer CKPT [--luna CKPT] [options]
 Decodes INPUT with luna-translate and with CTranslate2 (fp32, CPU) on the same transformer
 weights, alternating the programs, and prints a Markdown table: median decoding time over REPS
 runs (model load and tokenization excluded for both), sentences/s, target tokens/s, the
-luna/CTranslate2 speed ratio and the number of identical output lines.
+luna/CTranslate2 speed ratio and the number of identical output lines. At T > 1 threads both
+programs also run T batches side by side on one thread each (luna-translate --workers T,
+CTranslate2 inter_threads T), and every ratio is against the faster CTranslate2 configuration.
 
   --transformer CKPT   luna transformer checkpoint (.safetensors), exported for CTranslate2
   --luna CKPT          also time luna-translate on this Luna checkpoint (same beam)
@@ -112,6 +117,16 @@ run() {
     ct2) "$PY" "$ROOT/tools/bench/ct2_translate.py" "$WORK/ct2-model" "$WORK/spm.model" \
         --input "$INPUT" --output "$out" --beam "$BEAM" --lenpen "$LENPEN" \
         --batch-size "$BATCH" --threads "$t" 2>"$err" ;;
+    lunaw) "$BIN" "$TR" --input "$INPUT" --beam "$BEAM" --lenpen "$LENPEN" --batch-size "$BATCH" \
+        --threads 1 --workers "$t" >"$out" 2>"$err" ;;
+    ct2x) "$PY" "$ROOT/tools/bench/ct2_translate.py" "$WORK/ct2-model" "$WORK/spm.model" \
+        --input "$INPUT" --output "$out" --beam "$BEAM" --lenpen "$LENPEN" \
+        --batch-size "$BATCH" --threads 1 --inter-threads "$t" 2>"$err" ;;
+    luna8w) "$BIN" "$TR" --quantize int8 --input "$INPUT" --beam "$BEAM" --lenpen "$LENPEN" \
+        --batch-size "$BATCH" --threads 1 --workers "$t" >"$out" 2>"$err" ;;
+    ct2i8x) "$PY" "$ROOT/tools/bench/ct2_translate.py" "$WORK/ct2-model-int8" "$WORK/spm.model" \
+        --input "$INPUT" --output "$out" --beam "$BEAM" --lenpen "$LENPEN" \
+        --batch-size "$BATCH" --threads 1 --inter-threads "$t" --compute-type int8 2>"$err" ;;
     luna8) "$BIN" "$TR" --quantize int8 --input "$INPUT" --beam "$BEAM" --lenpen "$LENPEN" \
         --batch-size "$BATCH" --threads "$t" >"$out" 2>"$err" ;;
     base8) "$BASE" "$TR" --quantize int8 --input "$INPUT" --beam "$BEAM" --lenpen "$LENPEN" \
@@ -137,34 +152,50 @@ run() {
 NAMES="luna ct2${LUNA:+ luna_demo}${BASE:+ base}${INT8:+ luna8 ct2i8}"
 [ -z "$INT8" ] || [ -z "$LUNA" ] || NAMES="$NAMES luna_demo8"
 [ -z "$INT8" ] || [ -z "$BASE" ] || NAMES="$NAMES base8"
+# names_at T: the runs at T threads (at T > 1 also both programs' T batches side by side)
+names_at() {
+    local n="$NAMES"
+    if [ "$1" -gt 1 ]; then
+        n="$n lunaw ct2x"
+        [ -z "$INT8" ] || n="$n luna8w ct2i8x"
+    fi
+    echo "$n"
+}
 for rep in $(seq "$REPS"); do
     for t in $THREADS; do
-        for name in $NAMES; do run "$name" "$t" "$rep"; done
+        for name in $(names_at "$t"); do run "$name" "$t" "$rep"; done
     done
 done
+# median NAME T: the median time of those runs ("" if none)
+median() {
+    awk -v n="$1" -v t="$2" '$1 == n && $2 == t {print $4}' "$WORK/times" | sort -g |
+        awk '{a[NR] = $1} END {if (NR) print a[int((NR + 1) / 2)]}'
+}
+# faster A B: the smaller of two medians, either may be ""
+faster() { awk -v a="$1" -v b="$2" 'BEGIN {print (b == "" || (a != "" && a + 0 <= b + 0)) ? a : b}'; }
+# same A B: lines equal in two outputs
+same() { paste -d '\t' "$WORK/$1.$3.out" "$WORK/$2.$3.out" | awk -F '\t' '$1 == $2' | wc -l; }
 
 N=$(grep -c '' "$INPUT")
 echo
 echo "| model | program | threads | median s | median CPU s | sentences/s | target tokens/s | luna / CT2 | identical lines |"
 echo "|---|---|---|---|---|---|---|---|---|"
 for t in $THREADS; do
-    ct2_med=$(awk -v t="$t" '$1 == "ct2" && $2 == t {print $4}' "$WORK/times" | sort -g |
-        awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}')
-    # int8 rows are compared with CTranslate2 int8
-    ct2i8_med=$(awk -v t="$t" '$1 == "ct2i8" && $2 == t {print $4}' "$WORK/times" | sort -g |
-        awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}')
-    same8=""
-    [ -z "$INT8" ] || same8=$(paste -d '\t' "$WORK/luna8.$t.out" "$WORK/ct2i8.$t.out" |
-        awk -F '\t' '$1 == $2' | wc -l)
-    same=$(paste -d '\t' "$WORK/luna.$t.out" "$WORK/ct2.$t.out" | awk -F '\t' '$1 == $2' | wc -l)
+    # every ratio against the faster CTranslate2 configuration of its precision at t threads
+    ct2_med=$(faster "$(median ct2 "$t")" "$(median ct2x "$t")")
+    ct2i8_med=$(faster "$(median ct2i8 "$t")" "$(median ct2i8x "$t")")
+    same8="" samew="" same8w=""
+    [ -z "$INT8" ] || same8=$(same luna8 ct2i8 "$t")
+    same=$(same luna ct2 "$t")
+    [ "$t" -le 1 ] || samew=$(same lunaw ct2x "$t")
+    [ "$t" -le 1 ] || [ -z "$INT8" ] || same8w=$(same luna8w ct2i8x "$t")
     base_same="" base8_same=""
-    [ -z "$BASE" ] || base_same=$(paste -d '\t' "$WORK/luna.$t.out" "$WORK/base.$t.out" |
-        awk -F '\t' '$1 == $2' | wc -l)
-    [ -z "$BASE" ] || [ -z "$INT8" ] || base8_same=$(paste -d '\t' "$WORK/luna8.$t.out" \
-        "$WORK/base8.$t.out" | awk -F '\t' '$1 == $2' | wc -l)
-    for name in $NAMES; do
+    [ -z "$BASE" ] || base_same=$(same luna base "$t")
+    [ -z "$BASE" ] || [ -z "$INT8" ] || base8_same=$(same luna8 base8 "$t")
+    for name in $(names_at "$t"); do
         awk -v n="$name" -v t="$t" -v N="$N" -v c="$ct2_med" -v c8="$ct2i8_med" -v same="$same" \
-            -v bsame="$base_same" -v b8same="$base8_same" -v same8="$same8" '
+            -v bsame="$base_same" -v b8same="$base8_same" -v same8="$same8" -v samew="$samew" \
+            -v same8w="$same8w" '
             $1 == n && $2 == t { s[++k] = $4; tok[k] = $5; cpu[k] = $6 }
             END {
                 # median by time (odd REPS: the middle run; even: the upper middle); CPU: its own median
@@ -174,14 +205,18 @@ for t in $THREADS; do
                 }
                 m = int((k + 1) / 2)
                 model = n ~ /^luna_demo/ ? "luna_demo" : "transformer"
-                int8 = n ~ /8$/
+                int8 = n ~ /8/
                 prog = n == "ct2" ? "CTranslate2 fp32" : (n == "ct2i8" ? "CTranslate2 int8" : \
+                    (n == "ct2x" ? "CTranslate2 fp32, " t " batches x 1 thread" : \
+                    (n == "ct2i8x" ? "CTranslate2 int8, " t " batches x 1 thread" : \
+                    (n == "lunaw" ? "luna-translate --workers " t : (n == "luna8w" ? "luna-translate int8 --workers " t : \
                     (n == "base" ? "luna-translate (baseline)" : (n == "base8" ? "luna-translate int8 (baseline)" : \
-                    (int8 ? "luna-translate int8" : "luna-translate"))))
+                    (int8 ? "luna-translate int8" : "luna-translate"))))))))
                 ref = int8 ? c8 : c
-                ratio = (n == "ct2" || n == "ct2i8") ? "1" : sprintf("%.2fx", ref / s[m])
+                ratio = sprintf("%.2fx", ref / s[m])
                 ident = n == "luna" ? same " / " N " with CT2" : (n == "base" ? bsame " / " N " with luna-translate" : \
-                    (n == "luna8" ? same8 " / " N " with CT2 int8" : (n == "base8" ? b8same " / " N " with luna int8" : "")))
+                    (n == "luna8" ? same8 " / " N " with CT2 int8" : (n == "base8" ? b8same " / " N " with luna int8" : \
+                    (n == "lunaw" ? samew " / " N " with CT2 x" t : (n == "luna8w" ? same8w " / " N " with CT2 int8 x" t : "")))))
                 printf "| %s | %s | %s | %.2f | %s | %.1f | %.0f | %s | %s |\n", model, prog, t, s[m], cpu[m], N / s[m], tok[m] / s[m], ratio, ident
             }' "$WORK/times"
     done
@@ -189,14 +224,15 @@ done
 echo
 echo "(beam $BEAM, lenpen $LENPEN, --batch-size $BATCH, $REPS runs each, alternated; median of the" \
     "decoding time each program reports, model load and tokenization excluded; luna / CT2 =" \
-    "CTranslate2's median time / this row's (int8 rows: CTranslate2 int8's); CPU s: the" \
-    "process's CPU seconds over the same span)"
+    "the faster CTranslate2 configuration's median time at these threads / this row's (int8" \
+    "rows: CTranslate2 int8's; CTranslate2's own rows: below 1 for its slower configuration);" \
+    "CPU s: the process's CPU seconds over the same span)"
 if [ -n "$REF" ]; then
     echo
     echo "| run (see above) | threads | sacreBLEU |"
     echo "|---|---|---|"
     for t in $THREADS; do
-        for name in $NAMES; do
+        for name in $(names_at "$t"); do
             bleu=$("$VENV/bin/sacrebleu" -b "$REF" <"$WORK/$name.$t.out")
             echo "| $name | $t | $bleu |"
         done

@@ -22,6 +22,9 @@
  * plain output splits the translation at the <sep> tokens back into one line per input sentence
  * (missing ones empty, extra ones joined to the last line).
  *
+ * --workers W translates W parts of the input side by side, each on its own copy of the model
+ * (decoding/translate_workers.h): the throughput configuration of a multi-core CPU.
+ *
  * Exit status: 0 success, 1 bad input or failure (one line on stderr), 2 usage error.
  */
 #include <errno.h>
@@ -38,6 +41,7 @@
 #include "model/kernels/cpu/held_int8.h"
 #include "core/options_registry.h"
 #include "decoding/text_translator.h"
+#include "decoding/translate_workers.h"
 #include "model/kernels/registry.h"
 #include "tools/programs/program_start.h"
 
@@ -47,8 +51,8 @@
 
 typedef struct {
     const char *checkpoint, *input, *output_format, *device, *precision, *reference, *quantize;
-    int64_t beam, max_len_b, min_len, nbest, max_tokens, batch_size, threads, max_input_tokens,
-        device_id;
+    int64_t beam, max_len_b, min_len, nbest, max_tokens, batch_size, threads, workers,
+        max_input_tokens, device_id;
     int64_t no_repeat_ngram_size, sampling_topk, seed, max_target_positions;
     double lenpen, max_len_a, unkpen, temperature;
     bool score_reference, quiet, tf32, sampling;
@@ -90,7 +94,8 @@ static const luna_option_spec OPTIONS[] = {
     {"--device-id", LUNA_OPT_INT, "-1", G_RUN, "N", NULL, F(device_id), "the GPU of --device cuda (-1: the first)"},
     {"--precision", LUNA_OPT_CHOICE, "auto", G_RUN, "P", "auto|fp32|bf16", F(precision), "activations on --device cuda (auto: fp32, the CPU's translations; bf16: faster)"},
     {"--tf32", LUNA_OPT_FLAG, NULL, G_RUN, NULL, NULL, F(tf32), "--device cuda --precision fp32: let GEMMs use TF32 tensor cores"},
-    {"--threads", LUNA_OPT_INT, "2", G_RUN, "N", NULL, F(threads), "CPU threads"},
+    {"--threads", LUNA_OPT_INT, "2", G_RUN, "N", NULL, F(threads), "CPU threads (of each worker)"},
+    {"--workers", LUNA_OPT_INT, "1", G_RUN, "W", NULL, F(workers), "translate W parts of the input side by side, each on its own copy of the model with --threads threads (--device cpu; throughput on W x threads cores, the same output)"},
     {"--quantize", LUNA_OPT_CHOICE, "none", G_RUN, "Q", "none|int8", F(quantize), "int8: quantize an fp32 checkpoint's weights to int8 at load (as luna-quantize would) and decode in int8 on the CPU; an int8 checkpoint decodes in int8 without it"},
 };
 /* clang-format on */
@@ -138,6 +143,13 @@ static int parse_args(int argc, char **argv) {
             PROG, "%s", "--max-tokens and --batch-size must not be negative (0: no limit)");
     if (opt.threads < 1 || opt.threads > 1024)
         return luna_options_usage_error(PROG, "%s", "--threads must be in 1..1024");
+    if (opt.workers < 1 || opt.workers > 64)
+        return luna_options_usage_error(PROG, "%s", "--workers must be in 1..64");
+    if (opt.workers > 1 && strcmp(opt.device, "cpu"))
+        return luna_options_usage_error(PROG, "%s", "--workers needs --device cpu");
+    if (opt.workers > 1 && opt.score_reference)
+        return luna_options_usage_error(PROG, "%s",
+                                        "--workers applies to translation, not --score-reference");
     if (opt.max_input_tokens < 2)
         return luna_options_usage_error(PROG, "%s", "--max-input-tokens must be at least 2");
     /* Passed on as int: larger values would wrap (2^32 + 5 into 5) instead of failing. */
@@ -200,6 +212,7 @@ static void print_pieces(const luna_dictionary *d, const int32_t *t, int n) {
 
 typedef struct {
     luna_text_translator *tr;
+    luna_text_translator **workers; /* [opt.workers]: tr, then the other workers' */
     luna_text_input in, ref;
     luna_encoded_text src, tgt;
     luna_nbest *out;
@@ -318,6 +331,12 @@ static luna_status run(program *p) {
     LUNA_TRY(luna_backend_options_set_precision(&bo, opt.device, opt.precision, opt.tf32, false));
     LUNA_TRY(luna_text_translator_create(&p->tr, opt.checkpoint, opt.device, &bo,
                                          strcmp(opt.quantize, "int8") == 0));
+    if (!(p->workers = calloc((size_t)opt.workers, sizeof *p->workers)))
+        return luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
+    p->workers[0] = p->tr;
+    for (int v = 1; v < opt.workers; v++)
+        LUNA_TRY(luna_text_translator_create(&p->workers[v], opt.checkpoint, opt.device, &bo,
+                                             strcmp(opt.quantize, "int8") == 0));
     if (!p->tr->spm && !opt.quiet)
         fprintf(stderr,
                 PROG ": note: %s has no SentencePiece model (trained with --no-spm): the "
@@ -360,8 +379,8 @@ static luna_status run(program *p) {
         o.sampling = opt.sampling;
         o.sampling_topk = (int)opt.sampling_topk;
         o.seed = (uint64_t)opt.seed;
-        st = luna_text_translator_generate(p->tr, &o, &p->src, (int)opt.max_tokens,
-                                           (int)opt.batch_size, p->out, &k);
+        st = luna_translate_workers_generate(p->workers, (int)opt.workers, &o, &p->src,
+                                             (int)opt.max_tokens, (int)opt.batch_size, p->out, &k);
     }
     const double secs = now() - t0, cpu_secs = cpu_now() - c0;
     long long tokens = 0;
@@ -378,13 +397,16 @@ static luna_status run(program *p) {
     /* the CPU's Linear kernel, said below: int8's, or the fp32 held weights' */
     const bool int8 = p->tr->model->params->weight_dtype == LUNA_I8;
     const bool cpu = p->tr->be->device == LUNA_DEVICE_CPU;
+    char workers[32] = "";
+    if (opt.workers > 1)
+        snprintf(workers, sizeof workers, "%lld workers x ", (long long)opt.workers);
     if (st == LUNA_OK && !opt.quiet)
         fprintf(stderr,
                 PROG ": %s %zu sentences (%zu empty) in %.2f s: %.2f sentences/s, %.1f target "
-                     "tokens/s (beam %lld, %lld threads; %.2f s CPU%s%s)\n",
+                     "tokens/s (beam %lld, %s%lld threads; %.2f s CPU%s%s)\n",
                 opt.score_reference ? "scored" : "translated", n, n - k, secs,
                 secs > 0 ? k / secs : 0.0, secs > 0 ? tokens / secs : 0.0, (long long)opt.beam,
-                (long long)opt.threads, cpu_secs,
+                workers, (long long)opt.threads, cpu_secs,
                 int8  ? ", int8 "
                 : cpu ? ", fp32 "
                       : "",
@@ -404,6 +426,9 @@ static void program_free(program *p) {
     luna_encoded_text_release(&p->tgt);
     luna_text_input_release(&p->in);
     luna_text_input_release(&p->ref);
+    for (int v = 1; p->workers && v < opt.workers; v++)
+        luna_text_translator_free(p->workers[v]);
+    free(p->workers);
     luna_text_translator_free(p->tr);
 }
 
