@@ -393,11 +393,16 @@ luna_status luna_beam_search(luna_incremental *inc, const luna_beam_options *o,
 
 /* ---- many sentences -------------------------------------------------------------------------- */
 
-static const luna_token_seq *sort_src;
+/* A sentence's sort key: its length, then its index (qsort's comparator gets no context, and
+ * searches run concurrently, one per translator thread: the key carries what it compares). */
+typedef struct {
+    int len, index;
+} length_key;
+
 static int by_length(const void *a, const void *b) {
-    int i = *(const int *)a, j = *(const int *)b;
-    int d = sort_src[i].len - sort_src[j].len;
-    return d ? d : i - j;
+    const length_key *x = a, *y = b;
+    if (x->len != y->len) return x->len < y->len ? -1 : 1;
+    return x->index < y->index ? -1 : x->index > y->index;
 }
 
 /* order[n]: indices sorted by source length; *next = end of the batch starting at `start`. */
@@ -412,11 +417,18 @@ static int batch_end(const luna_token_seq *src, const int *order, int n, int sta
 
 luna_status luna_search_sorted_order(const luna_token_seq *src, int n, int **order) {
     *order = malloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
-    if (!*order) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "decoding: out of host memory");
+    length_key *key = malloc(sizeof *key * (size_t)(n > 0 ? n : 1));
+    if (!*order || !key) {
+        free(*order), free(key);
+        *order = NULL;
+        return luna_error(LUNA_ERR_OUT_OF_MEMORY, "decoding: out of host memory");
+    }
     for (int i = 0; i < n; i++)
-        (*order)[i] = i;
-    sort_src = src; /* qsort has no context argument in C11; calls are not concurrent */
-    qsort(*order, (size_t)n, sizeof(int), by_length);
+        key[i] = (length_key){src[i].len, i};
+    qsort(key, (size_t)n, sizeof *key, by_length);
+    for (int i = 0; i < n; i++)
+        (*order)[i] = key[i].index;
+    free(key);
     return LUNA_OK;
 }
 

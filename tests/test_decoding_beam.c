@@ -8,7 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <pthread.h>
+
 #include "decoding/beam_search.h"
+#include "decoding/search_internal.h"
 #include "tests/test_util.h"
 
 static luna_backend *be;
@@ -399,6 +402,46 @@ START_TEST(options_and_limits) {
 }
 END_TEST
 
+/* Searches run concurrently (translate workers, luna-serve's translators): the order by source
+ * length that every search starts with is each caller's own, whatever the other threads sort. */
+enum { SORT_N = 3000, SORT_ROUNDS = 40 };
+typedef struct {
+    luna_token_seq src[SORT_N];
+    int bad;
+} sorter;
+
+static void *sort_many(void *arg) {
+    sorter *z = arg;
+    for (int r = 0; r < SORT_ROUNDS; r++) {
+        int *order = NULL;
+        if (luna_search_sorted_order(z->src, SORT_N, &order) != LUNA_OK) {
+            z->bad++;
+            continue;
+        }
+        for (int i = 1; i < SORT_N; i++) {
+            const luna_token_seq *a = &z->src[order[i - 1]], *b = &z->src[order[i]];
+            z->bad += a->len > b->len || (a->len == b->len && order[i - 1] > order[i]);
+        }
+        free(order);
+    }
+    return NULL;
+}
+
+START_TEST(sorted_order_concurrent) {
+    static sorter z[2];
+    for (int i = 0; i < SORT_N; i++) { /* two different length patterns */
+        z[0].src[i] = (luna_token_seq){NULL, 1 + (i * 7919) % 97};
+        z[1].src[i] = (luna_token_seq){NULL, 1 + (SORT_N - i) % 13};
+    }
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, sort_many, &z[1]), 0);
+    sort_many(&z[0]);
+    pthread_join(th, NULL);
+    ck_assert_msg(z[0].bad == 0 && z[1].bad == 0, "misordered: %d and %d pairs", z[0].bad,
+                  z[1].bad);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("decoding_beam");
     TCase *tc = tcase_create("beam");
@@ -408,6 +451,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, batch_composition);
     tcase_add_test(tc, inflight_equals_alone);
     tcase_add_test(tc, options_and_limits);
+    tcase_add_test(tc, sorted_order_concurrent);
     suite_add_tcase(s, tc);
     return s;
 }
