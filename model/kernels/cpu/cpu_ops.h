@@ -122,9 +122,11 @@ luna_status luna_cpu_gather_rows(luna_backend *be, luna_act *dst, int64_t dst_st
                                  int64_t n, int64_t cols);
 /* Σ_j exp(x_j − mx) in double over a row without NaN (mx its maximum), each term
  * luna_exp_nonpositive: lane l sums the j ≡ l (mod 4) in order, lane 0 then the last V mod 4, the
- * lanes added as (0 + 1) + (2 + 3); with AVX2 four lanes at once, the same bits (log_softmax_topk's
- * lse, and the CUDA kernel's). */
-double luna_cpu_sum_exp(const float *x, int V, float mx);
+ * lanes added as (0 + 1) + (2 + 3); with AVX2 four lanes at once, with AVX-512 eight terms per
+ * vector of exps, the same bits (log_softmax_topk's lse, and the CUDA kernel's). kernel: the
+ * widest vectors to use, a LUNA_F32_* (log_softmax_topk uses its backend's fp32 kernel); the CPU
+ * must have them, else the next narrower ones run. */
+double luna_cpu_sum_exp(const float *x, int V, float mx, int kernel);
 luna_status luna_cpu_log_softmax_topk(luna_backend *be, const luna_act *logits, const float *bias,
                                       int64_t rows, int V, int k, float *top_lp, int32_t *top_idx,
                                       const int32_t *pick, float *picked);
