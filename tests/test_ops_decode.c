@@ -227,6 +227,10 @@ static void make_topk_inputs(int rows, int V, uint64_t seed, float *x, float *bi
         pick[r] = (int32_t)((r * 7 + 2) % V); /* row 0 picks token 2: penalised, picked is not */
 }
 
+/* The CPU's fp32 kernel for check_topk's backend (LUNA_F32_*; −2: the backend's default): the
+ * AVX2 and AVX-512 log-softmax + top-k both meet the reference on a CPU that has both. */
+static int topk_f32_kernel = -2;
+
 /* stacked: each row's best tokens all share one residue mod 256 (the CUDA block kernel's lists
  * are per residue: one of them runs out while it dropped tokens, and that row is selected by a
  * heap instead), with ties among them. */
@@ -244,6 +248,7 @@ static void check_topk(int rows, int V, int k, bool with_bias, bool with_pick, u
     for (int r = 0; stacked && r < rows; r++)
         for (int j = r % 3; j < V; j += 256)
             x[(size_t)r * V + j] = 20.0f + (float)((j / 256) % 7); /* 7 values: ties */
+
     for (int r = 0; r < rows; r++)
         topk_reference(x + (size_t)r * V, with_bias ? bias : NULL, V, k,
                        with_pick ? &pick[r] : NULL, want_lp + (size_t)r * k,
@@ -253,6 +258,8 @@ static void check_topk(int rows, int V, int k, bool with_bias, bool with_pick, u
              with_pick ? " pick" : "", stacked ? " stacked" : "");
 
     luna_backend *be = lh_backend(2);
+    if (topk_f32_kernel != -2 && be->device == LUNA_DEVICE_CPU)
+        LUNA_CHECK_OK(luna_cpu_set_f32_kernel(be, topk_f32_kernel));
     float *vx = lh_f32(be, x, nx), *vbias = lh_f32(be, bias, (size_t)V);
     float *vlp = k ? lh_alloc(be, nk * 4) : NULL;
     int32_t *vidx = k ? lh_alloc(be, nk * 4) : NULL;
@@ -302,8 +309,22 @@ static void check_topk(int rows, int V, int k, bool with_bias, bool with_pick, u
 }
 
 START_TEST(log_softmax_topk_matches_host_reference) {
-    static const int Vs[] = {37, 1000};
+    static const int Vs[] = {37, 1000}, Vk[] = {13, 37, 1000};
     uint64_t seed = 100;
+    /* on a CPU backend: each vector kernel the CPU has, forced (the default is the widest) */
+    luna_backend *cpu = NULL;
+    LUNA_CHECK_OK(luna_backend_cpu_create(&cpu, 1));
+    for (int kern = LUNA_F32_AVX2; kern <= LUNA_F32_AVX512; kern++)
+        if (!strcmp(lh_backend_name(), "cpu") && luna_cpu_set_f32_kernel(cpu, kern) == LUNA_OK) {
+            topk_f32_kernel = kern;
+            for (int v = 0; v < 3; v++)
+                for (int mode = 0; mode < 4; mode++)
+                    check_topk(5, Vk[v], 8, mode & 1, mode & 2, seed++, false);
+            check_topk(8, 10000, 8, true, true, seed++, false);
+            printf("log_softmax_topk: the %s kernel checked\n", luna_cpu_f32_kernel_name(kern));
+        }
+    luna_backend_free(cpu);
+    topk_f32_kernel = -2;
     for (int v = 0; v < 2; v++) {
         int V = Vs[v];
         /* 32 and 33: the CUDA kernel's per-thread lists hold 32; above, its row-per-thread path */
@@ -322,6 +343,55 @@ START_TEST(log_softmax_topk_matches_host_reference) {
         check_topk(6, 10000, 256, false, true, seed++, stacked);
         check_topk(3, 10000, 300, true, false, seed++, stacked);
     }
+}
+END_TEST
+
+/* The AVX2 and AVX-512 log-softmax + top-k give the same bits, and the right maximum, where a
+ * row's one clear maximum sits at any place of the vectorised maximum's blocks of 64 (every
+ * quarter) and in the tail past them. The maximum is 1000 above the rest: lse is then exactly it
+ * (every other term underflows), and a maximum taken without it overflows the Σ exp. */
+START_TEST(log_softmax_topk_kernels_agree) {
+    enum { R = 8, V = 1000, K = 8 };
+    static const int peak[R] = {3, 21, 37, 59, 84, 500, 960, 999};
+    float *x = malloc(sizeof(float) * R * V), lp[2][R * K], picked[2][R];
+    int32_t idx[2][R * K], pick[R];
+    ck_assert_ptr_nonnull(x);
+    luna_test_rng rng;
+    luna_test_rng_seed(&rng, 11);
+    for (int r = 0; r < R; r++) {
+        for (int j = 0; j < V; j++)
+            x[r * V + j] = luna_test_uniform(&rng, -3.0f, 3.0f);
+        x[r * V + peak[r]] = 1000.0f;
+        pick[r] = peak[r];
+    }
+    int ran = 0;
+    for (int kern = LUNA_F32_AVX2; kern <= LUNA_F32_AVX512; kern++) {
+        luna_backend *be = NULL;
+        LUNA_CHECK_OK(luna_backend_cpu_create(&be, 1));
+        if (luna_cpu_set_f32_kernel(be, kern) == LUNA_OK) {
+            LUNA_CHECK_OK(be->ops->log_softmax_topk(be, (const luna_act *)x, NULL, R, V, K, lp[ran],
+                                                    idx[ran], pick, picked[ran]));
+            ran++;
+        }
+        luna_backend_free(be);
+    }
+    for (int i = 0; i < ran; i++) /* each kernel: the peak first, at log-prob 0 */
+        for (int r = 0; r < R; r++) {
+            ck_assert_int_eq(idx[i][r * K], peak[r]);
+            ck_assert_msg(lp[i][r * K] == 0.0f && picked[i][r] == 0.0f,
+                          "kernel %d row %d: lp %g, picked %g", i, r, (double)lp[i][r * K],
+                          (double)picked[i][r]);
+        }
+    if (ran == 2) {
+        ck_assert_msg(memcmp(lp[0], lp[1], sizeof lp[0]) == 0, "top log-probs differ");
+        ck_assert_msg(memcmp(idx[0], idx[1], sizeof idx[0]) == 0, "top tokens differ");
+        ck_assert_msg(memcmp(picked[0], picked[1], sizeof picked[0]) == 0, "picked differ");
+    } else {
+        printf("log_softmax_topk_kernels_agree: only %d of the AVX2 and AVX-512 kernels on this "
+               "CPU: compared with nothing\n",
+               ran);
+    }
+    free(x);
 }
 END_TEST
 
@@ -866,6 +936,7 @@ static Suite *decode_suite(void) {
     tcase_add_test(tc, log_softmax_topk_matches_host_reference);
     tcase_add_test(tc, log_softmax_topk_known_values);
     tcase_add_test(tc, sum_exp_lanes_equal_scalar);
+    tcase_add_test(tc, log_softmax_topk_kernels_agree);
     tcase_add_test(tc, cache_products_read_through_the_indices);
     tcase_add_test(tc, cache_products_rejects_bad_sizes);
     tcase_add_test(tc, cross_attention_reads_each_rows_slot);

@@ -218,6 +218,49 @@ __attribute__((target("avx2"))) static float row_max_avx2(const float *x, int V,
     return mx;
 }
 
+/* row_max_avx2's maximum and NaN flag, 64 terms per iteration in four accumulators (a maximum
+ * does not depend on the order it is taken in; the tail through a masked load of −inf): the
+ * one-accumulator loop waited on vmaxps's latency. */
+__attribute__((target("avx512f"))) static float row_max_avx512(const float *x, int V, int *nan) {
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    __m512 m0 = ninf, m1 = ninf, m2 = ninf, m3 = ninf;
+    __mmask16 un = 0;
+    int j = 0;
+    for (; j + 64 <= V; j += 64) {
+        const __m512 v0 = _mm512_loadu_ps(x + j), v1 = _mm512_loadu_ps(x + j + 16);
+        const __m512 v2 = _mm512_loadu_ps(x + j + 32), v3 = _mm512_loadu_ps(x + j + 48);
+        m0 = _mm512_max_ps(v0, m0), m1 = _mm512_max_ps(v1, m1);
+        m2 = _mm512_max_ps(v2, m2), m3 = _mm512_max_ps(v3, m3);
+        un |= _mm512_cmp_ps_mask(v0, v1, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(v2, v3, _CMP_UNORD_Q);
+    }
+    for (; j < V; j += 16) {
+        const __mmask16 in = V - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (V - j)) - 1);
+        const __m512 v = _mm512_mask_loadu_ps(ninf, in, x + j);
+        m0 = _mm512_max_ps(v, m0);
+        un |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    }
+    *nan = un != 0;
+    return _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(m0, m1), _mm512_max_ps(m2, m3)));
+}
+
+/* row_log_probs_avx2's values, 8 per iteration (the subtraction in 8 double lanes, the same
+ * operations, so the same values). */
+__attribute__((target("avx512f,avx2"))) static void
+row_log_probs_avx512(float *lp, const float *x, const float *bias, int V, double lse) {
+    const __m512d l = _mm512_set1_pd(lse);
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    int j = 0;
+    for (; j + 8 <= V; j += 8) {
+        __m256 v = _mm512_cvtpd_ps(_mm512_sub_pd(_mm512_cvtps_pd(_mm256_loadu_ps(x + j)), l));
+        if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + j));
+        _mm256_storeu_ps(lp + j, _mm256_blendv_ps(v, ninf, _mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+    }
+    for (; j < V; j++) {
+        const float v = (float)((double)x[j] - lse) + (bias ? bias[j] : 0.0f);
+        lp[j] = v != v ? -INFINITY : v;
+    }
+}
+
 /* lp_j = (float)(x_j − lse) + bias_j (bias NULL: 0), NaN → −inf: the scalar loop's operations,
  * 4 at a time (the conversions round to nearest as the casts do). */
 __attribute__((target("avx2"))) static void
@@ -309,6 +352,7 @@ luna_status luna_cpu_log_softmax_topk(luna_backend *be, const luna_act *logits_,
     const int kernel = luna_cpu_f32_kernel(be);
 #if defined(__x86_64__) && defined(__GNUC__)
     const bool avx2 = __builtin_cpu_supports("avx2");
+    const bool avx512 = kernel == LUNA_F32_AVX512 && __builtin_cpu_supports("avx512f");
 #endif
     float *lp_rows = NULL; /* [threads][V]: one row's log-probs, per thread */
     if (k > 0) {
@@ -324,7 +368,9 @@ luna_status luna_cpu_log_softmax_topk(luna_backend *be, const luna_act *logits_,
         float mx = -INFINITY;
         int nan = 0;
 #if defined(__x86_64__) && defined(__GNUC__)
-        if (avx2)
+        if (avx512)
+            mx = row_max_avx512(x, V, &nan);
+        else if (avx2)
             mx = row_max_avx2(x, V, &nan);
         else
 #endif
@@ -346,7 +392,9 @@ luna_status luna_cpu_log_softmax_topk(luna_backend *be, const luna_act *logits_,
          * by one comparison per token against the current k-th best */
         float *lp = lp_rows + (size_t)omp_get_thread_num() * (size_t)V;
 #if defined(__x86_64__) && defined(__GNUC__)
-        if (avx2)
+        if (avx512)
+            row_log_probs_avx512(lp, x, bias, V, lse);
+        else if (avx2)
             row_log_probs_avx2(lp, x, bias, V, lse);
         else
 #endif
