@@ -81,7 +81,7 @@ luna_status luna_translate_workers_generate(luna_text_translator *const *t, int 
         if (started[v])
             pthread_join(th[v], NULL);
         else if (w[v].n > 0)
-            work(&w[v]); /* no thread for it: here, after the others */
+            work(&w[v]); /* no thread for it: on this thread, in turn */
     }
     for (int v = 0; v < workers && st == LUNA_OK; v++)
         if (w[v].st != LUNA_OK) st = luna_error(w[v].st, "%s", w[v].message);

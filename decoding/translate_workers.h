@@ -17,7 +17,7 @@
 
 /* luna_text_translator_generate (same arguments and results) on workers t[0..workers): t[0] on
  * the calling thread, the others on threads of their own (a worker whose thread cannot start
- * runs on the calling thread after t[0]). The translators must hold the same checkpoint and
+ * runs on the calling thread, in turn). The translators must hold the same checkpoint and
  * settings. On failure every result is released and the error is the first failing worker's. */
 luna_status luna_translate_workers_generate(luna_text_translator *const *t, int workers,
                                             const luna_beam_options *o,
