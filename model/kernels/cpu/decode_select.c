@@ -90,30 +90,35 @@ luna_status luna_cpu_cache_write(luna_backend *be, luna_act *C_, const luna_act 
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
-/* luna_exp_nonpositive (core/exp_double.h) on four lanes: the same operations (fused
- * multiply-adds), so the same bits. */
+/* luna_exp_nonpositive's range reduction and Estrin tree (core/exp_double.h) on a vector type T
+ * through the intrinsics P##_*_pd (P: _mm256 or _mm512), the same operations in the same order:
+ * t → tc (clamped to −708), kd (the rounded n in its low mantissa bits), n and p = exp(r). exp4
+ * and exp8 differ only in how they apply 2^n and the clamp. */
+#define EXP_REDUCE_POLY(T, P, t, lim, shifter, kd, n, p)                                           \
+    const T tc = P##_max_pd(t, lim); /* NaN rows are handled by the caller */                      \
+    const T kd = P##_add_pd(P##_mul_pd(tc, P##_set1_pd(1.4426950408889634)), shifter);             \
+    const T n = P##_sub_pd(kd, shifter);                                                           \
+    const T r1 = P##_fnmadd_pd(n, P##_set1_pd(6.93147180369123816490e-01), tc);                    \
+    const T r = P##_fnmadd_pd(n, P##_set1_pd(1.90821492927058770002e-10), r1);                     \
+    const T r2 = P##_mul_pd(r, r), r4 = P##_mul_pd(r2, r2), r8 = P##_mul_pd(r4, r4);               \
+    const T q01 = P##_fmadd_pd(P##_set1_pd(0.5), r, P##_set1_pd(1.0));                             \
+    const T q23 = P##_fmadd_pd(P##_set1_pd(1.0 / 24.0), r, P##_set1_pd(1.0 / 6.0));                \
+    const T q45 = P##_fmadd_pd(P##_set1_pd(1.0 / 720.0), r, P##_set1_pd(1.0 / 120.0));             \
+    const T q67 = P##_fmadd_pd(P##_set1_pd(1.0 / 40320.0), r, P##_set1_pd(1.0 / 5040.0));          \
+    const T q89 = P##_fmadd_pd(P##_set1_pd(1.0 / 3628800.0), r, P##_set1_pd(1.0 / 362880.0));      \
+    const T qab = P##_fmadd_pd(P##_set1_pd(1.0 / 479001600.0), r, P##_set1_pd(1.0 / 39916800.0));  \
+    const T q03 = P##_fmadd_pd(q23, r2, q01), q47 = P##_fmadd_pd(q67, r2, q45);                    \
+    const T q8b = P##_fmadd_pd(qab, r2, q89);                                                      \
+    const T q07 = P##_fmadd_pd(q47, r4, q03);                                                      \
+    const T q8c = P##_fmadd_pd(P##_set1_pd(1.0 / 6227020800.0), r4, q8b);                          \
+    const T p = P##_fmadd_pd(P##_fmadd_pd(q8c, r8, q07), r, P##_set1_pd(1.0))
+
+/* luna_exp_nonpositive on four lanes: 2^n built in the exponent bits, as it does, so the same
+ * bits. */
 __attribute__((target("avx2,fma"))) static inline __m256d exp4(__m256d t) {
     const __m256d lim = _mm256_set1_pd(-708.0), shifter = _mm256_set1_pd(0x1.8p52);
-    const __m256d tc = _mm256_max_pd(t, lim); /* NaN rows are handled by the caller */
-    const __m256d kd =
-        _mm256_add_pd(_mm256_mul_pd(tc, _mm256_set1_pd(1.4426950408889634)), shifter);
-    const __m256d n = _mm256_sub_pd(kd, shifter);
-    __m256d r = _mm256_fnmadd_pd(n, _mm256_set1_pd(6.93147180369123816490e-01), tc);
-    r = _mm256_fnmadd_pd(n, _mm256_set1_pd(1.90821492927058770002e-10), r);
-#define C(v) _mm256_set1_pd(v)
-    const __m256d r2 = _mm256_mul_pd(r, r), r4 = _mm256_mul_pd(r2, r2), r8 = _mm256_mul_pd(r4, r4);
-    const __m256d q01 = _mm256_fmadd_pd(C(0.5), r, C(1.0));
-    const __m256d q23 = _mm256_fmadd_pd(C(1.0 / 24.0), r, C(1.0 / 6.0));
-    const __m256d q45 = _mm256_fmadd_pd(C(1.0 / 720.0), r, C(1.0 / 120.0));
-    const __m256d q67 = _mm256_fmadd_pd(C(1.0 / 40320.0), r, C(1.0 / 5040.0));
-    const __m256d q89 = _mm256_fmadd_pd(C(1.0 / 3628800.0), r, C(1.0 / 362880.0));
-    const __m256d qab = _mm256_fmadd_pd(C(1.0 / 479001600.0), r, C(1.0 / 39916800.0));
-    const __m256d q03 = _mm256_fmadd_pd(q23, r2, q01), q47 = _mm256_fmadd_pd(q67, r2, q45);
-    const __m256d q8b = _mm256_fmadd_pd(qab, r2, q89);
-    const __m256d q07 = _mm256_fmadd_pd(q47, r4, q03);
-    const __m256d q8c = _mm256_fmadd_pd(C(1.0 / 6227020800.0), r4, q8b);
-    const __m256d p = _mm256_fmadd_pd(_mm256_fmadd_pd(q8c, r8, q07), r, C(1.0));
-#undef C
+    EXP_REDUCE_POLY(__m256d, _mm256, t, lim, shifter, kd, n, p);
+    (void)n;
     const __m256i bits = _mm256_slli_epi64(
         _mm256_add_epi64(_mm256_sub_epi64(_mm256_castpd_si256(kd), _mm256_castpd_si256(shifter)),
                          _mm256_set1_epi64x(1023)),
@@ -146,26 +151,8 @@ __attribute__((target("avx2,fma"))) static double sum_exp_avx2(const float *x, i
  * in half the instructions of two exp4 calls. */
 __attribute__((target("avx512f"))) static inline __m512d exp8(__m512d t) {
     const __m512d lim = _mm512_set1_pd(-708.0), shifter = _mm512_set1_pd(0x1.8p52);
-    const __m512d tc = _mm512_max_pd(t, lim);
-    const __m512d kd =
-        _mm512_add_pd(_mm512_mul_pd(tc, _mm512_set1_pd(1.4426950408889634)), shifter);
-    const __m512d n = _mm512_sub_pd(kd, shifter);
-    __m512d r = _mm512_fnmadd_pd(n, _mm512_set1_pd(6.93147180369123816490e-01), tc);
-    r = _mm512_fnmadd_pd(n, _mm512_set1_pd(1.90821492927058770002e-10), r);
-#define C(v) _mm512_set1_pd(v)
-    const __m512d r2 = _mm512_mul_pd(r, r), r4 = _mm512_mul_pd(r2, r2), r8 = _mm512_mul_pd(r4, r4);
-    const __m512d q01 = _mm512_fmadd_pd(C(0.5), r, C(1.0));
-    const __m512d q23 = _mm512_fmadd_pd(C(1.0 / 24.0), r, C(1.0 / 6.0));
-    const __m512d q45 = _mm512_fmadd_pd(C(1.0 / 720.0), r, C(1.0 / 120.0));
-    const __m512d q67 = _mm512_fmadd_pd(C(1.0 / 40320.0), r, C(1.0 / 5040.0));
-    const __m512d q89 = _mm512_fmadd_pd(C(1.0 / 3628800.0), r, C(1.0 / 362880.0));
-    const __m512d qab = _mm512_fmadd_pd(C(1.0 / 479001600.0), r, C(1.0 / 39916800.0));
-    const __m512d q03 = _mm512_fmadd_pd(q23, r2, q01), q47 = _mm512_fmadd_pd(q67, r2, q45);
-    const __m512d q8b = _mm512_fmadd_pd(qab, r2, q89);
-    const __m512d q07 = _mm512_fmadd_pd(q47, r4, q03);
-    const __m512d q8c = _mm512_fmadd_pd(C(1.0 / 6227020800.0), r4, q8b);
-    const __m512d p = _mm512_fmadd_pd(_mm512_fmadd_pd(q8c, r8, q07), r, C(1.0));
-#undef C
+    EXP_REDUCE_POLY(__m512d, _mm512, t, lim, shifter, kd, n, p);
+    (void)kd;
     const __mmask8 keep = _mm512_cmp_pd_mask(t, lim, _CMP_NLT_UQ); /* not below −708 (NaN too) */
     return _mm512_maskz_scalef_pd(keep, p, n);
 }
