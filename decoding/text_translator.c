@@ -83,16 +83,72 @@ bool luna_text_blank(const char *s, size_t n) {
 
 /* ---- the translator -------------------------------------------------------------------------- */
 
-void luna_text_translator_free(luna_text_translator *t) {
-    if (!t) return;
+static void release(luna_text_translator *t);
+
+/* Frees t's own parts (a clone reads its origin's model, vocabulary and meta), then lets go of
+ * its origin. */
+static void destroy(luna_text_translator *t) {
     luna_incremental_free(t->inc);
     luna_seq2seq_free(t->model);
-    luna_dictionary_free(t->src_dict);
-    luna_dictionary_free(t->tgt_dict);
-    luna_spm_free(t->spm);
-    luna_checkpoint_meta_release(&t->meta);
+    if (!t->origin) {
+        luna_dictionary_free(t->src_dict);
+        luna_dictionary_free(t->tgt_dict);
+        luna_spm_free(t->spm);
+        luna_checkpoint_meta_release(&t->meta);
+    }
     if (t->be) luna_backend_free(t->be);
+    free(t->checkpoint);
+    free(t->device);
+    luna_text_translator *origin = t->origin;
     free(t);
+    if (origin) release(origin);
+}
+
+/* An origin lives while its owner or a clone still reads it. */
+static void release(luna_text_translator *t) {
+    if (atomic_fetch_sub(&t->refs, 1) == 1) destroy(t);
+}
+
+void luna_text_translator_free(luna_text_translator *t) {
+    if (!t) return;
+    if (t->origin)
+        destroy(t);
+    else
+        release(t);
+}
+
+static char *dup_string(const char *s) {
+    const size_t n = strlen(s) + 1;
+    char *d = malloc(n);
+    if (d) memcpy(d, s, n);
+    return d;
+}
+
+luna_status luna_text_translator_clone(luna_text_translator **out, luna_text_translator *src) {
+    *out = NULL;
+    luna_text_translator *o = src->origin ? src->origin : src;
+    if (strcmp(o->device, "cpu") != 0) /* a device backend keeps its own held weights */
+        return luna_text_translator_create(out, o->checkpoint, o->device, &o->bo, o->quantize_int8);
+    luna_text_translator *t = calloc(1, sizeof *t);
+    if (!t) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
+    atomic_fetch_add(&o->refs, 1);
+    t->origin = o;
+    t->src_dict = o->src_dict, t->tgt_dict = o->tgt_dict, t->spm = o->spm, t->meta = o->meta;
+    t->bo = o->bo, t->quantize_int8 = o->quantize_int8;
+    luna_status st = LUNA_OK;
+    if (!(t->checkpoint = dup_string(o->checkpoint)) || !(t->device = dup_string(o->device)))
+        st = luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
+    if (st == LUNA_OK) st = luna_backend_create(&t->be, o->device, &o->bo);
+    /* before the decoder holds its weights: its holds find the origin's */
+    if (st == LUNA_OK) st = luna_backend_share_held_weights(t->be, o->be);
+    if (st == LUNA_OK) st = luna_seq2seq_create_shared(&t->model, t->be, o->model);
+    if (st == LUNA_OK) st = luna_incremental_create(&t->inc, t->model);
+    if (st != LUNA_OK) {
+        destroy(t);
+        return st;
+    }
+    *out = t;
+    return LUNA_OK;
 }
 
 luna_status luna_text_translator_create(luna_text_translator **out, const char *checkpoint,
@@ -101,7 +157,13 @@ luna_status luna_text_translator_create(luna_text_translator **out, const char *
     *out = NULL;
     luna_text_translator *t = calloc(1, sizeof *t);
     if (!t) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
-    luna_status st = luna_backend_create(&t->be, device, bo);
+    atomic_init(&t->refs, 1);
+    t->bo = bo ? *bo : luna_backend_options_default();
+    t->quantize_int8 = quantize_int8;
+    luna_status st = LUNA_OK;
+    if (!(t->checkpoint = dup_string(checkpoint)) || !(t->device = dup_string(device)))
+        st = luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
+    if (st == LUNA_OK) st = luna_backend_create(&t->be, device, bo);
     if (st == LUNA_OK) st = luna_checkpoint_load_model(checkpoint, t->be, &t->model, &t->meta);
     /* before the decoder holds its weights (luna_incremental_create): they are held as int8 */
     if (st == LUNA_OK && quantize_int8) st = luna_params_quantize_int8(t->model->params);

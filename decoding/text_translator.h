@@ -15,6 +15,7 @@
 #ifndef LUNA_DECODING_TEXT_TRANSLATOR_H
 #define LUNA_DECODING_TEXT_TRANSLATOR_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -52,14 +53,22 @@ bool luna_text_blank(const char *s, size_t n);
 
 /* ---- the translator -------------------------------------------------------------------------- */
 
-typedef struct {
+typedef struct luna_text_translator luna_text_translator;
+struct luna_text_translator {
     luna_backend *be;
     luna_seq2seq *model;
     luna_dictionary *src_dict, *tgt_dict;
     luna_spm *spm; /* NULL: the checkpoint has none (input is tokenized) */
     luna_checkpoint_meta meta;
     luna_incremental *inc;
-} luna_text_translator;
+    /* how it was made (luna_text_translator_clone makes another the same way) */
+    char *checkpoint, *device;
+    luna_backend_options bo;
+    bool quantize_int8;
+    /* a clone: the translator whose model, vocabulary and meta it reads (NULL: its own) */
+    luna_text_translator *origin;
+    atomic_int refs; /* an origin: its owner's reference and one per clone alive */
+};
 
 /* Load `checkpoint` (written by luna-train or luna-average: it must carry its dictionaries) on a
  * new backend `device` with options `bo`; quantize_int8: its weights quantized to int8 at load
@@ -67,6 +76,13 @@ typedef struct {
 luna_status luna_text_translator_create(luna_text_translator **out, const char *checkpoint,
                                         const char *device, const luna_backend_options *bo,
                                         bool quantize_int8);
+/* Another translator of src's model, for another thread: its own backend (src's device and
+ * options) and decoder state. On the CPU it shares src's weights, their held copies (the packed
+ * panels or int8 values: model/kernels/registry.h), vocabulary and SentencePiece model instead
+ * of loading them again: an extra translator costs its decoder state, not another model. A device
+ * backend loads the checkpoint again. Either may be freed first, and both may translate at once
+ * on different threads (each translator is one thread's at a time). */
+luna_status luna_text_translator_clone(luna_text_translator **out, luna_text_translator *src);
 void luna_text_translator_free(luna_text_translator *t);
 
 /* Encoded sentences: ids[i] (len[i] tokens, ending with </s>), NULL for a blank sentence. */

@@ -1,8 +1,9 @@
-/* Translation on several workers: W text translators (decoding/text_translator.h), each with its
- * own copy of the model, backend and decoder state, translate parts of one input at once, one
- * host thread each. On a multi-core CPU this is the throughput configuration (CTranslate2's
- * inter_threads, Marian's CPU workers): each worker's pool runs with no fork/join per op and no
- * core idle while the host selects the next tokens, at the cost of a model copy per worker.
+/* Translation on several workers: W text translators (decoding/text_translator.h; on the CPU
+ * clones of one, sharing its model and held weights) with their own backends and decoder state
+ * translate parts of one input at once, one host thread each. On a multi-core CPU this is the
+ * throughput configuration (CTranslate2's inter_threads, Marian's CPU workers): each worker's
+ * pool runs with no fork/join per op and no core idle while the host selects the next tokens,
+ * at the cost of a decoder state per worker.
  *
  * The non-blank sentences, sorted by source length as luna_generate sorts them, are dealt round
  * robin, so each worker gets sentences of every length and all finish at about the same time.

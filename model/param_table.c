@@ -232,8 +232,10 @@ static luna_status alloc_views(luna_weights *w, const luna_config *c) {
     return LUNA_OK;
 }
 
-static luna_status create(luna_params **out, luna_backend *be, const luna_config *config,
-                          bool init) {
+/* init: seeded parameters and gradients; else zero parameters (a checkpoint is loaded next) or,
+ * with shared, shared's parameters (not copied) and no gradients. */
+static luna_status create(luna_params **out, luna_backend *be, const luna_config *config, bool init,
+                          const luna_params *shared) {
     *out = NULL;
     LUNA_TRY(luna_config_validate(config));
     luna_params *p = calloc(1, sizeof *p);
@@ -247,7 +249,11 @@ static luna_status create(luna_params **out, luna_backend *be, const luna_config
     if (!p->tensors) st = luna_error(LUNA_ERR_OUT_OF_MEMORY, "parameters: out of memory");
     if (st == LUNA_OK) st = alloc_views(&p->w, config);
     if (st == LUNA_OK) st = alloc_views(&p->g, config);
-    if (st == LUNA_OK) {
+    if (st == LUNA_OK && shared) {
+        p->data = shared->data;
+        p->data_shared = true;
+        p->weight_dtype = shared->weight_dtype;
+    } else if (st == LUNA_OK) {
         p->data = luna_mem_alloc(be, n * sizeof(float));
         p->grad = init ? luna_mem_alloc(be, n * sizeof(float)) : NULL;
         if (!p->data || (init && !p->grad))
@@ -264,7 +270,9 @@ static luna_status create(luna_params **out, luna_backend *be, const luna_config
             st = luna_params_zero_grad(p);
         }
         if (st == LUNA_OK && init) st = luna_params_init(p, 1);
-        if (st == LUNA_OK && !init) st = luna_mem_zero(be, p->data, n * sizeof(float));
+        if (st == LUNA_OK && !init && !shared) st = luna_mem_zero(be, p->data, n * sizeof(float));
+        for (int i = 0; shared && i < p->num_tensors; i++) /* what quantize.h marked */
+            p->tensors[i].int8 = shared->tensors[i].int8;
     }
     if (st != LUNA_OK) {
         luna_params_free(p);
@@ -275,17 +283,22 @@ static luna_status create(luna_params **out, luna_backend *be, const luna_config
 }
 
 luna_status luna_params_create(luna_params **out, luna_backend *be, const luna_config *config) {
-    return create(out, be, config, true);
+    return create(out, be, config, true, NULL);
 }
 
 luna_status luna_params_create_for_inference(luna_params **out, luna_backend *be,
                                              const luna_config *config) {
-    return create(out, be, config, false);
+    return create(out, be, config, false, NULL);
+}
+
+luna_status luna_params_create_shared(luna_params **out, luna_backend *be,
+                                      const luna_params *shared) {
+    return create(out, be, &shared->config, false, shared);
 }
 
 void luna_params_free(luna_params *p) {
     if (!p) return;
-    luna_mem_release(p->be, p->data, p->num_params * sizeof(float));
+    if (!p->data_shared) luna_mem_release(p->be, p->data, p->num_params * sizeof(float));
     luna_mem_release(p->be, p->grad, p->num_params * sizeof(float));
     free(p->w.encoder);
     free(p->w.decoder);

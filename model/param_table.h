@@ -51,8 +51,9 @@ typedef struct {
      * embeddings are int8 values times per-row scales, held dequantized in `data`, and decoding
      * holds them as int8 (hold_weights) */
     luna_dtype weight_dtype;
-    luna_weights w; /* views into data */
-    luna_weights g; /* views into grad, same layout */
+    bool data_shared; /* data belongs to another table (luna_params_create_shared) */
+    luna_weights w;   /* views into data */
+    luna_weights g;   /* views into grad, same layout */
 } luna_params;
 
 /* Allocates both buffers (parameters initialised with seed 1, gradients zero). */
@@ -62,6 +63,11 @@ luna_status luna_params_create(luna_params **out, luna_backend *be, const luna_c
  * (grad NULL, g's views NULL: half the memory); backward passes need luna_params_create. */
 luna_status luna_params_create_for_inference(luna_params **out, luna_backend *be,
                                              const luna_config *config);
+/* For more decoders of one model (translators on several threads): the parameters of `shared`,
+ * not copied (data is shared->data, read only; it is not freed with this table, and `shared` must
+ * outlive it), its int8 marks and weight dtype, no gradients. be: a backend of the same device. */
+luna_status luna_params_create_shared(luna_params **out, luna_backend *be,
+                                      const luna_params *shared);
 void luna_params_free(luna_params *p);
 
 /* Seeded initialisation per spec §5, computed on the host with luna_rng (stream id per tensor,

@@ -35,7 +35,7 @@ static luna_status layer_tensor_ranges(luna_seq2seq *m) {
 }
 
 static luna_status create(luna_seq2seq **out, luna_backend *be, const luna_config *config,
-                          bool init) {
+                          bool init, const luna_params *shared) {
     *out = NULL;
     LUNA_TRY(luna_config_validate(config));
     luna_seq2seq *m = calloc(1, sizeof *m);
@@ -43,8 +43,9 @@ static luna_status create(luna_seq2seq **out, luna_backend *be, const luna_confi
     m->config = *config;
     m->be = be;
     m->seed = 1;
-    luna_status st = init ? luna_params_create(&m->params, be, config)
-                          : luna_params_create_for_inference(&m->params, be, config);
+    luna_status st = init     ? luna_params_create(&m->params, be, config)
+                     : shared ? luna_params_create_shared(&m->params, be, shared)
+                              : luna_params_create_for_inference(&m->params, be, config);
     if (st == LUNA_OK) st = luna_arena_create(&m->arena, be, (size_t)64 << 20);
     if (st == LUNA_OK) {
         m->enc_act = calloc((size_t)config->encoder_layers, sizeof *m->enc_act);
@@ -70,12 +71,17 @@ static luna_status create(luna_seq2seq **out, luna_backend *be, const luna_confi
 }
 
 luna_status luna_seq2seq_create(luna_seq2seq **out, luna_backend *be, const luna_config *config) {
-    return create(out, be, config, true);
+    return create(out, be, config, true, NULL);
 }
 
 luna_status luna_seq2seq_create_for_inference(luna_seq2seq **out, luna_backend *be,
                                               const luna_config *config) {
-    return create(out, be, config, false);
+    return create(out, be, config, false, NULL);
+}
+
+luna_status luna_seq2seq_create_shared(luna_seq2seq **out, luna_backend *be,
+                                       const luna_seq2seq *shared) {
+    return create(out, be, &shared->config, false, shared->params);
 }
 
 void luna_seq2seq_free(luna_seq2seq *m) {

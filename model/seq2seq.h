@@ -79,6 +79,11 @@ luna_status luna_seq2seq_create(luna_seq2seq **out, luna_backend *be, const luna
  * buffer (luna_params_create_for_inference); luna_seq2seq_backward then fails. */
 luna_status luna_seq2seq_create_for_inference(luna_seq2seq **out, luna_backend *be,
                                               const luna_config *config);
+/* Another decoder of `shared`'s model on backend be (the same device): its parameters shared,
+ * not copied (luna_params_create_shared: read only, and `shared` must outlive it), its own
+ * activations; for translators of one model on several threads. */
+luna_status luna_seq2seq_create_shared(luna_seq2seq **out, luna_backend *be,
+                                       const luna_seq2seq *shared);
 void luna_seq2seq_free(luna_seq2seq *model);
 
 /* Re-initialise all parameters from `seed` and use it for dropout (the trainer's --seed). */

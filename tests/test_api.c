@@ -279,6 +279,48 @@ START_TEST(threads_share_a_translator) {
 }
 END_TEST
 
+/* Clones (luna_translator_clone), a clone of a clone among them, translate at once with their
+ * origin on threads of their own, each as the lone call did; they go on after the origin's handle
+ * is freed. */
+START_TEST(clones_translate_as_their_origin) {
+    luna_translator *t = open_translator(ck, 1);
+    worker alone = {.t = t};
+    work(&alone);
+    ck_assert_int_eq(alone.failed, 0);
+    enum { W = 4 };
+    luna_translator *h[W] = {t};
+    ck_assert_msg(luna_translator_clone(&h[1], t) == LUNA_API_OK, "%s", luna_last_error());
+    ck_assert_msg(luna_translator_clone(&h[2], h[1]) == LUNA_API_OK, "%s", luna_last_error());
+    ck_assert_msg(luna_translator_clone(&h[3], t) == LUNA_API_OK, "%s", luna_last_error());
+    worker w[W + 1];
+    pthread_t th[W];
+    for (int i = 0; i < W; i++) {
+        w[i] = (worker){.t = h[i]};
+        ck_assert_int_eq(pthread_create(&th[i], NULL, work, &w[i]), 0);
+    }
+    for (int i = 0; i < W; i++)
+        pthread_join(th[i], NULL);
+    luna_translator_free(t);
+    w[W] = (worker){.t = h[2]};
+    work(&w[W]);
+    for (int i = 0; i <= W; i++) {
+        ck_assert_msg(w[i].failed == 0, "worker %d failed (%d)", i, w[i].failed);
+        for (int s = 0; s < N_SENT; s++) {
+            ck_assert_str_eq(w[i].texts[s], alone.texts[s]);
+            free(w[i].texts[s]);
+        }
+    }
+    for (int s = 0; s < N_SENT; s++)
+        free(alone.texts[s]);
+    for (int i = 1; i < W; i++)
+        luna_translator_free(h[i]);
+    luna_translator *c = (luna_translator *)&c;
+    ck_assert_int_eq(luna_translator_clone(&c, NULL), LUNA_API_ERR_INVALID_ARGUMENT);
+    ck_assert_ptr_null(c);
+    ck_assert_int_eq(luna_translator_clone(NULL, NULL), LUNA_API_ERR_INVALID_ARGUMENT);
+}
+END_TEST
+
 /* ---- errors -------------------------------------------------------------------------------- */
 
 #define EXPECT_ERROR(call, status, text)                                                           \
@@ -390,6 +432,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, document_lines);
     tcase_add_test(tc, scores_are_score_references);
     tcase_add_test(tc, threads_share_a_translator);
+    tcase_add_test(tc, clones_translate_as_their_origin);
     tcase_add_test(tc, errors_are_statuses_with_messages);
     tcase_add_test(tc, version);
     suite_add_tcase(s, tc);

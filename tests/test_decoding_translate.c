@@ -14,6 +14,8 @@
 #include "tests/test_util.h"
 #include "data/checkpoint_vocab.h"
 #include "model/checkpoint.h"
+#include "decoding/text_translator.h"
+#include "model/kernels/cpu/cpu_ops.h"
 
 static char *dir, translate[4096], average[4096];
 
@@ -445,6 +447,78 @@ START_TEST(workers_same_output) {
 }
 END_TEST
 
+/* A translator's clones (luna_text_translator_clone) read its model instead of a copy: the same
+ * parameter buffer, vocabulary and table of held weights (a hold through a clone's backend shows
+ * in the origin's), a clone of a clone reads the first origin; they translate as the origin does,
+ * also once it is freed (ASan: nothing read after its free, nothing leaked). */
+START_TEST(clones_share_the_model) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tr.safetensors", dir);
+    luna_backend_options bo = luna_backend_options_default();
+    bo.num_threads = 1;
+    luna_text_translator *t = NULL, *c1 = NULL, *c2 = NULL;
+    LUNA_CHECK_OK(luna_text_translator_create(&t, path, "cpu", &bo, false));
+    LUNA_CHECK_OK(luna_text_translator_clone(&c1, t));
+    LUNA_CHECK_OK(luna_text_translator_clone(&c2, c1));
+    ck_assert_ptr_eq(c1->origin, t);
+    ck_assert_ptr_eq(c2->origin, t);
+    ck_assert_ptr_eq(c2->model->params->data, t->model->params->data);
+    ck_assert_ptr_eq(c2->spm, t->spm);
+    ck_assert_ptr_eq(c2->tgt_dict, t->tgt_dict);
+    ck_assert_ptr_ne(c2->be, t->be);
+    ck_assert_ptr_ne(c2->inc, t->inc);
+    int n0 = 0, n = 0;
+    size_t b0 = 0, b = 0;
+    luna_cpu_held_usage(t->be, &n0, &b0);
+    luna_cpu_held_usage(c2->be, &n, &b);
+    ck_assert_int_eq(n, n0);
+    ck_assert_uint_eq(b, b0);
+    float W[16 * 8] = {0};
+    LUNA_CHECK_OK(c2->be->ops->hold_weights(c2->be, W, 16, 8, LUNA_I8));
+    luna_cpu_held_usage(t->be, &n, &b);
+    ck_assert_int_eq(n, n0 + 1);
+    LUNA_CHECK_OK(c2->be->ops->release_weights(c2->be, W));
+    const char *lines[] = {"the cat", "over the lazy dog again", "a dog ran"};
+    const size_t len[] = {7, 23, 9};
+    luna_encoded_text src;
+    LUNA_CHECK_OK(luna_text_translator_encode(t, t->src_dict, lines, len, 3, false, 0, "test", NULL,
+                                              NULL, &src));
+    luna_beam_options o;
+    luna_beam_options_init(&o);
+    o.beam = 3;
+    o.max_len_b = 12;
+    luna_nbest want[3], got[3];
+    size_t searched = 0;
+    LUNA_CHECK_OK(luna_text_translator_generate(t, &o, &src, 0, 0, want, &searched));
+    luna_text_translator_free(t); /* the origin's owner first: its clones keep it alive */
+    for (int k = 0; k < 2; k++) {
+        LUNA_CHECK_OK(luna_text_translator_generate(k ? c2 : c1, &o, &src, 0, 0, got, &searched));
+        for (int i = 0; i < 3; i++) {
+            ck_assert_int_eq(got[i].count, want[i].count);
+            ck_assert_int_eq(got[i].hyps[0].len, want[i].hyps[0].len);
+            ck_assert(!memcmp(got[i].hyps[0].tokens, want[i].hyps[0].tokens,
+                              sizeof(int32_t) * (size_t)want[i].hyps[0].len));
+            ck_assert(got[i].hyps[0].score == want[i].hyps[0].score);
+            luna_nbest_release(&got[i]);
+        }
+    }
+    for (int i = 0; i < 3; i++)
+        luna_nbest_release(&want[i]);
+    luna_encoded_text_release(&src);
+    luna_text_translator_free(c1);
+    luna_text_translator_free(c2);
+#ifdef LUNA_TEST_CUDA_HARNESS
+    /* a device translator's clone loads the checkpoint again */
+    LUNA_CHECK_OK(luna_text_translator_create(&t, path, "cuda", NULL, false));
+    LUNA_CHECK_OK(luna_text_translator_clone(&c1, t));
+    ck_assert_ptr_null(c1->origin);
+    ck_assert_ptr_ne(c1->model->params->data, t->model->params->data);
+    luna_text_translator_free(t);
+    luna_text_translator_free(c1);
+#endif
+}
+END_TEST
+
 /* --help lists every option, by group. */
 START_TEST(help_lists_every_option) {
     const char *translate_flags[] = {"--input",     "--output-format", "--max-input-tokens",
@@ -486,6 +560,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, help_lists_every_option);
     tcase_add_test(tc, sampling_and_no_repeat_flags);
     tcase_add_test(tc, workers_same_output);
+    tcase_add_test(tc, clones_share_the_model);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -6,7 +6,8 @@
  * AVX-512); holds are counted (two holds need two
  * releases: on the CPU the panels stay in use until the last release, after which a changed
  * weight is used as changed, through OpenBLAS again, bit for bit); bad arguments are errors.
- * Against the CPU reference through the harness (hold, linear_forward, release on each backend). */
+ * Against the CPU reference through the harness (hold, linear_forward, release on each backend).
+ * CPU backends sharing one table of held weights (luna_backend_share_held_weights). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -286,6 +287,89 @@ START_TEST(held_ops_match_reference_backend) {
 }
 END_TEST
 
+/* Two CPU backends on one table of held weights (luna_backend_share_held_weights): what one holds,
+ * the other's Linear uses, with one packed copy for both (the usage counts it once) and bit for
+ * bit the same results (fp32 and int8); holds are counted over both; the backend that shared its
+ * table may be freed first (the table lives on with the other: ASan checks the frees). A backend
+ * that holds weights of its own cannot take another's table. */
+static float *cpu_linear(luna_backend *be, const float *x, const float *W, int rows, int in,
+                         int out) {
+    float *y = malloc(sizeof(float) * (size_t)rows * out);
+    LUNA_CHECK_OK(be->ops->linear_forward(be, y, x, W, NULL, rows, in, out));
+    return y;
+}
+
+START_TEST(backends_share_held_weights) {
+    luna_backend_options o = luna_backend_options_default();
+    o.num_threads = 1;
+    luna_backend *a, *b, *c;
+    LUNA_CHECK_OK(luna_backend_create(&a, "cpu", &o));
+    LUNA_CHECK_OK(luna_backend_create(&b, "cpu", &o));
+    LUNA_CHECK_OK(luna_backend_create(&c, "cpu", &o));
+    luna_test_rng rng;
+    luna_test_rng_seed(&rng, 29);
+    const int rows = 9, in = 40, out = 50;
+    const size_t ny = (size_t)rows * out;
+    float *x = luna_test_random_vector(&rng, (size_t)rows * in, -1.0f, 1.0f);
+    float *W = luna_test_random_vector(&rng, (size_t)out * in, -1.0f, 1.0f);
+    float *W8 = luna_test_random_vector(&rng, (size_t)out * in, -1.0f, 1.0f);
+    LUNA_CHECK_OK(a->ops->hold_weights(a, W, out, in, LUNA_F32));
+    LUNA_CHECK_OK(a->ops->hold_weights(a, W8, out, in, LUNA_I8));
+    float *ya = cpu_linear(a, x, W, rows, in, out), *ya8 = cpu_linear(a, x, W8, rows, in, out);
+    int na = 0, nb = 0;
+    size_t ba = 0, bb = 0;
+    luna_cpu_held_usage(a, &na, &ba);
+    const int held_a = na; /* 2, or 1 where fp32 holds keep nothing (no AVX2 + FMA) */
+    ck_assert_int_ge(held_a, 1);
+    LUNA_CHECK_OK(luna_backend_share_held_weights(b, a));
+    LUNA_CHECK_OK(b->ops->hold_weights(b, W, out, in, LUNA_F32)); /* counted, not packed again */
+    luna_cpu_held_usage(a, &na, &ba);
+    luna_cpu_held_usage(b, &nb, &bb);
+    ck_assert_int_eq(na, held_a);
+    ck_assert_int_eq(nb, na);
+    ck_assert_uint_eq(bb, ba);
+    float *yb = cpu_linear(b, x, W, rows, in, out), *yb8 = cpu_linear(b, x, W8, rows, in, out);
+    ck_assert_msg(memcmp(ya, yb, sizeof(float) * ny) == 0, "fp32: another result on b");
+    ck_assert_msg(memcmp(ya8, yb8, sizeof(float) * ny) == 0, "int8: another result on b");
+    /* W8 is held as int8 by a: b's fp32 hold of it is the error one backend would give (where
+     * fp32 holds keep panels) */
+    if (luna_cpu_f32_kernel(b) != LUNA_F32_OPENBLAS) {
+        ck_assert_int_eq(b->ops->hold_weights(b, W8, out, in, LUNA_F32), LUNA_ERR_INVALID_ARGUMENT);
+        luna_error_clear();
+    }
+    /* a's own hold of W released: b's still keeps it; a freed with W8 held: b goes on */
+    LUNA_CHECK_OK(a->ops->release_weights(a, W));
+    luna_backend_free(a);
+    luna_cpu_held_usage(b, &nb, &bb);
+    ck_assert_int_eq(nb, held_a);
+    free(yb8);
+    yb8 = cpu_linear(b, x, W8, rows, in, out);
+    ck_assert_msg(memcmp(ya8, yb8, sizeof(float) * ny) == 0, "int8: another result once a is gone");
+    LUNA_CHECK_OK(b->ops->release_weights(b, W8));
+    luna_cpu_held_usage(b, &nb, &bb);
+    ck_assert_int_eq(nb, held_a - 1);
+    /* c holds W itself: it cannot take b's table */
+    LUNA_CHECK_OK(c->ops->hold_weights(c, W8, out, in, LUNA_I8));
+    ck_assert_int_eq(luna_backend_share_held_weights(c, b), LUNA_ERR_INVALID_ARGUMENT);
+    ck_assert_ptr_nonnull(strstr(luna_error_message(), "of its own"));
+    luna_error_clear();
+    LUNA_CHECK_OK(c->ops->release_weights(c, W8));
+    LUNA_CHECK_OK(luna_backend_share_held_weights(c, b));
+    luna_cpu_held_usage(c, &na, &ba);
+    ck_assert_int_eq(na, nb);
+    luna_backend_free(c);
+#ifdef LUNA_TEST_CUDA_HARNESS
+    luna_backend *g; /* a device backend keeps its own */
+    LUNA_CHECK_OK(luna_backend_create(&g, "cuda", NULL));
+    ck_assert_int_eq(luna_backend_share_held_weights(g, b), LUNA_ERR_UNSUPPORTED);
+    luna_error_clear();
+    luna_backend_free(g);
+#endif
+    luna_backend_free(b); /* W's hold by b goes with the table's last user */
+    free(x), free(W), free(W8), free(ya), free(ya8), free(yb), free(yb8);
+}
+END_TEST
+
 static Suite *held_suite(void) {
     Suite *s = suite_create("ops_held");
     TCase *tc = tcase_create("held");
@@ -295,6 +379,7 @@ static Suite *held_suite(void) {
     tcase_add_test(tc, held_kernels_bit_identical);
     tcase_add_test(tc, holds_are_counted_and_released);
     tcase_add_test(tc, held_ops_match_reference_backend);
+    tcase_add_test(tc, backends_share_held_weights);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -31,8 +31,10 @@
  * Threads: a translator may be shared by any number of threads. Each handle holds a mutex:
  * translate_batch and score_batch calls on one handle run one at a time (the others wait), each
  * using the handle's `threads` CPU threads; different handles run in parallel. To serve many
- * callers, batch their sentences into one call (one call batches by length internally), or
- * create one translator per worker. luna_translator_free must not race with calls on the handle.
+ * callers, batch their sentences into one call (one call batches by length internally), or give
+ * each worker thread a handle of its own: luna_translator_clone makes one that shares the
+ * model's weights on the CPU (an extra handle costs its decoder state, not another copy of the
+ * model). luna_translator_free must not race with calls on the handle.
  *
  * Memory: results are allocated by the call and released with the matching _free function;
  * strings passed in are only read during the call.
@@ -93,6 +95,11 @@ LUNA_API void luna_translator_options_init(luna_translator_options *o);
 /* Load `checkpoint`; opts NULL: the defaults. On failure *out is NULL. */
 LUNA_API luna_api_status luna_translator_create(luna_translator **out, const char *checkpoint,
                                                 const luna_translator_options *opts);
+/* A new handle on t's checkpoint with t's options, for another thread: its own decoder state and
+ * `threads`, translations equal to t's. On the CPU it shares t's weights (and their copies packed
+ * for decoding), vocabulary and SentencePiece model, read only; on a GPU it loads the checkpoint
+ * again. t and its clones may be freed in any order. On failure *out is NULL. */
+LUNA_API luna_api_status luna_translator_clone(luna_translator **out, luna_translator *t);
 /* NULL is ignored. */
 LUNA_API void luna_translator_free(luna_translator *t);
 

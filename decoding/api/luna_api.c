@@ -80,6 +80,29 @@ luna_api_status luna_translator_create(luna_translator **out, const char *checkp
     return LUNA_API_OK;
 }
 
+luna_api_status luna_translator_clone(luna_translator **out, luna_translator *t) {
+    if (!out)
+        return api(luna_error(LUNA_ERR_INVALID_ARGUMENT, "luna_translator_clone: out is NULL"));
+    *out = NULL;
+    if (!t) return api(luna_error(LUNA_ERR_INVALID_ARGUMENT, "luna_translator_clone: t is NULL"));
+    luna_translator *c = calloc(1, sizeof *c);
+    if (!c) return api(luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory"));
+    if (pthread_mutex_init(&c->lock, NULL) != 0) {
+        free(c);
+        return api(luna_error(LUNA_ERR_INTERNAL, "cannot create the translator's mutex"));
+    }
+    pthread_mutex_lock(&t->lock); /* t's backend is not touched by two threads at once */
+    const luna_status st = luna_text_translator_clone(&c->tr, t->tr);
+    pthread_mutex_unlock(&t->lock);
+    if (st != LUNA_OK) {
+        pthread_mutex_destroy(&c->lock);
+        free(c);
+        return api(st);
+    }
+    *out = c;
+    return LUNA_API_OK;
+}
+
 void luna_translator_free(luna_translator *t) {
     if (!t) return;
     luna_text_translator_free(t->tr);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "model/kernels/cpu/backend_cpu.h"
+#include "model/kernels/cpu/cpu_ops.h"
 
 #ifdef LUNA_HAVE_CUDA_BACKEND
 luna_status luna_backend_cuda_create(luna_backend **out, const luna_backend_options *opt);
@@ -56,8 +57,8 @@ luna_status luna_backend_options_set_precision(luna_backend_options *o, const ch
     else if (strcmp(precision, "bf16") == 0)
         o->bf16 = true;
     else
-        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
-                          "--precision %s: unknown (auto, fp32 or bf16)", precision);
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT, "--precision %s: unknown (auto, fp32 or bf16)",
+                          precision);
     if (cpu && o->bf16)
         return luna_error(LUNA_ERR_INVALID_ARGUMENT,
                           "--precision bf16: the CPU backend computes in fp32 only (use --device "
@@ -82,6 +83,14 @@ luna_status luna_backend_options_set_device_id(luna_backend_options *o, const ch
                           device_id);
     o->device_id = (int)device_id;
     return LUNA_OK;
+}
+
+luna_status luna_backend_share_held_weights(luna_backend *dst, luna_backend *src) {
+    if (strcmp(dst->name, "cpu") != 0 || strcmp(src->name, "cpu") != 0)
+        return luna_error(LUNA_ERR_UNSUPPORTED,
+                          "share_held_weights: %s and %s backends keep their own held weights",
+                          dst->name, src->name);
+    return luna_cpu_share_held(dst, src);
 }
 
 const char *const *luna_backend_names(void) { return names; }

@@ -49,6 +49,14 @@ luna_status luna_backend_options_set_device_id(luna_backend_options *o, const ch
 void *luna_backend_cuda_stream(const luna_backend *be, int *device);
 #endif
 
+/* Weights held for decoding (core/backend.h, hold_weights) kept once for several backends: from
+ * now on dst's holds and the Linears it runs with held weights use src's held copies (the CPU's
+ * packed panels or int8 values; holds counted over both, safe for the backends' threads), so W
+ * translators of one model on W threads keep one copy instead of W. dst must hold nothing yet;
+ * the copies live until the last backend sharing them is freed. Both CPU backends; any other:
+ * LUNA_ERR_UNSUPPORTED (each backend keeps its own). */
+luna_status luna_backend_share_held_weights(luna_backend *dst, luna_backend *src);
+
 /* Every backend name the registry knows, NULL-terminated. */
 const char *const *luna_backend_names(void);
 /* NULL when this build can create `name`, else one line saying why not (for option checks). */

@@ -67,7 +67,7 @@ static const luna_option_spec OPTIONS[] = {
     {"--max-input-tokens", LUNA_OPT_INT, "1024", G_SEARCH, "N", NULL, F(max_input_tokens), "longer sentences are truncated (subword tokens incl. </s>), as by luna-translate"},
     {"--device", LUNA_OPT_CHOICE, "cpu", G_RUN, "D", "cpu|cuda", F(device), "where to translate"},
     {"--threads", LUNA_OPT_INT, "2", G_RUN, "N", NULL, F(threads), "CPU threads of each translator"},
-    {"--workers", LUNA_OPT_INT, "1", G_RUN, "N", NULL, F(workers), "translators (each loads the model and has --threads threads), translating batches side by side"},
+    {"--workers", LUNA_OPT_INT, "1", G_RUN, "N", NULL, F(workers), "translators (each with --threads threads; on the CPU they share one copy of the model), translating batches side by side"},
     {"--batch-size", LUNA_OPT_INT, "128", G_RUN, "N", NULL, F(batch_size), "sentences searched together within a batch (luna-translate's --batch-size; 0: no limit)"},
 };
 /* clang-format on */
@@ -250,8 +250,9 @@ int main(int argc, char **argv) {
                                      .batch_sentences = (int)opt.batch_size};
     luna_status st = catch_signals();
     if (st == LUNA_OK) st = serve_metrics_create(&metrics);
-    for (int i = 0; st == LUNA_OK && i < opt.workers; i++)
-        st = serve_engine_create(&engines[i], &eo);
+    if (st == LUNA_OK) st = serve_engine_create(&engines[0], &eo);
+    for (int i = 1; st == LUNA_OK && i < opt.workers; i++) /* one copy of the model for all */
+        st = serve_engine_clone(&engines[i], engines[0]);
     if (st == LUNA_OK) st = serve(engines, metrics);
     for (int i = 0; i < opt.workers; i++)
         serve_engine_free(engines[i]);

@@ -22,8 +22,9 @@
  * plain output splits the translation at the <sep> tokens back into one line per input sentence
  * (missing ones empty, extra ones joined to the last line).
  *
- * --workers W translates W parts of the input side by side, each on its own copy of the model
- * (decoding/translate_workers.h): the throughput configuration of a multi-core CPU.
+ * --workers W translates W parts of the input side by side, each with its own decoder state over
+ * one shared copy of the model (decoding/translate_workers.h): the throughput configuration of a
+ * multi-core CPU.
  *
  * Exit status: 0 success, 1 bad input or failure (one line on stderr), 2 usage error.
  */
@@ -95,7 +96,7 @@ static const luna_option_spec OPTIONS[] = {
     {"--precision", LUNA_OPT_CHOICE, "auto", G_RUN, "P", "auto|fp32|bf16", F(precision), "activations on --device cuda (auto: fp32, the CPU's translations; bf16: faster)"},
     {"--tf32", LUNA_OPT_FLAG, NULL, G_RUN, NULL, NULL, F(tf32), "--device cuda --precision fp32: let GEMMs use TF32 tensor cores"},
     {"--threads", LUNA_OPT_INT, "2", G_RUN, "N", NULL, F(threads), "CPU threads (of each worker)"},
-    {"--workers", LUNA_OPT_INT, "1", G_RUN, "W", NULL, F(workers), "translate W parts of the input side by side, each on its own copy of the model with --threads threads (--device cpu; throughput on W x threads cores, the same output)"},
+    {"--workers", LUNA_OPT_INT, "1", G_RUN, "W", NULL, F(workers), "translate W parts of the input side by side, W decoders on one copy of the model, each with --threads threads (--device cpu; throughput on W x threads cores, the same output)"},
     {"--quantize", LUNA_OPT_CHOICE, "none", G_RUN, "Q", "none|int8", F(quantize), "int8: quantize an fp32 checkpoint's weights to int8 at load (as luna-quantize would) and decode in int8 on the CPU; an int8 checkpoint decodes in int8 without it"},
 };
 /* clang-format on */
@@ -334,9 +335,8 @@ static luna_status run(program *p) {
     if (!(p->workers = calloc((size_t)opt.workers, sizeof *p->workers)))
         return luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
     p->workers[0] = p->tr;
-    for (int v = 1; v < opt.workers; v++)
-        LUNA_TRY(luna_text_translator_create(&p->workers[v], opt.checkpoint, opt.device, &bo,
-                                             strcmp(opt.quantize, "int8") == 0));
+    for (int v = 1; v < opt.workers; v++) /* the model and its held panels shared, not copied */
+        LUNA_TRY(luna_text_translator_clone(&p->workers[v], p->tr));
     if (!p->tr->spm && !opt.quiet)
         fprintf(stderr,
                 PROG ": note: %s has no SentencePiece model (trained with --no-spm): the "

@@ -48,6 +48,20 @@ luna_status serve_engine_create(serve_engine **out, const serve_engine_options *
     return LUNA_OK;
 }
 
+luna_status serve_engine_clone(serve_engine **out, serve_engine *e) {
+    serve_engine *c = calloc(1, sizeof *c);
+    if (!c) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory for the engine");
+    luna_api_status s = luna_translator_clone(&c->translator, e->translator);
+    if (s != LUNA_API_OK) {
+        free(c);
+        return failed(s, "");
+    }
+    c->options = e->options;
+    c->has_spm = e->has_spm;
+    *out = c;
+    return LUNA_OK;
+}
+
 void serve_engine_free(serve_engine *e) {
     if (!e) return;
     luna_translator_free(e->translator);

@@ -32,6 +32,9 @@ typedef struct {
 } serve_engine_options;
 
 luna_status serve_engine_create(serve_engine **out, const serve_engine_options *o);
+/* Another engine like e for another worker (luna_translator_clone: on the CPU, the same copy of
+ * the model). */
+luna_status serve_engine_clone(serve_engine **out, serve_engine *e);
 void serve_engine_free(serve_engine *e);
 
 /* Source tokens of a sentence (for batching; an estimate is enough). */

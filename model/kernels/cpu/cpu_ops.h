@@ -25,6 +25,12 @@ luna_status luna_cpu_hold_weights(luna_backend *be, const float *W, int out, int
                                   luna_dtype dtype);
 luna_status luna_cpu_release_weights(luna_backend *be, const float *W);
 void luna_cpu_held_free(luna_cpu_held *h);
+/* dst's holds and held Linears use src's table of held weights from now on (held_table.h: one
+ * copy of the packed weights for both, holds counted over both, safe across threads); dst must
+ * hold nothing of its own yet. The table lives until the last backend using it is freed. */
+luna_status luna_cpu_share_held(luna_backend *dst, luna_backend *src);
+/* The weights held in be's table (shared or not) and the bytes of their packed copies. */
+void luna_cpu_held_usage(luna_backend *be, int *entries, size_t *bytes);
 /* The int8 kernel of this backend's int8 holds (a luna_int8_kernel, held_int8.h): tests and
  * benches choose one; an unavailable one is LUNA_ERR_UNSUPPORTED. */
 luna_status luna_cpu_set_int8_kernel(luna_backend *be, int kernel);

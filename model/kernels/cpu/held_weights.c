@@ -23,7 +23,10 @@
  * Without AVX2/FMA hold_weights keeps nothing and linear_forward stays on OpenBLAS.
  *
  * Held as int8 (dtype LUNA_I8), W is quantized and packed by held_int8.c, whose kernel (AVX-512
- * VNNI, AVX2 or scalar, the best this CPU runs) then computes linear_forward(W) on every CPU. */
+ * VNNI, AVX2 or scalar, the best this CPU runs) then computes linear_forward(W) on every CPU.
+ *
+ * The holds themselves (the packed copies and their counts) live in a table (held_table.c) that
+ * several backends may share, so translators of one model on several threads keep one copy. */
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +35,7 @@
 #include "model/kernels/cpu/cpu_ops.h"
 #include "model/kernels/cpu/transpose8.h"
 #include "model/kernels/cpu/held_int8.h"
+#include "model/kernels/cpu/held_table.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -40,8 +44,8 @@
 #define HAVE_X86_KERNEL 0
 #endif
 
-#define PANEL 16 /* output columns per panel: two 8-float AVX registers */
-#define MR 6     /* rows per micro-kernel call */
+#define PANEL LUNA_HELD_PANEL
+#define MR 6 /* rows per micro-kernel call */
 /* Software prefetch, PF_AHEAD k ahead (16 k = 16 cache lines of a panel), on a panel's first pass
  * over the rows and on the last 1-5 rows: there the panel comes from L3 or memory (a step reads
  * ~19 MB of weights) or L2, and with few rows the hardware prefetcher alone leaves the kernel
@@ -49,18 +53,12 @@
  * panel from L1 and would only spend load slots. */
 #define PF_AHEAD 16
 
-typedef struct {
-    const float *W; /* the caller's weights (the key) */
-    int out, in;
-    int refs; /* holds not yet released (two decoders on one model share the panels) */
-    luna_dtype dtype;
-    float *panels;       /* F32: [ceil(out/16)][in][16] */
-    luna_int8_weight q8; /* I8 */
-} held_weight;
+typedef luna_held_weight held_weight;
 
+/* A backend's side of its holds: the table (its own, or shared with other CPU backends:
+ * luna_cpu_share_held) and what one backend's calls use alone. */
 struct luna_cpu_held {
-    held_weight *items;
-    int count, cap;
+    luna_held_table *table;
     int last;     /* index of the last hit: decoding looks the same few weights up in turn */
     float *xpack; /* the rows of x packed for the micro-kernel (luna_cpu_held_linear) */
     size_t xpack_cap;
@@ -89,6 +87,11 @@ static luna_status held_state(luna_backend *be, luna_cpu_held **out) {
     if (!h) {
         h = calloc(1, sizeof *h);
         if (!h) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "hold_weights: out of memory");
+        const luna_status st = luna_held_table_create(&h->table);
+        if (st != LUNA_OK) {
+            free(h);
+            return st;
+        }
         h->q8_kernel = luna_int8_kernel_best();
         h->f32_kernel = f32_kernel_available(LUNA_F32_AVX512) ? LUNA_F32_AVX512 : LUNA_F32_AVX2;
         be->impl = h;
@@ -136,85 +139,53 @@ int luna_cpu_int8_kernel(luna_backend *be) {
     return h ? (int)h->q8_kernel : (int)luna_int8_kernel_best();
 }
 
-static held_weight *find(luna_cpu_held *h, const float *W) {
-    if (!h || !W) return NULL;
-    if (h->last < h->count && h->items[h->last].W == W) return &h->items[h->last];
-    for (int i = 0; i < h->count; i++)
-        if (h->items[i].W == W) {
-            h->last = i;
-            return &h->items[i];
-        }
-    return NULL;
-}
-
 luna_status luna_cpu_hold_weights(luna_backend *be, const float *W, int out, int in,
                                   luna_dtype dtype) {
     /* fp32 without the kernel: nothing to gain, linear_forward uses OpenBLAS */
     if (dtype == LUNA_F32 && !kernel_available()) return LUNA_OK;
     luna_cpu_held *h = NULL;
     LUNA_TRY(held_state(be, &h));
-    held_weight *old = find(h, W);
-    if (old) {
-        if (old->out != out || old->in != in || old->dtype != dtype)
-            return luna_error(LUNA_ERR_INVALID_ARGUMENT,
-                              "hold_weights: W is held as [%d, %d] %s, not [%d, %d] %s", old->out,
-                              old->in, luna_dtype_name(old->dtype), out, in,
-                              luna_dtype_name(dtype));
-        old->refs++; /* held already: the weights are constant, the panels still hold */
-        return LUNA_OK;
-    }
-    if (h->count == h->cap) {
-        int cap = h->cap ? 2 * h->cap : 32;
-        held_weight *items = realloc(h->items, sizeof *items * (size_t)cap);
-        if (!items) return luna_error(LUNA_ERR_OUT_OF_MEMORY, "hold_weights: out of memory");
-        h->items = items;
-        h->cap = cap;
-    }
-    if (dtype == LUNA_I8) {
-        luna_int8_weight q8;
-        LUNA_TRY(luna_int8_weight_pack(&q8, W, out, in, be->num_threads));
-        h->items[h->count++] = (held_weight){W, out, in, 1, LUNA_I8, NULL, q8};
-        return LUNA_OK;
-    }
-    const int np = (out + PANEL - 1) / PANEL;
-    float *p = NULL;
-    if (posix_memalign((void **)&p, 64, sizeof(float) * (size_t)np * in * PANEL) != 0)
-        return luna_error(LUNA_ERR_OUT_OF_MEMORY, "hold_weights: out of memory for [%d, %d]", out,
-                          in);
-#pragma omp parallel for num_threads(be->num_threads) schedule(static)
-    for (int q = 0; q < np; q++)
-        for (int k = 0; k < in; k++)
-            for (int j = 0; j < PANEL; j++) {
-                const int n = q * PANEL + j;
-                p[((size_t)q * in + k) * PANEL + j] = n < out ? W[(size_t)n * in + k] : 0.0f;
-            }
-    h->items[h->count++] = (held_weight){W, out, in, 1, LUNA_F32, p, {0}};
-    return LUNA_OK;
+    return luna_held_table_hold(h->table, W, out, in, dtype, be->num_threads);
 }
 
 luna_status luna_cpu_release_weights(luna_backend *be, const float *W) {
     luna_cpu_held *h = be->impl;
     if (!W) return LUNA_OK;
-    held_weight *it = find(h, W);
-    if (!it && !kernel_available()) return LUNA_OK; /* an fp32 hold that kept nothing */
-    if (!it)
+    bool found = false;
+    if (h) luna_held_table_drop(h->table, W, &found);
+    if (!found && kernel_available())
         return luna_error(LUNA_ERR_INVALID_ARGUMENT, "release_weights: %p is not held",
                           (const void *)W);
-    if (--it->refs > 0) return LUNA_OK;
-    free(it->panels);
-    luna_int8_weight_free(&it->q8);
-    *it = h->items[--h->count];
-    h->last = 0;
+    return LUNA_OK; /* released, or an fp32 hold that kept nothing */
+}
+
+luna_status luna_cpu_share_held(luna_backend *dst, luna_backend *src) {
+    luna_cpu_held *d = NULL, *s = NULL;
+    LUNA_TRY(held_state(dst, &d));
+    LUNA_TRY(held_state(src, &s));
+    if (d->table == s->table) return LUNA_OK;
+    int entries = 0;
+    size_t bytes = 0;
+    luna_held_table_usage(d->table, &entries, &bytes);
+    if (entries > 0)
+        return luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                          "share_held_weights: the backend holds %d weights of its own already",
+                          entries);
+    luna_held_table_retain(s->table);
+    luna_held_table_release(d->table);
+    d->table = s->table;
+    d->last = 0;
     return LUNA_OK;
+}
+
+void luna_cpu_held_usage(luna_backend *be, int *entries, size_t *bytes) {
+    const luna_cpu_held *h = be->impl;
+    luna_held_table_usage(h ? h->table : NULL, entries, bytes);
 }
 
 void luna_cpu_held_free(luna_cpu_held *h) {
     if (!h) return;
-    for (int i = 0; i < h->count; i++) {
-        free(h->items[i].panels);
-        luna_int8_weight_free(&h->items[i].q8);
-    }
-    free(h->items);
+    luna_held_table_release(h->table);
     free(h->xpack);
     luna_int8_scratch_free(&h->q8_scratch);
     free(h);
@@ -491,8 +462,11 @@ __attribute__((target("avx2"))) static void pack_block(float *xp, const float *x
 luna_status luna_cpu_held_linear(luna_backend *be, float *y, const float *x, const float *W,
                                  const float *b, int64_t rows, int in, int out) {
     luna_cpu_held *h = be->impl;
-    held_weight *hw = find(h, W);
-    if (!hw || hw->in != in || hw->out != out || rows <= 0) return LUNA_ERR_UNSUPPORTED;
+    held_weight held;
+    const held_weight *hw = &held;
+    if (!luna_held_table_find(h->table, W, &h->last, &held) || hw->in != in || hw->out != out ||
+        rows <= 0)
+        return LUNA_ERR_UNSUPPORTED;
     if (hw->dtype == LUNA_I8) {
         if (luna_int8_linear(h->q8_kernel, &hw->q8, &h->q8_scratch, y, x, b, rows, be->num_threads))
             return LUNA_OK;

@@ -9,7 +9,9 @@
 Translations are luna-translate's for the same checkpoint, options and threads; scores are in
 its units (base 2: fairseq-generate's H- and P- lines, and --score-reference averages).
 A Translator may be shared by threads: its calls run one at a time (a lock per translator in
-libluna) with the GIL released, so other Python threads keep running meanwhile.
+libluna) with the GIL released, so other Python threads keep running meanwhile. To translate on
+several threads at once, give each thread translator.clone(): on the CPU the clones share one
+copy of the model (an extra translator costs its decoder state, not another model).
 """
 
 from dataclasses import dataclass, field
@@ -87,6 +89,15 @@ class Translator:
         self.model_path = model_path
         self.device = device
         self.threads = threads
+
+    def clone(self) -> "Translator":
+        """Another Translator of the same checkpoint and options, for another thread: calls on
+        the clone run at the same time as calls on this one, with the same results. On the CPU it
+        shares this one's weights (no second copy of the model); on a GPU it loads them again."""
+        c = Translator.__new__(Translator)
+        c._t = _luna.clone(self._t)
+        c.model_path, c.device, c.threads = self.model_path, self.device, self.threads
+        return c
 
     @property
     def has_spm(self) -> bool:

@@ -2,6 +2,7 @@
  * (luna/__init__.py) wrap these functions:
  *
  *   create(path, device, device_id, threads, precision, tf32) -> capsule (the translator)
+ *   clone(capsule) -> capsule (luna_translator_clone: on the CPU the same copy of the model)
  *   translate(capsule, sentences, **search options) -> [(hypotheses, truncated)], hypotheses a
  *       list of (text, score, token_scores)
  *   score(capsule, sources, targets, pieces, max_input_tokens, max_tokens, batch_size)
@@ -252,6 +253,20 @@ static PyObject *py_score(PyObject *self, PyObject *args, PyObject *kw) {
     return out;
 }
 
+static PyObject *py_clone(PyObject *self, PyObject *capsule) {
+    (void)self;
+    luna_translator *t = get_translator(capsule);
+    if (!t) return NULL;
+    luna_translator *c = NULL;
+    PyThreadState *save = PyEval_SaveThread(); /* waits for a call running on t */
+    const luna_api_status st = luna_translator_clone(&c, t);
+    PyEval_RestoreThread(save);
+    if (st != LUNA_API_OK) return raise_status(st);
+    PyObject *clone = PyCapsule_New(c, CAPSULE, capsule_free);
+    if (!clone) luna_translator_free(c);
+    return clone;
+}
+
 static PyObject *py_has_spm(PyObject *self, PyObject *capsule) {
     (void)self;
     luna_translator *t = get_translator(capsule);
@@ -271,6 +286,7 @@ static PyMethodDef methods[] = {
      "translate(translator, sentences, **luna_search_options)"},
     {"score", (PyCFunction)(void (*)(void))py_score, METH_VARARGS | METH_KEYWORDS,
      "score(translator, sources, targets, pieces=False, max_input_tokens=1024, ...)"},
+    {"clone", py_clone, METH_O, "another translator of the same model (shared on the CPU)"},
     {"has_spm", py_has_spm, METH_O, "whether the checkpoint has a SentencePiece model"},
     {"blas_core", py_blas_core, METH_NOARGS, "the OpenBLAS kernel family in use"},
     {NULL, NULL, 0, NULL},

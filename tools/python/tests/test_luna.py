@@ -106,6 +106,29 @@ def test_threads_share_a_translator(translator):
     assert got == [alone] * 12
 
 
+def test_clones_translate_at_once(translator, checkpoints):
+    alone = [r.hypotheses[0] for r in translator.translate_batch(SENTENCES, max_length=12)]
+    clones = [translator.clone() for _ in range(2)]
+    clones.append(clones[0].clone())
+    assert repr(clones[2]) == repr(translator)
+    got, errors = {}, []
+
+    def work(i, t):
+        try:
+            got[i] = [r.hypotheses[0] for r in t.translate_batch(SENTENCES, max_length=12)]
+        except Exception as e:  # reported below, in the test's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i, t))
+               for i, t in enumerate([translator] + clones)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert [got[i] for i in range(4)] == [alone] * 4
+
+
 def _longest_pause(translator, batch):
     """The main thread's longest pause while another thread translates `batch`, and the call's
     time."""
