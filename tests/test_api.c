@@ -416,6 +416,44 @@ START_TEST(errors_are_statuses_with_messages) {
 }
 END_TEST
 
+/* set_workers: one call's sentences split over 3 workers, then 2, then 1, translate as the lone
+ * worker did; bad counts are errors, and a device translator keeps one worker. */
+START_TEST(workers_split_a_call) {
+    luna_translator *t = open_translator(ck, 1);
+    worker alone = {.t = t};
+    work(&alone);
+    ck_assert_int_eq(alone.failed, 0);
+    const int counts[] = {3, 2, 1, 2};
+    for (int c = 0; c < 4; c++) {
+        ck_assert_msg(luna_translator_set_workers(t, counts[c]) == LUNA_API_OK, "%s",
+                      luna_last_error());
+        worker w = {.t = t};
+        work(&w);
+        ck_assert_msg(w.failed == 0, "%d workers failed (%d)", counts[c], w.failed);
+        for (int s = 0; s < N_SENT; s++) {
+            ck_assert_str_eq(w.texts[s], alone.texts[s]);
+            free(w.texts[s]);
+        }
+    }
+    for (int s = 0; s < N_SENT; s++)
+        free(alone.texts[s]);
+    EXPECT_ERROR(luna_translator_set_workers(t, 0), LUNA_API_ERR_INVALID_ARGUMENT,
+                 "workers must be in 1..1024");
+    EXPECT_ERROR(luna_translator_set_workers(t, 1025), LUNA_API_ERR_INVALID_ARGUMENT, "workers");
+    EXPECT_ERROR(luna_translator_set_workers(NULL, 2), LUNA_API_ERR_INVALID_ARGUMENT, "NULL");
+    luna_translator_free(t); /* with its 2 workers */
+#ifdef LUNA_TEST_CUDA_HARNESS
+    luna_translator_options to;
+    luna_translator_options_init(&to);
+    to.device = "cuda";
+    ck_assert_msg(luna_translator_create(&t, ck, &to) == LUNA_API_OK, "%s", luna_last_error());
+    EXPECT_ERROR(luna_translator_set_workers(t, 2), LUNA_API_ERR_UNSUPPORTED, "for the CPU");
+    ck_assert_int_eq(luna_translator_set_workers(t, 1), LUNA_API_OK);
+    luna_translator_free(t);
+#endif
+}
+END_TEST
+
 START_TEST(version) {
     ck_assert_str_eq(luna_version(), LUNA_VERSION);
     ck_assert_ptr_nonnull(luna_blas_core());
@@ -433,6 +471,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, scores_are_score_references);
     tcase_add_test(tc, threads_share_a_translator);
     tcase_add_test(tc, clones_translate_as_their_origin);
+    tcase_add_test(tc, workers_split_a_call);
     tcase_add_test(tc, errors_are_statuses_with_messages);
     tcase_add_test(tc, version);
     suite_add_tcase(s, tc);

@@ -100,6 +100,14 @@ LUNA_API luna_api_status luna_translator_create(luna_translator **out, const cha
  * for decoding), vocabulary and SentencePiece model, read only; on a GPU it loads the checkpoint
  * again. t and its clones may be freed in any order. On failure *out is NULL. */
 LUNA_API luna_api_status luna_translator_clone(luna_translator **out, luna_translator *t);
+/* From now on translate_batch splits each call's sentences over `workers` decoders of t's model
+ * (1..1024; 1, the default: t alone), each on a thread of its own with t's `threads`: CTranslate2's
+ * inter_threads within one call, the throughput configuration of a multi-core CPU (workers =
+ * cores, threads 1). The translations are the same as with one worker (as between batch sizes,
+ * the last bits of scores may differ); the extra workers are clones (luna_translator_clone: one
+ * copy of the model). CPU only (LUNA_API_ERR_UNSUPPORTED on "cuda" for more than one).
+ * score_batch and clones of t use one worker. */
+LUNA_API luna_api_status luna_translator_set_workers(luna_translator *t, int workers);
 /* NULL is ignored. */
 LUNA_API void luna_translator_free(luna_translator *t);
 

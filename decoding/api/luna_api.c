@@ -11,6 +11,7 @@
 
 #include "core/status.h"
 #include "decoding/text_translator.h"
+#include "decoding/translate_workers.h"
 #include "model/kernels/cpu/backend_cpu.h"
 
 /* The API's codes are luna_status's, so a status converts by value. */
@@ -19,9 +20,14 @@ _Static_assert((int)LUNA_API_ERR_INTERNAL == (int)LUNA_ERR_INTERNAL &&
                    (int)LUNA_API_ERR_UNSUPPORTED == (int)LUNA_ERR_UNSUPPORTED,
                "luna_api_status mirrors luna_status");
 
+#define MAX_WORKERS 1024
+
 struct luna_translator {
     pthread_mutex_t lock; /* one translate/score call at a time (the decoder state is shared) */
     luna_text_translator *tr;
+    /* luna_translator_set_workers: workers[0] = tr and its clones; NULL (one worker): tr */
+    luna_text_translator **workers;
+    int num_workers;
 };
 
 static luna_api_status api(luna_status st) { return (luna_api_status)st; }
@@ -103,8 +109,43 @@ luna_api_status luna_translator_clone(luna_translator **out, luna_translator *t)
     return LUNA_API_OK;
 }
 
+luna_api_status luna_translator_set_workers(luna_translator *t, int workers) {
+    if (!t)
+        return api(luna_error(LUNA_ERR_INVALID_ARGUMENT,
+                              "luna_translator_set_workers: the translator is NULL"));
+    if (workers < 1 || workers > MAX_WORKERS)
+        return api(luna_error(LUNA_ERR_INVALID_ARGUMENT, "workers must be in 1..%d (got %d)",
+                              MAX_WORKERS, workers));
+    if (workers > 1 && strcmp(t->tr->device, "cpu") != 0)
+        return api(luna_error(LUNA_ERR_UNSUPPORTED,
+                              "workers: %d on device %s (more than one worker is for the CPU; "
+                              "create a translator per GPU stream instead)",
+                              workers, t->tr->device));
+    pthread_mutex_lock(&t->lock);
+    luna_status st = LUNA_OK;
+    const int had = t->workers ? t->num_workers : 1;
+    luna_text_translator **w =
+        realloc(t->workers, sizeof *w * (size_t)(workers > had ? workers : had));
+    if (!w) st = luna_error(LUNA_ERR_OUT_OF_MEMORY, "out of memory");
+    if (st == LUNA_OK) {
+        t->workers = w;
+        w[0] = t->tr;
+        t->num_workers = had;
+        for (int i = workers; i < had; i++)
+            luna_text_translator_free(w[i]);
+        if (workers < had) t->num_workers = workers;
+        for (; t->num_workers < workers && st == LUNA_OK; t->num_workers++)
+            if ((st = luna_text_translator_clone(&w[t->num_workers], t->tr)) != LUNA_OK) break;
+    }
+    pthread_mutex_unlock(&t->lock);
+    return api(st); /* on failure the workers made so far stay */
+}
+
 void luna_translator_free(luna_translator *t) {
     if (!t) return;
+    for (int i = 1; t->workers && i < t->num_workers; i++)
+        luna_text_translator_free(t->workers[i]);
+    free(t->workers);
     luna_text_translator_free(t->tr);
     pthread_mutex_destroy(&t->lock);
     free(t);
@@ -274,7 +315,10 @@ luna_api_status luna_translator_translate_batch(luna_translator *t, const char *
                           &src);
     size_t searched = 0;
     luna_beam_options b = beam_options(&o);
-    if (st == LUNA_OK)
+    if (st == LUNA_OK && t->num_workers > 1)
+        st = luna_translate_workers_generate(t->workers, t->num_workers, &b, &src, o.max_tokens,
+                                             o.batch_size, nb, &searched);
+    else if (st == LUNA_OK)
         st = luna_text_translator_generate(t->tr, &b, &src, o.max_tokens, o.batch_size, nb,
                                            &searched);
     pthread_mutex_unlock(&t->lock);

@@ -3,6 +3,7 @@
  *
  *   create(path, device, device_id, threads, precision, tf32) -> capsule (the translator)
  *   clone(capsule) -> capsule (luna_translator_clone: on the CPU the same copy of the model)
+ *   set_workers(capsule, workers) (luna_translator_set_workers)
  *   translate(capsule, sentences, **search options) -> [(hypotheses, truncated)], hypotheses a
  *       list of (text, score, token_scores)
  *   score(capsule, sources, targets, pieces, max_input_tokens, max_tokens, batch_size)
@@ -267,6 +268,20 @@ static PyObject *py_clone(PyObject *self, PyObject *capsule) {
     return clone;
 }
 
+static PyObject *py_set_workers(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *capsule;
+    int workers;
+    if (!PyArg_ParseTuple(args, "Oi", &capsule, &workers)) return NULL;
+    luna_translator *t = get_translator(capsule);
+    if (!t) return NULL;
+    PyThreadState *save = PyEval_SaveThread();
+    const luna_api_status st = luna_translator_set_workers(t, workers);
+    PyEval_RestoreThread(save);
+    if (st != LUNA_API_OK) return raise_status(st);
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_has_spm(PyObject *self, PyObject *capsule) {
     (void)self;
     luna_translator *t = get_translator(capsule);
@@ -287,6 +302,7 @@ static PyMethodDef methods[] = {
     {"score", (PyCFunction)(void (*)(void))py_score, METH_VARARGS | METH_KEYWORDS,
      "score(translator, sources, targets, pieces=False, max_input_tokens=1024, ...)"},
     {"clone", py_clone, METH_O, "another translator of the same model (shared on the CPU)"},
+    {"set_workers", py_set_workers, METH_VARARGS, "translate each call on that many workers"},
     {"has_spm", py_has_spm, METH_O, "whether the checkpoint has a SentencePiece model"},
     {"blas_core", py_blas_core, METH_NOARGS, "the OpenBLAS kernel family in use"},
     {NULL, NULL, 0, NULL},

@@ -129,6 +129,15 @@ def test_clones_translate_at_once(translator, checkpoints):
     assert [got[i] for i in range(4)] == [alone] * 4
 
 
+def test_workers_split_a_call(translator, checkpoints):
+    alone = [r.hypotheses[0] for r in translator.translate_batch(SENTENCES, max_length=12)]
+    t = luna.Translator(str(checkpoints / "tiny.safetensors"), threads=1, workers=3)
+    assert "workers=3" in repr(t)
+    assert [r.hypotheses[0] for r in t.translate_batch(SENTENCES, max_length=12)] == alone
+    with pytest.raises(luna.InvalidArgumentError, match="workers must be in"):
+        luna.Translator(str(checkpoints / "tiny.safetensors"), workers=0)
+
+
 def _longest_pause(translator, batch):
     """The main thread's longest pause while another thread translates `batch`, and the call's
     time."""
