@@ -251,6 +251,17 @@ static void *work(void *arg) {
     return NULL;
 }
 
+/* Workers w[0..n) succeeded with the lone call's texts (freed here). */
+static void expect_alone(worker *w, int n, const worker *alone) {
+    for (int i = 0; i < n; i++) {
+        ck_assert_msg(w[i].failed == 0, "worker %d failed (%d)", i, w[i].failed);
+        for (int s = 0; s < N_SENT; s++) {
+            ck_assert_str_eq(w[i].texts[s], alone->texts[s]);
+            free(w[i].texts[s]);
+        }
+    }
+}
+
 /* Four threads on one handle and two more on a second one: every result is the lone call's. */
 START_TEST(threads_share_a_translator) {
     luna_translator *t = open_translator(ck, 1), *u = open_translator(ck, 2);
@@ -264,14 +275,9 @@ START_TEST(threads_share_a_translator) {
         w[i] = (worker){.t = i < 4 ? t : u};
         ck_assert_int_eq(pthread_create(&th[i], NULL, work, &w[i]), 0);
     }
-    for (int i = 0; i < W; i++) {
+    for (int i = 0; i < W; i++)
         pthread_join(th[i], NULL);
-        ck_assert_msg(w[i].failed == 0, "worker %d failed (%d)", i, w[i].failed);
-        for (int s = 0; s < N_SENT; s++) {
-            ck_assert_str_eq(w[i].texts[s], alone.texts[s]);
-            free(w[i].texts[s]);
-        }
-    }
+    expect_alone(w, W, &alone);
     for (int s = 0; s < N_SENT; s++)
         free(alone.texts[s]);
     luna_translator_free(t);
@@ -303,13 +309,7 @@ START_TEST(clones_translate_as_their_origin) {
     luna_translator_free(t);
     w[W] = (worker){.t = h[2]};
     work(&w[W]);
-    for (int i = 0; i <= W; i++) {
-        ck_assert_msg(w[i].failed == 0, "worker %d failed (%d)", i, w[i].failed);
-        for (int s = 0; s < N_SENT; s++) {
-            ck_assert_str_eq(w[i].texts[s], alone.texts[s]);
-            free(w[i].texts[s]);
-        }
-    }
+    expect_alone(w, W + 1, &alone);
     for (int s = 0; s < N_SENT; s++)
         free(alone.texts[s]);
     for (int i = 1; i < W; i++)
@@ -429,11 +429,7 @@ START_TEST(workers_split_a_call) {
                       luna_last_error());
         worker w = {.t = t};
         work(&w);
-        ck_assert_msg(w.failed == 0, "%d workers failed (%d)", counts[c], w.failed);
-        for (int s = 0; s < N_SENT; s++) {
-            ck_assert_str_eq(w.texts[s], alone.texts[s]);
-            free(w.texts[s]);
-        }
+        expect_alone(&w, 1, &alone);
     }
     for (int s = 0; s < N_SENT; s++)
         free(alone.texts[s]);

@@ -88,6 +88,22 @@ luna_status luna_cpu_cache_write(luna_backend *be, luna_act *C_, const luna_act 
     return LUNA_OK;
 }
 
+/* lp_j = (float)(x_j − lse) + bias_j (bias NULL: nothing added), NaN → −inf, for j0 ≤ j < V: the
+ * CPUs without AVX2, and the vector kernels' last terms. */
+static void row_log_probs_scalar(float *lp, const float *x, const float *bias, int j0, int V,
+                                 double lse) {
+    if (bias)
+        for (int j = j0; j < V; j++) {
+            const float v = (float)((double)x[j] - lse) + bias[j];
+            lp[j] = v != v ? -INFINITY : v;
+        }
+    else
+        for (int j = j0; j < V; j++) {
+            const float v = (float)((double)x[j] - lse);
+            lp[j] = v != v ? -INFINITY : v;
+        }
+}
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 /* luna_exp_nonpositive's range reduction and Estrin tree (core/exp_double.h) on a vector type T
@@ -242,10 +258,7 @@ row_log_probs_avx512(float *lp, const float *x, const float *bias, int V, double
         if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + j));
         _mm256_storeu_ps(lp + j, _mm256_blendv_ps(v, ninf, _mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
     }
-    for (; j < V; j++) {
-        const float v = (float)((double)x[j] - lse) + (bias ? bias[j] : 0.0f);
-        lp[j] = v != v ? -INFINITY : v;
-    }
+    row_log_probs_scalar(lp, x, bias, j, V, lse);
 }
 
 /* lp_j = (float)(x_j − lse) + bias_j (bias NULL: 0), NaN → −inf: the scalar loop's operations,
@@ -260,10 +273,7 @@ row_log_probs_avx2(float *lp, const float *x, const float *bias, int V, double l
         if (bias) v = _mm_add_ps(v, _mm_loadu_ps(bias + j));
         _mm_storeu_ps(lp + j, _mm_blendv_ps(v, ninf, _mm_cmpunord_ps(v, v)));
     }
-    for (; j < V; j++) {
-        const float v = (float)((double)x[j] - lse) + (bias ? bias[j] : 0.0f);
-        lp[j] = v != v ? -INFINITY : v;
-    }
+    row_log_probs_scalar(lp, x, bias, j, V, lse);
 }
 #endif
 
@@ -385,16 +395,7 @@ luna_status luna_cpu_log_softmax_topk(luna_backend *be, const luna_act *logits_,
             row_log_probs_avx2(lp, x, bias, V, lse);
         else
 #endif
-            if (bias)
-            for (int j = 0; j < V; j++) {
-                const float v = (float)((double)x[j] - lse) + bias[j];
-                lp[j] = v != v ? -INFINITY : v;
-            }
-        else
-            for (int j = 0; j < V; j++) {
-                const float v = (float)((double)x[j] - lse);
-                lp[j] = v != v ? -INFINITY : v;
-            }
+            row_log_probs_scalar(lp, x, bias, 0, V, lse);
         topk_scan(top_lp + r * k, top_idx + r * k, k, lp, V); /* the heap in the output row */
     }
     luna_arena_release(be->scratch, mark);
