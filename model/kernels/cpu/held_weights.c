@@ -141,10 +141,12 @@ int luna_cpu_int8_kernel(luna_backend *be) {
 
 luna_status luna_cpu_hold_weights(luna_backend *be, const float *W, int out, int in,
                                   luna_dtype dtype) {
-    /* fp32 without the kernel: nothing to gain, linear_forward uses OpenBLAS */
-    if (dtype == LUNA_F32 && !kernel_available()) return LUNA_OK;
+    /* the state first, even for a hold that keeps nothing: a backend that held something has
+     * it, so sharing its table (luna_cpu_share_held, from another thread) never creates it */
     luna_cpu_held *h = NULL;
     LUNA_TRY(held_state(be, &h));
+    /* fp32 without the kernel: nothing to gain, linear_forward uses OpenBLAS */
+    if (dtype == LUNA_F32 && !kernel_available()) return LUNA_OK;
     return luna_held_table_hold(h->table, W, out, in, dtype, be->num_threads);
 }
 
