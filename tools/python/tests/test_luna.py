@@ -106,7 +106,7 @@ def test_threads_share_a_translator(translator):
     assert got == [alone] * 12
 
 
-def test_clones_translate_at_once(translator, checkpoints):
+def test_clones_translate_alike_at_once(translator, checkpoints):
     alone = [r.hypotheses[0] for r in translator.translate_batch(SENTENCES, max_length=12)]
     clones = [translator.clone() for _ in range(2)]
     clones.append(clones[0].clone())
@@ -129,7 +129,7 @@ def test_clones_translate_at_once(translator, checkpoints):
     assert [got[i] for i in range(4)] == [alone] * 4
 
 
-def test_workers_split_a_call(translator, checkpoints):
+def test_workers_give_the_same_translations(translator, checkpoints):
     alone = [r.hypotheses[0] for r in translator.translate_batch(SENTENCES, max_length=12)]
     t = luna.Translator(str(checkpoints / "tiny.safetensors"), threads=1, workers=3)
     assert "workers=3" in repr(t)
